@@ -1,0 +1,27 @@
+"""User-facing errors and the exit codes the interface promises."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2  # plan --detailed-exitcode found changes
+EXIT_UNREACHABLE = 3  # one or more hosts unreachable; the others were handled
+
+
+class ProvisionError(Exception):
+    """An error a user caused or can fix; printed as one line, never as a traceback."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, *, details: list[str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+
+class ValidationError(ProvisionError):
+    """Inventory problems, all reported at once (one line each)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems[0] if problems else "invalid inventory", details=problems[1:])
+        self.problems = problems
