@@ -1,0 +1,585 @@
+"""Inventory file → validated `model.Inventory`.
+
+Every problem is collected, not just the first, and each names its place:
+`FILE:LINE: key.path: what is wrong, got X`. Placement (capacity) problems are checked
+here too, so `provision validate` reports everything a later apply would trip on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from .errors import ProvisionError, ValidationError
+from .model import (
+    DEFAULT_PORT,
+    HOST_KEY_POLICIES,
+    RESTART_POLICIES,
+    ROLES,
+    SUCCESS_POLICIES,
+    Accelerators,
+    FileSpec,
+    Host,
+    Inventory,
+    Pool,
+    RestartPolicy,
+    SSHSettings,
+    TFConfigOptions,
+)
+
+DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
+# Host names / IPv4 / bracket-less IPv6: what may appear in host:port and in a URL.
+NETWORK_ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})?$")
+IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
+# A command's first word is written unquoted in ExecStart=, so it must be a plain path.
+EXECUTABLE = re.compile(r"^/?[A-Za-z0-9_.+-][A-Za-z0-9_./+-]*$")
+JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$")
+
+# Variables provision itself sets for every task; an inventory may not override them,
+# or tasks would disagree about the cluster.
+RESERVED_ENV = frozenset(
+    {
+        "TF_CONFIG", "CLUSTER_SPEC", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+        "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+        "PET_NPROC_PER_NODE", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID", "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
+        "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+        "TPU_VISIBLE_CHIPS", "PROVISION_JOB", "PROVISION_TASK", "PROVISION_TASK_TYPE",
+        "PROVISION_TASK_INDEX",
+    }
+)
+# Where provision keeps its own files; `files:` may not write there.
+RESERVED_DIRS = ("/etc/provision", "/etc/systemd/system")
+
+TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success")
+SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
+HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels") + SSH_KEYS
+POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hosts", "port", "restart")
+
+
+# --------------------------------------------------------------------------- YAML + lines
+
+Path_ = tuple  # a key path such as ("pools", "worker", "replicas")
+
+
+class _Doc:
+    """Plain Python data from YAML plus the line of every key path (1-based)."""
+
+    def __init__(self, data: Any, lines: dict[Path_, int]):
+        self.data = data
+        self.lines = lines
+
+
+def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
+    # The C loader when PyYAML has it: a 1,000-host inventory must load in well under a second.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    lines: dict[Path_, int] = {}
+
+    def build(n: yaml.Node, path: Path_) -> Any:
+        lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for k_node, v_node in n.value:
+                if k_node.tag == "tag:yaml.org,2002:merge":
+                    problems.append((path, "YAML merge keys ('<<') are not supported", k_node.start_mark.line + 1))
+                    continue
+                key = build(k_node, path + ("<key>",))
+                if not isinstance(key, (str, int)):
+                    problems.append((path, f"keys must be strings, got {_show(key)}", k_node.start_mark.line + 1))
+                    continue
+                key = str(key)
+                if key in out:
+                    problems.append((path + (key,), "duplicate key (YAML keeps only the last one)", k_node.start_mark.line + 1))
+                lines[path + (key,)] = k_node.start_mark.line + 1
+                out[key] = build(v_node, path + (key,))
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
+        return loader.construct_object(n)  # scalars: typed as YAML says
+
+    try:
+        node = loader.get_single_node()
+        data = build(node, ()) if node is not None else None
+    finally:
+        loader.dispose()
+    return _Doc(data, lines)
+
+
+def _show(value: Any) -> str:
+    """`got X` rendering: short, quoted for strings, never multi-line."""
+    if isinstance(value, str):
+        s = repr(value)
+    elif isinstance(value, dict):
+        s = "a mapping"
+    elif isinstance(value, list):
+        s = "a list"
+    elif value is None:
+        s = "nothing (null)"
+    else:
+        s = repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+# --------------------------------------------------------------------------- checker
+
+
+class _Checker:
+    """Type checks against the document that record problems instead of raising."""
+
+    def __init__(self, doc: _Doc, display: str):
+        self.doc = doc
+        self.display = display
+        self.problems: list[tuple[int, int, str]] = []  # (line, seq, message) for stable order
+
+    def add(self, path: Path_, message: str, line: int | None = None) -> None:
+        if line is None:
+            line = self._line(path)
+        where = f"{self.display}:{line}" if line else self.display
+        self.problems.append((line or 0, len(self.problems), f"{where}: {_dotted(path)}: {message}"))
+
+    def _line(self, path: Path_) -> int | None:
+        while True:
+            if path in self.doc.lines:
+                return self.doc.lines[path]
+            if not path:
+                return None
+            path = path[:-1]
+
+    def keys(self, value: dict, path: Path_, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+        for key in value:
+            if key not in allowed:
+                hint = difflib.get_close_matches(key, allowed, n=1)
+                extra = f" (did you mean '{hint[0]}'?)" if hint else f" (allowed: {', '.join(allowed)})"
+                self.add(path + (key,), f"unknown key{extra}")
+        for key in required:
+            if key not in value:
+                self.add(path, f"missing required key '{key}'")
+
+    def mapping(self, value: Any, path: Path_) -> dict | None:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.add(path, f"expected a mapping, got {_show(value)}")
+            return None
+        return value
+
+    def string(self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            self.add(path, f"expected a string, got {_show(value)}")
+            return None
+        s = str(value)
+        if "\x00" in s:
+            self.add(path, f"NUL bytes are not allowed, got {_show(s)}")
+            return None
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            self.add(path, f"not valid Unicode text (lone surrogate escape), got {_show(s)}")
+            return None
+        if pattern is not None and not pattern.match(s):
+            self.add(path, f"expected {what}, got {_show(s)}")
+            return None
+        return s
+
+    def integer(self, value: Any, path: Path_, lo: int, hi: int | None = None) -> int | None:
+        bound = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            self.add(path, f"expected {bound}, got {_show(value)}")
+            return None
+        return value
+
+    def number(self, value: Any, path: Path_, lo: float) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= lo:
+            self.add(path, f"expected a number > {lo:g}, got {_show(value)}")
+            return None
+        return float(value)
+
+    def choice(self, value: Any, path: Path_, choices: tuple[str, ...]) -> str | None:
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            self.add(path, f"expected one of {', '.join(choices)}, got {_show(value)}{extra}")
+            return None
+        return value
+
+    def strings(self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = "") -> list[str] | None:
+        if not isinstance(value, list):
+            self.add(path, f"expected a list of strings, got {_show(value)}")
+            return None
+        out = [self.string(v, path + (i,), pattern=pattern, what=what) for i, v in enumerate(value)]
+        return None if any(v is None for v in out) else out  # type: ignore[return-value]
+
+    def env(self, value: Any, path: Path_) -> tuple[tuple[str, str], ...] | None:
+        m = self.mapping(value, path)
+        if m is None:
+            return None
+        out = []
+        for key, val in m.items():
+            ok = True
+            if not ENV_KEY.match(key):
+                self.add(path + (key,), f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {_show(key)}")
+                ok = False
+            elif key in RESERVED_ENV:
+                self.add(path + (key,), "is set by provision for every task (see cluster-env) and cannot be overridden")
+                ok = False
+            s = self.string(val, path + (key,))
+            if ok and s is not None:
+                out.append((key, s))
+        return tuple(out)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSettings:
+    kw: dict[str, Any] = {}
+    if "user" in value:
+        kw["user"] = c.string(value["user"], path + ("user",), pattern=re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"), what="a user name")
+    if "port" in value:
+        kw["port"] = c.integer(value["port"], path + ("port",), 1, 65535)
+    if "identity_file" in value:
+        kw["identity_file"] = c.string(value["identity_file"], path + ("identity_file",))
+    if "host_key_policy" in value:
+        kw["host_key_policy"] = c.choice(value["host_key_policy"], path + ("host_key_policy",), HOST_KEY_POLICIES)
+    if "jump_host" in value:
+        jh = value["jump_host"]
+        kw["jump_host"] = None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
+    if "connect_timeout" in value:
+        kw["connect_timeout"] = c.number(value["connect_timeout"], path + ("connect_timeout",), 0)
+    # Leave defaults in place where a value was bad; the problem is already recorded.
+    return SSHSettings(**{**base.__dict__, **{k: v for k, v in kw.items() if v is not None or k == "jump_host"}})
+
+
+def _accelerators(c: _Checker, value: Any, path: Path_) -> Accelerators | None:
+    m = c.mapping(value, path)
+    if not m:
+        return None
+    c.keys(m, path, ("type", "count"), required=("type", "count"))
+    typ = c.string(m.get("type", ""), path + ("type",), pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"), what="an accelerator type such as nvidia-h100 or tpu-v5e")
+    count = c.integer(m.get("count", 0), path + ("count",), 0, 1024)
+    if typ is None or count is None:
+        return None
+    return Accelerators(typ, count)
+
+
+def _labels(c: _Checker, value: Any, path: Path_) -> tuple[tuple[str, str], ...]:
+    m = c.mapping(value, path)
+    if not m:
+        return ()
+    out = []
+    for k, v in m.items():
+        if not LABEL_VALUE.match(k):
+            c.add(path + (k,), f"expected a label name (letters, digits, '.', '_', '-'), got {_show(k)}")
+            continue
+        s = c.string(v, path + (k,), pattern=LABEL_VALUE, what="a label value (letters, digits, '.', '_', '-')")
+        if s is not None:
+            out.append((k, s))
+    return tuple(out)
+
+
+def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
+    path: Path_ = ("hosts",)
+    if not isinstance(value, list) or not value:
+        c.add(path, f"expected a non-empty list of hosts, got {_show(value)}")
+        return []
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(value):
+        hp = path + (i,)
+        m = c.mapping(raw, hp)
+        if m is None:
+            continue
+        c.keys(m, hp, HOST_KEYS, required=("name", "address"))
+        name = c.string(m.get("name"), hp + ("name",), pattern=HOST_NAME, what="a host name (letters, digits, '.', '_', '-')") if "name" in m else None
+        address = c.string(m.get("address"), hp + ("address",), pattern=NETWORK_ADDRESS, what="a host name or IP address") if "address" in m else None
+        cluster = m.get("cluster_address", address)
+        cluster = c.string(cluster, hp + ("cluster_address",), pattern=NETWORK_ADDRESS, what="a host name or IP address") if cluster is not None else None
+        if name is not None:
+            if name in seen:
+                c.add(hp + ("name",), f"duplicate host name {name!r} (also hosts[{seen[name]}])")
+            seen.setdefault(name, i)
+        ssh = _ssh(c, m, hp, base)
+        acc = _accelerators(c, m["accelerators"], hp + ("accelerators",)) if "accelerators" in m else None
+        labels = _labels(c, m.get("labels"), hp + ("labels",))
+        if name is not None and address is not None and cluster is not None:
+            hosts.append(Host(name, address, ssh, cluster, acc, labels))
+    return hosts
+
+
+def _restart(c: _Checker, value: Any, path: Path_) -> RestartPolicy:
+    m = c.mapping(value, path)
+    if not m:
+        return RestartPolicy()
+    c.keys(m, path, ("policy", "limit"))
+    policy = c.choice(m.get("policy", "Never"), path + ("policy",), RESTART_POLICIES) or "Never"
+    default_limit = 0 if policy == "Never" else 3
+    limit = c.integer(m.get("limit", default_limit), path + ("limit",), 0, 10000)
+    return RestartPolicy(policy, default_limit if limit is None else limit)
+
+
+def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[Host]) -> Pool | None:
+    path: Path_ = ("pools", role)
+    m = c.mapping(value, path)
+    if m is None:
+        return None
+    c.keys(m, path, POOL_KEYS, required=("replicas",))
+    replicas = c.integer(m.get("replicas", 0), path + ("replicas",), 0, 100000)
+    if replicas is not None and replicas > 1 and role in ("chief", "evaluator"):
+        c.add(path + ("replicas",), f"a job has at most one {role}, got {replicas}")
+    accelerators = c.integer(m.get("accelerators", 0), path + ("accelerators",), 0, 1024)
+
+    command: list[str] | None = None
+    if "command" in m:
+        command = c.strings(m["command"], path + ("command",))
+        if command is not None:
+            if not command:
+                c.add(path + ("command",), "expected a non-empty list (the program and its arguments)")
+            elif not EXECUTABLE.match(command[0]):
+                c.add(path + ("command", 0), f"expected a program path (letters, digits, '/', '.', '_', '+', '-'; wrap anything fancier in a script), got {_show(command[0])}")
+    image = c.string(m["image"], path + ("image",), pattern=IMAGE_REF, what="an image reference such as registry.local/trainer:1.4") if "image" in m else None
+    args = c.strings(m["args"], path + ("args",)) if "args" in m else []
+    if "command" in m and "image" in m:
+        c.add(path, "give either 'command' (run on the host) or 'image' (run in a container), not both")
+    elif "command" not in m and "image" not in m:
+        c.add(path, "missing 'command' or 'image': what should this pool run?")
+    if "args" in m and "image" not in m:
+        c.add(path + ("args",), "'args' goes with 'image'; with 'command', put the arguments in the command list")
+
+    env = c.env(m.get("env"), path + ("env",)) or ()
+
+    names: tuple[str, ...] | None = None
+    selector: tuple[tuple[str, str], ...] | None = None
+    if "hosts" in m:
+        hv = m["hosts"]
+        if isinstance(hv, dict):
+            selector = _labels(c, hv, path + ("hosts",))
+            if selector and not any(all(h.label_map.get(k) == v for k, v in selector) for h in hosts):
+                sel = ", ".join(f"{k}={v}" for k, v in selector)
+                c.add(path + ("hosts",), f"no host has the labels {sel}")
+        else:
+            listed = c.strings(hv, path + ("hosts",))
+            if listed is not None:
+                for i, n in enumerate(listed):
+                    if n not in host_names:
+                        hint = difflib.get_close_matches(n, sorted(host_names), n=1)
+                        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+                        c.add(path + ("hosts", i), f"no host named {n!r} in hosts{extra}")
+                names = tuple(listed)
+    port = c.integer(m["port"], path + ("port",), 1024, 65535) if "port" in m else None
+    restart = _restart(c, m.get("restart"), path + ("restart",))
+    if replicas is None or accelerators is None:
+        return None
+    return Pool(
+        role=role,
+        replicas=replicas,
+        accelerators=accelerators,
+        command=tuple(command or ()),
+        image=image,
+        args=tuple(args or ()),
+        env=env,
+        host_names=names,
+        host_selector=selector,
+        port=port,
+        restart=restart,
+    )
+
+
+def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
+    path: Path_ = ("pools",)
+    m = c.mapping(value, path)
+    if m is None:
+        return []
+    c.keys(m, path, ROLES)
+    names = {h.name for h in hosts}
+    pools = [p for role in ROLES if role in m for p in [_pool(c, role, m[role], names, hosts)] if p is not None]
+    by_role = {p.role: p for p in pools if p.replicas > 0}
+    if "ps" in by_role and "reduction_server" in by_role:
+        c.add(path, "ps and reduction_server both use workerpool2; a job has one or the other")
+    if "ps" in by_role and ("chief" not in by_role or "worker" not in by_role):
+        missing = " and ".join(r for r in ("chief", "worker") if r not in by_role)
+        c.add(path + ("ps",), f"parameter-server training needs a chief (coordinator) and workers; this job has no {missing}")
+    if m and not by_role and pools:
+        c.add(path, "every pool has 0 replicas: nothing to run")
+    ports: dict[int, str] = {}
+    for p in pools:
+        if p.port is None:
+            continue
+        if p.port in ports:
+            c.add(path + (p.role, "port"), f"port {p.port} is also pools.{ports[p.port]}.port; give each pool its own port or leave it unset")
+        ports.setdefault(p.port, p.role)
+    return pools
+
+
+def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
+    path: Path_ = ("files",)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        c.add(path, f"expected a list of {{src, dest}} entries, got {_show(value)}")
+        return []
+    out = []
+    for i, raw in enumerate(value):
+        fp = path + (i,)
+        m = c.mapping(raw, fp)
+        if m is None:
+            continue
+        c.keys(m, fp, ("src", "dest"), required=("src", "dest"))
+        src = c.string(m.get("src"), fp + ("src",)) if "src" in m else None
+        dest = c.string(m.get("dest"), fp + ("dest",)) if "dest" in m else None
+        if src is None or dest is None:
+            continue
+        src_path = (base_dir / os.path.expanduser(src)).resolve()
+        if not src_path.exists():
+            c.add(fp + ("src",), f"no such file or directory: {src_path}")
+            continue
+        if not dest.startswith("/") or "/../" in dest + "/" or "\n" in dest:
+            c.add(fp + ("dest",), f"expected an absolute path on the host, got {_show(dest)}")
+            continue
+        norm = os.path.normpath(dest)
+        if any(norm == d or norm.startswith(d + "/") for d in RESERVED_DIRS) or norm == "/":
+            c.add(fp + ("dest",), f"{norm} is reserved for provision's own files")
+            continue
+        out.append(FileSpec(src_path, norm, src_path.is_dir()))
+    return out
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def parse(text: str, path: Path, display: str | None = None) -> Inventory:
+    """Validate inventory text; raise ValidationError listing every problem."""
+    display = display or str(path)
+    yaml_problems: list[tuple[Path_, str, int | None]] = []
+    try:
+        doc = _compose(text, yaml_problems)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{display}:{mark.line + 1}" if mark else display
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValidationError([f"{where}: invalid YAML: {problem}"]) from None
+    c = _Checker(doc, display)
+    for p, msg, line in yaml_problems:
+        c.add(p, msg, line)
+    top = doc.data
+    if not isinstance(top, dict):
+        c.add((), f"expected a mapping with job, hosts and pools, got {_show(top)}")
+        raise ValidationError([m for _, _, m in sorted(c.problems)])
+    c.keys(top, (), TOP_KEYS, required=("job", "hosts", "pools"))
+
+    job = c.string(top.get("job"), ("job",), pattern=DNS_LABEL, what="a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters)") if "job" in top else None
+    ssh_map = c.mapping(top.get("ssh"), ("ssh",)) or {}
+    c.keys(ssh_map, ("ssh",), SSH_KEYS)
+    ssh = _ssh(c, ssh_map, ("ssh",), SSHSettings())
+    hosts = _hosts(c, top.get("hosts"), ssh) if "hosts" in top else []
+    pools = _pools(c, top.get("pools"), hosts) if "pools" in top else []
+    env = c.env(top.get("env"), ("env",)) or ()
+    secret_env: list[str] = []
+    if top.get("secret_env") is not None:
+        secret_env = c.strings(top["secret_env"], ("secret_env",), pattern=ENV_KEY, what="an environment variable name") or []
+        for i, key in enumerate(secret_env):
+            if key in RESERVED_ENV:
+                c.add(("secret_env", i), f"{key} is set by provision for every task and cannot be a secret")
+            if key in dict(env):
+                c.add(("secret_env", i), f"{key} is also in env; a variable is either plain or secret")
+    files = _files(c, top.get("files"), path.parent)
+
+    tf_map = c.mapping(top.get("tf_config"), ("tf_config",)) or {}
+    c.keys(tf_map, ("tf_config",), ("chief_name", "trial"))
+    chief_name = c.choice(tf_map.get("chief_name", "chief"), ("tf_config", "chief_name"), ("chief", "master")) or "chief"
+    trial = tf_map.get("trial")
+    if trial is not None:
+        trial = c.string(trial, ("tf_config", "trial"), pattern=re.compile(r"^[A-Za-z0-9_.-]{1,64}$"), what="a trial id such as '1'")
+
+    success_map = c.mapping(top.get("success"), ("success",)) or {}
+    c.keys(success_map, ("success",), ("policy",))
+    success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
+    roles = {p.role for p in pools if p.replicas > 0}
+    if success == "all_workers" and "worker" not in roles:
+        c.add(("success", "policy"), "all_workers needs a worker pool with replicas")
+    if success == "chief" and "chief" not in roles and "worker" not in roles and roles:
+        c.add(("success", "policy"), "the job has neither a chief nor workers, so nothing can succeed")
+
+    if c.problems:
+        raise ValidationError([m for _, _, m in sorted(c.problems)])
+
+    inv = Inventory(
+        path=path,
+        job=job or "",
+        ssh=ssh,
+        hosts=tuple(hosts),
+        pools=tuple(pools),
+        env=env,
+        secret_env=tuple(secret_env),
+        files=tuple(files),
+        tf_config=TFConfigOptions(chief_name, trial),
+        success=success,
+    )
+    _check_capacity(inv, c)
+    if c.problems:
+        raise ValidationError([m for _, _, m in sorted(c.problems)])
+    return inv
+
+
+def _check_capacity(inv: Inventory, c: _Checker) -> None:
+    """Demand vs. hosts, with messages that name the pool; then a real placement."""
+    from .placement import PlacementError, place  # placement imports the model only
+
+    total_demand = 0
+    for pool in inv.pools:
+        if pool.replicas == 0:
+            continue
+        eligible = [h for h in inv.hosts if pool.eligible(h)]
+        if not eligible:
+            c.add(("pools", pool.role, "hosts"), "no host matches this pool's placement restriction")
+            continue
+        total_demand += pool.replicas * pool.accelerators
+        if pool.accelerators:
+            biggest = max(eligible, key=lambda h: h.accelerator_count)
+            if biggest.accelerator_count < pool.accelerators:
+                c.add(
+                    ("pools", pool.role, "accelerators"),
+                    f"{pool.accelerators} per replica (a replica is never split across hosts), but no eligible host has more than {biggest.accelerator_count} ({biggest.name})",
+                )
+    capacity = sum(h.accelerator_count for h in inv.hosts)
+    if total_demand > capacity:
+        c.add(("pools",), f"the job asks for {total_demand} accelerators in total, the hosts have {capacity}")
+    if c.problems:
+        return
+    try:
+        place(inv)
+    except PlacementError as e:
+        c.add(("pools", e.role), e.reason)
+
+
+def load(path: str | os.PathLike[str]) -> Inventory:
+    """Read and validate an inventory file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProvisionError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ProvisionError(f"{path}: is a directory, expected an inventory YAML file") from None
+    except UnicodeDecodeError as e:
+        raise ProvisionError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ProvisionError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(text, p.resolve(), display=str(path))

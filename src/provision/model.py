@@ -1,0 +1,136 @@
+"""The validated, typed inventory: frozen dataclasses, no I/O.
+
+`inventory.py` builds these from YAML; everything downstream (placement, cluster env,
+rendering, plan) reads only these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Pool roles in Vertex `workerPoolSpecs` order. The position is the workerpool number in
+# CLUSTER_SPEC (ps and reduction_server share workerpool2; validation forbids both).
+ROLES = ("chief", "worker", "ps", "reduction_server", "evaluator")
+WORKERPOOL = {"chief": 0, "worker": 1, "ps": 2, "reduction_server": 2, "evaluator": 3}
+# Start order (cluster-env.md, Lifecycle): ps and reduction servers, then chief and
+# workers, then evaluator. Stop in reverse.
+PHASE = {"ps": 0, "reduction_server": 0, "chief": 1, "worker": 1, "evaluator": 2}
+# Pools whose tasks run until stopped; provision stops them when the job ends.
+LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
+
+RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
+HOST_KEY_POLICIES = ("strict", "accept-new", "off")
+SUCCESS_POLICIES = ("chief", "all_workers")
+DEFAULT_PORT = 2222
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    type: str
+    count: int
+
+    @property
+    def kind(self) -> str:
+        """'tpu' for TPU hosts (TPU_VISIBLE_CHIPS), 'gpu' otherwise (CUDA_VISIBLE_DEVICES)."""
+        return "tpu" if self.type.lower().startswith("tpu") else "gpu"
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str = "root"
+    port: int = 22
+    identity_file: str | None = None
+    host_key_policy: str = "accept-new"
+    jump_host: str | None = None
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    ssh: SSHSettings
+    cluster_address: str
+    accelerators: Accelerators | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def accelerator_count(self) -> int:
+        return self.accelerators.count if self.accelerators else 0
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    policy: str = "Never"
+    limit: int = 0
+
+
+@dataclass(frozen=True)
+class Pool:
+    role: str
+    replicas: int
+    accelerators: int = 0
+    command: tuple[str, ...] = ()
+    image: str | None = None
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    host_names: tuple[str, ...] | None = None  # `hosts: [a, b]`
+    host_selector: tuple[tuple[str, str], ...] | None = None  # `hosts: {rack: r1}`
+    port: int | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def eligible(self, host: Host) -> bool:
+        if self.host_names is not None and host.name not in self.host_names:
+            return False
+        if self.host_selector is not None:
+            labels = host.label_map
+            return all(labels.get(k) == v for k, v in self.host_selector)
+        return True
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    src: Path  # absolute, resolved against the inventory's directory
+    dest: str  # absolute path on the host
+    is_dir: bool
+
+
+@dataclass(frozen=True)
+class TFConfigOptions:
+    chief_name: str = "chief"
+    trial: str | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    job: str
+    ssh: SSHSettings
+    hosts: tuple[Host, ...]
+    pools: tuple[Pool, ...]  # in ROLES order, only the pools the file names
+    env: tuple[tuple[str, str], ...] = ()
+    secret_env: tuple[str, ...] = ()
+    files: tuple[FileSpec, ...] = ()
+    tf_config: TFConfigOptions = field(default_factory=TFConfigOptions)
+    success: str = "chief"
+
+    def pool(self, role: str) -> Pool | None:
+        for p in self.pools:
+            if p.role == role:
+                return p
+        return None
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def task_count(self) -> int:
+        return sum(p.replicas for p in self.pools)
