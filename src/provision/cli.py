@@ -97,6 +97,247 @@ def render(inventory: str, out: str) -> None:
     click.echo(f"Wrote {count} files for {len(rendered.hosts)} hosts under {out}/")
 
 
+# --------------------------------------------------------------------------- host commands
+
+import functools  # noqa: E402
+import json as _json  # noqa: E402
+
+
+def host_options(fn):
+    """Flags every command that talks to hosts shares (interface.md, Common flags)."""
+    opts = [
+        click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file (default: .provision/<job>.state.json beside the inventory)."),
+        click.option("--target", "targets", multiple=True, metavar="HOST", help="Limit to these hosts (repeatable)."),
+        click.option("--parallelism", type=click.IntRange(1, 4096), help="Hosts at once (default: all, up to a file-descriptor-safe bound)."),
+        click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _progress(line: str) -> None:
+    click.echo(click.style("  ... ", dim=True) + line, err=True)
+
+
+def _context(inventory, state_path, targets, parallelism, verbose, *, render_secrets=True):
+    from .engine import open_context
+
+    return open_context(
+        inventory, state_path=state_path, only=tuple(targets), parallelism=parallelism,
+        verbose=verbose, render_secrets=render_secrets,
+    )
+
+
+def _exit_for(plan, outcomes=None) -> int:
+    from .errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE
+
+    unreachable = bool(plan.unreachable) or any(o.unreachable for o in (outcomes or {}).values())
+    if unreachable:
+        return EXIT_UNREACHABLE
+    if any(h.error or h.problems for h in plan.hosts) or any(o.error for o in (outcomes or {}).values()):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _report_unreachable(plan, outcomes=None) -> None:
+    names = {h.name: h.error.message for h in plan.unreachable}
+    for o in (outcomes or {}).values():
+        if o.unreachable:
+            names.setdefault(o.name, o.error)
+    if names:
+        click.echo(click.style(f"Unreachable: {', '.join(sorted(names))}. The other hosts were handled; run again when they are back.", fg="red"), err=True)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--detailed-exitcode", is_flag=True, help="Exit 2 when there are changes (0 none, 1 error, 3 unreachable).")
+@click.option("--replace", multiple=True, metavar="TASK", help="Plan to restart TASK even if nothing changed (repeatable).")
+def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace):
+    """Show what apply would change on the hosts, drift included. Changes nothing."""
+    from .engine import build_plan
+    from .errors import EXIT_CHANGES
+    from .output import print_plan
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose)
+    try:
+        p = build_plan(ctx, replace=set(replace))
+    finally:
+        ctx.close()
+    if as_json:
+        click.echo(_json.dumps(p.to_json(), indent=1))
+    else:
+        print_plan(p)
+    _report_unreachable(p)
+    code = _exit_for(p)
+    if code == 0 and detailed_exitcode and p.changed:
+        code = EXIT_CHANGES
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@host_options
+@click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and the outcome as JSON.")
+@click.option("--replace", multiple=True, metavar="TASK", help="Restart TASK even if nothing changed (repeatable).")
+@click.option("--wait", "wait_after", is_flag=True, help="After applying, wait until the job succeeds or fails.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
+def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, replace, wait_after, timeout):
+    """Make the hosts match INVENTORY: plan, ask, then write files and start tasks.
+
+    A second apply with nothing changed does nothing.
+    """
+    from .engine import apply_plan, build_plan, lock
+    from .output import print_plan
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose)
+    try:
+        with lock(ctx, "apply") as lk:
+            if lk.notice:
+                click.echo(f"Note: {lk.notice}", err=True)
+            p = build_plan(ctx, replace=set(replace))
+            if not as_json:
+                print_plan(p)
+            problems = [f"{h.target.where}: {m}" for h in p.hosts for m in h.problems]
+            if problems:
+                raise ProvisionError(problems[0] + " (nothing was changed on any host)", details=problems[1:])
+            outcomes = {}
+            if p.changed:
+                if not auto_approve:
+                    if not sys.stdin.isatty():
+                        raise ProvisionError("apply needs confirmation; run with -y/--auto-approve when there is no terminal")
+                    if click.prompt("\nDo you want to perform these actions? Only 'yes' will be accepted", default="", show_default=False) != "yes":
+                        click.echo("Apply cancelled.")
+                        sys.exit(1)
+                outcomes = apply_plan(ctx, p, progress=_progress)
+            if as_json:
+                click.echo(_json.dumps({"plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
+            else:
+                failed = {n: o for n, o in outcomes.items() if o.error and not o.unreachable}
+                for n, o in failed.items():
+                    click.echo(click.style(f"Error: {ctx.targets[n].where}: {o.error}", fg="red"), err=True)
+                if p.changed:
+                    a, c, d = p.counts()
+                    word = "Apply complete!" if not failed and not any(o.unreachable for o in outcomes.values()) else "Apply finished with errors."
+                    click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
+            _report_unreachable(p, outcomes)
+            code = _exit_for(p, outcomes)
+    finally:
+        ctx.close()
+    if wait_after and code == 0:
+        from .lifecycle import wait_for_job
+
+        code = wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@host_options
+@click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and outcome as JSON.")
+def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json):
+    """Stop the job's tasks (reverse start order) and remove everything provision put on the hosts."""
+    from .engine import destroy as do_destroy
+    from .engine import destroy_plan, lock
+    from .output import print_plan
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        with lock(ctx, "destroy") as lk:
+            if lk.notice:
+                click.echo(f"Note: {lk.notice}", err=True)
+            p = destroy_plan(ctx)
+            if not as_json:
+                print_plan(p)
+            outcomes = {}
+            if p.changed:
+                if not auto_approve:
+                    if not sys.stdin.isatty():
+                        raise ProvisionError("destroy needs confirmation; run with -y/--auto-approve when there is no terminal")
+                    if click.prompt("\nDestroy the job on these hosts? Only 'yes' will be accepted", default="", show_default=False) != "yes":
+                        click.echo("Destroy cancelled.")
+                        sys.exit(1)
+                outcomes = do_destroy(ctx, p, progress=_progress)
+                if not as_json:
+                    errors = [o for o in outcomes.values() if o.error and not o.unreachable]
+                    for o in errors:
+                        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
+                    _, _, d = p.counts()
+                    click.echo(click.style(f"\nDestroy {'complete' if not errors else 'finished with errors'}! Resources: {d} destroyed.", bold=True))
+            if as_json:
+                click.echo(_json.dumps({"plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
+            _report_unreachable(p, outcomes)
+            code = _exit_for(p, outcomes)
+    finally:
+        ctx.close()
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def facts(inventory, state_path, targets, parallelism, verbose, as_json):
+    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
+    from .engine import probe
+    from .facts import mismatches, summary_row
+    from .output import table
+    from .ssh import HostError
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        reports = probe(ctx, facts=True, files=False)
+    finally:
+        ctx.close()
+    hosts = {h.name: h for h in ctx.inventory.hosts}
+    rows, data, unreachable, bad = [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")], {}, [], False
+    for name, r in reports.items():
+        if isinstance(r, HostError):
+            data[name] = {"error": r.message}
+            rows.append((name, "-", "-", "-", "-", "-", "-", "-", r.message))
+            if r.unreachable:
+                unreachable.append(name)
+            bad = True
+            continue
+        f = r["facts"]
+        problems = mismatches(hosts[name], f) if name in hosts else []
+        bad = bad or bool(problems)
+        row = summary_row(name, f)
+        data[name] = {**row, "problems": problems}
+        rows.append((name, row["os"], str(row["cpus"]), f"{row['memory_gib']} GiB", str(row["gpus"]), row["gpu_model"], str(row["tpu_chips"]), row["systemd"], "; ".join(problems) or "ok"))
+    if as_json:
+        click.echo(_json.dumps({"hosts": data}, indent=1))
+    else:
+        for line in table(rows):
+            click.echo(line)
+    if unreachable:
+        click.echo(f"Unreachable: {', '.join(unreachable)}", err=True)
+        sys.exit(3)
+    sys.exit(1 if bad else 0)
+
+
+@main.command("force-unlock")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("lock_id")
+@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file.")
+def force_unlock(inventory, lock_id, state_path):
+    """Remove a lock left by an apply that died on another machine (LOCK_ID from the error)."""
+    from pathlib import Path
+
+    from .inventory import load
+    from .state import default_state_path
+    from .state import force_unlock as unlock
+
+    inv = load(inventory)
+    sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
+    holder = unlock(sp, lock_id)
+    click.echo(f"Removed the lock: {holder.describe()}")
+
+
 from .sandbox_cli import sandbox  # noqa: E402
 
 main.add_command(sandbox)

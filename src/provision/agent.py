@@ -1,0 +1,353 @@
+"""Runs ON the host, sent over SSH for each call: stdlib only, no state of its own.
+
+The controller starts `python3 -c BOOT N` and writes N bytes of this file followed by a
+JSON request to stdin; the answer is one JSON document on stdout. One request does a whole
+step on a host (read everything plan needs, or write every file), so each step costs one
+SSH round trip per host. Facts (what the host reports) come back as data; deciding what to
+change stays on the controller.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+UNIT_PROPS = (
+    "Id", "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus",
+    "ExecMainPID", "MainPID", "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic",
+    "InactiveEnterTimestampMonotonic", "ExecMainStartTimestampMonotonic",
+    "ExecMainExitTimestampMonotonic", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
+    "NeedDaemonReload", "StateChangeTimestamp",
+)
+TMP_SUFFIX = ".provision-tmp"
+
+
+def job_dir(job):
+    return "/etc/provision/" + job
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as e:
+        return {"_unreadable": str(e)}
+
+
+def run(argv, timeout=60):
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    except FileNotFoundError:
+        return 127, "", argv[0] + ": not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", argv[0] + ": timed out after %ss" % timeout
+
+
+def unit_states(units):
+    """`systemctl show` for many units in one call, as {unit: {prop: value}}."""
+    units = sorted(set(units))
+    if not units:
+        return {}
+    code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + units)
+    states = {}
+    for block in out.strip("\n").split("\n\n"):
+        props = {}
+        for line in block.splitlines():
+            k, _, v = line.partition("=")
+            props[k] = v
+        if props.get("Id"):
+            states[props["Id"]] = props
+    # systemctl names unknown units by the name asked; keep the asked name as the key.
+    for u in units:
+        states.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
+    return states
+
+
+def file_info(path, want_sha, content_max):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return {"type": "error", "error": str(e)}
+    import stat as S
+
+    if S.S_ISLNK(st.st_mode):
+        return {"type": "symlink", "target": os.readlink(path)}
+    if not S.S_ISREG(st.st_mode):
+        return {"type": "dir" if S.S_ISDIR(st.st_mode) else "other"}
+    info = {"type": "file", "mode": st.st_mode & 0o7777, "uid": st.st_uid, "size": st.st_size}
+    info["sha256"] = sha256_file(path)
+    if want_sha is not None and info["sha256"] != want_sha and st.st_size <= content_max:
+        with open(path, "rb") as f:
+            info["content"] = base64.b64encode(f.read()).decode()
+    return info
+
+
+def facts():
+    out = {"hostname": os.uname()[1], "kernel": os.uname()[2], "cpus": os.cpu_count(),
+           "python": "%d.%d.%d" % sys.version_info[:3]}
+    osr = {}
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                osr[k] = v.strip('"')
+    except OSError:
+        pass
+    out["os"] = osr.get("PRETTY_NAME", "unknown")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    out["memory_bytes"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    out["systemd_pid1"] = os.path.isdir("/run/systemd/system")
+    code, so, _ = run(["systemctl", "--version"], timeout=10)
+    out["systemd"] = so.splitlines()[0] if code == 0 and so else None
+    gpus = []
+    code, so, se = run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total",
+                        "--format=csv,noheader,nounits"], timeout=20)
+    if code == 0:
+        for line in so.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 4 and parts[0].isdigit():
+                gpus.append({"index": int(parts[0]), "uuid": parts[1], "name": parts[2],
+                             "memory_mib": int(parts[3]) if parts[3].isdigit() else None})
+        out["nvidia_smi"] = "ok"
+    else:
+        out["nvidia_smi"] = "missing" if code == 127 else (se.strip() or so.strip() or "exit %d" % code)
+    out["gpus"] = gpus
+    try:
+        out["tpu_chips"] = len([d for d in os.listdir("/dev") if d.startswith("accel") and d[5:].isdigit()])
+    except OSError:
+        out["tpu_chips"] = 0
+    out["docker"] = any(os.access(os.path.join(d, "docker"), os.X_OK) for d in ("/usr/bin", "/usr/local/bin"))
+    return out
+
+
+def op_probe(req):
+    job = req["job"]
+    jd = job_dir(job)
+    manifest = read_json(jd + "/manifest.json")
+    want = req.get("want", {})
+    paths = set(want) | set(req.get("paths", []))
+    units = set(req.get("units", []))
+    if isinstance(manifest, dict) and "_unreadable" not in manifest:
+        paths |= set(manifest.get("files", {}))
+        units |= {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
+    content_max = req.get("content_max", 0)
+    files = {}
+    if req.get("files", True):
+        for p in sorted(paths):
+            files[p] = file_info(p, want.get(p), content_max)
+    out = {
+        "manifest": manifest,
+        "lifecycle": read_json(jd + "/lifecycle.json"),
+        "files": files,
+        "units": unit_states(units),
+        "now_monotonic_us": int(time.monotonic() * 1e6),
+        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+    }
+    if req.get("facts"):
+        out["facts"] = facts()
+    return out
+
+
+def _mkdirs(path, created):
+    missing = []
+    d = path
+    while d and d != "/" and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        os.mkdir(d, 0o755)
+        created.append(d)
+
+
+def atomic_write(path, data, mode, created):
+    """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
+    d = os.path.dirname(path)
+    _mkdirs(d, created)
+    tmp = os.path.join(d, "." + os.path.basename(path) + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _clean_tmp(dirs):
+    """Temp files left by an apply that was killed mid-way."""
+    for d in dirs:
+        try:
+            for name in os.listdir(d):
+                if name.endswith(TMP_SUFFIX):
+                    os.unlink(os.path.join(d, name))
+        except OSError:
+            pass
+
+
+def _record_dirs(job, created):
+    if not created:
+        return
+    path = job_dir(job) + "/created-dirs.json"
+    old = read_json(path)
+    dirs = sorted(set((old if isinstance(old, list) else []) + created))
+    atomic_write(path, json.dumps(dirs).encode(), 0o600, [])
+
+
+def systemctl(verb, units, errors):
+    if not units:
+        return
+    code, _, err = run(["systemctl", verb, "--"] + list(units), timeout=120)
+    # reset-failed complains about units that are not loaded (never started): harmless.
+    if code != 0 and verb != "reset-failed":
+        errors.append("systemctl %s %s: %s" % (verb, " ".join(units), err.strip() or "exit %d" % code))
+
+
+def op_write(req):
+    job = req["job"]
+    jd = job_dir(job)
+    errors = []
+    created = []
+    if not os.path.isdir(jd):
+        _mkdirs(os.path.dirname(jd), created)
+        os.mkdir(jd, 0o700)
+    os.chmod(jd, 0o700)
+    dirs = {os.path.dirname(f["path"]) for f in req.get("files", [])} | {jd}
+    _clean_tmp(dirs)
+    # The manifest first lists old and new files together, so a kill at any point leaves
+    # every file provision put here named in it (destroy and the next plan find them all).
+    if req.get("manifest_pending"):
+        atomic_write(jd + "/manifest.json", base64.b64decode(req["manifest_pending"]), 0o600, created)
+    systemctl("stop", req.get("stop", []), errors)
+    for f in req.get("files", []):
+        atomic_write(f["path"], base64.b64decode(f["content"]), f["mode"], created)
+    removed = 0
+    for path in req.get("remove", []):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    if req.get("daemon_reload"):
+        code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
+        if code != 0:
+            errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
+    if req.get("reset_failed"):
+        run(["systemctl", "reset-failed", "--"] + req["reset_failed"])
+    if req.get("clear_lifecycle"):
+        try:
+            os.unlink(jd + "/lifecycle.json")
+        except FileNotFoundError:
+            pass
+    _record_dirs(job, created)
+    if req.get("manifest") and not errors:
+        atomic_write(jd + "/manifest.json", base64.b64decode(req["manifest"]), 0o600, [])
+    for d in sorted(dirs):
+        try:
+            fd = os.open(d, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        except OSError:
+            pass
+    return {"written": len(req.get("files", [])), "removed": removed, "errors": errors}
+
+
+def op_units(req):
+    """systemctl verbs in order, then the states of the units named in `report`."""
+    errors = []
+    for verb, units in req.get("actions", []):
+        systemctl(verb, units, errors)
+    if req.get("lifecycle") is not None:
+        jd = job_dir(req["job"])
+        if os.path.isdir(jd):
+            atomic_write(jd + "/lifecycle.json", json.dumps(req["lifecycle"]).encode(), 0o600, [])
+    if req.get("settle"):
+        time.sleep(req["settle"])
+    states = unit_states(req.get("report", []))
+    # The manifest records a task's new inputs only once the task runs with them, so an
+    # apply killed between writing and restarting still restarts it next time.
+    if req.get("manifest") and not errors:
+        atomic_write(job_dir(req["job"]) + "/manifest.json", base64.b64decode(req["manifest"]), 0o600, [])
+    return {"errors": errors, "units": states}
+
+
+def op_destroy(req):
+    job = req["job"]
+    jd = job_dir(job)
+    manifest = read_json(jd + "/manifest.json")
+    errors = []
+    if not isinstance(manifest, dict) or "_unreadable" in manifest:
+        manifest = {"files": {}, "tasks": {}}
+    units = list(req.get("stop", []))
+    units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
+    systemctl("stop", units, errors)
+    removed = 0
+    for path in list(manifest.get("files", {})) + req.get("remove", []):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            errors.append(path + ": is a directory, left in place")
+    dirs = read_json(jd + "/created-dirs.json")
+    if isinstance(dirs, list):
+        for d in sorted(dirs, key=len, reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass  # not empty: something else lives there now
+    if os.path.isdir(jd):
+        for name in os.listdir(jd):
+            os.unlink(os.path.join(jd, name))
+        os.rmdir(jd)
+    code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
+    if code != 0:
+        errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
+    run(["systemctl", "reset-failed", "--"] + units)
+    return {"removed": removed, "stopped": units, "errors": errors}
+
+
+OPS = {"probe": op_probe, "write": op_write, "units": op_units, "destroy": op_destroy}
+
+
+def main():
+    req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    try:
+        res = OPS[req["op"]](req)
+    except Exception as e:  # reported to the controller as data, with the host's words
+        res = {"fatal": "%s: %s" % (type(e).__name__, e)}
+    sys.stdout.write(json.dumps(res))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""What a host reports about itself, checked against what the inventory declares. Pure."""
+
+from __future__ import annotations
+
+from .model import Host
+
+
+def mismatches(host: Host, facts: dict) -> list[str]:
+    """Problems that must stop an apply before anything is written to any host."""
+    out = []
+    if not facts.get("systemd_pid1"):
+        out.append("systemd is not running as PID 1 (provision runs tasks as systemd units)")
+    acc = host.accelerators
+    if acc and acc.count:
+        if acc.kind == "gpu":
+            found = len(facts.get("gpus", []))
+            if facts.get("nvidia_smi") not in ("ok", None) and not found:
+                out.append(f"inventory declares {acc.count} {acc.type}, but nvidia-smi failed: {facts.get('nvidia_smi')}")
+            elif found < acc.count:
+                out.append(f"inventory declares {acc.count} {acc.type}, but nvidia-smi reports {found}")
+        else:
+            found = int(facts.get("tpu_chips", 0))
+            if found < acc.count:
+                out.append(f"inventory declares {acc.count} {acc.type} chips, but the host has {found} (/dev/accel*)")
+    return out
+
+
+def summary_row(name: str, facts: dict) -> dict:
+    gpus = facts.get("gpus", [])
+    names = sorted({g["name"] for g in gpus})
+    return {
+        "host": name,
+        "os": facts.get("os"),
+        "cpus": facts.get("cpus"),
+        "memory_gib": round(facts.get("memory_bytes", 0) / 2**30, 1),
+        "gpus": len(gpus),
+        "gpu_model": ", ".join(names) if names else "-",
+        "gpu_uuids": [g["uuid"] for g in gpus],
+        "tpu_chips": facts.get("tpu_chips", 0),
+        "systemd": (facts.get("systemd") or "none").split(" (")[0],
+        "python": facts.get("python"),
+    }

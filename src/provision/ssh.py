@@ -1,0 +1,408 @@
+"""The only module that talks to the network.
+
+Fabric opens the connections (it honours ~/.ssh/config where the inventory is silent, the
+ssh-agent, and ProxyJump through `gateway`); commands then run on raw paramiko channels,
+because invoke's runner (threads plus sleep-polling per command) costs more than the whole
+round trip on a LAN. One connection per host, opened once and reused for the command.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import os
+import resource
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import paramiko
+
+from .errors import ProvisionError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to reach one host."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    identity_file: str | None = None
+    jump_host: str | None = None
+    connect_timeout: float = 10.0
+    host_key_policy: str = "accept-new"
+
+    @property
+    def where(self) -> str:
+        a = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{self.name} ({a}:{self.port})"
+
+    @classmethod
+    def from_host(cls, host) -> "Target":
+        s = host.ssh
+        return cls(host.name, host.address, s.port, s.user, s.identity_file, s.jump_host, s.connect_timeout, s.host_key_policy)
+
+
+class HostError(Exception):
+    """A failure on one host; the others carry on. `unreachable` decides exit code 3."""
+
+    def __init__(self, target: Target, message: str, *, unreachable: bool = False):
+        super().__init__(f"{target.where}: {message}")
+        self.target = target
+        self.message = message
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
+
+
+# --------------------------------------------------------------------------- host keys
+
+
+def _key_id(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    digest = __import__("hashlib").sha256(key.asbytes()).digest()
+    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+class KnownHosts:
+    """Host keys provision has learnt, kept beside the state (`known_hosts`, OpenSSH format).
+
+    The user's ~/.ssh/known_hosts is read too, never written.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.keys = paramiko.HostKeys()
+        if path.exists():
+            try:
+                self.keys.load(str(path))
+            except (OSError, paramiko.SSHException) as e:
+                raise ProvisionError(f"{path}: cannot read known host keys: {e}") from None
+        self.system = paramiko.HostKeys()
+        user_file = Path("~/.ssh/known_hosts").expanduser()
+        if user_file.exists():
+            try:
+                self.system.load(str(user_file))
+            except (OSError, paramiko.SSHException):
+                pass  # the user's file is best effort; ours is authoritative
+
+    def lookup(self, key_id: str) -> dict | None:
+        return self.keys.lookup(key_id) or self.system.lookup(key_id)
+
+    def learn(self, key_id: str, key: paramiko.PKey) -> None:
+        with self.lock:
+            self.keys.add(key_id, key.get_name(), key)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            self.keys.save(str(tmp))
+            os.replace(tmp, self.path)
+
+
+class _Policy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for keys it does not know (changed keys never get here)."""
+
+    def __init__(self, known: KnownHosts, policy: str):
+        self.known = known
+        self.policy = policy
+
+    def missing_host_key(self, client, hostname, key):
+        if self.policy == "off":
+            return
+        if self.policy == "accept-new":
+            self.known.learn(hostname, key)
+            return
+        raise _UnknownKey(hostname, key)
+
+
+class _UnknownKey(Exception):
+    def __init__(self, key_id: str, key: paramiko.PKey):
+        super().__init__(key_id)
+        self.key_id = key_id
+        self.key = key
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def fd_safe_parallelism() -> int:
+    """Hosts at once without running out of file descriptors (a socket or two each)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(1, min(512, (soft - 64) // 4))
+
+
+_fabric_config = None
+_fabric_lock = threading.Lock()
+
+
+def _config():
+    # One fabric Config per process: it parses ~/.ssh/config and /etc/ssh/ssh_config.
+    global _fabric_config
+    with _fabric_lock:
+        if _fabric_config is None:
+            from fabric import Config
+
+            _fabric_config = Config()
+        return _fabric_config
+
+
+def _connection(target: Target, gateway=None):
+    from fabric import Connection
+
+    kwargs: dict = {}
+    if target.identity_file:
+        kwargs["key_filename"] = [os.path.expanduser(target.identity_file)]
+    return Connection(
+        host=target.address,
+        user=target.user,
+        port=target.port,
+        config=_config(),
+        connect_timeout=target.connect_timeout,
+        connect_kwargs=kwargs,
+        gateway=gateway,
+    )
+
+
+def _parse_jump(spec: str, target: Target) -> Target:
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, 22
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else 22
+    elif ":" in rest:
+        host, _, p = rest.rpartition(":")
+        port = int(p)
+    return Target(
+        name=f"jump host {spec}",
+        address=host,
+        port=port,
+        user=user or target.user,
+        identity_file=target.identity_file,
+        connect_timeout=target.connect_timeout,
+        host_key_policy=target.host_key_policy,
+    )
+
+
+class Session:
+    """Connections to many hosts for the length of one command."""
+
+    RETRIES = 3  # connect attempts for transient failures (refused, timeout, reset)
+
+    def __init__(self, known_hosts: KnownHosts, *, parallelism: int | None = None, verbose: bool = False):
+        self.known = known_hosts
+        self.parallelism = parallelism or fd_safe_parallelism()
+        self.verbose = verbose
+        self._conns: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
+
+    # -- connect
+
+    def _prepare(self, conn, target: Target) -> None:
+        client = conn.client
+        if target.host_key_policy == "off":
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            return
+        key_id = _key_id(target.address, target.port)  # paramiko's own lookup name
+        for typ, key in (self.known.lookup(key_id) or {}).items():
+            client.get_host_keys().add(key_id, typ, key)
+        client.set_missing_host_key_policy(_Policy(self.known, target.host_key_policy))
+
+    def connect(self, target: Target):
+        with self._lock:
+            conn = self._conns.get(target.name)
+        if conn is not None and conn.is_connected:
+            return conn
+        gateway = None
+        if target.jump_host:
+            jt = _parse_jump(target.jump_host, target)
+            gateway = _connection(jt)
+            self._prepare(gateway, jt)
+        conn = _connection(target, gateway)
+        self._prepare(conn, target)
+        delay = 0.3
+        for attempt in range(self.RETRIES):
+            try:
+                conn.open()
+                break
+            except paramiko.BadHostKeyException as e:
+                raise HostError(
+                    target,
+                    f"host key changed: it now offers {_fingerprint(e.key)}, but {self.known.path} "
+                    f"has {_fingerprint(e.expected_key)}. If the host was reinstalled, delete its line "
+                    f"({_key_id(target.address, target.port)}) from that file and run again; "
+                    "otherwise someone may be intercepting the connection.",
+                ) from None
+            except _UnknownKey as e:
+                raise HostError(
+                    target,
+                    f"unknown host key {_fingerprint(e.key)} and host_key_policy is strict: add it to "
+                    f"{self.known.path} or ~/.ssh/known_hosts after checking it (or use accept-new)",
+                ) from None
+            except paramiko.AuthenticationException as e:
+                raise HostError(target, f"authentication failed for user {target.user}: {e}") from None
+            except FileNotFoundError as e:
+                raise HostError(target, f"identity file not found: {e.filename}") from None
+            except (socket.timeout, TimeoutError):
+                err = f"connection timed out after {target.connect_timeout:g}s"
+            except ConnectionRefusedError:
+                err = "connection refused"
+            except socket.gaierror as e:
+                raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                err = str(e) or type(e).__name__
+                if "Error reading SSH protocol banner" in err or isinstance(e, EOFError):
+                    err = "the SSH server closed the connection during the handshake"
+            if attempt + 1 < self.RETRIES:
+                time.sleep(delay)
+                delay *= 2
+        else:
+            raise HostError(target, err, unreachable=True)
+        with self._lock:
+            self._conns[target.name] = conn
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            try:
+                c.close()
+            except Exception:  # closing is best effort
+                pass
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- run
+
+    def run(self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True) -> Result:
+        """Run one command; stdout and stderr collected; never raises for a non-zero exit."""
+        conn = self.connect(target)
+        if sudo and target.user != "root":
+            command = "sudo -n " + command
+        if self.verbose:
+            with self._print_lock:
+                shown = command if len(command) < 200 else command[:200] + "..."
+                print(f"[{target.name}] $ {shown}", file=sys.stderr)
+        try:
+            chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            err_chunks: list[bytes] = []
+            reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out = chan.makefile("rb").read()
+            status = chan.recv_exit_status()
+            reader.join(timeout)
+            chan.close()
+        except (socket.timeout, TimeoutError):
+            raise HostError(target, f"command timed out after {timeout:g}s") from None
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            with self._lock:
+                self._conns.pop(target.name, None)
+            raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
+        return Result(status, out, b"".join(err_chunks))
+
+    def stream(self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None) -> int:
+        """Run a long command (journalctl --follow), calling on_line per stdout line."""
+        conn = self.connect(target)
+        if target.user != "root":
+            command = "sudo -n " + command
+        chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
+        chan.settimeout(0.5)
+        chan.exec_command(command)
+        buf = b""
+        try:
+            while not (stop and stop.is_set()):
+                try:
+                    data = chan.recv(65536)
+                except (socket.timeout, TimeoutError):
+                    continue
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    on_line(line)
+            if buf:
+                on_line(buf)
+        finally:
+            chan.close()
+        return chan.exit_status if chan.exit_status_ready() else -1
+
+    def map(self, fn: Callable[[Target], T], targets: Iterable[Target]) -> dict[str, T | HostError]:
+        """fn on every target in parallel; a HostError for one host never stops the others."""
+        targets = list(targets)
+        results: dict[str, T | HostError] = {}
+        if not targets:
+            return results
+        workers = min(len(targets), self.parallelism)
+
+        def call(t: Target):
+            try:
+                return fn(t)
+            except HostError as e:
+                return e
+
+        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh") as pool:
+            for t, r in zip(targets, pool.map(call, targets)):
+                results[t.name] = r
+        return results
+
+
+# --------------------------------------------------------------------------- the host agent
+
+_AGENT_SOURCE: bytes | None = None
+
+
+def _agent_source() -> bytes:
+    global _AGENT_SOURCE
+    if _AGENT_SOURCE is None:
+        _AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_bytes()
+    return _AGENT_SOURCE
+
+
+def call_agent(session: Session, target: Target, request: dict, *, timeout: float = 600) -> dict:
+    """One request to agent.py on the host: one SSH round trip, JSON in and out."""
+    import json
+
+    src = _agent_source()
+    boot = f"python3 -c 'import sys;exec(compile(sys.stdin.buffer.read({len(src)}),\"provision-agent\",\"exec\"))'"
+    res = session.run(target, boot, stdin=src + json.dumps(request).encode(), timeout=timeout)
+    if res.exit_status != 0:
+        err = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        if res.exit_status == 127:
+            raise HostError(target, "python3 is not installed; provision needs it on every host")
+        if target.user != "root" and any("sudo" in line for line in err):
+            raise HostError(target, f"sudo -n failed for user {target.user}: {err[-1] if err else ''}")
+        raise HostError(target, f"host agent failed (exit {res.exit_status}): {err[-1] if err else 'no output'}")
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        raise HostError(target, f"host agent gave no answer: {res.stdout[:200]!r}") from None
+    if "fatal" in out:
+        raise HostError(target, f"on the host: {out['fatal']}")
+    return out
