@@ -78,12 +78,33 @@ class _Doc:
         self.lines = lines
 
 
+MAX_NODES = 1_000_000  # YAML values after alias expansion; a 1,000-host inventory has ~20,000
+
+
 def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
     # The C loader when PyYAML has it: a 1,000-host inventory must load in well under a second.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     lines: dict[Path_, int] = {}
+    # Aliases make the node graph a DAG (or a cycle, `&a [*a]`): refuse cycles and
+    # exponential expansion as YAML errors instead of a RecursionError or a hang.
+    active: set[int] = set()
+    budget = [MAX_NODES]
 
     def build(n: yaml.Node, path: Path_) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise yaml.MarkedYAMLError(problem=f"more than {MAX_NODES:,} values once aliases are expanded", problem_mark=n.start_mark)
+        if not isinstance(n, yaml.CollectionNode):
+            return build_node(n, path)
+        if id(n) in active:
+            raise yaml.MarkedYAMLError(problem="recursive alias (an anchor used inside itself)", problem_mark=n.start_mark)
+        active.add(id(n))
+        try:
+            return build_node(n, path)
+        finally:
+            active.discard(id(n))
+
+    def build_node(n: yaml.Node, path: Path_) -> Any:
         lines.setdefault(path, n.start_mark.line + 1)
         if isinstance(n, yaml.MappingNode):
             out: dict[Any, Any] = {}
@@ -120,7 +141,7 @@ def _show(value: Any) -> str:
     elif isinstance(value, dict):
         s = "a mapping"
     elif isinstance(value, list):
-        s = "a list"
+        s = "a list" if value else "an empty list"
     elif value is None:
         s = "nothing (null)"
     else:
@@ -134,7 +155,9 @@ def _dotted(path: Path_) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            # A key with a newline or other control character must not break the line.
+            s = str(part) if str(part).isprintable() else repr(str(part))
+            out += ("." if out else "") + s
     return out or "(top level)"
 
 
@@ -262,6 +285,10 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
     if "jump_host" in value:
         jh = value["jump_host"]
         kw["jump_host"] = None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
+        port = JUMP_HOST.match(kw["jump_host"]).group(3) if kw["jump_host"] else None
+        if port is not None and not 1 <= int(port) <= 65535:
+            c.add(path + ("jump_host",), f"port must be from 1 to 65535, got {_show(jh)}")
+            kw["jump_host"] = None
     if "connect_timeout" in value:
         kw["connect_timeout"] = c.number(value["connect_timeout"], path + ("connect_timeout",), 0)
     # Leave defaults in place where a value was bad; the problem is already recorded.
@@ -341,7 +368,7 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
     if m is None:
         return None
     c.keys(m, path, POOL_KEYS, required=("replicas",))
-    replicas = c.integer(m.get("replicas", 0), path + ("replicas",), 0, 100000)
+    replicas = c.integer(m["replicas"], path + ("replicas",), 0, 100000) if "replicas" in m else None
     if replicas is not None and replicas > 1 and role in ("chief", "evaluator"):
         c.add(path + ("replicas",), f"a job has at most one {role}, got {replicas}")
     accelerators = c.integer(m.get("accelerators", 0), path + ("accelerators",), 0, 1024)
@@ -408,15 +435,20 @@ def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
     if m is None:
         return []
     c.keys(m, path, ROLES)
+    if not m:
+        c.add(path, f"no pools: name at least one of {', '.join(ROLES)}")
     names = {h.name for h in hosts}
     pools = [p for role in ROLES if role in m for p in [_pool(c, role, m[role], names, hosts)] if p is not None]
     by_role = {p.role: p for p in pools if p.replicas > 0}
+    # A pool with its own errors is missing from `pools`; checks about which pools exist
+    # would then only echo those errors ("this job has no worker"), so they wait.
+    complete = len(pools) == len([r for r in ROLES if r in m])
     if "ps" in by_role and "reduction_server" in by_role:
         c.add(path, "ps and reduction_server both use workerpool2; a job has one or the other")
-    if "ps" in by_role and ("chief" not in by_role or "worker" not in by_role):
+    if complete and "ps" in by_role and ("chief" not in by_role or "worker" not in by_role):
         missing = " and ".join(r for r in ("chief", "worker") if r not in by_role)
         c.add(path + ("ps",), f"parameter-server training needs a chief (coordinator) and workers; this job has no {missing}")
-    if m and not by_role and pools:
+    if complete and m and not by_role and pools:
         c.add(path, "every pool has 0 replicas: nothing to run")
     ports: dict[int, str] = {}
     for p in pools:
@@ -512,9 +544,12 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     c.keys(success_map, ("success",), ("policy",))
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
     roles = {p.role for p in pools if p.replicas > 0}
-    if success == "all_workers" and "worker" not in roles:
+    # Only when every pool is valid: otherwise this would echo the pools' own errors.
+    pools_map = top.get("pools")
+    known = isinstance(pools_map, dict) and len(pools) == len([r for r in ROLES if r in pools_map])
+    if known and success == "all_workers" and "worker" not in roles:
         c.add(("success", "policy"), "all_workers needs a worker pool with replicas")
-    if success == "chief" and "chief" not in roles and "worker" not in roles and roles:
+    if known and success == "chief" and "chief" not in roles and "worker" not in roles and roles:
         c.add(("success", "policy"), "the job has neither a chief nor workers, so nothing can succeed")
 
     if c.problems:
