@@ -1,8 +1,138 @@
-"""`provision sandbox up/down` (being written)."""
+"""`provision sandbox up|down|list|image`: local test hosts and an inventory for them."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import time
+from pathlib import Path
 
 import click
+
+from .errors import ProvisionError
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"  {msg}", err=True)
+
+
+def _sandbox():
+    # Imported late: `provision validate` and friends must not pay for the docker SDK.
+    from . import sandbox
+
+    return sandbox
 
 
 @click.group()
 def sandbox() -> None:
-    """Local test hosts: Docker containers with systemd and sshd."""
+    """Local test hosts: Docker containers with systemd and sshd.
+
+    Needs a Docker engine; the host image is built once from Debian's packages
+    (root and debootstrap needed for that first build)."""
+
+
+@sandbox.command("up")
+@click.option("--hosts", "-n", "hosts", default=3, show_default=True,
+              type=click.IntRange(1, 64), help="Number of hosts.")
+@click.option("--gpus-per-host", "-g", default=0, show_default=True, type=click.IntRange(0, 16),
+              help="Fake NVIDIA H100 GPUs each host's nvidia-smi reports.")
+@click.option("--with", "with_", multiple=True, type=click.Choice(["tensorflow", "torch"]),
+              help="Framework layer mounted on every host (repeatable).")
+@click.option("--name", default="sandbox", show_default=True,
+              help="Sandbox name; hosts are the containers NAME-host-1, NAME-host-2, ...")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Inventory file to write [default: ./NAME.inventory.yaml].")
+@click.option("--job", default="demo", show_default=True, help="Job name in the inventory.")
+@click.option("--ssh-port", type=click.IntRange(1, 65535),
+              help="host-1's SSH port on 127.0.0.1 (the others follow) [default: free ports].")
+@click.option("--force", is_flag=True, help="Overwrite an inventory file not written by sandbox up.")
+@click.option("--timeout", default=180, show_default=True, type=click.IntRange(10, 3600),
+              help="Seconds to wait for the hosts to boot.")
+def up_cmd(hosts, gpus_per_host, with_, name, output, job, ssh_port, force, timeout) -> None:
+    """Start HOSTS local hosts and write an inventory for them."""
+    sb_mod = _sandbox()
+    from .sandbox.inventory import HEADER
+
+    sb_mod.validate_name(name)
+    path = output or Path(f"{name}.inventory.yaml")
+    if path.exists() and not force:
+        head = path.read_text(errors="replace")[: len(HEADER)]
+        if head != HEADER:
+            raise ProvisionError(
+                f"{path}: exists and was not written by `provision sandbox up`; "
+                "pass -o OTHER_PATH, or --force to overwrite it"
+            )
+    # A plain `kill` (CI timeouts, service managers) must clean up like Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    t0 = time.monotonic()
+    try:
+        click.echo(f"Starting sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''}"
+                   + (f", {gpus_per_host} fake GPU(s) each" if gpus_per_host else "")
+                   + (f", with {', '.join(with_)}" if with_ else ""), err=True)
+        sb = sb_mod.up(name, hosts=hosts, gpus_per_host=gpus_per_host, with_=with_,
+                       ssh_port=ssh_port, timeout=timeout, progress=_progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sb_mod.write_inventory(sb, path, job=job, pools=sb_mod.example_pools(sb))
+    inv = path.resolve()
+    click.echo(f"Sandbox {name!r} is up ({time.monotonic() - t0:.1f} s):")
+    for h in sb.hosts:
+        extra = f", {h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus else ""
+        click.echo(f"  {h.name:<8} 127.0.0.1:{h.ssh_port:<6} cluster address {h.cluster_address}{extra}")
+    click.echo(f"Inventory: {inv}")
+    click.echo("Next:")
+    click.echo(f"  provision validate {inv}")
+    click.echo(f"  provision apply {inv}")
+    click.echo(f"  {' '.join(sb.ssh_command(sb.hosts[0]))}")
+    click.echo(f"  provision sandbox down --name {name}")
+
+
+def _raise_interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
+@sandbox.command("down")
+@click.option("--name", default="sandbox", show_default=True, help="Sandbox to remove.")
+@click.option("--all", "all_", is_flag=True, help="Remove every sandbox.")
+def down_cmd(name, all_) -> None:
+    """Remove a sandbox's containers, network and SSH key."""
+    sb_mod = _sandbox()
+    names = [s.name for s in sb_mod.list_sandboxes()] if all_ else [name]
+    if all_ and not names:
+        click.echo("No sandboxes.")
+        return
+    for n in names:
+        result = sb_mod.down(n, progress=_progress)
+        if result.found:
+            click.echo(f"Sandbox {n!r} removed ({result.containers} container"
+                       f"{'s' if result.containers != 1 else ''}, {result.networks} network).")
+        else:
+            click.echo(f"No sandbox named {n!r}; nothing to remove.")
+
+
+@sandbox.command("list")
+def list_cmd() -> None:
+    """Show the sandboxes on this machine."""
+    sb_mod = _sandbox()
+    rows = sb_mod.list_sandboxes()
+    if not rows:
+        click.echo("No sandboxes. Start one with `provision sandbox up`.")
+        return
+    click.echo(f"{'NAME':<24} {'HOSTS':>5} {'RUNNING':>7} {'GPUS':>4}  {'WITH':<18} {'CREATED':<19} STATUS")
+    for s in rows:
+        created = (datetime.datetime.fromtimestamp(s.created).strftime("%Y-%m-%d %H:%M:%S")
+                   if s.created else "-")
+        status = s.status if s.metadata else "leftover (no metadata)"
+        if s.metadata and s.running < s.hosts:
+            status = f"{status}, {s.hosts - s.running} host(s) not running"
+        click.echo(f"{s.name:<24} {s.hosts or s.containers:>5} {s.running:>7} "
+                   f"{s.gpus_per_host:>4}  {','.join(s.frameworks) or '-':<18} {created:<19} {status}")
+
+
+@sandbox.command("image")
+@click.option("--rebuild", is_flag=True, help="Build again even if the image exists.")
+def image_cmd(rebuild) -> None:
+    """Build the sandbox host image now (normally built by the first `up`)."""
+    sb_mod = _sandbox()
+    tag = sb_mod.ensure_image(progress=_progress, rebuild=rebuild)
+    click.echo(f"Host image: {tag}")

@@ -1,0 +1,561 @@
+"""Start, find and remove sandboxes: N Debian hosts as Docker containers (systemd + sshd).
+
+Each host is a container named `<sandbox>-host-<i>` on the sandbox's own user-defined
+network, so that name is the host's cluster address (the other hosts resolve it through
+Docker's DNS). Its sshd is published on 127.0.0.1 only, at a port Docker picks. Metadata and
+the sandbox's SSH key live in `~/.cache/provision/sandboxes/<name>/`; containers and the
+network also carry the label `provision.sandbox=<name>`, so `down` finds leftovers even when
+the metadata is gone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import socket
+import tarfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ..errors import ProvisionError
+from . import engine
+from ._paths import sandbox_dir, sandboxes_dir
+from ._util import Progress, no_progress, write_private
+from .engine import HOST_LABEL, LABEL
+from .frameworks import FRAMEWORKS, ensure_framework, host_mount_point
+from .image import ensure_image
+
+DEFAULT_NAME = "sandbox"
+GPU_LABEL = "provision.sandbox.gpus"
+SSH_USER = "root"
+ACCELERATOR_TYPE = "nvidia-h100"  # what the image's nvidia-smi stand-in reports
+_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+# Flags under which systemd boots as PID 1 here (see shared/spec/test-hosts.md);
+# --privileged does not work on these machines.
+_CGROUP_MOUNT = {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}}
+_TMPFS = {"/run": "", "/run/lock": "", "/tmp": ""}
+_INOTIFY = {"max_user_instances": 8192, "max_user_watches": 1048576}
+_INOTIFY_NEEDED_PAST = 12  # hosts; each systemd uses a handful of inotify instances
+
+
+# --------------------------------------------------------------------------- data
+
+@dataclass
+class SandboxHost:
+    name: str  # inventory name: host-1, host-2, ...
+    container: str  # Docker container name, also its hostname
+    ssh_port: int  # published on ssh_host
+    cluster_address: str  # how the other hosts reach it (= container name)
+    gpus: int = 0  # fake GPUs reported by the image's nvidia-smi stand-in
+    ssh_host: str = "127.0.0.1"
+
+    @property
+    def address(self) -> str:
+        return f"{self.ssh_host}:{self.ssh_port}"
+
+
+@dataclass
+class Sandbox:
+    name: str
+    network: str
+    key_path: Path
+    known_hosts_path: Path
+    hosts: list[SandboxHost]
+    image: str = ""
+    frameworks: tuple[str, ...] = ()
+    created: float = 0.0
+    user: str = SSH_USER
+    status: str = "ready"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.key_path.parent
+
+    @property
+    def gpus_per_host(self) -> int:
+        return self.hosts[0].gpus if self.hosts else 0
+
+    def host(self, which: str | int) -> SandboxHost:
+        """A host by inventory name ("host-2"), container name, or 1-based number."""
+        for h in self.hosts:
+            if which in (h.name, h.container) or (isinstance(which, int) and
+                                                   h.name == f"host-{which}"):
+                return h
+        raise KeyError(f"sandbox {self.name!r} has no host {which!r}")
+
+    def _h(self, host: SandboxHost | str | int) -> SandboxHost:
+        return host if isinstance(host, SandboxHost) else self.host(host)
+
+    # -- access -----------------------------------------------------------------------
+    def ssh_command(self, host: SandboxHost | str | int) -> list[str]:
+        """An OpenSSH command line that logs in as root, checking the host's own key."""
+        h = self._h(host)
+        return ["ssh", "-i", str(self.key_path), "-p", str(h.ssh_port),
+                "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+                f"{self.user}@{h.ssh_host}"]
+
+    def connection(self, host: SandboxHost | str | int, **kwargs: Any):
+        """A fabric.Connection to the host, with the sandbox key and known host keys.
+
+        Unknown or changed host keys are refused (the sandbox recorded each host's key
+        when it came up); ~/.ssh/config is not read; `run` does not forward stdin."""
+        import fabric
+
+        h = self._h(host)
+        connect_kwargs = {"key_filename": str(self.key_path), "look_for_keys": False,
+                          "allow_agent": False, **kwargs.pop("connect_kwargs", {})}
+        conn = fabric.Connection(
+            host=h.ssh_host, port=h.ssh_port, user=self.user,
+            connect_kwargs=connect_kwargs, connect_timeout=kwargs.pop("connect_timeout", 10),
+            # No stdin forwarding: tests and CI have none to give (pytest refuses reads).
+            config=fabric.Config(overrides={"load_ssh_configs": False,
+                                            "run": {"in_stream": False}}), **kwargs,
+        )
+        if self.known_hosts_path.exists():
+            conn.client.load_host_keys(str(self.known_hosts_path))
+            conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        return conn
+
+    def container(self, host: SandboxHost | str | int, client: docker.DockerClient | None = None):
+        """The docker SDK Container object of a host (for fault injection in tests)."""
+        return (client or engine.client()).containers.get(self._h(host).container)
+
+    def docker_exec(self, host: SandboxHost | str | int, cmd: str | list[str],
+                    client: docker.DockerClient | None = None) -> tuple[int, str]:
+        """Run a command in the host through Docker, bypassing SSH: (exit code, output)."""
+        res = self.container(host, client).exec_run(cmd)
+        return res.exit_code, res.output.decode(errors="replace")
+
+    # -- (de)serialisation ----------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["key_path"] = str(self.key_path)
+        d["known_hosts_path"] = str(self.known_hosts_path)
+        d["frameworks"] = list(self.frameworks)
+        d["version"] = 1
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sandbox:
+        return cls(
+            name=d["name"], network=d["network"], key_path=Path(d["key_path"]),
+            known_hosts_path=Path(d["known_hosts_path"]),
+            hosts=[SandboxHost(**h) for h in d.get("hosts", [])],
+            image=d.get("image", ""), frameworks=tuple(d.get("frameworks", ())),
+            created=d.get("created", 0.0), user=d.get("user", SSH_USER),
+            status=d.get("status", "ready"),
+        )
+
+    def save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        write_private(self.state_dir / "sandbox.json",
+                      json.dumps(self.to_dict(), indent=2) + "\n", 0o644)
+
+
+@dataclass
+class SandboxSummary:
+    name: str
+    hosts: int  # hosts in the metadata (0 when it is gone)
+    containers: int  # containers labelled with the sandbox's name
+    running: int
+    gpus_per_host: int = 0
+    frameworks: tuple[str, ...] = ()
+    created: float = 0.0
+    metadata: bool = False
+    status: str = ""
+
+
+@dataclass
+class DownResult:
+    name: str
+    containers: int = 0
+    networks: int = 0
+    state_removed: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.containers or self.networks or self.state_removed)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ProvisionError(
+            f"sandbox name {name!r}: use 1-40 characters a-z, 0-9 and '-', starting with a "
+            "letter (it becomes part of the hosts' DNS names)"
+        )
+    return name
+
+
+def container_name(sandbox: str, index: int) -> str:
+    return f"{sandbox}-host-{index}"
+
+
+def network_name(sandbox: str) -> str:
+    return f"provision-sandbox-{sandbox}"
+
+
+def _keypair(comment: str) -> tuple[bytes, bytes]:
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH)
+    return private, public + f" {comment}\n".encode()
+
+
+def _host_files(pubkey: bytes, gpus: int) -> bytes:
+    """A tar, unpacked at / before the container starts: root's key and the GPU count."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, mode, data in (
+            ("root/.ssh", 0o700, None),
+            ("root/.ssh/authorized_keys", 0o600, pubkey),
+            ("etc/provision-sandbox", 0o755, None),
+            ("etc/provision-sandbox/gpus", 0o644, f"{gpus}\n".encode()),
+        ):
+            info = tarfile.TarInfo(path)
+            info.mode, info.mtime = mode, int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _labelled(client: docker.DockerClient, name: str | None = None):
+    flt = {"label": f"{LABEL}={name}" if name else LABEL}
+    return (client.containers.list(all=True, filters=flt),
+            client.networks.list(filters=flt))
+
+
+def _raise_inotify_limits(client: docker.DockerClient, new_hosts: int, progress: Progress) -> None:
+    """Past about 20 systemd containers new ones die at boot under the default inotify limits."""
+    running = len(client.containers.list(filters={"label": LABEL}))
+    total = running + new_hosts
+    if total <= _INOTIFY_NEEDED_PAST:
+        return
+    for key, want in _INOTIFY.items():
+        path = Path("/proc/sys/fs/inotify") / key
+        try:
+            current = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if current >= want:
+            continue
+        try:
+            path.write_text(str(want))
+            progress(f"raised fs.inotify.{key} from {current} to {want} for {total} systemd hosts")
+        except OSError:
+            progress(f"warning: fs.inotify.{key}={current} is low for {total} systemd hosts and "
+                     f"could not be raised (needs root): `sysctl -w fs.inotify.{key}={want}`")
+
+
+def _docker_error(container: str, e: docker.errors.APIError, port: int | None) -> ProvisionError:
+    text = str(getattr(e, "explanation", None) or e)
+    low = text.lower()
+    if "port is already allocated" in low or "address already in use" in low:
+        where = f"127.0.0.1:{port}" if port else "a published port"
+        return ProvisionError(
+            f"{container}: {where} is in use: choose another --ssh-port, or leave it out so "
+            "Docker picks free ports"
+        )
+    if "is already in use" in low and "name" in low:
+        return ProvisionError(
+            f"a container named {container} already exists: `provision sandbox down --name "
+            f"{container.rsplit('-host-', 1)[0]}` removes a sandbox's leftovers, or pick "
+            "another --name"
+        )
+    return ProvisionError(f"{container}: Docker refused to start it: {text.splitlines()[0]}")
+
+
+# --------------------------------------------------------------------------- up
+
+def up(
+    name: str | None = None,
+    hosts: int = 3,
+    gpus_per_host: int = 0,
+    with_: tuple[str, ...] | list[str] = (),
+    *,
+    ssh_port: int | None = None,
+    timeout: float = 180.0,
+    progress: Progress = no_progress,
+    client: docker.DockerClient | None = None,
+) -> Sandbox:
+    """Start a sandbox of `hosts` hosts and wait until every one is usable.
+
+    Usable: `systemctl is-system-running` says running (or degraded) and root logs in over
+    SSH with the sandbox's key. `ssh_port`, when given, is host-1's published port and the
+    others follow it; by default Docker picks free ports. On any error or Ctrl-C everything
+    started so far is removed again."""
+    name = validate_name(name or DEFAULT_NAME)
+    if not isinstance(hosts, int) or not 1 <= hosts <= 64:
+        raise ProvisionError(f"--hosts {hosts!r}: expected a number from 1 to 64")
+    if not isinstance(gpus_per_host, int) or not 0 <= gpus_per_host <= 16:
+        raise ProvisionError(f"--gpus-per-host {gpus_per_host!r}: expected a number from 0 to 16")
+    with_ = tuple(dict.fromkeys(with_))
+    for fw in with_:
+        if fw not in FRAMEWORKS:
+            raise ProvisionError(
+                f"--with {fw!r}: unknown framework; choose from {', '.join(sorted(FRAMEWORKS))}"
+            )
+    client = client or engine.client()
+    containers, networks = _labelled(client, name)
+    if containers or networks or (sandbox_dir(name) / "sandbox.json").exists():
+        raise ProvisionError(
+            f"sandbox {name!r} already exists ({len(containers)} containers): "
+            f"`provision sandbox down --name {name}` first, or pick another --name"
+        )
+    image = ensure_image(client, progress)
+    layers = {fw: ensure_framework(fw, progress) for fw in with_}
+    _raise_inotify_limits(client, hosts, progress)
+
+    sdir = sandbox_dir(name)
+    sdir.mkdir(parents=True, exist_ok=True)
+    sdir.chmod(0o700)
+    private, public = _keypair(f"provision-sandbox-{name}")
+    write_private(sdir / "id_ed25519", private)
+    write_private(sdir / "id_ed25519.pub", public, 0o644)
+    sb = Sandbox(
+        name=name, network=network_name(name), key_path=sdir / "id_ed25519",
+        known_hosts_path=sdir / "known_hosts", image=image, frameworks=with_,
+        created=time.time(), status="starting",
+        hosts=[SandboxHost(name=f"host-{i}", container=container_name(name, i), ssh_port=0,
+                           cluster_address=container_name(name, i), gpus=gpus_per_host)
+               for i in range(1, hosts + 1)],
+    )
+    sb.save()  # from here on `down` finds the key dir even if this process dies
+    cancel = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=min(hosts, 32), thread_name_prefix=f"sandbox-{name}")
+    try:
+        t0 = time.monotonic()
+        client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
+                               check_duplicate=True)
+        volumes = dict(_CGROUP_MOUNT)
+        for fw, path in layers.items():
+            volumes[str(path)] = {"bind": host_mount_point(fw), "mode": "ro"}
+        progress(f"starting {hosts} host{'s' if hosts != 1 else ''} of sandbox {name!r}")
+        futures = [
+            pool.submit(_start_host, client, sb, h, image, volumes, public,
+                        ssh_port + i if ssh_port else None, cancel)
+            for i, h in enumerate(sb.hosts)
+        ]
+        _gather(futures)
+        deadline = time.monotonic() + timeout
+        futures = [pool.submit(_wait_ready, client, sb, h, deadline, cancel, progress)
+                   for h in sb.hosts]
+        host_keys = _gather(futures)
+        write_private(sb.known_hosts_path, "".join(host_keys), 0o644)
+        sb.status = "ready"
+        sb.save()
+        progress(f"sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''} ready in "
+                 f"{time.monotonic() - t0:.1f} s")
+        return sb
+    except BaseException:
+        cancel.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # no container appears after down()
+        try:
+            down(name, client=client)
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+        raise
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _gather(futures: list[Future]) -> list:
+    """Results in submission order; the first failure is raised at once."""
+    for f in as_completed(futures):
+        f.result()
+    return [f.result() for f in futures]
+
+
+def _start_host(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, image: str,
+                volumes: dict, pubkey: bytes, port: int | None, cancel: threading.Event) -> None:
+    if cancel.is_set():
+        return
+    try:
+        c = client.containers.create(
+            image, name=h.container, hostname=h.container, detach=True,
+            labels={LABEL: sb.name, HOST_LABEL: h.name, GPU_LABEL: str(h.gpus)},
+            network=sb.network, ports={"22/tcp": ("127.0.0.1", port)},
+            cap_add=["SYS_ADMIN"], cgroupns="host", volumes=volumes, tmpfs=_TMPFS,
+            stop_signal="SIGRTMIN+3",  # systemd shuts down cleanly on it, not on SIGTERM
+        )
+        c.put_archive("/", _host_files(pubkey, h.gpus))
+        c.start()
+        c.reload()
+        h.ssh_port = int(c.ports["22/tcp"][0]["HostPort"])
+    except docker.errors.APIError as e:
+        raise _docker_error(h.container, e, port) from None
+
+
+def _sshd_banner(host: str, port: int) -> None:
+    """Raise OSError unless sshd sends its banner. Docker's port proxy accepts connections
+    before sshd listens and then drops them; probing with a plain socket first keeps
+    paramiko from logging a traceback for each such early attempt."""
+    with socket.create_connection((host, port), timeout=2) as s:
+        s.settimeout(2)
+        if not s.recv(4).startswith(b"SSH"):
+            raise ConnectionResetError(f"{host}:{port}: no SSH banner yet")
+
+
+def _wait_ready(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, deadline: float,
+                cancel: threading.Event, progress: Progress) -> str:
+    """Poll until root logs in with the key and systemd finished booting.
+
+    Returns the host's known_hosts line (its key as seen on the first login)."""
+    pkey = paramiko.Ed25519Key.from_private_key_file(str(sb.key_path))
+    last = "no answer yet"
+    attempt = 0
+    while not cancel.is_set():
+        attempt += 1
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ProvisionError(
+                f"{h.container} (127.0.0.1:{h.ssh_port}): not ready after the timeout: {last}"
+            )
+        cli = paramiko.SSHClient()
+        cli.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            _sshd_banner(h.ssh_host, h.ssh_port)
+            cli.connect(h.ssh_host, h.ssh_port, username=sb.user, pkey=pkey,
+                        look_for_keys=False, allow_agent=False, timeout=5,
+                        banner_timeout=5, auth_timeout=5)
+            key = cli.get_transport().get_remote_server_key()
+            # --wait blocks until boot is over; the failed units explain "degraded".
+            _, out, _ = cli.exec_command(
+                "systemctl is-system-running --wait; "
+                "systemctl list-units --failed --plain --no-legend --no-pager",
+                timeout=max(1.0, remaining))
+            lines = out.read().decode(errors="replace").split("\n")
+            state = lines[0].strip()
+            if state in ("running", "degraded"):
+                if state == "degraded":
+                    failed = ", ".join(ln.split()[0] for ln in lines[1:] if ln.strip())
+                    progress(f"{h.container}: degraded (failed units: {failed or '?'})")
+                return f"[{h.ssh_host}]:{h.ssh_port} {key.get_name()} {key.get_base64()}\n"
+            last = f"systemctl is-system-running says {state!r}"
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            last = f"{type(e).__name__}: {e}"
+        finally:
+            cli.close()
+        if attempt % 10 == 0:  # an exited container never gets ready: say why at once
+            try:
+                c = client.containers.get(h.container)
+                if c.status not in ("running", "created", "restarting"):
+                    logs = c.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
+                    code = c.attrs.get("State", {}).get("ExitCode")
+                    raise ProvisionError(
+                        f"{h.container}: exited during boot (status {c.status}, exit code "
+                        f"{code}); last output: {logs or 'none'}; with many hosts, raise "
+                        "fs.inotify.max_user_instances (`sysctl -w "
+                        "fs.inotify.max_user_instances=8192`)"
+                    )
+            except docker.errors.NotFound:
+                raise ProvisionError(f"{h.container}: container vanished during boot") from None
+        time.sleep(0.2)
+    raise ProvisionError(f"{h.container}: cancelled")
+
+
+# --------------------------------------------------------------------------- down / load / list
+
+def down(name: str | None = None, *, client: docker.DockerClient | None = None,
+         progress: Progress = no_progress) -> DownResult:
+    """Remove a sandbox's containers, network and key dir; found by label and metadata."""
+    name = validate_name(name or DEFAULT_NAME)
+    result = DownResult(name)
+    client = client or engine.client()
+    containers, _ = _labelled(client, name)
+
+    def remove(c) -> None:
+        try:
+            c.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if "already in progress" not in str(e):
+                result.errors.append(f"{c.name}: {e}")
+
+    if containers:
+        progress(f"removing {len(containers)} container{'s' if len(containers) != 1 else ''} "
+                 f"of sandbox {name!r}")
+        with ThreadPoolExecutor(max_workers=min(len(containers), 16)) as ex:
+            list(ex.map(remove, containers))
+    result.containers = len(containers)
+    _, networks = _labelled(client, name)
+    for n in networks:
+        try:
+            n.remove()
+            result.networks += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            result.errors.append(f"network {n.name}: {e}")
+    sdir = sandbox_dir(name)
+    if sdir.exists():
+        shutil.rmtree(sdir, ignore_errors=True)
+        result.state_removed = True
+    if result.errors:
+        raise ProvisionError(f"sandbox {name!r}: could not remove everything: "
+                             + "; ".join(result.errors))
+    return result
+
+
+def load(name: str | None = None) -> Sandbox:
+    """The sandbox `up` started, possibly from another process (from its metadata)."""
+    name = name or DEFAULT_NAME
+    path = sandbox_dir(name) / "sandbox.json"
+    try:
+        return Sandbox.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise ProvisionError(
+            f"no sandbox named {name!r} (see `provision sandbox list`; start one with "
+            f"`provision sandbox up --name {name}`)"
+        ) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProvisionError(f"{path}: unreadable sandbox metadata ({e}); "
+                             f"`provision sandbox down --name {name}` removes it") from None
+
+
+def list_sandboxes(client: docker.DockerClient | None = None) -> list[SandboxSummary]:
+    """Every sandbox with metadata on disk or labelled containers/networks on the engine."""
+    client = client or engine.client()
+    found: dict[str, SandboxSummary] = {}
+    containers, networks = _labelled(client)
+    for obj in [*containers, *networks]:
+        n = (obj.attrs.get("Labels") or obj.attrs.get("Config", {}).get("Labels") or {}).get(LABEL)
+        if n:
+            found.setdefault(n, SandboxSummary(n, 0, 0, 0))
+    for c in containers:
+        s = found[c.labels[LABEL]]
+        s.containers += 1
+        s.running += c.status == "running"
+    if sandboxes_dir().is_dir():
+        for d in sorted(sandboxes_dir().iterdir()):
+            if (d / "sandbox.json").is_file():
+                try:
+                    sb = load(d.name)
+                except ProvisionError:
+                    continue
+                s = found.setdefault(sb.name, SandboxSummary(sb.name, 0, 0, 0))
+                s.hosts, s.gpus_per_host, s.frameworks = len(sb.hosts), sb.gpus_per_host, sb.frameworks
+                s.created, s.metadata, s.status = sb.created, True, sb.status
+    return [found[k] for k in sorted(found)]

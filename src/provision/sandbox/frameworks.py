@@ -1,0 +1,105 @@
+"""Framework layers: TensorFlow / PyTorch installed once on the controller, mounted into hosts.
+
+Installing tensorflow-cpu into every host (or into the image) would cost minutes and 1.5 GB
+per change; instead `pip install --target DIR` runs once on the controller into a cache dir
+keyed by what is installed, and DIR is bind-mounted read-only at
+/opt/provision-sandbox/frameworks/<name> on each host, where the image's .pth hook puts it on
+every python3's sys.path. Debian bookworm's python3 is 3.11, like the controller's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import ProvisionError
+from ._paths import frameworks_dir, logs_dir
+from ._util import Progress, file_lock, no_progress, tail
+
+# name -> pip requirements. CPU builds: there are no GPUs on sandbox hosts. torch 2.13.0's
+# CPU wheel is found through pip's configured find-links on provision's machines.
+FRAMEWORKS: dict[str, tuple[str, ...]] = {
+    "tensorflow": ("tensorflow-cpu==2.21.0",),
+    "torch": ("torch==2.13.0",),
+}
+HOST_ROOT = "/opt/provision-sandbox/frameworks"
+HOST_PYTHON = (3, 11)  # Debian bookworm's python3
+
+
+def _key(name: str) -> str:
+    h = hashlib.sha256()
+    h.update(repr((FRAMEWORKS[name], HOST_PYTHON, platform.machine())).encode())
+    return h.hexdigest()[:12]
+
+
+def framework_path(name: str) -> Path:
+    if name not in FRAMEWORKS:
+        raise ProvisionError(
+            f"unknown framework {name!r}: choose from {', '.join(sorted(FRAMEWORKS))}"
+        )
+    return frameworks_dir() / f"{name}-{_key(name)}"
+
+
+def host_mount_point(name: str) -> str:
+    return f"{HOST_ROOT}/{name}"
+
+
+def ensure_framework(name: str, progress: Progress = no_progress) -> Path:
+    """The directory holding the framework's packages, installing it on first use."""
+    final = framework_path(name)
+    if final.is_dir():
+        return final
+    with file_lock(f"framework-{final.name}", progress,
+                   f"waiting for another process installing the {name} layer"):
+        if final.is_dir():
+            return final
+        _install(name, final, progress)
+    return final
+
+
+def _pip_command(target: Path, reqs: tuple[str, ...]) -> list[str]:
+    cmd = [sys.executable, "-m", "pip", "install", "--target", str(target),
+           "--disable-pip-version-check", "--no-input", "--no-warn-script-location",
+           "--progress-bar", "off"]
+    if sys.version_info[:2] != HOST_PYTHON or platform.machine() != "x86_64":
+        # A controller on another Python must fetch wheels for the hosts' 3.11.
+        cmd += ["--python-version", "%d.%d" % HOST_PYTHON, "--implementation", "cp",
+                "--platform", "manylinux_2_36_x86_64", "--only-binary=:all:"]
+    return cmd + list(reqs)
+
+
+def _install(name: str, final: Path, progress: Progress) -> None:
+    reqs = FRAMEWORKS[name]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    logs_dir().mkdir(parents=True, exist_ok=True)
+    log_path = logs_dir() / f"framework-{final.name}.log"
+    # Install beside the final place and rename: a crash never leaves a half layer that
+    # looks complete, and the rename is atomic on one filesystem.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    progress(f"installing the {name} layer ({' '.join(reqs)}) once into {final}; log: {log_path}")
+    t0 = time.monotonic()
+    try:
+        cmd = _pip_command(tmp, reqs)
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL).returncode
+        if rc != 0:
+            raise ProvisionError(
+                f"installing the {name} layer failed: pip exited {rc} "
+                f"(last lines: {tail(log_path, 3)}); full log: {log_path}"
+            )
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, final)
+        progress(f"{name} layer ready in {time.monotonic() - t0:.0f} s")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
