@@ -29,6 +29,37 @@ def job_dir(job):
     return "/etc/provision/" + job
 
 
+def state_dir(job):
+    return "/var/lib/provision/" + job
+
+
+def exits_path(job, unit):
+    prefix = "provision-%s-" % job
+    task = unit[len(prefix):-len(".service")] if unit.startswith(prefix) else unit
+    return "%s/%s.exits" % (state_dir(job), task)
+
+
+def read_exits(job, units):
+    """Lines written by each unit's ExecStopPost: [time, result, code, status]."""
+    out = {}
+    for u in units:
+        try:
+            with open(exits_path(job, u)) as f:
+                out[u] = [line.split() for line in f if len(line.split()) == 4]
+        except OSError:
+            out[u] = []
+    return out
+
+
+def reset_exits(job, units):
+    """A run started by provision counts its exits afresh."""
+    for u in units:
+        try:
+            os.unlink(exits_path(job, u))
+        except OSError:
+            pass
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -164,7 +195,9 @@ def op_probe(req):
         "lifecycle": read_json(jd + "/lifecycle.json"),
         "files": files,
         "units": unit_states(units),
+        "exits": read_exits(job, units),
         "now_monotonic_us": int(time.monotonic() * 1e6),
+        "now": time.time(),
         "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
     }
     if req.get("facts"):
@@ -284,6 +317,8 @@ def op_units(req):
     """systemctl verbs in order, then the states of the units named in `report`."""
     errors = []
     for verb, units in req.get("actions", []):
+        if verb in ("restart", "start"):
+            reset_exits(req["job"], units)
         systemctl(verb, units, errors)
     if req.get("lifecycle") is not None:
         jd = job_dir(req["job"])
@@ -296,7 +331,7 @@ def op_units(req):
     # apply killed between writing and restarting still restarts it next time.
     if req.get("manifest") and not errors:
         atomic_write(job_dir(req["job"]) + "/manifest.json", base64.b64decode(req["manifest"]), 0o600, [])
-    return {"errors": errors, "units": states}
+    return {"errors": errors, "units": states, "exits": read_exits(req["job"], req.get("report", []))}
 
 
 def op_destroy(req):
@@ -325,10 +360,11 @@ def op_destroy(req):
                 os.rmdir(d)
             except OSError:
                 pass  # not empty: something else lives there now
-    if os.path.isdir(jd):
-        for name in os.listdir(jd):
-            os.unlink(os.path.join(jd, name))
-        os.rmdir(jd)
+    for d in (jd, state_dir(job)):
+        if os.path.isdir(d):
+            for name in os.listdir(d):
+                os.unlink(os.path.join(d, name))
+            os.rmdir(d)
     code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
     if code != 0:
         errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))

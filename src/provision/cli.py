@@ -320,6 +320,53 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
     sys.exit(1 if bad else 0)
 
 
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--watch", is_flag=True, help="Refresh in place every 2 seconds until Ctrl-C.")
+def status(inventory, state_path, targets, parallelism, verbose, as_json, watch):
+    """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
+    import time
+
+    from .engine import open_context
+    from .lifecycle import collect
+    from .output import status_lines
+
+    ctx = open_context(inventory, state_path=state_path, only=tuple(targets), parallelism=parallelism, verbose=verbose, render_secrets=False)
+    try:
+        while True:
+            st = collect(ctx)
+            if as_json:
+                click.echo(_json.dumps(st.to_json(), indent=1))
+            else:
+                lines = status_lines(st)
+                if watch:
+                    click.echo("\x1b[H\x1b[2J", nl=False)
+                for line in lines:
+                    click.echo(line)
+            if not watch or st.phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(2)
+    finally:
+        ctx.close()
+    if st.unreachable:
+        click.echo(f"Unreachable: {', '.join(st.unreachable)}", err=True)
+        sys.exit(3)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
+@click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
+def wait(inventory, state_path, timeout, verbose):
+    """Block until the job succeeds (exit 0) or fails (exit 1)."""
+    from .lifecycle import wait_for_job
+
+    sys.exit(wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose))
+
+
 @main.command("force-unlock")
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.argument("lock_id")

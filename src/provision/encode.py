@@ -25,7 +25,17 @@ def env_assignment(key: str, value: str) -> str:
         raise ProvisionError(f"environment variable name {key!r} is not valid")
     if "\x00" in value:
         raise ProvisionError(f"environment variable {key}: NUL bytes cannot be passed")
-    return f'{key}="{_ENV_NEEDS.sub(lambda m: _ENV_ESCAPE[m.group()], value)}"'
+    return f'{key}="{env_escape(value)}"'
+
+
+def env_escape(value: str) -> str:
+    """The inside of a double-quoted EnvironmentFile= value."""
+    if _ENV_NEEDS.search(value):
+        # str.replace runs in C; a per-match callback cost ~2 µs per quote in the cluster
+        # JSON (1 s for a 1,000-host job). Backslash first, so added ones stay single.
+        for ch in "\\\"$`":
+            value = value.replace(ch, _ENV_ESCAPE[ch])
+    return value
 
 
 # ExecStart= words: specifiers (%) and variables ($) are expanded by systemd, and inside

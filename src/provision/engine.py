@@ -19,7 +19,7 @@ from typing import Callable
 from .errors import ProvisionError
 from .inventory import load
 from .model import Inventory
-from .plan import HostPlan, Plan, _task_state, make_plan, plan_host
+from .plan import HostPlan, Plan, make_plan, plan_host, task_phase
 from .render import Rendered, manifest_bytes, manifest_path, render
 from .ssh import HostError, KnownHosts, Session, Target, call_agent
 from .state import State, StateLock, default_state_path
@@ -160,8 +160,8 @@ def _state_entry(t: Target, hp: HostPlan) -> dict:
     }
 
 
-def _unit_ok(state: dict) -> bool:
-    return _task_state(state) in ("running", "completed")
+def _unit_ok(state: dict, exits: list | None) -> bool:
+    return task_phase(state, exits) in ("running", "completed")
 
 
 def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
@@ -245,7 +245,7 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
             bad = []
             for x in movers[t.name]:
                 st = res["units"].get(x.unit, {})
-                if _unit_ok(st):
+                if _unit_ok(st, res.get("exits", {}).get(x.unit)):
                     outcomes[t.name].started.append(x.task)
                 else:
                     bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')})")

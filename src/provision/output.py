@@ -30,16 +30,18 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True) -> list[str]:
         for t in hp.tasks:
             if t.action == "none":
                 continue
-            sym = "+" if t.new else SYMBOL[t.action]
+            sym = "+" if t.new else "~" if t.action == "start" else SYMBOL[t.action]
             verb = {"start": "start", "restart": "restart", "stop": "stop and remove"}[t.action]
             drift = click.style(" [drift]", fg="magenta") if t.drift else ""
             out.append(_line(sym, f"task {t.task}: {verb} ({t.reason}){drift}"))
-        for f in hp.files:
+        shown = [f for f in hp.files if f.kind != "manifest"] or hp.files  # bookkeeping only when alone
+        for f in shown:
             drift = click.style(" [drift]", fg="magenta") if f.drift else ""
             out.append(_line(SYMBOL[f.action], f"{f.kind} {f.path} ({f.reason}){drift}"))
             if verbose_diff and f.diff:
                 for dl in f.diff.rstrip("\n").split("\n"):
-                    color = "green" if dl.startswith("+") else "red" if dl.startswith("-") else None
+                    bare = dl.lstrip()
+                    color = "green" if bare.startswith("+") else "red" if bare.startswith("-") else None
                     out.append("      " + click.style(dl, fg=color))
         out.append("")
     return out
@@ -64,3 +66,21 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
         return []
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Restarting": "yellow", "Stopped": None, "Pending": None, "Unknown": "red"}
+
+
+def status_lines(st) -> list[str]:
+    head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase))
+    if st.reason:
+        head += f" ({st.reason})"
+    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
+    for t in st.tasks:
+        rows.append((t.task, t.host, t.address, t.gpus, t.state, "-" if t.exit_code is None else str(t.exit_code), str(t.restarts), t.since or "-", t.detail))
+    lines = table(rows)
+    out = [head, lines[0]]
+    for t, line in zip(st.tasks, lines[1:]):
+        color = PHASE_COLOR.get(t.state)
+        out.append(click.style(line, fg=color) if color else line)
+    return out

@@ -17,9 +17,8 @@ from .facts import mismatches
 from .model import Host
 from .render import SECRET_MASK, HostBundle, Rendered, RenderedFile, TaskUnit
 from .ssh import HostError, Target
+from .status import task_state
 
-CLD_EXITED, CLD_KILLED = "1", "2"  # systemd ExecMainCode
-RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 
 
 @dataclass(frozen=True)
@@ -165,26 +164,17 @@ def unified_diff(path: str, old: bytes | None, new: bytes, secret_keys: tuple[st
 # --------------------------------------------------------------------------- tasks
 
 
-def _task_state(state: dict | None) -> str:
-    """running | completed | failed | stopped | never"""
-    if not state or state.get("LoadState") == "not-found":
-        return "never"
-    if state.get("ActiveState") in RUNNING_STATES:
-        return "running"
-    code, status = state.get("ExecMainCode", "0"), state.get("ExecMainStatus", "0")
-    if state.get("ExecMainStartTimestampMonotonic", "0") in ("0", "") and code == "0":
-        return "never"
-    if code == CLD_EXITED and status == "0":
-        return "completed"
-    if state.get("Result") == "success" and code == CLD_KILLED:
-        return "stopped"
-    return "failed"
+def task_phase(unit_state: dict | None, exits: list | None) -> str:
+    """running | completed | failed | stopped | never, from status.task_state (one rule)."""
+    state = task_state(unit_state, exits)[0]
+    return {"Running": "running", "Restarting": "running", "Succeeded": "completed", "Failed": "failed", "Stopped": "stopped"}.get(state, "never")
 
 
 def _task_change(
     u: TaskUnit,
     manifest_task: dict | None,
     unit_state: dict | None,
+    exits: list | None,
     drifted: list[str],
     ended: dict | None,
     replace: set[str],
@@ -199,7 +189,7 @@ def _task_change(
         return TaskChange(name, unit, "restart", f"{what} changed", phase)
     if drifted:
         return TaskChange(name, unit, "restart", f"drift: {', '.join(drifted)} edited by hand", phase, drift=True)
-    st = _task_state(unit_state)
+    st = task_phase(unit_state, exits)
     if st == "running":
         return TaskChange(name, unit, "none", "running", phase)
     if ended:
@@ -207,11 +197,11 @@ def _task_change(
     if st == "completed":
         return TaskChange(name, unit, "none", "completed (exit 0)", phase)
     if st == "failed":
-        code = (unit_state or {}).get("ExecMainStatus", "?")
-        return TaskChange(name, unit, "none", f"failed (exit {code}); not restarted, use --replace {name}", phase)
+        how = task_state(unit_state, exits)[2]
+        return TaskChange(name, unit, "none", f"failed ({how}); not restarted, use --replace {name}", phase)
     if st == "stopped":
         return TaskChange(name, unit, "start", "drift: stopped by hand", phase, drift=True)
-    return TaskChange(name, unit, "start", "drift: not running (never started since boot)", phase, drift=True)
+    return TaskChange(name, unit, "start", "drift: not running", phase, drift=True)
 
 
 # --------------------------------------------------------------------------- host plans
@@ -240,6 +230,7 @@ def plan_host(
     recorded: dict = (manifest or {}).get("files", {})
     m_tasks: dict = (manifest or {}).get("tasks", {})
     units = report.get("units", {})
+    exits = report.get("exits", {})
 
     if bundle is None:  # everything of the job goes
         for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
@@ -287,9 +278,9 @@ def plan_host(
         mt = m_tasks.get(u.task.name)
         if mt is not None and mt.get("inputs") != u.inputs:
             drifted_or_changed = own + pushed_changed
-            tc = _task_change(u, mt, units.get(u.unit), drifted_or_changed, ended, replace)
+            tc = _task_change(u, mt, units.get(u.unit), exits.get(u.unit), drifted_or_changed, ended, replace)
         else:
-            tc = _task_change(u, mt, units.get(u.unit), drifted, ended, replace)
+            tc = _task_change(u, mt, units.get(u.unit), exits.get(u.unit), drifted, ended, replace)
         hp.tasks.append(tc)
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         if t not in desired_tasks:
@@ -300,6 +291,66 @@ def plan_host(
 def bundle_job(report: dict) -> str:
     m = report.get("manifest") or {}
     return m.get("job", "?") if isinstance(m, dict) else "?"
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """Read back an env file as provision writes it (display only; systemd parses the real one)."""
+    out: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in "\n \t":
+            i += 1
+            continue
+        if text[i] == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i + 1
+            continue
+        eq = text.find('="', i)
+        if eq < 0:
+            break
+        key, i, buf = text[i:eq], eq + 2, []
+        while i < n and text[i] != '"':
+            if text[i] == "\\" and i + 1 < n:
+                i += 1
+            buf.append(text[i])
+            i += 1
+        out[key] = "".join(buf)
+        i += 1
+    return out
+
+
+def env_diff(path: str, old: bytes, new: bytes, secret_keys: tuple[str, ...] = ()) -> str | None:
+    """Per variable; JSON values (TF_CONFIG, CLUSTER_SPEC) diffed as indented JSON."""
+    import json
+
+    try:
+        a, b = parse_env(old.decode("utf-8")), parse_env(new.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+    lines = []
+    for key in list(dict.fromkeys([*a, *b])):
+        va, vb = a.get(key), b.get(key)
+        if va == vb:
+            continue
+        if key in secret_keys:
+            lines.append(f"~ {key}={SECRET_MASK}")
+            continue
+        try:
+            ja, jb = json.loads(va) if va else None, json.loads(vb) if vb else None
+            if isinstance(ja, (dict, list)) or isinstance(jb, (dict, list)):
+                pa = json.dumps(ja, indent=1, sort_keys=True).splitlines() if va is not None else []
+                pb = json.dumps(jb, indent=1, sort_keys=True).splitlines() if vb is not None else []
+                body = [l for l in difflib.unified_diff(pa, pb, lineterm="", n=1)][2:]
+                lines.append(f"~ {key} (JSON):")
+                lines += ["    " + l for l in body]
+                continue
+        except ValueError:
+            pass
+        if va is not None:
+            lines.append(f"- {key}={va!r}")
+        if vb is not None:
+            lines.append(f"+ {key}={vb!r}")
+    return "\n".join(lines) + "\n" if lines else None
 
 
 def _diff(f: RenderedFile, old: bytes | None, secret_keys: tuple[str, ...]) -> str | None:
@@ -313,7 +364,9 @@ def _diff(f: RenderedFile, old: bytes | None, secret_keys: tuple[str, ...]) -> s
         if len(data) > 256 * 1024:
             return None
         return unified_diff(f.path, old, data)
-    return unified_diff(f.path, old, f.data(), secret_keys if f.kind == "env" else ())
+    if f.kind == "env" and old is not None:
+        return env_diff(f.path, old, f.data(), secret_keys)
+    return unified_diff(f.path, old, f.data(), ())
 
 
 def make_plan(

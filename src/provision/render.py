@@ -38,6 +38,11 @@ def job_dir(job: str) -> str:
     return f"/etc/provision/{job}"
 
 
+def state_dir(job: str) -> str:
+    """Run-time records on the host (task exits); outlives reboots, removed by destroy."""
+    return f"/var/lib/provision/{job}"
+
+
 def manifest_path(job: str) -> str:
     return f"{job_dir(job)}/manifest.json"
 
@@ -224,6 +229,7 @@ def _render_task(
         accelerators=pool.accelerators,
         stop_timeout=30,
         syslog_identifier=f"provision-{inv.job}-{task.name}",
+        state_dir=state_dir(inv.job),
         **_restart(pool),
     )
     secret_keys = [k for k in inv.secret_env if secrets and k in secrets]
@@ -248,6 +254,7 @@ def render(
     for t in placement.tasks:
         by_host.setdefault(t.host.name, []).append(t)
     jd = job_dir(inv.job)
+    job_escaped = encode.env_escape(',"job":' + jc.job_json).encode()
 
     hosts: dict[str, HostBundle] = {}
     for host in inv.hosts:
@@ -265,7 +272,10 @@ def render(
             env_sha, unit_sha = _sha(env_b), _sha(unit_b)
             files.append(RenderedFile(env_path, env_sha, 0o600, "env", env_b, secret=bool(secret_keys)))
             files.append(RenderedFile(unit_path, unit_sha, 0o644, "unit", unit_b))
-            inputs = _sha(f"{env_sha}\n{unit_sha}\n{shared_digest}".encode())
+            # CLUSTER_SPEC's `job` (the whole job's description) is informational: a change
+            # to another pool's command rewrites this file but does not restart this task.
+            env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
+            inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
             units.append(TaskUnit(t, unit, unit_path, env_path, PHASE[t.role], t.role in LONG_LIVED, inputs))
         target_b = j.get_template("job.target.j2").render(
             job=inv.job, host=host.name, tasks=[t.name for t in tasks]
@@ -290,11 +300,15 @@ def render(
             },
             "files": {f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind} for f in sorted(files, key=lambda f: f.path)},
         }
-        manifest_b = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        manifest_b = manifest_bytes(manifest)
         files.append(RenderedFile(manifest_path(inv.job), _sha(manifest_b), 0o600, "manifest", manifest_b))
         files.sort(key=lambda f: f.path)
         hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest)
     return Rendered(inv, placement, hosts)
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
 
 
 def write_tree(rendered: Rendered, out: Path) -> int:

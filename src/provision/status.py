@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass
 
 from .model import Inventory
 from .placement import PlacedTask
-from .plan import CLD_EXITED, CLD_KILLED
 
-SIGNALS = {"1": "SIGHUP", "2": "SIGINT", "6": "SIGABRT", "9": "SIGKILL", "11": "SIGSEGV", "15": "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -54,38 +52,49 @@ class JobStatus:
         }
 
 
-def task_state(unit: dict | None, ended: dict | None) -> tuple[str, int | None, str]:
-    """(state, exit code, detail) of one task from `systemctl show` properties."""
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = "1", "2", "3"  # systemd's ExecMainCode
+_KIND = {CLD_EXITED: "exited", CLD_KILLED: "killed", CLD_DUMPED: "dumped"}
+
+
+def task_state(unit: dict | None, exits: list | None = None, ended: dict | None = None) -> tuple[str, int | None, str]:
+    """(state, exit code, detail) of one task. The one place that decides a task's state.
+
+    `unit`: `systemctl show` properties; `exits`: the task's ExecStopPost records
+    ([time, SERVICE_RESULT, EXIT_CODE, EXIT_STATUS], oldest first), which survive systemd
+    unloading an inactive unit; `ended`: the job's end marker on this host, if any.
+    """
     if not unit or unit.get("LoadState") in (None, "not-found"):
         return "Pending", None, "not applied"
     active, sub = unit.get("ActiveState"), unit.get("SubState")
-    code, status, result = unit.get("ExecMainCode", "0"), unit.get("ExecMainStatus", "0"), unit.get("Result", "")
-    exit_code = int(status) if status.lstrip("-").isdigit() and code != "0" else None
-    if active == "active" or (active in ("activating", "reloading") and sub != "auto-restart"):
-        return "Running", None, sub or ""
+    last = exits[-1] if exits else None
+    if active in ("active", "reloading", "deactivating") or (active == "activating" and sub != "auto-restart"):
+        return "Running", None, "stopping" if active == "deactivating" else (sub or "")
+    if last is None:
+        # No record yet: fall back to what systemd still remembers, if anything.
+        code = unit.get("ExecMainCode", "0")
+        if code == "0":
+            return "Pending", None, "not started"
+        last = ["0", unit.get("Result", ""), _KIND.get(code, code), unit.get("ExecMainStatus", "0")]
+    _, result, kind, status = last[:4]
+    exit_code = int(status) if kind == "exited" and status.lstrip("-").isdigit() else None
+    how = f"exit code {status}" if kind == "exited" else f"killed by {'SIG' + status if not status.isdigit() else 'signal ' + status}"
     if active == "activating" and sub == "auto-restart":
-        return "Restarting", exit_code, f"last exit {_describe(code, status)}"
-    if active == "deactivating":
-        return "Running", None, "stopping"
-    if unit.get("ExecMainStartTimestampMonotonic", "0") in ("0", "") and code == "0":
-        return "Pending", None, "not started"
-    if code == CLD_EXITED and status == "0":
+        return "Restarting", exit_code, f"last try: {how}"
+    if kind == "exited" and status == "0":
         return "Succeeded", 0, "exited 0"
-    if result == "success" and code == CLD_KILLED:
+    if result == "success" and kind == "killed":
         who = f"by provision: job {str(ended.get('phase', 'ended')).lower()}" if ended else "by hand"
         return "Stopped", None, f"stopped {who}"
-    detail = _describe(code, status)
-    if result == "start-limit-hit":
-        detail += ", restart limit reached"
-    return "Failed", exit_code, detail
+    if unit.get("Result") == "start-limit-hit":
+        how += ", restart limit reached"
+    return "Failed", exit_code, how
 
 
-def _describe(code: str, status: str) -> str:
-    if code == CLD_EXITED:
-        return f"exit code {status}"
-    if code in (CLD_KILLED, "3"):
-        return f"killed by {SIGNALS.get(status, 'signal ' + status)}"
-    return "no exit"
+def restarts(unit: dict | None, exits: list | None) -> int:
+    """Automatic restarts in the current run (the exit file is reset by every apply start)."""
+    n = len(exits or [])
+    running = (unit or {}).get("ActiveState") in ("active", "activating", "reloading")
+    return n if running else max(0, n - 1)
 
 
 def job_status(
@@ -103,10 +112,10 @@ def job_status(
             ts = TaskStatus(t.name, t.role, t.host.name, t.address, ",".join(map(str, t.accelerators)) or "-", "Unknown", None, 0, "", "host unreachable")
         else:
             u = rep.get("units", {}).get(unit)
-            state, code, detail = task_state(u, rep.get("lifecycle"))
-            restarts = int((u or {}).get("NRestarts", "0") or 0)
-            since = _since(u, rep.get("now_monotonic_us"))
-            ts = TaskStatus(t.name, t.role, t.host.name, t.address, ",".join(map(str, t.accelerators)) or "-", state, code, restarts, since, detail)
+            ex = rep.get("exits", {}).get(unit)
+            state, code, detail = task_state(u, ex, rep.get("lifecycle"))
+            since = _since(u, rep.get("now_monotonic_us"), ex, rep.get("now"))
+            ts = TaskStatus(t.name, t.role, t.host.name, t.address, ",".join(map(str, t.accelerators)) or "-", state, code, restarts(u, ex), since, detail)
         rows.append(ts)
         by_name[t.name] = ts
     phase, reason = _phase(inv, rows)
@@ -136,17 +145,21 @@ def _phase(inv: Inventory, rows: list[TaskStatus]) -> tuple[str, str]:
     return "Pending", ""
 
 
-def _since(unit: dict | None, now_us) -> str:
+def _since(unit: dict | None, now_us, exits: list | None = None, now: float | None = None) -> str:
+    """How long the task has been in its state: systemd's clock while it runs, else the
+    time of its last recorded exit (systemd forgets unloaded units)."""
     if not unit or not now_us:
         return ""
-    ts = unit.get("StateChangeTimestamp") or ""
-    mono = unit.get("ActiveEnterTimestampMonotonic") if unit.get("ActiveState") == "active" else unit.get("InactiveEnterTimestampMonotonic")
+    secs = None
     try:
-        secs = max(0, (int(now_us) - int(mono)) // 1_000_000) if mono and mono != "0" else None
-    except ValueError:
+        if unit.get("ActiveState") == "active" and unit.get("ActiveEnterTimestampMonotonic", "0") != "0":
+            secs = max(0, (int(now_us) - int(unit["ActiveEnterTimestampMonotonic"])) // 1_000_000)
+        elif exits and now:
+            secs = max(0, int(now - float(exits[-1][0])))
+    except (ValueError, TypeError):
         secs = None
     if secs is None:
-        return ts
+        return ""
     if secs < 120:
         return f"{secs}s"
     if secs < 7200:
