@@ -1,0 +1,356 @@
+"""Plan, apply and destroy on real sshd+systemd hosts (issue 4).
+
+Every test drives the real `provision` command in a subprocess against sandbox hosts and
+checks the hosts themselves (through `docker exec`, not through provision).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.plan import parse_env
+
+pytestmark = pytest.mark.integration
+
+LONG = ["/bin/sh", "-c", "echo started $PROVISION_TASK; exec sleep 600"]
+
+
+def cli(*args, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def sh(sb, host: str, cmd: str) -> tuple[int, str]:
+    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])
+
+
+def unit_props(sb, host: str, unit: str) -> dict:
+    _, out = sh(sb, host, f"systemctl show -p ActiveState,MainPID,InvocationID {unit}")
+    return dict(line.split("=", 1) for line in out.strip().splitlines() if "=" in line)
+
+
+def proc_environ(sb, host: str, pid: str) -> dict:
+    _, out = sh(sb, host, f"cat /proc/{pid}/environ | base64 -w0")
+    import base64
+
+    raw = base64.b64decode(out.strip())
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def placement(tmp: Path, inv: Path) -> dict:
+    state = json.loads((tmp / ".provision" / f"{json_job(inv)}.state.json").read_text())
+    return state["placement"]
+
+
+def json_job(inv: Path) -> str:
+    import yaml
+
+    return yaml.safe_load(inv.read_text())["job"]
+
+
+def host_of(sb, hostname: str):
+    return next(h for h in sb.hosts if h.name == hostname)
+
+
+# --------------------------------------------------------------------------- converge
+
+
+def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    pools = {
+        "chief": {"replicas": 1, "accelerators": 1, "command": LONG},
+        "worker": {"replicas": 3, "accelerators": 1, "command": LONG},
+        "ps": {"replicas": 1, "command": LONG},
+    }
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, env={"HOSTILE": 'a "b" $c `d` \\e %f #g\nline2'})
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Apply complete! Resources: 5 added" in r.stdout
+
+    # Every task runs with exactly the rendered environment, read back from the process.
+    out = tmp_path / "rendered"
+    assert cli("render", inv, "-o", out, cwd=tmp_path).returncode == 0
+    seen = 0
+    for task, slot in placement(tmp_path, inv).items():
+        unit = f"provision-{job_name}-{task}.service"
+        props = unit_props(sandbox4, slot["host"], unit)
+        assert props["ActiveState"] == "active", (task, props)
+        env = proc_environ(sandbox4, slot["host"], props["MainPID"])
+        rendered = parse_env((out / slot["host"] / f"etc/provision/{job_name}/{task}.env").read_text())
+        for k, v in rendered.items():
+            assert env.get(k) == v, (task, k)
+        assert env["HOSTILE"] == 'a "b" $c `d` \\e %f #g\nline2'
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, slot["accelerators"]))
+        seen += 1
+    assert seen == 5
+
+    # Env files are root-only; units are not.
+    code, mode = sh(sandbox4, "host-1", f"stat -c '%a %U' /etc/provision/{job_name}/*.env")
+    assert code == 0 and set(mode.split("\n")) - {""} == {"600 root"}
+
+    r = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "No changes" in r.stdout
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0 and "No changes" in r.stdout, r.stdout + r.stderr
+
+    r = cli("plan", "--json", inv, cwd=tmp_path)
+    data = json.loads(r.stdout)
+    assert data["changes"] is False and data["summary"] == {"add": 0, "change": 0, "destroy": 0}
+
+    r = cli("destroy", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for h in sandbox4.hosts:
+        code, _ = sh(sandbox4, h.name, f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}*")
+        assert code != 0
+    r = cli("destroy", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0 and "No changes" in r.stdout
+
+
+def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 2, "command": LONG}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+    slots = placement(tmp_path, inv)
+    chief_host, w1_host = slots["chief-0"]["host"], slots["worker-1"]["host"]
+    env_file = f"/etc/provision/{job_name}/chief-0.env"
+    sh(sandbox4, chief_host, f"sed -i 's/^PROVISION_TASK=.*/PROVISION_TASK=\"evil\"/' {env_file}")
+    sh(sandbox4, w1_host, f"systemctl stop provision-{job_name}-worker-1.service")
+
+    r = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{env_file} (edited by hand) [drift]" in r.stdout
+    assert "task worker-1: start (drift: stopped by hand)" in r.stdout
+    assert '- PROVISION_TASK=\'evil\'' in r.stdout and "+ PROVISION_TASK='chief-0'" in r.stdout
+
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert unit_props(sandbox4, w1_host, f"provision-{job_name}-worker-1.service")["ActiveState"] == "active"
+    _, text = sh(sandbox4, chief_host, f"cat {env_file}")
+    assert 'PROVISION_TASK="chief-0"' in text
+    assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_changing_worker_command_restarts_only_workers(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    pools = {
+        "chief": {"replicas": 1, "command": LONG},
+        "worker": {"replicas": 1, "command": LONG},
+        "ps": {"replicas": 1, "command": LONG},
+    }
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+    slots = placement(tmp_path, inv)
+    before = {t: unit_props(sandbox4, s["host"], f"provision-{job_name}-{t}.service") for t, s in slots.items()}
+
+    pools["worker"]["command"] = ["/bin/sh", "-c", "echo changed; exec sleep 600"]
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "task worker-0: restart" in r.stdout
+    assert "task chief-0" not in r.stdout and "task ps-0" not in r.stdout
+    after = {t: unit_props(sandbox4, s["host"], f"provision-{job_name}-{t}.service") for t, s in slots.items()}
+    assert after["worker-0"]["MainPID"] != before["worker-0"]["MainPID"]
+    for t in ("chief-0", "ps-0"):
+        assert after[t]["InvocationID"] == before[t]["InvocationID"], t
+        assert after[t]["ActiveState"] == "active"
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_shrink_and_grow_moves_no_task(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    pools = {
+        "chief": {"replicas": 1, "accelerators": 1, "command": LONG},
+        "worker": {"replicas": 3, "accelerators": 1, "command": LONG},
+        "ps": {"replicas": 1, "command": LONG},
+    }
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+    first = placement(tmp_path, inv)
+    w2_host = first["worker-2"]["host"]
+
+    pools["worker"]["replicas"] = 2
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "task worker-2: stop and remove" in r.stdout
+    code, _ = sh(sandbox4, w2_host, f"ls /etc/provision/{job_name}/worker-2.env /etc/systemd/system/provision-{job_name}-worker-2.service")
+    assert code != 0
+    _, state = sh(sandbox4, w2_host, f"systemctl is-active provision-{job_name}-worker-2.service")
+    assert state.strip() != "active"
+    shrunk = placement(tmp_path, inv)
+    assert {t: s for t, s in first.items() if t != "worker-2"} == shrunk
+
+    pools["worker"]["replicas"] = 3
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    grown = placement(tmp_path, inv)
+    for t, s in shrunk.items():
+        assert grown[t] == s, t  # nobody moved
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_unreachable_host_others_converge_exit_3(sandbox4, sandbox_inventory, job_name, tmp_path, docker_engine):
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, ssh={"connect_timeout": 2})
+    # Learn the host keys and placement first, then pause one host (its sshd stops answering).
+    assert cli("plan", inv, cwd=tmp_path).returncode == 0
+    container = docker_engine.containers.get(host_of(sandbox4, "host-3").container)
+    container.pause()
+    try:
+        t0 = time.monotonic()
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "Unreachable: host-3" in r.stderr
+        assert time.monotonic() - t0 < 60
+        for h in ("host-1", "host-2", "host-4"):
+            _, out = sh(sandbox4, h, f"systemctl is-active 'provision-{job_name}-*'")
+            assert "active" in out.split(), (h, out)
+    finally:
+        container.unpause()
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Resources: 1 added" in r.stdout
+    assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    for i in range(4):  # enough bytes that the write step takes a while
+        (payload / f"blob{i}.bin").write_bytes(os.urandom(6 * 2**20))
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}])
+
+    killed = 0
+    for delay in (0.6, 1.2, 2.0):
+        p = subprocess.Popen([sys.executable, "-m", "provision", "apply", "-y", str(inv)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            killed += 1
+        p.wait()
+        for h in sandbox4.hosts:  # never a half-written file in place
+            _, out = sh(sandbox4, h.name, f"cd /opt/{job_name} 2>/dev/null && sha256sum *.bin")
+            for line in out.strip().splitlines():
+                digest, name = line.split()
+                assert digest == __import__("hashlib").sha256((payload / name).read_bytes()).hexdigest(), (h.name, name)
+    assert killed >= 1
+
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
+    for h in sandbox4.hosts:
+        _, out = sh(sandbox4, h.name, f"find /opt/{job_name} /etc/provision/{job_name} /etc/systemd/system -name '*.provision-tmp'")
+        assert out.strip() == "", out
+    cli("destroy", "-y", inv, cwd=tmp_path)
+    for h in sandbox4.hosts:
+        code, _ = sh(sandbox4, h.name, f"test -e /opt/{job_name}")
+        assert code != 0
+
+
+def test_second_concurrent_apply_is_refused(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "blob.bin").write_bytes(os.urandom(16 * 2**20))
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}])
+    lock = tmp_path / ".provision" / f"{job_name}.state.json.lock"
+    first = subprocess.Popen([sys.executable, "-m", "provision", "apply", "-y", str(inv)], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.exists()
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 1
+        holder = json.loads(lock.read_text())
+        assert "state is locked: apply by" in r.stderr and f"pid {holder['pid']}" in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out + err
+    assert not lock.exists()
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_changed_host_key_is_refused(sandbox_factory, sandbox_inventory, tmp_path):
+    sb = sandbox_factory(hosts=1)
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv)
+    assert cli("plan", inv, cwd=tmp_path).returncode == 0  # accept-new learns the key
+    known = (tmp_path / ".provision" / "known_hosts").read_text()
+    assert "ssh-ed25519" in known
+
+    # The host is "reinstalled": new host keys.
+    code, out = sh(sb, "host-1", "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh")
+    assert code == 0, out
+    r = cli("plan", inv, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "host key changed" in r.stdout + r.stderr and "known_hosts" in r.stdout + r.stderr
+    assert (tmp_path / ".provision" / "known_hosts").read_text() == known  # not silently replaced
+
+    sandbox_inventory(sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, ssh={"host_key_policy": "strict"})
+    r = cli("plan", inv, cwd=tmp_path)
+    assert r.returncode == 1 and "host key changed" in r.stdout + r.stderr
+    # strict refuses a key it has never seen, too.
+    (tmp_path / ".provision" / "known_hosts").unlink()
+    r = cli("plan", inv, cwd=tmp_path)
+    assert r.returncode == 1 and "unknown host key" in r.stdout + r.stderr and "strict" in r.stdout + r.stderr
+    sandbox_factory.down(sb)
+
+
+def test_user_errors_are_one_line(sandbox4, sandbox_inventory, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(sandbox4, job="errs", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv,
+                      ssh={"identity_file": str(tmp_path / "missing_key")})
+    r = cli("plan", inv, cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "identity file not found" in r.stdout + r.stderr
+
+    sandbox_inventory(sandbox4, job="errs", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, secret_env=["PROVISION_TEST_SECRET"])
+    os.environ.pop("PROVISION_TEST_SECRET", None)
+    r = cli("plan", inv, cwd=tmp_path)
+    assert r.returncode == 1 and "secret_env: PROVISION_TEST_SECRET not set" in r.stderr
+    r = cli("plan", "--target", "nope", inv, cwd=tmp_path, env={"PROVISION_TEST_SECRET": "s3cret"})
+    assert r.returncode == 1 and "--target: no host named nope" in r.stderr
+
+
+def test_secrets_reach_the_task_but_are_never_printed(sandbox4, sandbox_inventory, job_name, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    secret = "hunter2-$ecret\"'`"
+    sandbox_inventory(sandbox4, job=job_name, pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, secret_env=["API_TOKEN"])
+    r = cli("apply", "-y", inv, cwd=tmp_path, env={"API_TOKEN": secret})
+    assert r.returncode == 0, r.stdout + r.stderr
+    host = placement(tmp_path, inv)["chief-0"]["host"]
+    props = unit_props(sandbox4, host, f"provision-{job_name}-chief-0.service")
+    assert proc_environ(sandbox4, host, props["MainPID"])["API_TOKEN"] == secret
+    r = cli("plan", inv, cwd=tmp_path, env={"API_TOKEN": secret + "-rotated"})
+    assert "API_TOKEN=(sensitive value)" in r.stdout
+    everything = r.stdout + r.stderr + (tmp_path / ".provision" / f"{job_name}.state.json").read_text()
+    assert "hunter2" not in everything
+    cli("destroy", "-y", inv, cwd=tmp_path)
