@@ -132,7 +132,7 @@ def list_cmd() -> None:
 @sandbox.command("image")
 @click.option("--rebuild", is_flag=True, help="Build again even if the image exists.")
 def image_cmd(rebuild) -> None:
-    """Build the sandbox host image now (normally built by the first `up`)."""
+    """Build the host image now (otherwise the first `up` does)."""
     sb_mod = _sandbox()
     tag = sb_mod.ensure_image(progress=_progress, rebuild=rebuild)
     click.echo(f"Host image: {tag}")

@@ -137,12 +137,31 @@ def test_cli_errors_are_one_line_without_docker(monkeypatch):
     assert r.exit_code == 1
     assert len(r.output.strip().splitlines()) == 1, r.output
     assert r.output.startswith("Error: no Docker engine answers at unix:///nonexistent/"), r.output
+    from provision.sandbox.engine import explain
+
+    denied = "Error while fetching server API version: ('Connection aborted.', PermissionError(13, 'Permission denied'))"
+    assert explain(Exception(denied)).startswith("no permission to use the Docker engine")
     r = CliRunner().invoke(main, ["sandbox", "up", "--name", "Bad_Name"])
     assert r.exit_code == 1 and r.output.startswith("Error: sandbox name 'Bad_Name'"), r.output
     assert "Traceback" not in r.output
 
 
 # ----------------------------------------------------------------------------- real hosts
+
+@pytest.mark.integration
+def test_image_build_failure_names_its_log(docker_engine, tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("building the host image needs root")
+    monkeypatch.setenv("PROVISION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(image.MIRROR_ENV, f"file://{tmp_path}/no-mirror-here")
+    with pytest.raises(ProvisionError) as err:
+        sandbox.ensure_image(docker_engine, rebuild=True)
+    msg = err.value.message
+    assert msg.startswith("building the sandbox host image failed: debootstrap exited")
+    log = Path(msg.rsplit("full log: ", 1)[1])
+    assert log.is_file() and log.parent == tmp_path / "logs"
+    assert not list((tmp_path / "build").iterdir())  # the half-built tree is gone
+
 
 @pytest.mark.integration
 def test_fabric_runs_a_command_on_every_host(sandbox3):
@@ -266,7 +285,7 @@ def test_up_cleans_up_when_interrupted(sandbox_factory, docker_engine, monkeypat
     name = sandbox_factory.unique_name()
 
     def interrupted(*args, **kwargs):
-        assert _leftovers(docker_engine, name)[0] == 2  # containers exist by now
+        assert _leftovers(docker_engine, name)[0] >= 1  # a container exists by now
         raise KeyboardInterrupt
 
     monkeypatch.setattr(core, "_wait_ready", interrupted)

@@ -268,6 +268,18 @@ def _raise_inotify_limits(client: docker.DockerClient, new_hosts: int, progress:
                      f"could not be raised (needs root): `sysctl -w fs.inotify.{key}={want}`")
 
 
+def _network_error(network: str, e: docker.errors.APIError) -> ProvisionError:
+    text = str(getattr(e, "explanation", None) or e)
+    if "address pool" in text.lower():
+        return ProvisionError(
+            f"network {network}: Docker has no free address range left for another network; "
+            "remove unused ones (`provision sandbox list`, `provision sandbox down --name "
+            "NAME`, `docker network prune`), or start dockerd with a larger "
+            "--default-address-pool"
+        )
+    return ProvisionError(f"network {network}: Docker refused to create it: {text.splitlines()[0]}")
+
+
 def _docker_error(container: str, e: docker.errors.APIError, port: int | None) -> ProvisionError:
     text = str(getattr(e, "explanation", None) or e)
     low = text.lower()
@@ -317,19 +329,24 @@ def up(
                 f"--with {fw!r}: unknown framework; choose from {', '.join(sorted(FRAMEWORKS))}"
             )
     client = client or engine.client()
-    containers, networks = _labelled(client, name)
-    if containers or networks or (sandbox_dir(name) / "sandbox.json").exists():
-        raise ProvisionError(
-            f"sandbox {name!r} already exists ({len(containers)} containers): "
-            f"`provision sandbox down --name {name}` first, or pick another --name"
-        )
     image = ensure_image(client, progress)
     layers = {fw: ensure_framework(fw, progress) for fw in with_}
     _raise_inotify_limits(client, hosts, progress)
 
+    # Claim the name: mkdir is atomic, so of two processes starting the same sandbox one
+    # gets an error here, and the cleanup below never removes another process's hosts.
     sdir = sandbox_dir(name)
-    sdir.mkdir(parents=True, exist_ok=True)
-    sdir.chmod(0o700)
+    sdir.parent.mkdir(parents=True, exist_ok=True)
+    containers, networks = _labelled(client, name)
+    try:
+        if containers or networks:
+            raise FileExistsError
+        sdir.mkdir(mode=0o700)
+    except FileExistsError:
+        raise ProvisionError(
+            f"sandbox {name!r} already exists ({len(containers)} containers): "
+            f"`provision sandbox down --name {name}` first, or pick another --name"
+        ) from None
     private, public = _keypair(f"provision-sandbox-{name}")
     write_private(sdir / "id_ed25519", private)
     write_private(sdir / "id_ed25519.pub", public, 0o644)
@@ -343,25 +360,27 @@ def up(
     )
     sb.save()  # from here on `down` finds the key dir even if this process dies
     cancel = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=min(hosts, 32), thread_name_prefix=f"sandbox-{name}")
+    pool = ThreadPoolExecutor(max_workers=hosts, thread_name_prefix=f"sandbox-{name}")
     try:
         t0 = time.monotonic()
-        client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
-                               check_duplicate=True)
+        try:
+            client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
+                                   check_duplicate=True)
+        except docker.errors.APIError as e:
+            raise _network_error(sb.network, e) from None
         volumes = dict(_CGROUP_MOUNT)
         for fw, path in layers.items():
             volumes[str(path)] = {"bind": host_mount_point(fw), "mode": "ro"}
         progress(f"starting {hosts} host{'s' if hosts != 1 else ''} of sandbox {name!r}")
-        futures = [
-            pool.submit(_start_host, client, sb, h, image, volumes, public,
-                        ssh_port + i if ssh_port else None, cancel)
-            for i, h in enumerate(sb.hosts)
-        ]
-        _gather(futures)
         deadline = time.monotonic() + timeout
-        futures = [pool.submit(_wait_ready, client, sb, h, deadline, cancel, progress)
-                   for h in sb.hosts]
-        host_keys = _gather(futures)
+
+        def start_and_wait(i: int, h: SandboxHost) -> str:
+            # One thread per host: a host's boot overlaps the other containers' creation.
+            _start_host(client, sb, h, image, volumes, public,
+                        ssh_port + i if ssh_port else None, cancel)
+            return _wait_ready(client, sb, h, deadline, cancel, progress)
+
+        host_keys = _gather([pool.submit(start_and_wait, i, h) for i, h in enumerate(sb.hosts)])
         write_private(sb.known_hosts_path, "".join(host_keys), 0o644)
         sb.status = "ready"
         sb.save()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Run the test suite as CI does: prepare the machine (scripts/setup.sh), then pytest.
+# Extra arguments go to pytest:  bash scripts/test.sh -k sandbox -x
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/setup.sh
+source "$ROOT/scripts/setup.sh"
+cd "$ROOT"
+# --timeout: a hung SSH call or host must fail its test, not eat CI's 90 minutes; a first
+# run builds the host image and the TensorFlow layer inside a test, hence 15 minutes.
+# pytest's own exit code is kept: 5 (no tests collected) fails the run like any error.
+exec "${PYTHON:-python3}" -m pytest -ra --durations=20 --timeout=900 "$@"
