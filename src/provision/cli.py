@@ -13,6 +13,24 @@ from .errors import ProvisionError
 class _Main(click.Group):
     """Turns ProvisionError into one clear line and its exit code, never a traceback."""
 
+    def main(self, *args, **kwargs):
+        # Usage errors exit 1, not click's 2: exit 2 means "plan found changes".
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `provision`: help, not an error
+                click.echo(e.ctx.get_help() if getattr(e, "ctx", None) else e.format_message())
+                sys.exit(0)
+            e.show()
+            sys.exit(1)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -51,7 +69,7 @@ def _placement_table(placement) -> list[str]:
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @click.option("--placement", "show_placement", is_flag=True, help="Also print where every task goes.")
 def validate(inventory: str, show_placement: bool) -> None:
     """Check INVENTORY without touching the network.
@@ -71,7 +89,7 @@ def validate(inventory: str, show_placement: bool) -> None:
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
 def render(inventory: str, out: str) -> None:
     """Write every file each host would get, as OUT/<host>/<absolute path>.
@@ -106,7 +124,7 @@ import json as _json  # noqa: E402
 def host_options(fn):
     """Flags every command that talks to hosts shares (interface.md, Common flags)."""
     opts = [
-        click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file (default: .provision/<job>.state.json beside the inventory)."),
+        click.option("--state", "state_path", type=click.Path(), help="State file (default: .provision/<job>.state.json beside the inventory)."),
         click.option("--target", "targets", multiple=True, metavar="HOST", help="Limit to these hosts (repeatable)."),
         click.option("--parallelism", type=click.IntRange(1, 4096), help="Hosts at once (default: all, up to a file-descriptor-safe bound)."),
         click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands."),
@@ -150,7 +168,7 @@ def _report_unreachable(plan, outcomes=None) -> None:
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--detailed-exitcode", is_flag=True, help="Exit 2 when there are changes (0 none, 1 error, 3 unreachable).")
@@ -178,7 +196,7 @@ def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @host_options
 @click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the outcome as JSON.")
@@ -235,7 +253,7 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @host_options
 @click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and outcome as JSON.")
@@ -278,7 +296,7 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def facts(inventory, state_path, targets, parallelism, verbose, as_json):
@@ -321,7 +339,7 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", is_flag=True, help="Refresh in place every 2 seconds until Ctrl-C.")
@@ -356,8 +374,8 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
 
 
 @main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file.")
+@click.argument("inventory", type=click.Path())
+@click.option("--state", "state_path", type=click.Path(), help="State file.")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
 def wait(inventory, state_path, timeout, verbose):
@@ -368,9 +386,9 @@ def wait(inventory, state_path, timeout, verbose):
 
 
 @main.command("force-unlock")
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path())
 @click.argument("lock_id")
-@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State file.")
+@click.option("--state", "state_path", type=click.Path(), help="State file.")
 def force_unlock(inventory, lock_id, state_path):
     """Remove a lock left by an apply that died on another machine (LOCK_ID from the error)."""
     from pathlib import Path

@@ -38,8 +38,9 @@ class Accelerators:
 
 @dataclass(frozen=True)
 class SSHSettings:
-    user: str = "root"
-    port: int = 22
+    # None: not in the inventory, so ~/.ssh/config (then OpenSSH's defaults) decides.
+    user: str | None = None
+    port: int | None = None
     identity_file: str | None = None
     host_key_policy: str = "accept-new"
     jump_host: str | None = None

@@ -33,8 +33,8 @@ class Target:
 
     name: str
     address: str
-    port: int = 22
-    user: str = "root"
+    port: int | None = None  # None: from ~/.ssh/config, else 22
+    user: str | None = None  # None: from ~/.ssh/config, else the local user
     identity_file: str | None = None
     jump_host: str | None = None
     connect_timeout: float = 10.0
@@ -43,7 +43,7 @@ class Target:
     @property
     def where(self) -> str:
         a = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{self.name} ({a}:{self.port})"
+        return f"{self.name} ({a}:{self.port or 22})"
 
     @classmethod
     def from_host(cls, host) -> "Target":
@@ -209,6 +209,7 @@ class Session:
         self.parallelism = parallelism or fd_safe_parallelism()
         self.verbose = verbose
         self._conns: dict[str, object] = {}
+        self._users: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
 
@@ -219,7 +220,7 @@ class Session:
         if target.host_key_policy == "off":
             client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
             return
-        key_id = _key_id(target.address, target.port)  # paramiko's own lookup name
+        key_id = _key_id(conn.host, conn.port)  # paramiko's own lookup name (after ssh config)
         for typ, key in (self.known.lookup(key_id) or {}).items():
             client.get_host_keys().add(key_id, typ, key)
         client.set_missing_host_key_policy(_Policy(self.known, target.host_key_policy))
@@ -246,7 +247,7 @@ class Session:
                     target,
                     f"host key changed: it now offers {_fingerprint(e.key)}, but {self.known.path} "
                     f"has {_fingerprint(e.expected_key)}. If the host was reinstalled, delete its line "
-                    f"({_key_id(target.address, target.port)}) from that file and run again; "
+                    f"({_key_id(conn.host, conn.port)}) from that file and run again; "
                     "otherwise someone may be intercepting the connection.",
                 ) from None
             except _UnknownKey as e:
@@ -256,11 +257,12 @@ class Session:
                     f"{self.known.path} or ~/.ssh/known_hosts after checking it (or use accept-new)",
                 ) from None
             except paramiko.AuthenticationException as e:
-                raise HostError(target, f"authentication failed for user {target.user}: {e}") from None
+                raise HostError(target, f"authentication failed for user {conn.user}: {e}") from None
             except FileNotFoundError as e:
                 raise HostError(target, f"identity file not found: {e.filename}") from None
             except (socket.timeout, TimeoutError):
-                err = f"connection timed out after {target.connect_timeout:g}s"
+                # Not retried: the host already had the whole timeout to answer.
+                raise HostError(target, f"connection timed out after {target.connect_timeout:g}s", unreachable=True) from None
             except ConnectionRefusedError:
                 err = "connection refused"
             except socket.gaierror as e:
@@ -276,7 +278,12 @@ class Session:
             raise HostError(target, err, unreachable=True)
         with self._lock:
             self._conns[target.name] = conn
+            self._users[target.name] = conn.user
         return conn
+
+    def is_root(self, target: Target) -> bool:
+        with self._lock:
+            return self._users.get(target.name, target.user) == "root"
 
     def close(self) -> None:
         with self._lock:
@@ -298,7 +305,7 @@ class Session:
     def run(self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True) -> Result:
         """Run one command; stdout and stderr collected; never raises for a non-zero exit."""
         conn = self.connect(target)
-        if sudo and target.user != "root":
+        if sudo and not self.is_root(target):
             command = "sudo -n " + command
         if self.verbose:
             with self._print_lock:
@@ -329,7 +336,7 @@ class Session:
     def stream(self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None) -> int:
         """Run a long command (journalctl --follow), calling on_line per stdout line."""
         conn = self.connect(target)
-        if target.user != "root":
+        if not self.is_root(target):
             command = "sudo -n " + command
         chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
         chan.settimeout(0.5)
@@ -396,8 +403,8 @@ def call_agent(session: Session, target: Target, request: dict, *, timeout: floa
         err = res.stderr.decode("utf-8", "replace").strip().splitlines()
         if res.exit_status == 127:
             raise HostError(target, "python3 is not installed; provision needs it on every host")
-        if target.user != "root" and any("sudo" in line for line in err):
-            raise HostError(target, f"sudo -n failed for user {target.user}: {err[-1] if err else ''}")
+        if not session.is_root(target) and any("sudo" in line for line in err):
+            raise HostError(target, f"sudo -n failed (provision needs root, or passwordless sudo): {err[-1] if err else ''}")
         raise HostError(target, f"host agent failed (exit {res.exit_status}): {err[-1] if err else 'no output'}")
     try:
         out = json.loads(res.stdout)

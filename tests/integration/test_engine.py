@@ -354,3 +354,45 @@ def test_secrets_reach_the_task_but_are_never_printed(sandbox4, sandbox_inventor
     everything = r.stdout + r.stderr + (tmp_path / ".provision" / f"{job_name}.state.json").read_text()
     assert "hunter2" not in everything
     cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_jump_host(sandbox_factory, sandbox_inventory, tmp_path):
+    """host-2 is reached only through host-1 (ProxyJump): its address is a name that only
+    resolves inside the sandbox network."""
+    sb = sandbox_factory(hosts=2)
+    h1, h2 = sb.hosts
+    inv = tmp_path / "inv.yaml"
+    data = sandbox_inventory(sb, job="jump", pools={"chief": {"replicas": 1, "command": LONG}}, hosts=["host-2"])
+    data["hosts"][0].update(address=h2.container, port=22)
+    data["ssh"]["jump_host"] = f"root@127.0.0.1:{h1.ssh_port}"
+    import yaml
+
+    inv.write_text(yaml.safe_dump(data))
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, out = sh(sb, "host-2", "systemctl is-active provision-jump-chief-0.service")
+    assert out.strip() == "active"
+    known = (tmp_path / ".provision" / "known_hosts").read_text()
+    assert h2.container in known and f"[127.0.0.1]:{h1.ssh_port}" in known  # both keys checked
+    assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
+    sandbox_factory.down(sb)
+
+
+def test_facts_mismatch_stops_apply_before_anything_is_written(sandbox4, sandbox_inventory, job_name, tmp_path):
+    import yaml
+
+    inv = tmp_path / "inv.yaml"
+    data = sandbox_inventory(sandbox4, job=job_name, pools={"chief": {"replicas": 1, "accelerators": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}})
+    data["hosts"][1]["accelerators"]["count"] = 4  # host-2 has 2 (nvidia-smi says so)
+    inv.write_text(yaml.safe_dump(data))
+    r = cli("facts", inv, cwd=tmp_path)
+    assert r.returncode == 1 and "declares 4 nvidia-h100, but nvidia-smi reports 2" in r.stdout
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "host-2 (127.0.0.1:" in r.stderr and "nvidia-smi reports 2" in r.stderr and "nothing was changed" in r.stderr
+    for h in sandbox4.hosts:
+        code, _ = sh(sandbox4, h.name, f"test -e /etc/provision/{job_name}")
+        assert code != 0, h.name
+    r = cli("facts", "--json", inv, cwd=tmp_path)
+    facts = json.loads(r.stdout)["hosts"]
+    assert facts["host-1"]["gpus"] == 2 and len(facts["host-1"]["gpu_uuids"]) == 2
