@@ -506,9 +506,23 @@ CASES: list[Case] = [
     Case(
         "command-program",
         "Program is not a plain path",
-        E("28: pools.ps.command[0]: expected a program path (letters, digits, '/', '.', '_', '+', '-'; wrap anything fancier in a script), got 'python3 train.py'"),
+        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'python3 train.py'"),
         edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [python3 train.py]"),),
         fix="One list item per argument: `[python3, train.py]`. Arguments may hold anything; the program must be a plain path.",
+    ),
+    Case(
+        "command-relative",
+        "Program path that is relative or not normalized",
+        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'venv/bin/python'"),
+        edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [venv/bin/python, train.py]"),),
+        fix="systemd runs `/absolute/paths` (without `.` or `..` parts) or bare names looked up in PATH (`python3`); tasks do not start in the inventory's directory.",
+    ),
+    Case(
+        "command-prefix",
+        "Program starting with '-' or '+'",
+        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got '-/opt/job/run'"),
+        edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [-/opt/job/run]"),),
+        fix="In ExecStart= a leading `-` would mean 'ignore failures' (the job would succeed when the task fails) and `+` 'full privileges'; provision does not pass such prefixes through.",
     ),
     Case(
         "image-ref",

@@ -12,7 +12,9 @@ import re
 from .errors import ProvisionError
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EXECUTABLE = re.compile(r"^/?[A-Za-z0-9_.+-][A-Za-z0-9_./+-]*$")
+# An absolute, normalized path (no "." or ".." parts, as systemd requires) or a bare
+# name looked up in PATH; never starting with one of ExecStart='s prefixes (- + @ ! :).
+_EXECUTABLE = re.compile(r"^(?:(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 # Inside double quotes systemd's EnvironmentFile= parser keeps every byte but these four,
 # which it unescapes after a backslash; a literal newline stays part of the value.
 _ENV_ESCAPE = {"\\": "\\\\", '"': '\\"', "$": "\\$", "`": "\\`"}

@@ -40,7 +40,9 @@ NETWORK_ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})?$")
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
 # A command's first word is written unquoted in ExecStart=, so it must be a plain path.
-EXECUTABLE = re.compile(r"^/?[A-Za-z0-9_.+-][A-Za-z0-9_./+-]*$")
+# An absolute, normalized path (no "." or ".." parts, as systemd requires) or a bare
+# name looked up in PATH; never starting with one of ExecStart='s prefixes (- + @ ! :).
+EXECUTABLE = re.compile(r"^(?:(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$")
 
 # Variables provision itself sets for every task; an inventory may not override them,
@@ -380,7 +382,7 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
             if not command:
                 c.add(path + ("command",), "expected a non-empty list (the program and its arguments)")
             elif not EXECUTABLE.match(command[0]):
-                c.add(path + ("command", 0), f"expected a program path (letters, digits, '/', '.', '_', '+', '-'; wrap anything fancier in a script), got {_show(command[0])}")
+                c.add(path + ("command", 0), f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {_show(command[0])}")
     image = c.string(m["image"], path + ("image",), pattern=IMAGE_REF, what="an image reference such as registry.local/trainer:1.4") if "image" in m else None
     args = c.strings(m["args"], path + ("args",)) if "args" in m else []
     if "command" in m and "image" in m:
