@@ -8,7 +8,7 @@
 # 2. A running Docker engine: started in the background if `docker info` fails
 #    (log: $PROVISION_DOCKERD_LOG, default /var/log/provision-dockerd.log).
 # 3. inotify limits that let more than ~20 systemd containers boot.
-# 4. provision itself, editable, with the test and tf extras.
+# 4. provision itself, editable, with the test, tf and torch extras (CPU builds).
 #
 # PROVISION_SETUP_STEPS picks steps (default: "packages docker sysctl python");
 # PROVISION_DOCKERD_FLAGS adds flags to a dockerd this script starts.
@@ -96,15 +96,15 @@ _setup_python() {
     if [ "$(cat "$stamp_dir/setup-pip.stamp" 2>/dev/null)" = "$want" ] && "$_setup_py" - <<EOF 2>/dev/null
 import importlib.util, sys, provision
 ok = provision.__file__.startswith("$_setup_root/")
-ok = ok and all(importlib.util.find_spec(m) for m in ("pytest", "docker", "fabric", "tensorflow"))
+ok = ok and all(importlib.util.find_spec(m) for m in ("pytest", "docker", "fabric", "tensorflow", "torch"))
 sys.exit(0 if ok else 1)
 EOF
     then
         return 0
     fi
-    _setup_log "pip install -e '.[test,tf]'"
+    _setup_log "pip install -e '.[test,tf,torch]'"
     "$_setup_py" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-        -e "$_setup_root[test,tf]"
+        -e "$_setup_root[test,tf,torch]"
     mkdir -p "$stamp_dir" && printf '%s\n' "$want" >"$stamp_dir/setup-pip.stamp"
 }
 
