@@ -79,6 +79,7 @@ class Case:
     raw: bytes | None = None  # the file's bytes (for encoding problems); loaded with load()
     fix: str = ""
     shown: str | None = None  # what the doc shows as "you wrote" (default: the new text)
+    tree: tuple[tuple[str, str], ...] = ()  # extra files beside the inventory: (path, content)
 
     def source(self) -> str:
         if self.text is not None:
@@ -720,6 +721,15 @@ CASES: list[Case] = [
         fix="/etc/provision and /etc/systemd/system are provision's; push your files elsewhere.",
     ),
     Case(
+        "files-dir-into-reserved",
+        "files: a directory that reaches into provision's directories",
+        E(f"31: files[0].src: {DIR}/overlay/systemd/system would be pushed into /etc/systemd/system, which is reserved for provision's own files"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: overlay/, dest: /etc/}"),),
+        tree=(("overlay/systemd/system/extra.service", "[Service]\n"),),
+        shown="- {src: overlay/, dest: /etc/}   (overlay/systemd/system/extra.service exists)",
+        fix="Units and env files under /etc/systemd/system and /etc/provision are written by provision (and removed by destroy); push the directory's other content to its own place.",
+    ),
+    Case(
         "files-keys",
         "files: entry without dest",
         E("31: files[0]: missing required key 'dest'"),
@@ -799,6 +809,9 @@ CASES: list[Case] = [
 def problems_of(case: Case, tmp: Path) -> list[str]:
     """The lines `provision validate` prints for this case (without the 'Error: ' prefix)."""
     (tmp / "train.py").write_text("print('train')\n")
+    for rel, content in case.tree:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(content)
     inv = tmp / NAME
     if case.id == "directory":
         inv.mkdir()

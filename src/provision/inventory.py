@@ -491,6 +491,11 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         if any(norm == d or norm.startswith(d + "/") for d in RESERVED_DIRS) or norm == "/":
             c.add(fp + ("dest",), f"{norm} is reserved for provision's own files")
             continue
+        # A directory pushed above a reserved one (dest: /etc) must not reach into it.
+        hits = [d for d in RESERVED_DIRS if d.startswith(norm + "/") and (src_path / os.path.relpath(d, norm)).exists()]
+        if src_path.is_dir() and hits:
+            c.add(fp + ("src",), f"{src_path / os.path.relpath(hits[0], norm)} would be pushed into {hits[0]}, which is reserved for provision's own files")
+            continue
         out.append(FileSpec(src_path, norm, src_path.is_dir()))
     return out
 
