@@ -74,6 +74,7 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, ssh_port, force, time
     finally:
         signal.signal(signal.SIGTERM, previous)
     sb_mod.write_inventory(sb, path, job=job, pools=sb_mod.example_pools(sb))
+    _refresh_known_hosts(path, sb)
     inv = path.resolve()
     click.echo(f"Sandbox {name!r} is up ({time.monotonic() - t0:.1f} s):")
     for h in sb.hosts:
@@ -85,6 +86,24 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, ssh_port, force, time
     click.echo(f"  provision apply {inv}")
     click.echo(f"  {' '.join(sb.ssh_command(sb.hosts[0]))}")
     click.echo(f"  provision sandbox down --name {name}")
+
+
+def _refresh_known_hosts(inventory: Path, sb) -> None:
+    """Replace stale keys for this sandbox's addresses in the known_hosts that `apply` keeps
+    beside its state (default place, `.provision/known_hosts`).
+
+    Sandbox hosts are reached at 127.0.0.1:<port>, and a later sandbox can get a port an
+    earlier one had (after the engine restarts, say): `apply` would then refuse the new
+    host's key as a changed key. The sandbox learnt each new host's key as it booted, so it
+    is the authority for these exact addresses."""
+    path = inventory.parent / ".provision" / "known_hosts"
+    if not path.is_file() or not sb.known_hosts_path.is_file():
+        return
+    ours = sb.known_hosts_path.read_text().splitlines()
+    ids = {line.split()[0] for line in ours if line.strip()}
+    kept = [line for line in path.read_text().splitlines()
+            if not line.strip() or not set(line.split()[0].split(",")) & ids]
+    path.write_text("\n".join(kept + ours) + "\n")
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001

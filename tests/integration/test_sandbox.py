@@ -260,6 +260,17 @@ def test_cli_up_then_down_leaves_nothing_behind(sandbox_factory, docker_engine, 
         assert key.exists()
         r = runner.invoke(main, ["sandbox", "list"])
         assert r.exit_code == 0 and name in r.output
+        # A key an earlier sandbox left for the same address must not make apply refuse.
+        from provision.sandbox_cli import _refresh_known_hosts
+
+        kh = tmp_path / ".provision/known_hosts"
+        kh.parent.mkdir()
+        port = inv["hosts"][0]["port"]
+        kh.write_text(f"[127.0.0.1]:{port} ssh-ed25519 AAAAstale\nother.example ssh-ed25519 AAAAkeep\n")
+        _refresh_known_hosts(inv_path, sandbox.load(name))
+        text = kh.read_text()
+        assert "AAAAstale" not in text and "other.example ssh-ed25519 AAAAkeep" in text
+        assert text.count("[127.0.0.1]:") == 3
         r = runner.invoke(main, ["sandbox", "down", "--name", name])
         assert r.exit_code == 0, r.output
         assert _leftovers(docker_engine, name) == (0, 0, False)
