@@ -72,7 +72,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The installed console script, as a user runs it."""
     exe = shutil.which("provision")
     cmd = [exe] if exe else [sys.executable, "-c", "from provision.cli import main; main()"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 
 
 # --------------------------------------------------------------------------- validate

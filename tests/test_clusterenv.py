@@ -90,7 +90,7 @@ def environ(**values: str):
 @pytest.fixture(scope="module")
 def tf():
     try:
-        import tensorflow as tf  # noqa: F401
+        import tensorflow as tf
     except ImportError as e:
         pytest.skip(f"tensorflow is not importable ({e}); `pip install tensorflow-cpu==2.21.0` (CI does)")
     return tf
@@ -157,7 +157,7 @@ def test_tf_config_through_tensorflow(tf, inv):
 
 def test_evaluator_never_in_training_cluster(tf):
     inv = load(ROOT / "inventories" / "parameter-server.yaml")
-    placement, tasks = envs(inv)
+    _, tasks = envs(inv)
     for t, env in tasks:
         cluster = json.loads(env["TF_CONFIG"])["cluster"]
         assert ("evaluator" in cluster) == (t.role == "evaluator")
@@ -234,7 +234,7 @@ def test_torchrun_reads_pet_variables(inv):
     """torchrun's own parser takes its defaults from PET_*: `torchrun train.py` with the
     task's environment is the multi-node command line, no flags needed."""
     run = pytest.importorskip("torch.distributed.run", reason="torch is not installed")
-    placement, tasks = envs(inv)
+    _, tasks = envs(inv)
     for t, env in tasks:
         pet = {k: v for k, v in env.items() if k.startswith("PET_")}
         with environ(**pet):
@@ -269,7 +269,7 @@ def test_dmlc_variables(inv):
 
 @pytest.mark.parametrize("inv", jobs())
 def test_accelerators_visible(inv):
-    placement, tasks = envs(inv)
+    _, tasks = envs(inv)
     for t, env in tasks:
         placed = ",".join(map(str, t.accelerators))
         if t.host.accelerators is not None and t.host.accelerators.kind == "tpu":
@@ -283,7 +283,7 @@ def test_accelerators_visible(inv):
 
 def test_single_task_job_has_cluster_spec_but_no_tf_config():
     inv = load(ROOT / "inventories" / "single-gpu.yaml")
-    (t, env), = envs(inv)[1]
+    ((_, env),) = envs(inv)[1]
     assert "TF_CONFIG" not in env
     assert json.loads(env["CLUSTER_SPEC"])["cluster"] == {"workerpool0": ["192.0.2.11:2222"]}
     assert env["CUDA_VISIBLE_DEVICES"] == "0"

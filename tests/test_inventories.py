@@ -148,4 +148,4 @@ def test_tpu():
         assert env["JAX_COORDINATOR_ADDRESS"] == "192.0.2.41:2222"
     assert sorted(_env(r, t.name)["JAX_PROCESS_ID"] for t in r.placement.tasks) == ["0", "1", "2", "3"]
     unit = next(f for f in r.hosts["tpu-2"].files if f.kind == "unit").data().decode()
-    assert re.search(r"^RestartPreventExitStatus=1 2 3 .* 127$", unit, re.M)  # ExitCode policy
+    assert re.search(r"^RestartPreventExitStatus=1 2 3 .* 127$", unit, re.MULTILINE)  # ExitCode policy

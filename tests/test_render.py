@@ -14,7 +14,6 @@ import os
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 
 from provision.clusterenv import job_cluster, task_env
@@ -112,7 +111,7 @@ def test_image_pool_runs_docker_with_env_names_only(tmp_path):
     r = render(inv, secrets={"API_TOKEN": "t"})
     jc = job_cluster(inv, r.placement)
     w = r.placement.task("worker-0")
-    unit = files_of(r, w.host.name)[f"/etc/systemd/system/provision-rtest-worker-0.service"].data().decode()
+    unit = files_of(r, w.host.name)["/etc/systemd/system/provision-rtest-worker-0.service"].data().decode()
     argv = exec_start(unit)
     names = [k for k, _ in task_env(inv, w, jc, secrets={"API_TOKEN": "t"})]
     want = ["/usr/bin/docker", "run", "--rm", "--name", "provision-rtest-worker-0", "--network", "host",
@@ -141,7 +140,7 @@ def test_restart_policies(tmp_path):
     assert (units["ps"]["Restart"], units["ps"]["StartLimitBurst"]) == ("always", "6")
     assert units["evaluator"]["Restart"] == "no" and units["evaluator"]["StartLimitIntervalSec"] == "0"
     assert units["chief"]["LimitMEMLOCK"] == "infinity" and "LimitMEMLOCK" not in units["ps"]
-    for role, d in units.items():
+    for d in units.values():
         assert d["EnvironmentFile"].startswith("/etc/provision/rtest/")
         assert d["PartOf"] == d["WantedBy"] == "provision-rtest.target"
         assert d["Type"] == "exec"

@@ -121,7 +121,7 @@ def _sh(c, cmd: str, **kw):
 def installed(sandbox4, rendered_job):
     """Push every rendered file of host-1 (modes kept), daemon-reload, start each task unit
     and wait until it has finished; yield the connection. Removed afterwards."""
-    inv, rendered, expected, _ = rendered_job
+    inv, rendered, _expected, _ = rendered_job
     bundle = rendered.hosts["host-1"]
     c = sandbox4.connection("host-1")
     sftp = c.sftp()
@@ -156,7 +156,7 @@ def _dump(c, job: str, task: str) -> dict:
 
 @pytest.mark.parametrize("task", ["chief-0", "worker-0"])
 def test_unit_runs_with_exact_argv_and_environment(installed, rendered_job, task):
-    inv, rendered, expected, command = rendered_job
+    inv, _rendered, expected, command = rendered_job
     unit = f"provision-{inv.job}-{task}.service"
     show = _sh(installed, f"systemctl show {unit} -p Result -p ExecMainStatus -p LoadState").stdout
     assert "LoadState=loaded" in show and "Result=success" in show and "ExecMainStatus=0" in show, show
@@ -187,7 +187,7 @@ def test_unit_file_loads_without_warnings(installed, rendered_job):
 
 def test_env_file_alone_through_systemd_run(installed, rendered_job):
     """The EnvironmentFile= parser by itself: systemd-run with only that property."""
-    inv, rendered, expected, _ = rendered_job
+    inv, _rendered, expected, _ = rendered_job
     env_path = f"/etc/provision/{inv.job}/chief-0.env"
     prog = "import json,os,sys; sys.stdout.write(json.dumps(dict(os.environ)))"
     r = _sh(installed, f"systemd-run --quiet --wait --pipe --collect -p EnvironmentFile={env_path} /usr/bin/python3 -c {shlex.quote(prog)}")
@@ -200,7 +200,7 @@ def test_env_file_alone_through_systemd_run(installed, rendered_job):
 
 def test_every_hostile_value_was_in_the_file(rendered_job):
     """Guard: the inventory really carried the hostile values to the rendered env file."""
-    inv, rendered, expected, command = rendered_job
-    for task, env in expected.items():
+    _inv, _rendered, expected, _command = rendered_job
+    for env in expected.values():
         for k, v in HOSTILE.items():
             assert env[k] == v
