@@ -91,7 +91,8 @@ def test_debian_mirror_comes_from_apt_configuration(tmp_path, monkeypatch):
         "Suites: bookworm-security\nComponents: main\n"
     )
     (apt / "sources.list.d/other.list").write_text("deb [arch=amd64] https://x.invalid/apt nodistro main\n")
-    (apt / "sources.list.d/off.list.disabled").write_text("deb http://disabled.invalid/debian bookworm main\n")
+    (apt / "sources.list.d/off.list.disabled").write_text(
+        "deb http://disabled.invalid/debian bookworm main\n")
     assert image.debian_mirror(tmp_path) == "http://mirror.invalid/debian"
     # A controller on another Debian release: its archive serves bookworm too.
     (apt / "sources.list.d/debian.sources").unlink()
@@ -139,7 +140,8 @@ def test_cli_errors_are_one_line_without_docker(monkeypatch):
     assert r.output.startswith("Error: no Docker engine answers at unix:///nonexistent/"), r.output
     from provision.sandbox.engine import explain
 
-    denied = "Error while fetching server API version: ('Connection aborted.', PermissionError(13, 'Permission denied'))"
+    denied = ("Error while fetching server API version: ('Connection aborted.', "
+              "PermissionError(13, 'Permission denied'))")
     assert explain(Exception(denied)).startswith("no permission to use the Docker engine")
     r = CliRunner().invoke(main, ["sandbox", "up", "--name", "Bad_Name"])
     assert r.exit_code == 1 and r.output.startswith("Error: sandbox name 'Bad_Name'"), r.output

@@ -347,46 +347,11 @@ def up(
             f"sandbox {name!r} already exists ({len(containers)} containers): "
             f"`provision sandbox down --name {name}` first, or pick another --name"
         ) from None
-    private, public = _keypair(f"provision-sandbox-{name}")
-    write_private(sdir / "id_ed25519", private)
-    write_private(sdir / "id_ed25519.pub", public, 0o644)
-    sb = Sandbox(
-        name=name, network=network_name(name), key_path=sdir / "id_ed25519",
-        known_hosts_path=sdir / "known_hosts", image=image, frameworks=with_,
-        created=time.time(), status="starting",
-        hosts=[SandboxHost(name=f"host-{i}", container=container_name(name, i), ssh_port=0,
-                           cluster_address=container_name(name, i), gpus=gpus_per_host)
-               for i in range(1, hosts + 1)],
-    )
-    sb.save()  # from here on `down` finds the key dir even if this process dies
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=hosts, thread_name_prefix=f"sandbox-{name}")
     try:
-        t0 = time.monotonic()
-        try:
-            client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
-                                   check_duplicate=True)
-        except docker.errors.APIError as e:
-            raise _network_error(sb.network, e) from None
-        volumes = dict(_CGROUP_MOUNT)
-        for fw, path in layers.items():
-            volumes[str(path)] = {"bind": host_mount_point(fw), "mode": "ro"}
-        progress(f"starting {hosts} host{'s' if hosts != 1 else ''} of sandbox {name!r}")
-        deadline = time.monotonic() + timeout
-
-        def start_and_wait(i: int, h: SandboxHost) -> str:
-            # One thread per host: a host's boot overlaps the other containers' creation.
-            _start_host(client, sb, h, image, volumes, public,
-                        ssh_port + i if ssh_port else None, cancel)
-            return _wait_ready(client, sb, h, deadline, cancel, progress)
-
-        host_keys = _gather([pool.submit(start_and_wait, i, h) for i, h in enumerate(sb.hosts)])
-        write_private(sb.known_hosts_path, "".join(host_keys), 0o644)
-        sb.status = "ready"
-        sb.save()
-        progress(f"sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''} ready in "
-                 f"{time.monotonic() - t0:.1f} s")
-        return sb
+        return _up(client, name, hosts, gpus_per_host, image, layers, ssh_port, timeout,
+                   progress, pool, cancel)
     except BaseException:
         cancel.set()
         pool.shutdown(wait=True, cancel_futures=True)  # no container appears after down()
@@ -397,6 +362,49 @@ def up(
         raise
     finally:
         pool.shutdown(wait=False)
+
+
+def _up(client: docker.DockerClient, name: str, hosts: int, gpus_per_host: int, image: str,
+        layers: dict[str, Path], ssh_port: int | None, timeout: float, progress: Progress,
+        pool: ThreadPoolExecutor, cancel: threading.Event) -> Sandbox:
+    sdir = sandbox_dir(name)
+    private, public = _keypair(f"provision-sandbox-{name}")
+    write_private(sdir / "id_ed25519", private)
+    write_private(sdir / "id_ed25519.pub", public, 0o644)
+    sb = Sandbox(
+        name=name, network=network_name(name), key_path=sdir / "id_ed25519",
+        known_hosts_path=sdir / "known_hosts", image=image, frameworks=tuple(layers),
+        created=time.time(), status="starting",
+        hosts=[SandboxHost(name=f"host-{i}", container=container_name(name, i), ssh_port=0,
+                           cluster_address=container_name(name, i), gpus=gpus_per_host)
+               for i in range(1, hosts + 1)],
+    )
+    sb.save()  # from here on `down` finds the key dir even if this process dies
+    t0 = time.monotonic()
+    try:
+        client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
+                               check_duplicate=True)
+    except docker.errors.APIError as e:
+        raise _network_error(sb.network, e) from None
+    volumes = dict(_CGROUP_MOUNT)
+    for fw, path in layers.items():
+        volumes[str(path)] = {"bind": host_mount_point(fw), "mode": "ro"}
+    progress(f"starting {hosts} host{'s' if hosts != 1 else ''} of sandbox {name!r}")
+    deadline = time.monotonic() + timeout
+
+    def start_and_wait(i: int, h: SandboxHost) -> str:
+        # One thread per host: a host's boot overlaps the other containers' creation.
+        _start_host(client, sb, h, image, volumes, public,
+                    ssh_port + i if ssh_port else None, cancel)
+        return _wait_ready(client, sb, h, deadline, cancel, progress)
+
+    host_keys = _gather([pool.submit(start_and_wait, i, h) for i, h in enumerate(sb.hosts)])
+    write_private(sb.known_hosts_path, "".join(host_keys), 0o644)
+    sb.status = "ready"
+    sb.save()
+    progress(f"sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''} ready in "
+             f"{time.monotonic() - t0:.1f} s")
+    return sb
 
 
 def _gather(futures: list[Future]) -> list:
