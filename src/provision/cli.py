@@ -68,10 +68,21 @@ def _placement_table(placement) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _previous(inventory: str, inv, state_path: str | None):
+    """The placement apply would keep: tasks that exist stay where they are (local read only)."""
+    from pathlib import Path
+
+    from .state import State, default_state_path
+
+    sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
+    return State.load(sp, inv.job).previous_placement() if sp.exists() else None
+
+
 @main.command()
 @click.argument("inventory", type=click.Path())
 @click.option("--placement", "show_placement", is_flag=True, help="Also print where every task goes.")
-def validate(inventory: str, show_placement: bool) -> None:
+@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).")
+def validate(inventory: str, show_placement: bool, state_path: str | None) -> None:
     """Check INVENTORY without touching the network.
 
     Reports every problem at once, one line each, as FILE:LINE: key.path: what is wrong.
@@ -81,7 +92,7 @@ def validate(inventory: str, show_placement: bool) -> None:
     from .placement import place
 
     inv = load(inventory)
-    placement = place(inv)
+    placement = place(inv, _previous(inventory, inv, state_path))
     click.echo(f"{inventory}: valid; {_summary(inv, placement)}")
     if show_placement:
         for line in _placement_table(placement):
@@ -91,7 +102,8 @@ def validate(inventory: str, show_placement: bool) -> None:
 @main.command()
 @click.argument("inventory", type=click.Path())
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
-def render(inventory: str, out: str) -> None:
+@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).")
+def render(inventory: str, out: str, state_path: str | None) -> None:
     """Write every file each host would get, as OUT/<host>/<absolute path>.
 
     No network. Values of secret_env are left out of the rendered env files (apply
@@ -104,7 +116,7 @@ def render(inventory: str, out: str) -> None:
     from .render import write_tree
 
     inv = load(inventory)
-    rendered = do_render(inv)
+    rendered = do_render(inv, previous=_previous(inventory, inv, state_path))
     try:
         count = write_tree(rendered, Path(out))
     except OSError as e:
@@ -371,6 +383,29 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
     if st.unreachable:
         click.echo(f"Unreachable: {', '.join(st.unreachable)}", err=True)
         sys.exit(3)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path())
+@click.argument("tasks", nargs=-1, metavar="[TASK]...")
+@host_options
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines from every host until Ctrl-C.")
+@click.option("--since", metavar="WHEN", help="Only lines since WHEN: a duration ago (10m, 2h, 1d) or a time journalctl reads ('2024-05-01 12:00:00').")
+@click.option("--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines of each task.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), help="Write DIR/<task>.log instead of printing; the next call appends only new lines.")
+@click.option("--timestamps", is_flag=True, help="Start every line with its time (UTC).")
+def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps):
+    """The job's task output (journald) from all hosts, merged in time order.
+
+    Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
+    unreachable (the other hosts' lines are still shown).
+    """
+    from .logs import run_logs
+
+    sys.exit(run_logs(
+        inventory, tuple(tasks), state_path=state_path, targets=tuple(targets), parallelism=parallelism,
+        verbose=verbose, since=since, tail=tail, follow=follow, out_dir=out_dir, timestamps=timestamps,
+    ))
 
 
 @main.command()
