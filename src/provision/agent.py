@@ -40,12 +40,13 @@ def exits_path(job, unit):
 
 
 def read_exits(job, units):
-    """Lines written by each unit's ExecStopPost: [time, result, code, status]."""
+    """Lines written by each unit's ExecStopPost: [time, result, code, status] + ["stop"]
+    when the run ended because a stop was asked for."""
     out = {}
     for u in units:
         try:
             with open(exits_path(job, u)) as f:
-                out[u] = [line.split() for line in f if len(line.split()) == 4]
+                out[u] = [line.split() for line in f if 4 <= len(line.split()) <= 5]
         except OSError:
             out[u] = []
     return out
@@ -54,10 +55,11 @@ def read_exits(job, units):
 def reset_exits(job, units):
     """A run started by provision counts its exits afresh."""
     for u in units:
-        try:
-            os.unlink(exits_path(job, u))
-        except OSError:
-            pass
+        for path in (exits_path(job, u), exits_path(job, u)[: -len(".exits")] + ".stopping"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def sha256_file(path):
@@ -317,9 +319,25 @@ def op_units(req):
     """systemctl verbs in order, then the states of the units named in `report`."""
     errors = []
     for verb, units in req.get("actions", []):
-        if verb in ("restart", "start"):
+        if verb == "restart":
+            # stop, then forget the old run's exits (its ExecStopPost writes one more), then
+            # start: the new run's record starts empty.
+            systemctl("stop", units, errors)
+            verb = "start"
+        if verb == "start":
             reset_exits(req["job"], units)
+        waiting = []
+        if verb == "stop" and units:
+            waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
         systemctl(verb, units, errors)
+        for u in waiting:
+            # A task stopped between tries ran no ExecStopPost now: record the stop, so its
+            # last try's failure is not taken for its outcome.
+            try:
+                with open(exits_path(req["job"], u), "a") as f:
+                    f.write("%d success none - stop\n" % int(time.time()))
+            except OSError:
+                pass
     if req.get("lifecycle") is not None:
         jd = job_dir(req["job"])
         if os.path.isdir(jd):

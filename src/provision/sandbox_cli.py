@@ -43,17 +43,24 @@ def sandbox() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Inventory file to write [default: ./NAME.inventory.yaml].")
 @click.option("--job", default="demo", show_default=True, help="Job name in the inventory.")
+@click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A job file (an inventory without hosts/ssh, e.g. inventories/sandbox/*.yaml): "
+                   "the inventory written is that job on the sandbox's hosts.")
 @click.option("--ssh-port", type=click.IntRange(1, 65535),
               help="host-1's SSH port on 127.0.0.1 (the others follow) [default: free ports].")
 @click.option("--force", is_flag=True, help="Overwrite an inventory file not written by sandbox up.")
 @click.option("--timeout", default=180, show_default=True, type=click.IntRange(10, 3600),
               help="Seconds to wait for the hosts to boot.")
-def up_cmd(hosts, gpus_per_host, with_, name, output, job, ssh_port, force, timeout) -> None:
+def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, force, timeout) -> None:
     """Start HOSTS local hosts and write an inventory for them."""
     sb_mod = _sandbox()
     from .sandbox.inventory import HEADER
 
     sb_mod.validate_name(name)
+    template = None
+    if from_file is not None:
+        explicit = click.get_current_context().get_parameter_source("job")
+        template = job_from_file(from_file, job if explicit == click.core.ParameterSource.COMMANDLINE else None)
     path = output or Path(f"{name}.inventory.yaml")
     if path.exists() and not force:
         head = path.read_text(errors="replace")[: len(HEADER)]
@@ -73,7 +80,10 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, ssh_port, force, time
                        ssh_port=ssh_port, timeout=timeout, progress=_progress)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    sb_mod.write_inventory(sb, path, job=job, pools=sb_mod.example_pools(sb))
+    if template is not None:
+        sb_mod.write_inventory(sb, path, **template)
+    else:
+        sb_mod.write_inventory(sb, path, job=job, pools=sb_mod.example_pools(sb))
     _refresh_known_hosts(path, sb)
     inv = path.resolve()
     click.echo(f"Sandbox {name!r} is up ({time.monotonic() - t0:.1f} s):")
@@ -104,6 +114,27 @@ def _refresh_known_hosts(inventory: Path, sb) -> None:
     kept = [line for line in path.read_text().splitlines()
             if not line.strip() or not set(line.split()[0].split(",")) & ids]
     path.write_text("\n".join(kept + ours) + "\n")
+
+
+def job_from_file(path: Path, job: str | None = None) -> dict:
+    """`write_inventory` arguments for the job in PATH (an inventory without hosts/ssh):
+    its keys as they are, `files:` sources made absolute (they are relative to PATH)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ProvisionError(f"{path}: cannot read the job: {e}") from None
+    if not isinstance(data, dict) or not data.get("job"):
+        raise ProvisionError(f"{path}: expected an inventory with at least `job:` and `pools:`")
+    data = {k: v for k, v in data.items() if k not in ("hosts", "ssh")}
+    base = Path(path).resolve().parent
+    for f in data.get("files") or []:
+        if isinstance(f, dict) and isinstance(f.get("src"), str) and not Path(f["src"]).expanduser().is_absolute():
+            slash = "/" if f["src"].endswith("/") else ""
+            f["src"] = str((base / f["src"]).resolve()) + slash
+    data["job"] = job or data["job"]
+    return data
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001

@@ -24,10 +24,12 @@ from ._paths import frameworks_dir, logs_dir
 from ._util import Progress, file_lock, no_progress, tail
 
 # name -> pip requirements. CPU builds: there are no GPUs on sandbox hosts. torch 2.13.0's
-# CPU wheel is found through pip's configured find-links on provision's machines.
+# CPU wheel is found through pip's configured find-links on provision's machines. torch does
+# not depend on numpy, but `Tensor.numpy()` (and so most training scripts) needs it; the
+# version is the one tensorflow-cpu 2.21 brings, so both layers agree.
 FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "tensorflow": ("tensorflow-cpu==2.21.0",),
-    "torch": ("torch==2.13.0",),
+    "torch": ("torch==2.13.0", "numpy==2.4.6"),
 }
 HOST_ROOT = "/opt/provision-sandbox/frameworks"
 HOST_PYTHON = (3, 11)  # Debian bookworm's python3

@@ -1,0 +1,519 @@
+"""`provision logs`: the journald output of a job's tasks, from every host at once.
+
+Each task's stdout and stderr go to journald under the identifier `provision-<job>-<task>`
+(the unit's SyslogIdentifier=). One SSH command per host runs `journalctl -o json` once
+per task of the job on that host; the entries are merged in time order and printed with a
+`task@host` prefix. `--follow` then keeps one `journalctl --follow` per host streaming
+(it follows the identifier, so a task that restarts keeps streaming), `-o DIR` writes
+DIR/<task>.log and remembers, per host and task, the journal cursor of the last entry
+written, so the next call appends only what is new.
+
+Journald's JSON needs care (see `message_lines`): MESSAGE may be missing or null, a list of
+byte values (not UTF-8, or containing control characters), or repeated (a list of values);
+progress bars rewrite their line with carriage returns; lines may be very long.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import click
+
+from .errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
+
+CURSOR_FILE = ".provision-logs.json"
+FIELDS = "MESSAGE,SYSLOG_IDENTIFIER"
+COLORS = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green",
+          "bright_yellow", "bright_magenta", "bright_blue", "red", "bright_red")
+_DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
+NO_MESSAGE = "(no message)"
+
+
+# --------------------------------------------------------------------------- parsing (pure)
+
+
+def _text(value) -> str:
+    """One MESSAGE value as text: a string, or a list of byte values (journald's JSON for
+    data that is not valid UTF-8 or holds control characters)."""
+    if value is None:
+        # journalctl prints null for fields it chose not to show (over 4096 bytes without
+        # --all, which provision passes); say so rather than print an empty line.
+        return NO_MESSAGE
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, int) for b in value):
+        try:
+            data = bytes(b & 0xFF for b in value)
+        except (TypeError, ValueError):
+            return NO_MESSAGE
+        return data.decode("utf-8", "replace")
+    return str(value)
+
+
+def terminal_text(line: str) -> str:
+    """What a terminal shows for a line that rewrites itself with carriage returns
+    (progress bars): the text after the last \\r. A trailing \\r (CRLF line ends) is
+    dropped first, so `done\\r` stays `done`."""
+    line = line.rstrip("\r")
+    if "\r" in line:
+        line = line.rsplit("\r", 1)[1]
+    return line
+
+
+def message_lines(entry: dict) -> list[str]:
+    """The printable lines of one journal entry ([] when it has no MESSAGE field).
+
+    A field repeated in one entry comes as a list of values, each a string or a list of
+    byte values; a single binary value is one list of integers."""
+    if "MESSAGE" not in entry:
+        return []
+    raw = entry["MESSAGE"]
+    if isinstance(raw, list) and raw and not all(isinstance(b, int) for b in raw):
+        values = raw  # repeated field: several values
+    else:
+        values = [raw]
+    out: list[str] = []
+    for v in values:
+        # journald splits stdout on \n itself; a value may still hold some (binary data,
+        # or a message sent over the native protocol): one output line each.
+        for part in _text(v).rstrip("\n").split("\n"):
+            out.append(terminal_text(part))
+    return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    ts: int  # __REALTIME_TIMESTAMP, µs since the epoch (host clock)
+    host: str
+    task: str
+    text: str
+    cursor: str
+
+
+def parse_line(line: bytes | str, host: str, tasks_by_ident: dict[str, str]) -> list[Entry] | dict | None:
+    """One line of `journalctl -o json`: a list of Entry (one per message line), a control
+    record of ours (a dict with a "__provision_*" key), or None for anything else (blank
+    lines, informational text, a cut-off line)."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "replace")
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    if any(k.startswith("__provision_") for k in entry):
+        return entry
+    ident = entry.get("SYSLOG_IDENTIFIER")
+    if isinstance(ident, list):  # repeated or binary: take the first printable one
+        ident = _text(ident[0]) if ident and not isinstance(ident[0], int) else _text(ident)
+    task = tasks_by_ident.get(ident) if isinstance(ident, str) else None
+    if task is None:
+        return None
+    try:
+        ts = int(entry.get("__REALTIME_TIMESTAMP") or 0)
+    except (TypeError, ValueError):
+        ts = 0
+    cursor = entry.get("__CURSOR") if isinstance(entry.get("__CURSOR"), str) else ""
+    return [Entry(ts, host, task, text, cursor) for text in message_lines(entry)]
+
+
+def normalize_since(since: str | None) -> str | None:
+    """`--since` for journalctl: `10m`, `2h`, `1d` (ago, as kubectl takes them), or
+    anything journalctl reads (`2024-05-01 12:00:00`, `yesterday`, `-5min`, `@EPOCH`)."""
+    if since is None:
+        return None
+    s = since.strip()
+    if not s:
+        raise ProvisionError("--since: empty; give a duration (10m, 2h, 1d) or a time (2024-05-01 12:00:00)")
+    m = _DURATION.match(s)
+    if m:
+        unit = {"s": "s", "m": "min", "h": "h", "d": "d", "w": "w"}[m.group(2)]
+        return f"-{m.group(1)}{unit}"
+    if re.match(r"^\d{4}-\d\d-\d\dT\d", s):
+        s = s.replace("T", " ", 1)
+    if s.endswith("Z"):
+        s = s[:-1] + " UTC"
+    return s
+
+
+def merge(batches: Iterable[list[Entry]]) -> list[Entry]:
+    """Entries of many hosts and tasks in time order; ties keep each host's own order."""
+    tagged = []
+    for b_i, batch in enumerate(batches):
+        for i, e in enumerate(batch):
+            tagged.append((e.ts, b_i, i, e))
+    tagged.sort(key=lambda t: t[:3])
+    return [t[3] for t in tagged]
+
+
+def iso(ts_us: int) -> str:
+    return _dt.datetime.fromtimestamp(ts_us / 1e6, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------- host commands
+
+
+def identifier(job: str, task: str) -> str:
+    return f"provision-{job}-{task}"
+
+
+def fetch_command(job: str, tasks: list[str], *, since: str | None, tail: int | None,
+                  cursors: dict[str, str] | None) -> str:
+    """One command for a host (`sh -c`, so a `sudo -n` prefix covers all of it): the host's
+    clock, then for each task its entries and journalctl's exit status (so a failure is
+    pinned on the task that had it)."""
+    parts = ['echo "{\\"__provision_now\\":$(date +%s%N)}"']
+    for task in tasks:
+        argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q",
+                f"--output-fields={FIELDS}", "-t", identifier(job, task)]
+        cursor = (cursors or {}).get(task)
+        if since:
+            argv += ["--since", since]
+        if cursor:
+            argv += ["--after-cursor", cursor]
+        elif tail is not None:
+            # -n counts from the end only without a start point: newest first, reversed here.
+            argv += ["--reverse", "-n", str(tail)]
+        parts.append(" ".join(shlex.quote(a) for a in argv))
+        parts.append('echo "{\\"__provision_rc\\":$?,\\"__provision_task\\":\\"%s\\"}"' % task)
+    return "sh -c " + shlex.quote("; ".join(parts))
+
+
+def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
+    """`journalctl --follow` that ends when the SSH channel closes.
+
+    Without a terminal nothing tells journalctl that its reader left until it next writes,
+    which for a quiet task may be never: a watcher holding the channel's stdin kills it on
+    EOF. (Asynchronous lists get /dev/null as stdin, hence the copy of fd 0 on fd 3.)"""
+    argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q", f"--output-fields={FIELDS}",
+            "--follow", "--since", f"@{since_epoch}"]
+    for task in tasks:
+        argv += ["-t", identifier(job, task)]
+    script = (
+        "exec 3<&0; " + " ".join(shlex.quote(a) for a in argv) + " </dev/null & j=$!; "
+        "(cat <&3 >/dev/null 2>&1; kill $j 2>/dev/null) >/dev/null 2>&1 & "
+        "wait $j"
+    )
+    return "sh -c " + shlex.quote(script)
+
+
+@dataclass
+class HostLog:
+    host: str
+    entries: list[Entry] = field(default_factory=list)
+    now_us: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def parse_fetch(host: str, stdout: bytes, stderr: bytes, tasks_by_ident: dict[str, str],
+                reversed_tasks: set[str]) -> HostLog:
+    """The output of `fetch_command` → a HostLog (entries in journal order per task)."""
+    out = HostLog(host)
+    per_task: dict[str, list[Entry]] = {}
+    err_lines = [l for l in stderr.decode("utf-8", "replace").splitlines() if l.strip()]
+    for raw in stdout.split(b"\n"):
+        got = parse_line(raw, host, tasks_by_ident)
+        if got is None:
+            continue
+        if isinstance(got, dict):
+            if "__provision_now" in got:
+                try:
+                    out.now_us = int(got["__provision_now"]) // 1000
+                except (TypeError, ValueError):
+                    pass
+            elif got.get("__provision_rc") not in (0, None):
+                why = "; ".join(err_lines) or f"journalctl exited {got['__provision_rc']}"
+                out.errors.append(f"{got.get('__provision_task')}: {why}")
+            continue
+        for e in got:
+            per_task.setdefault(e.task, []).append(e)
+    for task, es in per_task.items():
+        if task in reversed_tasks:
+            es.reverse()
+        out.entries.extend(es)
+    return out
+
+
+# --------------------------------------------------------------------------- cursors (-o DIR)
+
+
+def load_cursors(out_dir: Path, job: str) -> dict[str, dict[str, str]]:
+    path = out_dir / CURSOR_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ProvisionError(f"{path}: unreadable ({e}); delete it to fetch every line again") from None
+    if not isinstance(data, dict) or data.get("job") != job or not isinstance(data.get("cursors"), dict):
+        if isinstance(data, dict) and data.get("job") not in (None, job):
+            raise ProvisionError(
+                f"{out_dir}: holds the logs of job {data.get('job')!r}, not {job!r}; use another -o directory"
+            )
+        return {}
+    return {h: dict(c) for h, c in data["cursors"].items() if isinstance(c, dict)}
+
+
+def save_cursors(out_dir: Path, job: str, cursors: dict[str, dict[str, str]]) -> None:
+    path = out_dir / CURSOR_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"job": job, "cursors": cursors}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- output
+
+
+class Printer:
+    """Writes entries: to the terminal with a `task@host` prefix (a colour per task on a
+    terminal only), or to DIR/<task>.log. Thread-safe (follow mode prints from threads)."""
+
+    def __init__(self, task_order: list[str], hosts: dict[str, str], *, out_dir: Path | None,
+                 timestamps: bool, color: bool | None = None):
+        self.lock = threading.Lock()
+        self.out_dir = out_dir
+        self.timestamps = timestamps
+        self.color = color
+        self.colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(task_order)}
+        self.width = max((len(f"{t}@{hosts[t]}") for t in task_order), default=0)
+        self.files: dict[str, object] = {}
+        self.counts: dict[str, int] = {}
+        self.cursors: dict[str, dict[str, str]] = {}
+
+    def write(self, e: Entry) -> None:
+        with self.lock:
+            self.counts[e.task] = self.counts.get(e.task, 0) + 1
+            if e.cursor:
+                self.cursors.setdefault(e.host, {})[e.task] = e.cursor
+            if self.out_dir is not None:
+                f = self.files.get(e.task)
+                if f is None:
+                    f = open(self.out_dir / f"{e.task}.log", "a", encoding="utf-8", errors="replace")
+                    self.files[e.task] = f
+                f.write(f"{iso(e.ts)} {e.host} {e.text}\n")
+                return
+            prefix = f"{e.task}@{e.host}".ljust(self.width)
+            prefix = click.style(prefix, fg=self.colors.get(e.task))
+            stamp = f"{iso(e.ts)} " if self.timestamps else ""
+            click.echo(f"{stamp}{prefix} | {e.text}", color=self.color)
+
+    def flush(self) -> None:
+        with self.lock:
+            for f in self.files.values():
+                f.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            for f in self.files.values():
+                f.close()
+            self.files.clear()
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run_logs(
+    inventory: str,
+    tasks: tuple[str, ...] = (),
+    *,
+    state_path: str | None = None,
+    targets: tuple[str, ...] = (),
+    parallelism: int | None = None,
+    verbose: bool = False,
+    since: str | None = None,
+    tail: int | None = None,
+    follow: bool = False,
+    out_dir: str | None = None,
+    timestamps: bool = False,
+    stop: threading.Event | None = None,
+    echo_err: Callable[[str], None] = lambda s: click.echo(s, err=True),
+) -> int:
+    """Print (or write) the job's logs; returns the exit code (0, or 3 when a host was
+    unreachable: the others' logs were still shown)."""
+    from .engine import open_context
+    from .ssh import HostError
+
+    ctx = open_context(inventory, state_path=state_path, only=targets, parallelism=parallelism,
+                       verbose=verbose, render_secrets=False)
+    try:
+        job = ctx.inventory.job
+        assert ctx.rendered is not None
+        placed = [t for t in ctx.rendered.placement.tasks if t.host.name in ctx.targets]
+        names = [t.name for t in ctx.rendered.placement.tasks]
+        if tasks:
+            unknown = [t for t in tasks if t not in names]
+            if unknown:
+                raise ProvisionError(
+                    f"no task named {', '.join(unknown)} in job {job} (tasks: {', '.join(names)})"
+                )
+            placed = [t for t in placed if t.name in tasks]
+            if not placed:
+                raise ProvisionError(f"{', '.join(tasks)}: not on the --target hosts")
+        since_j = normalize_since(since)
+        if tail is not None and tail < 0:
+            raise ProvisionError(f"--tail {tail}: expected a number >= 0")
+        by_host: dict[str, list[str]] = {}
+        for t in placed:
+            by_host.setdefault(t.host.name, []).append(t.name)
+        host_of = {t.name: t.host.name for t in placed}
+        idents = {identifier(job, t.name): t.name for t in placed}
+        out_path = None
+        cursors: dict[str, dict[str, str]] = {}
+        if out_dir is not None:
+            out_path = Path(out_dir)
+            try:
+                out_path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ProvisionError(f"{out_dir}: cannot create: {e.strerror}") from None
+            cursors = load_cursors(out_path, job)
+        printer = Printer([t.name for t in placed], host_of, out_dir=out_path, timestamps=timestamps)
+        printer.cursors = {h: dict(c) for h, c in cursors.items()}
+        reversed_tasks_by_host = {
+            h: {t for t in ts if tail is not None and not cursors.get(h, {}).get(t)} for h, ts in by_host.items()
+        }
+
+        def fetch(tg) -> HostLog:
+            cmd = fetch_command(job, by_host[tg.name], since=since_j, tail=tail, cursors=cursors.get(tg.name))
+            res = ctx.session.run(tg, cmd, timeout=300)
+            return parse_fetch(tg.name, res.stdout, res.stderr, idents, reversed_tasks_by_host[tg.name])
+
+        results = ctx.session.map(fetch, [ctx.targets[h] for h in by_host])
+        logs = [r for r in results.values() if isinstance(r, HostLog)]
+        for hl in logs:
+            if tail is not None:  # with a cursor, --tail is applied here
+                per: dict[str, list[Entry]] = {}
+                for e in hl.entries:
+                    per.setdefault(e.task, []).append(e)
+                hl.entries = [e for es in per.values() for e in (es[-tail:] if tail else [])]
+        for e in merge(hl.entries for hl in logs):
+            printer.write(e)
+        printer.flush()
+        code = EXIT_OK
+        bad_hosts = []
+        for name, r in results.items():
+            if isinstance(r, HostError):
+                echo_err(f"Error: {r.target.where}: {r.message}")
+                bad_hosts.append(name)
+                code = EXIT_UNREACHABLE if r.unreachable else max(code, EXIT_ERROR)
+            else:
+                for msg in r.errors:
+                    echo_err(f"Error: {ctx.targets[name].where}: journalctl for {msg}")
+                    code = code if code == EXIT_UNREACHABLE else EXIT_ERROR
+        if out_path is not None:
+            save_cursors(out_path, job, printer.cursors)
+        if follow:
+            live = [hl for hl in logs if not hl.errors]
+            code2 = _follow(ctx, job, by_host, idents, live, printer, out_path, stop or threading.Event(), echo_err)
+            code = code if code == EXIT_UNREACHABLE else max(code, code2)
+        printer.close()
+        if out_path is not None:
+            for t in placed:
+                n = printer.counts.get(t.name, 0)
+                echo_err(f"{t.name}@{t.host.name}: {n} new line{'s' if n != 1 else ''} -> {out_path / (t.name + '.log')}")
+            save_cursors(out_path, job, printer.cursors)
+        if bad_hosts:
+            echo_err(f"Unreachable: {', '.join(sorted(bad_hosts))}. The other hosts' logs are above.")
+        return code
+    finally:
+        ctx.close()
+
+
+def _follow(ctx, job: str, by_host: dict[str, list[str]], idents: dict[str, str], logs: list[HostLog],
+            printer: Printer, out_path: Path | None, stop: threading.Event,
+            echo_err: Callable[[str], None]) -> int:
+    """Stream from every host at once until `stop` is set (Ctrl-C in the CLI).
+
+    Each host's stream starts at the second its fetch began (`--since @T`, T from the
+    host's clock), and entries already printed are skipped by cursor, so nothing written
+    between the fetch and the stream is lost or shown twice. A stream that breaks (the
+    host rebooted, the connection dropped) is started again from its last entry."""
+    from .ssh import HostError
+
+    state: dict[str, dict] = {}
+    for hl in logs:
+        start = (hl.now_us or int(time.time() * 1e6)) // 1_000_000
+        seen = {e.cursor for e in hl.entries if e.ts >= start * 1_000_000 and e.cursor}
+        state[hl.host] = {"start": start, "seen": seen, "recent": []}
+    failures: dict[str, str] = {}
+
+    def on_entry(host: str, e: Entry) -> None:
+        st = state[host]
+        if e.cursor and e.cursor in st["seen"]:
+            return
+        printer.write(e)
+        if e.cursor:
+            st["recent"].append((e.ts, e.cursor))
+            newest = st["recent"][-1][0]
+            while st["recent"] and st["recent"][0][0] < newest - 1_000_000:
+                st["recent"].pop(0)
+
+    def run_host(host: str) -> None:
+        tg = ctx.targets[host]
+        warned = False
+        while not stop.is_set():
+            st = state[host]
+            cmd = follow_command(job, by_host[host], st["start"])
+
+            def on_line(raw: bytes, host=host) -> None:
+                got = parse_line(raw, host, idents)
+                if isinstance(got, list):
+                    for e in got:
+                        on_entry(host, e)
+
+            try:
+                ctx.session.stream(tg, cmd, on_line, stop=stop)
+                why = "the log stream ended"
+            except HostError as e:
+                why = e.message
+            except Exception as e:  # noqa: BLE001 - connection lost mid-stream: report, retry
+                # (the session reconnects on the next call: it checks the connection first)
+                why = f"connection lost: {e or type(e).__name__}"
+            if stop.is_set():
+                return
+            failures[host] = why
+            if not warned:
+                echo_err(f"Warning: {tg.where}: {why}; retrying every 2 s")
+                warned = True
+            # Resume from the newest entry seen, skipping what was printed in that second.
+            if st["recent"]:
+                newest = st["recent"][-1][0] // 1_000_000
+                st["start"] = newest
+                st["seen"] = {c for ts, c in st["recent"] if ts >= newest * 1_000_000}
+            stop.wait(2.0)
+
+    threads = [threading.Thread(target=run_host, args=(h,), daemon=True, name=f"logs-{h}") for h in state]
+    for t in threads:
+        t.start()
+    last_save = time.monotonic()
+    try:
+        while any(t.is_alive() for t in threads) and not stop.is_set():
+            stop.wait(0.5)
+            if out_path is not None and time.monotonic() - last_save > 2:
+                printer.flush()
+                save_cursors(out_path, job, printer.cursors)
+                last_save = time.monotonic()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: we are leaving
+        for t in threads:
+            t.join(timeout=5)
+    return EXIT_OK

@@ -1,0 +1,216 @@
+"""Task states and the job phase from what hosts report (status.py). No hosts.
+
+The unit properties and exit records below are the shapes systemd 252 and the unit's
+ExecStop/ExecStopPost lines produce (checked on sandbox hosts by tests/integration/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
+from provision.placement import place
+from provision.render import unit_name
+from provision.status import job_status, restarts, task_state
+
+ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+AUTO_RESTART = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "auto-restart"}
+FAILED = {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
+DEAD = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "Result": "success"}
+NOT_FOUND = {"LoadState": "not-found", "ActiveState": "inactive"}
+
+
+def rec(t, result, kind, status, stop=False):
+    return [str(t), result, kind, status] + (["stop"] if stop else [])
+
+
+# ------------------------------------------------------------------ one task
+
+
+def test_never_applied_and_never_started():
+    assert task_state(None) == ("Pending", None, "not applied")
+    assert task_state(NOT_FOUND, [])[0] == "Pending"
+    assert task_state({**DEAD, "ExecMainCode": "0"}, [])[:2] == ("Pending", None)
+
+
+def test_running_and_starting():
+    assert task_state(ACTIVE, [])[0] == "Running"
+    assert task_state({**ACTIVE, "ActiveState": "activating", "SubState": "start"}, [])[0] == "Running"
+    assert task_state({**ACTIVE, "ActiveState": "deactivating"}, [])[2] == "stopping"
+
+
+def test_exit_0_is_succeeded():
+    assert task_state(DEAD, [rec(1, "success", "exited", "0")]) == ("Succeeded", 0, "exited 0")
+
+
+def test_exit_code_is_failed_with_the_code():
+    assert task_state(FAILED, [rec(1, "exit-code", "exited", "3")]) == ("Failed", 3, "exit code 3")
+
+
+def test_killed_by_a_signal_it_did_not_ask_for():
+    state, code, detail = task_state({**FAILED, "Result": "signal"}, [rec(1, "signal", "killed", "KILL")])
+    assert (state, code) == ("Failed", None) and detail == "killed by SIGKILL"
+
+
+def test_stop_mark_makes_a_clean_exit_on_sigterm_stopped():
+    # A server that catches SIGTERM and exits 0 (tf.distribute.Server in the examples).
+    ex = [rec(5, "success", "exited", "0", stop=True)]
+    assert task_state(DEAD, ex) == ("Stopped", 0, "stopped by hand (exited 0)")
+    assert task_state(DEAD, ex, {"phase": "Succeeded"}) == (
+        "Stopped", 0, "stopped by provision: job succeeded (exited 0)")
+
+
+def test_killed_by_sigterm_on_stop():
+    ex = [rec(5, "success", "killed", "TERM", stop=True)]
+    assert task_state(DEAD, ex, {"phase": "Failed"}) == (
+        "Stopped", None, "stopped by provision: job failed (killed by SIGTERM)")
+    # Records written before the stop mark existed: killed with result success is a stop.
+    assert task_state(DEAD, [rec(5, "success", "killed", "TERM")])[0] == "Stopped"
+
+
+def test_stop_while_waiting_to_restart():
+    ex = [rec(1, "exit-code", "exited", "1"), rec(2, "success", "none", "-", stop=True)]
+    assert task_state(FAILED, ex, {"phase": "Succeeded"}) == (
+        "Stopped", None, "stopped by provision: job succeeded (between tries)")
+
+
+def test_restarting_until_the_limit_then_failed():
+    one = [rec(1, "exit-code", "exited", "3")]
+    assert task_state(AUTO_RESTART, one, None, 2) == ("Restarting", 3, "last try: exit code 3")
+    two = one + [rec(2, "exit-code", "exited", "3")]
+    assert task_state(AUTO_RESTART, two, None, 2)[0] == "Restarting"
+    three = two + [rec(3, "exit-code", "exited", "3")]
+    # systemd still waits RestartSec before refusing the 4th start: the budget is spent now.
+    assert task_state(AUTO_RESTART, three, None, 2) == ("Failed", 3, "exit code 3, restart limit (2) reached")
+    # ...and after the refused start (systemd 252 keeps Result=exit-code).
+    assert task_state(FAILED, three, None, 2) == ("Failed", 3, "exit code 3, restart limit (2) reached")
+    assert task_state({**FAILED, "Result": "start-limit-hit"}, three)[2].endswith("restart limit (?) reached")
+    # Without the limit (plan's view) it is still Restarting.
+    assert task_state(AUTO_RESTART, three)[0] == "Restarting"
+
+
+def test_never_policy_failure_does_not_mention_a_limit():
+    assert task_state(FAILED, [rec(1, "exit-code", "exited", "1")], None, 0) == ("Failed", 1, "exit code 1")
+
+
+def test_unit_file_gone_but_outcome_recorded():
+    assert task_state(NOT_FOUND, [rec(1, "success", "exited", "0")])[0] == "Succeeded"
+
+
+def test_no_record_falls_back_to_systemd():
+    u = {**FAILED, "ExecMainCode": "1", "ExecMainStatus": "7"}
+    assert task_state(u, []) == ("Failed", 7, "exit code 7")
+
+
+def test_restart_count():
+    three = [rec(i, "exit-code", "exited", "3") for i in range(3)]
+    assert restarts(ACTIVE, three) == 3  # running its 4th try
+    assert restarts(AUTO_RESTART, three[:2]) == 2  # the 2nd restart is under way
+    assert restarts(FAILED, three) == 2  # the 3rd exit was the last
+    assert restarts(DEAD, []) == 0
+
+
+# ------------------------------------------------------------------ the job
+
+
+def _inv(pools: dict[str, tuple[int, RestartPolicy]], success="chief") -> Inventory:
+    ssh = SSHSettings()
+    hosts = tuple(Host(f"h{i}", f"10.0.0.{i}", ssh, f"h{i}") for i in range(1, 4))
+    order = ("chief", "worker", "ps", "reduction_server", "evaluator")
+    ps = tuple(Pool(r, n, command=("/bin/true",), restart=rp) for r, (n, rp) in sorted(pools.items(), key=lambda kv: order.index(kv[0])))
+    return Inventory(Path("/x/inv.yaml"), "j", ssh, hosts, ps, success=success)
+
+
+def _status(inv, states: dict[str, tuple[dict, list]], ended=None, unreachable=()):
+    placement = place(inv)
+    tasks = [(t, unit_name(inv.job, t.name)) for t in placement.tasks]
+    reports: dict[str, dict] = {}
+    for t, unit in tasks:
+        if t.host.name in unreachable:
+            continue
+        r = reports.setdefault(t.host.name, {"units": {}, "exits": {}, "lifecycle": ended, "now": 100, "now_monotonic_us": 1})
+        u, ex = states.get(t.name, (None, []))
+        if u is not None:
+            r["units"][unit] = u
+        r["exits"][unit] = ex
+    return job_status(inv, tasks, reports, list(unreachable))
+
+
+NEVER = RestartPolicy("Never", 0)
+
+
+def test_chief_exit_0_succeeds_and_long_lived_tasks_stop():
+    inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER), "ps": (1, NEVER)})
+    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+                       "worker-0": (ACTIVE, []), "ps-0": (ACTIVE, [])})
+    assert (st.phase, st.reason) == ("Succeeded", "chief-0 exited 0")
+    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+                       "worker-0": (DEAD, [rec(11, "success", "exited", "0", stop=True)]),
+                       "ps-0": (DEAD, [rec(12, "success", "killed", "TERM", stop=True)])},
+                 ended={"phase": "Succeeded"})
+    assert st.phase == "Succeeded"
+    assert [t.state for t in st.tasks] == ["Succeeded", "Stopped", "Stopped"]
+    assert st.task("ps-0").detail == "stopped by provision: job succeeded (killed by SIGTERM)"
+
+
+def test_failure_after_success_does_not_undo_it():
+    # A DDP worker that loses its peers as the chief leaves, before provision stops it.
+    inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
+    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+                       "worker-0": (FAILED, [rec(11, "exit-code", "exited", "1")])})
+    assert st.phase == "Succeeded"
+    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+                       "worker-0": (FAILED, [rec(9, "exit-code", "exited", "1")])})
+    assert (st.phase, st.reason) == ("Failed", "worker-0 on h2 failed: exit code 1")
+
+
+def test_worker_out_of_restarts_fails_the_job_and_says_who_and_how():
+    inv = _inv({"chief": (1, NEVER), "worker": (1, RestartPolicy("OnFailure", 2))})
+    three = [rec(i, "exit-code", "exited", "3") for i in range(3)]
+    st = _status(inv, {"chief-0": (ACTIVE, []), "worker-0": (FAILED, three)})
+    assert st.phase == "Failed"
+    assert st.reason == "worker-0 on h2 failed: exit code 3, restart limit (2) reached"
+    w = st.task("worker-0")
+    assert (w.exit_code, w.restarts, w.ended_at) == (3, 2, 2.0)
+    st = _status(inv, {"chief-0": (ACTIVE, []), "worker-0": (AUTO_RESTART, three[:1])})
+    assert (st.phase, st.task("worker-0").state, st.task("worker-0").restarts) == ("Running", "Restarting", 1)
+
+
+def test_all_workers_policy_and_no_chief():
+    inv = _inv({"worker": (2, NEVER)}, success="all_workers")
+    ok = (DEAD, [rec(1, "success", "exited", "0")])
+    assert _status(inv, {"worker-0": ok, "worker-1": (ACTIVE, [])}).phase == "Running"
+    assert _status(inv, {"worker-0": ok, "worker-1": ok}).reason == "every worker exited 0"
+    inv = _inv({"worker": (2, NEVER)})
+    assert _status(inv, {"worker-0": ok, "worker-1": (ACTIVE, [])}).reason == "worker-0 exited 0"
+
+
+def test_pending_unknown_and_everything_stopped_by_hand():
+    inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
+    assert _status(inv, {}).phase == "Pending"
+    st = _status(inv, {"worker-0": (ACTIVE, [])}, unreachable=("h1",))
+    assert st.phase == "Running" and st.task("chief-0").state == "Unknown"
+    st = _status(inv, {}, unreachable=("h1", "h2"))
+    assert st.phase == "Unknown"
+    stopped = (DEAD, [rec(1, "success", "killed", "TERM", stop=True)])
+    st = _status(inv, {"chief-0": stopped, "worker-0": stopped})
+    assert st.phase == "Failed" and "stopped by hand" in st.reason
+
+
+@pytest.mark.parametrize("policy, limit, expect", [
+    ("Never", 0, {"restart": "no", "start_limit_burst": 0}),
+    ("OnFailure", 2, {"restart": "on-failure", "start_limit_burst": 3, "restart_prevent": ""}),
+    ("Always", 1, {"restart": "always", "start_limit_burst": 2}),
+    ("ExitCode", 4, {"restart": "on-failure", "start_limit_burst": 5}),
+])
+def test_restart_policy_mapping(policy, limit, expect):
+    from provision.render import _restart
+
+    pool = Pool("worker", 1, command=("/bin/true",), restart=RestartPolicy(policy, limit))
+    got = _restart(pool)
+    for k, v in expect.items():
+        assert got[k] == v
+    if policy == "ExitCode":
+        assert got["restart_prevent"].split() == [str(i) for i in range(1, 128)]
