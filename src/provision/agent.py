@@ -1,19 +1,101 @@
 """Runs ON the host, sent over SSH for each call: stdlib only, no state of its own.
 
-The controller starts `python3 -c BOOT N` and writes N bytes of this file followed by a
+The controller starts `python3 -S -c BOOT N` and writes N bytes of this file followed by a
 JSON request to stdin; the answer is one JSON document on stdout. One request does a whole
 step on a host (read everything plan needs, or write every file), so each step costs one
 SSH round trip per host. Facts (what the host reports) come back as data; deciding what to
 change stays on the controller.
 """
 
-import base64
-import hashlib
-import json
+import binascii
 import os
-import subprocess
+import select
 import sys
 import time
+
+# Every call starts a fresh interpreter, and importing json, base64, hashlib and subprocess
+# (re, enum, OpenSSL, threading...) cost more CPU than a probe's own work. Their C cores
+# do the same job: same bytes in and out, the modules themselves only where these are missing.
+try:
+    import _json
+
+    class json:  # noqa: N801 - stands in for the module: loads and dumps as json does them
+        _scan = _json.make_scanner(type("ctx", (), {
+            "strict": True, "object_hook": None, "object_pairs_hook": None, "parse_float": float,
+            "parse_int": int, "memo": {},
+            "parse_constant": {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__,
+        })())
+        _str = _json.encode_basestring_ascii
+
+        @staticmethod
+        def loads(s):
+            ws = " \t\n\r"
+            try:
+                obj, end = json._scan(s, len(s) - len(s.lstrip(ws)))
+                if not s[end:].strip(ws):
+                    return obj
+            except StopIteration:
+                pass
+            import json as module  # not JSON: the module raises exactly what it would have
+
+            return module.loads(s)
+
+        @staticmethod
+        def dumps(o):
+            if isinstance(o, str):
+                return json._str(o)
+            if o is None or o is True or o is False:
+                return {None: "null", True: "true", False: "false"}[o]
+            if isinstance(o, int):
+                return int.__repr__(o)
+            if isinstance(o, float):
+                return float.__repr__(o) if o == o and abs(o) != float("inf") else (
+                    "NaN" if o != o else "Infinity" if o > 0 else "-Infinity")
+            if isinstance(o, dict):
+                return "{" + ", ".join(json._str(json._key(k)) + ": " + json.dumps(v) for k, v in o.items()) + "}"
+            if isinstance(o, (list, tuple)):
+                return "[" + ", ".join(json.dumps(v) for v in o) + "]"
+            raise TypeError("Object of type %s is not JSON serializable" % type(o).__name__)
+
+        @staticmethod
+        def _key(k):
+            if isinstance(k, str):
+                return k
+            if k is None or isinstance(k, (bool, int, float)):
+                return json.dumps(k)
+            raise TypeError("keys must be str, int, float, bool or None, not %s" % type(k).__name__)
+except (ImportError, AttributeError):
+    import json
+
+
+class base64:  # noqa: N801 - the two calls the agent makes, straight from binascii
+    @staticmethod
+    def b64encode(data):
+        return binascii.b2a_base64(data, newline=False)
+
+    @staticmethod
+    def b64decode(s):
+        return binascii.a2b_base64(s)
+
+
+def _sha256():
+    """The interpreter's own SHA-256 (no OpenSSL to load), else hashlib's."""
+    for name in ("_sha256", "_sha2"):
+        try:
+            return __import__(name).sha256()
+        except (ImportError, AttributeError):
+            pass
+    import hashlib
+
+    return hashlib.sha256()
+
+
+try:  # what subprocess resets in its children; _signal, not signal (its enums cost time)
+    import _signal
+
+    _SIGDEF = (_signal.SIGPIPE, _signal.SIGXFSZ)
+except (ImportError, AttributeError):
+    _SIGDEF = ()
 
 UNIT_PROPS = (
     "Id", "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus",
@@ -63,7 +145,12 @@ def reset_exits(job, units):
 
 
 def sha256_file(path):
-    h = hashlib.sha256()
+    if os.path.getsize(path) > 1 << 20:  # big files: OpenSSL's SHA-256 is worth loading
+        import hashlib
+
+        h = hashlib.sha256()
+    else:
+        h = _sha256()
     with open(path, "rb") as f:
         while True:
             chunk = f.read(1 << 20)
@@ -84,6 +171,63 @@ def read_json(path):
 
 
 def run(argv, timeout=60):
+    """(exit code, stdout, stderr) of argv: subprocess.run with pipes and a timeout, done
+    with posix_spawn (Python 3.8+), because importing subprocess costs more CPU than a
+    probe's own work."""
+    if not hasattr(os, "posix_spawnp"):
+        return _run_subprocess(argv, timeout)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ, setsigdef=_SIGDEF,
+                              file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    except FileNotFoundError:
+        os.close(out_r)
+        os.close(err_r)
+        return 127, "", argv[0] + ": not found"
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    chunks = {out_r: [], err_r: []}
+    poller = select.poll()
+    for fd in chunks:
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    left, status = len(chunks), None
+    try:
+        while left:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                break
+            for fd, _ in poller.poll(wait * 1000):
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    poller.unregister(fd)
+                    left -= 1
+        while not left:  # both pipes closed: reap it, still within the timeout
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.001)
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    if status is None:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return 124, "", argv[0] + ": timed out after %ss" % timeout
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return code, b"".join(chunks[out_r]).decode("utf-8", "replace"), b"".join(chunks[err_r]).decode("utf-8", "replace")
+
+
+def _run_subprocess(argv, timeout):
+    import subprocess
+
     try:
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
         return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
@@ -134,7 +278,17 @@ def file_info(path, want_sha, content_max):
     return info
 
 
-def facts():
+def facts(only=None):
+    """What the host reports (`provision facts`). With `only` (plan and apply), just what
+    they check: systemd as PID 1 and the groups named, "gpus" and/or "tpu", so hosts that
+    declare no accelerators run no nvidia-smi on every plan."""
+    if only is not None:
+        out = {"systemd_pid1": os.path.isdir("/run/systemd/system")}
+        if "gpus" in only:
+            out.update(gpu_facts())
+        if "tpu" in only:
+            out["tpu_chips"] = tpu_chips()
+        return out
     out = {"hostname": os.uname()[1], "kernel": os.uname()[2], "cpus": os.cpu_count(),
            "python": "%d.%d.%d" % sys.version_info[:3]}
     osr = {}
@@ -156,7 +310,15 @@ def facts():
     out["systemd_pid1"] = os.path.isdir("/run/systemd/system")
     code, so, _ = run(["systemctl", "--version"], timeout=10)
     out["systemd"] = so.splitlines()[0] if code == 0 and so else None
+    out.update(gpu_facts())
+    out["tpu_chips"] = tpu_chips()
+    out["docker"] = any(os.access(os.path.join(d, "docker"), os.X_OK) for d in ("/usr/bin", "/usr/local/bin"))
+    return out
+
+
+def gpu_facts():
     gpus = []
+    out = {}
     code, so, se = run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total",
                         "--format=csv,noheader,nounits"], timeout=20)
     if code == 0:
@@ -169,12 +331,14 @@ def facts():
     else:
         out["nvidia_smi"] = "missing" if code == 127 else (se.strip() or so.strip() or "exit %d" % code)
     out["gpus"] = gpus
-    try:
-        out["tpu_chips"] = len([d for d in os.listdir("/dev") if d.startswith("accel") and d[5:].isdigit()])
-    except OSError:
-        out["tpu_chips"] = 0
-    out["docker"] = any(os.access(os.path.join(d, "docker"), os.X_OK) for d in ("/usr/bin", "/usr/local/bin"))
     return out
+
+
+def tpu_chips():
+    try:
+        return len([d for d in os.listdir("/dev") if d.startswith("accel") and d[5:].isdigit()])
+    except OSError:
+        return 0
 
 
 def op_probe(req):
@@ -203,7 +367,7 @@ def op_probe(req):
         "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
     }
     if req.get("facts"):
-        out["facts"] = facts()
+        out["facts"] = facts(req.get("facts_only"))
     return out
 
 
@@ -383,6 +547,11 @@ def op_destroy(req):
             for name in os.listdir(d):
                 os.unlink(os.path.join(d, name))
             os.rmdir(d)
+    for d in (os.path.dirname(jd), os.path.dirname(state_dir(job))):
+        try:
+            os.rmdir(d)  # /etc/provision, /var/lib/provision: only when no other job is left
+        except OSError:
+            pass
     code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
     if code != 0:
         errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
@@ -390,7 +559,18 @@ def op_destroy(req):
     return {"removed": removed, "stopped": units, "errors": errors}
 
 
-OPS = {"probe": op_probe, "write": op_write, "units": op_units, "destroy": op_destroy}
+def op_batch(req):
+    """Several requests in one round trip, in order, stopping after the first with errors
+    (apply writes a host's files and starts its first tasks this way)."""
+    results = []
+    for sub in req["requests"]:
+        results.append(OPS[sub["op"]](sub))
+        if results[-1].get("errors"):
+            break
+    return {"results": results}
+
+
+OPS = {"probe": op_probe, "write": op_write, "units": op_units, "destroy": op_destroy, "batch": op_batch}
 
 
 def main():

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ProvisionError
+from .facts import needed as needed_facts
 from .inventory import load
 from .model import Inventory
 from .plan import HostPlan, Plan, make_plan, plan_host, task_phase
@@ -85,13 +86,18 @@ def open_context(
 # --------------------------------------------------------------------------- probe + plan
 
 
-def probe(ctx: Context, *, facts: bool = True, files: bool = True, only: set[str] | None = None) -> dict[str, dict | HostError]:
+def probe(ctx: Context, *, facts: bool | str = True, files: bool = True, only: set[str] | None = None) -> dict[str, dict | HostError]:
+    """One agent round trip per host. facts: True (all), False, or "check": only those that
+    plan checks against the inventory (facts.mismatches), which is much cheaper."""
     rendered = ctx.rendered
     job = ctx.inventory.job
+    hosts = {h.name: h for h in ctx.inventory.hosts}
 
     def one(t: Target) -> dict:
         bundle = rendered.hosts.get(t.name) if rendered else None
-        req = {"op": "probe", "job": job, "facts": facts, "files": files, "content_max": 256 * 1024}
+        req = {"op": "probe", "job": job, "facts": bool(facts), "files": files, "content_max": 256 * 1024}
+        if facts == "check":
+            req["facts_only"] = needed_facts(hosts.get(t.name))
         if bundle is not None:
             req["want"] = {f.path: f.sha256 for f in bundle.files}
             req["units"] = [u.unit for u in bundle.tasks]
@@ -107,7 +113,7 @@ def build_plan(ctx: Context, *, replace: set[str] | None = None, facts: bool = T
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    reports = probe(ctx, facts=facts)
+    reports = probe(ctx, facts="check" if facts else False)
     return make_plan(ctx.rendered, ctx.targets, reports, replace=replace)
 
 
@@ -192,6 +198,37 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
             o.error = o.error or message
             o.unreachable = o.unreachable or unreachable
 
+    def start_request(t: Target, phase: int) -> dict:
+        units = [x.unit for x in starts[t.name] if x.phase == phase]
+        req = {"op": "units", "job": job, "actions": [["reset-failed", units], ["restart", units]], "report": units}
+        if last_phase[t.name] == phase:
+            req["manifest"] = _b64(manifests[t.name][2])
+        return req
+
+    def started(t: Target, phase: int, res: dict) -> None:
+        movers = [x for x in starts[t.name] if x.phase == phase]
+        bad = []
+        for x in movers:
+            st = res["units"].get(x.unit, {})
+            if _unit_ok(st, res.get("exits", {}).get(x.unit)):
+                outcomes[t.name].started.append(x.task)
+            else:
+                bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')})")
+                outcomes[t.name].failed_tasks.append(x.task)
+        if res["errors"] or bad:
+            raise HostError(t, "; ".join(res["errors"] + bad) + f"; see `provision logs {ctx.inventory.path.name} TASK`")
+        progress(f"{t.name}: started {', '.join(x.task for x in movers)}")
+        if last_phase[t.name] == phase:
+            ctx.state.update(host=t.name, entry=_state_entry(t, work[t.name]))
+
+    # The first phase to start needs nothing started before it: when nothing stops anywhere
+    # (stops must finish on every host first), a host's tasks of that phase start in the
+    # same round trip as its files are written, one agent call instead of two.
+    first = min((x.phase for ts in starts.values() for x in ts), default=None)
+    if any(hp.bundle is None or any(x.action == "stop" for x in hp.tasks) for hp in work.values()):
+        first = None
+    early: set[str] = set()
+
     # 1. Files, everywhere at once; tasks leaving the job are stopped first.
     def write(t: Target) -> None:
         hp = work[t.name]
@@ -219,42 +256,32 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
             "clear_lifecycle": bool(starts[t.name]),
             "manifest": _b64(final if last_phase[t.name] < 0 else interim),
         }
-        res = call_agent(ctx.session, t, req)
+        go = first is not None and any(x.phase == first for x in starts[t.name])
+        if go:
+            both = call_agent(ctx.session, t, {"op": "batch", "requests": [req, start_request(t, first)]})["results"]
+            res = both[0]
+        else:
+            res = call_agent(ctx.session, t, req)
         if res["errors"]:
             raise HostError(t, "; ".join(res["errors"]))
         progress(f"{t.name}: wrote {res['written']} files, removed {res['removed']}")
         if last_phase[t.name] < 0:
             ctx.state.update(host=t.name, entry=_state_entry(t, hp))
+        if go:
+            early.add(t.name)
+            started(t, first, both[1])
 
     _run_step(ctx, work, write, fail)
 
     # 2. Tasks, phase by phase across all hosts.
     for phase in (0, 1, 2):
         movers = {n: [x for x in ts if x.phase == phase] for n, ts in starts.items()}
-        movers = {n: ts for n, ts in movers.items() if ts and outcomes[n].error is None}
+        movers = {n: ts for n, ts in movers.items() if ts and outcomes[n].error is None and not (phase == first and n in early)}
         if not movers:
             continue
 
-        def start(t: Target, phase=phase, movers=movers) -> None:
-            hp = work[t.name]
-            units = [x.unit for x in movers[t.name]]
-            req = {"op": "units", "job": job, "actions": [["reset-failed", units], ["restart", units]], "report": units}
-            if last_phase[t.name] == phase:
-                req["manifest"] = _b64(manifests[t.name][2])
-            res = call_agent(ctx.session, t, req)
-            bad = []
-            for x in movers[t.name]:
-                st = res["units"].get(x.unit, {})
-                if _unit_ok(st, res.get("exits", {}).get(x.unit)):
-                    outcomes[t.name].started.append(x.task)
-                else:
-                    bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')})")
-                    outcomes[t.name].failed_tasks.append(x.task)
-            if res["errors"] or bad:
-                raise HostError(t, "; ".join(res["errors"] + bad) + f"; see `provision logs {ctx.inventory.path.name} TASK`")
-            progress(f"{t.name}: started {', '.join(x.task for x in movers[t.name])}")
-            if last_phase[t.name] == phase:
-                ctx.state.update(host=t.name, entry=_state_entry(t, hp))
+        def start(t: Target, phase=phase) -> None:
+            started(t, phase, call_agent(ctx.session, t, start_request(t, phase)))
 
         _run_step(ctx, {n: work[n] for n in movers}, start, fail)
     return outcomes

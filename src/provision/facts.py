@@ -25,6 +25,14 @@ def mismatches(host: Host, facts: dict) -> list[str]:
     return out
 
 
+def needed(host: Host | None) -> list[str]:
+    """The fact groups `mismatches` reads besides systemd: the agent's `facts_only`."""
+    acc = host.accelerators if host is not None else None
+    if not (acc and acc.count):
+        return []
+    return ["gpus"] if acc.kind == "gpu" else ["tpu"]
+
+
 def summary_row(name: str, facts: dict) -> dict:
     gpus = facts.get("gpus", [])
     names = sorted({g["name"] for g in gpus})
