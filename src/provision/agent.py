@@ -430,6 +430,15 @@ def systemctl(verb, units, errors):
         errors.append("systemctl %s %s: %s" % (verb, " ".join(units), err.strip() or "exit %d" % code))
 
 
+def _loaded(units):
+    """Does systemd see these new unit files without a daemon-reload? systemd 246+ looks
+    again for units it did not find before; older ones, or a stale unit, say no."""
+    if not units:
+        return True
+    return all(st.get("LoadState") == "loaded" and st.get("NeedDaemonReload") != "yes"
+               for st in unit_states(units).values())
+
+
 def op_write(req):
     job = req["job"]
     jd = job_dir(job)
@@ -455,7 +464,7 @@ def op_write(req):
             removed += 1
         except FileNotFoundError:
             pass
-    if req.get("daemon_reload"):
+    if req.get("daemon_reload") or not _loaded(req.get("load_units", [])):
         code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
         if code != 0:
             errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
