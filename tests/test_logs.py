@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 
 import pytest
 
@@ -184,6 +185,8 @@ def test_follow_command_kills_journalctl_when_the_channel_closes():
     # With journalctl replaced by a long sleep: closing stdin ends the whole command.
     fake = "journalctl() { exec sleep 30; }; " + script
     p = subprocess.Popen(["sh", "-c", fake], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    time.sleep(1)
+    assert p.poll() is None  # follows while the channel (stdin) is open
     p.stdin.close()
     assert p.wait(timeout=10) != 0  # the sleep was killed, well before its 30 s
 
