@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 import time
 
 import pytest
@@ -237,3 +238,21 @@ def test_printer_colours_only_when_asked(capsys):
     p = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False)  # not a tty
     p.write(L.Entry(1, "h1", "chief-0", "x", ""))
     assert "\x1b[" not in capsys.readouterr().out
+
+
+def test_reader_going_away_is_not_an_error():
+    """`provision logs INV | head -1`: no BrokenPipeError traceback, the printer stops."""
+    code = (
+        "import sys\n"
+        "from provision import logs as L\n"
+        "p = L.Printer(['t'], {'t': 'h'}, out_dir=None, timestamps=False)\n"
+        "stopped = []\n"
+        "p.on_pipe_closed = lambda: stopped.append(1)\n"
+        "for i in range(200000):\n"
+        "    p.write(L.Entry(i, 'h', 't', 'line %d' % i, ''))\n"
+        "assert p.pipe_closed and stopped == [1]\n"
+    )
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} | head -1", shell=True,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout == "t@h | line 0\n"
+    assert r.stderr == ""

@@ -236,7 +236,7 @@ def parse_fetch(host: str, stdout: bytes, stderr: bytes, tasks_by_ident: dict[st
                 except (TypeError, ValueError):
                     pass
             elif got.get("__provision_rc") not in (0, None):
-                why = "; ".join(err_lines) or f"journalctl exited {got['__provision_rc']}"
+                why = "; ".join(dict.fromkeys(err_lines)) or f"journalctl exited {got['__provision_rc']}"
                 out.errors.append(f"{got.get('__provision_task')}: {why}")
             continue
         for e in got:
@@ -293,9 +293,13 @@ class Printer:
         self.files: dict[str, object] = {}
         self.counts: dict[str, int] = {}
         self.cursors: dict[str, dict[str, str]] = {}
+        self.pipe_closed = False  # the reader went away (`provision logs … | head`)
+        self.on_pipe_closed: Callable[[], None] = lambda: None
 
     def write(self, e: Entry) -> None:
         with self.lock:
+            if self.pipe_closed:
+                return
             self.counts[e.task] = self.counts.get(e.task, 0) + 1
             if e.cursor:
                 self.cursors.setdefault(e.host, {})[e.task] = e.cursor
@@ -309,7 +313,15 @@ class Printer:
             prefix = f"{e.task}@{e.host}".ljust(self.width)
             prefix = click.style(prefix, fg=self.colors.get(e.task))
             stamp = f"{iso(e.ts)} " if self.timestamps else ""
-            click.echo(f"{stamp}{prefix} | {e.text}", color=self.color)
+            try:
+                click.echo(f"{stamp}{prefix} | {e.text}", color=self.color)
+            except BrokenPipeError:
+                self.pipe_closed = True
+                # Python would complain again when it flushes stdout at exit.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+                self.on_pipe_closed()
 
     def flush(self) -> None:
         with self.lock:
@@ -381,6 +393,8 @@ def run_logs(
                 raise ProvisionError(f"{out_dir}: cannot create: {e.strerror}") from None
             cursors = load_cursors(out_path, job)
         printer = Printer([t.name for t in placed], host_of, out_dir=out_path, timestamps=timestamps)
+        stop = stop or threading.Event()
+        printer.on_pipe_closed = stop.set
         printer.cursors = {h: dict(c) for h, c in cursors.items()}
         reversed_tasks_by_host = {
             h: {t for t in ts if tail is not None and not cursors.get(h, {}).get(t)} for h, ts in by_host.items()
@@ -404,6 +418,7 @@ def run_logs(
         printer.flush()
         code = EXIT_OK
         bad_hosts = []
+        failed: dict[str, list[str]] = {}  # journalctl's complaint -> "task@host"
         for name, r in results.items():
             if isinstance(r, HostError):
                 echo_err(f"Error: {r.target.where}: {r.message}")
@@ -411,13 +426,16 @@ def run_logs(
                 code = EXIT_UNREACHABLE if r.unreachable else max(code, EXIT_ERROR)
             else:
                 for msg in r.errors:
-                    echo_err(f"Error: {ctx.targets[name].where}: journalctl for {msg}")
+                    task, _, why = msg.partition(": ")
+                    failed.setdefault(why, []).append(f"{task}@{name}")
                     code = code if code == EXIT_UNREACHABLE else EXIT_ERROR
+        for why, where in failed.items():  # a bad --since fails the same way everywhere: one line
+            echo_err(f"Error: journalctl ({', '.join(where)}): {why}")
         if out_path is not None:
             save_cursors(out_path, job, printer.cursors)
-        if follow:
+        if follow and not printer.pipe_closed:
             live = [hl for hl in logs if not hl.errors]
-            code2 = _follow(ctx, job, by_host, idents, live, printer, out_path, stop or threading.Event(), echo_err)
+            code2 = _follow(ctx, job, by_host, idents, live, printer, out_path, stop, echo_err)
             code = code if code == EXIT_UNREACHABLE else max(code, code2)
         printer.close()
         if out_path is not None:
