@@ -214,3 +214,37 @@ def test_restart_policy_mapping(policy, limit, expect):
         assert got[k] == v
     if policy == "ExitCode":
         assert got["restart_prevent"].split() == [str(i) for i in range(1, 128)]
+
+
+# ------------------------------------------------------------------ the runnable jobs
+
+
+@pytest.mark.parametrize("name", ["tf_mwms", "tf_ps", "torch_ddp", "reduction"])
+def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
+    """inventories/sandbox/<name>.yaml + a sandbox's hosts (`sandbox up --from`) is a valid
+    inventory whose files exist and whose tasks land where the comments say."""
+    from provision import sandbox
+    from provision.inventory import load
+    from provision.sandbox_cli import job_from_file
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "id_ed25519").write_text("not a real key\n")
+    sb = sandbox.Sandbox(
+        name="fake", network="provision-sandbox-fake", key_path=tmp_path / "id_ed25519",
+        known_hosts_path=tmp_path / "known_hosts",
+        hosts=[sandbox.SandboxHost(f"host-{i}", f"fake-host-{i}", 40000 + i, f"fake-host-{i}") for i in (1, 2, 3)],
+    )
+    spec = job_from_file(root / "inventories" / "sandbox" / f"{name}.yaml")
+    assert spec["files"][0]["src"] == str(root / "examples" / name) + "/"
+    inv = load(sandbox.write_inventory(sb, tmp_path / "inv.yaml", **spec))
+    placed = {t.name: t.host.name for t in place(inv).tasks}
+    for pool in inv.pools:
+        for arg in pool.command:
+            if arg.startswith("/opt/provision-examples/"):
+                assert (root / "examples" / arg.removeprefix("/opt/provision-examples/")).is_file(), arg
+    if name == "tf_ps":  # one directory for the checkpoint: chief, ps and evaluator together
+        assert placed["chief-0"] == placed["ps-0"] == placed["evaluator-0"] == "host-1"
+        assert set(placed) == {"chief-0", "worker-0", "worker-1", "ps-0", "evaluator-0"}
+    if name == "reduction":
+        assert {t for t in placed if t.startswith("reduction_server")} == {"reduction_server-0", "reduction_server-1"}
+    assert job_from_file(root / "inventories" / "sandbox" / f"{name}.yaml", "other")["job"] == "other"
