@@ -147,19 +147,23 @@ def fd_safe_parallelism() -> int:
     return max(1, min(512, (soft - 64) // 4))
 
 
-_fabric_config = None
+_ssh_config = None
 _fabric_lock = threading.Lock()
 
 
 def _config():
-    # One fabric Config per process: it parses ~/.ssh/config and /etc/ssh/ssh_config.
-    global _fabric_config
-    with _fabric_lock:
-        if _fabric_config is None:
-            from fabric import Config
+    """A fabric Config for one connection. ~/.ssh/config and /etc/ssh/ssh_config are parsed
+    once per process and shared (lookups only read them), but each connection gets its own
+    Config: fabric's Connection() writes into its config and re-merges it, so connections
+    made at once from several threads sharing one could see it empty mid-merge
+    ("No attribute or config key found for 'gateway'")."""
+    global _ssh_config
+    from fabric import Config
 
-            _fabric_config = Config()
-        return _fabric_config
+    with _fabric_lock:
+        if _ssh_config is None:
+            _ssh_config = Config().base_ssh_config
+    return Config(ssh_config=_ssh_config)
 
 
 def _connection(target: Target, gateway=None):
