@@ -170,6 +170,15 @@ def _exit_for(plan, outcomes=None) -> int:
     return EXIT_OK
 
 
+def _confirm(verb: str, question: str) -> None:
+    """Terraform's rule: only 'yes' goes ahead; without a terminal, -y is required."""
+    if not sys.stdin.isatty():
+        raise ProvisionError(f"{verb} needs confirmation; run with -y/--auto-approve when there is no terminal")
+    if click.prompt(f"\n{question} Only 'yes' will be accepted", default="", show_default=False) != "yes":
+        click.echo(f"{verb.capitalize()} cancelled.")
+        sys.exit(1)
+
+
 def _report_unreachable(plan, outcomes=None) -> None:
     names = {h.name: h.error.message for h in plan.unreachable}
     for o in (outcomes or {}).values():
@@ -237,11 +246,7 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
             outcomes = {}
             if p.changed:
                 if not auto_approve:
-                    if not sys.stdin.isatty():
-                        raise ProvisionError("apply needs confirmation; run with -y/--auto-approve when there is no terminal")
-                    if click.prompt("\nDo you want to perform these actions? Only 'yes' will be accepted", default="", show_default=False) != "yes":
-                        click.echo("Apply cancelled.")
-                        sys.exit(1)
+                    _confirm("apply", "Do you want to perform these actions?")
                 outcomes = apply_plan(ctx, p, progress=_progress)
             if as_json:
                 click.echo(_json.dumps({"plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
@@ -286,11 +291,7 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
             outcomes = {}
             if p.changed:
                 if not auto_approve:
-                    if not sys.stdin.isatty():
-                        raise ProvisionError("destroy needs confirmation; run with -y/--auto-approve when there is no terminal")
-                    if click.prompt("\nDestroy the job on these hosts? Only 'yes' will be accepted", default="", show_default=False) != "yes":
-                        click.echo("Destroy cancelled.")
-                        sys.exit(1)
+                    _confirm("destroy", "Destroy the job on these hosts?")
                 outcomes = do_destroy(ctx, p, progress=_progress)
                 if not as_json:
                     errors = [o for o in outcomes.values() if o.error and not o.unreachable]

@@ -269,6 +269,13 @@ class Session:
                 raise HostError(target, f"connection timed out after {target.connect_timeout:g}s", unreachable=True) from None
             except ConnectionRefusedError:
                 err = "connection refused"
+            except paramiko.ssh_exception.NoValidConnectionsError as e:
+                # paramiko's wrapper when every address of the host failed; say why plainly.
+                causes = list(e.errors.values())
+                if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
+                    err = "connection refused"
+                else:
+                    err = "; ".join(sorted({c.strerror or str(c) for c in causes})) or "cannot connect"
             except socket.gaierror as e:
                 raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
             except (OSError, EOFError, paramiko.SSHException) as e:
