@@ -349,6 +349,5 @@ def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> di
     return outcomes
 
 
-def lock(ctx_or_path, operation: str) -> StateLock:
-    path = ctx_or_path.state.path if isinstance(ctx_or_path, Context) else ctx_or_path
-    return StateLock(path, operation)
+def lock(ctx: Context, operation: str) -> StateLock:
+    return StateLock(ctx.state.path, operation)
