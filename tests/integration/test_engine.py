@@ -396,3 +396,29 @@ def test_facts_mismatch_stops_apply_before_anything_is_written(sandbox4, sandbox
     r = cli("facts", "--json", inv, cwd=tmp_path)
     facts = json.loads(r.stdout)["hosts"]
     assert facts["host-1"]["gpus"] == 2 and len(facts["host-1"]["gpu_uuids"]) == 2
+
+
+def test_host_leaving_the_job_is_cleaned(sandbox4, sandbox_inventory, job_name, tmp_path):
+    """A host that no longer runs any task loses everything of the job; so does one
+    removed from the inventory altogether (the state remembers how to reach it)."""
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG, "hosts": ["host-1"]},
+             "worker": {"replicas": 2, "command": LONG, "hosts": ["host-2", "host-3"]}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+    pools["worker"] = {"replicas": 1, "command": LONG, "hosts": ["host-2"]}
+    data = sandbox_inventory(sandbox4, job=job_name, pools=pools)
+    data["hosts"] = [h for h in data["hosts"] if h["name"] != "host-3"]  # gone from the file
+    import yaml
+
+    inv.write_text(yaml.safe_dump(data))
+    r = cli("plan", inv, cwd=tmp_path)
+    assert "host-3 (127.0.0.1:" in r.stdout and "(the job leaves this host)" in r.stdout, r.stdout
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code, out = sh(sandbox4, "host-3", f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}* 2>&1; systemctl is-active provision-{job_name}-worker-1.service")
+    assert "No such file" in out and "active" not in out.split(), out
+    state = json.loads((tmp_path / ".provision" / f"{job_name}.state.json").read_text())
+    assert "host-3" not in state["hosts"]
+    assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
+    cli("destroy", "-y", inv, cwd=tmp_path)
