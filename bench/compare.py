@@ -769,7 +769,7 @@ def report(figs: dict[int, Figures], tools: tuple[str, ...], versions: dict, sta
         "(systemd + sshd) on this machine, SSH on 127.0.0.1; controller and hosts share its "
         f"{os.cpu_count()} cores.",
         "",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        "Versions: " + "; ".join(v if k.split()[0] in v.lower() else f"{k} {v}" for k, v in versions.items()) + ".",
         "",
         "How each tool ran (all hosts at once for every tool; key auth with the sandbox's key; "
         "host keys checked against the sandbox's known_hosts by every tool):",
@@ -887,6 +887,7 @@ def update_readme(summary: str) -> None:
 
 def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -> str:
     n_apply, n_noop = run_counts(figs)
+    loads = [float(x.split()[0]) for f in figs.values() for x in f.load] or [0.0]
     try:
         rel = results_path.relative_to(REPO)
     except ValueError:
@@ -895,7 +896,8 @@ def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -
         f"Latest run ({started}; full tables, settings and load: [{rel}]({rel})). Run it yourself with `python bench/compare.py` "
         "(root and Docker; it starts its own sandboxes and removes them). Seconds, median of "
         f"{n_apply} (applies) or {n_noop} (no-op, plan, status) runs, all hosts at once for every tool, "
-        "ratios of medians:",
+        "ratios of medians. The machine's 1-minute load average during the run: "
+        f"{min(loads):.0f} to {max(loads):.0f} (2 cores; other work was running):",
         "",
         "| hosts | figure | provision | pyinfra | Ansible | provision / pyinfra | provision / Ansible | provision / floor |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -910,6 +912,10 @@ def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -
                 f"{f'{p / py:.2f}x' if py else '–'} | {f'{p / an:.2f}x' if an else '–'} | {p / floor:.2f}x |"
             )
         lines.append(f"| {n} | floor (connect + `true`) | {floor:.2f} | | | | | |")
+    tools = tuple(t for t in TOOLS if any(t == k[0] for f in figs.values() for k in f.times))
+    lines += ["", "Targets (provision on 32 hosts: no-op apply and plan ≤ 0.5 × pyinfra's no-op and ≤ 2 × the "
+              "floor, first apply ≤ 0.5 × pyinfra's; every figure ≤ 0.1 × Ansible's; 32 hosts ≤ 4 × 8 hosts):", ""]
+    lines += targets(figs, tools)
     return "\n".join(lines) + "\n"
 
 
@@ -958,6 +964,13 @@ def main() -> int:
     versions = tool_versions(bin_dir, provision_bin)
     if args.provision_rev:
         versions["provision"] += f" (source of {args.provision_rev})"
+    else:
+        git = ["git", "-C", str(REPO)]
+        sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "src", "templates"], capture_output=True,
+                               text=True).stdout.strip()
+        if sha:
+            versions["provision"] += f" (commit {sha}{', with uncommitted changes' if dirty else ''})"
     # Each systemd host takes inotify instances; the sandbox raises the limits too.
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
 
