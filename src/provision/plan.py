@@ -272,16 +272,13 @@ def plan_host(
     replace = replace or set()
     desired_tasks = {u.task.name for u in bundle.tasks}
     pushed_changed = sorted(p for p in changed_paths if desired[p].kind == "file")
+    drift_paths = {f.path for f in hp.files if f.drift}
     for u in bundle.tasks:
         own = [p for p in (u.env_path, u.unit_path) if p in changed_paths]
-        drifted = [p for p in own if any(f.path == p and f.drift for f in hp.files)]
         mt = m_tasks.get(u.task.name)
-        if mt is not None and mt.get("inputs") != u.inputs:
-            drifted_or_changed = own + pushed_changed
-            tc = _task_change(u, mt, units.get(u.unit), exits.get(u.unit), drifted_or_changed, ended, replace)
-        else:
-            tc = _task_change(u, mt, units.get(u.unit), exits.get(u.unit), drifted, ended, replace)
-        hp.tasks.append(tc)
+        # Inputs changed: name everything that changed; otherwise only what drifted.
+        why = own + pushed_changed if mt is not None and mt.get("inputs") != u.inputs else [p for p in own if p in drift_paths]
+        hp.tasks.append(_task_change(u, mt, units.get(u.unit), exits.get(u.unit), why, ended, replace))
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         if t not in desired_tasks:
             hp.tasks.append(TaskChange(t, mt.get("unit", ""), "stop", "no longer in the inventory", int(mt.get("phase", 0))))
