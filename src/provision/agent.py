@@ -128,10 +128,15 @@ def read_exits(job, units):
     for u in units:
         try:
             with open(exits_path(job, u)) as f:
-                out[u] = [line.split() for line in f if 4 <= len(line.split()) <= 5]
+                out[u] = parse_exits(f.read())
         except OSError:
             out[u] = []
     return out
+
+
+def parse_exits(text):
+    """The records of one .exits file (the controller's fast probe reads them with this too)."""
+    return [line.split() for line in text.splitlines() if 4 <= len(line.split()) <= 5]
 
 
 def reset_exits(job, units):
@@ -220,9 +225,13 @@ def run(argv, timeout=60):
     if status is None:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
-        return 124, "", argv[0] + ": timed out after %ss" % timeout
+        return 124, "", timed_out(argv[0], timeout)
     code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     return code, b"".join(chunks[out_r]).decode("utf-8", "replace"), b"".join(chunks[err_r]).decode("utf-8", "replace")
+
+
+def timed_out(program, timeout):
+    return program + ": timed out after %ss" % timeout
 
 
 def _run_subprocess(argv, timeout):
@@ -234,7 +243,7 @@ def _run_subprocess(argv, timeout):
     except FileNotFoundError:
         return 127, "", argv[0] + ": not found"
     except subprocess.TimeoutExpired:
-        return 124, "", argv[0] + ": timed out after %ss" % timeout
+        return 124, "", timed_out(argv[0], timeout)
 
 
 def unit_states(units):
@@ -243,6 +252,11 @@ def unit_states(units):
     if not units:
         return {}
     code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + units)
+    return parse_unit_states(out, units)
+
+
+def parse_unit_states(out, units):
+    """`systemctl show` output as {unit: {prop: value}} (shared with the controller's fast probe)."""
     states = {}
     for block in out.strip("\n").split("\n\n"):
         props = {}
@@ -267,7 +281,7 @@ def file_info(path, want_sha, content_max):
     import stat as S
 
     if S.S_ISLNK(st.st_mode):
-        return {"type": "symlink", "target": os.readlink(path)}
+        return {"type": "symlink"}
     if not S.S_ISREG(st.st_mode):
         return {"type": "dir" if S.S_ISDIR(st.st_mode) else "other"}
     info = {"type": "file", "mode": st.st_mode & 0o7777, "uid": st.st_uid, "size": st.st_size}
@@ -316,11 +330,18 @@ def facts(only=None):
     return out
 
 
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
+NVIDIA_SMI_TIMEOUT = 20
+
+
 def gpu_facts():
+    return gpu_report(*run(list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT))
+
+
+def gpu_report(code, so, se):
+    """nvidia-smi's answer as facts (the controller's fast probe reads it with this too)."""
     gpus = []
     out = {}
-    code, so, se = run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total",
-                        "--format=csv,noheader,nounits"], timeout=20)
     if code == 0:
         for line in so.splitlines():
             parts = [p.strip() for p in line.split(",")]

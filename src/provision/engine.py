@@ -22,6 +22,7 @@ from .inventory import load
 from .model import Inventory
 from .plan import HostPlan, Plan, make_plan, plan_host, task_phase
 from .render import Rendered, manifest_bytes, manifest_path, render
+from .probe import probe_host
 from .ssh import HostError, KnownHosts, Session, Target, call_agent
 from .state import State, StateLock, default_state_path
 
@@ -86,21 +87,31 @@ def open_context(
 # --------------------------------------------------------------------------- probe + plan
 
 
-def probe(ctx: Context, *, facts: bool | str = True, files: bool = True, only: set[str] | None = None) -> dict[str, dict | HostError]:
-    """One agent round trip per host. facts: True (all), False, or "check": only those that
-    plan checks against the inventory (facts.mismatches), which is much cheaper."""
+def probe(ctx: Context, *, facts: bool | str = True, files: bool = True, only: set[str] | None = None,
+          fast: bool = False) -> dict[str, dict | HostError]:
+    """One round trip per host. facts: True (all), False, or "check": only those that plan
+    checks against the inventory (facts.mismatches), which is much cheaper. fast: through
+    the shell probe where it can answer (probe.py); its report lacks the host's clock."""
     rendered = ctx.rendered
     job = ctx.inventory.job
     hosts = {h.name: h for h in ctx.inventory.hosts}
+    recorded = ctx.state.hosts()
 
     def one(t: Target) -> dict:
         bundle = rendered.hosts.get(t.name) if rendered else None
         req = {"op": "probe", "job": job, "facts": bool(facts), "files": files, "content_max": 256 * 1024}
         if facts == "check":
             req["facts_only"] = needed_facts(hosts.get(t.name))
+        # What the state says was put there, besides what should be: the host's manifest
+        # names it too, but the fast probe must name every path before it reads the manifest.
+        entry = recorded.get(t.name, {})
+        req["paths"] = sorted(entry.get("files", {}))
+        req["units"] = sorted({x["unit"] for x in entry.get("tasks", {}).values() if x.get("unit")})
         if bundle is not None:
             req["want"] = {f.path: f.sha256 for f in bundle.files}
-            req["units"] = [u.unit for u in bundle.tasks]
+            req["units"] = sorted(set(req["units"]) | {u.unit for u in bundle.tasks})
+        if fast:
+            return probe_host(ctx.session, t, req)
         return call_agent(ctx.session, t, req, timeout=120)
 
     return ctx.session.map(one, [t for n, t in ctx.targets.items() if only is None or n in only])
@@ -113,7 +124,7 @@ def build_plan(ctx: Context, *, replace: set[str] | None = None, facts: bool = T
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    reports = probe(ctx, facts="check" if facts else False)
+    reports = probe(ctx, facts="check" if facts else False, fast=True)
     return make_plan(ctx.rendered, ctx.targets, reports, replace=replace)
 
 
@@ -305,7 +316,7 @@ def _run_step(ctx: Context, hosts: dict[str, HostPlan], fn, fail) -> None:
 
 
 def destroy_plan(ctx: Context) -> Plan:
-    reports = probe(ctx, facts=False)
+    reports = probe(ctx, facts=False, fast=True)
     hosts = []
     for name, t in ctx.targets.items():
         hosts.append(plan_host(name, t, None, None, reports[name]))

@@ -1,0 +1,105 @@
+"""probe.parse: the script's output either adds up to the agent's report or is refused
+(and the agent asked); tests/integration/test_probe.py holds the two equal on real hosts."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+import subprocess
+
+import pytest
+
+from provision import agent, probe
+
+JOB = "j"
+ENV = f"/etc/provision/{JOB}/chief-0.env"
+MANIFEST = f"/etc/provision/{JOB}/manifest.json"
+UNIT = f"provision-{JOB}-chief-0.service"
+
+
+def req(**kw) -> dict:
+    return {"op": "probe", "job": JOB, "facts": True, "facts_only": [], "files": True, "content_max": 100,
+            "want": {ENV: "0" * 64}, "units": [UNIT], **kw}
+
+
+def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT) -> bytes:
+    r = req()
+    _, paths, _, _ = probe.command(r)
+    lines = [b"@probe 1", b"@systemd", b"@stat"]
+    regular = [p for p in paths if p in files]
+    for p in regular:
+        lines.append(f"{len(files[p])} 8180 0 {p}".encode())  # 0x8180: a regular file, 0600
+    lines.append(b"@sha256 %d" % (len(regular) if sha_count is None else sha_count))
+    for p in regular:
+        lines.append(f"{hashlib.sha256(files[p]).hexdigest()}  {p}".encode())
+    lines.append(b"@content")
+    content = b"".join(files[p][:101] for p in regular)
+    body = b"\n".join(lines) + b"\n" + content[: len(content) - content_cut] + b"@units\n" + units.encode() + b"@end\n"
+    return body
+
+
+def parse(out: bytes, r: dict | None = None) -> dict:
+    r = r or req()
+    _, paths, units, meta = probe.command(r)
+    return probe.parse(out, r, paths, units, meta)
+
+
+def test_a_whole_answer_is_the_agents_report():
+    manifest = b'{"files": {}, "tasks": {"chief-0": {"unit": "%s"}}}' % UNIT.encode()
+    rep = parse(output({ENV: b"A=1\n", MANIFEST: manifest}))
+    assert rep["files"][ENV] == {"type": "file", "mode": 0o600, "uid": 0, "size": 4,
+                                 "sha256": hashlib.sha256(b"A=1\n").hexdigest(),
+                                 "content": base64.b64encode(b"A=1\n").decode()}  # differs from want: sent
+    assert rep["manifest"]["tasks"]["chief-0"]["unit"] == UNIT
+    assert rep["units"][UNIT]["ActiveState"] == "active"
+    assert rep["exits"] == {UNIT: []} and rep["lifecycle"] is None
+    assert rep["facts"] == {"systemd_pid1": True}
+
+
+@pytest.mark.parametrize("broken", [
+    lambda files: output(files, sha_count=0),  # a file stopped being regular between stat and sha256sum
+    lambda files: output(files, content_cut=1),  # a file shrank between stat and head
+    lambda files: output(files)[: -len(b"@end\n")],  # cut short
+    lambda files: b"Welcome to fish!\n" + output(files),  # something else answered
+], ids=["checksums", "content", "end", "start"])
+def test_an_answer_that_does_not_add_up_is_refused(broken):
+    with pytest.raises(probe._Mismatch):
+        parse(broken({ENV: b"A=1\n"}))
+
+
+def test_a_manifest_naming_unknown_files_is_the_agents_to_read():
+    manifest = b'{"files": {"/opt/other": {}}, "tasks": {}}'
+    with pytest.raises(probe._Mismatch):
+        parse(output({MANIFEST: manifest}))
+
+
+def test_nvidia_smi_is_read_with_the_agents_parser():
+    r = req(facts_only=["gpus"])
+    _, paths, units, meta = probe.command(r)
+    out = output({})
+    smi = b"@gpus 0\n0, GPU-1, NVIDIA H100, 81559\n1, GPU-2, NVIDIA H100, 81559\n@gpus-end\n"
+    out = out.replace(b"@systemd\n", b"@systemd\n" + smi)
+    rep = probe.parse(out, r, paths, units, meta)
+    assert rep["facts"] == {"systemd_pid1": True, **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], "")}
+    assert len(rep["facts"]["gpus"]) == 2
+    with pytest.raises(probe._Mismatch):  # nvidia-smi failed: the agent has its words
+        probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r, paths, units, meta)
+
+
+def test_the_script_travels_as_one_single_quoted_word():
+    text = probe.script()
+    assert "'" not in text and "\\" not in text
+    assert shlex.split(shlex.quote(text)) == [text]
+
+
+def test_the_script_runs_under_a_posix_shell(tmp_path):
+    # Locally, on files of our own: the same sections in the same order.
+    f = tmp_path / "a.env"
+    f.write_bytes(b"A=1\n")
+    r = {"op": "probe", "job": JOB, "facts": False, "files": True, "content_max": 100, "paths": [str(f)]}
+    cmd, paths, units, meta = probe.command(r)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True).stdout
+    rep = probe.parse(out, r, paths, units, meta)
+    assert rep["files"][str(f)]["sha256"] == hashlib.sha256(b"A=1\n").hexdigest()
+    assert rep["manifest"] is None and rep["units"] == {}
