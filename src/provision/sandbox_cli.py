@@ -156,6 +156,10 @@ def down_cmd(name, all_) -> None:
         if result.found:
             click.echo(f"Sandbox {n!r} removed ({result.containers} container"
                        f"{'s' if result.containers != 1 else ''}, {result.networks} network).")
+            for net in result.stale_networks:
+                click.echo(f"Note: Docker kept network {net} for endpoints of containers already "
+                           "removed (a dockerd bug; restarting dockerd clears it). It is harmless: "
+                           "the next sandbox of this name uses another network.", err=True)
         else:
             click.echo(f"No sandbox named {n!r}; nothing to remove.")
 

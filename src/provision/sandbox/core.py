@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import secrets
 import shutil
 import socket
 import tarfile
@@ -185,10 +186,13 @@ class DownResult:
     networks: int = 0
     state_removed: bool = False
     errors: list[str] = field(default_factory=list)
+    # Networks Docker would not remove for endpoints of containers already gone (a dockerd
+    # bug, moby#17217; a dockerd restart clears them). Harmless: `up` then uses another name.
+    stale_networks: list[str] = field(default_factory=list)
 
     @property
     def found(self) -> bool:
-        return bool(self.containers or self.networks or self.state_removed)
+        return bool(self.containers or self.networks or self.state_removed or self.stale_networks)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -338,6 +342,8 @@ def up(
     sdir = sandbox_dir(name)
     sdir.parent.mkdir(parents=True, exist_ok=True)
     containers, networks = _labelled(client, name)
+    if not containers:
+        networks = [n for n in networks if not _leftover_removed(n)]
     try:
         if containers or networks:
             raise FileExistsError
@@ -379,6 +385,9 @@ def _up(client: docker.DockerClient, name: str, hosts: int, gpus_per_host: int, 
                            cluster_address=container_name(name, i), gpus=gpus_per_host)
                for i in range(1, hosts + 1)],
     )
+    if any(n.name == sb.network for n in client.networks.list(names=[sb.network])):
+        # A network an earlier `down` could not remove (DownResult.stale_networks).
+        sb.network = f"{sb.network}-{secrets.token_hex(3)}"
     sb.save()  # from here on `down` finds the key dir even if this process dies
     t0 = time.monotonic()
     try:
@@ -530,12 +539,15 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
     _, networks = _labelled(client, name)
     for n in networks:
         try:
-            n.remove()
+            _remove_network(n)
             result.networks += 1
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:
-            result.errors.append(f"network {n.name}: {e}")
+            if "active endpoints" in str(e):
+                result.stale_networks.append(n.name)
+            else:
+                result.errors.append(f"network {n.name}: {e}")
     sdir = sandbox_dir(name)
     if sdir.exists():
         shutil.rmtree(sdir, ignore_errors=True)
@@ -544,6 +556,38 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
         raise ProvisionError(f"sandbox {name!r}: could not remove everything: "
                              + "; ".join(result.errors))
     return result
+
+
+def _leftover_removed(n) -> bool:
+    """A network of a sandbox with no containers left: removed now, or stale (see below)."""
+    try:
+        _remove_network(n, wait=0)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:
+        return "active endpoints" in str(e)
+    return True
+
+
+def _remove_network(n, wait: float = 5.0) -> None:
+    """Remove a network whose containers were just removed. The engine can still list their
+    endpoints for a moment ("has active endpoints", seen with 32 containers at once): those
+    are disconnected and the removal tried again, for up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            n.remove()
+            return
+        except docker.errors.APIError as e:
+            if "active endpoints" not in str(e) or time.monotonic() > deadline:
+                raise
+        n.reload()
+        for endpoint in (n.attrs.get("Containers") or {}):
+            try:
+                n.disconnect(endpoint, force=True)
+            except docker.errors.APIError:
+                pass  # gone meanwhile
+        time.sleep(0.25)
 
 
 def load(name: str | None = None) -> Sandbox:
