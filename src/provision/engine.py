@@ -177,6 +177,12 @@ def _state_entry(t: Target, hp: HostPlan) -> dict:
     }
 
 
+def _never_loaded(state: dict | None) -> bool:
+    """systemd knows nothing of the unit: no file was loaded and nothing runs under it."""
+    return bool(state) and state.get("LoadState") == "not-found" and state.get("ActiveState") == "inactive" \
+        and state.get("SubState", "dead") == "dead"
+
+
 def _unit_ok(state: dict, exits: list | None) -> bool:
     return task_phase(state, exits) in ("running", "completed")
 
@@ -211,7 +217,14 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
 
     def start_request(t: Target, phase: int) -> dict:
         units = [x.unit for x in starts[t.name] if x.phase == phase]
-        req = {"op": "units", "job": job, "actions": [["reset-failed", units], ["restart", units]], "report": units}
+        # Units systemd had never loaded when probed (a first apply) have no failed state,
+        # start counters or process to reset or stop: a plain start saves the host two
+        # systemctl runs each (~7 ms apiece, mostly loading the binary).
+        seen = (work[t.name].report or {}).get("units", {})
+        fresh = [u for u in units if _never_loaded(seen.get(u))]
+        rest = [u for u in units if u not in fresh]
+        req = {"op": "units", "job": job, "actions": [["reset-failed", rest], ["restart", rest], ["start", fresh]],
+               "report": units}
         if last_phase[t.name] == phase:
             req["manifest"] = _b64(manifests[t.name][2])
         return req

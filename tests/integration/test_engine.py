@@ -144,6 +144,27 @@ def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tm
     cli("destroy", "-y", inv, cwd=tmp_path)
 
 
+def test_unit_file_removed_under_a_running_task_restarts_it(sandbox4, sandbox_inventory, job_name, tmp_path):
+    # systemd then reports the unit not-found but still active: apply must not take it for
+    # a never-loaded unit (plain start, a no-op) but stop the old run and start a new one.
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(sandbox4, job=job_name, pools={"chief": {"replicas": 1, "command": LONG}}, path=inv)
+    assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+    host = placement(tmp_path, inv)["chief-0"]["host"]
+    unit = f"provision-{job_name}-chief-0.service"
+    before = unit_props(sandbox4, host, unit)
+    sh(sandbox4, host, f"rm /etc/systemd/system/{unit} && systemctl daemon-reload")
+    _, load = sh(sandbox4, host, f"systemctl show -p LoadState,ActiveState {unit}")
+    assert "LoadState=not-found" in load and "ActiveState=active" in load, load
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = unit_props(sandbox4, host, unit)
+    assert after["ActiveState"] == "active" and after["InvocationID"] != before["InvocationID"]
+    assert sh(sandbox4, host, f"test -f /etc/systemd/system/{unit}")[0] == 0
+    assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
+    cli("destroy", "-y", inv, cwd=tmp_path)
+
+
 def test_changing_worker_command_restarts_only_workers(sandbox4, sandbox_inventory, job_name, tmp_path):
     inv = tmp_path / "inv.yaml"
     pools = {
