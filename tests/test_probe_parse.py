@@ -25,7 +25,7 @@ def req(**kw) -> dict:
 
 def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT) -> bytes:
     r = req()
-    _, paths, _, _ = probe.command(r)
+    _, _, paths = probe._asked(r)
     lines = [b"@probe 1", b"@systemd", b"@stat"]
     regular = [p for p in paths if p in files]
     for p in regular:
@@ -41,8 +41,7 @@ def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=
 
 def parse(out: bytes, r: dict | None = None) -> dict:
     r = r or req()
-    _, paths, units, meta = probe.command(r)
-    return probe.parse(out, r, paths, units, meta)
+    return probe.parse(out, r)
 
 
 def test_a_whole_answer_is_the_agents_report():
@@ -76,15 +75,14 @@ def test_a_manifest_naming_unknown_files_is_the_agents_to_read():
 
 def test_nvidia_smi_is_read_with_the_agents_parser():
     r = req(facts_only=["gpus"])
-    _, paths, units, meta = probe.command(r)
     out = output({})
     smi = b"@gpus 0\n0, GPU-1, NVIDIA H100, 81559\n1, GPU-2, NVIDIA H100, 81559\n@gpus-end\n"
     out = out.replace(b"@systemd\n", b"@systemd\n" + smi)
-    rep = probe.parse(out, r, paths, units, meta)
+    rep = probe.parse(out, r)
     assert rep["facts"] == {"systemd_pid1": True, **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], "")}
     assert len(rep["facts"]["gpus"]) == 2
     with pytest.raises(probe._Mismatch):  # nvidia-smi failed: the agent has its words
-        probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r, paths, units, meta)
+        probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r)
 
 
 def test_the_script_travels_as_one_single_quoted_word():
@@ -98,8 +96,8 @@ def test_the_script_runs_under_a_posix_shell(tmp_path):
     f = tmp_path / "a.env"
     f.write_bytes(b"A=1\n")
     r = {"op": "probe", "job": JOB, "facts": False, "files": True, "content_max": 100, "paths": [str(f)]}
-    cmd, paths, units, meta = probe.command(r)
+    cmd = probe.command(r)
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True).stdout
-    rep = probe.parse(out, r, paths, units, meta)
+    rep = probe.parse(out, r)
     assert rep["files"][str(f)]["sha256"] == hashlib.sha256(b"A=1\n").hexdigest()
     assert rep["manifest"] is None and rep["units"] == {}

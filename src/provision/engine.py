@@ -221,9 +221,9 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
         # start counters or process to reset or stop: a plain start saves the host two
         # systemctl runs each (~7 ms apiece, mostly loading the binary).
         seen = (work[t.name].report or {}).get("units", {})
-        fresh = [u for u in units if _never_loaded(seen.get(u))]
-        rest = [u for u in units if u not in fresh]
-        req = {"op": "units", "job": job, "actions": [["reset-failed", rest], ["restart", rest], ["start", fresh]],
+        unseen = [u for u in units if _never_loaded(seen.get(u))]
+        rest = [u for u in units if u not in unseen]
+        req = {"op": "units", "job": job, "actions": [["reset-failed", rest], ["restart", rest], ["start", unseen]],
                "report": units}
         if last_phase[t.name] == phase:
             req["manifest"] = _b64(manifests[t.name][2])

@@ -23,7 +23,7 @@ import stat
 from pathlib import Path
 
 from . import agent
-from .ssh import HostError, Session, Target, call_agent
+from .ssh import Session, Target, call_agent
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9/._@:+=,-]*$")
 _SAFE_UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
@@ -39,38 +39,41 @@ def script() -> str:
     return _SCRIPT
 
 
-def paths_for(req: dict, units: list[str]) -> tuple[list[str], dict[str, str]]:
-    """(every path the script reports on, {meta path: what it is}) for a probe request."""
+def _asked(req: dict) -> tuple[list[str], list[str], list[str]]:
+    """(files the report lists, units, every path the script reads) for a probe request:
+    the files are the agent's want and paths; the script also reads provision's own records
+    (manifest, lifecycle marker, each unit's exits)."""
     job = req["job"]
     files = sorted(set(req.get("want", {})) | set(req.get("paths", []))) if req.get("files", True) else []
-    meta = {agent.job_dir(job) + "/manifest.json": "manifest", agent.job_dir(job) + "/lifecycle.json": "lifecycle"}
-    for u in units:
-        meta[agent.exits_path(job, u)] = "exits:" + u
-    return files + [p for p in meta if p not in files], meta
+    units = sorted(set(req.get("units", [])))
+    records = [agent.job_dir(job) + "/manifest.json", agent.job_dir(job) + "/lifecycle.json",
+               *(agent.exits_path(job, u) for u in units)]
+    return files, units, files + [r for r in records if r not in files]
 
 
-def command(req: dict) -> tuple[str, list[str], list[str], dict[str, str]] | None:
+def command(req: dict) -> str | None:
     """The shell command for req, or None when the agent must answer it."""
     only = req.get("facts_only")
     if req.get("facts") and (only is None or not set(only) <= {"gpus", "tpu"}):
         return None  # every fact (`provision facts`): the agent's
     facts = set(only or ()) if req.get("facts") else set()
-    units = sorted(set(req.get("units", [])))
-    paths, meta = paths_for(req, units)
+    _, units, paths = _asked(req)
     if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
     words = ["sh", "-c", script(), "provision-probe", str(int(req.get("content_max", 0))),
              ",".join(agent.UNIT_PROPS), " ".join(units), gpus, "1" if "tpu" in facts else "", *paths]
-    return " ".join(shlex.quote(w) for w in words), paths, units, meta
+    return " ".join(shlex.quote(w) for w in words)
 
 
 class _Mismatch(Exception):
     """The script's output does not add up: ask the agent."""
 
 
-def parse(out: bytes, req: dict, paths: list[str], units: list[str], meta: dict[str, str]) -> dict:
-    """The agent's probe report from the script's output; _Mismatch if it does not add up."""
+def parse(out: bytes, req: dict) -> dict:
+    """The agent's probe report from the script's output (for `command(req)`); _Mismatch if
+    it does not add up."""
+    listed, units, paths = _asked(req)
     pos = 0
 
     def line() -> bytes:
@@ -146,19 +149,17 @@ def parse(out: bytes, req: dict, paths: list[str], units: list[str], meta: dict[
         except ValueError as e:
             return {"_unreadable": str(e)}
 
-    by_kind = {v: k for k, v in meta.items()}
-    manifest = as_json(by_kind["manifest"])
+    jd = agent.job_dir(req["job"])
+    manifest = as_json(jd + "/manifest.json")
     if isinstance(manifest, dict) and "_unreadable" not in manifest:
-        listed_files = set(manifest.get("files", {})) if req.get("files", True) else set()
-        listed_units = {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
-        if not listed_files <= set(paths) or not listed_units <= set(units):
+        on_host = set(manifest.get("files", {})) if req.get("files", True) else set()
+        on_host_units = {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
+        if not on_host <= set(listed) or not on_host_units <= set(units):
             raise _Mismatch("the manifest lists files or tasks the controller did not know of")
     files = {}
     want = req.get("want", {})
     content_max = int(req.get("content_max", 0))
-    for p in paths:
-        if meta.get(p) is not None and p not in want and p not in req.get("paths", []):
-            continue
+    for p in listed:
         if p not in stats:
             files[p] = None
             continue
@@ -181,7 +182,7 @@ def parse(out: bytes, req: dict, paths: list[str], units: list[str], meta: dict[
         exits[u] = agent.parse_exits(data.decode("utf-8", "replace")) if data is not None else []
     report = {
         "manifest": manifest,
-        "lifecycle": as_json(by_kind["lifecycle"]),
+        "lifecycle": as_json(jd + "/lifecycle.json"),
         "files": files,
         "units": agent.parse_unit_states(unit_text, units) if units else {},
         "exits": exits,
@@ -192,16 +193,15 @@ def parse(out: bytes, req: dict, paths: list[str], units: list[str], meta: dict[
 
 
 def probe_host(session: Session, target: Target, req: dict, *, timeout: float = 120) -> dict:
-    """The agent's probe report for req, through the script when it can answer."""
+    """The agent's probe report for req, through the script when it can answer. Anything
+    else (the script failed, sudo refused, an answer that does not add up) goes to the
+    agent, which also words the errors."""
     cmd = command(req)
     if cmd is not None:
-        text, paths, units, meta = cmd
-        res = session.run(target, text, timeout=timeout)
+        res = session.run(target, cmd, timeout=timeout)
         if res.exit_status == 0:
             try:
-                return parse(res.stdout, req, paths, units, meta)
+                return parse(res.stdout, req)
             except (_Mismatch, ValueError, IndexError, UnicodeDecodeError):
                 pass
-        elif not session.is_root(target) and b"sudo" in res.stderr:
-            raise HostError(target, f"sudo -n failed (provision needs root, or passwordless sudo): {res.stderr.decode('utf-8', 'replace').strip()[-200:]}")
     return call_agent(session, target, req, timeout=timeout)

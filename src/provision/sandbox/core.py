@@ -544,7 +544,7 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:
-            if "active endpoints" in str(e):
+            if _stale(e):
                 result.stale_networks.append(n.name)
             else:
                 result.errors.append(f"network {n.name}: {e}")
@@ -558,6 +558,11 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
     return result
 
 
+def _stale(e: docker.errors.APIError) -> bool:
+    """Docker refused to remove a network for endpoints it still lists (see _remove_network)."""
+    return "active endpoints" in str(e)
+
+
 def _leftover_removed(n) -> bool:
     """A network of a sandbox with no containers left: removed now, or stale (see below)."""
     try:
@@ -565,7 +570,7 @@ def _leftover_removed(n) -> bool:
     except docker.errors.NotFound:
         pass
     except docker.errors.APIError as e:
-        return "active endpoints" in str(e)
+        return _stale(e)
     return True
 
 
@@ -579,7 +584,7 @@ def _remove_network(n, wait: float = 5.0) -> None:
             n.remove()
             return
         except docker.errors.APIError as e:
-            if "active endpoints" not in str(e) or time.monotonic() > deadline:
+            if not _stale(e) or time.monotonic() > deadline:
                 raise
         n.reload()
         for endpoint in (n.attrs.get("Containers") or {}):
