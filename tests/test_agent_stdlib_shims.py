@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-AGENT = Path(__file__).resolve().parents[1] / "src" / "provision" / "agent.py"
 
 
 @pytest.fixture(scope="module")
 def agent() -> dict:
-    ns: dict = {"__name__": "provision_agent_under_test"}  # not __main__: main() stays unrun
-    exec(compile(AGENT.read_text(), str(AGENT), "exec"), ns)
-    assert ns["json"] is not real_json, "this interpreter has _json: the stand-in should be in use"
-    return ns
+    from provision.host import agent as module
+
+    assert module.json is not real_json, "this interpreter has _json: the stand-in should be in use"
+    return vars(module)
 
 
 def _value(rnd: random.Random, depth: int = 0):

@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from provision import agent, probe
+from provision import probe
+from provision.host import agent
+from provision.host.protocol import FileInfo, ProbeReport, ProbeRequest
 
 JOB = "j"
 ENV = f"/etc/provision/{JOB}/chief-0.env"
@@ -18,9 +20,9 @@ MANIFEST = f"/etc/provision/{JOB}/manifest.json"
 UNIT = f"provision-{JOB}-chief-0.service"
 
 
-def req(**kw) -> dict:
-    return {"op": "probe", "job": JOB, "facts": True, "facts_only": [], "files": True, "content_max": 100,
-            "want": {ENV: "0" * 64}, "units": [UNIT], **kw}
+def req(**kw) -> ProbeRequest:
+    return ProbeRequest(**{"job": JOB, "facts": "check", "facts_only": [], "files": True, "content_max": 100,
+                           "want": {ENV: "0" * 64}, "units": [UNIT], **kw})
 
 
 def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT) -> bytes:
@@ -39,7 +41,7 @@ def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=
     return body
 
 
-def parse(out: bytes, r: dict | None = None) -> dict:
+def parse(out: bytes, r: ProbeRequest | None = None) -> ProbeReport:
     r = r or req()
     return probe.parse(out, r)
 
@@ -47,13 +49,12 @@ def parse(out: bytes, r: dict | None = None) -> dict:
 def test_a_whole_answer_is_the_agents_report():
     manifest = b'{"files": {}, "tasks": {"chief-0": {"unit": "%s"}}}' % UNIT.encode()
     rep = parse(output({ENV: b"A=1\n", MANIFEST: manifest}))
-    assert rep["files"][ENV] == {"type": "file", "mode": 0o600, "uid": 0, "size": 4,
-                                 "sha256": hashlib.sha256(b"A=1\n").hexdigest(),
-                                 "content": base64.b64encode(b"A=1\n").decode()}  # differs from want: sent
-    assert rep["manifest"]["tasks"]["chief-0"]["unit"] == UNIT
-    assert rep["units"][UNIT]["ActiveState"] == "active"
-    assert rep["exits"] == {UNIT: []} and rep["lifecycle"] is None
-    assert rep["facts"] == {"systemd_pid1": True}
+    assert rep.files[ENV] == FileInfo("file", 0o600, 0, 4, hashlib.sha256(b"A=1\n").hexdigest(),
+                                      base64.b64encode(b"A=1\n").decode())  # differs from want: sent
+    assert rep.manifest["tasks"]["chief-0"]["unit"] == UNIT
+    assert rep.units[UNIT]["ActiveState"] == "active"
+    assert rep.exits == {UNIT: []} and rep.lifecycle is None
+    assert rep.facts == {"systemd_pid1": True}
 
 
 @pytest.mark.parametrize("broken", [
@@ -79,8 +80,8 @@ def test_nvidia_smi_is_read_with_the_agents_parser():
     smi = b"@gpus 0\n0, GPU-1, NVIDIA H100, 81559\n1, GPU-2, NVIDIA H100, 81559\n@gpus-end\n"
     out = out.replace(b"@systemd\n", b"@systemd\n" + smi)
     rep = probe.parse(out, r)
-    assert rep["facts"] == {"systemd_pid1": True, **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], "")}
-    assert len(rep["facts"]["gpus"]) == 2
+    assert rep.facts == {"systemd_pid1": True, **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], "")}
+    assert len(rep.facts["gpus"]) == 2
     with pytest.raises(probe._Mismatch):  # nvidia-smi failed: the agent has its words
         probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r)
 
@@ -95,9 +96,9 @@ def test_the_script_runs_under_a_posix_shell(tmp_path):
     # Locally, on files of our own: the same sections in the same order.
     f = tmp_path / "a.env"
     f.write_bytes(b"A=1\n")
-    r = {"op": "probe", "job": JOB, "facts": False, "files": True, "content_max": 100, "paths": [str(f)]}
+    r = ProbeRequest(JOB, content_max=100, paths=[str(f)])
     cmd = probe.command(r)
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True).stdout
     rep = probe.parse(out, r)
-    assert rep["files"][str(f)]["sha256"] == hashlib.sha256(b"A=1\n").hexdigest()
-    assert rep["manifest"] is None and rep["units"] == {}
+    assert rep.files[str(f)].sha256 == hashlib.sha256(b"A=1\n").hexdigest()
+    assert rep.manifest is None and rep.units == {}

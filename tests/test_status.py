@@ -12,8 +12,10 @@ import pytest
 
 from provision.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
 from provision.placement import place
-from provision.render import unit_name
-from provision.status import job_status, restarts, task_state
+from provision.host.layout import unit_name
+from provision.host.protocol import ProbeReport
+from provision.lifecycle import restarts, task_state
+from provision.status import job_status
 
 ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
 AUTO_RESTART = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "auto-restart"}
@@ -125,17 +127,17 @@ def _inv(pools: dict[str, tuple[int, RestartPolicy]], success="chief") -> Invent
 
 def _status(inv, states: dict[str, tuple[dict, list]], ended=None, unreachable=()):
     placement = place(inv)
-    tasks = [(t, unit_name(inv.job, t.name)) for t in placement.tasks]
-    reports: dict[str, dict] = {}
-    for t, unit in tasks:
+    reports: dict[str, ProbeReport] = {}
+    for t in placement.tasks:
+        unit = unit_name(inv.job, t.name)
         if t.host.name in unreachable:
             continue
-        r = reports.setdefault(t.host.name, {"units": {}, "exits": {}, "lifecycle": ended, "now": 100, "now_monotonic_us": 1})
+        r = reports.setdefault(t.host.name, ProbeReport(lifecycle=ended, now=100, now_monotonic_us=1))
         u, ex = states.get(t.name, (None, []))
         if u is not None:
-            r["units"][unit] = u
-        r["exits"][unit] = ex
-    return job_status(inv, tasks, reports, list(unreachable))
+            r.units[unit] = u
+        r.exits[unit] = ex
+    return job_status(inv, list(placement.tasks), reports, {h: "connection refused" for h in unreachable})
 
 
 NEVER = RestartPolicy("Never", 0)
@@ -206,10 +208,9 @@ def test_pending_unknown_and_everything_stopped_by_hand():
     ("ExitCode", 4, {"restart": "on-failure", "start_limit_burst": 5}),
 ])
 def test_restart_policy_mapping(policy, limit, expect):
-    from provision.render import _restart
+    from provision.lifecycle import systemd_restart
 
-    pool = Pool("worker", 1, command=("/bin/true",), restart=RestartPolicy(policy, limit))
-    got = _restart(pool)
+    got = systemd_restart(RestartPolicy(policy, limit))
     for k, v in expect.items():
         assert got[k] == v
     if policy == "ExitCode":

@@ -80,6 +80,7 @@ class Case:
     fix: str = ""
     shown: str | None = None  # what the doc shows as "you wrote" (default: the new text)
     tree: tuple[tuple[str, str], ...] = ()  # extra files beside the inventory: (path, content)
+    links: tuple[tuple[str, str], ...] = ()  # symbolic links beside the inventory: (path, target)
 
     def source(self) -> str:
         if self.text is not None:
@@ -376,6 +377,13 @@ CASES: list[Case] = [
         E("5: ssh.host_key_policy: expected one of strict, accept-new, off, got 'accept_new' (did you mean 'accept-new'?)"),
         edits=(("  host_key_policy: accept-new\n", "  host_key_policy: accept_new\n"),),
         fix="`strict` (known hosts only), `accept-new` (learn unknown keys, refuse changed ones) or `off`.",
+    ),
+    Case(
+        "host-key-policy-bool",
+        "host_key_policy read as a boolean",
+        E("5: ssh.host_key_policy: expected one of strict, accept-new, off, got True (YAML reads an unquoted on/yes/true as a boolean: quote it)"),
+        edits=(("  host_key_policy: accept-new\n", "  host_key_policy: yes\n"),),
+        fix="YAML 1.1 reads unquoted `yes`/`on`/`true` as true and `no`/`off`/`false` as false. An unquoted `off` (or any false) is taken as `off`; anything else, quote: `host_key_policy: \"strict\"`.",
     ),
     Case(
         "jump-host",
@@ -708,10 +716,18 @@ CASES: list[Case] = [
     ),
     Case(
         "files-dest-dotdot",
-        "files: dest climbs with ..",
-        E("31: files[0].dest: expected an absolute path on the host, got '/opt/job/../../etc/cron.d/x'"),
-        edits=(("dest: /opt/job/train.py}", "dest: /opt/job/../../etc/cron.d/x}"),),
-        fix="Write the real path, without `..`.",
+        "files: dest climbs above / with ..",
+        E("31: files[0].dest: climbs above / with '..', got '/opt/../../etc/cron.d/x'"),
+        edits=(("dest: /opt/job/train.py}", "dest: /opt/../../etc/cron.d/x}"),),
+        fix="Every `dest` is normalised before it is checked: `//`, `/./` and `..` are resolved as the host reads the path (`/opt/job/../lib/x` is `/opt/lib/x`) and a trailing `/` is dropped; `..` may not climb above `/`. Write the real path.",
+    ),
+    Case(
+        "files-dest-root",
+        "files: dest is /",
+        E("31: files[0].dest: is the root directory /; name a directory below it, got '/./'"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: job/, dest: /./}"),),
+        tree=(("job/train.py", "print('train')\n"),),
+        fix="Push a directory into its own place, such as `/opt/job/`.",
     ),
     Case(
         "files-dest-reserved",
@@ -721,6 +737,13 @@ CASES: list[Case] = [
         fix="/etc/provision and /etc/systemd/system are provision's; push your files elsewhere.",
     ),
     Case(
+        "files-dest-reserved-normalised",
+        "files: dest that normalises into provision's own directories",
+        E("31: files[0].dest: /etc/provision/mnist/chief-0.env is reserved for provision's own files, got '//etc/provision/mnist/chief-0.env'"),
+        edits=(("dest: /opt/job/train.py}", "dest: //etc/provision/mnist/chief-0.env}"),),
+        fix="The check is made on the normalised path (`//etc/...`, `/etc/./provision/...` and `/opt/../etc/provision/...` are all `/etc/provision/...`); push your files elsewhere.",
+    ),
+    Case(
         "files-dir-into-reserved",
         "files: a directory that reaches into provision's directories",
         E(f"31: files[0].src: {DIR}/overlay/systemd/system would be pushed into /etc/systemd/system, which is reserved for provision's own files"),
@@ -728,6 +751,51 @@ CASES: list[Case] = [
         tree=(("overlay/systemd/system/extra.service", "[Service]\n"),),
         shown="- {src: overlay/, dest: /etc/}   (overlay/systemd/system/extra.service exists)",
         fix="Units and env files under /etc/systemd/system and /etc/provision are written by provision (and removed by destroy); push the directory's other content to its own place.",
+    ),
+    Case(
+        "files-dest-duplicate",
+        "files: two entries write the same file",
+        E("32: files[1].dest: /opt/job/train.py is also written by files[0]; a file on the host has one source"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}\n", "  - {src: train.py, dest: /opt/job/train.py}\n  - {src: train.py, dest: /opt//job/./train.py}\n"),),
+        fix="Give each file one entry. Destinations are compared once normalised, and a directory's files count one by one (two directories may fill the same place as long as no file is in both).",
+    ),
+    Case(
+        "files-dest-file-and-dir",
+        "files: a file where another entry needs a directory",
+        E("32: files[1].dest: /opt/job/train.py needs /opt/job to be a directory, but files[0] writes a file there"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}\n", "  - {src: train.py, dest: /opt/job}\n  - {src: job/, dest: /opt/job/}\n"),),
+        tree=(("job/train.py", "print('train')\n"),),
+        fix="A file (`src` not a directory) goes to `dest` itself; end `dest` with `/` to put it into that directory: `dest: /opt/job/` pushes `/opt/job/train.py`.",
+    ),
+    Case(
+        "files-link-outside",
+        "files: a link in a pushed directory points out of it",
+        E(f"31: files[0].src: {DIR}/job/key is a symbolic link to {DIR}/secret.key, outside the pushed directory {DIR}/job"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: job/, dest: /opt/job/}"),),
+        tree=(("job/train.py", "print('train')\n"), ("secret.key", "k\n")),
+        links=(("job/key", "../secret.key"),),
+        shown="- {src: job/, dest: /opt/job/}   (job/key -> ../secret.key)",
+        fix="Links inside a pushed directory must stay inside it: a link to a file there is pushed as that file (with its mode), a link to a directory there is walked. Copy what you need into the directory, or push it with its own entry. (The `src` of an entry may itself be a link to anywhere: that is the file you named.)",
+    ),
+    Case(
+        "files-link-dangling",
+        "files: a dangling link in a pushed directory",
+        E(f"31: files[0].src: {DIR}/job/model.bin is a symbolic link to checkpoints/last.bin, which does not exist"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: job/, dest: /opt/job/}"),),
+        tree=(("job/train.py", "print('train')\n"),),
+        links=(("job/model.bin", "checkpoints/last.bin"),),
+        shown="- {src: job/, dest: /opt/job/}   (job/model.bin -> checkpoints/last.bin, missing)",
+        fix="Remove the link or create what it points to.",
+    ),
+    Case(
+        "files-link-loop",
+        "files: a link to a directory that contains it",
+        E(f"31: files[0].src: {DIR}/job/self is a symbolic link to {DIR}/job, a directory that contains it (a loop)"),
+        edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: job/, dest: /opt/job/}"),),
+        tree=(("job/train.py", "print('train')\n"),),
+        links=(("job/self", "."),),
+        shown="- {src: job/, dest: /opt/job/}   (job/self -> .)",
+        fix="Walking it would never end: remove the link. (Links to other directories in the tree are fine.)",
     ),
     Case(
         "files-keys",
@@ -812,6 +880,9 @@ def problems_of(case: Case, tmp: Path) -> list[str]:
     for rel, content in case.tree:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_text(content)
+    for rel, target in case.links:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, tmp / rel)
     inv = tmp / NAME
     if case.id == "directory":
         inv.mkdir()
@@ -846,6 +917,17 @@ def test_base_is_valid(tmp_path):
 def test_case_ids_unique():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("written", ["off", "no", "false", '"off"'])
+def test_host_key_policy_off_unquoted(written: str, tmp_path: Path) -> None:
+    """YAML 1.1 reads an unquoted `off` as false: the only sensible reading is "off"."""
+    (tmp_path / "train.py").write_text("print('train')\n")
+    text = BASE.replace("  host_key_policy: accept-new\n", f"  host_key_policy: {written}\n")
+    text = text.replace("    labels: {rack: r2}\n", f"    labels: {{rack: r2}}\n    host_key_policy: {written}\n")
+    inv = parse(text, tmp_path / NAME)
+    assert inv.ssh.host_key_policy == "off"
+    assert inv.host("gpu-2").ssh.host_key_policy == "off"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

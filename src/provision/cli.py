@@ -150,12 +150,12 @@ def _progress(line: str) -> None:
     click.echo(click.style("  ... ", dim=True) + line, err=True)
 
 
-def _context(inventory, state_path, targets, parallelism, verbose, *, render_secrets=True):
+def _context(inventory, state_path, targets, parallelism, verbose, *, render_secrets=True, operation=None):
     from .engine import open_context
 
     return open_context(
         inventory, state_path=state_path, only=tuple(targets), parallelism=parallelism,
-        verbose=verbose, render_secrets=render_secrets,
+        verbose=verbose, render_secrets=render_secrets, operation=operation,
     )
 
 
@@ -180,12 +180,55 @@ def _confirm(verb: str, question: str) -> None:
 
 
 def _report_unreachable(plan, outcomes=None) -> None:
-    names = {h.name: h.error.message for h in plan.unreachable}
+    """One line per unreachable host with its reason; past 10 hosts, a count per reason."""
+    why = {h.name: h.error.message for h in plan.unreachable}
     for o in (outcomes or {}).values():
         if o.unreachable:
-            names.setdefault(o.name, o.error)
-    if names:
-        click.echo(click.style(f"Unreachable: {', '.join(sorted(names))}. The other hosts were handled; run again when they are back.", fg="red"), err=True)
+            why.setdefault(o.name, o.error)
+    if not why:
+        return
+    if len(why) <= 10:
+        for name in sorted(why):
+            click.echo(click.style(f"Unreachable: {name}: {why[name]}", fg="red"), err=True)
+    else:
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in why.items():
+            by_reason.setdefault(reason, []).append(name)
+        for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            names.sort()
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            click.echo(click.style(f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {reason}", fg="red"), err=True)
+    click.echo(click.style("The other hosts were handled; run again when these are back.", fg="red"), err=True)
+
+
+def _change(inventory, state_path, targets, parallelism, verbose, *, operation, auto_approve, as_json, make_plan, execute, question):
+    """apply and destroy: lock, plan, show, confirm, execute, report; returns the exit code."""
+    from .output import print_outcome, print_plan
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose,
+                   render_secrets=operation == "apply", operation=operation)
+    try:
+        if ctx.lock is not None and ctx.lock.notice:
+            click.echo(f"Note: {ctx.lock.notice}", err=True)
+        p = make_plan(ctx)
+        if not as_json:
+            print_plan(p, destroying=operation == "destroy")
+        if p.problems:
+            raise ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
+        outcomes = {}
+        if p.changed:
+            if not auto_approve:
+                _confirm(operation, question)
+            outcomes = execute(ctx, p, progress=_progress)
+        if as_json:
+            click.echo(_json.dumps({"format_version": 2, "plan": p.to_json(),
+                                    "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
+        else:
+            print_outcome(ctx, p, outcomes, operation)
+        _report_unreachable(p, outcomes)
+        return _exit_for(p, outcomes)
+    finally:
+        ctx.close()
 
 
 @main.command()
@@ -229,41 +272,14 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
 
     A second apply with nothing changed does nothing.
     """
-    from .engine import apply_plan, build_plan, lock
-    from .output import print_plan
+    from .engine import apply_plan, build_plan
 
-    ctx = _context(inventory, state_path, targets, parallelism, verbose)
-    try:
-        with lock(ctx, "apply") as lk:
-            if lk.notice:
-                click.echo(f"Note: {lk.notice}", err=True)
-            p = build_plan(ctx, replace=set(replace))
-            if not as_json:
-                print_plan(p)
-            problems = [f"{h.target.where}: {m}" for h in p.hosts for m in h.problems]
-            if problems:
-                raise ProvisionError(problems[0] + " (nothing was changed on any host)", details=problems[1:])
-            outcomes = {}
-            if p.changed:
-                if not auto_approve:
-                    _confirm("apply", "Do you want to perform these actions?")
-                outcomes = apply_plan(ctx, p, progress=_progress)
-            if as_json:
-                click.echo(_json.dumps({"plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
-            else:
-                failed = {n: o for n, o in outcomes.items() if o.error and not o.unreachable}
-                for n, o in failed.items():
-                    click.echo(click.style(f"Error: {ctx.targets[n].where}: {o.error}", fg="red"), err=True)
-                if p.changed:
-                    a, c, d = p.counts()
-                    word = "Apply complete!" if not failed and not any(o.unreachable for o in outcomes.values()) else "Apply finished with errors."
-                    click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
-            _report_unreachable(p, outcomes)
-            code = _exit_for(p, outcomes)
-    finally:
-        ctx.close()
+    code = _change(inventory, state_path, targets, parallelism, verbose, operation="apply",
+                   auto_approve=auto_approve, as_json=as_json,
+                   make_plan=lambda ctx: build_plan(ctx, replace=set(replace)), execute=apply_plan,
+                   question="Do you want to perform these actions?")
     if wait_after and code == 0:
-        from .lifecycle import wait_for_job
+        from .follow import wait_for_job
 
         code = wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose)
     sys.exit(code)
@@ -277,35 +293,11 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
 def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json):
     """Stop the job's tasks (reverse start order) and remove everything provision put on the hosts."""
     from .engine import destroy as do_destroy
-    from .engine import destroy_plan, lock
-    from .output import print_plan
+    from .engine import destroy_plan
 
-    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
-    try:
-        with lock(ctx, "destroy") as lk:
-            if lk.notice:
-                click.echo(f"Note: {lk.notice}", err=True)
-            p = destroy_plan(ctx)
-            if not as_json:
-                print_plan(p)
-            outcomes = {}
-            if p.changed:
-                if not auto_approve:
-                    _confirm("destroy", "Destroy the job on these hosts?")
-                outcomes = do_destroy(ctx, p, progress=_progress)
-                if not as_json:
-                    errors = [o for o in outcomes.values() if o.error and not o.unreachable]
-                    for o in errors:
-                        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
-                    _, _, d = p.counts()
-                    click.echo(click.style(f"\nDestroy {'complete' if not errors else 'finished with errors'}! Resources: {d} destroyed.", bold=True))
-            if as_json:
-                click.echo(_json.dumps({"plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
-            _report_unreachable(p, outcomes)
-            code = _exit_for(p, outcomes)
-    finally:
-        ctx.close()
-    sys.exit(code)
+    sys.exit(_change(inventory, state_path, targets, parallelism, verbose, operation="destroy",
+                     auto_approve=auto_approve, as_json=as_json, make_plan=destroy_plan, execute=do_destroy,
+                     question="Destroy the job on these hosts?"))
 
 
 @main.command()
@@ -321,9 +313,10 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
 
     ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
-        reports = probe(ctx, facts=True, files=False)
+        res = probe(ctx, facts="all", files=False)
     finally:
         ctx.close()
+    reports = {n: res.get(n) for n in ctx.targets}
     hosts = {h.name: h for h in ctx.inventory.hosts}
     rows, data, unreachable, bad = [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")], {}, [], False
     for name, r in reports.items():
@@ -334,7 +327,7 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
                 unreachable.append(name)
             bad = True
             continue
-        f = r["facts"]
+        f = r.facts or {}
         problems = mismatches(hosts[name], f) if name in hosts else []
         bad = bad or bool(problems)
         row = summary_row(name, f)
@@ -360,11 +353,10 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
     """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
     import time
 
-    from .engine import open_context
-    from .lifecycle import collect
+    from .follow import collect
     from .output import status_lines
 
-    ctx = open_context(inventory, state_path=state_path, only=tuple(targets), parallelism=parallelism, verbose=verbose, render_secrets=False)
+    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
         while True:
             st = collect(ctx)
@@ -376,13 +368,15 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
                     click.echo("\x1b[H\x1b[2J", nl=False)
                 for line in lines:
                     click.echo(line)
-            if not watch or st.phase in ("Succeeded", "Failed"):
+            if not watch or st.phase.ended:
                 break
             time.sleep(2)
     finally:
         ctx.close()
     if st.unreachable:
-        click.echo(f"Unreachable: {', '.join(st.unreachable)}", err=True)
+        why = {t.host: t.detail for t in st.tasks if t.state.value == "Unknown"}
+        for h in st.unreachable:
+            click.echo(f"Unreachable: {h}: {why.get(h, 'host unreachable')}", err=True)
         sys.exit(3)
 
 
@@ -416,7 +410,7 @@ def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, si
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
 def wait(inventory, state_path, timeout, verbose):
     """Block until the job succeeds (exit 0) or fails (exit 1)."""
-    from .lifecycle import wait_for_job
+    from .follow import wait_for_job
 
     sys.exit(wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose))
 
@@ -442,3 +436,7 @@ def force_unlock(inventory, lock_id, state_path):
 from .sandbox_cli import sandbox  # noqa: E402
 
 main.add_command(sandbox)
+
+from .import_cli import import_group  # noqa: E402
+
+main.add_command(import_group, name="import")

@@ -1,9 +1,13 @@
 """Plan, apply and destroy: the steps that need hosts, in order.
 
-inventory → render (desired) → probe (one agent round trip per host: facts, checksums,
-unit states) → plan (pure) → apply: write files everywhere, then start tasks phase by
-phase (ps and reduction servers → chief and workers → evaluator), recording state after
-every host. Only `ssh.py` talks to the network; this module decides what to ask.
+inventory → render (desired) → probe (one round trip per host) → plan (pure) → apply:
+  1. record the placement, and every host about to be written as pending (state);
+  2. WRITE: every host's files at once (the first start phase in the same round trip when
+     nothing has to stop first);
+  3. START: phase by phase across all hosts (ps and reduction servers → chief and workers →
+     evaluator), each host recorded in the state once its last phase started.
+destroy: STOP phase by phase in reverse, then REMOVE everything, forgetting each host.
+Only `ssh.py` talks to the network; this module decides what to ask (host/protocol.py).
 """
 
 from __future__ import annotations
@@ -14,19 +18,37 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Literal
 
 from .errors import ProvisionError
 from .facts import needed as needed_facts
+from .host.protocol import (
+    CHECK_FACTS,
+    NO_FACTS,
+    BatchReport,
+    BatchRequest,
+    DestroyReport,
+    DestroyRequest,
+    FileWrite,
+    ProbeReport,
+    ProbeRequest,
+    UnitsReport,
+    UnitsRequest,
+    WriteReport,
+    WriteRequest,
+)
 from .inventory import load
+from .lifecycle import never_loaded, phases, started_ok
 from .model import Inventory
-from .plan import HostPlan, Plan, make_plan, plan_host, task_phase
-from .render import Rendered, manifest_bytes, manifest_path, render
+from .plan import FileAction, HostPlan, Plan, make_plan, plan_host
 from .probe import probe_host
+from .render import FileKind, Rendered, manifest_bytes, render
 from .ssh import HostError, KnownHosts, Session, Target, call_agent
-from .state import State, StateLock, default_state_path
+from .state import HostRecord, State, StateLock, TaskRecord, default_state_path
+from .steps import GroupResult, Step, run_step
 
 Progress = Callable[[str], None]
+Facts = Literal["none", "check", "all"]
 
 
 @dataclass
@@ -35,11 +57,14 @@ class Context:
     state: State
     session: Session
     targets: dict[str, Target]  # inventory hosts, plus hosts only the state remembers
-    rendered: Rendered | None = None
-    only: set[str] | None = None
+    rendered: Rendered
+    lock: StateLock | None = None
+    subset: bool = False  # --target: only some of the hosts
 
     def close(self) -> None:
         self.session.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def secrets_from_env(inv: Inventory) -> dict[str, str]:
@@ -52,6 +77,11 @@ def secrets_from_env(inv: Inventory) -> dict[str, str]:
     return {k: os.environ[k] for k in inv.secret_env}
 
 
+def target_of(name: str, rec: HostRecord) -> Target:
+    return Target(name, rec.address, rec.port, rec.user, rec.identity_file, rec.jump_host,
+                  rec.connect_timeout, rec.host_key_policy)
+
+
 def open_context(
     inventory_path: str,
     *,
@@ -60,72 +90,82 @@ def open_context(
     parallelism: int | None = None,
     verbose: bool = False,
     render_secrets: bool = True,
+    operation: str | None = None,
 ) -> Context:
+    """Load, lock (when `operation` changes hosts: before the state is read, so no other
+    run can save over what this one read), read the state, render."""
     inv = load(inventory_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
-    state = State.load(sp, inv.job)
-    known = KnownHosts(state.known_hosts_path)
-    targets = {h.name: Target.from_host(h) for h in inv.hosts}
-    for name, entry in state.hosts().items():
-        if name not in targets and "address" in entry:
-            targets[name] = Target(
-                name, entry["address"], entry.get("port", 22), entry.get("user", "root"),
-                entry.get("identity_file"), entry.get("jump_host"), entry.get("connect_timeout", 10.0),
-                entry.get("host_key_policy", "accept-new"),
-            )
-    if only:
-        unknown = [h for h in only if h not in targets]
-        if unknown:
-            raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
-        targets = {k: v for k, v in targets.items() if k in only}
-    secrets = secrets_from_env(inv) if render_secrets else None
-    rendered = render(inv, previous=state.previous_placement(), secrets=secrets)
-    session = Session(known, parallelism=parallelism, verbose=verbose)
-    return Context(inv, state, session, targets, rendered, set(only) if only else None)
+    lock = StateLock(sp, operation).acquire() if operation else None
+    try:
+        state = State.load(sp, inv.job)
+        targets = {h.name: Target.from_host(h) for h in inv.hosts}
+        for name, rec in state.hosts.items():
+            targets.setdefault(name, target_of(name, rec))
+        if only:
+            unknown = [h for h in only if h not in targets]
+            if unknown:
+                raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
+            targets = {k: v for k, v in targets.items() if k in only}
+        secrets = secrets_from_env(inv) if render_secrets else None
+        rendered = render(inv, previous=state.previous_placement(), secrets=secrets)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
+    return Context(inv, state, session, targets, rendered, lock, bool(only))
 
 
 # --------------------------------------------------------------------------- probe + plan
 
 
-def probe(ctx: Context, *, facts: bool | str = True, files: bool = True, only: set[str] | None = None,
-          fast: bool = False) -> dict[str, dict | HostError]:
-    """One round trip per host. facts: True (all), False, or "check": only those that plan
-    checks against the inventory (facts.mismatches), which is much cheaper. fast: through
-    the shell probe where it can answer (probe.py); its report lacks the host's clock."""
-    rendered = ctx.rendered
-    job = ctx.inventory.job
-    hosts = {h.name: h for h in ctx.inventory.hosts}
-    recorded = ctx.state.hosts()
+def probe_request(ctx: Context, name: str, *, facts: Facts, files: bool = True) -> ProbeRequest:
+    rec = ctx.state.hosts.get(name)
+    bundle = ctx.rendered.hosts.get(name)
+    host = next((h for h in ctx.inventory.hosts if h.name == name), None)
+    units = set(rec.units()) if rec else set()
+    # What the state says was put there, besides what should be: the host's manifest names
+    # it too, but the shell probe must name every path before it reads the manifest.
+    if bundle is not None:
+        units |= {u.unit for u in bundle.tasks}
+    return ProbeRequest(
+        job=ctx.inventory.job,
+        want={f.path: f.sha256 for f in bundle.files} if bundle else {},
+        paths=sorted(rec.files) if rec else [],
+        units=sorted(units),
+        files=files,
+        facts=facts,
+        facts_only=sorted(needed_facts(host)) if facts == CHECK_FACTS and host else [],
+        content_max=256 * 1024,
+    )
 
-    def one(t: Target) -> dict:
-        bundle = rendered.hosts.get(t.name) if rendered else None
-        req = {"op": "probe", "job": job, "facts": bool(facts), "files": files, "content_max": 256 * 1024}
-        if facts == "check":
-            req["facts_only"] = needed_facts(hosts.get(t.name))
-        # What the state says was put there, besides what should be: the host's manifest
-        # names it too, but the fast probe must name every path before it reads the manifest.
-        entry = recorded.get(t.name, {})
-        req["paths"] = sorted(entry.get("files", {}))
-        req["units"] = sorted({x["unit"] for x in entry.get("tasks", {}).values() if x.get("unit")})
-        if bundle is not None:
-            req["want"] = {f.path: f.sha256 for f in bundle.files}
-            req["units"] = sorted(set(req["units"]) | {u.unit for u in bundle.tasks})
+
+def probe(ctx: Context, *, facts: Facts = NO_FACTS, files: bool = True, fast: bool = False,
+          only: set[str] | None = None) -> GroupResult[ProbeReport]:
+    """One round trip per host. facts: none, check (only what plan checks against the
+    inventory, much cheaper) or all. fast: through the shell probe where it can answer
+    (probe.py); its report lacks the host's clock, which status needs."""
+
+    def one(t: Target) -> ProbeReport:
+        req = probe_request(ctx, t.name, facts=facts, files=files)
         if fast:
             return probe_host(ctx.session, t, req)
-        return call_agent(ctx.session, t, req, timeout=120)
+        report: ProbeReport = call_agent(ctx.session, t, req, timeout=120)
+        return report
 
-    return ctx.session.map(one, [t for n, t in ctx.targets.items() if only is None or n in only])
+    targets = [t for n, t in ctx.targets.items() if only is None or n in only]
+    return run_step(ctx.session, Step.PROBE, one, targets)
 
 
 def build_plan(ctx: Context, *, replace: set[str] | None = None, facts: bool = True) -> Plan:
-    assert ctx.rendered is not None
     if replace:
         names = {t.name for t in ctx.rendered.placement.tasks}
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    reports = probe(ctx, facts="check" if facts else False, fast=True)
-    return make_plan(ctx.rendered, ctx.targets, reports, replace=replace)
+    reports = probe(ctx, facts=CHECK_FACTS if facts else NO_FACTS, fast=True)
+    return make_plan(ctx.rendered, ctx.targets, {n: reports.get(n) for n in ctx.targets}, replace=replace)
 
 
 # --------------------------------------------------------------------------- apply
@@ -138,6 +178,10 @@ class HostOutcome:
     unreachable: bool = False
     started: list[str] = field(default_factory=list)
     failed_tasks: list[str] = field(default_factory=list)
+
+    def fail(self, e: HostError) -> None:
+        self.error = self.error or e.message
+        self.unreachable = self.unreachable or e.unreachable
 
 
 def _b64(data: bytes) -> str:
@@ -153,13 +197,12 @@ def _manifests(hp: HostPlan) -> tuple[bytes, bytes, bytes]:
     """
     assert hp.bundle is not None
     final = hp.bundle.manifest
-    restart = {t.task for t in hp.tasks if t.action in ("start", "restart")}
     interim = copy.deepcopy(final)
-    for name in restart:
-        interim["tasks"][name]["inputs"] = "pending"
+    for t in hp.starts():
+        interim["tasks"][t.task]["inputs"] = "pending"
     pending = copy.deepcopy(interim)
-    old = (hp.report or {}).get("manifest")
-    if isinstance(old, dict) and "_unreadable" not in old:
+    old = hp.report.readable_manifest() if hp.report else None
+    if old is not None:
         for path, rec in old.get("files", {}).items():
             pending["files"].setdefault(path, rec)
         for name, rec in old.get("tasks", {}).items():
@@ -167,211 +210,214 @@ def _manifests(hp: HostPlan) -> tuple[bytes, bytes, bytes]:
     return manifest_bytes(pending), manifest_bytes(interim), manifest_bytes(final)
 
 
-def _state_entry(t: Target, hp: HostPlan) -> dict:
+def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False) -> HostRecord:
+    """What the state keeps of a host: how to reach it, and (keyed) what is there."""
     assert hp.bundle is not None
-    return {
-        "address": t.address, "port": t.port, "user": t.user, "identity_file": t.identity_file,
-        "jump_host": t.jump_host, "connect_timeout": t.connect_timeout, "host_key_policy": t.host_key_policy,
-        "files": {f.path: f.sha256 for f in hp.bundle.files},
-        "tasks": {u.task.name: {"unit": u.unit, "inputs": u.inputs, "phase": u.phase} for u in hp.bundle.tasks},
-    }
+    k = ctx.state.keyed
+    return HostRecord(
+        address=t.address, port=t.port, user=t.user, identity_file=t.identity_file, jump_host=t.jump_host,
+        connect_timeout=t.connect_timeout, host_key_policy=t.host_key_policy,
+        files={f.path: k(f.sha256) for f in hp.bundle.files},
+        tasks={u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in hp.bundle.tasks},
+        pending=pending,
+    )
 
 
-def _never_loaded(state: dict | None) -> bool:
-    """systemd knows nothing of the unit: no file was loaded and nothing runs under it."""
-    return bool(state) and state.get("LoadState") == "not-found" and state.get("ActiveState") == "inactive" \
-        and state.get("SubState", "dead") == "dead"
+class _Apply:
+    """One apply: the plan's hosts that change, walked through the steps."""
 
+    def __init__(self, ctx: Context, plan: Plan, progress: Progress):
+        self.ctx, self.plan, self.progress = ctx, plan, progress
+        self.job = ctx.inventory.job
+        self.outcomes: dict[str, HostOutcome] = {}
+        self.work: dict[str, HostPlan] = {}
+        for hp in plan.hosts:
+            if hp.error is not None:
+                self.outcomes[hp.name] = HostOutcome(hp.name, hp.error.message, hp.error.unreachable)
+            elif hp.changed:
+                self.work[hp.name] = hp
+                self.outcomes[hp.name] = HostOutcome(hp.name)
+        self.manifests = {n: _manifests(hp) for n, hp in self.work.items() if hp.bundle is not None}
+        self.last_phase = {n: max((t.phase for t in hp.starts()), default=-1) for n, hp in self.work.items()}
+        # The first phase needs nothing started before it: when nothing stops anywhere (stops
+        # must finish on every host first), a host's tasks of that phase start in the round
+        # trip that writes its files.
+        first = min((t.phase for hp in self.work.values() for t in hp.starts()), default=None)
+        if any(hp.bundle is None or hp.stops() for hp in self.work.values()):
+            first = None
+        self.first = first
+        self._early: set[str] = set()  # hosts whose first phase started with the write
+        self._lock = threading.Lock()
 
-def _unit_ok(state: dict, exits: list | None) -> bool:
-    return task_phase(state, exits) in ("running", "completed")
+    def run(self) -> dict[str, HostOutcome]:
+        ctx = self.ctx
+        # Adopt hosts that run the job but that the state does not know (a killed apply, a
+        # lost state): the state must name every host with the job on it.
+        for hp in self.plan.hosts:
+            if hp.adopt and not hp.changed and hp.name not in ctx.state.hosts:
+                ctx.state.record_host(hp.name, host_record(ctx, ctx.targets[hp.name], hp))
+        if not self.work:
+            return self.outcomes
+        # Growing pools must not move tasks: the placement is recorded before anything moves,
+        # and every host about to be written is named (pending) before it is written.
+        ctx.state.set_placement(ctx.rendered.placement.slots())
+        for name, hp in self.work.items():
+            if hp.bundle is not None:
+                ctx.state.record_host(name, host_record(ctx, ctx.targets[name], hp, pending=True))
+        self._note(run_step(ctx.session, Step.WRITE, self._write, self._targets(self.work)))
+        for phase in phases():
+            movers = [n for n, hp in self.work.items()
+                      if self.outcomes[n].error is None and not (phase == self.first and n in self._early)
+                      and any(t.phase == phase for t in hp.starts())]
+            if movers:
+                self._note(run_step(ctx.session, Step.START, lambda t, p=phase: self._start(t, p), self._targets(movers)))
+        return self.outcomes
 
+    def _targets(self, names: Iterable[str]) -> list[Target]:
+        return [self.ctx.targets[n] for n in names]
 
-def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
-    """Make it so. Hosts with errors in the plan are left alone; the rest converge."""
-    assert ctx.rendered is not None
-    job = ctx.inventory.job
-    outcomes: dict[str, HostOutcome] = {}
-    work: dict[str, HostPlan] = {}
-    for hp in plan.hosts:
-        if hp.error is not None:
-            outcomes[hp.name] = HostOutcome(hp.name, hp.error.message, hp.error.unreachable)
-        elif hp.changed:
-            work[hp.name] = hp
-            outcomes[hp.name] = HostOutcome(hp.name)
-    if not work:
-        return outcomes
-    # Growing pools must not move tasks: the placement is recorded before anything moves.
-    placement = {n: {"host": s.host, "port": s.port, "accelerators": list(s.accelerators)} for n, s in ctx.rendered.placement.slots().items()}
-    ctx.state.update(placement=placement)
-    manifests = {n: _manifests(hp) for n, hp in work.items() if hp.bundle is not None}
-    starts = {n: [t for t in hp.tasks if t.action in ("start", "restart")] for n, hp in work.items() if hp.bundle is not None}
-    last_phase = {n: max((t.phase for t in ts), default=-1) for n, ts in starts.items()}
-    lock = threading.Lock()
+    def _note(self, res: GroupResult[None]) -> None:
+        for name, e in res.errors.items():
+            with self._lock:
+                self.outcomes[name].fail(e)
 
-    def fail(name: str, message: str, unreachable: bool = False) -> None:
-        with lock:
-            o = outcomes[name]
-            o.error = o.error or message
-            o.unreachable = o.unreachable or unreachable
-
-    def start_request(t: Target, phase: int) -> dict:
-        units = [x.unit for x in starts[t.name] if x.phase == phase]
+    def _start_request(self, t: Target, phase: int) -> UnitsRequest:
+        hp = self.work[t.name]
+        units = [x.unit for x in hp.starts() if x.phase == phase]
         # Units systemd had never loaded when probed (a first apply) have no failed state,
         # start counters or process to reset or stop: a plain start saves the host two
         # systemctl runs each (~7 ms apiece, mostly loading the binary).
-        seen = (work[t.name].report or {}).get("units", {})
-        unseen = [u for u in units if _never_loaded(seen.get(u))]
+        seen = hp.report.units if hp.report else {}
+        unseen = [u for u in units if never_loaded(seen.get(u))]
         rest = [u for u in units if u not in unseen]
-        req = {"op": "units", "job": job, "actions": [["reset-failed", rest], ["restart", rest], ["start", unseen]],
-               "report": units}
-        if last_phase[t.name] == phase:
-            req["manifest"] = _b64(manifests[t.name][2])
-        return req
+        return UnitsRequest(
+            job=self.job,
+            actions=[["reset-failed", rest], ["restart", rest], ["start", unseen]],
+            report=units,
+            manifest=_b64(self.manifests[t.name][2]) if self.last_phase[t.name] == phase else "",
+        )
 
-    def started(t: Target, phase: int, res: dict) -> None:
-        movers = [x for x in starts[t.name] if x.phase == phase]
+    def _started(self, t: Target, phase: int, res: UnitsReport) -> None:
+        hp = self.work[t.name]
+        movers = [x for x in hp.starts() if x.phase == phase]
         bad = []
         for x in movers:
-            st = res["units"].get(x.unit, {})
-            if _unit_ok(st, res.get("exits", {}).get(x.unit)):
-                outcomes[t.name].started.append(x.task)
+            st = res.units.get(x.unit, {})
+            if started_ok(st, res.exits.get(x.unit)):
+                self.outcomes[t.name].started.append(x.task)
             else:
-                bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')})")
-                outcomes[t.name].failed_tasks.append(x.task)
-        if res["errors"] or bad:
-            raise HostError(t, "; ".join(res["errors"] + bad) + f"; see `provision logs {ctx.inventory.path.name} TASK`")
-        progress(f"{t.name}: started {', '.join(x.task for x in movers)}")
-        if last_phase[t.name] == phase:
-            ctx.state.update(host=t.name, entry=_state_entry(t, work[t.name]))
+                bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')}); "
+                           f"see `provision logs {self.ctx.inventory.path.name} {x.task}`")
+                self.outcomes[t.name].failed_tasks.append(x.task)
+        if res.errors or bad:
+            raise HostError(t, "; ".join(res.errors + bad))
+        self.progress(f"{t.name}: started {', '.join(x.task for x in movers)}")
+        if self.last_phase[t.name] == phase:
+            self.ctx.state.record_host(t.name, host_record(self.ctx, t, hp))
 
-    # The first phase to start needs nothing started before it: when nothing stops anywhere
-    # (stops must finish on every host first), a host's tasks of that phase start in the
-    # same round trip as its files are written, one agent call instead of two.
-    first = min((x.phase for ts in starts.values() for x in ts), default=None)
-    if any(hp.bundle is None or any(x.action == "stop" for x in hp.tasks) for hp in work.values()):
-        first = None
-    early: set[str] = set()
-
-    # 1. Files, everywhere at once; tasks leaving the job are stopped first.
-    def write(t: Target) -> None:
-        hp = work[t.name]
-        if hp.bundle is None:
-            order = sorted((x for x in hp.tasks if x.action == "stop"), key=lambda x: -x.phase)
-            res = call_agent(ctx.session, t, {"op": "destroy", "job": job, "stop": [x.unit for x in order]})
-            if res["errors"]:
-                raise HostError(t, "; ".join(res["errors"]))
-            ctx.state.update(remove_host=t.name)
-            progress(f"{t.name}: removed the job ({res['removed']} files)")
-            return
+    def _write_request(self, t: Target) -> WriteRequest:
+        hp = self.work[t.name]
+        assert hp.bundle is not None
         desired = hp.bundle.file_map()
-        writes = [desired[f.path] for f in hp.files if f.action in ("create", "update") and f.kind != "manifest"]
-        stops = [x.unit for x in sorted((x for x in hp.tasks if x.action == "stop"), key=lambda x: -x.phase)]
-        pending, interim, final = manifests[t.name]
+        changes = [f for f in hp.files if f.action is not FileAction.DELETE and f.kind is not FileKind.MANIFEST]
+        stops = [x.unit for x in hp.stops()]
+        pending, interim, final = self.manifests[t.name]
         # Unit files new to the host need no daemon-reload (a tenth of a second of the host's
         # CPU) where systemd loads them by itself (246+): the agent asks systemd and reloads
         # only if one is not loaded or is stale. Changed or removed unit files, and stops,
         # always reload.
-        unit_changes = [f for f in hp.files if f.kind in ("unit", "target")]
-        fresh = bool(unit_changes) and not stops and all(f.action == "create" and not f.drift for f in unit_changes)
-        req = {
-            "op": "write",
-            "job": job,
-            "manifest_pending": _b64(pending),
-            "stop": stops,
-            "files": [{"path": f.path, "mode": f.mode, "content": _b64(f.data())} for f in writes],
-            "remove": [f.path for f in hp.files if f.action == "delete"],
-            "daemon_reload": (hp.units_changed and not fresh) or bool(stops),
-            "load_units": sorted(os.path.basename(f.path) for f in unit_changes) if fresh else [],
-            "reset_failed": stops,
-            "clear_lifecycle": bool(starts[t.name]),
-            "manifest": _b64(final if last_phase[t.name] < 0 else interim),
-        }
-        go = first is not None and any(x.phase == first for x in starts[t.name])
-        if go:
-            both = call_agent(ctx.session, t, {"op": "batch", "requests": [req, start_request(t, first)]})["results"]
-            res = both[0]
+        unit_changes = [f for f in hp.files if f.kind in (FileKind.UNIT, FileKind.TARGET)]
+        fresh = bool(unit_changes) and not stops and all(f.action is FileAction.CREATE and not f.drift for f in unit_changes)
+        return WriteRequest(
+            job=self.job,
+            manifest_pending=_b64(pending),
+            stop=stops,
+            files=[FileWrite(f.path, desired[f.path].mode, _b64(desired[f.path].data()), f.keep_original) for f in changes],
+            remove=[f.path for f in hp.files if f.action is FileAction.DELETE],
+            daemon_reload=(hp.units_changed and not fresh) or bool(stops),
+            load_units=sorted(os.path.basename(f.path) for f in unit_changes) if fresh else [],
+            reset_failed=stops,
+            clear_lifecycle=bool(hp.starts()),
+            manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
+        )
+
+    def _write(self, t: Target) -> None:
+        ctx, hp = self.ctx, self.work[t.name]
+        if hp.bundle is None:  # the job leaves this host
+            rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(self.job, [x.unit for x in hp.stops()]))
+            if rep.errors:
+                raise HostError(t, "; ".join(rep.errors))
+            ctx.state.forget_host(t.name)
+            self.progress(f"{t.name}: removed the job ({rep.removed} files)")
+            return
+        req = self._write_request(t)
+        early = self.first is not None and any(x.phase == self.first for x in hp.starts())
+        if early:
+            assert self.first is not None
+            batch = BatchRequest([req, self._start_request(t, self.first)])
+            both: BatchReport = call_agent(ctx.session, t, batch)
+            res: WriteReport = both.results[0]
         else:
             res = call_agent(ctx.session, t, req)
-        if res["errors"]:
-            raise HostError(t, "; ".join(res["errors"]))
-        progress(f"{t.name}: wrote {res['written']} files, removed {res['removed']}")
-        if last_phase[t.name] < 0:
-            ctx.state.update(host=t.name, entry=_state_entry(t, hp))
-        if go:
-            early.add(t.name)
-            started(t, first, both[1])
+        if res.errors:
+            raise HostError(t, "; ".join(res.errors))
+        self.progress(f"{t.name}: wrote {res.written} file{'s' if res.written != 1 else ''}, removed {res.removed}")
+        if self.last_phase[t.name] < 0:
+            ctx.state.record_host(t.name, host_record(ctx, t, hp))
+        if early:
+            assert self.first is not None
+            with self._lock:
+                self._early.add(t.name)
+            self._started(t, self.first, both.results[1])
 
-    _run_step(ctx, work, write, fail)
-
-    # 2. Tasks, phase by phase across all hosts.
-    for phase in (0, 1, 2):
-        movers = {n: [x for x in ts if x.phase == phase] for n, ts in starts.items()}
-        movers = {n: ts for n, ts in movers.items() if ts and outcomes[n].error is None and not (phase == first and n in early)}
-        if not movers:
-            continue
-
-        def start(t: Target, phase=phase) -> None:
-            started(t, phase, call_agent(ctx.session, t, start_request(t, phase)))
-
-        _run_step(ctx, {n: work[n] for n in movers}, start, fail)
-    return outcomes
+    def _start(self, t: Target, phase: int) -> None:
+        self._started(t, phase, call_agent(self.ctx.session, t, self._start_request(t, phase)))
 
 
-def _run_step(ctx: Context, hosts: dict[str, HostPlan], fn, fail) -> None:
-    results = ctx.session.map(lambda t: fn(t), [ctx.targets[n] for n in hosts])
-    for name, r in results.items():
-        if isinstance(r, HostError):
-            fail(name, r.message, r.unreachable)
+def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
+    """Make it so. Hosts with errors in the plan are left alone; the rest converge."""
+    return _Apply(ctx, plan, progress).run()
 
 
 # --------------------------------------------------------------------------- destroy
 
 
 def destroy_plan(ctx: Context) -> Plan:
-    reports = probe(ctx, facts=False, fast=True)
-    hosts = []
-    for name, t in ctx.targets.items():
-        hosts.append(plan_host(name, t, None, None, reports[name]))
-    return Plan(ctx.inventory.job, hosts)
+    reports = probe(ctx, fast=True)
+    job = ctx.inventory.job
+    return Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
 
 
 def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
     """Stop tasks in reverse start order across hosts, then remove every file."""
     job = ctx.inventory.job
-    outcomes = {h.name: HostOutcome(h.name, h.error.message if h.error else None, bool(h.error and h.error.unreachable)) for h in plan.hosts}
+    outcomes = {h.name: HostOutcome(h.name, h.error.message if h.error else None, bool(h.error and h.error.unreachable))
+                for h in plan.hosts}
     work = {h.name: h for h in plan.hosts if h.error is None and h.changed}
-    for phase in (2, 1, 0):
-        stoppers = {n: [x.unit for x in hp.tasks if x.action == "stop" and x.phase == phase] for n, hp in work.items()}
-        stoppers = {n: u for n, u in stoppers.items() if u}
-        if not stoppers:
-            continue
-        results = ctx.session.map(
-            lambda t: call_agent(ctx.session, t, {"op": "units", "job": job, "actions": [["stop", stoppers[t.name]]]}),
-            [ctx.targets[n] for n in stoppers],
-        )
-        for n, r in results.items():
-            if isinstance(r, HostError):
-                outcomes[n].error, outcomes[n].unreachable = r.message, r.unreachable
+    for phase in phases(stopping=True):
+        stoppers = {n: [x.unit for x in hp.stops() if x.phase == phase] for n, hp in work.items()}
+        stoppers = {n: u for n, u in stoppers.items() if u and outcomes[n].error is None}
+        if stoppers:
+            res = run_step(ctx.session, Step.STOP,
+                           lambda t: call_agent(ctx.session, t, UnitsRequest(job, [["stop", stoppers[t.name]]])),
+                           [ctx.targets[n] for n in stoppers])
+            for n, e in res.errors.items():
+                outcomes[n].fail(e)
 
-    def remove(t: Target) -> dict:
-        res = call_agent(ctx.session, t, {"op": "destroy", "job": job})
-        if res["errors"]:
-            raise HostError(t, "; ".join(res["errors"]))
-        ctx.state.update(remove_host=t.name)
-        progress(f"{t.name}: removed {res['removed']} files")
-        return res
+    def remove(t: Target) -> DestroyReport:
+        rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(job))
+        if rep.errors:
+            raise HostError(t, "; ".join(rep.errors))
+        ctx.state.forget_host(t.name)
+        progress(f"{t.name}: removed {rep.removed} file{'s' if rep.removed != 1 else ''}")
+        return rep
 
-    results = ctx.session.map(remove, [ctx.targets[n] for n in work if outcomes[n].error is None])
-    for n, r in results.items():
-        if isinstance(r, HostError):
-            outcomes[n].error, outcomes[n].unreachable = r.message, r.unreachable
+    removed = run_step(ctx.session, Step.REMOVE, remove, [ctx.targets[n] for n in work if outcomes[n].error is None])
+    for n, e in removed.errors.items():
+        outcomes[n].fail(e)
     # Hosts with nothing left are forgotten, so a second destroy is a clean no-op.
     for h in plan.hosts:
         if h.error is None and not h.changed:
-            ctx.state.update(remove_host=h.name)
+            ctx.state.forget_host(h.name)
     return outcomes
 
-
-def lock(ctx: Context, operation: str) -> StateLock:
-    return StateLock(ctx.state.path, operation)

@@ -8,6 +8,7 @@ here too, so `provision validate` reports everything a later apply would trip on
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from pathlib import Path
@@ -61,7 +62,7 @@ RESERVED_ENV = frozenset(
 # Where provision keeps its own files; `files:` may not write there.
 RESERVED_DIRS = ("/etc/provision", "/etc/systemd/system")
 
-TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success")
+TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec")
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels") + SSH_KEYS
 POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hosts", "port", "restart")
@@ -283,7 +284,13 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
     if "identity_file" in value:
         kw["identity_file"] = c.string(value["identity_file"], path + ("identity_file",))
     if "host_key_policy" in value:
-        kw["host_key_policy"] = c.choice(value["host_key_policy"], path + ("host_key_policy",), HOST_KEY_POLICIES)
+        policy = value["host_key_policy"]
+        if policy is False:  # YAML 1.1 reads an unquoted `off` (or `no`) as false: that is "off"
+            kw["host_key_policy"] = "off"
+        elif isinstance(policy, bool):
+            c.add(path + ("host_key_policy",), f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {_show(policy)} (YAML reads an unquoted on/yes/true as a boolean: quote it)")
+        else:
+            kw["host_key_policy"] = c.choice(policy, path + ("host_key_policy",), HOST_KEY_POLICIES)
     if "jump_host" in value:
         jh = value["jump_host"]
         kw["jump_host"] = None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
@@ -462,14 +469,29 @@ def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
     return pools
 
 
+def _reserved(dest: str) -> str | None:
+    """The reserved directory `dest` (normalised) is in or is, if any."""
+    return next((d for d in RESERVED_DIRS if dest == d or dest.startswith(d + "/")), None)
+
+
+MAX_TREE_PROBLEMS = 10  # per files: entry; the rest are counted
+
+
 def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
+    """`files:` entries. Destinations are normalised (`//`, `/./`, `..`, a trailing `/`)
+    before any check; a directory's tree is walked (pushed.walk_spec, as render walks it)
+    so that links out of it, dangling links and loops are reported here, not at apply."""
+    from .pushed import into_directory, normalize_dest, walk_spec
+
     path: Path_ = ("files",)
     if value is None:
         return []
     if not isinstance(value, list):
         c.add(path, f"expected a list of {{src, dest}} entries, got {_show(value)}")
         return []
-    out = []
+    out: list[FileSpec] = []
+    owners: dict[str, int] = {}  # destination file -> the entry that writes it
+    parents: dict[str, int] = {}  # directory a destination file needs -> the entry
     for i, raw in enumerate(value):
         fp = path + (i,)
         m = c.mapping(raw, fp)
@@ -478,25 +500,83 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         c.keys(m, fp, ("src", "dest"), required=("src", "dest"))
         src = c.string(m.get("src"), fp + ("src",)) if "src" in m else None
         dest = c.string(m.get("dest"), fp + ("dest",)) if "dest" in m else None
-        if src is None or dest is None:
-            continue
-        src_path = (base_dir / os.path.expanduser(src)).resolve()
-        if not src_path.exists():
-            c.add(fp + ("src",), f"no such file or directory: {src_path}")
-            continue
-        if not dest.startswith("/") or "/../" in dest + "/" or "\n" in dest:
-            c.add(fp + ("dest",), f"expected an absolute path on the host, got {_show(dest)}")
-            continue
-        norm = os.path.normpath(dest)
-        if any(norm == d or norm.startswith(d + "/") for d in RESERVED_DIRS) or norm == "/":
-            c.add(fp + ("dest",), f"{norm} is reserved for provision's own files")
+        # The src itself may be a link to anywhere (the user named that file); only links
+        # found inside a pushed directory must stay inside it.
+        src_path: Path | None = None
+        is_dir = False
+        if src is not None:
+            given = base_dir / os.path.expanduser(src)
+            try:
+                src_path = given.resolve()
+                os.stat(src_path)
+                is_dir = src_path.is_dir()
+            except FileNotFoundError:
+                c.add(fp + ("src",), f"no such file or directory: {src_path or given}")
+                src_path = None
+            except (OSError, RuntimeError) as e:  # RuntimeError: a link loop, from resolve()
+                reason = getattr(e, "strerror", None) or "too many levels of symbolic links"
+                c.add(fp + ("src",), f"cannot read {given}: {reason}")
+                src_path = None
+        norm: str | None = None
+        if dest is not None:
+            if not dest.startswith("/") or "\n" in dest:
+                c.add(fp + ("dest",), f"expected an absolute path on the host, got {_show(dest)}")
+            elif (norm := normalize_dest(dest)) is None:
+                c.add(fp + ("dest",), f"climbs above / with '..', got {_show(dest)}")
+            elif norm == "/":
+                c.add(fp + ("dest",), f"is the root directory /; name a directory below it, got {_show(dest)}")
+                norm = None
+            elif src_path is not None and not is_dir and into_directory(dest):
+                # `dest: /opt/job/` for a file: into that directory, under the file's name.
+                norm = f"{norm}/{os.path.basename(os.path.normpath(base_dir / os.path.expanduser(src or '')))}"
+            if norm is not None and _reserved(norm) is not None:
+                shown = "" if dest == norm else f", got {_show(dest)}"
+                c.add(fp + ("dest",), f"{norm} is reserved for provision's own files{shown}")
+                norm = None
+        if src_path is None or norm is None:
             continue
         # A directory pushed above a reserved one (dest: /etc) must not reach into it.
         hits = [d for d in RESERVED_DIRS if d.startswith(norm + "/") and (src_path / os.path.relpath(d, norm)).exists()]
-        if src_path.is_dir() and hits:
+        if is_dir and hits:
             c.add(fp + ("src",), f"{src_path / os.path.relpath(hits[0], norm)} would be pushed into {hits[0]}, which is reserved for provision's own files")
             continue
-        out.append(FileSpec(src_path, norm, src_path.is_dir()))
+        entries, problems = walk_spec(src_path, norm, is_dir)
+        for problem in problems[:MAX_TREE_PROBLEMS]:
+            c.add(fp + ("src",), problem.message)
+        if len(problems) > MAX_TREE_PROBLEMS:
+            c.add(fp + ("src",), f"{len(problems) - MAX_TREE_PROBLEMS} more problems like these in {src_path}")
+        if problems:
+            continue
+        # Two entries may not write the same file, nor one a file where another needs a directory.
+        clashes: dict[int, tuple[str, int]] = {}  # other entry -> (first message, count)
+        for pf in entries:
+            found: list[tuple[int, str]] = []
+            if pf.dest in owners:
+                found.append((owners[pf.dest], f"{pf.dest} is also written by files[{owners[pf.dest]}]; a file on the host has one source"))
+            elif pf.dest in parents:
+                found.append((parents[pf.dest], f"{pf.dest} is a directory that files[{parents[pf.dest]}] writes into; it cannot also be a file"))
+            found += [(owners[a], f"{pf.dest} needs {a} to be a directory, but files[{owners[a]}] writes a file there") for a in _ancestors(pf.dest) if a in owners]
+            for j, message in found:
+                first, count = clashes.get(j, (message, 0))
+                clashes[j] = (first, count + 1)
+        for j, (message, count) in sorted(clashes.items()):
+            more = f" ({count - 1} more {'file clashes' if count == 2 else 'files clash'} with files[{j}])" if count > 1 else ""
+            c.add(fp + ("dest",), message + more)
+        if clashes:
+            continue
+        for pf in entries:
+            owners[pf.dest] = i
+            for a in _ancestors(pf.dest):
+                parents.setdefault(a, i)
+        out.append(FileSpec(src_path, norm, is_dir))
+    return out
+
+
+def _ancestors(dest: str) -> list[str]:
+    """/a/b/c -> [/a/b, /a] (not /)."""
+    out: list[str] = []
+    while dest := dest.rsplit("/", 1)[0]:
+        out.append(dest)
     return out
 
 
@@ -550,6 +630,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     success_map = c.mapping(top.get("success"), ("success",)) or {}
     c.keys(success_map, ("success",), ("policy",))
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
+    job_spec = _job_spec(c, top.get("job_spec"))
     roles = {p.role for p in pools if p.replicas > 0}
     # Only when every pool is valid: otherwise this would echo the pools' own errors.
     pools_map = top.get("pools")
@@ -573,11 +654,37 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         files=tuple(files),
         tf_config=TFConfigOptions(chief_name, trial),
         success=success,
+        job_spec=job_spec,
     )
     _check_capacity(inv, c)
     if c.problems:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     return inv
+
+
+def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
+    """`job_spec:` the service's job description, any mapping of JSON values.
+
+    It is written as TF_CONFIG's and CLUSTER_SPEC's `job`, so it must be JSON: YAML's
+    dates, binary values and NaN are refused with their key path.
+    """
+    path: Path_ = ("job_spec",)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        c.add(path, f"expected a mapping (the service's job description, such as a CustomJobSpec), got {_show(value)}")
+        return None
+    stack: list[tuple[Path_, Any]] = [(path, value)]
+    while stack:  # not recursive: a deeply nested spec must not hit the recursion limit
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            stack += [(where + (k,), x) for k, x in reversed(list(v.items()))]
+        elif isinstance(v, list):
+            stack += [(where + (i,), x) for i, x in reversed(list(enumerate(v)))]
+        elif not (v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))):
+            c.add(where, f"expected a JSON value (string, number, true/false, null, list or mapping), got {_show(v)}")
+            return None
+    return value
 
 
 def _check_capacity(inv: Inventory, c: _Checker) -> None:

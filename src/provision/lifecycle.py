@@ -1,127 +1,358 @@
-"""Following a job: status, the end-of-job stop, and wait.
+"""A task's life and the job's, as rules: states, phases, orders, budgets and decisions. Pure.
 
-When the job ends (success policy met, or a task failed for good) the tasks still running
-(ps, reduction servers, evaluator, and PS-strategy workers that serve forever) are
-stopped, as the managed services do: evaluator first, then chief and workers, then ps and
-reduction servers. Every host that runs a task is marked (/etc/provision/<job>/lifecycle.json)
-so that a no-op apply does not start the finished job again, and so that status can say
-that provision stopped a task and why. Any command that sees the end does this: `status`,
-`wait`, `apply --wait`. Stopping is idempotent: a command that sees an ended job with a
-task still running (an earlier stop was interrupted) stops it again.
+The one place that decides
+- in which order tasks start (ps and reduction servers, then chief and workers, then the
+  evaluator) and stop (the reverse);
+- how many automatic restarts a pool allows (rendered into the unit, counted by status);
+- what state a task is in, from what systemd and the task's .exits records say;
+- what phase the job is in (Pending, Running, Succeeded, Failed);
+- what plan does with a task (start, restart, stop or nothing) and why.
+Enums, not free strings: their values are what users and --json see.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
-import click
-
-from .engine import Context, open_context, probe
-from .errors import ProvisionError
-from .render import unit_name
-from .ssh import HostError, call_agent
-from .status import JobStatus, job_status
-
-ENDED = ("Succeeded", "Failed")
-# Stop order at the end of a job (cluster-env.md: stop in reverse start order).
-STOP_RANK = {"evaluator": 0, "chief": 1, "worker": 1, "ps": 2, "reduction_server": 2}
+from .host import layout
+from .model import RestartPolicy
 
 
-def _status(ctx: Context) -> tuple[JobStatus, list[str]]:
-    """The status, and the reachable hosts without the end marker."""
-    assert ctx.rendered is not None
-    tasks = [(t, unit_name(ctx.inventory.job, t.name)) for t in ctx.rendered.placement.tasks]
-    hosts = {t.host.name for t, _ in tasks}
-    reports = probe(ctx, facts=False, files=False, only=hosts)
-    ok = {n: r for n, r in reports.items() if not isinstance(r, HostError)}
-    bad = sorted(n for n, r in reports.items() if isinstance(r, HostError))
-    st = job_status(ctx.inventory, tasks, ok, bad)
-    return st, sorted(n for n, r in ok.items() if not r.get("lifecycle"))
+class TaskState(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+    UNKNOWN = "Unknown"  # its host did not answer
+
+    @property
+    def live(self) -> bool:
+        return self in (TaskState.RUNNING, TaskState.RESTARTING)
+
+    @property
+    def ended(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
+
+    def __str__(self) -> str:
+        return self.value
 
 
-def collect(ctx: Context) -> JobStatus:
-    """The job's status; when it has ended, stop what still runs and mark the hosts first."""
-    st, unmarked = _status(ctx)
-    if st.phase in ENDED:
-        live = [t for t in st.tasks if t.state in ("Running", "Restarting")]
-        if live or unmarked:
-            end_job(ctx, st)
-            st, _ = _status(ctx)
-    return st
+class JobPhase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
+    def __str__(self) -> str:
+        return self.value
 
 
-def end_job(ctx: Context, st: JobStatus) -> list[str]:
-    """Mark every reachable host, then stop what still runs: evaluator, then chief and
-    workers, then ps and reduction servers. Returns the units stopped."""
-    job = ctx.inventory.job
-    marker = {
-        "phase": st.phase,
-        "reason": st.reason,
-        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    running = [t for t in st.tasks if t.state in ("Running", "Restarting", "Pending")]
-    hosts = sorted({t.host for t in st.tasks if t.state != "Unknown"})
-    stopped: list[str] = []
-    for rank in (0, 1, 2):
-        batch: dict[str, list[str]] = {}
-        for t in running:
-            if STOP_RANK[t.role] == rank:
-                batch.setdefault(t.host, []).append(unit_name(job, t.task))
-        first = rank == 0
-        names = hosts if first else sorted(batch)
-        targets = [ctx.targets[h] for h in names if h in ctx.targets]
-        if not targets:
-            continue
-        res = ctx.session.map(
-            lambda tg: call_agent(
-                ctx.session, tg,
-                {"op": "units", "job": job, "actions": [["stop", batch.get(tg.name, [])]],
-                 "lifecycle": marker if first else None},
-            ),
-            targets,
+class Action(str, Enum):
+    """What plan does with a task; the value is what --json shows."""
+
+    START = "start"
+    RESTART = "restart"
+    STOP = "stop"
+    NONE = "none"
+
+    @property
+    def starts(self) -> bool:
+        return self in (Action.START, Action.RESTART)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Reason(str, Enum):
+    """Why plan decided a task's Action (like Terraform's ResourceInstanceChangeActionReason)."""
+
+    NEW = "new task"
+    REPLACE = "replace requested"
+    INPUTS_CHANGED = "inputs changed"
+    DRIFT = "edited by hand"
+    RUNNING = "running"
+    JOB_ENDED = "job ended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED_BY_HAND = "stopped by hand"
+    NOT_RUNNING = "not running"
+    LEFT = "no longer in the inventory"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# --------------------------------------------------------------------------- orders
+
+# Start order (cluster-env.md, Lifecycle): servers first, so chief and workers find them;
+# the evaluator last, as it follows the chief's checkpoints.
+START_ORDER: Mapping[str, int] = {"ps": 0, "reduction_server": 0, "chief": 1, "worker": 1, "evaluator": 2}
+LAST_PHASE = max(START_ORDER.values())
+# Pools whose tasks run until stopped; provision stops them when the job ends.
+LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
+
+
+def start_phase(role: str) -> int:
+    return START_ORDER[role]
+
+
+def stop_rank(role: str) -> int:
+    """Stop order is the start order reversed: evaluator first, ps and reduction servers last."""
+    return LAST_PHASE - START_ORDER[role]
+
+
+def phases(*, stopping: bool = False) -> list[int]:
+    """Start phases in the order they run (reversed when stopping)."""
+    ordered = sorted(set(START_ORDER.values()))
+    return ordered[::-1] if stopping else ordered
+
+
+# --------------------------------------------------------------------------- restart budget
+
+
+def restart_budget(policy: RestartPolicy) -> int:
+    """Automatic restarts a task of the pool may have after its first try."""
+    return 0 if policy.policy == "Never" else policy.limit
+
+
+def systemd_restart(policy: RestartPolicy) -> dict[str, object]:
+    """The unit's Restart=, RestartPreventExitStatus= and StartLimitBurst= for a policy."""
+    budget = restart_budget(policy)
+    if budget == 0:
+        return {"restart": "no", "restart_prevent": "", "start_limit_burst": 0}
+    # systemd counts every start against StartLimitBurst, the first one too.
+    if policy.policy == "Always":
+        return {"restart": "always", "restart_prevent": "", "start_limit_burst": budget + 1}
+    prevent = " ".join(str(c) for c in range(1, 128)) if policy.policy == "ExitCode" else ""
+    return {"restart": "on-failure", "restart_prevent": prevent, "start_limit_burst": budget + 1}
+
+
+# --------------------------------------------------------------------------- task state
+
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = "1", "2", "3"  # systemd's ExecMainCode
+_KIND = {CLD_EXITED: "exited", CLD_KILLED: "killed", CLD_DUMPED: "dumped"}
+
+
+class TaskOutcome(NamedTuple):
+    state: TaskState
+    exit_code: int | None
+    detail: str
+
+
+def _how(kind: str, status: str) -> str:
+    if kind == "none":
+        return "between tries"
+    if kind == "exited":
+        return f"exit code {status}"
+    sig = status if not status.isdigit() else None
+    what = "core dumped, " if kind == "dumped" else ""
+    return f"{what}killed by {'SIG' + sig if sig else 'signal ' + status}"
+
+
+def task_state(
+    unit: Mapping[str, str] | None,
+    exits: Sequence[Sequence[str]] | None = None,
+    ended: Mapping[str, object] | None = None,
+    restart_limit: int | None = None,
+) -> TaskOutcome:
+    """The state of one task.
+
+    `unit`: `systemctl show` properties; `exits`: the task's .exits records (layout.py; oldest
+    first), which survive systemd unloading an inactive unit; `ended`: the job's end marker
+    on this host, if any; `restart_limit`: the pool's restart budget, when known: a task
+    waiting to restart that has spent it is Failed already (systemd would refuse the next
+    start with "start request repeated too quickly").
+    """
+    if not unit or unit.get("LoadState") in (None, "not-found"):
+        if exits:  # the unit file is gone but the outcome was recorded
+            unit = {"ActiveState": "inactive", "SubState": "dead"}
+        else:
+            return TaskOutcome(TaskState.PENDING, None, "not applied")
+    active, sub = unit.get("ActiveState"), unit.get("SubState")
+    last = list(exits[-1]) if exits else None
+    if active in ("active", "reloading", "deactivating") or (active == "activating" and sub != "auto-restart"):
+        return TaskOutcome(TaskState.RUNNING, None, "stopping" if active == "deactivating" else (sub or ""))
+    if last is None:
+        # No record yet: fall back to what systemd still remembers, if anything.
+        code = unit.get("ExecMainCode", "0")
+        if code == "0":
+            return TaskOutcome(TaskState.PENDING, None, "not started")
+        last = ["0", unit.get("Result", ""), _KIND.get(code, code), unit.get("ExecMainStatus", "0")]
+    _, result, kind, status = last[:4]
+    asked_stop = len(last) > 4 and last[4] == layout.STOP_MARK
+    exit_code = int(status) if kind == "exited" and status.lstrip("-").isdigit() else None
+    how = _how(kind, status)
+    if asked_stop or (result == "success" and kind == "killed"):
+        # Stopped on request: by provision at the end of the job, or by someone else.
+        who = f"by provision: job {str(ended.get('phase', 'ended')).lower()}" if ended else "by hand"
+        return TaskOutcome(TaskState.STOPPED, exit_code, f"stopped {who} ({'exited ' + status if kind == 'exited' else how})")
+    spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
+    if active == "activating" and sub == "auto-restart":
+        if spent:
+            if kind == "exited" and status == "0":
+                return TaskOutcome(TaskState.SUCCEEDED, 0, "exited 0")
+            return TaskOutcome(TaskState.FAILED, exit_code, f"{how}, restart limit ({restart_limit}) reached")
+        return TaskOutcome(TaskState.RESTARTING, exit_code, f"last try: {how}")
+    if kind == "exited" and status == "0":
+        return TaskOutcome(TaskState.SUCCEEDED, 0, "exited 0")
+    if unit.get("Result") == "start-limit-hit" or (restart_limit and spent):
+        how += f", restart limit ({restart_limit if restart_limit is not None else '?'}) reached"
+    return TaskOutcome(TaskState.FAILED, exit_code, how)
+
+
+def restarts(unit: Mapping[str, str] | None, exits: Sequence[object] | None, state: TaskState | None = None) -> int:
+    """Automatic restarts in the current run (every apply start resets the .exits record):
+    every recorded exit was followed by a restart while the task runs or waits to restart;
+    the last one was not once it ended."""
+    n = len(exits or [])
+    if state is not None and state.ended:
+        return max(0, n - 1)
+    running = (unit or {}).get("ActiveState") in ("active", "activating", "reloading", "deactivating")
+    return n if running else max(0, n - 1)
+
+
+# --------------------------------------------------------------------------- job phase
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """What the job's phase is decided from, per task."""
+
+    task: str
+    role: str
+    host: str
+    state: TaskState
+    detail: str
+    ended_at: float | None  # host clock of the exit that ended it
+
+
+def _when(r: TaskRow) -> float:
+    return r.ended_at if r.ended_at is not None else float("inf")
+
+
+def job_phase(success_policy: str, rows: Iterable[TaskRow]) -> tuple[JobPhase, str]:
+    """(phase, reason). Succeeded when the success policy holds (the chief exited 0; worker 0
+    when there is no chief; every worker with `all_workers`) and no task had failed for good
+    before that; Failed when one did first, or when every task ended without the policy
+    holding; Running while any task runs; Pending before that."""
+    rows = list(rows)
+    failed = sorted((r for r in rows if r.state is TaskState.FAILED), key=_when)
+    chief = [r for r in rows if r.role == "chief"]
+    workers = [r for r in rows if r.role == "worker"]
+    success: tuple[float, str] | None = None
+    if success_policy == "all_workers":
+        if workers and all(r.state is TaskState.SUCCEEDED for r in workers):
+            success = (max(_when(r) for r in workers), "every worker exited 0")
+    else:
+        lead = chief[0] if chief else next((w for w in workers if w.task == "worker-0"), None)
+        if lead is not None and lead.state is TaskState.SUCCEEDED:
+            success = (_when(lead), f"{lead.task} exited 0")
+    # A task that fails after the job succeeded (a worker losing its peers as the chief
+    # leaves, say) does not undo the success; one that failed first decides the outcome.
+    if failed and (success is None or _when(failed[0]) < success[0]):
+        f = failed[0]
+        return JobPhase.FAILED, f"{f.task} on {f.host} failed: {f.detail}"
+    if success is not None:
+        return JobPhase.SUCCEEDED, success[1]
+    if any(r.state.live for r in rows):
+        return JobPhase.RUNNING, ""
+    if rows and all(r.state is TaskState.PENDING for r in rows):
+        return JobPhase.PENDING, "not started"
+    if any(r.state is TaskState.UNKNOWN for r in rows):
+        return JobPhase.UNKNOWN, "some hosts are unreachable"
+    if any(r.state is TaskState.PENDING for r in rows):
+        return JobPhase.PENDING, ""
+    stopped = [r for r in rows if r.state is TaskState.STOPPED]
+    if stopped:
+        return JobPhase.FAILED, (
+            f"every task ended without the success policy ({success_policy}) holding: "
+            f"{stopped[0].task} was {stopped[0].detail}"
         )
-        for h, r in res.items():
-            if not isinstance(r, HostError):
-                stopped += batch.get(h, [])
-    return stopped
+    return JobPhase.FAILED, f"every task ended without the success policy ({success_policy}) holding"
 
 
-def wait_for_job(
-    inventory: str,
-    *,
-    state_path: str | None = None,
-    timeout: float | None = None,
-    interval: float = 2.0,
-    verbose: bool = False,
-    quiet: bool = False,
-) -> int:
-    """Block until the job succeeds (0) or fails (1); 1 on timeout too, saying so."""
-    ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
-    start = time.monotonic()
-    last = None
-    try:
-        first = True
-        while True:
-            st = collect(ctx)
-            if first and st.tasks and all(t.detail == "not applied" for t in st.tasks):
-                raise ProvisionError(
-                    f"job {st.job} is not on its hosts: run `provision apply {inventory}` first"
-                )
-            first = False
-            line = f"job {st.phase}" + (f": {st.reason}" if st.reason else "")
-            if st.unreachable:
-                line += f" (unreachable: {', '.join(st.unreachable)})"
-            if not quiet and line != last:
-                click.echo(f"[{int(time.monotonic() - start)}s] {line}", err=True)
-                last = line
-            if st.phase == "Succeeded":
-                return 0
-            if st.phase == "Failed":
-                return 1
-            if timeout is not None and time.monotonic() - start > timeout:
-                click.echo(f"Error: timed out after {timeout:g}s; the job is still {st.phase}", err=True)
-                return 1
-            time.sleep(interval)
-    finally:
-        ctx.close()
+# --------------------------------------------------------------------------- plan decision
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: Reason
+    detail: str  # the words after the reason: what changed, how it failed
+    drift: bool = False
+    new: bool = False
+
+    def describe(self) -> str:
+        r = self.reason
+        if r is Reason.INPUTS_CHANGED:
+            return f"{self.detail or 'its inputs'} changed"
+        if r is Reason.DRIFT:
+            return f"drift: {self.detail} edited by hand"
+        if r in (Reason.STOPPED_BY_HAND, Reason.NOT_RUNNING):
+            return f"drift: {r.value}"
+        if r is Reason.JOB_ENDED:
+            return f"job {self.detail}; not restarted"
+        if r is Reason.COMPLETED:
+            return "completed (exit 0)"
+        if r is Reason.FAILED:
+            return self.detail
+        return r.value
+
+
+def decide(
+    task: str,
+    in_manifest: bool,
+    inputs_changed: bool,
+    drifted: Sequence[str],
+    unit: Mapping[str, str] | None,
+    exits: Sequence[Sequence[str]] | None,
+    ended: Mapping[str, object] | None,
+    replace: bool,
+) -> Decision:
+    """What plan does with a task of the job that should run on this host.
+
+    `in_manifest`: the host's manifest knows the task; `inputs_changed`: what it runs with
+    differs from what the manifest recorded; `drifted`: its files edited by hand (or, with
+    changed inputs, every changed file); `ended`: the job's end marker on the host.
+    """
+    if not in_manifest:
+        return Decision(Action.START, Reason.NEW, "", new=True)
+    if replace:
+        return Decision(Action.RESTART, Reason.REPLACE, "")
+    if inputs_changed:
+        return Decision(Action.RESTART, Reason.INPUTS_CHANGED, ", ".join(drifted))
+    if drifted:
+        return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
+    outcome = task_state(unit, exits)
+    if outcome.state.live:
+        return Decision(Action.NONE, Reason.RUNNING, "")
+    if ended:
+        return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
+    if outcome.state is TaskState.SUCCEEDED:
+        return Decision(Action.NONE, Reason.COMPLETED, "")
+    if outcome.state is TaskState.FAILED:
+        return Decision(Action.NONE, Reason.FAILED, f"failed ({outcome.detail}); not restarted, use --replace {task}")
+    if outcome.state is TaskState.STOPPED:
+        return Decision(Action.START, Reason.STOPPED_BY_HAND, "", drift=True)
+    return Decision(Action.START, Reason.NOT_RUNNING, "", drift=True)
+
+
+def started_ok(unit: Mapping[str, str] | None, exits: Sequence[Sequence[str]] | None) -> bool:
+    """Right after a start: is the task running, or did it already finish well?"""
+    return task_state(unit, exits).state in (TaskState.RUNNING, TaskState.RESTARTING, TaskState.SUCCEEDED)
+
+
+def never_loaded(unit: Mapping[str, str] | None) -> bool:
+    """systemd knows nothing of the unit: no file was loaded and nothing runs under it (a
+    first start needs no reset-failed or stop before it)."""
+    return bool(unit) and unit.get("LoadState") == "not-found" and unit.get("ActiveState") == "inactive" \
+        and unit.get("SubState", "dead") == "dead"

@@ -13,11 +13,7 @@ from pathlib import Path
 # CLUSTER_SPEC (ps and reduction_server share workerpool2; validation forbids both).
 ROLES = ("chief", "worker", "ps", "reduction_server", "evaluator")
 WORKERPOOL = {"chief": 0, "worker": 1, "ps": 2, "reduction_server": 2, "evaluator": 3}
-# Start order (cluster-env.md, Lifecycle): ps and reduction servers, then chief and
-# workers, then evaluator. Stop in reverse.
-PHASE = {"ps": 0, "reduction_server": 0, "chief": 1, "worker": 1, "evaluator": 2}
-# Pools whose tasks run until stopped; provision stops them when the job ends.
-LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
+# Start and stop order, restart budgets: lifecycle.py.
 
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
@@ -99,6 +95,7 @@ class FileSpec:
     src: Path  # absolute, resolved against the inventory's directory
     dest: str  # absolute path on the host
     is_dir: bool
+    replace: bool = False  # may overwrite a host file provision does not manage (kept, put back by destroy)
 
 
 @dataclass(frozen=True)
@@ -119,6 +116,10 @@ class Inventory:
     files: tuple[FileSpec, ...] = ()
     tf_config: TFConfigOptions = field(default_factory=TFConfigOptions)
     success: str = "chief"
+    # The service's own job description (`provision import` fills it: a Vertex CustomJobSpec,
+    # an AI Platform TrainingInput), given as TF_CONFIG's and CLUSTER_SPEC's `job`. JSON
+    # values only; a dict, so it takes no part in hashing or equality.
+    job_spec: dict[str, object] | None = field(default=None, hash=False, compare=False)
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

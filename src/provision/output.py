@@ -4,40 +4,51 @@ from __future__ import annotations
 
 import click
 
-from .plan import Plan
+from typing import Mapping
 
-SYMBOL = {"create": "+", "update": "~", "delete": "-", "start": "+", "restart": "~", "stop": "-"}
+from .engine import Context, HostOutcome
+from .lifecycle import Action
+from .plan import FileAction, Plan, TaskChange
+from .render import FileKind
+from .status import JobStatus, duration
+
 COLOR = {"+": "green", "~": "yellow", "-": "red", "!": "magenta"}
+VERB = {Action.START: "start", Action.RESTART: "restart", Action.STOP: "stop and remove"}
 
 
 def _line(sym: str, text: str) -> str:
     return click.style(f"  {sym} ", fg=COLOR.get(sym), bold=True) + text
 
 
-def plan_lines(plan: Plan, *, verbose_diff: bool = True) -> list[str]:
+def _task_symbol(t: TaskChange) -> str:
+    return "+" if t.new else "~" if t.action is Action.START else "-" if t.action is Action.STOP else "~"
+
+
+def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = False) -> list[str]:
     out: list[str] = []
     for hp in plan.hosts:
         if hp.error is not None:
             out.append(click.style(f"# {hp.error.target.where}: {hp.error.message}", fg="red"))
             continue
-        if hp.problems:
-            for p in hp.problems:
-                out.append(click.style(f"# {hp.target.where}: {p}", fg="red"))
+        for p in hp.problems:
+            out.append(click.style(f"# {hp.target.where}: {p}", fg="red"))
         if not hp.changed:
             continue
-        title = f"# {hp.target.where}" + (" (the job leaves this host)" if hp.bundle is None else "")
+        title = f"# {hp.target.where}"
+        if hp.bundle is None and not destroying:
+            title += " (the job leaves this host)"
         out.append(click.style(title, bold=True))
         for t in hp.tasks:
-            if t.action == "none":
+            if t.action is Action.NONE:
                 continue
-            sym = "+" if t.new else "~" if t.action == "start" else SYMBOL[t.action]
-            verb = {"start": "start", "restart": "restart", "stop": "stop and remove"}[t.action]
             drift = click.style(" [drift]", fg="magenta") if t.drift else ""
-            out.append(_line(sym, f"task {t.task}: {verb} ({t.reason}){drift}"))
-        shown = [f for f in hp.files if f.kind != "manifest"] or hp.files  # bookkeeping only when alone
+            why = "destroy" if destroying else t.why
+            out.append(_line(_task_symbol(t), f"task {t.task}: {VERB[t.action]} ({why}){drift}"))
+        shown = [f for f in hp.files if f.kind is not FileKind.MANIFEST] or hp.files  # bookkeeping only when alone
         for f in shown:
             drift = click.style(" [drift]", fg="magenta") if f.drift else ""
-            out.append(_line(SYMBOL[f.action], f"{f.kind} {f.path} ({f.reason}){drift}"))
+            why = "destroy" if destroying and f.action is FileAction.DELETE else f.reason
+            out.append(_line(f.action.symbol, f"{f.kind} {f.path} ({why}){drift}"))
             if verbose_diff and f.diff:
                 for dl in f.diff.rstrip("\n").split("\n"):
                     bare = dl.lstrip()
@@ -47,8 +58,8 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True) -> list[str]:
     return out
 
 
-def print_plan(plan: Plan) -> None:
-    lines = plan_lines(plan)
+def print_plan(plan: Plan, *, destroying: bool = False) -> None:
+    lines = plan_lines(plan, destroying=destroying)
     if plan.changed:
         click.echo("provision will perform the following actions:\n")
     for line in lines:
@@ -61,6 +72,23 @@ def print_plan(plan: Plan) -> None:
         click.echo(plan.summary())
 
 
+def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str) -> None:
+    """Errors per host, then Terraform's closing line."""
+    failed = [o for o in outcomes.values() if o.error and not o.unreachable]
+    for o in failed:
+        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
+    if not plan.changed:
+        return
+    a, c, d = plan.counts()
+    whole = not failed and not any(o.unreachable for o in outcomes.values())
+    if operation == "destroy":
+        word = "Destroy complete!" if whole else "Destroy finished with errors."
+        click.echo(click.style(f"\n{word} Resources: {d} destroyed.", bold=True))
+    else:
+        word = "Apply complete!" if whole else "Apply finished with errors."
+        click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
+
+
 def table(rows: list[tuple[str, ...]]) -> list[str]:
     if not rows:
         return []
@@ -71,16 +99,17 @@ def table(rows: list[tuple[str, ...]]) -> list[str]:
 PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Restarting": "yellow", "Stopped": None, "Pending": None, "Unknown": "red"}
 
 
-def status_lines(st) -> list[str]:
-    head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase))
+def status_lines(st: JobStatus) -> list[str]:
+    head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
     if st.reason:
         head += f" ({st.reason})"
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
     for t in st.tasks:
-        rows.append((t.task, t.host, t.address, t.gpus, t.state, "-" if t.exit_code is None else str(t.exit_code), str(t.restarts), t.since or "-", t.detail))
+        rows.append((t.task, t.host, t.address, ",".join(map(str, t.gpus)) or "-", t.state.value,
+                     "-" if t.exit_code is None else str(t.exit_code), str(t.restarts), duration(t.since) or "-", t.detail))
     lines = table(rows)
     out = [head, lines[0]]
     for t, line in zip(st.tasks, lines[1:]):
-        color = PHASE_COLOR.get(t.state)
+        color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)
     return out

@@ -10,36 +10,67 @@ from __future__ import annotations
 
 import base64
 import difflib
-import re
+import json
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable
 
+from .encode import env_escape
 from .facts import mismatches
+from .host import layout
+from .host.protocol import ProbeReport
+from .lifecycle import Action, Decision, Reason, decide
 from .model import Host
-from .render import SECRET_MASK, HostBundle, Rendered, RenderedFile, TaskUnit
+from .render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 from .ssh import HostError, Target
-from .status import task_state
 
+
+class FileAction(str, Enum):
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+
+    @property
+    def symbol(self) -> str:
+        return {"create": "+", "update": "~", "delete": "-"}[self.value]
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
 class FileChange:
     path: str
-    action: str  # create | update | delete
-    kind: str  # env | unit | target | manifest | file
+    action: FileAction
+    kind: FileKind
     reason: str
     drift: bool = False
     diff: str | None = None
+    keep_original: bool = False  # replace: true over a host file provision did not write
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "action": self.action.value, "kind": self.kind.value, "reason": self.reason,
+                "drift": self.drift, "diff": self.diff, "keep_original": self.keep_original}
 
 
 @dataclass(frozen=True)
 class TaskChange:
     task: str
     unit: str
-    action: str  # start | restart | stop | none
-    reason: str
+    action: Action
+    reason: Reason
+    detail: str
     phase: int
     drift: bool = False
     new: bool = False
+
+    @property
+    def why(self) -> str:
+        return Decision(self.action, self.reason, self.detail, self.drift, self.new).describe()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": self.task, "unit": self.unit, "action": self.action.value, "reason": self.reason.name.lower(),
+                "why": self.why, "phase": self.phase, "drift": self.drift, "new": self.new}
 
 
 @dataclass
@@ -48,35 +79,50 @@ class HostPlan:
     target: Target
     bundle: HostBundle | None  # None: nothing of the job belongs here any more
     error: HostError | None = None
-    problems: list[str] = field(default_factory=list)  # facts mismatches: stop the apply
+    problems: list[str] = field(default_factory=list)  # refuse the apply: nothing changes anywhere
     files: list[FileChange] = field(default_factory=list)
     tasks: list[TaskChange] = field(default_factory=list)
-    report: dict | None = None
+    report: ProbeReport | None = None
 
     @property
     def changed(self) -> bool:
-        return bool(self.files) or any(t.action != "none" for t in self.tasks)
+        return bool(self.files) or any(t.action is not Action.NONE for t in self.tasks)
 
     @property
     def units_changed(self) -> bool:
-        return any(f.kind in ("unit", "target") for f in self.files)
+        return any(f.kind in (FileKind.UNIT, FileKind.TARGET) for f in self.files)
+
+    @property
+    def adopt(self) -> bool:
+        """The host runs this job (its manifest says so) but nothing changes there: the
+        state must still know it (an apply killed before recording it, a lost state)."""
+        return self.error is None and self.bundle is not None and self.report is not None \
+            and self.report.readable_manifest() is not None
+
+    def starts(self) -> list[TaskChange]:
+        return [t for t in self.tasks if t.action.starts]
+
+    def stops(self) -> list[TaskChange]:
+        """Tasks to stop, in stop order (the start order reversed)."""
+        return sorted((t for t in self.tasks if t.action is Action.STOP), key=lambda t: -t.phase)
 
     def counts(self) -> tuple[int, int, int]:
+        """(add, change, destroy): every task line and every pushed-file line counts once."""
         add = change = destroy = 0
         for t in self.tasks:
-            if t.action == "none":
+            if t.action is Action.NONE:
                 continue
             if t.new:
                 add += 1
-            elif t.action == "stop":
+            elif t.action is Action.STOP:
                 destroy += 1
             else:
                 change += 1
         for f in self.files:
-            if f.kind == "file":
-                add += f.action == "create"
-                change += f.action == "update"
-                destroy += f.action == "delete"
+            if f.kind is FileKind.FILE:
+                add += f.action is FileAction.CREATE
+                change += f.action is FileAction.UPDATE
+                destroy += f.action is FileAction.DELETE
         if self.files and (add, change, destroy) == (0, 0, 0):
             change = 1  # only bookkeeping files differ
         return add, change, destroy
@@ -96,6 +142,10 @@ class Plan:
         return [h for h in self.hosts if h.error is not None or h.problems]
 
     @property
+    def problems(self) -> list[str]:
+        return [f"{h.target.where}: {m}" for h in self.hosts for m in h.problems]
+
+    @property
     def changed(self) -> bool:
         return any(h.changed for h in self.hosts if h.error is None)
 
@@ -111,10 +161,10 @@ class Plan:
         a, c, d = self.counts()
         return f"Plan: {a} to add, {c} to change, {d} to destroy."
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         a, c, d = self.counts()
         return {
-            "format_version": 1,
+            "format_version": 2,
             "job": self.job,
             "changes": self.changed,
             "summary": {"add": a, "change": c, "destroy": d},
@@ -126,8 +176,8 @@ class Plan:
                     "unreachable": bool(h.error and h.error.unreachable),
                     "problems": h.problems,
                     "remove_all": h.bundle is None,
-                    "tasks": [t.__dict__ for t in h.tasks],
-                    "files": [{k: v for k, v in f.__dict__.items()} for f in h.files],
+                    "tasks": [t.to_json() for t in h.tasks],
+                    "files": [f.to_json() for f in h.files],
                 }
                 for h in self.hosts
             },
@@ -137,14 +187,15 @@ class Plan:
 # --------------------------------------------------------------------------- diffing
 
 
-def _mask(text: str, secret_keys: tuple[str, ...]) -> str:
-    if not secret_keys:
-        return text
-    pat = re.compile(r'^(' + "|".join(map(re.escape, secret_keys)) + r')=.*$', re.M)
-    return pat.sub(lambda m: f"{m.group(1)}={SECRET_MASK}", text)
+def scrub(text: str, secret_values: Iterable[str]) -> str:
+    """Every secret value (as it would be written in an env file, or raw) masked, whatever
+    file it shows up in."""
+    for v in sorted({x for v in secret_values if v for x in (v, env_escape(v))}, key=len, reverse=True):
+        text = text.replace(v, SECRET_MASK)
+    return text
 
 
-def unified_diff(path: str, old: bytes | None, new: bytes, secret_keys: tuple[str, ...] = ()) -> str | None:
+def unified_diff(path: str, old: bytes | None, new: bytes, secret_values: Iterable[str] = ()) -> str | None:
     """A unified diff for text files; None for binary ones or when the old bytes are unknown."""
     try:
         new_t = new.decode("utf-8")
@@ -153,58 +204,65 @@ def unified_diff(path: str, old: bytes | None, new: bytes, secret_keys: tuple[st
         return None
     if "\x00" in new_t or "\x00" in old_t:
         return None
-    old_t, new_t = _mask(old_t, secret_keys), _mask(new_t, secret_keys)
     lines = difflib.unified_diff(
         old_t.splitlines(keepends=True), new_t.splitlines(keepends=True), f"a{path}", f"b{path}", n=1
     )
-    out = "".join(l if l.endswith("\n") else l + "\n" for l in lines)
-    return out if out else None
-
-
-# --------------------------------------------------------------------------- tasks
-
-
-def task_phase(unit_state: dict | None, exits: list | None) -> str:
-    """running | completed | failed | stopped | never, from status.task_state (one rule)."""
-    state = task_state(unit_state, exits)[0]
-    return {"Running": "running", "Restarting": "running", "Succeeded": "completed", "Failed": "failed", "Stopped": "stopped"}.get(state, "never")
-
-
-def _task_change(
-    u: TaskUnit,
-    manifest_task: dict | None,
-    unit_state: dict | None,
-    exits: list | None,
-    drifted: list[str],
-    ended: dict | None,
-    replace: set[str],
-) -> TaskChange:
-    name, unit, phase = u.task.name, u.unit, u.phase
-    if manifest_task is None:
-        return TaskChange(name, unit, "start", "new task", phase, new=True)
-    if name in replace:
-        return TaskChange(name, unit, "restart", "replace requested", phase)
-    if manifest_task.get("inputs") != u.inputs:
-        what = ", ".join(drifted) if drifted else "its inputs"
-        return TaskChange(name, unit, "restart", f"{what} changed", phase)
-    if drifted:
-        return TaskChange(name, unit, "restart", f"drift: {', '.join(drifted)} edited by hand", phase, drift=True)
-    st = task_phase(unit_state, exits)
-    if st == "running":
-        return TaskChange(name, unit, "none", "running", phase)
-    if ended:
-        return TaskChange(name, unit, "none", f"job {ended.get('phase', 'ended').lower()}; not restarted", phase)
-    if st == "completed":
-        return TaskChange(name, unit, "none", "completed (exit 0)", phase)
-    if st == "failed":
-        how = task_state(unit_state, exits)[2]
-        return TaskChange(name, unit, "none", f"failed ({how}); not restarted, use --replace {name}", phase)
-    if st == "stopped":
-        return TaskChange(name, unit, "start", "drift: stopped by hand", phase, drift=True)
-    return TaskChange(name, unit, "start", "drift: not running", phase, drift=True)
+    out = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return scrub(out, secret_values) if out else None
 
 
 # --------------------------------------------------------------------------- host plans
+
+
+def _files_plan(hp: HostPlan, bundle: HostBundle, report: ProbeReport, recorded: dict[str, Any],
+                secrets: tuple[str, ...]) -> set[str]:
+    """File changes of a host that keeps the job; returns the paths that change."""
+    desired = bundle.file_map()
+    changed: set[str] = set()
+    for path, f in desired.items():
+        a = report.files.get(path)
+        rec = recorded.get(path)
+        if a is None or a.type != "file":
+            drift = rec is not None
+            reason = "removed by hand" if drift else "new"
+            if a is not None:
+                reason, drift = f"a {a.type} is in the way", True
+            hp.files.append(FileChange(path, FileAction.CREATE, f.kind, reason, drift))
+            changed.add(path)
+            continue
+        if rec is None and f.kind is FileKind.FILE:
+            # Not provision's: overwriting it would lose it for good (destroy deletes what
+            # provision wrote). Only with replace: true, which keeps it aside for destroy.
+            if not f.replace:
+                hp.problems.append(
+                    f"{path} exists and is not managed by provision; set `replace: true` on its files: "
+                    "entry to let provision replace it (the original is kept and put back by destroy)"
+                )
+                continue
+            if a.sha256 != f.sha256 or a.mode != f.mode or a.uid != 0:
+                hp.files.append(FileChange(path, FileAction.UPDATE, f.kind, "replaces the host's own file (kept for destroy)",
+                                           keep_original=True))
+                changed.add(path)
+            continue
+        if a.sha256 != f.sha256:
+            drift = rec is not None and rec.get("sha256") != a.sha256
+            reason = "edited by hand" if drift else "content changed"
+            old = base64.b64decode(a.content) if a.content is not None else None
+            hp.files.append(FileChange(path, FileAction.UPDATE, f.kind, reason, drift,
+                                       _diff(f, old, secrets) if old is not None else None))
+            changed.add(path)
+        elif a.mode != f.mode or a.uid != 0:
+            hp.files.append(FileChange(path, FileAction.UPDATE, f.kind,
+                                       f"owner/mode {a.uid}/{oct(a.mode or 0)} changed by hand", True))
+            changed.add(path)
+    for path, rec in sorted(recorded.items()):
+        if path not in desired and report.files.get(path) is not None:
+            hp.files.append(FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value))
+    return changed
+
+
+def _leaving(name: str, rec: dict[str, Any]) -> TaskChange:
+    return TaskChange(name, rec.get("unit", ""), Action.STOP, Reason.LEFT, "", int(rec.get("phase", 0)))
 
 
 def plan_host(
@@ -212,8 +270,10 @@ def plan_host(
     target: Target,
     host: Host | None,
     bundle: HostBundle | None,
-    report: dict | HostError,
-    secret_keys: tuple[str, ...] = (),
+    report: ProbeReport | HostError,
+    *,
+    job: str,
+    secrets: tuple[str, ...] = (),
     replace: set[str] | None = None,
 ) -> HostPlan:
     hp = HostPlan(name, target, bundle)
@@ -221,73 +281,42 @@ def plan_host(
         hp.error = report
         return hp
     hp.report = report
-    if host is not None and bundle is not None and "facts" in report:
-        hp.problems = mismatches(host, report["facts"])
-    manifest = report.get("manifest")
-    if isinstance(manifest, dict) and "_unreadable" in manifest:
-        manifest = None
-    actual: dict = report.get("files", {})
-    recorded: dict = (manifest or {}).get("files", {})
-    m_tasks: dict = (manifest or {}).get("tasks", {})
-    units = report.get("units", {})
-    exits = report.get("exits", {})
+    if host is not None and bundle is not None and report.facts is not None:
+        hp.problems = mismatches(host, report.facts)
+    manifest = report.readable_manifest()
+    recorded: dict[str, Any] = (manifest or {}).get("files", {})
+    m_tasks: dict[str, Any] = (manifest or {}).get("tasks", {})
 
     if bundle is None:  # everything of the job goes
         for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
-            hp.tasks.append(TaskChange(t, mt.get("unit", ""), "stop", "no longer in the inventory", int(mt.get("phase", 0))))
+            hp.tasks.append(_leaving(t, mt))
         for path, rec in sorted(recorded.items()):
-            if actual.get(path) is not None:
-                hp.files.append(FileChange(path, "delete", rec.get("kind", "file"), "no longer in the inventory"))
-        if manifest is not None or report.get("manifest") is not None:
-            hp.files.append(FileChange(f"/etc/provision/{bundle_job(report)}/manifest.json", "delete", "manifest", "job removed from this host"))
+            if report.files.get(path) is not None:
+                hp.files.append(FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value))
+        if report.manifest is not None:
+            hp.files.append(FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST,
+                                       "job removed from this host"))
         return hp
 
+    changed = _files_plan(hp, bundle, report, recorded, secrets)
     desired = bundle.file_map()
-    changed_paths: set[str] = set()
-    for path, f in desired.items():
-        a = actual.get(path)
-        rec = recorded.get(path)
-        if a is None or a.get("type") != "file":
-            drift = rec is not None
-            reason = "removed by hand" if drift else "new"
-            if a is not None:
-                reason, drift = f"a {a.get('type')} is in the way", True
-            hp.files.append(FileChange(path, "create", f.kind, reason, drift))
-            changed_paths.add(path)
-            continue
-        if a.get("sha256") != f.sha256:
-            drift = rec is not None and rec.get("sha256") != a.get("sha256")
-            reason = "edited by hand" if drift else "content changed"
-            old = base64.b64decode(a["content"]) if "content" in a else None
-            hp.files.append(FileChange(path, "update", f.kind, reason, drift, _diff(f, old, secret_keys) if old is not None else None))
-            changed_paths.add(path)
-        elif a.get("mode") != f.mode or a.get("uid") != 0:
-            hp.files.append(FileChange(path, "update", f.kind, f"owner/mode {a.get('uid')}/{oct(a.get('mode', 0))} changed by hand", True))
-            changed_paths.add(path)
-    for path, rec in sorted(recorded.items()):
-        if path not in desired and actual.get(path) is not None:
-            hp.files.append(FileChange(path, "delete", rec.get("kind", "file"), "no longer in the inventory"))
-
-    ended = report.get("lifecycle")
     replace = replace or set()
-    desired_tasks = {u.task.name for u in bundle.tasks}
-    pushed_changed = sorted(p for p in changed_paths if desired[p].kind == "file")
+    pushed_changed = sorted(p for p in changed if desired[p].kind is FileKind.FILE)
     drift_paths = {f.path for f in hp.files if f.drift}
     for u in bundle.tasks:
-        own = [p for p in (u.env_path, u.unit_path) if p in changed_paths]
+        own = [p for p in (u.env_path, u.unit_path) if p in changed]
         mt = m_tasks.get(u.task.name)
+        inputs_changed = mt is not None and mt.get("inputs") != u.inputs
         # Inputs changed: name everything that changed; otherwise only what drifted.
-        why = own + pushed_changed if mt is not None and mt.get("inputs") != u.inputs else [p for p in own if p in drift_paths]
-        hp.tasks.append(_task_change(u, mt, units.get(u.unit), exits.get(u.unit), why, ended, replace))
+        why = own + pushed_changed if inputs_changed else [p for p in own if p in drift_paths]
+        d = decide(u.task.name, mt is not None, inputs_changed, why, report.units.get(u.unit),
+                   report.exits.get(u.unit), report.lifecycle, u.task.name in replace)
+        hp.tasks.append(TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new))
+    names = {u.task.name for u in bundle.tasks}
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
-        if t not in desired_tasks:
-            hp.tasks.append(TaskChange(t, mt.get("unit", ""), "stop", "no longer in the inventory", int(mt.get("phase", 0))))
+        if t not in names:
+            hp.tasks.append(_leaving(t, mt))
     return hp
-
-
-def bundle_job(report: dict) -> str:
-    m = report.get("manifest") or {}
-    return m.get("job", "?") if isinstance(m, dict) else "?"
 
 
 def parse_env(text: str) -> dict[str, str]:
@@ -316,10 +345,9 @@ def parse_env(text: str) -> dict[str, str]:
     return out
 
 
-def env_diff(path: str, old: bytes, new: bytes, secret_keys: tuple[str, ...] = ()) -> str | None:
-    """Per variable; JSON values (TF_CONFIG, CLUSTER_SPEC) diffed as indented JSON."""
-    import json
-
+def env_diff(path: str, old: bytes, new: bytes, secrets: tuple[str, ...] = ()) -> str | None:
+    """Per variable; JSON values (TF_CONFIG, CLUSTER_SPEC) diffed as indented JSON; a
+    variable whose old or new value is a secret is shown masked."""
     try:
         a, b = parse_env(old.decode("utf-8")), parse_env(new.decode("utf-8"))
     except UnicodeDecodeError:
@@ -329,7 +357,7 @@ def env_diff(path: str, old: bytes, new: bytes, secret_keys: tuple[str, ...] = (
         va, vb = a.get(key), b.get(key)
         if va == vb:
             continue
-        if key in secret_keys:
+        if va in secrets or vb in secrets:
             lines.append(f"~ {key}={SECRET_MASK}")
             continue
         try:
@@ -350,36 +378,35 @@ def env_diff(path: str, old: bytes, new: bytes, secret_keys: tuple[str, ...] = (
     return "\n".join(lines) + "\n" if lines else None
 
 
-def _diff(f: RenderedFile, old: bytes | None, secret_keys: tuple[str, ...]) -> str | None:
-    if f.kind == "manifest":
+def _diff(f: RenderedFile, old: bytes | None, secrets: tuple[str, ...]) -> str | None:
+    if f.kind is FileKind.MANIFEST:
         return None
-    if f.kind == "file":
+    if f.kind is FileKind.FILE:
         try:
             data = f.data()
         except OSError:
             return None
         if len(data) > 256 * 1024:
             return None
-        return unified_diff(f.path, old, data)
-    if f.kind == "env" and old is not None:
-        return env_diff(f.path, old, f.data(), secret_keys)
-    return unified_diff(f.path, old, f.data(), ())
+        return unified_diff(f.path, old, data, secrets)
+    if f.kind is FileKind.ENV and old is not None:
+        text = env_diff(f.path, old, f.data(), secrets)
+        return scrub(text, secrets) if text else None
+    return unified_diff(f.path, old, f.data(), secrets)
 
 
 def make_plan(
     rendered: Rendered,
     targets: dict[str, Target],
-    reports: dict[str, dict | HostError],
+    reports: dict[str, ProbeReport | HostError],
     *,
     replace: set[str] | None = None,
 ) -> Plan:
     inv = rendered.inventory
     hosts = {h.name: h for h in inv.hosts}
-    plans = []
-    for name, target in targets.items():
-        plans.append(
-            plan_host(
-                name, target, hosts.get(name), rendered.hosts.get(name), reports[name], inv.secret_env, replace
-            )
-        )
+    plans = [
+        plan_host(name, target, hosts.get(name), rendered.hosts.get(name), reports[name],
+                  job=inv.job, secrets=rendered.secret_values, replace=replace)
+        for name, target in targets.items()
+    ]
     return Plan(inv.job, plans)

@@ -3,9 +3,10 @@
 plan and destroy probe every host at every run, so a host's cost there is the product's
 speed. Starting Python and the agent costs a host about twice what sh plus stat, sha256sum,
 head and systemctl do (measured on the sandbox hosts: ~24 ms against ~12 ms of CPU), so the
-common case takes this path. The report is the one agent.op_probe returns (a test holds them
-equal on real hosts), built here from the script's output with the agent's own parsers; it
-lacks only the clock readings (`now`, `now_monotonic_us`, `boot_id`) that status uses.
+common case takes this path. The report is the ProbeReport host/agent.py's op_probe returns (a test
+holds them equal on real hosts), built here from the script's output with the agent's own
+parsers; it lacks only the clock readings (`now`, `now_monotonic_us`, `boot_id`) that status
+uses.
 
 Whenever the script's answer does not add up, or the request needs what only the agent
 reads (accelerator facts, odd path names, a manifest listing files the controller did not
@@ -21,8 +22,10 @@ import re
 import shlex
 import stat
 from pathlib import Path
+from typing import Any
 
-from . import agent
+from .host import agent, layout
+from .host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from .ssh import Session, Target, call_agent
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9/._@:+=,-]*$")
@@ -33,35 +36,34 @@ _SCRIPT: str | None = None
 def script() -> str:
     global _SCRIPT
     if _SCRIPT is None:
-        text = (Path(__file__).parent / "probe.sh").read_text()
+        text = (Path(__file__).parent / "host" / "probe.sh").read_text()
         # Comments stay on the controller; what is left travels as one single-quoted word.
         _SCRIPT = "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
     return _SCRIPT
 
 
-def _asked(req: dict) -> tuple[list[str], list[str], list[str]]:
+def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
     """(files the report lists, units, every path the script reads) for a probe request:
-    the files are the agent's want and paths; the script also reads provision's own records
+    the files are the request's listed paths; the script also reads provision's own records
     (manifest, lifecycle marker, each unit's exits)."""
-    job = req["job"]
-    files = sorted(set(req.get("want", {})) | set(req.get("paths", []))) if req.get("files", True) else []
-    units = sorted(set(req.get("units", [])))
-    records = [agent.job_dir(job) + "/manifest.json", agent.job_dir(job) + "/lifecycle.json",
-               *(agent.exits_path(job, u) for u in units)]
+    job = req.job
+    files = req.listed()
+    units = sorted(set(req.units))
+    records = [layout.manifest_path(job), layout.lifecycle_path(job),
+               *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units)]
     return files, units, files + [r for r in records if r not in files]
 
 
-def command(req: dict) -> str | None:
+def command(req: ProbeRequest) -> str | None:
     """The shell command for req, or None when the agent must answer it."""
-    only = req.get("facts_only")
-    if req.get("facts") and (only is None or not set(only) <= {"gpus", "tpu"}):
+    if req.facts not in (NO_FACTS, CHECK_FACTS) or not set(req.facts_only) <= {"gpus", "tpu"}:
         return None  # every fact (`provision facts`): the agent's
-    facts = set(only or ()) if req.get("facts") else set()
+    facts = set(req.facts_only) if req.facts == CHECK_FACTS else set()
     _, units, paths = _asked(req)
     if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
-    words = ["sh", "-c", script(), "provision-probe", str(int(req.get("content_max", 0))),
+    words = ["sh", "-c", script(), "provision-probe", str(int(req.content_max)),
              ",".join(agent.UNIT_PROPS), " ".join(units), gpus, "1" if "tpu" in facts else "", *paths]
     return " ".join(shlex.quote(w) for w in words)
 
@@ -70,7 +72,7 @@ class _Mismatch(Exception):
     """The script's output does not add up: ask the agent."""
 
 
-def parse(out: bytes, req: dict) -> dict:
+def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     """The agent's probe report from the script's output (for `command(req)`); _Mismatch if
     it does not add up."""
     listed, units, paths = _asked(req)
@@ -86,7 +88,7 @@ def parse(out: bytes, req: dict) -> dict:
 
     if line() != b"@probe 1":
         raise _Mismatch("not the probe's output")
-    facts: dict = {}
+    facts: dict[str, Any] = {}
     text = line()
     facts["systemd_pid1"] = text == b"@systemd"
     if facts["systemd_pid1"]:
@@ -123,11 +125,11 @@ def parse(out: bytes, req: dict) -> dict:
         sums[p] = digest
     if line() != b"@content":
         raise _Mismatch("no content section")
-    cap = int(req.get("content_max", 0)) + 1
-    content = {}
+    cap = req.content_max + 1
+    content_of = {}
     for p in regular:
         n = min(stats[p][0], cap)
-        content[p], pos = out[pos:pos + n], pos + n
+        content_of[p], pos = out[pos:pos + n], pos + n
     if line() != b"@units" or not out.endswith(b"@end\n"):
         raise _Mismatch("a file changed size while probed")
     unit_text = out[pos:-len(b"@end\n")].decode("utf-8", "replace")
@@ -136,11 +138,11 @@ def parse(out: bytes, req: dict) -> dict:
         """A small file of provision's own, as the agent's read_json would read it."""
         if p not in stats:
             return None
-        if p not in content or len(content[p]) != stats[p][0] or len(content[p]) >= cap:
+        if p not in content_of or len(content_of[p]) != stats[p][0] or len(content_of[p]) >= cap:
             raise _Mismatch(f"{p} is not a small regular file")
-        return content[p]
+        return content_of[p]
 
-    def as_json(p: str):
+    def as_json(p: str) -> Any:
         data = whole(p)
         if data is None:
             return None
@@ -149,50 +151,46 @@ def parse(out: bytes, req: dict) -> dict:
         except ValueError as e:
             return {"_unreadable": str(e)}
 
-    jd = agent.job_dir(req["job"])
-    manifest = as_json(jd + "/manifest.json")
+    job = req.job
+    manifest = as_json(layout.manifest_path(job))
     if isinstance(manifest, dict) and "_unreadable" not in manifest:
-        on_host = set(manifest.get("files", {})) if req.get("files", True) else set()
+        on_host = set(manifest.get("files", {})) if req.files else set()
         on_host_units = {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
         if not on_host <= set(listed) or not on_host_units <= set(units):
             raise _Mismatch("the manifest lists files or tasks the controller did not know of")
-    files = {}
-    want = req.get("want", {})
-    content_max = int(req.get("content_max", 0))
+    files: dict[str, FileInfo | None] = {}
     for p in listed:
         if p not in stats:
             files[p] = None
             continue
         size, mode, uid = stats[p]
         if stat.S_ISLNK(mode):
-            files[p] = {"type": "symlink"}
+            files[p] = FileInfo("symlink")
         elif not stat.S_ISREG(mode):
-            files[p] = {"type": "dir" if stat.S_ISDIR(mode) else "other"}
+            files[p] = FileInfo("dir" if stat.S_ISDIR(mode) else "other")
         else:
-            info = {"type": "file", "mode": mode & 0o7777, "uid": uid, "size": size, "sha256": sums[p]}
-            if want.get(p) is not None and sums[p] != want[p] and size <= content_max:
-                data = content[p]
+            content = None
+            if req.want.get(p) is not None and sums[p] != req.want[p] and size <= req.content_max:
+                data = content_of[p]
                 if len(data) != size or hashlib.sha256(data).hexdigest() != sums[p]:
                     raise _Mismatch(f"{p} changed while probed")
-                info["content"] = base64.b64encode(data).decode()
-            files[p] = info
+                content = base64.b64encode(data).decode()
+            files[p] = FileInfo("file", mode & 0o7777, uid, size, sums[p], content)
     exits = {}
     for u in units:
-        data = whole(agent.exits_path(req["job"], u))
-        exits[u] = agent.parse_exits(data.decode("utf-8", "replace")) if data is not None else []
-    report = {
-        "manifest": manifest,
-        "lifecycle": as_json(jd + "/lifecycle.json"),
-        "files": files,
-        "units": agent.parse_unit_states(unit_text, units) if units else {},
-        "exits": exits,
-    }
-    if req.get("facts"):
-        report["facts"] = facts
-    return report
+        data = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
+        exits[u] = layout.parse_exits(data.decode("utf-8", "replace")) if data is not None else []
+    return ProbeReport(
+        manifest=manifest,
+        lifecycle=as_json(layout.lifecycle_path(job)),
+        files=files,
+        units=agent.parse_unit_states(unit_text, units) if units else {},
+        exits=exits,
+        facts=facts if req.facts != NO_FACTS else None,
+    )
 
 
-def probe_host(session: Session, target: Target, req: dict, *, timeout: float = 120) -> dict:
+def probe_host(session: Session, target: Target, req: ProbeRequest, *, timeout: float = 120) -> ProbeReport:
     """The agent's probe report for req, through the script when it can answer. Anything
     else (the script failed, sudo refused, an answer that does not add up) goes to the
     agent, which also words the errors."""
@@ -204,4 +202,5 @@ def probe_host(session: Session, target: Target, req: dict, *, timeout: float = 
                 return parse(res.stdout, req)
             except (_Mismatch, ValueError, IndexError, UnicodeDecodeError):
                 pass
-    return call_agent(session, target, req, timeout=timeout)
+    report: ProbeReport = call_agent(session, target, req, timeout=timeout)
+    return report

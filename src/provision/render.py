@@ -1,13 +1,8 @@
 """Placement → every file each host must get, through the Jinja templates in templates/.
 
 Pure: no network, no writes (`write_tree` is the one exception, for `provision render`).
-Layout on a host, for job J:
-    /etc/provision/J/                  0700, provision's own directory
-    /etc/provision/J/<task>.env        0600, EnvironmentFile= of the task
-    /etc/provision/J/manifest.json     0600, what provision manages here (read back by plan)
-    /etc/systemd/system/provision-J-<task>.service
-    /etc/systemd/system/provision-J.target
-    + the inventory's `files:`
+Where each file goes on a host is host/layout.py's; what it holds is decided here and in
+the templates (which get every path and name as a value, never spell one).
 """
 
 from __future__ import annotations
@@ -16,8 +11,8 @@ import functools
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Mapping
 
@@ -26,37 +21,25 @@ import jinja2
 from . import encode
 from .clusterenv import JobCluster, job_cluster, task_env
 from .errors import ProvisionError
-from .model import LONG_LIVED, PHASE, FileSpec, Host, Inventory, Pool
+from .host import layout
+from .lifecycle import LONG_LIVED, start_phase, systemd_restart
+from .model import FileSpec, Host, Inventory, Pool
 from .placement import Placement, PlacedTask, Slot, place
+from .pushed import walk_spec
 
 MANIFEST_VERSION = 1
-SKIP_NAMES = frozenset({"__pycache__", ".git", ".DS_Store"})
 SECRET_MASK = "(sensitive value)"
 
 
-def job_dir(job: str) -> str:
-    return f"/etc/provision/{job}"
+class FileKind(str, Enum):
+    ENV = "env"
+    UNIT = "unit"
+    TARGET = "target"
+    MANIFEST = "manifest"
+    FILE = "file"  # the inventory's files:
 
-
-def state_dir(job: str) -> str:
-    """Run-time records on the host (task exits); outlives reboots, removed by destroy."""
-    return f"/var/lib/provision/{job}"
-
-
-def manifest_path(job: str) -> str:
-    return f"{job_dir(job)}/manifest.json"
-
-
-def unit_name(job: str, task: str) -> str:
-    return f"provision-{job}-{task}.service"
-
-
-def target_name(job: str) -> str:
-    return f"provision-{job}.target"
-
-
-def container_name(job: str, task: str) -> str:
-    return f"provision-{job}-{task}"
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -64,10 +47,11 @@ class RenderedFile:
     path: str  # absolute path on the host
     sha256: str
     mode: int
-    kind: str  # env | unit | target | manifest | file
+    kind: FileKind
     content: bytes | None = None  # None: read from `source` when needed
     source: Path | None = None
     secret: bool = False  # holds secret values: never shown in diffs
+    replace: bool = False  # may take the place of a host file provision does not manage
 
     def data(self) -> bytes:
         if self.content is not None:
@@ -103,6 +87,7 @@ class Rendered:
     inventory: Inventory
     placement: Placement
     hosts: dict[str, HostBundle] = field(hash=False)  # only hosts that run a task
+    secret_values: tuple[str, ...] = field(default=(), repr=False)  # masked wherever shown
 
 
 # --------------------------------------------------------------------------- templates
@@ -147,53 +132,28 @@ def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
 
 
 def pushed_files(specs: tuple[FileSpec, ...]) -> list[RenderedFile]:
-    """The inventory's `files:` as RenderedFiles (content read lazily, hashed once)."""
+    """The inventory's `files:` as RenderedFiles (content read lazily, hashed once).
+
+    The walk and the modes are pushed.walk_spec's, the walk validation made: links stay
+    inside a pushed directory, modes are the sources' own (never widened)."""
     out: dict[str, RenderedFile] = {}
     for spec in specs:
-        if spec.is_dir:
-            pairs = []
-            for root, dirs, files in os.walk(spec.src):
-                dirs[:] = sorted(d for d in dirs if d not in SKIP_NAMES)
-                for name in sorted(files):
-                    if name in SKIP_NAMES or name.endswith(".pyc"):
-                        continue
-                    src = Path(root) / name
-                    rel = src.relative_to(spec.src).as_posix()
-                    pairs.append((src, f"{spec.dest.rstrip('/')}/{rel}"))
-        else:
-            pairs = [(spec.src, spec.dest)]
-        for src, dest in pairs:
-            try:
-                st = src.stat()
-            except OSError as e:
-                raise ProvisionError(f"files: cannot read {src}: {e.strerror}") from None
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            mode = 0o755 if st.st_mode & 0o111 else 0o644
-            digest = _file_digest(src, st.st_mtime_ns, st.st_size)
-            out[dest] = RenderedFile(dest, digest, mode, "file", source=src)
+        entries, problems = walk_spec(spec.src, spec.dest, spec.is_dir)
+        if problems:  # the tree changed since the inventory was validated
+            raise ProvisionError(f"files: {problems[0].message}")
+        for e in entries:
+            digest = _file_digest(e.src, e.mtime_ns, e.size)
+            out[e.dest] = RenderedFile(e.dest, digest, e.mode, FileKind.FILE, source=e.src, replace=spec.replace)
     return list(out.values())
 
 
 # --------------------------------------------------------------------------- rendering
 
 
-def _restart(pool: Pool) -> dict:
-    r = pool.restart
-    if r.policy == "Never" or r.limit == 0:
-        return {"restart": "no", "restart_prevent": "", "start_limit_burst": 0}
-    # systemd counts every start against StartLimitBurst, the first one too.
-    burst = r.limit + 1
-    if r.policy == "Always":
-        return {"restart": "always", "restart_prevent": "", "start_limit_burst": burst}
-    prevent = " ".join(str(c) for c in range(1, 128)) if r.policy == "ExitCode" else ""
-    return {"restart": "on-failure", "restart_prevent": prevent, "start_limit_burst": burst}
-
-
 def _exec_start(inv: Inventory, pool: Pool, task: PlacedTask, env_keys: list[str]) -> str:
     if not pool.image:
         return encode.exec_line(pool.command)
-    argv = ["/usr/bin/docker", "run", "--rm", "--name", container_name(inv.job, task.name), "--network", "host"]
+    argv = ["/usr/bin/docker", "run", "--rm", "--name", layout.container_name(inv.job, task.name), "--network", "host"]
     if task.accelerators and task.host.accelerators and task.host.accelerators.kind == "gpu":
         # docker's --gpus takes a CSV list; the inner quotes keep the commas together.
         argv += ["--gpus", '"device=' + ",".join(map(str, task.accelerators)) + '"']
@@ -222,15 +182,16 @@ def _render_task(
         **common,
         role=task.role,
         index=task.index,
-        target=target_name(inv.job),
-        env_path=f"{job_dir(inv.job)}/{task.name}.env",
-        container=container_name(inv.job, task.name) if pool.image else "",
+        target=layout.target_name(inv.job),
+        env_path=layout.env_path(inv.job, task.name),
+        container=layout.container_name(inv.job, task.name) if pool.image else "",
         exec_start=_exec_start(inv, pool, task, [k for k, _ in env]),
+        exec_stop=layout.exec_stop_command(inv.job, task.name),
+        exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
         stop_timeout=30,
-        syslog_identifier=f"provision-{inv.job}-{task.name}",
-        state_dir=state_dir(inv.job),
-        **_restart(pool),
+        syslog_identifier=layout.log_identifier(inv.job, task.name),
+        **systemd_restart(pool.restart),
     )
     secret_keys = [k for k in inv.secret_env if secrets and k in secrets]
     return env_text, unit_text, secret_keys
@@ -253,7 +214,6 @@ def render(
     by_host: dict[str, list[PlacedTask]] = {}
     for t in placement.tasks:
         by_host.setdefault(t.host.name, []).append(t)
-    jd = job_dir(inv.job)
     job_escaped = encode.env_escape(',"job":' + jc.job_json).encode()
 
     hosts: dict[str, HostBundle] = {}
@@ -266,21 +226,21 @@ def render(
         for t in tasks:
             env_text, unit_text, secret_keys = _render_task(inv, t, jc, secrets, gpu_uuids)
             env_b, unit_b = env_text.encode(), unit_text.encode()
-            env_path = f"{jd}/{t.name}.env"
-            unit = unit_name(inv.job, t.name)
-            unit_path = f"/etc/systemd/system/{unit}"
+            env_path = layout.env_path(inv.job, t.name)
+            unit = layout.unit_name(inv.job, t.name)
+            unit_path = layout.unit_path(inv.job, t.name)
             env_sha, unit_sha = _sha(env_b), _sha(unit_b)
-            files.append(RenderedFile(env_path, env_sha, 0o600, "env", env_b, secret=bool(secret_keys)))
-            files.append(RenderedFile(unit_path, unit_sha, 0o644, "unit", unit_b))
+            files.append(RenderedFile(env_path, env_sha, 0o600, FileKind.ENV, env_b, secret=bool(secret_keys)))
+            files.append(RenderedFile(unit_path, unit_sha, 0o644, FileKind.UNIT, unit_b))
             # CLUSTER_SPEC's `job` (the whole job's description) is informational: a change
             # to another pool's command rewrites this file but does not restart this task.
             env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
             inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
-            units.append(TaskUnit(t, unit, unit_path, env_path, PHASE[t.role], t.role in LONG_LIVED, inputs))
+            units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
         target_b = j.get_template("job.target.j2").render(
             job=inv.job, host=host.name, tasks=[t.name for t in tasks]
         ).encode()
-        files.append(RenderedFile(f"/etc/systemd/system/{target_name(inv.job)}", _sha(target_b), 0o644, "target", target_b))
+        files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = {
             "provision": MANIFEST_VERSION,
             "job": inv.job,
@@ -298,13 +258,13 @@ def render(
                 }
                 for u in units
             },
-            "files": {f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind} for f in sorted(files, key=lambda f: f.path)},
+            "files": {f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value} for f in sorted(files, key=lambda f: f.path)},
         }
         manifest_b = manifest_bytes(manifest)
-        files.append(RenderedFile(manifest_path(inv.job), _sha(manifest_b), 0o600, "manifest", manifest_b))
+        files.append(RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b))
         files.sort(key=lambda f: f.path)
         hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest)
-    return Rendered(inv, placement, hosts)
+    return Rendered(inv, placement, hosts, tuple(v for v in (secrets or {}).values() if v))
 
 
 def manifest_bytes(manifest: dict) -> bytes:

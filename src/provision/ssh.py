@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import errno
+import logging
 import os
 import resource
 import socket
@@ -19,13 +20,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import paramiko
 
 from .errors import ProvisionError
 
+# paramiko logs errors of its transport thread (a hung host's "No existing session"); with
+# no handler Python prints them with tracebacks. provision reports each host in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
 T = TypeVar("T")
+_CHUNK = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -241,10 +248,38 @@ def _parse_jump(spec: str, target: Target) -> Target:
     )
 
 
+def _abort(conn: Any) -> None:
+    """The handshake's deadline passed: close its socket, so whatever paramiko waits on ends."""
+    client = getattr(conn, "client", None)
+    transport = client.get_transport() if client is not None else None
+    sock = conn.connect_kwargs.get("sock")
+    for thing in (transport, sock):
+        try:
+            if thing is not None:
+                thing.close()
+        except Exception:  # best effort: the caller reports the timeout
+            pass
+
+
+def _stage(conn: Any) -> str:
+    """Where a handshake that timed out was: what the user should look at."""
+    client = getattr(conn, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return "the TCP connection"
+    if not getattr(transport, "remote_version", ""):
+        return "the SSH banner exchange"
+    if getattr(transport, "session_id", None) is None:
+        return "key exchange"
+    return "authentication"
+
+
+def _timed_out(target: Target, stage: str) -> str:
+    return f"timed out during {stage} (connect_timeout {target.connect_timeout:g}s): is the host hung or overloaded?"
+
+
 class Session:
     """Connections to many hosts for the length of one command."""
-
-    RETRIES = 3  # connect attempts for transient failures (refused, timeout, reset)
 
     def __init__(self, known_hosts: KnownHosts, *, parallelism: int | None = None, verbose: bool = False):
         self.known = known_hosts
@@ -279,10 +314,23 @@ class Session:
             self._prepare(gateway, jt)
         conn = _connection(target, gateway)
         self._prepare(conn, target)
+        # The whole handshake (TCP, banner, key exchange, auth, retries) gets connect_timeout:
+        # a hung host (paused, or an sshd that accepts and never answers) costs that, no more.
+        deadline = time.monotonic() + target.connect_timeout
         delay = 0.3
-        for attempt in range(self.RETRIES):
+        err = "cannot connect"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                raise HostError(target, err, unreachable=True)
+            conn.connect_timeout = left
+            for k in ("banner_timeout", "auth_timeout", "channel_timeout"):
+                conn.connect_kwargs[k] = left
+            watchdog = threading.Timer(left, _abort, (conn,))
+            watchdog.daemon = True
+            watchdog.start()
             try:
-                _open(conn, target.connect_timeout)
+                _open(conn, left)
                 break
             except paramiko.BadHostKeyException as e:
                 raise HostError(
@@ -299,12 +347,14 @@ class Session:
                     f"{self.known.path} or ~/.ssh/known_hosts after checking it (or use accept-new)",
                 ) from None
             except paramiko.AuthenticationException as e:
+                if "timeout" in str(e).lower() or time.monotonic() >= deadline - 0.05:
+                    raise HostError(target, _timed_out(target, "authentication"), unreachable=True) from None
                 raise HostError(target, f"authentication failed for user {conn.user}: {e}") from None
             except FileNotFoundError as e:
                 raise HostError(target, f"identity file not found: {e.filename}") from None
             except (socket.timeout, TimeoutError):
                 # Not retried: the host already had the whole timeout to answer.
-                raise HostError(target, f"connection timed out after {target.connect_timeout:g}s", unreachable=True) from None
+                raise HostError(target, _timed_out(target, _stage(conn)), unreachable=True) from None
             except ConnectionRefusedError:
                 err = "connection refused"
             except paramiko.ssh_exception.NoValidConnectionsError as e:
@@ -317,14 +367,15 @@ class Session:
             except socket.gaierror as e:
                 raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
             except (OSError, EOFError, paramiko.SSHException) as e:
+                if time.monotonic() >= deadline - 0.05 or "timeout" in str(e).lower() or "banner" in str(e):
+                    raise HostError(target, _timed_out(target, _stage(conn)), unreachable=True) from None
                 err = str(e) or type(e).__name__
-                if "Error reading SSH protocol banner" in err or isinstance(e, EOFError):
+                if isinstance(e, EOFError):
                     err = "the SSH server closed the connection during the handshake"
-            if attempt + 1 < self.RETRIES:
-                time.sleep(delay)
-                delay *= 2
-        else:
-            raise HostError(target, err, unreachable=True)
+            finally:
+                watchdog.cancel()
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay *= 2
         with self._lock:
             self._conns[target.name] = conn
             self._users[target.name] = conn.user
@@ -367,8 +418,11 @@ class Session:
             err_chunks: list[bytes] = []
             reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
             reader.start()
-            if stdin:
-                chan.sendall(stdin)
+            # In slices: paramiko's sendall re-slices what is left after every packet, which
+            # for one large bytes object is quadratic (a 40 MB push took 22 s).
+            view = memoryview(stdin)
+            for i in range(0, len(view), _CHUNK):
+                chan.sendall(bytes(view[i:i + _CHUNK]))
             chan.shutdown_write()
             out = chan.makefile("rb").read()
             status = chan.recv_exit_status()
@@ -431,25 +485,17 @@ class Session:
 
 # --------------------------------------------------------------------------- the host agent
 
-_AGENT_SOURCE: bytes | None = None
 
-
-def _agent_source() -> bytes:
-    global _AGENT_SOURCE
-    if _AGENT_SOURCE is None:
-        _AGENT_SOURCE = (Path(__file__).parent / "agent.py").read_bytes()
-    return _AGENT_SOURCE
-
-
-def call_agent(session: Session, target: Target, request: dict, *, timeout: float = 600) -> dict:
-    """One request to agent.py on the host: one SSH round trip, JSON in and out."""
+def call_agent(session: Session, target: Target, request: Any, *, timeout: float = 600) -> Any:
+    """One request (host/protocol.py) to the agent on the host: one SSH round trip. Returns
+    the request's report type."""
     import json
 
-    src = _agent_source()
-    # -S: the agent needs only the standard library; skipping site (and the .pth files of
-    # whatever the host has installed) saves start-up time on every call.
-    boot = f"python3 -S -c 'import sys;exec(compile(sys.stdin.buffer.read({len(src)}),\"provision-agent\",\"exec\"))'"
-    res = session.run(target, boot, stdin=src + json.dumps(request).encode(), timeout=timeout)
+    from .host import bundle
+    from .host import protocol as P
+
+    stdin = bundle.payload() + json.dumps(P.to_wire(request)).encode()
+    res = session.run(target, bundle.boot_command(), stdin=stdin, timeout=timeout)
     if res.exit_status != 0:
         err = res.stderr.decode("utf-8", "replace").strip().splitlines()
         if res.exit_status == 127:
@@ -461,6 +507,11 @@ def call_agent(session: Session, target: Target, request: dict, *, timeout: floa
         out = json.loads(res.stdout)
     except ValueError:
         raise HostError(target, f"host agent gave no answer: {res.stdout[:200]!r}") from None
-    if "fatal" in out:
+    if isinstance(out, dict) and "fatal" in out:
         raise HostError(target, f"on the host: {out['fatal']}")
-    return out
+    try:
+        if isinstance(request, P.BatchRequest):
+            return P.batch_from_wire(request, out)
+        return P.report_from_wire(request.op, out)
+    except (P.WireError, TypeError) as e:
+        raise HostError(target, f"host agent answered something else: {e}") from None

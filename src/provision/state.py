@@ -1,27 +1,40 @@
 """Local state beside the inventory: what was applied where, and a lock.
 
-`.provision/<job>.state.json` holds format_version, serial, lineage and per host what was
-applied (file checksums, tasks and their inputs, how to reach the host) plus the placement
-that growing pools must keep. It is rewritten atomically after every host finishes, so a
-killed apply leaves the last complete write. Secret values are never in it: only checksums.
+`.provision/<job>.state.json` holds format_version, serial, lineage and per host a HostRecord
+(how to reach it, the files and tasks provision put there) plus the placement that growing
+pools must keep. Rules:
+- It is never absent once it existed: every save writes a temp file, fsyncs it and renames
+  it over the old one. `.backup` is a copy of the state as this run read it, written once,
+  before the run's first save.
+- A host is recorded before anything is written to it (as pending), so an apply killed at
+  any point leaves every host it touched known; a no-op apply records (adopts) hosts whose
+  manifest names the job but the state does not know.
+- Checksums are keyed (HMAC-SHA256, key in `<state>.key`, 0600): with the state and the
+  inventory, a guessed secret value cannot be confirmed by re-rendering an env file.
+- The lock is taken before the state is read, so two applies cannot both start from the same
+  serial; its content is written before it exists (link of a complete temp file).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import getpass
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import socket
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, Mapping
 
 from .errors import ProvisionError
 from .placement import Slot
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def default_state_path(inventory_path: Path, job: str) -> Path:
@@ -32,71 +45,180 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-class State:
-    def __init__(self, path: Path, data: dict):
-        self.path = path
-        self.data = data
-        self._lock = threading.Lock()
+def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Temp file, fsync, rename, fsync the directory: old or new content, never none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    unit: str
+    inputs: str  # keyed digest
+    phase: int
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """A host the job was applied to: how to reach it again (it may leave the inventory)
+    and what provision put there."""
+
+    address: str
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    jump_host: str | None = None
+    connect_timeout: float = 10.0
+    host_key_policy: str = "accept-new"
+    files: dict[str, str] = field(default_factory=dict)  # path → keyed digest
+    tasks: dict[str, TaskRecord] = field(default_factory=dict)
+    pending: bool = False  # being written: what is there is not known yet
+    applied_at: str = ""
 
     @classmethod
-    def load(cls, path: Path, job: str) -> "State":
-        if not path.exists():
-            return cls(path, {"format_version": FORMAT_VERSION, "serial": 0, "lineage": str(uuid.uuid4()), "job": job, "hosts": {}, "placement": {}})
+    def from_json(cls, data: Mapping[str, Any]) -> HostRecord:
+        tasks = {n: TaskRecord(str(t["unit"]), str(t["inputs"]), int(t["phase"])) for n, t in data.get("tasks", {}).items()}
+        return cls(
+            address=str(data["address"]), port=data.get("port"), user=data.get("user"),
+            identity_file=data.get("identity_file"), jump_host=data.get("jump_host"),
+            connect_timeout=float(data.get("connect_timeout", 10.0)),
+            host_key_policy=str(data.get("host_key_policy", "accept-new")),
+            files={str(k): str(v) for k, v in data.get("files", {}).items()}, tasks=tasks,
+            pending=bool(data.get("pending", False)), applied_at=str(data.get("applied_at", "")),
+        )
+
+    def units(self) -> list[str]:
+        return sorted(t.unit for t in self.tasks.values())
+
+
+# --------------------------------------------------------------------------- state
+
+
+class State:
+    def __init__(self, path: Path, *, lineage: str, serial: int, job: str, hosts: dict[str, HostRecord],
+                 placement: dict[str, Slot], original: bytes | None):
+        self.path = path
+        self.lineage = lineage
+        self.serial = serial
+        self.job = job
+        self.hosts = hosts
+        self.placement = placement
+        self._original = original  # the file as read: the backup, written before the first save
+        self._lock = threading.Lock()
+        self._key: bytes | None = None
+
+    @classmethod
+    def load(cls, path: Path, job: str) -> State:
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return cls(path, lineage=str(uuid.uuid4()), serial=0, job=job, hosts={}, placement={}, original=None)
+        except OSError as e:
+            raise ProvisionError(f"{path}: cannot read the state: {e.strerror}") from None
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
             raise ProvisionError(f"{path}: state file unreadable ({e}); restore it from {path.name}.backup or move it away") from None
-        if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
-            raise ProvisionError(f"{path}: state format {data.get('format_version') if isinstance(data, dict) else '?'} is not {FORMAT_VERSION}; this provision cannot read it")
+        if not isinstance(data, dict) or data.get("format_version") not in (1, FORMAT_VERSION):
+            version = data.get("format_version") if isinstance(data, dict) else "?"
+            raise ProvisionError(f"{path}: state format {version} is not {FORMAT_VERSION}; this provision cannot read it")
         if data.get("job") != job:
             raise ProvisionError(f"{path}: state belongs to job {data.get('job')!r}, not {job!r}; use --state to point elsewhere")
-        return cls(path, data)
+        try:
+            hosts = {str(n): HostRecord.from_json(h) for n, h in data.get("hosts", {}).items()}
+            placement = {
+                str(n): Slot(str(s["host"]), int(s["port"]), tuple(int(a) for a in s.get("accelerators", ())))
+                for n, s in data.get("placement", {}).items()
+            }
+            return cls(path, lineage=str(data["lineage"]), serial=int(data.get("serial", 0)), job=job,
+                       hosts=hosts, placement=placement, original=raw)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProvisionError(
+                f"{path}: state file has the wrong shape ({type(e).__name__}: {e}); restore it from "
+                f"{path.name}.backup or move it away (the next apply adopts what the hosts report)"
+            ) from None
 
     @property
     def known_hosts_path(self) -> Path:
         return self.path.parent / "known_hosts"
 
+    @property
+    def key_path(self) -> Path:
+        return self.path.with_name(self.path.name.removesuffix(".json") + ".key")
+
+    def keyed(self, digest: str) -> str:
+        """A checksum as kept here: HMAC-SHA256 under this state's key."""
+        if self._key is None:
+            try:
+                self._key = bytes.fromhex(self.key_path.read_text().strip())
+            except (OSError, ValueError):
+                self._key = secrets.token_bytes(32)
+                _write_atomic(self.key_path, self._key.hex().encode() + b"\n")
+        return "hmac-sha256:" + hmac.new(self._key, digest.encode(), hashlib.sha256).hexdigest()
+
     def previous_placement(self) -> dict[str, Slot]:
-        return {
-            name: Slot(s["host"], int(s["port"]), tuple(s.get("accelerators", ())))
-            for name, s in self.data.get("placement", {}).items()
-        }
+        return dict(self.placement)
 
-    def hosts(self) -> dict[str, dict]:
-        return self.data.get("hosts", {})
+    # -- changes: each saves at once (thread-safe), called as hosts finish
 
-    def update(self, *, host: str | None = None, entry: dict | None = None, remove_host: str | None = None, placement: dict | None = None) -> None:
-        """Change and save at once (thread-safe): called after every host finishes."""
+    def record_host(self, name: str, record: HostRecord) -> None:
         with self._lock:
-            hosts = self.data.setdefault("hosts", {})
-            if host is not None and entry is not None:
-                hosts[host] = {**entry, "applied_at": _now()}
-            if remove_host is not None:
-                hosts.pop(remove_host, None)
-            if placement is not None:
-                self.data["placement"] = placement
+            self.hosts[name] = replace(record, applied_at=_now())
             self._save()
 
+    def forget_host(self, name: str) -> None:
+        with self._lock:
+            if self.hosts.pop(name, None) is not None:
+                self._save()
+
+    def set_placement(self, placement: Mapping[str, Slot]) -> None:
+        with self._lock:
+            if dict(placement) != self.placement:
+                self.placement = dict(placement)
+                self._save()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "serial": self.serial,
+            "lineage": self.lineage,
+            "job": self.job,
+            "updated_at": _now(),
+            "hosts": {n: asdict(h) for n, h in sorted(self.hosts.items())},
+            "placement": {n: {"host": s.host, "port": s.port, "accelerators": list(s.accelerators)}
+                          for n, s in sorted(self.placement.items())},
+        }
+
     def _save(self) -> None:
-        self.data["serial"] = int(self.data.get("serial", 0)) + 1
-        self.data["updated_at"] = _now()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if self.path.exists():
-            os.replace(self.path, self.path.with_name(self.path.name + ".backup"))
-        os.replace(tmp, self.path)
+        if self._original is not None:
+            _write_atomic(self.path.with_name(self.path.name + ".backup"), self._original)
+            self._original = None
+        self.serial += 1
+        _write_atomic(self.path, (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode())
 
 
 # --------------------------------------------------------------------------- lock
 
 
-@dataclass
+@dataclass(frozen=True)
 class LockInfo:
     id: str
     who: str
@@ -109,60 +231,77 @@ class LockInfo:
         return f"{self.operation} by {self.who} on {self.machine} (pid {self.pid}) since {self.created}, lock id {self.id}"
 
 
+def lock_path(state_path: Path) -> Path:
+    return state_path.with_name(state_path.name + ".lock")
+
+
 class StateLock:
     """An exclusive lock file next to the state, like Terraform's local backend lock.
 
-    A lock whose holder died on this machine (SIGKILL, power loss) is stale and is taken
-    over with a notice; a lock held elsewhere needs `provision force-unlock`.
+    The file appears with its content already in it (a complete temp file is hard-linked
+    to the lock's name, which fails if the name exists). A lock whose holder died on this
+    machine is stale and is taken over with a notice; any other lock (alive, elsewhere, or
+    unreadable) needs `provision force-unlock`.
     """
 
     def __init__(self, state_path: Path, operation: str):
-        self.path = state_path.with_name(state_path.name + ".lock")
+        self.path = lock_path(state_path)
         self.operation = operation
         self.info: LockInfo | None = None
         self.notice: str | None = None
 
-    def acquire(self) -> "StateLock":
+    def try_acquire(self) -> LockInfo | None:
+        """Take the lock, or return who holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = LockInfo(str(uuid.uuid4()), getpass.getuser(), os.getpid(), socket.gethostname(), self.operation, _now())
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                holder = read_lock(self.path)
-                if holder is not None and not _stale(holder):
-                    raise ProvisionError(
-                        f"state is locked: {holder.describe()}. Wait for it to finish; if it is gone, "
-                        f"run `provision force-unlock INVENTORY {holder.id}`"
-                    )
-                self.notice = f"took over a stale lock ({holder.describe() if holder else 'unreadable lock file'})"
+        tmp = self.path.with_name(f".{self.path.name}.{me.id}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(me), f)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            for _ in range(3):
                 try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me.__dict__, f)
-            self.info = me
-            return self
-        raise ProvisionError(f"{self.path}: could not take the lock")
+                    os.link(tmp, self.path)
+                    self.info = me
+                    return None
+                except FileExistsError:
+                    holder = read_lock(self.path)
+                    if holder is None or not _stale(holder):
+                        return holder or LockInfo("?", "?", 0, "?", "an operation that is still writing its lock", "?")
+                    self.notice = f"took over a stale lock ({holder.describe()})"
+                    _unlink_if(self.path, holder.id)
+            raise ProvisionError(f"{self.path}: could not take the lock")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def acquire(self) -> StateLock:
+        holder = self.try_acquire()
+        if holder is not None:
+            raise ProvisionError(
+                f"state is locked: {holder.describe()}. Wait for it to finish; if it is gone, "
+                f"run `provision force-unlock INVENTORY {holder.id}`"
+            )
+        return self
 
     def release(self) -> None:
-        if self.info is None:
-            return
-        holder = read_lock(self.path)
-        if holder is not None and holder.id == self.info.id:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        if self.info is not None:
+            _unlink_if(self.path, self.info.id)
         self.info = None
 
-    def __enter__(self) -> "StateLock":
+    def __enter__(self) -> StateLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _unlink_if(path: Path, lock_id: str) -> None:
+    """Remove the lock file only if it is still the one with lock_id."""
+    holder = read_lock(path)
+    if holder is not None and holder.id == lock_id:
+        path.unlink(missing_ok=True)
 
 
 def read_lock(path: Path) -> LockInfo | None:
@@ -185,7 +324,7 @@ def _stale(info: LockInfo) -> bool:
 
 
 def force_unlock(state_path: Path, lock_id: str) -> LockInfo:
-    path = state_path.with_name(state_path.name + ".lock")
+    path = lock_path(state_path)
     holder = read_lock(path)
     if holder is None:
         if path.exists():

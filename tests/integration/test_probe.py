@@ -16,11 +16,11 @@ import pytest
 
 from provision import engine
 from provision import probe as fast_probe
+from provision.host.protocol import ProbeRequest, to_wire
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "exec sleep 600"]
-CLOCK = ("now", "now_monotonic_us", "boot_id")  # the agent's extras, for status
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +48,15 @@ def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, 
 
     monkeypatch.setattr(fast_probe, "call_agent", spy)
     try:
-        fast = engine.probe(ctx, facts="check", fast=True)
-        slow = engine.probe(ctx, facts="check", fast=False)
+        fast_res = engine.probe(ctx, facts="check", fast=True)
+        slow_res = engine.probe(ctx, facts="check", fast=False)
     finally:
         monkeypatch.setattr(fast_probe, "call_agent", real)
         ctx.close()
-    for reports in (fast, slow):
-        for rep in reports.values():
-            assert not isinstance(rep, Exception), rep
-            for k in CLOCK:
-                rep.pop(k, None)  # the agent's answers have them, the script's do not
+    assert not fast_res.errors and not slow_res.errors, (fast_res.errors, slow_res.errors)
+    # The agent's answers have the host's clocks, the script's do not.
+    fast = {n: to_wire(r.without_clock()) for n, r in fast_res.ok.items()}
+    slow = {n: to_wire(r.without_clock()) for n, r in slow_res.ok.items()}
     return fast, slow, sorted(fallbacks)
 
 
@@ -97,7 +96,7 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert fell_back == []
     assert_same(fast, slow)
     big = fast["host-1"]["files"]["/opt/probe-test/big.bin"]
-    assert big["type"] == "file" and big["size"] == 307200 and "content" not in big
+    assert big["type"] == "file" and big["size"] == 307200 and big["content"] is None
     assert any(any(v for v in r["exits"].values()) for r in fast.values()), "the evaluator's exit is recorded"
 
     # Drift of every kind on host-1, a stopped unit and odd things in the way.
@@ -113,8 +112,8 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert fell_back == []
     assert_same(fast, slow)
     env = next(v for p, v in fast["host-1"]["files"].items() if p.endswith(".env"))
-    assert "content" in env  # edited: the diff has the host's text
-    assert fast["host-1"]["files"]["/opt/probe-test/fifo.txt"] == {"type": "other"}
+    assert env["content"] is not None  # edited: the diff has the host's text
+    assert fast["host-1"]["files"]["/opt/probe-test/fifo.txt"]["type"] == "other"
     assert fast["host-2"]["lifecycle"] == {"ended": True}
 
     # nvidia-smi missing on host-1 (the script answers), failing on host-2 (the agent does).
@@ -142,8 +141,8 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
 
 def test_fast_probe_gives_way_to_the_agent_for_what_it_cannot_say():
     # Full facts, and names a shell word could not carry as they are.
-    assert fast_probe.command({"op": "probe", "job": "j", "facts": True}) is None
-    assert fast_probe.command({"op": "probe", "job": "j", "facts": False, "paths": ["/opt/a b"]}) is None
-    assert fast_probe.command({"op": "probe", "job": "j", "facts": False, "units": ["a;b.service"]}) is None
-    cmd = fast_probe.command({"op": "probe", "job": "j", "facts": True, "facts_only": ["gpus"], "units": ["provision-j-chief-0.service"]})
+    assert fast_probe.command(ProbeRequest("j", facts="all")) is None
+    assert fast_probe.command(ProbeRequest("j", paths=["/opt/a b"])) is None
+    assert fast_probe.command(ProbeRequest("j", units=["a;b.service"])) is None
+    cmd = fast_probe.command(ProbeRequest("j", facts="check", facts_only=["gpus"], units=["provision-j-chief-0.service"]))
     assert cmd is not None and "nvidia-smi" in cmd

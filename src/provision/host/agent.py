@@ -1,7 +1,8 @@
 """Runs ON the host, sent over SSH for each call: stdlib only, no state of its own.
 
-The controller starts `python3 -S -c BOOT N` and writes N bytes of this file followed by a
-JSON request to stdin; the answer is one JSON document on stdout. One request does a whole
+The controller starts `python3 -S -c BOOT N` and writes N bytes of a bundle (host/bundle.py:
+this module with layout.py and protocol.py) followed by a JSON request (protocol.py's wire
+form) to stdin; the answer is one JSON report on stdout. One request does a whole
 step on a host (read everything plan needs, or write every file), so each step costs one
 SSH round trip per host. Facts (what the host reports) come back as data; deciding what to
 change stays on the controller.
@@ -12,6 +13,9 @@ import os
 import select
 import sys
 import time
+
+from . import layout
+from . import protocol as P
 
 # Every call starts a fresh interpreter, and importing json, base64, hashlib and subprocess
 # (re, enum, OpenSSL, threading...) cost more CPU than a probe's own work. Their C cores
@@ -104,49 +108,6 @@ UNIT_PROPS = (
     "ExecMainExitTimestampMonotonic", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
     "NeedDaemonReload", "StateChangeTimestamp",
 )
-TMP_SUFFIX = ".provision-tmp"
-
-
-def job_dir(job):
-    return "/etc/provision/" + job
-
-
-def state_dir(job):
-    return "/var/lib/provision/" + job
-
-
-def exits_path(job, unit):
-    prefix = "provision-%s-" % job
-    task = unit[len(prefix):-len(".service")] if unit.startswith(prefix) else unit
-    return "%s/%s.exits" % (state_dir(job), task)
-
-
-def read_exits(job, units):
-    """Lines written by each unit's ExecStopPost: [time, result, code, status] + ["stop"]
-    when the run ended because a stop was asked for."""
-    out = {}
-    for u in units:
-        try:
-            with open(exits_path(job, u)) as f:
-                out[u] = parse_exits(f.read())
-        except OSError:
-            out[u] = []
-    return out
-
-
-def parse_exits(text):
-    """The records of one .exits file (the controller's fast probe reads them with this too)."""
-    return [line.split() for line in text.splitlines() if 4 <= len(line.split()) <= 5]
-
-
-def reset_exits(job, units):
-    """A run started by provision counts its exits afresh."""
-    for u in units:
-        for path in (exits_path(job, u), exits_path(job, u)[: -len(".exits")] + ".stopping"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
 def sha256_file(path):
@@ -271,25 +232,48 @@ def parse_unit_states(out, units):
     return states
 
 
+def read_exits(job, units):
+    """Each unit's .exits records (layout.parse_exits), [] when there are none."""
+    out = {}
+    for u in units:
+        try:
+            with open(layout.exits_path(job, layout.task_of_unit(job, u))) as f:
+                out[u] = layout.parse_exits(f.read())
+        except OSError:
+            out[u] = []
+    return out
+
+
+def reset_exits(job, units):
+    """A run started by provision counts its exits afresh."""
+    for u in units:
+        task = layout.task_of_unit(job, u)
+        for path in (layout.exits_path(job, task), layout.stopping_path(job, task)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def file_info(path, want_sha, content_max):
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
     except OSError as e:
-        return {"type": "error", "error": str(e)}
+        return P.FileInfo("error", error=str(e))
     import stat as S
 
     if S.S_ISLNK(st.st_mode):
-        return {"type": "symlink"}
+        return P.FileInfo("symlink")
     if not S.S_ISREG(st.st_mode):
-        return {"type": "dir" if S.S_ISDIR(st.st_mode) else "other"}
-    info = {"type": "file", "mode": st.st_mode & 0o7777, "uid": st.st_uid, "size": st.st_size}
-    info["sha256"] = sha256_file(path)
-    if want_sha is not None and info["sha256"] != want_sha and st.st_size <= content_max:
+        return P.FileInfo("dir" if S.S_ISDIR(st.st_mode) else "other")
+    sha = sha256_file(path)
+    content = None
+    if want_sha is not None and sha != want_sha and st.st_size <= content_max:
         with open(path, "rb") as f:
-            info["content"] = base64.b64encode(f.read()).decode()
-    return info
+            content = base64.b64encode(f.read()).decode()
+    return P.FileInfo("file", st.st_mode & 0o7777, st.st_uid, st.st_size, sha, content)
 
 
 def facts(only=None):
@@ -363,33 +347,31 @@ def tpu_chips():
 
 
 def op_probe(req):
-    job = req["job"]
-    jd = job_dir(job)
-    manifest = read_json(jd + "/manifest.json")
-    want = req.get("want", {})
-    paths = set(want) | set(req.get("paths", []))
-    units = set(req.get("units", []))
+    job = req.job
+    manifest = read_json(layout.manifest_path(job))
+    paths = set(req.listed())
+    units = set(req.units)
     if isinstance(manifest, dict) and "_unreadable" not in manifest:
-        paths |= set(manifest.get("files", {}))
+        if req.files:
+            paths |= set(manifest.get("files", {}))
         units |= {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
-    content_max = req.get("content_max", 0)
-    files = {}
-    if req.get("files", True):
-        for p in sorted(paths):
-            files[p] = file_info(p, want.get(p), content_max)
-    out = {
-        "manifest": manifest,
-        "lifecycle": read_json(jd + "/lifecycle.json"),
-        "files": files,
-        "units": unit_states(units),
-        "exits": read_exits(job, units),
-        "now_monotonic_us": int(time.monotonic() * 1e6),
-        "now": time.time(),
-        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
-    }
-    if req.get("facts"):
-        out["facts"] = facts(req.get("facts_only"))
-    return out
+    files = {p: file_info(p, req.want.get(p), req.content_max) for p in sorted(paths)}
+    facts_out = None
+    if req.facts != P.NO_FACTS:
+        facts_out = facts(req.facts_only if req.facts == P.CHECK_FACTS else None)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot_id = f.read().strip()
+    return P.ProbeReport(
+        manifest=manifest,
+        lifecycle=read_json(layout.lifecycle_path(job)),
+        files=files,
+        units=unit_states(units),
+        exits=read_exits(job, units),
+        facts=facts_out,
+        now=time.time(),
+        now_monotonic_us=int(time.monotonic() * 1e6),
+        boot_id=boot_id,
+    )
 
 
 def _mkdirs(path, created):
@@ -407,7 +389,7 @@ def atomic_write(path, data, mode, created):
     """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
     d = os.path.dirname(path)
     _mkdirs(d, created)
-    tmp = os.path.join(d, "." + os.path.basename(path) + TMP_SUFFIX)
+    tmp = os.path.join(d, "." + os.path.basename(path) + layout.TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.fchown(fd, 0, 0)
@@ -417,8 +399,11 @@ def atomic_write(path, data, mode, created):
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
-    finally:
+    except OSError as e:
         os.close(fd)
+        os.unlink(tmp)
+        raise OSError(e.errno, "%s (writing %s)" % (e.strerror, path)) from None
+    os.close(fd)
     os.rename(tmp, path)
 
 
@@ -427,19 +412,30 @@ def _clean_tmp(dirs):
     for d in dirs:
         try:
             for name in os.listdir(d):
-                if name.endswith(TMP_SUFFIX):
+                if name.endswith(layout.TMP_SUFFIX):
                     os.unlink(os.path.join(d, name))
         except OSError:
             pass
 
 
 def _record_dirs(job, created):
+    """Directories made for files: are named before anything else can fail, so destroy
+    removes them even when the write that made them did not finish."""
     if not created:
         return
-    path = job_dir(job) + "/created-dirs.json"
+    path = layout.created_dirs_path(job)
     old = read_json(path)
     dirs = sorted(set((old if isinstance(old, list) else []) + created))
     atomic_write(path, json.dumps(dirs).encode(), 0o600, [])
+
+
+def _keep_original(job, path, created):
+    """Move the host's own file at path aside (once), for destroy to put back."""
+    keep = layout.original_path(job, path)
+    if os.path.lexists(keep) or not os.path.isfile(path) or os.path.islink(path):
+        return
+    _mkdirs(os.path.dirname(keep), created)
+    os.rename(path, keep)
 
 
 def systemctl(verb, units, errors):
@@ -461,44 +457,50 @@ def _loaded(units):
 
 
 def op_write(req):
-    job = req["job"]
-    jd = job_dir(job)
+    job = req.job
+    jd = layout.job_dir(job)
     errors = []
     created = []
     if not os.path.isdir(jd):
         _mkdirs(os.path.dirname(jd), created)
         os.mkdir(jd, 0o700)
+        created.append(jd)
     os.chmod(jd, 0o700)
-    dirs = {os.path.dirname(f["path"]) for f in req.get("files", [])} | {jd}
+    dirs = {os.path.dirname(f.path) for f in req.files} | {jd}
     _clean_tmp(dirs)
     # The manifest first lists old and new files together, so a kill at any point leaves
     # every file provision put here named in it (destroy and the next plan find them all).
-    if req.get("manifest_pending"):
-        atomic_write(jd + "/manifest.json", base64.b64decode(req["manifest_pending"]), 0o600, created)
-    systemctl("stop", req.get("stop", []), errors)
-    for f in req.get("files", []):
-        atomic_write(f["path"], base64.b64decode(f["content"]), f["mode"], created)
+    if req.manifest_pending:
+        atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest_pending), 0o600, created)
+    systemctl("stop", req.stop, errors)
+    try:
+        for f in req.files:
+            if f.keep_original:
+                _keep_original(job, f.path, created)
+            atomic_write(f.path, base64.b64decode(f.content), f.mode, created)
+    except OSError as e:
+        errors.append(str(e))
     removed = 0
-    for path in req.get("remove", []):
+    for path in req.remove:
         try:
             os.unlink(path)
             removed += 1
         except FileNotFoundError:
             pass
-    if req.get("daemon_reload") or not _loaded(req.get("load_units", [])):
+    if req.daemon_reload or not _loaded(req.load_units):
         code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
         if code != 0:
             errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
-    if req.get("reset_failed"):
-        run(["systemctl", "reset-failed", "--"] + req["reset_failed"])
-    if req.get("clear_lifecycle"):
+    if req.reset_failed:
+        run(["systemctl", "reset-failed", "--"] + req.reset_failed)
+    if req.clear_lifecycle:
         try:
-            os.unlink(jd + "/lifecycle.json")
+            os.unlink(layout.lifecycle_path(job))
         except FileNotFoundError:
             pass
-    _record_dirs(job, created)
-    if req.get("manifest") and not errors:
-        atomic_write(jd + "/manifest.json", base64.b64decode(req["manifest"]), 0o600, [])
+    _record_dirs(job, [d for d in created if d != jd])
+    if req.manifest and not errors:
+        atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest), 0o600, [])
     for d in sorted(dirs):
         try:
             fd = os.open(d, os.O_RDONLY)
@@ -506,20 +508,21 @@ def op_write(req):
             os.close(fd)
         except OSError:
             pass
-    return {"written": len(req.get("files", [])), "removed": removed, "errors": errors}
+    return P.WriteReport(len(req.files), removed, errors)
 
 
 def op_units(req):
     """systemctl verbs in order, then the states of the units named in `report`."""
+    job = req.job
     errors = []
-    for verb, units in req.get("actions", []):
+    for verb, units in req.actions:
         if verb == "restart":
             # stop, then forget the old run's exits (its ExecStopPost writes one more), then
             # start: the new run's record starts empty.
             systemctl("stop", units, errors)
             verb = "start"
         if verb == "start":
-            reset_exits(req["job"], units)
+            reset_exits(job, units)
         waiting = []
         if verb == "stop" and units:
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
@@ -528,36 +531,46 @@ def op_units(req):
             # A task stopped between tries ran no ExecStopPost now: record the stop, so its
             # last try's failure is not taken for its outcome.
             try:
-                with open(exits_path(req["job"], u), "a") as f:
-                    f.write("%d success none - stop\n" % int(time.time()))
+                with open(layout.exits_path(job, layout.task_of_unit(job, u)), "a") as f:
+                    f.write(layout.exit_record(int(time.time()), "success", "none", "-", True))
             except OSError:
                 pass
-    if req.get("lifecycle") is not None:
-        jd = job_dir(req["job"])
-        if os.path.isdir(jd):
-            atomic_write(jd + "/lifecycle.json", json.dumps(req["lifecycle"]).encode(), 0o600, [])
-    if req.get("settle"):
-        time.sleep(req["settle"])
-    states = unit_states(req.get("report", []))
+    if req.lifecycle is not None and os.path.isdir(layout.job_dir(job)):
+        atomic_write(layout.lifecycle_path(job), json.dumps(req.lifecycle).encode(), 0o600, [])
+    states = unit_states(req.report)
     # The manifest records a task's new inputs only once the task runs with them, so an
     # apply killed between writing and restarting still restarts it next time.
-    if req.get("manifest") and not errors:
-        atomic_write(job_dir(req["job"]) + "/manifest.json", base64.b64decode(req["manifest"]), 0o600, [])
-    return {"errors": errors, "units": states, "exits": read_exits(req["job"], req.get("report", []))}
+    if req.manifest and not errors:
+        atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest), 0o600, [])
+    return P.UnitsReport(errors, states, read_exits(job, req.report))
+
+
+def _restore_originals(job, errors):
+    d = layout.originals_dir(job)
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for name in names:
+        path = "/" + name.replace("%2F", "/").replace("%25", "%")
+        try:
+            os.rename(os.path.join(d, name), path)
+        except OSError as e:
+            errors.append("%s: could not put the original back: %s" % (path, e.strerror))
 
 
 def op_destroy(req):
-    job = req["job"]
-    jd = job_dir(job)
-    manifest = read_json(jd + "/manifest.json")
+    job = req.job
+    jd, sd = layout.job_dir(job), layout.state_dir(job)
+    manifest = read_json(layout.manifest_path(job))
     errors = []
     if not isinstance(manifest, dict) or "_unreadable" in manifest:
         manifest = {"files": {}, "tasks": {}}
-    units = list(req.get("stop", []))
+    units = list(req.stop)
     units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
     systemctl("stop", units, errors)
     removed = 0
-    for path in list(manifest.get("files", {})) + req.get("remove", []):
+    for path in manifest.get("files", {}):
         try:
             os.unlink(path)
             removed += 1
@@ -565,48 +578,50 @@ def op_destroy(req):
             pass
         except IsADirectoryError:
             errors.append(path + ": is a directory, left in place")
-    dirs = read_json(jd + "/created-dirs.json")
+    _restore_originals(job, errors)
+    dirs = read_json(layout.created_dirs_path(job))
     if isinstance(dirs, list):
         for d in sorted(dirs, key=len, reverse=True):
             try:
                 os.rmdir(d)
             except OSError:
                 pass  # not empty: something else lives there now
-    for d in (jd, state_dir(job)):
-        if os.path.isdir(d):
-            for name in os.listdir(d):
-                os.unlink(os.path.join(d, name))
-            os.rmdir(d)
-    for d in (os.path.dirname(jd), os.path.dirname(state_dir(job))):
-        try:
-            os.rmdir(d)  # /etc/provision, /var/lib/provision: only when no other job is left
-        except OSError:
-            pass
+    if not errors:
+        for d in (jd, sd):
+            for root, subdirs, names in os.walk(d, topdown=False):
+                for name in names:
+                    os.unlink(os.path.join(root, name))
+                os.rmdir(root)
+        for d in (layout.ETC, layout.VAR):
+            try:
+                os.rmdir(d)  # only when no other job is left
+            except OSError:
+                pass
     code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
     if code != 0:
         errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
     run(["systemctl", "reset-failed", "--"] + units)
-    return {"removed": removed, "stopped": units, "errors": errors}
+    return P.DestroyReport(removed, units, errors)
 
 
 def op_batch(req):
     """Several requests in one round trip, in order, stopping after the first with errors
     (apply writes a host's files and starts its first tasks this way)."""
     results = []
-    for sub in req["requests"]:
-        results.append(OPS[sub["op"]](sub))
-        if results[-1].get("errors"):
+    for sub in req.requests:
+        results.append(OPS[sub.op](sub))
+        if getattr(results[-1], "errors", None):
             break
-    return {"results": results}
+    return P.BatchReport(results)
 
 
 OPS = {"probe": op_probe, "write": op_write, "units": op_units, "destroy": op_destroy, "batch": op_batch}
 
 
 def main():
-    req = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    req = P.request_from_wire(json.loads(sys.stdin.buffer.read().decode("utf-8")))
     try:
-        res = OPS[req["op"]](req)
+        res = P.to_wire(OPS[req.op](req))
     except Exception as e:  # reported to the controller as data, with the host's words
         res = {"fatal": "%s: %s" % (type(e).__name__, e)}
     sys.stdout.write(json.dumps(res))

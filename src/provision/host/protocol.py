@@ -1,0 +1,258 @@
+"""What the controller asks a host, and what the host answers: typed, shared by both sides.
+
+Every request is one SSH round trip to the host agent (host/agent.py), or, for a probe,
+possibly to the shell probe (probe.sh, read by controller-side probe.py), which must give
+the same ProbeReport. The wire form is JSON: `to_wire` and `from_wire` turn these classes
+into plain dicts and back, field by field; nothing else crosses the wire.
+
+Runs on hosts too (shipped by host/bundle.py), under `python3 -S` where importing the real
+dataclasses module would cost more than a probe's own work: the bundle gives it a small
+stand-in with the same behaviour for what this module uses (tested against the module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TYPE_CHECKING = False  # mypy reads the guarded import; hosts never import typing
+if TYPE_CHECKING:
+    from typing import Any
+
+PROTOCOL_VERSION = 1
+NO_FACTS, CHECK_FACTS, ALL_FACTS = "none", "check", "all"
+
+
+# --------------------------------------------------------------------------- probe
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Read what plan, status or facts need. `want`: path → sha256 provision would write
+    (a file that differs comes back with its content, for the diff, up to content_max);
+    `paths`, `units`: what local state says was put there besides."""
+
+    job: str
+    want: dict[str, str] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+    files: bool = True
+    facts: str = NO_FACTS  # none | check (only facts_only) | all
+    facts_only: list[str] = field(default_factory=list)  # with check: "gpus", "tpu"
+    content_max: int = 0
+
+    op = "probe"
+
+    def listed(self) -> list[str]:
+        """The paths the report lists under `files`."""
+        return sorted(set(self.want) | set(self.paths)) if self.files else []
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One path on the host: type file | dir | symlink | other | error."""
+
+    type: str
+    mode: int | None = None
+    uid: int | None = None
+    size: int | None = None
+    sha256: str | None = None
+    content: str | None = None  # base64, when it differs from `want` and is small
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    manifest: dict[str, Any] | None = None  # {"_unreadable": why} when it is not JSON
+    lifecycle: dict[str, Any] | None = None
+    files: dict[str, FileInfo | None] = field(default_factory=dict)
+    units: dict[str, dict[str, str]] = field(default_factory=dict)  # systemctl show
+    exits: dict[str, list[list[str]]] = field(default_factory=dict)  # unit → .exits records
+    facts: dict[str, Any] | None = None
+    # The host's clocks, for status (the agent's; the shell probe has no monotonic clock).
+    now: float | None = None
+    now_monotonic_us: int | None = None
+    boot_id: str | None = None
+
+    def readable_manifest(self) -> dict[str, Any] | None:
+        m = self.manifest
+        return m if isinstance(m, dict) and "_unreadable" not in m else None
+
+    def without_clock(self) -> ProbeReport:
+        return ProbeReport(self.manifest, self.lifecycle, self.files, self.units, self.exits, self.facts)
+
+
+# --------------------------------------------------------------------------- write
+
+
+@dataclass(frozen=True)
+class FileWrite:
+    path: str
+    mode: int
+    content: str  # base64
+    keep_original: bool = False  # move a file that is there (not provision's) aside first
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    """Write a host's files at once. Order on the host: pending manifest (old and new files
+    named together), stop `stop`, write `files`, remove `remove`, daemon-reload when asked or
+    when `load_units` are not loaded, reset-failed, then the interim or final manifest."""
+
+    job: str
+    manifest_pending: str = ""  # base64
+    stop: list[str] = field(default_factory=list)
+    files: list[FileWrite] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+    daemon_reload: bool = False
+    load_units: list[str] = field(default_factory=list)
+    reset_failed: list[str] = field(default_factory=list)
+    clear_lifecycle: bool = False
+    manifest: str = ""  # base64
+
+    op = "write"
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    written: int = 0
+    removed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- units
+
+
+@dataclass(frozen=True)
+class UnitsRequest:
+    """systemctl verbs in order ([verb, units]: start, stop, restart, reset-failed), then
+    the end-of-job marker, then the states of `report`, then the manifest."""
+
+    job: str
+    actions: list[list[Any]] = field(default_factory=list)
+    lifecycle: dict[str, Any] | None = None
+    report: list[str] = field(default_factory=list)
+    manifest: str = ""  # base64: written once the units run with their new inputs
+
+    op = "units"
+
+
+@dataclass(frozen=True)
+class UnitsReport:
+    errors: list[str] = field(default_factory=list)
+    units: dict[str, dict[str, str]] = field(default_factory=dict)
+    exits: dict[str, list[list[str]]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- destroy
+
+
+@dataclass(frozen=True)
+class DestroyRequest:
+    """Stop `stop` (in order), then every unit the manifest names, remove every file it
+    names and the directories provision created, put back originals, daemon-reload."""
+
+    job: str
+    stop: list[str] = field(default_factory=list)
+
+    op = "destroy"
+
+
+@dataclass(frozen=True)
+class DestroyReport:
+    removed: int = 0
+    stopped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """Several requests in one round trip, in order, stopping after the first with errors."""
+
+    requests: list[Any] = field(default_factory=list)
+
+    op = "batch"
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    results: list[Any] = field(default_factory=list)
+
+
+REQUESTS = {c.op: c for c in (ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, BatchRequest)}
+REPORTS = {"probe": ProbeReport, "write": WriteReport, "units": UnitsReport, "destroy": DestroyReport,
+           "batch": BatchReport}
+
+
+# --------------------------------------------------------------------------- wire form
+
+
+def _names(cls: type) -> list[str]:
+    return list(cls.__dict__.get("__annotations__", {}))
+
+
+MESSAGES = frozenset([*REQUESTS.values(), *REPORTS.values(), FileInfo, FileWrite])
+
+
+def to_wire(msg: Any) -> Any:
+    """A message (or a value inside one) as plain JSON-able data. Requests carry their op."""
+    if type(msg) in MESSAGES:
+        out = {n: to_wire(getattr(msg, n)) for n in _names(type(msg))}
+        if type(msg) in REQUESTS.values():
+            out["op"] = type(msg).op
+        return out
+    if isinstance(msg, dict):
+        return {k: to_wire(v) for k, v in msg.items()}
+    if isinstance(msg, (list, tuple)):
+        return [to_wire(v) for v in msg]
+    return msg
+
+
+class WireError(ValueError):
+    pass
+
+
+def _build(cls: type, data: Any, nested: dict[str, Any]) -> Any:
+    if not isinstance(data, dict):
+        raise WireError("%s: expected an object, got %s" % (cls.__name__, type(data).__name__))
+    kw = {}
+    for n in _names(cls):
+        if n in data:
+            kw[n] = nested[n](data[n]) if n in nested and data[n] is not None else data[n]
+    return cls(**kw)
+
+
+def _map_of(fn: Any) -> Any:
+    return lambda d: {k: (fn(v) if v is not None else None) for k, v in d.items()}
+
+
+def request_from_wire(data: dict[str, Any]) -> Any:
+    op = data.get("op") if isinstance(data, dict) else None
+    cls = REQUESTS.get(op)  # type: ignore[arg-type]
+    if cls is None:
+        raise WireError("unknown request op %r" % (op,))
+    nested: dict[str, Any] = {}
+    if cls is WriteRequest:
+        nested["files"] = lambda fs: [_build(FileWrite, f, {}) for f in fs]
+    if cls is BatchRequest:
+        nested["requests"] = lambda rs: [request_from_wire(r) for r in rs]
+    return _build(cls, data, nested)
+
+
+def report_from_wire(op: str, data: Any) -> Any:
+    cls = REPORTS[op]
+    nested: dict[str, Any] = {}
+    if cls is ProbeReport:
+        nested["files"] = _map_of(lambda f: _build(FileInfo, f, {}))
+    if cls is BatchReport:
+        raise WireError("batch reports are read with batch_from_wire")
+    return _build(cls, data, nested)
+
+
+def batch_from_wire(req: BatchRequest, data: Any) -> BatchReport:
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        raise WireError("batch: no results")
+    return BatchReport([report_from_wire(r.op, d) for r, d in zip(req.requests, results)])

@@ -1,0 +1,67 @@
+"""Named per-host steps and the one runner that runs a step on many hosts at once.
+
+Every command that talks to hosts is a sequence of steps (probe, write files, start a phase,
+stop a phase, remove the job); each step is one SSH round trip per host, all hosts in
+parallel, and its outcome sorted per host into ok / failed / unreachable (like Fabric's
+GroupResult), so callers never sort exceptions themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Generic, Iterable, TypeVar
+
+from .ssh import HostError, Session, Target
+
+T = TypeVar("T")
+
+
+class Step(str, Enum):
+    PROBE = "probe"
+    WRITE = "write files"
+    START = "start tasks"
+    STOP = "stop tasks"
+    REMOVE = "remove the job"
+    END = "end the job"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class GroupResult(Generic[T]):
+    """One step's outcome per host."""
+
+    step: Step
+    ok: dict[str, T] = field(default_factory=dict)
+    failed: dict[str, HostError] = field(default_factory=dict)
+    unreachable: dict[str, HostError] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> dict[str, HostError]:
+        return {**self.failed, **self.unreachable}
+
+    def get(self, name: str) -> T | HostError:
+        if name in self.ok:
+            return self.ok[name]
+        return self.errors[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.ok or name in self.failed or name in self.unreachable
+
+
+def run_step(session: Session, step: Step, fn: Callable[[Target], T], targets: Iterable[Target]) -> GroupResult[T]:
+    """fn on every target in parallel (session.parallelism at once); a HostError on one host
+    never stops the others."""
+    start = time.monotonic()
+    res: GroupResult[T] = GroupResult(step)
+    for name, r in session.map(fn, targets).items():
+        if isinstance(r, HostError):
+            (res.unreachable if r.unreachable else res.failed)[name] = r
+        else:
+            res.ok[name] = r
+    res.seconds = time.monotonic() - start
+    return res
