@@ -111,16 +111,21 @@ def provision_command(rev: str | None) -> list[str]:
     """How to run provision: the console script beside this interpreter (no pyenv/asdf shim
     in the timings), or with --provision-rev the source of that git revision, extracted."""
     if rev:
-        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True,
-                             text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+        ).stdout.strip()
         dest = CACHE / "bench" / f"provision-{sha}"
         if not (dest / "src" / "provision").is_dir():
             dest.mkdir(parents=True, exist_ok=True)
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", sha, "src", "templates"], check=True,
-                                     capture_output=True).stdout
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", sha, "src", "templates"], check=True, capture_output=True
+            ).stdout
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-        return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); "
-                "from provision.cli import main; main()"]
+        return [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from provision.cli import main; main()",
+        ]
     cand = Path(sys.executable).parent / "provision"
     if cand.exists():
         return [str(cand)]
@@ -132,8 +137,10 @@ def provision_command(rev: str | None) -> list[str]:
 
 def warm_up(provision_cmd: list[str]) -> None:
     """Write provision's .pyc files before anything is timed (see tool_env)."""
-    code = ("import provision.cli, provision.engine, provision.output, provision.lifecycle, provision.status, "
-            "provision.inventory, provision.render, provision.plan, provision.ssh, provision.state")
+    code = (
+        "import provision.cli, provision.engine, provision.output, provision.lifecycle, provision.status, "
+        "provision.inventory, provision.render, provision.plan, provision.ssh, provision.state"
+    )
     if provision_cmd[0] == sys.executable:  # --provision-rev: the same sys.path line, then the imports
         code = provision_cmd[2].split("from provision.cli")[0] + code
     subprocess.run([sys.executable, "-c", code], check=True, env=tool_env())
@@ -198,8 +205,17 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def timed(cmd: list[str], *, cwd: Path, env: dict | None = None, log_path: Path, sample: bool = False,
-          ok_codes: tuple[int, ...] = (0,), timeout: float = 900, host_cpu=lambda: 0.0) -> Run:
+def timed(
+    cmd: list[str],
+    *,
+    cwd: Path,
+    env: dict | None = None,
+    log_path: Path,
+    sample: bool = False,
+    ok_codes: tuple[int, ...] = (0,),
+    timeout: float = 900,
+    host_cpu=lambda: 0.0,
+) -> Run:
     """Run cmd; wall time from fork to exit, its ru_maxrss and CPU (wait4), the hosts' CPU."""
     h0 = host_cpu()
     with open(log_path, "ab") as out:
@@ -244,8 +260,10 @@ class Fleet:
             client = docker.from_env()
             for h in sb.hosts:
                 cid = client.containers.get(h.container).id
-                for path in (f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage",
-                             f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"):
+                for path in (
+                    f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage",
+                    f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat",
+                ):
                     if os.path.exists(path):
                         self._cpu_files.append(path)
                         break
@@ -270,8 +288,17 @@ class Fleet:
         c = paramiko.SSHClient()
         c.load_host_keys(str(self.sb.known_hosts_path))
         c.set_missing_host_key_policy(paramiko.RejectPolicy())
-        c.connect(h.ssh_host, h.ssh_port, username=self.sb.user, pkey=self.key, look_for_keys=False,
-                  allow_agent=False, timeout=10, banner_timeout=10, auth_timeout=10)
+        c.connect(
+            h.ssh_host,
+            h.ssh_port,
+            username=self.sb.user,
+            pkey=self.key,
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=10,
+            banner_timeout=10,
+            auth_timeout=10,
+        )
         return c
 
     def floor(self) -> float:
@@ -409,8 +436,13 @@ class Bench:
 
     def inventory(self, job: str, gen: int) -> dict:
         wl = yaml.safe_load((WORKLOAD / "provision.yaml").read_text())
-        inv = self.sandbox.inventory_dict(self.sb, job, wl["pools"], ssh={**wl["ssh"], "identity_file": str(self.sb.key_path)},
-                                          env={**wl["env"], "BENCH_GEN": str(gen)})
+        inv = self.sandbox.inventory_dict(
+            self.sb,
+            job,
+            wl["pools"],
+            ssh={**wl["ssh"], "identity_file": str(self.sb.key_path)},
+            env={**wl["env"], "BENCH_GEN": str(gen)},
+        )
         inv["pools"]["worker"]["replicas"] = self.n - 1
         if self.n == 1:
             del inv["pools"]["worker"]
@@ -443,18 +475,28 @@ class Bench:
             env_b = (env_dir / f"{task}.env").read_bytes()
             unit_b = (out / h.name / "etc" / "systemd" / "system" / f"provision-{job}-{task}.service").read_bytes()
             tf = next(line for line in env_b.decode().splitlines(keepends=True) if line.startswith("TF_CONFIG="))
-            exp[h.name] = (hashlib.sha256(env_b).hexdigest(), hashlib.sha256(unit_b).hexdigest(),
-                           hashlib.sha256(tf.encode()).hexdigest())
+            exp[h.name] = (
+                hashlib.sha256(env_b).hexdigest(),
+                hashlib.sha256(unit_b).hexdigest(),
+                hashlib.sha256(tf.encode()).hexdigest(),
+            )
         self.expected[(tool, gen)] = exp
         return out
 
     def _write_ansible(self) -> None:
         d = self.work / "ansible"
         hosts = {h.name: {"ansible_host": h.ssh_host, "ansible_port": h.ssh_port, "task": None} for h in self.sb.hosts}
-        inv = {"all": {"vars": {"job": JOBS["ansible"], "ansible_user": self.sb.user,
-                                "ansible_ssh_private_key_file": str(self.sb.key_path),
-                                "ansible_python_interpreter": "/usr/bin/python3"},
-                       "hosts": hosts}}
+        inv = {
+            "all": {
+                "vars": {
+                    "job": JOBS["ansible"],
+                    "ansible_user": self.sb.user,
+                    "ansible_ssh_private_key_file": str(self.sb.key_path),
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                },
+                "hosts": hosts,
+            }
+        }
         self._ansible_inv = inv
         (d / "ansible.cfg").write_text(
             "[defaults]\n"
@@ -482,10 +524,16 @@ class Bench:
         lines = ["# pyinfra inventory written by bench/compare.py", "hosts = ["]
         for h in self.sb.hosts:
             data = {
-                "ssh_hostname": h.ssh_host, "ssh_port": h.ssh_port, "ssh_user": self.sb.user,
-                "ssh_key": str(self.sb.key_path), "ssh_known_hosts_file": str(self.sb.known_hosts_path),
-                "ssh_strict_host_key_checking": "yes", "ssh_allow_agent": False, "ssh_look_for_keys": False,
-                "job": JOBS["pyinfra"], "task": self.tasks[h.name],
+                "ssh_hostname": h.ssh_host,
+                "ssh_port": h.ssh_port,
+                "ssh_user": self.sb.user,
+                "ssh_key": str(self.sb.key_path),
+                "ssh_known_hosts_file": str(self.sb.known_hosts_path),
+                "ssh_strict_host_key_checking": "yes",
+                "ssh_allow_agent": False,
+                "ssh_look_for_keys": False,
+                "job": JOBS["pyinfra"],
+                "task": self.tasks[h.name],
             }
             lines.append(f"    ({h.name!r}, {data!r}),")
         lines.append("]")
@@ -501,16 +549,30 @@ class Bench:
             return [*self.provision_bin, *args], env, self.work / "provision"
         rendered = self.render(tool, self.gen[tool])
         if tool == "pyinfra":
-            cmd = [str(self.bin_dir / "pyinfra"), "-y", "--parallel", str(self.n), "--data", f"rendered={rendered}",
-                   "inventory.py", str(WORKLOAD / "pyinfra" / "deploy.py")]
+            cmd = [
+                str(self.bin_dir / "pyinfra"),
+                "-y",
+                "--parallel",
+                str(self.n),
+                "--data",
+                f"rendered={rendered}",
+                "inventory.py",
+                str(WORKLOAD / "pyinfra" / "deploy.py"),
+            ]
             return cmd, env, self.work / "pyinfra"
         d = self.work / "ansible"
         env["ANSIBLE_CONFIG"] = str(d / "ansible.cfg")
         self._control_dir = Path(f"/tmp/bc{self.n}-{time.monotonic_ns() % 10**9}")
         self._control_dir.mkdir()
         env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(self._control_dir)
-        cmd = [str(self.bin_dir / "ansible-playbook"), "-i", "hosts.yml", "-e", f"rendered={rendered}",
-               str(WORKLOAD / "ansible" / "site.yml")]
+        cmd = [
+            str(self.bin_dir / "ansible-playbook"),
+            "-i",
+            "hosts.yml",
+            "-e",
+            f"rendered={rendered}",
+            str(WORKLOAD / "ansible" / "site.yml"),
+        ]
         return cmd, env, d
 
     def after_ansible(self) -> None:
@@ -537,7 +599,7 @@ class Bench:
             if tool == "ansible":
                 self.after_ansible()
         text = log_path.read_text(errors="replace")
-        last = text[text.rfind("\n$ "):]
+        last = text[text.rfind("\n$ ") :]
         self._check_output(tool, op, label, last)
         return run
 
@@ -582,7 +644,9 @@ class Bench:
             if gen_line != f"BENCH_GEN={gen}":
                 problems.append(f"task runs with {gen_line}, not BENCH_GEN={gen}")
             if problems:
-                raise RuntimeError(f"{tool} on {host}: " + "; ".join(problems) + f" (host said: {text!r}, expected {want!r})")
+                raise RuntimeError(
+                    f"{tool} on {host}: " + "; ".join(problems) + f" (host said: {text!r}, expected {want!r})"
+                )
 
     def clean(self, tool: str) -> None:
         self.fleet.run_all(lambda h: clean_command(JOBS[tool]))
@@ -607,7 +671,7 @@ class Bench:
         self._tool_files()
         for _ in range(3):  # the sandbox just booted: let sshd and systemd settle
             self.fleet.floor()
-        for i in range(a.runs):
+        for _ in range(a.runs):
             fig.floor.append(self.fleet.floor())
         log(f"{self.n} hosts: floor {statistics.median(fig.floor):.3f} s")
 
@@ -628,8 +692,12 @@ class Bench:
         fig.load.append(load_avg())
 
         # TF_CONFIG is byte-equal across the tools on every host.
-        tf = {tool: self.fleet.run_all(lambda h, t=tool: f"grep '^TF_CONFIG=' /etc/provision/{JOBS[t]}/{self.tasks[h.name]}.env")
-              for tool in self.tools}
+        tf = {
+            tool: self.fleet.run_all(
+                lambda h, t=tool: f"grep '^TF_CONFIG=' /etc/provision/{JOBS[t]}/{self.tasks[h.name]}.env"
+            )
+            for tool in self.tools
+        }
         fig.tf_config_equal = all(len({tf[t][h] for t in self.tools}) == 1 for h in tf[self.tools[0]])
 
         # No-op apply, plan and status; the floor again each round.
@@ -641,8 +709,10 @@ class Bench:
                 if tool == "provision":
                     fig.add(tool, "plan", self.measure(tool, "plan", f"plan{i}"))
                     fig.add(tool, "status", self.measure(tool, "status", f"status{i}"))
-            log(f"{self.n} hosts: no-op round {i + 1}: " + ", ".join(
-                f"{t} {fig.times[(t, 'no-op apply')][-1].seconds:.2f} s" for t in self.tools))
+            log(
+                f"{self.n} hosts: no-op round {i + 1}: "
+                + ", ".join(f"{t} {fig.times[(t, 'no-op apply')][-1].seconds:.2f} s" for t in self.tools)
+            )
         fig.load.append(load_avg())
 
         # One file changed on every host (BENCH_GEN in the env file): every task restarts.
@@ -738,17 +808,27 @@ def targets(figs: dict[int, Figures], tools) -> list[str]:
             if "pyinfra" in tools:
                 ref_op = "no-op apply" if op == "plan" else op
                 o = f32.median("pyinfra", ref_op)
-                check(p <= 0.5 * o, f"32 hosts, {op}: provision {p:.2f} s ≤ 0.5 × pyinfra {ref_op} {o:.2f} s ({p / o:.2f}x)")
+                check(
+                    p <= 0.5 * o,
+                    f"32 hosts, {op}: provision {p:.2f} s ≤ 0.5 × pyinfra {ref_op} {o:.2f} s ({p / o:.2f}x)",
+                )
             if op != "first apply":
-                check(p <= 2 * floor, f"32 hosts, {op}: provision {p:.2f} s ≤ 2 × floor {floor:.2f} s ({p / floor:.2f}x)")
+                check(
+                    p <= 2 * floor, f"32 hosts, {op}: provision {p:.2f} s ≤ 2 × floor {floor:.2f} s ({p / floor:.2f}x)"
+                )
     if "ansible" in tools:
         for n, f in sorted(figs.items()):
-            worst = max((f.median("provision", op) / f.median("ansible", op), op)
-                        for op in ("first apply", "no-op apply", "changed apply"))
+            worst = max(
+                (f.median("provision", op) / f.median("ansible", op), op)
+                for op in ("first apply", "no-op apply", "changed apply")
+            )
             check(worst[0] <= 0.1, f"{n} hosts: every figure ≤ 0.1 × Ansible's (highest: {worst[1]}, {worst[0]:.3f}x)")
     if f32 and f8:
         worst = max((f32.median("provision", op) / f8.median("provision", op), op) for op in OPS)
-        check(worst[0] <= 4, f"linear in hosts: every provision figure at 32 hosts ≤ 4 × at 8 (highest: {worst[1]}, {worst[0]:.2f}x)")
+        check(
+            worst[0] <= 4,
+            f"linear in hosts: every provision figure at 32 hosts ≤ 4 × at 8 (highest: {worst[1]}, {worst[0]:.2f}x)",
+        )
     return out
 
 
@@ -759,8 +839,15 @@ def run_counts(figs: dict[int, Figures]) -> tuple[int, int]:
     return n_apply, n_noop
 
 
-def report(figs: dict[int, Figures], tools: tuple[str, ...], versions: dict, started: str, skipped: dict,
-           command: str, before: dict | None = None) -> str:
+def report(
+    figs: dict[int, Figures],
+    tools: tuple[str, ...],
+    versions: dict,
+    started: str,
+    skipped: dict,
+    command: str,
+    before: dict | None = None,
+) -> str:
     n_apply, n_noop = run_counts(figs)
     lines = [
         f"# provision vs pyinfra vs Ansible — {started}",
@@ -804,11 +891,20 @@ def report(figs: dict[int, Figures], tools: tuple[str, ...], versions: dict, sta
         "",
     ]
     for n, fig in sorted(figs.items()):
-        lines += [f"## {n} hosts", "", f"Load average (1, 5, 15 min) at start of each phase: {'; '.join(fig.load)}. "
-                  f"TF_CONFIG byte-equal across the tools on every host: {'yes' if fig.tf_config_equal else 'NO'}.", ""]
+        lines += [
+            f"## {n} hosts",
+            "",
+            f"Load average (1, 5, 15 min) at start of each phase: {'; '.join(fig.load)}. "
+            f"TF_CONFIG byte-equal across the tools on every host: {'yes' if fig.tf_config_equal else 'NO'}.",
+            "",
+        ]
         lines += table(fig, tools)
-        lines += ["", "CPU time behind those figures (the machine's cores are shared by the controller and "
-                  "all hosts, so this is what the wall times are made of under load):", ""]
+        lines += [
+            "",
+            "CPU time behind those figures (the machine's cores are shared by the controller and "
+            "all hosts, so this is what the wall times are made of under load):",
+            "",
+        ]
         lines += cpu_table(fig, tools)
         lines.append("")
     for n, why in sorted(skipped.items()):
@@ -838,33 +934,52 @@ def before_after(before: dict, figs: dict[int, Figures]) -> list[str]:
             a, b = old[n].times.get(("provision", op)), figs[n].times.get(("provision", op))
             if not a or not b:
                 continue
-            cpu = lambda runs: (f"{statistics.median(r.cpu_seconds for r in runs):.2f} + "
-                                f"{statistics.median(r.host_cpu_seconds for r in runs):.2f}")
+            cpu = lambda runs: (
+                f"{statistics.median(r.cpu_seconds for r in runs):.2f} + "
+                f"{statistics.median(r.host_cpu_seconds for r in runs):.2f}"
+            )
             ma, mb = statistics.median(r.seconds for r in a), statistics.median(r.seconds for r in b)
-            lines.append(f"| {n} | {op} | {fmt_s([r.seconds for r in a])} | {fmt_s([r.seconds for r in b])} | "
-                         f"{ma / mb:.2f}x | {cpu(a)} | {cpu(b)} |")
+            lines.append(
+                f"| {n} | {op} | {fmt_s([r.seconds for r in a])} | {fmt_s([r.seconds for r in b])} | "
+                f"{ma / mb:.2f}x | {cpu(a)} | {cpu(b)} |"
+            )
         lines.append(f"| {n} | floor | {fmt_s(old[n].floor)} | {fmt_s(figs[n].floor)} | | | |")
     return lines + [""]
 
 
-def raw(figs: dict[int, Figures], tools: tuple[str, ...], versions: dict, started: str, skipped: dict,
-        command: str) -> dict:
+def raw(
+    figs: dict[int, Figures], tools: tuple[str, ...], versions: dict, started: str, skipped: dict, command: str
+) -> dict:
     """Every measurement, for whoever wants other statistics than the tables' (and --from-json)."""
     return {
-        "started": started, "versions": versions, "tools": list(tools), "command": command,
+        "started": started,
+        "versions": versions,
+        "tools": list(tools),
+        "command": command,
         "skipped": {str(k): v for k, v in skipped.items()},
-        "hosts": {str(n): {"floor_s": f.floor, "load": f.load, "tf_config_equal": f.tf_config_equal,
-                           "peak_pss_kib": f.pss,
-                           "runs": {f"{t} {op}": [r.__dict__ for r in runs] for (t, op), runs in f.times.items()}}
-                  for n, f in sorted(figs.items())},
+        "hosts": {
+            str(n): {
+                "floor_s": f.floor,
+                "load": f.load,
+                "tf_config_equal": f.tf_config_equal,
+                "peak_pss_kib": f.pss,
+                "runs": {f"{t} {op}": [r.__dict__ for r in runs] for (t, op), runs in f.times.items()},
+            }
+            for n, f in sorted(figs.items())
+        },
     }
 
 
 def figures_from_raw(d: dict) -> dict[int, Figures]:
     figs = {}
     for n, h in d["hosts"].items():
-        f = Figures(int(n), floor=h["floor_s"], load=h["load"], tf_config_equal=h["tf_config_equal"],
-                    pss=h.get("peak_pss_kib", {}))
+        f = Figures(
+            int(n),
+            floor=h["floor_s"],
+            load=h["load"],
+            tf_config_equal=h["tf_config_equal"],
+            pss=h.get("peak_pss_kib", {}),
+        )
         for key, runs in h["runs"].items():
             tool, op = key.split(" ", 1)
             f.times[(tool, op)] = [Run(**r) for r in runs]
@@ -913,8 +1028,12 @@ def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -
             )
         lines.append(f"| {n} | floor (connect + `true`) | {floor:.2f} | | | | | |")
     tools = tuple(t for t in TOOLS if any(t == k[0] for f in figs.values() for k in f.times))
-    lines += ["", "Targets (provision on 32 hosts: no-op apply and plan ≤ 0.5 × pyinfra's no-op and ≤ 2 × the "
-              "floor, first apply ≤ 0.5 × pyinfra's; every figure ≤ 0.1 × Ansible's; 32 hosts ≤ 4 × 8 hosts):", ""]
+    lines += [
+        "",
+        "Targets (provision on 32 hosts: no-op apply and plan ≤ 0.5 × pyinfra's no-op and ≤ 2 × the "
+        "floor, first apply ≤ 0.5 × pyinfra's; every figure ≤ 0.1 × Ansible's; 32 hosts ≤ 4 × 8 hosts):",
+        "",
+    ]
     lines += targets(figs, tools)
     return "\n".join(lines) + "\n"
 
@@ -923,7 +1042,9 @@ def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--hosts", default="8,32,64", help="host counts, comma-separated (default 8,32,64)")
     ap.add_argument("--runs", type=int, default=3, help="runs of first and changed apply (default 3)")
     ap.add_argument("--noop-runs", type=int, default=5, help="runs of no-op apply, plan, status (default 5)")
@@ -931,10 +1052,16 @@ def main() -> int:
     ap.add_argument("--out", help="results file (default bench/results/<date>.md)")
     ap.add_argument("--readme", action="store_true", help="rewrite README.md's Benchmark block with the summary")
     ap.add_argument("--provision-rev", help="measure provision as of this git revision (e.g. for before/after)")
-    ap.add_argument("--from-json", metavar="JSON", help="measure nothing: write the report (and --readme) from "
-                    "the raw results of an earlier run")
-    ap.add_argument("--before", metavar="JSON", help="raw results of an earlier provision-only run (--provision-rev) "
-                    "to show next to this one's")
+    ap.add_argument(
+        "--from-json",
+        metavar="JSON",
+        help="measure nothing: write the report (and --readme) from the raw results of an earlier run",
+    )
+    ap.add_argument(
+        "--before",
+        metavar="JSON",
+        help="raw results of an earlier provision-only run (--provision-rev) to show next to this one's",
+    )
     args = ap.parse_args()
     before = json.loads(Path(args.before).read_text()) if args.before else None
     if args.from_json:
@@ -942,8 +1069,15 @@ def main() -> int:
         figs = figures_from_raw(d)
         tools = tuple(t for t in TOOLS if any(t == k[0] for f in figs.values() for k in f.times))
         out = Path(args.out) if args.out else Path(args.from_json).with_suffix(".md")
-        text = report(figs, tools, d["versions"], d["started"], {int(k): v for k, v in d.get("skipped", {}).items()},
-                      d.get("command", ""), before)
+        text = report(
+            figs,
+            tools,
+            d["versions"],
+            d["started"],
+            {int(k): v for k, v in d.get("skipped", {}).items()},
+            d.get("command", ""),
+            before,
+        )
         out.write_text(text)
         print(text)
         if args.readme:
@@ -967,8 +1101,9 @@ def main() -> int:
     else:
         git = ["git", "-C", str(REPO)]
         sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run([*git, "status", "--porcelain", "--", "src", "templates"], capture_output=True,
-                               text=True).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", "src", "templates"], capture_output=True, text=True
+        ).stdout.strip()
         if sha:
             versions["provision"] += f" (commit {sha}{', with uncommitted changes' if dirty else ''})"
     # Each systemd host takes inotify instances; the sandbox raises the limits too.

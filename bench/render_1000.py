@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ps", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3, help="CLI runs (best is reported)")
     ap.add_argument("--keep", help="write the inventory here and keep it")
-    ap.add_argument("--dir", help="where the rendered trees go (default: the system temp dir); "
-                    "a tmpfs such as /dev/shm separates CPU time from the disk's")
+    ap.add_argument(
+        "--dir",
+        help="where the rendered trees go (default: the system temp dir); "
+        "a tmpfs such as /dev/shm separates CPU time from the disk's",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile load+render, top 25 by cumulative time")
     args = ap.parse_args(argv)
 
@@ -103,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeat):
             out = work / f"cli-{i}"
             t0 = time.perf_counter()
-            p = subprocess.run([*cmd, "render", str(inv_path), "-o", str(out)], capture_output=True, text=True, check=False)
+            p = subprocess.run(
+                [*cmd, "render", str(inv_path), "-o", str(out)], capture_output=True, text=True, check=False
+            )
             runs.append(time.perf_counter() - t0)
             if p.returncode != 0:
                 print(p.stderr, file=sys.stderr)

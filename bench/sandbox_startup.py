@@ -44,8 +44,10 @@ def main() -> int:
     client = sandbox.check_engine()
     t0 = time.monotonic()
     tag = sandbox.ensure_image(client, progress=lambda m: print(f"  {m}", file=sys.stderr))
-    print(f"host image {tag}: ready in {time.monotonic() - t0:.1f} s "
-          "(near 0 = warm cache; otherwise this was the one-off build)")
+    print(
+        f"host image {tag}: ready in {time.monotonic() - t0:.1f} s "
+        "(near 0 = warm cache; otherwise this was the one-off build)"
+    )
     print(f"machine: {os.cpu_count()} cores; {args.repeat} run(s) per size\n")
 
     results: dict[int, list[float]] = {}
@@ -81,8 +83,10 @@ def main() -> int:
                 missed.append(size)
         if size == 1:
             verdict = "(time to first usable host)"
-        print(f"{size:>5}  {statistics.median(ups):8.2f}s  {min(ups):5.2f}s  {max(ups):5.2f}s  "
-              f"{statistics.median(downs[size]):10.2f}s  {verdict}")
+        print(
+            f"{size:>5}  {statistics.median(ups):8.2f}s  {min(ups):5.2f}s  {max(ups):5.2f}s  "
+            f"{statistics.median(downs[size]):10.2f}s  {verdict}"
+        )
     return 1 if (args.check and missed) else 0
 
 

@@ -96,7 +96,7 @@ _setup_python() {
     if [ "$(cat "$stamp_dir/setup-pip.stamp" 2>/dev/null)" = "$want" ] && "$_setup_py" - <<EOF 2>/dev/null
 import importlib.util, sys, provision
 ok = provision.__file__.startswith("$_setup_root/")
-ok = ok and all(importlib.util.find_spec(m) for m in ("pytest", "docker", "fabric", "tensorflow", "torch"))
+ok = ok and all(importlib.util.find_spec(m) for m in ("pytest", "docker", "fabric", "tensorflow", "torch", "ruff", "mypy"))
 sys.exit(0 if ok else 1)
 EOF
     then

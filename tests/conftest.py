@@ -51,8 +51,7 @@ def docker_engine():
     except ProvisionError as e:
         reason = f"needs a Docker engine: {e.message}"
         if in_ci():
-            pytest.fail(f"{reason} (CI is set: integration tests must run, not skip)",
-                        pytrace=False)
+            pytest.fail(f"{reason} (CI is set: integration tests must run, not skip)", pytrace=False)
         pytest.skip(reason)
 
 
@@ -79,8 +78,9 @@ class SandboxFactory:
 
         name = name or self.unique_name()
         self.started.append(name)  # up() removes a half-started sandbox itself
-        return sandbox.up(name, hosts=hosts, gpus_per_host=gpus_per_host, with_=tuple(with_),
-                          client=self.client, **kwargs)
+        return sandbox.up(
+            name, hosts=hosts, gpus_per_host=gpus_per_host, with_=tuple(with_), client=self.client, **kwargs
+        )
 
     def down(self, sb_or_name) -> None:
         from provision import sandbox
@@ -140,8 +140,7 @@ def sandbox_inventory():
     (env, files, tf_config, success, ...); `hosts=[names]` limits the hosts listed."""
     from provision import sandbox
 
-    def make(sb, job: str = "t", pools: dict | None = None, path: str | Path | None = None,
-             **extra):
+    def make(sb, job: str = "t", pools: dict | None = None, path: str | Path | None = None, **extra):
         inv = sandbox.inventory_dict(sb, job=job, pools=pools, **extra)
         if path is not None:
             from provision.sandbox.inventory import dump
@@ -159,4 +158,4 @@ def job_name(request) -> str:
     base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
     base = re.sub(r"^[^a-z]+", "", base.removeprefix("test-")) or "job"
     suffix = f"-{os.getpid() % 100000}"
-    return (base[: 40 - len(suffix)].rstrip("-") + suffix)
+    return base[: 40 - len(suffix)].rstrip("-") + suffix

@@ -10,10 +10,8 @@ import math
 import random
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,7 @@ def _value(rnd: random.Random, depth: int = 0):
     if k == 1:
         return rnd.choice([True, False])
     if k == 2:
-        return rnd.randint(-10**20, 10**20)
+        return rnd.randint(-(10**20), 10**20)
     if k == 3:
         return rnd.choice([0.0, -0.0, 1.5, 1e300, 1e-300, math.pi, math.inf, -math.inf, rnd.random()])
     if k in (4, 5):
@@ -81,7 +79,9 @@ def test_base64_and_sha256_match(agent, tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="the agent runs on Linux hosts")
 def test_run_matches_subprocess(agent):
     cases = [
-        (["true"], 60), (["false"], 60), (["nonexistent-command-xyz"], 60),
+        (["true"], 60),
+        (["false"], 60),
+        (["nonexistent-command-xyz"], 60),
         (["sh", "-c", "echo out; echo err >&2; exit 3"], 60),
         (["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; head -c 200000 /dev/zero | tr '\\0' b >&2"], 60),
         (["sh", "-c", "kill -TERM $$"], 60),

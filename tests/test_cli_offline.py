@@ -81,7 +81,9 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_validate_ok(project):
     code, out, err = run("validate", "good.yaml", cwd=project)
     assert code == 0, err
-    assert out.startswith("good.yaml: valid; job demo: 4 tasks (chief 1, worker 2, ps 1) on 3 of 3 hosts, 12 accelerators placed")
+    assert out.startswith(
+        "good.yaml: valid; job demo: 4 tasks (chief 1, worker 2, ps 1) on 3 of 3 hosts, 12 accelerators placed"
+    )
     assert err == ""
 
 

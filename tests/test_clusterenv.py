@@ -235,7 +235,7 @@ def test_torchrun_reads_pet_variables(inv):
     task's environment is the multi-node command line, no flags needed."""
     run = pytest.importorskip("torch.distributed.run", reason="torch is not installed")
     _, tasks = envs(inv)
-    for t, env in tasks:
+    for _t, env in tasks:
         pet = {k: v for k, v in env.items() if k.startswith("PET_")}
         with environ(**pet):
             args = run.get_args_parser().parse_args(["/opt/job/train.py", "--epochs", "90"])

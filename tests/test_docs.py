@@ -125,7 +125,8 @@ def link_problems(path: Path, *, external_ok: bool, root: Path = REPO) -> list[t
     """(line, target, what is wrong) for every bad link in `path`."""
     problems = []
     for line, target in links(path):
-        def bad(why: str) -> None:
+
+        def bad(why: str, line: int = line, target: str = target) -> None:
             problems.append((line, target, why))
 
         if not target:
@@ -189,8 +190,15 @@ def test_link_checker_catches_bad_links(tmp_path):
         "[5](/etc/passwd) [6](#bottom)\n"
         "[7]: ../outside.md\n"
     )
-    bad = ["docs/missing.md", "../outside.md", "docs/a.md#nope", "https://example.com", "/etc/passwd",
-           "#bottom", "../outside.md"]
+    bad = [
+        "docs/missing.md",
+        "../outside.md",
+        "docs/a.md#nope",
+        "https://example.com",
+        "/etc/passwd",
+        "#bottom",
+        "../outside.md",
+    ]
     assert [t for _, t, _ in link_problems(md, external_ok=False, root=repo)] == bad
     assert [t for _, t, _ in link_problems(md, external_ok=True, root=repo)] == [t for t in bad if "example" not in t]
 
@@ -256,7 +264,7 @@ def _section(text: str, path: tuple[str, ...]) -> str | None:
     for k, (i, m) in enumerate(heads):
         level = len(m.group(1))
         if any(name.fullmatch(s.strip()) for s in (c.group(2) for c in CODE_SPAN.finditer(m.group(2)))):
-            end = next((j for j, mm in heads[k + 1:] if len(mm.group(1)) <= level), len(lines))
+            end = next((j for j, mm in heads[k + 1 :] if len(mm.group(1)) <= level), len(lines))
             return "\n".join(lines[i:end])
     return None
 
@@ -305,7 +313,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
         m = FENCE.match(line)
         if fence is None:
             if m:
-                fence, info, body = m.group(1), line.strip()[len(m.group(1)):].strip(), []
+                fence, info, body = m.group(1), line.strip()[len(m.group(1)) :].strip(), []
         elif line.strip().startswith(fence) and set(line.strip()) <= {fence[0]}:
             out.append((info, "\n".join(body) + "\n"))
             fence = None

@@ -67,7 +67,7 @@ HOSTILE = [
 text_no_nul = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60)
 interesting = st.one_of(
     text_no_nul,
-    st.lists(st.sampled_from(list('\\"$`%;#=\n\r\t \' a{}')), max_size=20).map("".join),
+    st.lists(st.sampled_from(list("\\\"$`%;#=\n\r\t ' a{}")), max_size=20).map("".join),
     st.sampled_from(HOSTILE),
 )
 
@@ -168,7 +168,14 @@ def parse_env_file(text: str) -> list[tuple[str, str]]:
                 state = "PRE_KEY"
         elif state == "COMMENT_ESCAPE":
             state = "PRE_KEY" if c in NEWLINE else "COMMENT"
-    if state in ("PRE_VALUE", "VALUE", "VALUE_ESCAPE", "SINGLE_QUOTE_VALUE", "DOUBLE_QUOTE_VALUE", "DOUBLE_QUOTE_VALUE_ESCAPE"):
+    if state in (
+        "PRE_VALUE",
+        "VALUE",
+        "VALUE_ESCAPE",
+        "SINGLE_QUOTE_VALUE",
+        "DOUBLE_QUOTE_VALUE",
+        "DOUBLE_QUOTE_VALUE_ESCAPE",
+    ):
         if state == "VALUE" and last_value_ws is not None:
             value = value[:last_value_ws]  # type: ignore[index]
         push()
@@ -224,7 +231,19 @@ def test_env_assignment_rejects_nul():
 
 # --------------------------------------------------------------------------- systemd ExecStart=
 
-C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"', "'": "'", "s": " "}
+C_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
 
 
 class ExecSyntaxError(ValueError):
@@ -304,7 +323,7 @@ def _specifiers(word: str) -> str:
     while i < len(word):
         if word[i] == "%":
             if word[i + 1 : i + 2] != "%":
-                raise ExecSyntaxError(f"specifier %{word[i + 1:i + 2]} would be expanded")
+                raise ExecSyntaxError(f"specifier %{word[i + 1 : i + 2]} would be expanded")
             out.append("%")
             i += 2
         else:
@@ -318,7 +337,7 @@ def _variables(word: str) -> str:
     while i < len(word):
         if word[i] == "$":
             if word[i + 1 : i + 2] != "$":
-                raise ExecSyntaxError(f"${word[i + 1:i + 2]} would be expanded")
+                raise ExecSyntaxError(f"${word[i + 1 : i + 2]} would be expanded")
             out.append("$")
             i += 2
         else:
@@ -370,15 +389,37 @@ def test_exec_line_shape():
 
 @pytest.mark.parametrize(
     "program",
-    ["", "python3 train.py", "-/bin/true", "+/bin/sh", "@/bin/true", "!/bin/x", ":/bin/x", "/bin/$x", "/bin/%h",
-     "/bin/a b", '"/bin/x"', "./train", "venv/bin/python", "/opt/../bin/x", "/opt/./x", "//x", "/x/", "/", "-x"],
+    [
+        "",
+        "python3 train.py",
+        "-/bin/true",
+        "+/bin/sh",
+        "@/bin/true",
+        "!/bin/x",
+        ":/bin/x",
+        "/bin/$x",
+        "/bin/%h",
+        "/bin/a b",
+        '"/bin/x"',
+        "./train",
+        "venv/bin/python",
+        "/opt/../bin/x",
+        "/opt/./x",
+        "//x",
+        "/x/",
+        "/",
+        "-x",
+    ],
 )
 def test_exec_line_rejects_fancy_programs(program):
     with pytest.raises(ProvisionError):
         encode.exec_line([program, "x"])
 
 
-@pytest.mark.parametrize("program", ["/opt/venv/bin/python", "/opt/.venv/bin/python3.11", "python3", "torchrun", "/usr/bin/docker", "/a/b-c_d+e.f"])
+@pytest.mark.parametrize(
+    "program",
+    ["/opt/venv/bin/python", "/opt/.venv/bin/python3.11", "python3", "torchrun", "/usr/bin/docker", "/a/b-c_d+e.f"],
+)
 def test_exec_line_accepts_plain_programs(program):
     assert encode.exec_line([program]) == program
 

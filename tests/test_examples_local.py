@@ -12,6 +12,7 @@ the long-lived tasks (ps and worker servers of ParameterServerStrategy, the
 evaluator, the reduction servers) are still running when the chief is done,
 and stop cleanly on SIGTERM as they do when provision stops the job.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,26 +33,45 @@ EXAMPLES = ROOT / "examples"
 STEPS = 20
 
 # Pool order and CLUSTER_SPEC names as in cluster-env.md.
-WORKERPOOL = {"chief": "workerpool0", "worker": "workerpool1", "ps": "workerpool2",
-              "reduction_server": "workerpool2", "evaluator": "workerpool3"}
+WORKERPOOL = {
+    "chief": "workerpool0",
+    "worker": "workerpool1",
+    "ps": "workerpool2",
+    "reduction_server": "workerpool2",
+    "evaluator": "workerpool3",
+}
 # Variables a task's environment must not inherit from the test runner's.
-CLUSTER_VARS = ("TF_CONFIG", "CLUSTER_SPEC", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-                "CHECKPOINT_DIR", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-                "PET_NPROC_PER_NODE")
+CLUSTER_VARS = (
+    "TF_CONFIG",
+    "CLUSTER_SPEC",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "CHECKPOINT_DIR",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NPROC_PER_NODE",
+)
 
 
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-needs_tf = pytest.mark.skipif(not has_module("tensorflow"),
-                              reason="tensorflow cannot be imported here (pip install tensorflow-cpu==2.21.0)")
-needs_torch = pytest.mark.skipif(not has_module("torch"),
-                                 reason="torch cannot be imported here (pip install torch==2.13.0, CPU wheel)")
+needs_tf = pytest.mark.skipif(
+    not has_module("tensorflow"), reason="tensorflow cannot be imported here (pip install tensorflow-cpu==2.21.0)"
+)
+needs_torch = pytest.mark.skipif(
+    not has_module("torch"), reason="torch cannot be imported here (pip install torch==2.13.0, CPU wheel)"
+)
 needs_numpy = pytest.mark.skipif(not has_module("numpy"), reason="numpy cannot be imported here")
 
 
 # ---------------------------------------------------------------- env helper
+
 
 def free_ports(n: int) -> list[int]:
     """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
@@ -85,24 +105,40 @@ def job_envs(pools: dict[str, int], host: str = "127.0.0.1") -> dict[tuple[str, 
     for role, members in addrs.items():
         for index, own in enumerate(members):
             env = {
-                "CLUSTER_SPEC": json.dumps({"cluster": spec_cluster, "environment": "cloud",
-                                            "task": {"type": WORKERPOOL[role], "index": index}, "job": job},
-                                           separators=(",", ":")),
+                "CLUSTER_SPEC": json.dumps(
+                    {
+                        "cluster": spec_cluster,
+                        "environment": "cloud",
+                        "task": {"type": WORKERPOOL[role], "index": index},
+                        "job": job,
+                    },
+                    separators=(",", ":"),
+                ),
                 "CUDA_VISIBLE_DEVICES": "",
             }
             if n_tasks > 1 and role != "reduction_server":
                 cluster = dict(tf_cluster)
                 if role == "evaluator":
                     cluster["evaluator"] = [own]
-                env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": role, "index": index},
-                                               "environment": "cloud"}, separators=(",", ":"))
+                env["TF_CONFIG"] = json.dumps(
+                    {"cluster": cluster, "task": {"type": role, "index": index}, "environment": "cloud"},
+                    separators=(",", ":"),
+                )
             if role in ("chief", "worker"):
                 # rank 0 is the chief, or worker 0 when there is no chief.
                 master_host, master_port = (addrs.get("chief") or addrs["worker"])[0].rsplit(":", 1)
                 rank = index + 1 if role == "worker" and "chief" in addrs else index
-                env.update(MASTER_ADDR=master_host, MASTER_PORT=master_port, WORLD_SIZE=str(trainers),
-                           RANK=str(rank), PET_NNODES=str(trainers), PET_NODE_RANK=str(rank),
-                           PET_MASTER_ADDR=master_host, PET_MASTER_PORT=master_port, PET_NPROC_PER_NODE="1")
+                env.update(
+                    MASTER_ADDR=master_host,
+                    MASTER_PORT=master_port,
+                    WORLD_SIZE=str(trainers),
+                    RANK=str(rank),
+                    PET_NNODES=str(trainers),
+                    PET_NODE_RANK=str(rank),
+                    PET_MASTER_ADDR=master_host,
+                    PET_MASTER_PORT=master_port,
+                    PET_NPROC_PER_NODE="1",
+                )
             envs[(role, index)] = env
     return envs
 
@@ -128,6 +164,7 @@ def test_job_envs_shapes():
 
 # ------------------------------------------------------------ process helper
 
+
 class Task:
     def __init__(self, name: str, proc: subprocess.Popen, log: Path):
         self.name, self.proc, self.log = name, proc, log
@@ -149,8 +186,14 @@ class Job:
         full.pop("PYTHONUNBUFFERED", None)  # the programs must flush by themselves
         log = self.tmp_path / f"{name.replace(':', '-')}.log"
         with open(log, "wb") as fh:
-            proc = subprocess.Popen([sys.executable, str(script), *args], env=full, stdout=fh,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.tmp_path)
+            proc = subprocess.Popen(
+                [sys.executable, str(script), *args],
+                env=full,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.tmp_path,
+            )
         task = Task(name, proc, log)
         self.tasks.append(task)
         return task
@@ -206,8 +249,11 @@ def job(tmp_path):
 
 
 STEP_RE = re.compile(r"^\[(?P<label>[^\]]+)\] step (?P<step>\d+) loss (?P<loss>[0-9.eE+-]+|nan|inf)$", re.M)
-DONE_RE = re.compile(r"^\[(?P<label>[^\]]+)\] done steps (?P<steps>\d+) "
-                     r"checksum (?P<sum>\S+) sha256 (?P<sha>[0-9a-f]{64})", re.M)
+DONE_RE = re.compile(
+    r"^\[(?P<label>[^\]]+)\] done steps (?P<steps>\d+) "
+    r"checksum (?P<sum>\S+) sha256 (?P<sha>[0-9a-f]{64})",
+    re.M,
+)
 
 
 def check_steps(task: Task, label: str, steps: int = STEPS) -> list[float]:
@@ -229,6 +275,7 @@ def final_checksum(task: Task, steps: int = STEPS) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ the jobs
+
 
 @pytest.mark.slow
 @needs_tf
@@ -268,8 +315,12 @@ def test_tf_parameter_server(job, tmp_path):
     for t in [ps, *workers]:
         assert re.search(rf"^\[{t.name}\] server started", t.output(), re.M), t.output()
     # The evaluator reads the checkpoints the chief wrote; the last one holds the final weights.
-    m = job.wait_for_line(evaluator, rf"^\[evaluator:0\] evaluated ckpt-{STEPS} step {STEPS} eval_loss (\S+) "
-                                     r"checksum (\S+) sha256 ([0-9a-f]{64})$", timeout=120)
+    m = job.wait_for_line(
+        evaluator,
+        rf"^\[evaluator:0\] evaluated ckpt-{STEPS} step {STEPS} eval_loss (\S+) "
+        r"checksum (\S+) sha256 ([0-9a-f]{64})$",
+        timeout=120,
+    )
     assert (m[2], m[3]) == chief_sum, "the evaluator restored other weights than the chief ended with"
     # ps, workers and evaluator are long-lived: still up, and stop cleanly when told.
     job.stop([ps, *workers, evaluator])
@@ -302,14 +353,16 @@ def test_reduction_servers(job):
     d = EXAMPLES / "reduction"
     envs = job_envs({"chief": 1, "worker": 2, "reduction_server": 2})
     trainers = [("chief", 0), ("worker", 0), ("worker", 1)]
-    labels = {("chief", 0): "workerpool0:0 rank 0", ("worker", 0): "workerpool1:0 rank 1",
-              ("worker", 1): "workerpool1:1 rank 2"}
+    labels = {
+        ("chief", 0): "workerpool0:0 rank 0",
+        ("worker", 0): "workerpool1:0 rank 1",
+        ("worker", 1): "workerpool1:1 rank 2",
+    }
     t0 = time.monotonic()
     # Session 1: training tasks first, reducers a moment later (the tasks must retry).
     run1 = [job.start(f"{r}:{i}", d / "train.py", envs[(r, i)], "--steps", str(STEPS)) for r, i in trainers]
     time.sleep(1.0)
-    reducers = [job.start(f"reduction_server:{i}", d / "reducer.py", envs[("reduction_server", i)])
-                for i in range(2)]
+    reducers = [job.start(f"reduction_server:{i}", d / "reducer.py", envs[("reduction_server", i)]) for i in range(2)]
     job.wait(run1, timeout=60)
     print(f"reduction session 1: {time.monotonic() - t0:.1f}s")
     # Session 2: the reducers are long-lived and serve a second run of the job.
@@ -332,6 +385,7 @@ def test_reduction_servers(job):
 
 # ------------------------------------------------------- environment parsing
 
+
 def load(path: Path):
     """Import an example as a module (their heavy imports happen only in main())."""
     name = "example_" + "_".join(path.relative_to(EXAMPLES).with_suffix("").parts)
@@ -345,13 +399,24 @@ PROGRAMS = {
     "tf_mwms": (EXAMPLES / "tf_mwms" / "train.py", ("chief", 0), {"chief": 1, "worker": 2}),
     "tf_ps": (EXAMPLES / "tf_ps" / "train.py", ("worker", 1), {"chief": 1, "worker": 2, "ps": 1}),
     "torch_ddp": (EXAMPLES / "torch_ddp" / "train.py", ("worker", 0), {"chief": 1, "worker": 2}),
-    "reduction_train": (EXAMPLES / "reduction" / "train.py", ("worker", 1),
-                        {"chief": 1, "worker": 2, "reduction_server": 2}),
-    "reducer": (EXAMPLES / "reduction" / "reducer.py", ("reduction_server", 1),
-                {"chief": 1, "worker": 2, "reduction_server": 2}),
+    "reduction_train": (
+        EXAMPLES / "reduction" / "train.py",
+        ("worker", 1),
+        {"chief": 1, "worker": 2, "reduction_server": 2},
+    ),
+    "reducer": (
+        EXAMPLES / "reduction" / "reducer.py",
+        ("reduction_server", 1),
+        {"chief": 1, "worker": 2, "reduction_server": 2},
+    ),
 }
-NEEDS = {"tf_mwms": ["TF_CONFIG"], "tf_ps": ["TF_CONFIG"], "reduction_train": ["CLUSTER_SPEC"],
-         "reducer": ["CLUSTER_SPEC"], "torch_ddp": ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"]}
+NEEDS = {
+    "tf_mwms": ["TF_CONFIG"],
+    "tf_ps": ["TF_CONFIG"],
+    "reduction_train": ["CLUSTER_SPEC"],
+    "reducer": ["CLUSTER_SPEC"],
+    "torch_ddp": ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"],
+}
 CASES = [(prog, var) for prog, vs in NEEDS.items() for var in vs]
 
 
@@ -379,34 +444,64 @@ def test_missing_variable_exits_2_with_one_line(prog, var, tmp_path):
     path, key, pools = PROGRAMS[prog]
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS}
     env.update({k: v for k, v in job_envs(pools)[key].items() if k != var})
-    r = subprocess.run([sys.executable, str(path), "--steps", "2"], env=env, capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(path), "--steps", "2"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and var in lines[0], r.stderr
 
 
-@pytest.mark.parametrize("prog,mutate,expect", [
-    ("tf_mwms", lambda e: e.update(TF_CONFIG="{not json"), "not valid JSON"),
-    ("tf_mwms", lambda e: e.update(TF_CONFIG=json.dumps({"cluster": {"chief": ["a:1"]},
-                                                         "task": {"type": "chief", "index": "0"}})),
-     "task.index must be a non-negative integer"),
-    ("tf_mwms", lambda e: e.update(TF_CONFIG=json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
-                                                         "task": {"type": "worker", "index": 1}})),
-     r"worker:1 has no address"),
-    ("tf_ps", lambda e: e.update(TF_CONFIG=json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]},
-                                                       "task": {"type": "chief", "index": 0}})),
-     "cluster.ps is missing"),
-    ("torch_ddp", lambda e: e.update(RANK="3"), r"RANK must be in \[0, WORLD_SIZE=3\)"),
-    ("torch_ddp", lambda e: e.update(MASTER_PORT="http"), "MASTER_PORT must be an integer"),
-    ("reducer", lambda e: e.update(CLUSTER_SPEC=e["CLUSTER_SPEC"].replace('"workerpool2","index"',
-                                                                          '"workerpool1","index"')),
-     "a reduction server is a workerpool2 task"),
-    ("reduction_train", lambda e: e.update(CLUSTER_SPEC=json.dumps({"cluster": {"workerpool0": ["a:1"]},
-                                                                    "task": {"type": "workerpool0", "index": 0}})),
-     "workerpool2 is empty"),
-])
+@pytest.mark.parametrize(
+    "prog,mutate,expect",
+    [
+        ("tf_mwms", lambda e: e.update(TF_CONFIG="{not json"), "not valid JSON"),
+        (
+            "tf_mwms",
+            lambda e: e.update(
+                TF_CONFIG=json.dumps({"cluster": {"chief": ["a:1"]}, "task": {"type": "chief", "index": "0"}})
+            ),
+            "task.index must be a non-negative integer",
+        ),
+        (
+            "tf_mwms",
+            lambda e: e.update(
+                TF_CONFIG=json.dumps(
+                    {"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 1}}
+                )
+            ),
+            r"worker:1 has no address",
+        ),
+        (
+            "tf_ps",
+            lambda e: e.update(
+                TF_CONFIG=json.dumps(
+                    {"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "chief", "index": 0}}
+                )
+            ),
+            "cluster.ps is missing",
+        ),
+        ("torch_ddp", lambda e: e.update(RANK="3"), r"RANK must be in \[0, WORLD_SIZE=3\)"),
+        ("torch_ddp", lambda e: e.update(MASTER_PORT="http"), "MASTER_PORT must be an integer"),
+        (
+            "reducer",
+            lambda e: e.update(
+                CLUSTER_SPEC=e["CLUSTER_SPEC"].replace('"workerpool2","index"', '"workerpool1","index"')
+            ),
+            "a reduction server is a workerpool2 task",
+        ),
+        (
+            "reduction_train",
+            lambda e: e.update(
+                CLUSTER_SPEC=json.dumps(
+                    {"cluster": {"workerpool0": ["a:1"]}, "task": {"type": "workerpool0", "index": 0}}
+                )
+            ),
+            "workerpool2 is empty",
+        ),
+    ],
+)
 def test_env_parsing_rejects_malformed(prog, mutate, expect):
     path, key, pools = PROGRAMS[prog]
     mod = load(path)
@@ -430,8 +525,7 @@ def test_reduction_rank_and_world_from_cluster_spec():
 def test_tf_ps_evaluator_without_checkpoint_dir_waits_until_stopped(job):
     """Without CHECKPOINT_DIR the evaluator side-car says so and stays up (no TensorFlow needed)."""
     envs = job_envs({"chief": 1, "worker": 2, "ps": 1, "evaluator": 1})
-    ev = job.start("evaluator:0", EXAMPLES / "tf_ps" / "train.py", envs[("evaluator", 0)],
-                   "--heartbeat-seconds", "0.3")
+    ev = job.start("evaluator:0", EXAMPLES / "tf_ps" / "train.py", envs[("evaluator", 0)], "--heartbeat-seconds", "0.3")
     job.wait_for_line(ev, r"^\[evaluator:0\] waiting: CHECKPOINT_DIR is not set$", timeout=30)
     job.stop([ev])
 
@@ -454,10 +548,13 @@ def test_reducer_survives_a_failed_session(job):
         pytest.fail(f"worker kept running after its peer died\n{job.logs()}")
     assert rc == 1, job.logs()
     assert "reduction-train: error: [workerpool1:0 rank 1]" in worker.output()
-    job.wait_for_line(reducer, r"session aborted after \d+ rounds: rank 0 (disconnected|connection lost) in round \d+",
-                      timeout=10)
-    again = [job.start(f"{r}:{i}-run2", d / "train.py", envs[(r, i)], "--steps", "5")
-             for r, i in [("chief", 0), ("worker", 0)]]
+    job.wait_for_line(
+        reducer, r"session aborted after \d+ rounds: rank 0 (disconnected|connection lost) in round \d+", timeout=10
+    )
+    again = [
+        job.start(f"{r}:{i}-run2", d / "train.py", envs[(r, i)], "--steps", "5")
+        for r, i in [("chief", 0), ("worker", 0)]
+    ]
     job.wait(again, timeout=30)
     assert len({final_checksum(t, 5) for t in again}) == 1
     job.wait_for_line(reducer, r"session 2 started(.|\n)*session complete: 5 rounds from 2 tasks", timeout=10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -31,13 +30,19 @@ def test_the_bundle_answers_a_probe_without_importing_dataclasses(tmp_path):
     assert rep.files[str(f)].content is not None  # differs from want: sent for the diff
     assert rep.manifest is None and rep.units == {} and rep.boot_id
     # The host-side program imports neither dataclasses nor typing: the stand-in serves.
-    probe_src = bundle.payload().decode() + "\nimport sys\nprint(sorted(m for m in ('dataclasses','typing','inspect') if m in sys.modules and getattr(sys.modules[m], '__file__', None)))"
+    probe_src = (
+        bundle.payload().decode()
+        + "\nimport sys\nprint(sorted(m for m in ('dataclasses','typing','inspect') if m in sys.modules and getattr(sys.modules[m], '__file__', None)))"
+    )
     assert "'dataclasses', 'typing'" not in probe_src  # sanity: the loader names no such module
 
 
 def test_a_broken_request_is_a_fatal_answer_not_a_traceback():
-    out = subprocess.run(["python3", "-S", "-c", bundle.boot_command().split(" -c ", 1)[1].strip("'")],
-                         input=bundle.payload() + json.dumps({"op": "destroy"}).encode(), capture_output=True)
+    out = subprocess.run(
+        ["python3", "-S", "-c", bundle.boot_command().split(" -c ", 1)[1].strip("'")],
+        input=bundle.payload() + json.dumps({"op": "destroy"}).encode(),
+        capture_output=True,
+    )
     assert out.returncode != 0 or "fatal" in json.loads(out.stdout)
 
 
@@ -65,21 +70,46 @@ def test_the_dataclass_stand_in_behaves_like_the_module(impl):
     assert "Rec(a='x', b=3, c=[])" in repr(r)
 
 
-@pytest.mark.parametrize("msg", [
-    protocol.ProbeRequest("j", want={"/a": "0" * 64}, paths=["/b"], units=["u"], facts="check", facts_only=["gpus"]),
-    protocol.WriteRequest("j", manifest_pending="eA==", stop=["u"], files=[protocol.FileWrite("/a", 0o600, "eA==", True)],
-                          remove=["/c"], daemon_reload=True, load_units=["u"], reset_failed=["u"], clear_lifecycle=True, manifest="eA=="),
-    protocol.UnitsRequest("j", [["stop", ["u"]]], lifecycle={"phase": "Succeeded"}, report=["u"]),
-    protocol.DestroyRequest("j", ["u"]),
-    protocol.BatchRequest([protocol.DestroyRequest("j"), protocol.UnitsRequest("j")]),
-], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "msg",
+    [
+        protocol.ProbeRequest(
+            "j", want={"/a": "0" * 64}, paths=["/b"], units=["u"], facts="check", facts_only=["gpus"]
+        ),
+        protocol.WriteRequest(
+            "j",
+            manifest_pending="eA==",
+            stop=["u"],
+            files=[protocol.FileWrite("/a", 0o600, "eA==", True)],
+            remove=["/c"],
+            daemon_reload=True,
+            load_units=["u"],
+            reset_failed=["u"],
+            clear_lifecycle=True,
+            manifest="eA==",
+        ),
+        protocol.UnitsRequest("j", [["stop", ["u"]]], lifecycle={"phase": "Succeeded"}, report=["u"]),
+        protocol.DestroyRequest("j", ["u"]),
+        protocol.BatchRequest([protocol.DestroyRequest("j"), protocol.UnitsRequest("j")]),
+    ],
+    ids=lambda m: type(m).__name__,
+)
 def test_requests_survive_the_wire(msg):
     assert protocol.request_from_wire(json.loads(json.dumps(protocol.to_wire(msg)))) == msg
 
 
 def test_reports_survive_the_wire():
-    rep = protocol.ProbeReport({"job": "j"}, None, {"/a": protocol.FileInfo("file", 0o600, 0, 1, "ab"), "/b": None},
-                               {"u": {"Id": "u"}}, {"u": [["1", "success", "exited", "0"]]}, {"gpus": []}, 1.5, 2, "b")
+    rep = protocol.ProbeReport(
+        {"job": "j"},
+        None,
+        {"/a": protocol.FileInfo("file", 0o600, 0, 1, "ab"), "/b": None},
+        {"u": {"Id": "u"}},
+        {"u": [["1", "success", "exited", "0"]]},
+        {"gpus": []},
+        1.5,
+        2,
+        "b",
+    )
     assert protocol.report_from_wire("probe", json.loads(json.dumps(protocol.to_wire(rep)))) == rep
     with pytest.raises(protocol.WireError):
         protocol.request_from_wire({"op": "format-disk"})

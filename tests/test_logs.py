@@ -17,8 +17,11 @@ IDENTS = {"provision-j-chief-0": "chief-0", "provision-j-worker-0": "worker-0"}
 
 
 def _line(**fields) -> bytes:
-    entry = {"__CURSOR": "s=1;i=1", "__REALTIME_TIMESTAMP": "1700000000000000",
-             "SYSLOG_IDENTIFIER": "provision-j-chief-0"}
+    entry = {
+        "__CURSOR": "s=1;i=1",
+        "__REALTIME_TIMESTAMP": "1700000000000000",
+        "SYSLOG_IDENTIFIER": "provision-j-chief-0",
+    }
     entry.update(fields)
     entry = {k: v for k, v in entry.items() if v is not ...}
     return json.dumps(entry).encode()
@@ -107,7 +110,9 @@ def test_missing_or_bad_timestamp_is_zero_not_an_error():
 
 def test_control_records_pass_through():
     assert L.parse_line(b'{"__provision_rc":0,"__provision_task":"chief-0"}', "h1", IDENTS) == {
-        "__provision_rc": 0, "__provision_task": "chief-0"}
+        "__provision_rc": 0,
+        "__provision_task": "chief-0",
+    }
 
 
 # ------------------------------------------------------------------ a host's fetch output
@@ -140,8 +145,11 @@ def test_parse_fetch_pins_journalctl_errors_on_the_task():
 
 
 def test_merge_orders_hosts_by_time_and_keeps_each_hosts_order_on_ties():
-    a = [L.Entry(1, "h1", "chief-0", "a1", ""), L.Entry(3, "h1", "chief-0", "a3", ""),
-         L.Entry(3, "h1", "chief-0", "a3b", "")]
+    a = [
+        L.Entry(1, "h1", "chief-0", "a1", ""),
+        L.Entry(3, "h1", "chief-0", "a3", ""),
+        L.Entry(3, "h1", "chief-0", "a3b", ""),
+    ]
     b = [L.Entry(2, "h2", "worker-0", "b2", ""), L.Entry(3, "h2", "worker-0", "b3", "")]
     assert [e.text for e in L.merge([a, b])] == ["a1", "b2", "a3", "a3b", "b3"]
 
@@ -150,8 +158,7 @@ def test_merge_orders_hosts_by_time_and_keeps_each_hosts_order_on_ties():
 
 
 def test_fetch_command_quotes_and_uses_cursor_or_tail():
-    cmd = L.fetch_command("j", ["chief-0", "worker-0"], since="-10min", tail=5,
-                          cursors={"worker-0": "s=abc;i=1f;b=x"})
+    cmd = L.fetch_command("j", ["chief-0", "worker-0"], since="-10min", tail=5, cursors={"worker-0": "s=abc;i=1f;b=x"})
     assert cmd.startswith("sh -c ")
     script = shlex.split(cmd)[2]
     parts = script.split("; ")
@@ -170,7 +177,7 @@ def test_fetch_command_runs_in_sh(tmp_path):
     # The quoting survives a real shell: journalctl replaced by a function printing argv.
     cmd = L.fetch_command("j", ["chief-0"], since="2024-05-01 12:00:00", tail=None, cursors=None)
     script = shlex.split(cmd)[2]
-    fake = 'journalctl() { printf "%s\\n" "$@" > ' + shlex.quote(str(tmp_path / "argv")) + '; }; '
+    fake = 'journalctl() { printf "%s\\n" "$@" > ' + shlex.quote(str(tmp_path / "argv")) + "; }; "
     out = subprocess.run(["sh", "-c", fake + script], capture_output=True, text=True, check=True).stdout
     lines = out.strip().splitlines()
     assert json.loads(lines[0])["__provision_now"] > 0
@@ -194,9 +201,17 @@ def test_follow_command_kills_journalctl_when_the_channel_closes():
 
 @pytest.mark.parametrize(
     "given, passed",
-    [("10m", "-10min"), ("2h", "-2h"), ("30s", "-30s"), ("1d", "-1d"),
-     ("2024-05-01T12:00:00", "2024-05-01 12:00:00"), ("2024-05-01T12:00:00Z", "2024-05-01 12:00:00 UTC"),
-     ("yesterday", "yesterday"), ("@1700000000", "@1700000000"), (None, None)],
+    [
+        ("10m", "-10min"),
+        ("2h", "-2h"),
+        ("30s", "-30s"),
+        ("1d", "-1d"),
+        ("2024-05-01T12:00:00", "2024-05-01 12:00:00"),
+        ("2024-05-01T12:00:00Z", "2024-05-01 12:00:00 UTC"),
+        ("yesterday", "yesterday"),
+        ("@1700000000", "@1700000000"),
+        (None, None),
+    ],
 )
 def test_since(given, passed):
     assert L.normalize_since(given) == passed
@@ -219,8 +234,9 @@ def test_cursor_file_round_trip_and_wrong_job(tmp_path):
 
 
 def test_printer_prefix_and_files(tmp_path, capsys):
-    p = L.Printer(["chief-0", "worker-10"], {"chief-0": "h1", "worker-10": "h2"}, out_dir=None,
-                  timestamps=False, color=False)
+    p = L.Printer(
+        ["chief-0", "worker-10"], {"chief-0": "h1", "worker-10": "h2"}, out_dir=None, timestamps=False, color=False
+    )
     p.write(L.Entry(1, "h1", "chief-0", "hello", "c1"))
     p.write(L.Entry(2, "h2", "worker-10", "world", "c2"))
     assert capsys.readouterr().out.splitlines() == ["chief-0@h1   | hello", "worker-10@h2 | world"]
@@ -252,7 +268,12 @@ def test_reader_going_away_is_not_an_error():
         "    p.write(L.Entry(i, 'h', 't', 'line %d' % i, ''))\n"
         "assert p.pipe_closed and stopped == [1]\n"
     )
-    r = subprocess.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} | head -1", shell=True,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout == "t@h | line 0\n"
     assert r.stderr == ""

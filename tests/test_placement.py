@@ -31,7 +31,9 @@ from provision.placement import PlacementError, place, task_order
 # Modest by default (the whole offline suite stays fast); PROVISION_HYPOTHESIS_EXAMPLES=5000
 # for a longer hunt.
 EXAMPLES = int(os.environ.get("PROVISION_HYPOTHESIS_EXAMPLES", "150"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 SSH = SSHSettings()
 ACC_COUNTS = (0, 1, 2, 4, 8)
 
@@ -208,7 +210,9 @@ def test_growing_last_placed_pool_moves_nothing(inv, more):
     assume(order)
     last = order[-1][0]
     assume(last.role not in ("chief", "evaluator"))  # at most one replica: cannot grow
-    grown = inventory(inv.hosts, [Pool(**{**p.__dict__, "replicas": p.replicas + more}) if p is last else p for p in inv.pools])
+    grown = inventory(
+        inv.hosts, [Pool(**{**p.__dict__, "replicas": p.replicas + more}) if p is last else p for p in inv.pools]
+    )
     # the old order is a prefix of the new one: new tasks are appended...
     assert task_order(grown.pools)[: len(order)] == [(grown.pool(p.role), i) for p, i in order]
     before = place_or_skip(inv)
@@ -314,8 +318,7 @@ def test_does_not_fit_names_the_pool_and_replica():
     with pytest.raises(PlacementError) as e:
         place(inventory(hosts, [pool("chief", 1, 6), pool("worker", 2, 5)]))
     assert str(e.value) == (
-        "pools.worker: replica 1 does not fit: it needs 5 accelerators on one host; "
-        "free on eligible hosts: h0 2, h1 3"
+        "pools.worker: replica 1 does not fit: it needs 5 accelerators on one host; free on eligible hosts: h0 2, h1 3"
     )
 
 

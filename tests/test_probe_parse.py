@@ -21,11 +21,23 @@ UNIT = f"provision-{JOB}-chief-0.service"
 
 
 def req(**kw) -> ProbeRequest:
-    return ProbeRequest(**{"job": JOB, "facts": "check", "facts_only": [], "files": True, "content_max": 100,
-                           "want": {ENV: "0" * 64}, "units": [UNIT], **kw})
+    return ProbeRequest(
+        **{
+            "job": JOB,
+            "facts": "check",
+            "facts_only": [],
+            "files": True,
+            "content_max": 100,
+            "want": {ENV: "0" * 64},
+            "units": [UNIT],
+            **kw,
+        }
+    )
 
 
-def output(files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT) -> bytes:
+def output(
+    files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT
+) -> bytes:
     r = req()
     _, _, paths = probe._asked(r)
     lines = [b"@probe 1", b"@systemd", b"@stat"]
@@ -49,20 +61,25 @@ def parse(out: bytes, r: ProbeRequest | None = None) -> ProbeReport:
 def test_a_whole_answer_is_the_agents_report():
     manifest = b'{"files": {}, "tasks": {"chief-0": {"unit": "%s"}}}' % UNIT.encode()
     rep = parse(output({ENV: b"A=1\n", MANIFEST: manifest}))
-    assert rep.files[ENV] == FileInfo("file", 0o600, 0, 4, hashlib.sha256(b"A=1\n").hexdigest(),
-                                      base64.b64encode(b"A=1\n").decode())  # differs from want: sent
+    assert rep.files[ENV] == FileInfo(
+        "file", 0o600, 0, 4, hashlib.sha256(b"A=1\n").hexdigest(), base64.b64encode(b"A=1\n").decode()
+    )  # differs from want: sent
     assert rep.manifest["tasks"]["chief-0"]["unit"] == UNIT
     assert rep.units[UNIT]["ActiveState"] == "active"
     assert rep.exits == {UNIT: []} and rep.lifecycle is None
     assert rep.facts == {"systemd_pid1": True}
 
 
-@pytest.mark.parametrize("broken", [
-    lambda files: output(files, sha_count=0),  # a file stopped being regular between stat and sha256sum
-    lambda files: output(files, content_cut=1),  # a file shrank between stat and head
-    lambda files: output(files)[: -len(b"@end\n")],  # cut short
-    lambda files: b"Welcome to fish!\n" + output(files),  # something else answered
-], ids=["checksums", "content", "end", "start"])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        lambda files: output(files, sha_count=0),  # a file stopped being regular between stat and sha256sum
+        lambda files: output(files, content_cut=1),  # a file shrank between stat and head
+        lambda files: output(files)[: -len(b"@end\n")],  # cut short
+        lambda files: b"Welcome to fish!\n" + output(files),  # something else answered
+    ],
+    ids=["checksums", "content", "end", "start"],
+)
 def test_an_answer_that_does_not_add_up_is_refused(broken):
     with pytest.raises(probe._Mismatch):
         parse(broken({ENV: b"A=1\n"}))
@@ -80,7 +97,10 @@ def test_nvidia_smi_is_read_with_the_agents_parser():
     smi = b"@gpus 0\n0, GPU-1, NVIDIA H100, 81559\n1, GPU-2, NVIDIA H100, 81559\n@gpus-end\n"
     out = out.replace(b"@systemd\n", b"@systemd\n" + smi)
     rep = probe.parse(out, r)
-    assert rep.facts == {"systemd_pid1": True, **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], "")}
+    assert rep.facts == {
+        "systemd_pid1": True,
+        **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], ""),
+    }
     assert len(rep.facts["gpus"]) == 2
     with pytest.raises(probe._Mismatch):  # nvidia-smi failed: the agent has its words
         probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r)

@@ -28,6 +28,7 @@ pools:
 @pytest.fixture(autouse=True)
 def _no_hang() -> Iterator[None]:
     """A walk that loops must fail the test, not hang it."""
+
     def fail(signum: int, frame: object) -> None:
         raise TimeoutError("the walk did not end")
 
@@ -239,12 +240,19 @@ def test_mode_kept_never_widened(tmp_path: Path, source: int, pushed: int) -> No
     os.chmod(job / "f", source)
     (tmp_path / "train.py").write_text("x\n")
     os.chmod(tmp_path / "train.py", source)
-    rendered = {f.path: f.mode for f in pushed_files(specs(tmp_path, "  - {src: job/, dest: /opt/job/}\n  - {src: train.py, dest: /opt/t.py}\n"))}
+    rendered = {
+        f.path: f.mode
+        for f in pushed_files(
+            specs(tmp_path, "  - {src: job/, dest: /opt/job/}\n  - {src: train.py, dest: /opt/t.py}\n")
+        )
+    }
     assert rendered == {"/opt/job/f": pushed, "/opt/t.py": pushed}
 
 
 def test_modes_reach_the_rendered_bundle(tmp_path: Path) -> None:
-    tree(tmp_path / "job", {"secret.key": ("k\n", 0o600), "run.sh": ("#!/bin/sh\n", 0o755), "shared.cfg": ("c\n", 0o664)})
+    tree(
+        tmp_path / "job", {"secret.key": ("k\n", 0o600), "run.sh": ("#!/bin/sh\n", 0o755), "shared.cfg": ("c\n", 0o664)}
+    )
     r = render(parse(inv(tmp_path, "  - {src: job/, dest: /opt/job/}\n"), tmp_path / "inventory.yaml"))
     got = {f.path: f.mode for f in r.hosts["cpu-1"].files if f.kind == "file"}
     assert got == {"/opt/job/secret.key": 0o600, "/opt/job/run.sh": 0o755, "/opt/job/shared.cfg": 0o644}
@@ -307,13 +315,16 @@ def test_file_with_a_trailing_slash_goes_into_the_directory(tmp_path: Path) -> N
     assert [s.dest for s in got] == ["/opt/job/train.py", "/opt/job/config.json"]
 
 
-@pytest.mark.parametrize(("dest", "message"), [
-    ("/..", "climbs above / with '..', got '/..'"),
-    ("/opt/../../etc/x", "climbs above / with '..', got '/opt/../../etc/x'"),
-    ("//", "is the root directory /; name a directory below it, got '//'"),
-    ("/opt/..", "is the root directory /; name a directory below it, got '/opt/..'"),
-    ("opt/x", "expected an absolute path on the host, got 'opt/x'"),
-])
+@pytest.mark.parametrize(
+    ("dest", "message"),
+    [
+        ("/..", "climbs above / with '..', got '/..'"),
+        ("/opt/../../etc/x", "climbs above / with '..', got '/opt/../../etc/x'"),
+        ("//", "is the root directory /; name a directory below it, got '//'"),
+        ("/opt/..", "is the root directory /; name a directory below it, got '/opt/..'"),
+        ("opt/x", "expected an absolute path on the host, got 'opt/x'"),
+    ],
+)
 def test_bad_destinations(tmp_path: Path, dest: str, message: str) -> None:
     tree(tmp_path / "job", {"m.py": ("m\n", 0o644)})
     assert problems(tmp_path, f"  - {{src: job/, dest: '{dest}'}}\n") == [f"inventory.yaml:7: files[0].dest: {message}"]

@@ -60,7 +60,7 @@ def files_of(rendered, host: str) -> dict[str, object]:
 
 def exec_start(unit_text: str) -> list[str]:
     (line,) = [ln for ln in unit_text.splitlines() if ln.startswith("ExecStart=")]
-    return parse_exec(line[len("ExecStart="):])
+    return parse_exec(line[len("ExecStart=") :])
 
 
 def directives(unit_text: str) -> dict[str, str]:
@@ -92,7 +92,13 @@ def test_env_files_read_back_exactly(tmp_path):
 def test_exec_start_reads_back_exactly(tmp_path):
     args = [a for a in HOSTILE] + [";", "%h", "$HOME", ""]
     cmd = "[/opt/venv/bin/python, " + ", ".join(yaml_str(a) for a in args) + "]"
-    inv = inv_from(BASE.replace("chief: {replicas: 1, accelerators: 2, command: [/opt/venv/bin/python, /opt/job/train.py]", f"chief: {{replicas: 1, accelerators: 2, command: {cmd}"), tmp_path)
+    inv = inv_from(
+        BASE.replace(
+            "chief: {replicas: 1, accelerators: 2, command: [/opt/venv/bin/python, /opt/job/train.py]",
+            f"chief: {{replicas: 1, accelerators: 2, command: {cmd}",
+        ),
+        tmp_path,
+    )
     r = render(inv)
     unit = files_of(r, "gpu-1")["/etc/systemd/system/provision-rtest-chief-0.service"].data().decode()
     assert exec_start(unit) == ["/opt/venv/bin/python", *args]
@@ -114,8 +120,17 @@ def test_image_pool_runs_docker_with_env_names_only(tmp_path):
     unit = files_of(r, w.host.name)["/etc/systemd/system/provision-rtest-worker-0.service"].data().decode()
     argv = exec_start(unit)
     names = [k for k, _ in task_env(inv, w, jc, secrets={"API_TOKEN": "t"})]
-    want = ["/usr/bin/docker", "run", "--rm", "--name", "provision-rtest-worker-0", "--network", "host",
-            "--gpus", '"device=' + ",".join(map(str, w.accelerators)) + '"']
+    want = [
+        "/usr/bin/docker",
+        "run",
+        "--rm",
+        "--name",
+        "provision-rtest-worker-0",
+        "--network",
+        "host",
+        "--gpus",
+        '"device=' + ",".join(map(str, w.accelerators)) + '"',
+    ]
     for k in names:
         want += ["-e", k]
     want += ["registry.local/trainer:1.4", "--epochs", "3", "$X y"]
@@ -197,7 +212,9 @@ def test_pushed_files(tmp_path):
     (src / "run.sh").write_text("#!/bin/sh\n")
     os.chmod(src / "run.sh", 0o755)
     (tmp_path / "cfg.json").write_text("{}")
-    inv = inv_from(BASE + "files:\n  - {src: job/, dest: /opt/job/}\n  - {src: cfg.json, dest: /etc/rtest.json}\n", tmp_path)
+    inv = inv_from(
+        BASE + "files:\n  - {src: job/, dest: /opt/job/}\n  - {src: cfg.json, dest: /etc/rtest.json}\n", tmp_path
+    )
     r = render(inv)
     for name in r.hosts:
         pushed = {p: f for p, f in files_of(r, name).items() if f.kind == "file"}
@@ -247,7 +264,12 @@ def test_restart_inputs(tmp_path):
 def test_render_with_previous_keeps_slots(tmp_path):
     inv = inv_from(BASE, tmp_path)
     first = render(inv)
-    grown = inv_from(BASE.replace("worker: {replicas: 2,", "worker: {replicas: 3,").replace("count: 4}}\n  - {name: cpu-1", "count: 8}}\n  - {name: cpu-1"), tmp_path)
+    grown = inv_from(
+        BASE.replace("worker: {replicas: 2,", "worker: {replicas: 3,").replace(
+            "count: 4}}\n  - {name: cpu-1", "count: 8}}\n  - {name: cpu-1"
+        ),
+        tmp_path,
+    )
     second = render(grown, previous=first.placement.slots())
     now = second.placement.slots()
     assert all(now[k] == v for k, v in first.placement.slots().items())

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from provision.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
-from provision.placement import place
 from provision.host.layout import unit_name
 from provision.host.protocol import ProbeReport
 from provision.lifecycle import restarts, task_state
+from provision.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
+from provision.placement import place
 from provision.status import job_status
 
 ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
@@ -61,13 +61,19 @@ def test_stop_mark_makes_a_clean_exit_on_sigterm_stopped():
     ex = [rec(5, "success", "exited", "0", stop=True)]
     assert task_state(DEAD, ex) == ("Stopped", 0, "stopped by hand (exited 0)")
     assert task_state(DEAD, ex, {"phase": "Succeeded"}) == (
-        "Stopped", 0, "stopped by provision: job succeeded (exited 0)")
+        "Stopped",
+        0,
+        "stopped by provision: job succeeded (exited 0)",
+    )
 
 
 def test_killed_by_sigterm_on_stop():
     ex = [rec(5, "success", "killed", "TERM", stop=True)]
     assert task_state(DEAD, ex, {"phase": "Failed"}) == (
-        "Stopped", None, "stopped by provision: job failed (killed by SIGTERM)")
+        "Stopped",
+        None,
+        "stopped by provision: job failed (killed by SIGTERM)",
+    )
     # Records written before the stop mark existed: killed with result success is a stop.
     assert task_state(DEAD, [rec(5, "success", "killed", "TERM")])[0] == "Stopped"
 
@@ -75,7 +81,10 @@ def test_killed_by_sigterm_on_stop():
 def test_stop_while_waiting_to_restart():
     ex = [rec(1, "exit-code", "exited", "1"), rec(2, "success", "none", "-", stop=True)]
     assert task_state(FAILED, ex, {"phase": "Succeeded"}) == (
-        "Stopped", None, "stopped by provision: job succeeded (between tries)")
+        "Stopped",
+        None,
+        "stopped by provision: job succeeded (between tries)",
+    )
 
 
 def test_restarting_until_the_limit_then_failed():
@@ -121,7 +130,10 @@ def _inv(pools: dict[str, tuple[int, RestartPolicy]], success="chief") -> Invent
     ssh = SSHSettings()
     hosts = tuple(Host(f"h{i}", f"10.0.0.{i}", ssh, f"h{i}") for i in range(1, 4))
     order = ("chief", "worker", "ps", "reduction_server", "evaluator")
-    ps = tuple(Pool(r, n, command=("/bin/true",), restart=rp) for r, (n, rp) in sorted(pools.items(), key=lambda kv: order.index(kv[0])))
+    ps = tuple(
+        Pool(r, n, command=("/bin/true",), restart=rp)
+        for r, (n, rp) in sorted(pools.items(), key=lambda kv: order.index(kv[0]))
+    )
     return Inventory(Path("/x/inv.yaml"), "j", ssh, hosts, ps, success=success)
 
 
@@ -145,13 +157,19 @@ NEVER = RestartPolicy("Never", 0)
 
 def test_chief_exit_0_succeeds_and_long_lived_tasks_stop():
     inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER), "ps": (1, NEVER)})
-    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
-                       "worker-0": (ACTIVE, []), "ps-0": (ACTIVE, [])})
+    st = _status(
+        inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]), "worker-0": (ACTIVE, []), "ps-0": (ACTIVE, [])}
+    )
     assert (st.phase, st.reason) == ("Succeeded", "chief-0 exited 0")
-    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
-                       "worker-0": (DEAD, [rec(11, "success", "exited", "0", stop=True)]),
-                       "ps-0": (DEAD, [rec(12, "success", "killed", "TERM", stop=True)])},
-                 ended={"phase": "Succeeded"})
+    st = _status(
+        inv,
+        {
+            "chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+            "worker-0": (DEAD, [rec(11, "success", "exited", "0", stop=True)]),
+            "ps-0": (DEAD, [rec(12, "success", "killed", "TERM", stop=True)]),
+        },
+        ended={"phase": "Succeeded"},
+    )
     assert st.phase == "Succeeded"
     assert [t.state for t in st.tasks] == ["Succeeded", "Stopped", "Stopped"]
     assert st.task("ps-0").detail == "stopped by provision: job succeeded (killed by SIGTERM)"
@@ -160,11 +178,21 @@ def test_chief_exit_0_succeeds_and_long_lived_tasks_stop():
 def test_failure_after_success_does_not_undo_it():
     # A DDP worker that loses its peers as the chief leaves, before provision stops it.
     inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
-    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
-                       "worker-0": (FAILED, [rec(11, "exit-code", "exited", "1")])})
+    st = _status(
+        inv,
+        {
+            "chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+            "worker-0": (FAILED, [rec(11, "exit-code", "exited", "1")]),
+        },
+    )
     assert st.phase == "Succeeded"
-    st = _status(inv, {"chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
-                       "worker-0": (FAILED, [rec(9, "exit-code", "exited", "1")])})
+    st = _status(
+        inv,
+        {
+            "chief-0": (DEAD, [rec(10, "success", "exited", "0")]),
+            "worker-0": (FAILED, [rec(9, "exit-code", "exited", "1")]),
+        },
+    )
     assert (st.phase, st.reason) == ("Failed", "worker-0 on h2 failed: exit code 1")
 
 
@@ -201,12 +229,15 @@ def test_pending_unknown_and_everything_stopped_by_hand():
     assert st.phase == "Failed" and "stopped by hand" in st.reason
 
 
-@pytest.mark.parametrize("policy, limit, expect", [
-    ("Never", 0, {"restart": "no", "start_limit_burst": 0}),
-    ("OnFailure", 2, {"restart": "on-failure", "start_limit_burst": 3, "restart_prevent": ""}),
-    ("Always", 1, {"restart": "always", "start_limit_burst": 2}),
-    ("ExitCode", 4, {"restart": "on-failure", "start_limit_burst": 5}),
-])
+@pytest.mark.parametrize(
+    "policy, limit, expect",
+    [
+        ("Never", 0, {"restart": "no", "start_limit_burst": 0}),
+        ("OnFailure", 2, {"restart": "on-failure", "start_limit_burst": 3, "restart_prevent": ""}),
+        ("Always", 1, {"restart": "always", "start_limit_burst": 2}),
+        ("ExitCode", 4, {"restart": "on-failure", "start_limit_burst": 5}),
+    ],
+)
 def test_restart_policy_mapping(policy, limit, expect):
     from provision.lifecycle import systemd_restart
 
@@ -231,7 +262,9 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "id_ed25519").write_text("not a real key\n")
     sb = sandbox.Sandbox(
-        name="fake", network="provision-sandbox-fake", key_path=tmp_path / "id_ed25519",
+        name="fake",
+        network="provision-sandbox-fake",
+        key_path=tmp_path / "id_ed25519",
         known_hosts_path=tmp_path / "known_hosts",
         hosts=[sandbox.SandboxHost(f"host-{i}", f"fake-host-{i}", 40000 + i, f"fake-host-{i}") for i in (1, 2, 3)],
     )

@@ -144,7 +144,10 @@ CASES: list[Case] = [
         ),
         edits=(
             ("  chief:\n    replicas: 1", "  chief: &pool\n    replicas: 1"),
-            ("  worker:\n    replicas: 1\n    accelerators: 8\n    " + CMD + "\n", "  worker:\n    replicas: 1\n    accelerators: 8\n    <<: *pool\n"),
+            (
+                "  worker:\n    replicas: 1\n    accelerators: 8\n    " + CMD + "\n",
+                "  worker:\n    replicas: 1\n    accelerators: 8\n    <<: *pool\n",
+            ),
         ),
         shown="chief: &pool ...\nworker:\n  <<: *pool",
         fix="Write the keys out in each pool (merge keys are not part of YAML 1.2 and hide what a pool really gets).",
@@ -206,8 +209,15 @@ CASES: list[Case] = [
     Case(
         "unknown-key-host",
         "Unknown key in a host",
-        E("9: hosts[0].gpus: unknown key (allowed: name, address, cluster_address, accelerators, labels, user, port, identity_file, host_key_policy, jump_host, connect_timeout)"),
-        edits=(("    accelerators: {type: nvidia-h100, count: 8}\n    labels: {rack: r1}", "    gpus: 8\n    labels: {rack: r1}"),),
+        E(
+            "9: hosts[0].gpus: unknown key (allowed: name, address, cluster_address, accelerators, labels, user, port, identity_file, host_key_policy, jump_host, connect_timeout)"
+        ),
+        edits=(
+            (
+                "    accelerators: {type: nvidia-h100, count: 8}\n    labels: {rack: r1}",
+                "    gpus: 8\n    labels: {rack: r1}",
+            ),
+        ),
         shown="- name: gpu-1\n  gpus: 8",
         fix="A host's GPUs are `accelerators: {type: nvidia-h100, count: 8}`.",
     ),
@@ -229,7 +239,12 @@ CASES: list[Case] = [
         "duplicate-yaml-key",
         "Duplicate YAML key",
         E("25: pools.worker.replicas: duplicate key (YAML keeps only the last one)"),
-        edits=(("  worker:\n    replicas: 1\n    accelerators: 8\n", "  worker:\n    replicas: 1\n    accelerators: 8\n    replicas: 2\n"),),
+        edits=(
+            (
+                "  worker:\n    replicas: 1\n    accelerators: 8\n",
+                "  worker:\n    replicas: 1\n    accelerators: 8\n    replicas: 2\n",
+            ),
+        ),
         shown="worker:\n  replicas: 1\n  accelerators: 8\n  replicas: 2",
         fix="Keep one of them. (Plain YAML loaders silently keep the last; provision refuses to guess.)",
     ),
@@ -275,7 +290,12 @@ CASES: list[Case] = [
         "wrong-type-list",
         "Wrong type: a list expected",
         E("28: pools.ps.command: expected a list of strings, got '/opt/venv/bin/python /opt/job/train.py'"),
-        edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: /opt/venv/bin/python /opt/job/train.py"),),
+        edits=(
+            (
+                "  ps:\n    replicas: 1\n    " + CMD,
+                "  ps:\n    replicas: 1\n    command: /opt/venv/bin/python /opt/job/train.py",
+            ),
+        ),
         fix="A command is a list, one item per argument: `command: [/opt/venv/bin/python, /opt/job/train.py]`. No shell parses it.",
     ),
     Case(
@@ -305,23 +325,25 @@ CASES: list[Case] = [
         E(
             "6: hosts: expected a non-empty list of hosts, got an empty list",
         ),
-        edits=(
-            (BASE[BASE.index("hosts:\n"):BASE.index("pools:\n")], "hosts: []\n"),
-        ),
+        edits=((BASE[BASE.index("hosts:\n") : BASE.index("pools:\n")], "hosts: []\n"),),
         fix="List at least one host.",
     ),
     # ------------------------------------------------------------------ names and addresses
     Case(
         "job-name",
         "Job name is not a DNS label",
-        E("1: job: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters), got 'MNIST_run'"),
+        E(
+            "1: job: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters), got 'MNIST_run'"
+        ),
         edits=(("job: mnist\n", "job: MNIST_run\n"),),
         fix="Lower-case letters, digits and `-`, starting with a letter, at most 40 characters: `mnist-run`. The name becomes part of unit names and paths.",
     ),
     Case(
         "job-name-long",
         "Job name too long",
-        E("1: job: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters), got 'a-very-long-job-name-that-goes-on-and-on-and-on'"),
+        E(
+            "1: job: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters), got 'a-very-long-job-name-that-goes-on-and-on-and-on'"
+        ),
         edits=(("job: mnist\n", "job: a-very-long-job-name-that-goes-on-and-on-and-on\n"),),
         fix="At most 40 characters.",
     ),
@@ -360,7 +382,12 @@ CASES: list[Case] = [
             "9: hosts[0].accelerators.type: expected an accelerator type such as nvidia-h100 or tpu-v5e, got 'nvidia h100'",
             "9: hosts[0].accelerators.count: expected an integer from 0 to 1024, got -8",
         ),
-        edits=(("    accelerators: {type: nvidia-h100, count: 8}\n    labels: {rack: r1}", "    accelerators: {type: nvidia h100, count: -8}\n    labels: {rack: r1}"),),
+        edits=(
+            (
+                "    accelerators: {type: nvidia-h100, count: 8}\n    labels: {rack: r1}",
+                "    accelerators: {type: nvidia h100, count: -8}\n    labels: {rack: r1}",
+            ),
+        ),
         fix="`accelerators: {type: nvidia-h100, count: 8}`; a type starting with `tpu` makes a TPU host.",
     ),
     Case(
@@ -374,16 +401,20 @@ CASES: list[Case] = [
     Case(
         "host-key-policy",
         "Bad host_key_policy",
-        E("5: ssh.host_key_policy: expected one of strict, accept-new, off, got 'accept_new' (did you mean 'accept-new'?)"),
+        E(
+            "5: ssh.host_key_policy: expected one of strict, accept-new, off, got 'accept_new' (did you mean 'accept-new'?)"
+        ),
         edits=(("  host_key_policy: accept-new\n", "  host_key_policy: accept_new\n"),),
         fix="`strict` (known hosts only), `accept-new` (learn unknown keys, refuse changed ones) or `off`.",
     ),
     Case(
         "host-key-policy-bool",
         "host_key_policy read as a boolean",
-        E("5: ssh.host_key_policy: expected one of strict, accept-new, off, got True (YAML reads an unquoted on/yes/true as a boolean: quote it)"),
+        E(
+            "5: ssh.host_key_policy: expected one of strict, accept-new, off, got True (YAML reads an unquoted on/yes/true as a boolean: quote it)"
+        ),
         edits=(("  host_key_policy: accept-new\n", "  host_key_policy: yes\n"),),
-        fix="YAML 1.1 reads unquoted `yes`/`on`/`true` as true and `no`/`off`/`false` as false. An unquoted `off` (or any false) is taken as `off`; anything else, quote: `host_key_policy: \"strict\"`.",
+        fix='YAML 1.1 reads unquoted `yes`/`on`/`true` as true and `no`/`off`/`false` as false. An unquoted `off` (or any false) is taken as `off`; anything else, quote: `host_key_policy: "strict"`.',
     ),
     Case(
         "jump-host",
@@ -432,7 +463,7 @@ CASES: list[Case] = [
         "no-pools",
         "No pools",
         E("17: pools: no pools: name at least one of chief, worker, ps, reduction_server, evaluator"),
-        edits=((BASE[BASE.index("pools:\n"):BASE.index("env:")], "pools: {}\n"),),
+        edits=((BASE[BASE.index("pools:\n") : BASE.index("env:")], "pools: {}\n"),),
         fix="Name what the job runs.",
     ),
     Case(
@@ -466,7 +497,9 @@ CASES: list[Case] = [
         "ps-and-reduction",
         "ps together with reduction_server",
         E("17: pools: ps and reduction_server both use workerpool2; a job has one or the other"),
-        edits=(("env: {NCCL_DEBUG: WARN}\n", "  reduction_server: {replicas: 1, " + CMD + "}\nenv: {NCCL_DEBUG: WARN}\n"),),
+        edits=(
+            ("env: {NCCL_DEBUG: WARN}\n", "  reduction_server: {replicas: 1, " + CMD + "}\nenv: {NCCL_DEBUG: WARN}\n"),
+        ),
         shown="pools:\n  ps: {replicas: 1, ...}\n  reduction_server: {replicas: 1, command: [...]}",
         fix="Parameter servers (TF ParameterServerStrategy) or reduction servers (all-reduce), not both.",
     ),
@@ -502,7 +535,12 @@ CASES: list[Case] = [
         "args-without-image",
         "args without image",
         E("29: pools.ps.args: 'args' goes with 'image'; with 'command', put the arguments in the command list"),
-        edits=(("  ps:\n    replicas: 1\n    " + CMD + "\n", "  ps:\n    replicas: 1\n    " + CMD + "\n    args: [--epochs, '3']\n"),),
+        edits=(
+            (
+                "  ps:\n    replicas: 1\n    " + CMD + "\n",
+                "  ps:\n    replicas: 1\n    " + CMD + "\n    args: [--epochs, '3']\n",
+            ),
+        ),
         fix="Append the arguments to `command`.",
     ),
     Case(
@@ -515,21 +553,29 @@ CASES: list[Case] = [
     Case(
         "command-program",
         "Program is not a plain path",
-        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'python3 train.py'"),
+        E(
+            "28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'python3 train.py'"
+        ),
         edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [python3 train.py]"),),
         fix="One list item per argument: `[python3, train.py]`. Arguments may hold anything; the program must be a plain path.",
     ),
     Case(
         "command-relative",
         "Program path that is relative or not normalized",
-        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'venv/bin/python'"),
-        edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [venv/bin/python, train.py]"),),
+        E(
+            "28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got 'venv/bin/python'"
+        ),
+        edits=(
+            ("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [venv/bin/python, train.py]"),
+        ),
         fix="systemd runs `/absolute/paths` (without `.` or `..` parts) or bare names looked up in PATH (`python3`); tasks do not start in the inventory's directory.",
     ),
     Case(
         "command-prefix",
         "Program starting with '-' or '+'",
-        E("28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got '-/opt/job/run'"),
+        E(
+            "28: pools.ps.command[0]: expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got '-/opt/job/run'"
+        ),
         edits=(("  ps:\n    replicas: 1\n    " + CMD, "  ps:\n    replicas: 1\n    command: [-/opt/job/run]"),),
         fix="In ExecStart= a leading `-` would mean 'ignore failures' (the job would succeed when the task fails) and `+` 'full privileges'; provision does not pass such prefixes through.",
     ),
@@ -581,14 +627,23 @@ CASES: list[Case] = [
             "17: pools: the job asks for 24 accelerators in total, the hosts have 16",
             "24: pools.worker.accelerators: 16 per replica (a replica is never split across hosts), but no eligible host has more than 8 (gpu-1)",
         ),
-        edits=(("  worker:\n    replicas: 1\n    accelerators: 8", "  worker:\n    replicas: 1\n    accelerators: 16"),),
+        edits=(
+            ("  worker:\n    replicas: 1\n    accelerators: 8", "  worker:\n    replicas: 1\n    accelerators: 16"),
+        ),
         fix="A replica runs on one host; ask for at most what the biggest eligible host has, and use more replicas.",
     ),
     Case(
         "accelerators-restricted",
         "More accelerators than the pool's eligible hosts have",
-        E("25: pools.worker.accelerators: 4 per replica (a replica is never split across hosts), but no eligible host has more than 0 (cpu-1)"),
-        edits=(("  worker:\n    replicas: 1\n    accelerators: 8", "  worker:\n    replicas: 1\n    hosts: [cpu-1]\n    accelerators: 4"),),
+        E(
+            "25: pools.worker.accelerators: 4 per replica (a replica is never split across hosts), but no eligible host has more than 0 (cpu-1)"
+        ),
+        edits=(
+            (
+                "  worker:\n    replicas: 1\n    accelerators: 8",
+                "  worker:\n    replicas: 1\n    hosts: [cpu-1]\n    accelerators: 4",
+            ),
+        ),
         fix="Allow hosts that have accelerators, or ask for none.",
     ),
     Case(
@@ -601,7 +656,9 @@ CASES: list[Case] = [
     Case(
         "does-not-fit",
         "Placement does not fit (fragmentation)",
-        E("22: pools.worker: replica 1 does not fit: it needs 5 accelerators on one host; free on eligible hosts: gpu-1 2, gpu-2 3, cpu-1 0"),
+        E(
+            "22: pools.worker: replica 1 does not fit: it needs 5 accelerators on one host; free on eligible hosts: gpu-1 2, gpu-2 3, cpu-1 0"
+        ),
         edits=(
             ("  chief:\n    replicas: 1\n    accelerators: 8", "  chief:\n    replicas: 1\n    accelerators: 6"),
             ("  worker:\n    replicas: 1\n    accelerators: 8", "  worker:\n    replicas: 2\n    accelerators: 5"),
@@ -639,7 +696,9 @@ CASES: list[Case] = [
     Case(
         "env-key",
         "Environment variable name that is not valid",
-        E("29: env.NCCL-DEBUG: not a valid environment variable name (letters, digits, '_', not starting with a digit), got 'NCCL-DEBUG'"),
+        E(
+            "29: env.NCCL-DEBUG: not a valid environment variable name (letters, digits, '_', not starting with a digit), got 'NCCL-DEBUG'"
+        ),
         edits=(("env: {NCCL_DEBUG: WARN}\n", "env: {NCCL-DEBUG: WARN}\n"),),
         fix="Letters, digits and `_`, not starting with a digit.",
     ),
@@ -653,9 +712,16 @@ CASES: list[Case] = [
     Case(
         "pool-env-reserved",
         "Pool environment variable that provision sets",
-        E("29: pools.ps.env.CUDA_VISIBLE_DEVICES: is set by provision for every task (see cluster-env) and cannot be overridden"),
-        edits=(("  ps:\n    replicas: 1\n    " + CMD + "\n", "  ps:\n    replicas: 1\n    " + CMD + "\n    env: {CUDA_VISIBLE_DEVICES: '0'}\n"),),
-        fix="Accelerators are given to tasks by `accelerators:`; a task without any gets `CUDA_VISIBLE_DEVICES=\"\"`.",
+        E(
+            "29: pools.ps.env.CUDA_VISIBLE_DEVICES: is set by provision for every task (see cluster-env) and cannot be overridden"
+        ),
+        edits=(
+            (
+                "  ps:\n    replicas: 1\n    " + CMD + "\n",
+                "  ps:\n    replicas: 1\n    " + CMD + "\n    env: {CUDA_VISIBLE_DEVICES: '0'}\n",
+            ),
+        ),
+        fix='Accelerators are given to tasks by `accelerators:`; a task without any gets `CUDA_VISIBLE_DEVICES=""`.',
     ),
     Case(
         "env-nul",
@@ -668,7 +734,12 @@ CASES: list[Case] = [
         "arg-nul",
         "A command argument with a NUL byte",
         E("28: pools.ps.command[1]: NUL bytes are not allowed, got 'a\\x00b'"),
-        edits=(("  ps:\n    replicas: 1\n    " + CMD, '  ps:\n    replicas: 1\n    command: [/opt/venv/bin/python, "a\\0b"]'),),
+        edits=(
+            (
+                "  ps:\n    replicas: 1\n    " + CMD,
+                '  ps:\n    replicas: 1\n    command: [/opt/venv/bin/python, "a\\0b"]',
+            ),
+        ),
         fix="Remove the NUL.",
     ),
     Case(
@@ -739,14 +810,18 @@ CASES: list[Case] = [
     Case(
         "files-dest-reserved-normalised",
         "files: dest that normalises into provision's own directories",
-        E("31: files[0].dest: /etc/provision/mnist/chief-0.env is reserved for provision's own files, got '//etc/provision/mnist/chief-0.env'"),
+        E(
+            "31: files[0].dest: /etc/provision/mnist/chief-0.env is reserved for provision's own files, got '//etc/provision/mnist/chief-0.env'"
+        ),
         edits=(("dest: /opt/job/train.py}", "dest: //etc/provision/mnist/chief-0.env}"),),
         fix="The check is made on the normalised path (`//etc/...`, `/etc/./provision/...` and `/opt/../etc/provision/...` are all `/etc/provision/...`); push your files elsewhere.",
     ),
     Case(
         "files-dir-into-reserved",
         "files: a directory that reaches into provision's directories",
-        E(f"31: files[0].src: {DIR}/overlay/systemd/system would be pushed into /etc/systemd/system, which is reserved for provision's own files"),
+        E(
+            f"31: files[0].src: {DIR}/overlay/systemd/system would be pushed into /etc/systemd/system, which is reserved for provision's own files"
+        ),
         edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: overlay/, dest: /etc/}"),),
         tree=(("overlay/systemd/system/extra.service", "[Service]\n"),),
         shown="- {src: overlay/, dest: /etc/}   (overlay/systemd/system/extra.service exists)",
@@ -756,21 +831,33 @@ CASES: list[Case] = [
         "files-dest-duplicate",
         "files: two entries write the same file",
         E("32: files[1].dest: /opt/job/train.py is also written by files[0]; a file on the host has one source"),
-        edits=(("  - {src: train.py, dest: /opt/job/train.py}\n", "  - {src: train.py, dest: /opt/job/train.py}\n  - {src: train.py, dest: /opt//job/./train.py}\n"),),
+        edits=(
+            (
+                "  - {src: train.py, dest: /opt/job/train.py}\n",
+                "  - {src: train.py, dest: /opt/job/train.py}\n  - {src: train.py, dest: /opt//job/./train.py}\n",
+            ),
+        ),
         fix="Give each file one entry. Destinations are compared once normalised, and a directory's files count one by one (two directories may fill the same place as long as no file is in both).",
     ),
     Case(
         "files-dest-file-and-dir",
         "files: a file where another entry needs a directory",
         E("32: files[1].dest: /opt/job/train.py needs /opt/job to be a directory, but files[0] writes a file there"),
-        edits=(("  - {src: train.py, dest: /opt/job/train.py}\n", "  - {src: train.py, dest: /opt/job}\n  - {src: job/, dest: /opt/job/}\n"),),
+        edits=(
+            (
+                "  - {src: train.py, dest: /opt/job/train.py}\n",
+                "  - {src: train.py, dest: /opt/job}\n  - {src: job/, dest: /opt/job/}\n",
+            ),
+        ),
         tree=(("job/train.py", "print('train')\n"),),
         fix="A file (`src` not a directory) goes to `dest` itself; end `dest` with `/` to put it into that directory: `dest: /opt/job/` pushes `/opt/job/train.py`.",
     ),
     Case(
         "files-link-outside",
         "files: a link in a pushed directory points out of it",
-        E(f"31: files[0].src: {DIR}/job/key is a symbolic link to {DIR}/secret.key, outside the pushed directory {DIR}/job"),
+        E(
+            f"31: files[0].src: {DIR}/job/key is a symbolic link to {DIR}/secret.key, outside the pushed directory {DIR}/job"
+        ),
         edits=(("  - {src: train.py, dest: /opt/job/train.py}", "  - {src: job/, dest: /opt/job/}"),),
         tree=(("job/train.py", "print('train')\n"), ("secret.key", "k\n")),
         links=(("job/key", "../secret.key"),),
@@ -808,15 +895,24 @@ CASES: list[Case] = [
     Case(
         "restart-policy",
         "Bad restart policy",
-        E("24: pools.worker.restart.policy: expected one of Never, OnFailure, Always, ExitCode, got 'OnFail' (did you mean 'OnFailure'?)"),
-        edits=(("  worker:\n    replicas: 1\n", "  worker:\n    replicas: 1\n    restart: {policy: OnFail, limit: 3}\n"),),
+        E(
+            "24: pools.worker.restart.policy: expected one of Never, OnFailure, Always, ExitCode, got 'OnFail' (did you mean 'OnFailure'?)"
+        ),
+        edits=(
+            ("  worker:\n    replicas: 1\n", "  worker:\n    replicas: 1\n    restart: {policy: OnFail, limit: 3}\n"),
+        ),
         fix="`Never`, `OnFailure`, `Always` or `ExitCode` (1-127 permanent, 128 and up retried), as in TFJob.",
     ),
     Case(
         "restart-limit",
         "Bad restart limit",
         E("24: pools.worker.restart.limit: expected an integer from 0 to 10000, got -1"),
-        edits=(("  worker:\n    replicas: 1\n", "  worker:\n    replicas: 1\n    restart: {policy: OnFailure, limit: -1}\n"),),
+        edits=(
+            (
+                "  worker:\n    replicas: 1\n",
+                "  worker:\n    replicas: 1\n    restart: {policy: OnFailure, limit: -1}\n",
+            ),
+        ),
         fix="How many restarts a task gets before the job fails: 0 to 10000.",
     ),
     Case(
@@ -843,7 +939,7 @@ CASES: list[Case] = [
         "Nothing that can succeed",
         E("23: success.policy: the job has neither a chief nor workers, so nothing can succeed"),
         edits=(
-            (BASE[BASE.index("pools:\n"):BASE.index("env:")], "pools:\n  evaluator: {replicas: 1, " + CMD + "}\n"),
+            (BASE[BASE.index("pools:\n") : BASE.index("env:")], "pools:\n  evaluator: {replicas: 1, " + CMD + "}\n"),
         ),
         fix="The job succeeds when its chief (or worker 0) exits 0; an evaluator alone never ends the job.",
     ),
@@ -968,7 +1064,7 @@ def _cell(text: str) -> str:
 def _code(text: str) -> str:
     """Inline code for a table cell, one span per line; '(removed) ...' stays prose."""
     if text.startswith("(removed) "):
-        return "(removed) " + _code(text[len("(removed) "):])
+        return "(removed) " + _code(text[len("(removed) ") :])
     return "<br>".join(f"`{_cell(p)}`" for p in text.split("\n") if p)
 
 

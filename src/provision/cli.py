@@ -20,7 +20,8 @@ class _Main(click.Group):
             rv = super().main(*args, **kwargs)
         except click.ClickException as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # bare `provision`: help, not an error
-                click.echo(e.ctx.get_help() if getattr(e, "ctx", None) else e.format_message())
+                help_ctx = getattr(e, "ctx", None)
+                click.echo(help_ctx.get_help() if help_ctx else e.format_message())
                 sys.exit(0)
             e.show()
             sys.exit(1)
@@ -81,7 +82,12 @@ def _previous(inventory: str, inv, state_path: str | None):
 @main.command()
 @click.argument("inventory", type=click.Path())
 @click.option("--placement", "show_placement", is_flag=True, help="Also print where every task goes.")
-@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).")
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).",
+)
 def validate(inventory: str, show_placement: bool, state_path: str | None) -> None:
     """Check INVENTORY without touching the network.
 
@@ -102,7 +108,12 @@ def validate(inventory: str, show_placement: bool, state_path: str | None) -> No
 @main.command()
 @click.argument("inventory", type=click.Path())
 @click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False), help="Directory to write into.")
-@click.option("--state", "state_path", type=click.Path(dir_okay=False), help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).")
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    help="State whose placement to keep (default: .provision/<job>.state.json beside the inventory, if there is one).",
+)
 def render(inventory: str, out: str, state_path: str | None) -> None:
     """Write every file each host would get, as OUT/<host>/<absolute path>.
 
@@ -129,16 +140,24 @@ def render(inventory: str, out: str, state_path: str | None) -> None:
 
 # --------------------------------------------------------------------------- host commands
 
-import functools  # noqa: E402
 import json as _json  # noqa: E402
 
 
 def host_options(fn):
     """Flags every command that talks to hosts shares (interface.md, Common flags)."""
     opts = [
-        click.option("--state", "state_path", type=click.Path(), help="State file (default: .provision/<job>.state.json beside the inventory)."),
+        click.option(
+            "--state",
+            "state_path",
+            type=click.Path(),
+            help="State file (default: .provision/<job>.state.json beside the inventory).",
+        ),
         click.option("--target", "targets", multiple=True, metavar="HOST", help="Limit to these hosts (repeatable)."),
-        click.option("--parallelism", type=click.IntRange(1, 4096), help="Hosts at once (default: all, up to a file-descriptor-safe bound)."),
+        click.option(
+            "--parallelism",
+            type=click.IntRange(1, 4096),
+            help="Hosts at once (default: all, up to a file-descriptor-safe bound).",
+        ),
         click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands."),
     ]
     for o in reversed(opts):
@@ -154,8 +173,13 @@ def _context(inventory, state_path, targets, parallelism, verbose, *, render_sec
     from .engine import open_context
 
     return open_context(
-        inventory, state_path=state_path, only=tuple(targets), parallelism=parallelism,
-        verbose=verbose, render_secrets=render_secrets, operation=operation,
+        inventory,
+        state_path=state_path,
+        only=tuple(targets),
+        parallelism=parallelism,
+        verbose=verbose,
+        render_secrets=render_secrets,
+        operation=operation,
     )
 
 
@@ -197,16 +221,35 @@ def _report_unreachable(plan, outcomes=None) -> None:
         for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
             names.sort()
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            click.echo(click.style(f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {reason}", fg="red"), err=True)
+            click.echo(
+                click.style(
+                    f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {reason}", fg="red"
+                ),
+                err=True,
+            )
     click.echo(click.style("The other hosts were handled; run again when these are back.", fg="red"), err=True)
 
 
-def _change(inventory, state_path, targets, parallelism, verbose, *, operation, auto_approve, as_json, make_plan, execute, question):
+def _change(
+    inventory,
+    state_path,
+    targets,
+    parallelism,
+    verbose,
+    *,
+    operation,
+    auto_approve,
+    as_json,
+    make_plan,
+    execute,
+    question,
+):
     """apply and destroy: lock, plan, show, confirm, execute, report; returns the exit code."""
     from .output import print_outcome, print_plan
 
-    ctx = _context(inventory, state_path, targets, parallelism, verbose,
-                   render_secrets=operation == "apply", operation=operation)
+    ctx = _context(
+        inventory, state_path, targets, parallelism, verbose, render_secrets=operation == "apply", operation=operation
+    )
     try:
         if ctx.lock is not None and ctx.lock.notice:
             click.echo(f"Note: {ctx.lock.notice}", err=True)
@@ -221,8 +264,12 @@ def _change(inventory, state_path, targets, parallelism, verbose, *, operation, 
                 _confirm(operation, question)
             outcomes = execute(ctx, p, progress=_progress)
         if as_json:
-            click.echo(_json.dumps({"format_version": 2, "plan": p.to_json(),
-                                    "outcome": {n: o.__dict__ for n, o in outcomes.items()}}, indent=1))
+            click.echo(
+                _json.dumps(
+                    {"format_version": 2, "plan": p.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}},
+                    indent=1,
+                )
+            )
         else:
             print_outcome(ctx, p, outcomes, operation)
         _report_unreachable(p, outcomes)
@@ -235,8 +282,12 @@ def _change(inventory, state_path, targets, parallelism, verbose, *, operation, 
 @click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--detailed-exitcode", is_flag=True, help="Exit 2 when there are changes (0 none, 1 error, 3 unreachable).")
-@click.option("--replace", multiple=True, metavar="TASK", help="Plan to restart TASK even if nothing changed (repeatable).")
+@click.option(
+    "--detailed-exitcode", is_flag=True, help="Exit 2 when there are changes (0 none, 1 error, 3 unreachable)."
+)
+@click.option(
+    "--replace", multiple=True, metavar="TASK", help="Plan to restart TASK even if nothing changed (repeatable)."
+)
 def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace):
     """Show what apply would change on the hosts, drift included. Changes nothing."""
     from .engine import build_plan
@@ -274,10 +325,19 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
     """
     from .engine import apply_plan, build_plan
 
-    code = _change(inventory, state_path, targets, parallelism, verbose, operation="apply",
-                   auto_approve=auto_approve, as_json=as_json,
-                   make_plan=lambda ctx: build_plan(ctx, replace=set(replace)), execute=apply_plan,
-                   question="Do you want to perform these actions?")
+    code = _change(
+        inventory,
+        state_path,
+        targets,
+        parallelism,
+        verbose,
+        operation="apply",
+        auto_approve=auto_approve,
+        as_json=as_json,
+        make_plan=lambda ctx: build_plan(ctx, replace=set(replace)),
+        execute=apply_plan,
+        question="Do you want to perform these actions?",
+    )
     if wait_after and code == 0:
         from .follow import wait_for_job
 
@@ -295,9 +355,21 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
     from .engine import destroy as do_destroy
     from .engine import destroy_plan
 
-    sys.exit(_change(inventory, state_path, targets, parallelism, verbose, operation="destroy",
-                     auto_approve=auto_approve, as_json=as_json, make_plan=destroy_plan, execute=do_destroy,
-                     question="Destroy the job on these hosts?"))
+    sys.exit(
+        _change(
+            inventory,
+            state_path,
+            targets,
+            parallelism,
+            verbose,
+            operation="destroy",
+            auto_approve=auto_approve,
+            as_json=as_json,
+            make_plan=destroy_plan,
+            execute=do_destroy,
+            question="Destroy the job on these hosts?",
+        )
+    )
 
 
 @main.command()
@@ -318,10 +390,15 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
         ctx.close()
     reports = {n: res.get(n) for n in ctx.targets}
     hosts = {h.name: h for h in ctx.inventory.hosts}
-    rows, data, unreachable, bad = [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")], {}, [], False
+    rows, data, unreachable, bad = (
+        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")],
+        {},
+        [],
+        False,
+    )
     for name, r in reports.items():
         if isinstance(r, HostError):
-            data[name] = {"error": r.message}
+            data[name] = {"error": r.message, "problems": []}
             rows.append((name, "-", "-", "-", "-", "-", "-", "-", r.message))
             if r.unreachable:
                 unreachable.append(name)
@@ -332,7 +409,19 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
         bad = bad or bool(problems)
         row = summary_row(name, f)
         data[name] = {**row, "problems": problems}
-        rows.append((name, row["os"], str(row["cpus"]), f"{row['memory_gib']} GiB", str(row["gpus"]), row["gpu_model"], str(row["tpu_chips"]), row["systemd"], "; ".join(problems) or "ok"))
+        rows.append(
+            (
+                name,
+                row["os"],
+                str(row["cpus"]),
+                f"{row['memory_gib']} GiB",
+                str(row["gpus"]),
+                row["gpu_model"],
+                str(row["tpu_chips"]),
+                row["systemd"],
+                "; ".join(problems) or "ok",
+            )
+        )
     if as_json:
         click.echo(_json.dumps({"hosts": data}, indent=1))
     else:
@@ -385,9 +474,19 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
 @click.argument("tasks", nargs=-1, metavar="[TASK]...")
 @host_options
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines from every host until Ctrl-C.")
-@click.option("--since", metavar="WHEN", help="Only lines since WHEN: a duration ago (10m, 2h, 1d) or a time journalctl reads ('2024-05-01 12:00:00').")
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Only lines since WHEN: a duration ago (10m, 2h, 1d) or a time journalctl reads ('2024-05-01 12:00:00').",
+)
 @click.option("--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines of each task.")
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), help="Write DIR/<task>.log instead of printing; the next call appends only new lines.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Write DIR/<task>.log instead of printing; the next call appends only new lines.",
+)
 @click.option("--timestamps", is_flag=True, help="Start every line with its time (UTC).")
 def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps):
     """The job's task output (journald) from all hosts, merged in time order.
@@ -397,10 +496,21 @@ def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, si
     """
     from .logs import run_logs
 
-    sys.exit(run_logs(
-        inventory, tuple(tasks), state_path=state_path, targets=tuple(targets), parallelism=parallelism,
-        verbose=verbose, since=since, tail=tail, follow=follow, out_dir=out_dir, timestamps=timestamps,
-    ))
+    sys.exit(
+        run_logs(
+            inventory,
+            tuple(tasks),
+            state_path=state_path,
+            targets=tuple(targets),
+            parallelism=parallelism,
+            verbose=verbose,
+            since=since,
+            tail=tail,
+            follow=follow,
+            out_dir=out_dir,
+            timestamps=timestamps,
+        )
+    )
 
 
 @main.command()

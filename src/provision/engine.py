@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
 from .errors import ProvisionError
 from .facts import needed as needed_facts
 from .host.protocol import (
     CHECK_FACTS,
-    NO_FACTS,
     BatchReport,
     BatchRequest,
     DestroyReport,
@@ -78,8 +79,16 @@ def secrets_from_env(inv: Inventory) -> dict[str, str]:
 
 
 def target_of(name: str, rec: HostRecord) -> Target:
-    return Target(name, rec.address, rec.port, rec.user, rec.identity_file, rec.jump_host,
-                  rec.connect_timeout, rec.host_key_policy)
+    return Target(
+        name,
+        rec.address,
+        rec.port,
+        rec.user,
+        rec.identity_file,
+        rec.jump_host,
+        rec.connect_timeout,
+        rec.host_key_policy,
+    )
 
 
 def open_context(
@@ -141,8 +150,9 @@ def probe_request(ctx: Context, name: str, *, facts: Facts, files: bool = True) 
     )
 
 
-def probe(ctx: Context, *, facts: Facts = NO_FACTS, files: bool = True, fast: bool = False,
-          only: set[str] | None = None) -> GroupResult[ProbeReport]:
+def probe(
+    ctx: Context, *, facts: Facts = "none", files: bool = True, fast: bool = False, only: set[str] | None = None
+) -> GroupResult[ProbeReport]:
     """One round trip per host. facts: none, check (only what plan checks against the
     inventory, much cheaper) or all. fast: through the shell probe where it can answer
     (probe.py); its report lacks the host's clock, which status needs."""
@@ -164,7 +174,7 @@ def build_plan(ctx: Context, *, replace: set[str] | None = None, facts: bool = T
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    reports = probe(ctx, facts=CHECK_FACTS if facts else NO_FACTS, fast=True)
+    reports = probe(ctx, facts="check" if facts else "none", fast=True)
     return make_plan(ctx.rendered, ctx.targets, {n: reports.get(n) for n in ctx.targets}, replace=replace)
 
 
@@ -215,8 +225,13 @@ def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False)
     assert hp.bundle is not None
     k = ctx.state.keyed
     return HostRecord(
-        address=t.address, port=t.port, user=t.user, identity_file=t.identity_file, jump_host=t.jump_host,
-        connect_timeout=t.connect_timeout, host_key_policy=t.host_key_policy,
+        address=t.address,
+        port=t.port,
+        user=t.user,
+        identity_file=t.identity_file,
+        jump_host=t.jump_host,
+        connect_timeout=t.connect_timeout,
+        host_key_policy=t.host_key_policy,
         files={f.path: k(f.sha256) for f in hp.bundle.files},
         tasks={u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in hp.bundle.tasks},
         pending=pending,
@@ -266,11 +281,19 @@ class _Apply:
                 ctx.state.record_host(name, host_record(ctx, ctx.targets[name], hp, pending=True))
         self._note(run_step(ctx.session, Step.WRITE, self._write, self._targets(self.work)))
         for phase in phases():
-            movers = [n for n, hp in self.work.items()
-                      if self.outcomes[n].error is None and not (phase == self.first and n in self._early)
-                      and any(t.phase == phase for t in hp.starts())]
+            movers = [
+                n
+                for n, hp in self.work.items()
+                if self.outcomes[n].error is None
+                and not (phase == self.first and n in self._early)
+                and any(t.phase == phase for t in hp.starts())
+            ]
             if movers:
-                self._note(run_step(ctx.session, Step.START, lambda t, p=phase: self._start(t, p), self._targets(movers)))
+                self._note(
+                    run_step(
+                        ctx.session, Step.START, functools.partial(self._start, phase=phase), self._targets(movers)
+                    )
+                )
         return self.outcomes
 
     def _targets(self, names: Iterable[str]) -> list[Target]:
@@ -306,8 +329,10 @@ class _Apply:
             if started_ok(st, res.exits.get(x.unit)):
                 self.outcomes[t.name].started.append(x.task)
             else:
-                bad.append(f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')}); "
-                           f"see `provision logs {self.ctx.inventory.path.name} {x.task}`")
+                bad.append(
+                    f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')}); "
+                    f"see `provision logs {self.ctx.inventory.path.name} {x.task}`"
+                )
                 self.outcomes[t.name].failed_tasks.append(x.task)
         if res.errors or bad:
             raise HostError(t, "; ".join(res.errors + bad))
@@ -327,12 +352,18 @@ class _Apply:
         # only if one is not loaded or is stale. Changed or removed unit files, and stops,
         # always reload.
         unit_changes = [f for f in hp.files if f.kind in (FileKind.UNIT, FileKind.TARGET)]
-        fresh = bool(unit_changes) and not stops and all(f.action is FileAction.CREATE and not f.drift for f in unit_changes)
+        fresh = (
+            bool(unit_changes)
+            and not stops
+            and all(f.action is FileAction.CREATE and not f.drift for f in unit_changes)
+        )
         return WriteRequest(
             job=self.job,
             manifest_pending=_b64(pending),
             stop=stops,
-            files=[FileWrite(f.path, desired[f.path].mode, _b64(desired[f.path].data()), f.keep_original) for f in changes],
+            files=[
+                FileWrite(f.path, desired[f.path].mode, _b64(desired[f.path].data()), f.keep_original) for f in changes
+            ],
             remove=[f.path for f in hp.files if f.action is FileAction.DELETE],
             daemon_reload=(hp.units_changed and not fresh) or bool(stops),
             load_units=sorted(os.path.basename(f.path) for f in unit_changes) if fresh else [],
@@ -388,19 +419,26 @@ def destroy_plan(ctx: Context) -> Plan:
     return Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
 
 
+def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:
+    report: UnitsReport = call_agent(ctx.session, t, UnitsRequest(ctx.inventory.job, [["stop", units[t.name]]]))
+    return report
+
+
 def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
     """Stop tasks in reverse start order across hosts, then remove every file."""
     job = ctx.inventory.job
-    outcomes = {h.name: HostOutcome(h.name, h.error.message if h.error else None, bool(h.error and h.error.unreachable))
-                for h in plan.hosts}
+    outcomes = {
+        h.name: HostOutcome(h.name, h.error.message if h.error else None, bool(h.error and h.error.unreachable))
+        for h in plan.hosts
+    }
     work = {h.name: h for h in plan.hosts if h.error is None and h.changed}
     for phase in phases(stopping=True):
         stoppers = {n: [x.unit for x in hp.stops() if x.phase == phase] for n, hp in work.items()}
         stoppers = {n: u for n, u in stoppers.items() if u and outcomes[n].error is None}
         if stoppers:
-            res = run_step(ctx.session, Step.STOP,
-                           lambda t: call_agent(ctx.session, t, UnitsRequest(job, [["stop", stoppers[t.name]]])),
-                           [ctx.targets[n] for n in stoppers])
+            res = run_step(
+                ctx.session, Step.STOP, functools.partial(_stop, ctx, stoppers), [ctx.targets[n] for n in stoppers]
+            )
             for n, e in res.errors.items():
                 outcomes[n].fail(e)
 
@@ -420,4 +458,3 @@ def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> di
         if h.error is None and not h.changed:
             ctx.state.forget_host(h.name)
     return outcomes
-

@@ -15,7 +15,9 @@ def mismatches(host: Host, facts: dict) -> list[str]:
         if acc.kind == "gpu":
             found = len(facts.get("gpus", []))
             if facts.get("nvidia_smi") not in ("ok", None) and not found:
-                out.append(f"inventory declares {acc.count} {acc.type}, but nvidia-smi failed: {facts.get('nvidia_smi')}")
+                out.append(
+                    f"inventory declares {acc.count} {acc.type}, but nvidia-smi failed: {facts.get('nvidia_smi')}"
+                )
             elif found < acc.count:
                 out.append(f"inventory declares {acc.count} {acc.type}, but nvidia-smi reports {found}")
         else:

@@ -13,6 +13,7 @@ task still running (an earlier stop was interrupted) stops it again.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import time
 
 import click
@@ -20,9 +21,9 @@ import click
 from .engine import Context, open_context, probe
 from .errors import ProvisionError
 from .host import layout
-from .host.protocol import UnitsRequest
+from .host.protocol import UnitsReport, UnitsRequest
 from .lifecycle import JobPhase, TaskState, phases, stop_rank
-from .ssh import call_agent
+from .ssh import Target, call_agent
 from .state import StateLock
 from .status import JobStatus, job_status
 from .steps import Step, run_step
@@ -66,7 +67,7 @@ def end_job(ctx: Context, st: JobStatus) -> list[str]:
     marker = {
         "phase": st.phase.value,
         "reason": st.reason,
-        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     running = [t for t in st.tasks if t.state.live or t.state is TaskState.PENDING]
     hosts = sorted({t.host for t in st.tasks if t.state is not TaskState.UNKNOWN})
@@ -81,17 +82,18 @@ def end_job(ctx: Context, st: JobStatus) -> list[str]:
         targets = [ctx.targets[h] for h in names if h in ctx.targets]
         if not targets:
             continue
-        res = run_step(
-            ctx.session, Step.END,
-            lambda tg, first=first: call_agent(
-                ctx.session, tg,
-                UnitsRequest(job, [["stop", batch.get(tg.name, [])]], lifecycle=marker if first else None),
-            ),
-            targets,
-        )
+        requests = {
+            h: UnitsRequest(job, [["stop", batch.get(h, [])]], lifecycle=marker if first else None) for h in names
+        }
+        res = run_step(ctx.session, Step.END, functools.partial(_send, ctx, requests), targets)
         for h in res.ok:
             stopped += batch.get(h, [])
     return stopped
+
+
+def _send(ctx: Context, requests: dict[str, UnitsRequest], t: Target) -> UnitsReport:
+    report: UnitsReport = call_agent(ctx.session, t, requests[t.name])
+    return report
 
 
 def wait_for_job(
@@ -112,9 +114,7 @@ def wait_for_job(
         while True:
             st = collect(ctx)
             if first and st.tasks and all(t.detail == "not applied" for t in st.tasks):
-                raise ProvisionError(
-                    f"job {st.job} is not on its hosts: run `provision apply {inventory}` first"
-                )
+                raise ProvisionError(f"job {st.job} is not on its hosts: run `provision apply {inventory}` first")
             first = False
             line = f"job {st.phase}" + (f": {st.reason}" if st.reason else "")
             if st.unreachable:

@@ -12,13 +12,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from .errors import ProvisionError, ValidationError
+from .host import layout
 from .model import (
-    DEFAULT_PORT,
     HOST_KEY_POLICIES,
     RESTART_POLICIES,
     ROLES,
@@ -50,17 +50,36 @@ JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]
 # or tasks would disagree about the cluster.
 RESERVED_ENV = frozenset(
     {
-        "TF_CONFIG", "CLUSTER_SPEC", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-        "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-        "PET_NPROC_PER_NODE", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
-        "JAX_PROCESS_ID", "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
-        "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-        "TPU_VISIBLE_CHIPS", "PROVISION_JOB", "PROVISION_TASK", "PROVISION_TASK_TYPE",
+        "TF_CONFIG",
+        "CLUSTER_SPEC",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "PET_NPROC_PER_NODE",
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "DMLC_ROLE",
+        "DMLC_PS_ROOT_URI",
+        "DMLC_PS_ROOT_PORT",
+        "DMLC_NUM_WORKER",
+        "DMLC_NUM_SERVER",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "TPU_VISIBLE_CHIPS",
+        "PROVISION_JOB",
+        "PROVISION_TASK",
+        "PROVISION_TASK_TYPE",
         "PROVISION_TASK_INDEX",
     }
 )
 # Where provision keeps its own files; `files:` may not write there.
-RESERVED_DIRS = ("/etc/provision", "/etc/systemd/system")
+RESERVED_DIRS = layout.RESERVED_DIRS
 
 TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec")
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
@@ -96,11 +115,15 @@ def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
     def build(n: yaml.Node, path: Path_) -> Any:
         budget[0] -= 1
         if budget[0] < 0:
-            raise yaml.MarkedYAMLError(problem=f"more than {MAX_NODES:,} values once aliases are expanded", problem_mark=n.start_mark)
+            raise yaml.MarkedYAMLError(
+                problem=f"more than {MAX_NODES:,} values once aliases are expanded", problem_mark=n.start_mark
+            )
         if not isinstance(n, yaml.CollectionNode):
             return build_node(n, path)
         if id(n) in active:
-            raise yaml.MarkedYAMLError(problem="recursive alias (an anchor used inside itself)", problem_mark=n.start_mark)
+            raise yaml.MarkedYAMLError(
+                problem="recursive alias (an anchor used inside itself)", problem_mark=n.start_mark
+            )
         active.add(id(n))
         try:
             return build_node(n, path)
@@ -121,7 +144,9 @@ def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
                     continue
                 key = str(key)
                 if key in out:
-                    problems.append((path + (key,), "duplicate key (YAML keeps only the last one)", k_node.start_mark.line + 1))
+                    problems.append(
+                        (path + (key,), "duplicate key (YAML keeps only the last one)", k_node.start_mark.line + 1)
+                    )
                 lines[path + (key,)] = k_node.start_mark.line + 1
                 out[key] = build(v_node, path + (key,))
             return out
@@ -246,7 +271,9 @@ class _Checker:
             return None
         return value
 
-    def strings(self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = "") -> list[str] | None:
+    def strings(
+        self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = ""
+    ) -> list[str] | None:
         if not isinstance(value, list):
             self.add(path, f"expected a list of strings, got {_show(value)}")
             return None
@@ -261,7 +288,10 @@ class _Checker:
         for key, val in m.items():
             ok = True
             if not ENV_KEY.match(key):
-                self.add(path + (key,), f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {_show(key)}")
+                self.add(
+                    path + (key,),
+                    f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {_show(key)}",
+                )
                 ok = False
             elif key in RESERVED_ENV:
                 self.add(path + (key,), "is set by provision for every task (see cluster-env) and cannot be overridden")
@@ -278,7 +308,9 @@ class _Checker:
 def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSettings:
     kw: dict[str, Any] = {}
     if "user" in value:
-        kw["user"] = c.string(value["user"], path + ("user",), pattern=re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"), what="a user name")
+        kw["user"] = c.string(
+            value["user"], path + ("user",), pattern=re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"), what="a user name"
+        )
     if "port" in value:
         kw["port"] = c.integer(value["port"], path + ("port",), 1, 65535)
     if "identity_file" in value:
@@ -288,13 +320,19 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
         if policy is False:  # YAML 1.1 reads an unquoted `off` (or `no`) as false: that is "off"
             kw["host_key_policy"] = "off"
         elif isinstance(policy, bool):
-            c.add(path + ("host_key_policy",), f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {_show(policy)} (YAML reads an unquoted on/yes/true as a boolean: quote it)")
+            c.add(
+                path + ("host_key_policy",),
+                f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {_show(policy)} (YAML reads an unquoted on/yes/true as a boolean: quote it)",
+            )
         else:
             kw["host_key_policy"] = c.choice(policy, path + ("host_key_policy",), HOST_KEY_POLICIES)
     if "jump_host" in value:
         jh = value["jump_host"]
-        kw["jump_host"] = None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
-        port = JUMP_HOST.match(kw["jump_host"]).group(3) if kw["jump_host"] else None
+        kw["jump_host"] = (
+            None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
+        )
+        m = JUMP_HOST.match(kw["jump_host"]) if kw["jump_host"] else None
+        port = m.group(3) if m else None
         if port is not None and not 1 <= int(port) <= 65535:
             c.add(path + ("jump_host",), f"port must be from 1 to 65535, got {_show(jh)}")
             kw["jump_host"] = None
@@ -309,7 +347,12 @@ def _accelerators(c: _Checker, value: Any, path: Path_) -> Accelerators | None:
     if not m:
         return None
     c.keys(m, path, ("type", "count"), required=("type", "count"))
-    typ = c.string(m.get("type", ""), path + ("type",), pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"), what="an accelerator type such as nvidia-h100 or tpu-v5e")
+    typ = c.string(
+        m.get("type", ""),
+        path + ("type",),
+        pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"),
+        what="an accelerator type such as nvidia-h100 or tpu-v5e",
+    )
     count = c.integer(m.get("count", 0), path + ("count",), 0, 1024)
     if typ is None or count is None:
         return None
@@ -344,10 +387,24 @@ def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
         if m is None:
             continue
         c.keys(m, hp, HOST_KEYS, required=("name", "address"))
-        name = c.string(m.get("name"), hp + ("name",), pattern=HOST_NAME, what="a host name (letters, digits, '.', '_', '-')") if "name" in m else None
-        address = c.string(m.get("address"), hp + ("address",), pattern=NETWORK_ADDRESS, what="a host name or IP address") if "address" in m else None
+        name = (
+            c.string(
+                m.get("name"), hp + ("name",), pattern=HOST_NAME, what="a host name (letters, digits, '.', '_', '-')"
+            )
+            if "name" in m
+            else None
+        )
+        address = (
+            c.string(m.get("address"), hp + ("address",), pattern=NETWORK_ADDRESS, what="a host name or IP address")
+            if "address" in m
+            else None
+        )
         cluster = m.get("cluster_address", address)
-        cluster = c.string(cluster, hp + ("cluster_address",), pattern=NETWORK_ADDRESS, what="a host name or IP address") if cluster is not None else None
+        cluster = (
+            c.string(cluster, hp + ("cluster_address",), pattern=NETWORK_ADDRESS, what="a host name or IP address")
+            if cluster is not None
+            else None
+        )
         if name is not None:
             if name in seen:
                 c.add(hp + ("name",), f"duplicate host name {name!r} (also hosts[{seen[name]}])")
@@ -389,8 +446,20 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
             if not command:
                 c.add(path + ("command",), "expected a non-empty list (the program and its arguments)")
             elif not EXECUTABLE.match(command[0]):
-                c.add(path + ("command", 0), f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {_show(command[0])}")
-    image = c.string(m["image"], path + ("image",), pattern=IMAGE_REF, what="an image reference such as registry.local/trainer:1.4") if "image" in m else None
+                c.add(
+                    path + ("command", 0),
+                    f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {_show(command[0])}",
+                )
+    image = (
+        c.string(
+            m["image"],
+            path + ("image",),
+            pattern=IMAGE_REF,
+            what="an image reference such as registry.local/trainer:1.4",
+        )
+        if "image" in m
+        else None
+    )
     args = c.strings(m["args"], path + ("args",)) if "args" in m else []
     if "command" in m and "image" in m:
         c.add(path, "give either 'command' (run on the host) or 'image' (run in a container), not both")
@@ -456,7 +525,10 @@ def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
         c.add(path, "ps and reduction_server both use workerpool2; a job has one or the other")
     if complete and "ps" in by_role and ("chief" not in by_role or "worker" not in by_role):
         missing = " and ".join(r for r in ("chief", "worker") if r not in by_role)
-        c.add(path + ("ps",), f"parameter-server training needs a chief (coordinator) and workers; this job has no {missing}")
+        c.add(
+            path + ("ps",),
+            f"parameter-server training needs a chief (coordinator) and workers; this job has no {missing}",
+        )
     if complete and m and not by_role and pools:
         c.add(path, "every pool has 0 replicas: nothing to run")
     ports: dict[int, str] = {}
@@ -464,7 +536,10 @@ def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
         if p.port is None:
             continue
         if p.port in ports:
-            c.add(path + (p.role, "port"), f"port {p.port} is also pools.{ports[p.port]}.port; give each pool its own port or leave it unset")
+            c.add(
+                path + (p.role, "port"),
+                f"port {p.port} is also pools.{ports[p.port]}.port; give each pool its own port or leave it unset",
+            )
         ports.setdefault(p.port, p.role)
     return pools
 
@@ -497,7 +572,10 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         m = c.mapping(raw, fp)
         if m is None:
             continue
-        c.keys(m, fp, ("src", "dest"), required=("src", "dest"))
+        c.keys(m, fp, ("src", "dest", "replace"), required=("src", "dest"))
+        replace = m.get("replace", False)
+        if not isinstance(replace, bool):
+            c.add(fp + ("replace",), f"expected true or false, got {_show(replace)}")
         src = c.string(m.get("src"), fp + ("src",)) if "src" in m else None
         dest = c.string(m.get("dest"), fp + ("dest",)) if "dest" in m else None
         # The src itself may be a link to anywhere (the user named that file); only links
@@ -538,7 +616,10 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         # A directory pushed above a reserved one (dest: /etc) must not reach into it.
         hits = [d for d in RESERVED_DIRS if d.startswith(norm + "/") and (src_path / os.path.relpath(d, norm)).exists()]
         if is_dir and hits:
-            c.add(fp + ("src",), f"{src_path / os.path.relpath(hits[0], norm)} would be pushed into {hits[0]}, which is reserved for provision's own files")
+            c.add(
+                fp + ("src",),
+                f"{src_path / os.path.relpath(hits[0], norm)} would be pushed into {hits[0]}, which is reserved for provision's own files",
+            )
             continue
         entries, problems = walk_spec(src_path, norm, is_dir)
         for problem in problems[:MAX_TREE_PROBLEMS]:
@@ -552,15 +633,33 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         for pf in entries:
             found: list[tuple[int, str]] = []
             if pf.dest in owners:
-                found.append((owners[pf.dest], f"{pf.dest} is also written by files[{owners[pf.dest]}]; a file on the host has one source"))
+                found.append(
+                    (
+                        owners[pf.dest],
+                        f"{pf.dest} is also written by files[{owners[pf.dest]}]; a file on the host has one source",
+                    )
+                )
             elif pf.dest in parents:
-                found.append((parents[pf.dest], f"{pf.dest} is a directory that files[{parents[pf.dest]}] writes into; it cannot also be a file"))
-            found += [(owners[a], f"{pf.dest} needs {a} to be a directory, but files[{owners[a]}] writes a file there") for a in _ancestors(pf.dest) if a in owners]
+                found.append(
+                    (
+                        parents[pf.dest],
+                        f"{pf.dest} is a directory that files[{parents[pf.dest]}] writes into; it cannot also be a file",
+                    )
+                )
+            found += [
+                (owners[a], f"{pf.dest} needs {a} to be a directory, but files[{owners[a]}] writes a file there")
+                for a in _ancestors(pf.dest)
+                if a in owners
+            ]
             for j, message in found:
                 first, count = clashes.get(j, (message, 0))
                 clashes[j] = (first, count + 1)
         for j, (message, count) in sorted(clashes.items()):
-            more = f" ({count - 1} more {'file clashes' if count == 2 else 'files clash'} with files[{j}])" if count > 1 else ""
+            more = (
+                f" ({count - 1} more {'file clashes' if count == 2 else 'files clash'} with files[{j}])"
+                if count > 1
+                else ""
+            )
             c.add(fp + ("dest",), message + more)
         if clashes:
             continue
@@ -568,7 +667,7 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
             owners[pf.dest] = i
             for a in _ancestors(pf.dest):
                 parents.setdefault(a, i)
-        out.append(FileSpec(src_path, norm, is_dir))
+        out.append(FileSpec(src_path, norm, is_dir, replace is True))
     return out
 
 
@@ -603,7 +702,16 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     c.keys(top, (), TOP_KEYS, required=("job", "hosts", "pools"))
 
-    job = c.string(top.get("job"), ("job",), pattern=DNS_LABEL, what="a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters)") if "job" in top else None
+    job = (
+        c.string(
+            top.get("job"),
+            ("job",),
+            pattern=DNS_LABEL,
+            what="a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters)",
+        )
+        if "job" in top
+        else None
+    )
     ssh_map = c.mapping(top.get("ssh"), ("ssh",)) or {}
     c.keys(ssh_map, ("ssh",), SSH_KEYS)
     ssh = _ssh(c, ssh_map, ("ssh",), SSHSettings())
@@ -612,7 +720,9 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     env = c.env(top.get("env"), ("env",)) or ()
     secret_env: list[str] = []
     if top.get("secret_env") is not None:
-        secret_env = c.strings(top["secret_env"], ("secret_env",), pattern=ENV_KEY, what="an environment variable name") or []
+        secret_env = (
+            c.strings(top["secret_env"], ("secret_env",), pattern=ENV_KEY, what="an environment variable name") or []
+        )
         for i, key in enumerate(secret_env):
             if key in RESERVED_ENV:
                 c.add(("secret_env", i), f"{key} is set by provision for every task and cannot be a secret")
@@ -622,10 +732,14 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
 
     tf_map = c.mapping(top.get("tf_config"), ("tf_config",)) or {}
     c.keys(tf_map, ("tf_config",), ("chief_name", "trial"))
-    chief_name = c.choice(tf_map.get("chief_name", "chief"), ("tf_config", "chief_name"), ("chief", "master")) or "chief"
+    chief_name = (
+        c.choice(tf_map.get("chief_name", "chief"), ("tf_config", "chief_name"), ("chief", "master")) or "chief"
+    )
     trial = tf_map.get("trial")
     if trial is not None:
-        trial = c.string(trial, ("tf_config", "trial"), pattern=re.compile(r"^[A-Za-z0-9_.-]{1,64}$"), what="a trial id such as '1'")
+        trial = c.string(
+            trial, ("tf_config", "trial"), pattern=re.compile(r"^[A-Za-z0-9_.-]{1,64}$"), what="a trial id such as '1'"
+        )
 
     success_map = c.mapping(top.get("success"), ("success",)) or {}
     c.keys(success_map, ("success",), ("policy",))

@@ -12,9 +12,10 @@ Enums, not free strings: their values are what users and --json see.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 from .host import layout
 from .model import RestartPolicy
@@ -194,7 +195,9 @@ def task_state(
     if asked_stop or (result == "success" and kind == "killed"):
         # Stopped on request: by provision at the end of the job, or by someone else.
         who = f"by provision: job {str(ended.get('phase', 'ended')).lower()}" if ended else "by hand"
-        return TaskOutcome(TaskState.STOPPED, exit_code, f"stopped {who} ({'exited ' + status if kind == 'exited' else how})")
+        return TaskOutcome(
+            TaskState.STOPPED, exit_code, f"stopped {who} ({'exited ' + status if kind == 'exited' else how})"
+        )
     spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
     if active == "activating" and sub == "auto-restart":
         if spent:
@@ -305,7 +308,7 @@ class Decision:
             return "completed (exit 0)"
         if r is Reason.FAILED:
             return self.detail
-        return r.value
+        return str(r.value)
 
 
 def decide(
@@ -354,5 +357,9 @@ def started_ok(unit: Mapping[str, str] | None, exits: Sequence[Sequence[str]] | 
 def never_loaded(unit: Mapping[str, str] | None) -> bool:
     """systemd knows nothing of the unit: no file was loaded and nothing runs under it (a
     first start needs no reset-failed or stop before it)."""
-    return bool(unit) and unit.get("LoadState") == "not-found" and unit.get("ActiveState") == "inactive" \
+    return (
+        unit is not None
+        and unit.get("LoadState") == "not-found"
+        and unit.get("ActiveState") == "inactive"
         and unit.get("SubState", "dead") == "dead"
+    )

@@ -23,9 +23,10 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TextIO
 
 import click
 
@@ -33,8 +34,20 @@ from .errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
 
 CURSOR_FILE = ".provision-logs.json"
 FIELDS = "MESSAGE,SYSLOG_IDENTIFIER"
-COLORS = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green",
-          "bright_yellow", "bright_magenta", "bright_blue", "red", "bright_red")
+COLORS = (
+    "cyan",
+    "green",
+    "yellow",
+    "magenta",
+    "blue",
+    "bright_cyan",
+    "bright_green",
+    "bright_yellow",
+    "bright_magenta",
+    "bright_blue",
+    "red",
+    "bright_red",
+)
 _DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
 NO_MESSAGE = "(no message)"
 
@@ -127,7 +140,8 @@ def parse_line(line: bytes | str, host: str, tasks_by_ident: dict[str, str]) -> 
         ts = int(entry.get("__REALTIME_TIMESTAMP") or 0)
     except (TypeError, ValueError):
         ts = 0
-    cursor = entry.get("__CURSOR") if isinstance(entry.get("__CURSOR"), str) else ""
+    raw_cursor = entry.get("__CURSOR")
+    cursor = raw_cursor if isinstance(raw_cursor, str) else ""
     return [Entry(ts, host, task, text, cursor) for text in message_lines(entry)]
 
 
@@ -161,7 +175,7 @@ def merge(batches: Iterable[list[Entry]]) -> list[Entry]:
 
 
 def iso(ts_us: int) -> str:
-    return _dt.datetime.fromtimestamp(ts_us / 1e6, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _dt.datetime.fromtimestamp(ts_us / 1e6, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # --------------------------------------------------------------------------- host commands
@@ -171,15 +185,25 @@ def identifier(job: str, task: str) -> str:
     return f"provision-{job}-{task}"
 
 
-def fetch_command(job: str, tasks: list[str], *, since: str | None, tail: int | None,
-                  cursors: dict[str, str] | None) -> str:
+def fetch_command(
+    job: str, tasks: list[str], *, since: str | None, tail: int | None, cursors: dict[str, str] | None
+) -> str:
     """One command for a host (`sh -c`, so a `sudo -n` prefix covers all of it): the host's
     clock, then for each task its entries and journalctl's exit status (so a failure is
     pinned on the task that had it)."""
     parts = ['echo "{\\"__provision_now\\":$(date +%s%N)}"']
     for task in tasks:
-        argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q",
-                f"--output-fields={FIELDS}", "-t", identifier(job, task)]
+        argv = [
+            "journalctl",
+            "-o",
+            "json",
+            "--all",
+            "--no-pager",
+            "-q",
+            f"--output-fields={FIELDS}",
+            "-t",
+            identifier(job, task),
+        ]
         cursor = (cursors or {}).get(task)
         if since:
             argv += ["--since", since]
@@ -199,8 +223,18 @@ def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
     Without a terminal nothing tells journalctl that its reader left until it next writes,
     which for a quiet task may be never: a watcher holding the channel's stdin kills it on
     EOF. (Asynchronous lists get /dev/null as stdin, hence the copy of fd 0 on fd 3.)"""
-    argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q", f"--output-fields={FIELDS}",
-            "--follow", "--since", f"@{since_epoch}"]
+    argv = [
+        "journalctl",
+        "-o",
+        "json",
+        "--all",
+        "--no-pager",
+        "-q",
+        f"--output-fields={FIELDS}",
+        "--follow",
+        "--since",
+        f"@{since_epoch}",
+    ]
     for task in tasks:
         argv += ["-t", identifier(job, task)]
     script = (
@@ -219,8 +253,9 @@ class HostLog:
     errors: list[str] = field(default_factory=list)
 
 
-def parse_fetch(host: str, stdout: bytes, stderr: bytes, tasks_by_ident: dict[str, str],
-                reversed_tasks: set[str]) -> HostLog:
+def parse_fetch(
+    host: str, stdout: bytes, stderr: bytes, tasks_by_ident: dict[str, str], reversed_tasks: set[str]
+) -> HostLog:
     """The output of `fetch_command` → a HostLog (entries in journal order per task)."""
     out = HostLog(host)
     per_task: dict[str, list[Entry]] = {}
@@ -282,15 +317,22 @@ class Printer:
     """Writes entries: to the terminal with a `task@host` prefix (a colour per task on a
     terminal only), or to DIR/<task>.log. Thread-safe (follow mode prints from threads)."""
 
-    def __init__(self, task_order: list[str], hosts: dict[str, str], *, out_dir: Path | None,
-                 timestamps: bool, color: bool | None = None):
+    def __init__(
+        self,
+        task_order: list[str],
+        hosts: dict[str, str],
+        *,
+        out_dir: Path | None,
+        timestamps: bool,
+        color: bool | None = None,
+    ):
         self.lock = threading.Lock()
         self.out_dir = out_dir
         self.timestamps = timestamps
         self.color = color
         self.colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(task_order)}
         self.width = max((len(f"{t}@{hosts[t]}") for t in task_order), default=0)
-        self.files: dict[str, object] = {}
+        self.files: dict[str, TextIO] = {}
         self.counts: dict[str, int] = {}
         self.cursors: dict[str, dict[str, str]] = {}
         self.pipe_closed = False  # the reader went away (`provision logs … | head`)
@@ -359,8 +401,9 @@ def run_logs(
     from .engine import open_context
     from .ssh import HostError
 
-    ctx = open_context(inventory, state_path=state_path, only=targets, parallelism=parallelism,
-                       verbose=verbose, render_secrets=False)
+    ctx = open_context(
+        inventory, state_path=state_path, only=targets, parallelism=parallelism, verbose=verbose, render_secrets=False
+    )
     try:
         job = ctx.inventory.job
         assert ctx.rendered is not None
@@ -369,9 +412,7 @@ def run_logs(
         if tasks:
             unknown = [t for t in tasks if t not in names]
             if unknown:
-                raise ProvisionError(
-                    f"no task named {', '.join(unknown)} in job {job} (tasks: {', '.join(names)})"
-                )
+                raise ProvisionError(f"no task named {', '.join(unknown)} in job {job} (tasks: {', '.join(names)})")
             placed = [t for t in placed if t.name in tasks]
             if not placed:
                 raise ProvisionError(f"{', '.join(tasks)}: not on the --target hosts")
@@ -410,11 +451,11 @@ def run_logs(
         for hl in logs:
             if tail is not None:  # with a cursor, --tail is applied here
                 per: dict[str, list[Entry]] = {}
-                for e in hl.entries:
-                    per.setdefault(e.task, []).append(e)
-                hl.entries = [e for es in per.values() for e in (es[-tail:] if tail else [])]
-        for e in merge(hl.entries for hl in logs):
-            printer.write(e)
+                for item in hl.entries:
+                    per.setdefault(item.task, []).append(item)
+                hl.entries = [x for es in per.values() for x in (es[-tail:] if tail else [])]
+        for entry in merge(hl.entries for hl in logs):
+            printer.write(entry)
         printer.flush()
         code = EXIT_OK
         bad_hosts = []
@@ -441,7 +482,9 @@ def run_logs(
         if out_path is not None:
             for t in placed:
                 n = printer.counts.get(t.name, 0)
-                echo_err(f"{t.name}@{t.host.name}: {n} new line{'s' if n != 1 else ''} -> {out_path / (t.name + '.log')}")
+                echo_err(
+                    f"{t.name}@{t.host.name}: {n} new line{'s' if n != 1 else ''} -> {out_path / (t.name + '.log')}"
+                )
             save_cursors(out_path, job, printer.cursors)
         if bad_hosts:
             echo_err(f"Unreachable: {', '.join(sorted(bad_hosts))}. The other hosts' logs are above.")
@@ -450,9 +493,17 @@ def run_logs(
         ctx.close()
 
 
-def _follow(ctx, job: str, by_host: dict[str, list[str]], idents: dict[str, str], logs: list[HostLog],
-            printer: Printer, out_path: Path | None, stop: threading.Event,
-            echo_err: Callable[[str], None]) -> int:
+def _follow(
+    ctx,
+    job: str,
+    by_host: dict[str, list[str]],
+    idents: dict[str, str],
+    logs: list[HostLog],
+    printer: Printer,
+    out_path: Path | None,
+    stop: threading.Event,
+    echo_err: Callable[[str], None],
+) -> int:
     """Stream from every host at once until `stop` is set (Ctrl-C in the CLI).
 
     Each host's stream starts at the second its fetch began (`--since @T`, T from the

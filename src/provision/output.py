@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import click
+from collections.abc import Mapping, Sequence
 
-from typing import Mapping
+import click
 
 from .engine import Context, HostOutcome
 from .lifecycle import Action
@@ -89,14 +89,22 @@ def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome],
         click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
     if not rows:
         return []
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-PHASE_COLOR = {"Succeeded": "green", "Failed": "red", "Running": "cyan", "Restarting": "yellow", "Stopped": None, "Pending": None, "Unknown": "red"}
+PHASE_COLOR = {
+    "Succeeded": "green",
+    "Failed": "red",
+    "Running": "cyan",
+    "Restarting": "yellow",
+    "Stopped": None,
+    "Pending": None,
+    "Unknown": "red",
+}
 
 
 def status_lines(st: JobStatus) -> list[str]:
@@ -105,8 +113,19 @@ def status_lines(st: JobStatus) -> list[str]:
         head += f" ({st.reason})"
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
     for t in st.tasks:
-        rows.append((t.task, t.host, t.address, ",".join(map(str, t.gpus)) or "-", t.state.value,
-                     "-" if t.exit_code is None else str(t.exit_code), str(t.restarts), duration(t.since) or "-", t.detail))
+        rows.append(
+            (
+                t.task,
+                t.host,
+                t.address,
+                ",".join(map(str, t.gpus)) or "-",
+                t.state.value,
+                "-" if t.exit_code is None else str(t.exit_code),
+                str(t.restarts),
+                duration(t.since) or "-",
+                t.detail,
+            )
+        )
     lines = table(rows)
     out = [head, lines[0]]
     for t, line in zip(st.tasks, lines[1:]):

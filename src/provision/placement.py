@@ -16,8 +16,8 @@ Rules, in one place:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from .errors import ProvisionError
 from .model import DEFAULT_PORT, ROLES, Host, Inventory, Pool
@@ -130,16 +130,18 @@ def place(inv: Inventory, previous: Mapping[str, Slot] | None = None) -> Placeme
     # 2. Place the rest. One heap per pool over its eligible hosts, keyed by the rule
     # above; entries go stale when a host takes a task (version check), which keeps a
     # 1,000-host placement at O(tasks · log hosts).
-    heaps: dict[str, list[tuple]] = {}
+    heaps: dict[str, list[tuple[object, ...]]] = {}
 
-    def key(pool: Pool, st: _HostState) -> tuple:
+    def key(pool: Pool, st: _HostState) -> tuple[object, ...]:
         avoid = pool.accelerators == 0 and st.host.accelerator_count > 0
         fit = len(st.free) if pool.accelerators else 0
         return (avoid, st.tasks, fit, st.order, st.version, st.host.name)
 
-    def heap_for(pool: Pool) -> list[tuple]:
+    def heap_for(pool: Pool) -> list[tuple[object, ...]]:
         if pool.role not in heaps:
-            h = [key(pool, st) for st in states.values() if pool.eligible(st.host) and len(st.free) >= pool.accelerators]
+            h = [
+                key(pool, st) for st in states.values() if pool.eligible(st.host) and len(st.free) >= pool.accelerators
+            ]
             heapq.heapify(h)
             heaps[pool.role] = h
         return heaps[pool.role]
@@ -151,7 +153,7 @@ def place(inv: Inventory, previous: Mapping[str, Slot] | None = None) -> Placeme
         st = None
         while heap:
             entry = heapq.heappop(heap)
-            cand = states[entry[-1]]
+            cand = states[str(entry[-1])]
             if entry[-2] != cand.version:
                 if len(cand.free) >= pool.accelerators:
                     heapq.heappush(heap, key(pool, cand))

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import difflib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 from .encode import env_escape
 from .facts import mismatches
@@ -49,8 +50,15 @@ class FileChange:
     keep_original: bool = False  # replace: true over a host file provision did not write
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "action": self.action.value, "kind": self.kind.value, "reason": self.reason,
-                "drift": self.drift, "diff": self.diff, "keep_original": self.keep_original}
+        return {
+            "path": self.path,
+            "action": self.action.value,
+            "kind": self.kind.value,
+            "reason": self.reason,
+            "drift": self.drift,
+            "diff": self.diff,
+            "keep_original": self.keep_original,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,16 @@ class TaskChange:
         return Decision(self.action, self.reason, self.detail, self.drift, self.new).describe()
 
     def to_json(self) -> dict[str, Any]:
-        return {"task": self.task, "unit": self.unit, "action": self.action.value, "reason": self.reason.name.lower(),
-                "why": self.why, "phase": self.phase, "drift": self.drift, "new": self.new}
+        return {
+            "task": self.task,
+            "unit": self.unit,
+            "action": self.action.value,
+            "reason": self.reason.name.lower(),
+            "why": self.why,
+            "phase": self.phase,
+            "drift": self.drift,
+            "new": self.new,
+        }
 
 
 @dataclass
@@ -96,8 +112,12 @@ class HostPlan:
     def adopt(self) -> bool:
         """The host runs this job (its manifest says so) but nothing changes there: the
         state must still know it (an apply killed before recording it, a lost state)."""
-        return self.error is None and self.bundle is not None and self.report is not None \
+        return (
+            self.error is None
+            and self.bundle is not None
+            and self.report is not None
             and self.report.readable_manifest() is not None
+        )
 
     def starts(self) -> list[TaskChange]:
         return [t for t in self.tasks if t.action.starts]
@@ -190,8 +210,9 @@ class Plan:
 def scrub(text: str, secret_values: Iterable[str]) -> str:
     """Every secret value (as it would be written in an env file, or raw) masked, whatever
     file it shows up in."""
-    for v in sorted({x for v in secret_values if v for x in (v, env_escape(v))}, key=len, reverse=True):
-        text = text.replace(v, SECRET_MASK)
+    forms = {form for value in secret_values if value for form in (value, env_escape(value))}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, SECRET_MASK)
     return text
 
 
@@ -214,8 +235,9 @@ def unified_diff(path: str, old: bytes | None, new: bytes, secret_values: Iterab
 # --------------------------------------------------------------------------- host plans
 
 
-def _files_plan(hp: HostPlan, bundle: HostBundle, report: ProbeReport, recorded: dict[str, Any],
-                secrets: tuple[str, ...]) -> set[str]:
+def _files_plan(
+    hp: HostPlan, bundle: HostBundle, report: ProbeReport, recorded: dict[str, Any], secrets: tuple[str, ...]
+) -> set[str]:
     """File changes of a host that keeps the job; returns the paths that change."""
     desired = bundle.file_map()
     changed: set[str] = set()
@@ -240,20 +262,33 @@ def _files_plan(hp: HostPlan, bundle: HostBundle, report: ProbeReport, recorded:
                 )
                 continue
             if a.sha256 != f.sha256 or a.mode != f.mode or a.uid != 0:
-                hp.files.append(FileChange(path, FileAction.UPDATE, f.kind, "replaces the host's own file (kept for destroy)",
-                                           keep_original=True))
+                hp.files.append(
+                    FileChange(
+                        path,
+                        FileAction.UPDATE,
+                        f.kind,
+                        "replaces the host's own file (kept for destroy)",
+                        keep_original=True,
+                    )
+                )
                 changed.add(path)
             continue
         if a.sha256 != f.sha256:
             drift = rec is not None and rec.get("sha256") != a.sha256
             reason = "edited by hand" if drift else "content changed"
             old = base64.b64decode(a.content) if a.content is not None else None
-            hp.files.append(FileChange(path, FileAction.UPDATE, f.kind, reason, drift,
-                                       _diff(f, old, secrets) if old is not None else None))
+            hp.files.append(
+                FileChange(
+                    path, FileAction.UPDATE, f.kind, reason, drift, _diff(f, old, secrets) if old is not None else None
+                )
+            )
             changed.add(path)
         elif a.mode != f.mode or a.uid != 0:
-            hp.files.append(FileChange(path, FileAction.UPDATE, f.kind,
-                                       f"owner/mode {a.uid}/{oct(a.mode or 0)} changed by hand", True))
+            hp.files.append(
+                FileChange(
+                    path, FileAction.UPDATE, f.kind, f"owner/mode {a.uid}/{oct(a.mode or 0)} changed by hand", True
+                )
+            )
             changed.add(path)
     for path, rec in sorted(recorded.items()):
         if path not in desired and report.files.get(path) is not None:
@@ -292,10 +327,15 @@ def plan_host(
             hp.tasks.append(_leaving(t, mt))
         for path, rec in sorted(recorded.items()):
             if report.files.get(path) is not None:
-                hp.files.append(FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value))
+                hp.files.append(
+                    FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value)
+                )
         if report.manifest is not None:
-            hp.files.append(FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST,
-                                       "job removed from this host"))
+            hp.files.append(
+                FileChange(
+                    layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host"
+                )
+            )
         return hp
 
     changed = _files_plan(hp, bundle, report, recorded, secrets)
@@ -309,8 +349,16 @@ def plan_host(
         inputs_changed = mt is not None and mt.get("inputs") != u.inputs
         # Inputs changed: name everything that changed; otherwise only what drifted.
         why = own + pushed_changed if inputs_changed else [p for p in own if p in drift_paths]
-        d = decide(u.task.name, mt is not None, inputs_changed, why, report.units.get(u.unit),
-                   report.exits.get(u.unit), report.lifecycle, u.task.name in replace)
+        d = decide(
+            u.task.name,
+            mt is not None,
+            inputs_changed,
+            why,
+            report.units.get(u.unit),
+            report.exits.get(u.unit),
+            report.lifecycle,
+            u.task.name in replace,
+        )
         hp.tasks.append(TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new))
     names = {u.task.name for u in bundle.tasks}
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
@@ -405,8 +453,16 @@ def make_plan(
     inv = rendered.inventory
     hosts = {h.name: h for h in inv.hosts}
     plans = [
-        plan_host(name, target, hosts.get(name), rendered.hosts.get(name), reports[name],
-                  job=inv.job, secrets=rendered.secret_values, replace=replace)
+        plan_host(
+            name,
+            target,
+            hosts.get(name),
+            rendered.hosts.get(name),
+            reports[name],
+            job=inv.job,
+            secrets=rendered.secret_values,
+            replace=replace,
+        )
         for name, target in targets.items()
     ]
     return Plan(inv.job, plans)

@@ -49,8 +49,11 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
     job = req.job
     files = req.listed()
     units = sorted(set(req.units))
-    records = [layout.manifest_path(job), layout.lifecycle_path(job),
-               *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units)]
+    records = [
+        layout.manifest_path(job),
+        layout.lifecycle_path(job),
+        *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units),
+    ]
     return files, units, files + [r for r in records if r not in files]
 
 
@@ -63,8 +66,18 @@ def command(req: ProbeRequest) -> str | None:
     if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
-    words = ["sh", "-c", script(), "provision-probe", str(int(req.content_max)),
-             ",".join(agent.UNIT_PROPS), " ".join(units), gpus, "1" if "tpu" in facts else "", *paths]
+    words = [
+        "sh",
+        "-c",
+        script(),
+        "provision-probe",
+        str(int(req.content_max)),
+        ",".join(agent.UNIT_PROPS),
+        " ".join(units),
+        gpus,
+        "1" if "tpu" in facts else "",
+        *paths,
+    ]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -112,8 +125,8 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
         text = line()
         if text.startswith(b"@sha256 "):
             break
-        size, raw_mode, uid, name = text.decode().split(" ", 3)
-        stats[name] = (int(size), int(raw_mode, 16), int(uid))
+        size_s, mode_s, uid_s, name = text.decode().split(" ", 3)
+        stats[name] = (int(size_s), int(mode_s, 16), int(uid_s))
     regular = [p for p in paths if p in stats and stat.S_ISREG(stats[p][1])]
     if int(text.split()[1]) != len(regular):
         raise _Mismatch("a file changed type while probed")
@@ -129,10 +142,10 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     content_of = {}
     for p in regular:
         n = min(stats[p][0], cap)
-        content_of[p], pos = out[pos:pos + n], pos + n
+        content_of[p], pos = out[pos : pos + n], pos + n
     if line() != b"@units" or not out.endswith(b"@end\n"):
         raise _Mismatch("a file changed size while probed")
-    unit_text = out[pos:-len(b"@end\n")].decode("utf-8", "replace")
+    unit_text = out[pos : -len(b"@end\n")].decode("utf-8", "replace")
 
     def whole(p: str) -> bytes | None:
         """A small file of provision's own, as the agent's read_json would read it."""
@@ -178,8 +191,8 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             files[p] = FileInfo("file", mode & 0o7777, uid, size, sums[p], content)
     exits = {}
     for u in units:
-        data = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
-        exits[u] = layout.parse_exits(data.decode("utf-8", "replace")) if data is not None else []
+        record = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
+        exits[u] = layout.parse_exits(record.decode("utf-8", "replace")) if record is not None else []
     return ProbeReport(
         manifest=manifest,
         lifecycle=as_json(layout.lifecycle_path(job)),

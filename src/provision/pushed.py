@@ -175,11 +175,15 @@ def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], lis
                     continue
                 real, st = followed
                 if not _inside(real, root):
-                    problems.append(Problem(shown, f"{shown} is a symbolic link to {real}, outside the pushed directory {root}"))
+                    problems.append(
+                        Problem(shown, f"{shown} is a symbolic link to {real}, outside the pushed directory {root}")
+                    )
                     continue
             if stat.S_ISDIR(st.st_mode):
                 if real in above:
-                    problems.append(Problem(shown, f"{shown} is a symbolic link to {real}, a directory that contains it (a loop)"))
+                    problems.append(
+                        Problem(shown, f"{shown} is a symbolic link to {real}, a directory that contains it (a loop)")
+                    )
                     continue
                 subdirs.append((real, shown, f"{dest_dir}/{name}", above | {real}))
             elif stat.S_ISREG(st.st_mode):

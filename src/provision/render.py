@@ -11,10 +11,11 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 import jinja2
 
@@ -24,7 +25,7 @@ from .errors import ProvisionError
 from .host import layout
 from .lifecycle import LONG_LIVED, start_phase, systemd_restart
 from .model import FileSpec, Host, Inventory, Pool
-from .placement import Placement, PlacedTask, Slot, place
+from .placement import PlacedTask, Placement, Slot, place
 from .pushed import walk_spec
 
 MANIFEST_VERSION = 1
@@ -76,7 +77,7 @@ class HostBundle:
     host: Host
     tasks: tuple[TaskUnit, ...]
     files: tuple[RenderedFile, ...]  # sorted by path, manifest included
-    manifest: dict = field(hash=False, compare=False)
+    manifest: dict[str, Any] = field(hash=False, compare=False)
 
     def file_map(self) -> dict[str, RenderedFile]:
         return {f.path: f for f in self.files}
@@ -175,9 +176,7 @@ def _render_task(
     env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids)
     j = _jinja()
     common = {"job": inv.job, "task": task.name, "host": task.host.name}
-    env_text = j.get_template("task.env.j2").render(
-        **common, assignments=[encode.env_assignment(k, v) for k, v in env]
-    )
+    env_text = j.get_template("task.env.j2").render(**common, assignments=[encode.env_assignment(k, v) for k, v in env])
     unit_text = j.get_template("task.service.j2").render(
         **common,
         role=task.role,
@@ -237,9 +236,9 @@ def render(
             env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
             inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
             units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
-        target_b = j.get_template("job.target.j2").render(
-            job=inv.job, host=host.name, tasks=[t.name for t in tasks]
-        ).encode()
+        target_b = (
+            j.get_template("job.target.j2").render(job=inv.job, host=host.name, tasks=[t.name for t in tasks]).encode()
+        )
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = {
             "provision": MANIFEST_VERSION,
@@ -258,16 +257,21 @@ def render(
                 }
                 for u in units
             },
-            "files": {f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value} for f in sorted(files, key=lambda f: f.path)},
+            "files": {
+                f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value}
+                for f in sorted(files, key=lambda f: f.path)
+            },
         }
         manifest_b = manifest_bytes(manifest)
-        files.append(RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b))
+        files.append(
+            RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b)
+        )
         files.sort(key=lambda f: f.path)
         hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest)
     return Rendered(inv, placement, hosts, tuple(v for v in (secrets or {}).values() if v))
 
 
-def manifest_bytes(manifest: dict) -> bytes:
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
 
 

@@ -32,25 +32,57 @@ def sandbox() -> None:
 
 
 @sandbox.command("up")
-@click.option("--hosts", "-n", "hosts", default=3, show_default=True,
-              type=click.IntRange(1, 64), help="Number of hosts.")
-@click.option("--gpus-per-host", "-g", default=0, show_default=True, type=click.IntRange(0, 16),
-              help="Fake NVIDIA H100 GPUs each host's nvidia-smi reports.")
-@click.option("--with", "with_", multiple=True, type=click.Choice(["tensorflow", "torch"]),
-              help="Framework layer mounted on every host (repeatable).")
-@click.option("--name", default="sandbox", show_default=True,
-              help="Sandbox name; hosts are the containers NAME-host-1, NAME-host-2, ...")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="Inventory file to write [default: ./NAME.inventory.yaml].")
+@click.option(
+    "--hosts", "-n", "hosts", default=3, show_default=True, type=click.IntRange(1, 64), help="Number of hosts."
+)
+@click.option(
+    "--gpus-per-host",
+    "-g",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 16),
+    help="Fake NVIDIA H100 GPUs each host's nvidia-smi reports.",
+)
+@click.option(
+    "--with",
+    "with_",
+    multiple=True,
+    type=click.Choice(["tensorflow", "torch"]),
+    help="Framework layer mounted on every host (repeatable).",
+)
+@click.option(
+    "--name",
+    default="sandbox",
+    show_default=True,
+    help="Sandbox name; hosts are the containers NAME-host-1, NAME-host-2, ...",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Inventory file to write [default: ./NAME.inventory.yaml].",
+)
 @click.option("--job", default="demo", show_default=True, help="Job name in the inventory.")
-@click.option("--from", "from_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A job file (an inventory without hosts/ssh, e.g. inventories/sandbox/*.yaml): "
-                   "the inventory written is that job on the sandbox's hosts.")
-@click.option("--ssh-port", type=click.IntRange(1, 65535),
-              help="host-1's SSH port on 127.0.0.1 (the others follow) [default: free ports].")
+@click.option(
+    "--from",
+    "from_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A job file (an inventory without hosts/ssh, e.g. inventories/sandbox/*.yaml): "
+    "the inventory written is that job on the sandbox's hosts.",
+)
+@click.option(
+    "--ssh-port",
+    type=click.IntRange(1, 65535),
+    help="host-1's SSH port on 127.0.0.1 (the others follow) [default: free ports].",
+)
 @click.option("--force", is_flag=True, help="Overwrite an inventory file not written by sandbox up.")
-@click.option("--timeout", default=180, show_default=True, type=click.IntRange(10, 3600),
-              help="Seconds to wait for the hosts to boot.")
+@click.option(
+    "--timeout",
+    default=180,
+    show_default=True,
+    type=click.IntRange(10, 3600),
+    help="Seconds to wait for the hosts to boot.",
+)
 def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, force, timeout) -> None:
     """Start HOSTS local hosts and write an inventory for them."""
     sb_mod = _sandbox()
@@ -73,11 +105,21 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     t0 = time.monotonic()
     try:
-        click.echo(f"Starting sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''}"
-                   + (f", {gpus_per_host} fake GPU(s) each" if gpus_per_host else "")
-                   + (f", with {', '.join(with_)}" if with_ else ""), err=True)
-        sb = sb_mod.up(name, hosts=hosts, gpus_per_host=gpus_per_host, with_=with_,
-                       ssh_port=ssh_port, timeout=timeout, progress=_progress)
+        click.echo(
+            f"Starting sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''}"
+            + (f", {gpus_per_host} fake GPU(s) each" if gpus_per_host else "")
+            + (f", with {', '.join(with_)}" if with_ else ""),
+            err=True,
+        )
+        sb = sb_mod.up(
+            name,
+            hosts=hosts,
+            gpus_per_host=gpus_per_host,
+            with_=with_,
+            ssh_port=ssh_port,
+            timeout=timeout,
+            progress=_progress,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     if template is not None:
@@ -111,8 +153,9 @@ def _refresh_known_hosts(inventory: Path, sb) -> None:
         return
     ours = sb.known_hosts_path.read_text().splitlines()
     ids = {line.split()[0] for line in ours if line.strip()}
-    kept = [line for line in path.read_text().splitlines()
-            if not line.strip() or not set(line.split()[0].split(",")) & ids]
+    kept = [
+        line for line in path.read_text().splitlines() if not line.strip() or not set(line.split()[0].split(",")) & ids
+    ]
     path.write_text("\n".join(kept + ours) + "\n")
 
 
@@ -154,12 +197,17 @@ def down_cmd(name, all_) -> None:
     for n in names:
         result = sb_mod.down(n, progress=_progress)
         if result.found:
-            click.echo(f"Sandbox {n!r} removed ({result.containers} container"
-                       f"{'s' if result.containers != 1 else ''}, {result.networks} network).")
+            click.echo(
+                f"Sandbox {n!r} removed ({result.containers} container"
+                f"{'s' if result.containers != 1 else ''}, {result.networks} network)."
+            )
             for net in result.stale_networks:
-                click.echo(f"Note: Docker kept network {net} for endpoints of containers already "
-                           "removed (a dockerd bug; restarting dockerd clears it). It is harmless: "
-                           "the next sandbox of this name uses another network.", err=True)
+                click.echo(
+                    f"Note: Docker kept network {net} for endpoints of containers already "
+                    "removed (a dockerd bug; restarting dockerd clears it). It is harmless: "
+                    "the next sandbox of this name uses another network.",
+                    err=True,
+                )
         else:
             click.echo(f"No sandbox named {n!r}; nothing to remove.")
 
@@ -174,13 +222,14 @@ def list_cmd() -> None:
         return
     click.echo(f"{'NAME':<24} {'HOSTS':>5} {'RUNNING':>7} {'GPUS':>4}  {'WITH':<18} {'CREATED':<19} STATUS")
     for s in rows:
-        created = (datetime.datetime.fromtimestamp(s.created).strftime("%Y-%m-%d %H:%M:%S")
-                   if s.created else "-")
+        created = datetime.datetime.fromtimestamp(s.created).strftime("%Y-%m-%d %H:%M:%S") if s.created else "-"
         status = s.status if s.metadata else "leftover (no metadata)"
         if s.metadata and s.running < s.hosts:
             status = f"{status}, {s.hosts - s.running} host(s) not running"
-        click.echo(f"{s.name:<24} {s.hosts or s.containers:>5} {s.running:>7} "
-                   f"{s.gpus_per_host:>4}  {','.join(s.frameworks) or '-':<18} {created:<19} {status}")
+        click.echo(
+            f"{s.name:<24} {s.hosts or s.containers:>5} {s.running:>7} "
+            f"{s.gpus_per_host:>4}  {','.join(s.frameworks) or '-':<18} {created:<19} {status}"
+        )
 
 
 @sandbox.command("image")

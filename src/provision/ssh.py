@@ -18,9 +18,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import paramiko
 
@@ -54,9 +55,11 @@ class Target:
         return f"{self.name} ({a}:{self.port or 22})"
 
     @classmethod
-    def from_host(cls, host) -> "Target":
+    def from_host(cls, host) -> Target:
         s = host.ssh
-        return cls(host.name, host.address, s.port, s.user, s.identity_file, s.jump_host, s.connect_timeout, s.host_key_policy)
+        return cls(
+            host.name, host.address, s.port, s.user, s.identity_file, s.jump_host, s.connect_timeout, s.host_key_policy
+        )
 
 
 class HostError(Exception):
@@ -111,7 +114,7 @@ class KnownHosts:
             except (OSError, paramiko.SSHException):
                 pass  # the user's file is best effort; ours is authoritative
 
-    def lookup(self, key_id: str) -> dict | None:
+    def lookup(self, key_id: str) -> Any:
         return self.keys.lookup(key_id) or self.system.lookup(key_id)
 
     def learn(self, key_id: str, key: paramiko.PKey) -> None:
@@ -285,7 +288,7 @@ class Session:
         self.known = known_hosts
         self.parallelism = parallelism or fd_safe_parallelism()
         self.verbose = verbose
-        self._conns: dict[str, object] = {}
+        self._conns: dict[str, Any] = {}
         self._users: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
@@ -352,7 +355,7 @@ class Session:
                 raise HostError(target, f"authentication failed for user {conn.user}: {e}") from None
             except FileNotFoundError as e:
                 raise HostError(target, f"identity file not found: {e.filename}") from None
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 # Not retried: the host already had the whole timeout to answer.
                 raise HostError(target, _timed_out(target, _stage(conn)), unreachable=True) from None
             except ConnectionRefusedError:
@@ -363,7 +366,9 @@ class Session:
                 if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
                     err = "connection refused"
                 else:
-                    err = "; ".join(sorted({c.strerror or str(c) for c in causes})) or "cannot connect"
+                    err = (
+                        "; ".join(sorted({getattr(c, "strerror", None) or str(c) for c in causes})) or "cannot connect"
+                    )
             except socket.gaierror as e:
                 raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
             except (OSError, EOFError, paramiko.SSHException) as e:
@@ -394,7 +399,7 @@ class Session:
             except Exception:  # closing is best effort
                 pass
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -402,7 +407,9 @@ class Session:
 
     # -- run
 
-    def run(self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True) -> Result:
+    def run(
+        self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True
+    ) -> Result:
         """Run one command; stdout and stderr collected; never raises for a non-zero exit."""
         conn = self.connect(target)
         if sudo and not self.is_root(target):
@@ -422,13 +429,13 @@ class Session:
             # for one large bytes object is quadratic (a 40 MB push took 22 s).
             view = memoryview(stdin)
             for i in range(0, len(view), _CHUNK):
-                chan.sendall(bytes(view[i:i + _CHUNK]))
+                chan.sendall(bytes(view[i : i + _CHUNK]))
             chan.shutdown_write()
             out = chan.makefile("rb").read()
             status = chan.recv_exit_status()
             reader.join(timeout)
             chan.close()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise HostError(target, f"command timed out after {timeout:g}s") from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             with self._lock:
@@ -436,7 +443,9 @@ class Session:
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
         return Result(status, out, b"".join(err_chunks))
 
-    def stream(self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None) -> int:
+    def stream(
+        self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None
+    ) -> int:
         """Run a long command (journalctl --follow), calling on_line per stdout line."""
         conn = self.connect(target)
         if not self.is_root(target):
@@ -449,7 +458,7 @@ class Session:
             while not (stop and stop.is_set()):
                 try:
                     data = chan.recv(65536)
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:
                     continue
                 if not data:
                     break
@@ -501,7 +510,9 @@ def call_agent(session: Session, target: Target, request: Any, *, timeout: float
         if res.exit_status == 127:
             raise HostError(target, "python3 is not installed; provision needs it on every host")
         if not session.is_root(target) and any("sudo" in line for line in err):
-            raise HostError(target, f"sudo -n failed (provision needs root, or passwordless sudo): {err[-1] if err else ''}")
+            raise HostError(
+                target, f"sudo -n failed (provision needs root, or passwordless sudo): {err[-1] if err else ''}"
+            )
         raise HostError(target, f"host agent failed (exit {res.exit_status}): {err[-1] if err else 'no output'}")
     try:
         out = json.loads(res.stdout)

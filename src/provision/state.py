@@ -27,9 +27,10 @@ import secrets
 import socket
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ProvisionError
 from .placement import Slot
@@ -42,7 +43,7 @@ def default_state_path(inventory_path: Path, job: str) -> Path:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -95,14 +96,21 @@ class HostRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HostRecord:
-        tasks = {n: TaskRecord(str(t["unit"]), str(t["inputs"]), int(t["phase"])) for n, t in data.get("tasks", {}).items()}
+        tasks = {
+            n: TaskRecord(str(t["unit"]), str(t["inputs"]), int(t["phase"])) for n, t in data.get("tasks", {}).items()
+        }
         return cls(
-            address=str(data["address"]), port=data.get("port"), user=data.get("user"),
-            identity_file=data.get("identity_file"), jump_host=data.get("jump_host"),
+            address=str(data["address"]),
+            port=data.get("port"),
+            user=data.get("user"),
+            identity_file=data.get("identity_file"),
+            jump_host=data.get("jump_host"),
             connect_timeout=float(data.get("connect_timeout", 10.0)),
             host_key_policy=str(data.get("host_key_policy", "accept-new")),
-            files={str(k): str(v) for k, v in data.get("files", {}).items()}, tasks=tasks,
-            pending=bool(data.get("pending", False)), applied_at=str(data.get("applied_at", "")),
+            files={str(k): str(v) for k, v in data.get("files", {}).items()},
+            tasks=tasks,
+            pending=bool(data.get("pending", False)),
+            applied_at=str(data.get("applied_at", "")),
         )
 
     def units(self) -> list[str]:
@@ -113,8 +121,17 @@ class HostRecord:
 
 
 class State:
-    def __init__(self, path: Path, *, lineage: str, serial: int, job: str, hosts: dict[str, HostRecord],
-                 placement: dict[str, Slot], original: bytes | None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        lineage: str,
+        serial: int,
+        job: str,
+        hosts: dict[str, HostRecord],
+        placement: dict[str, Slot],
+        original: bytes | None,
+    ):
         self.path = path
         self.lineage = lineage
         self.serial = serial
@@ -136,20 +153,33 @@ class State:
         try:
             data = json.loads(raw)
         except ValueError as e:
-            raise ProvisionError(f"{path}: state file unreadable ({e}); restore it from {path.name}.backup or move it away") from None
+            raise ProvisionError(
+                f"{path}: state file unreadable ({e}); restore it from {path.name}.backup or move it away"
+            ) from None
         if not isinstance(data, dict) or data.get("format_version") not in (1, FORMAT_VERSION):
             version = data.get("format_version") if isinstance(data, dict) else "?"
-            raise ProvisionError(f"{path}: state format {version} is not {FORMAT_VERSION}; this provision cannot read it")
+            raise ProvisionError(
+                f"{path}: state format {version} is not {FORMAT_VERSION}; this provision cannot read it"
+            )
         if data.get("job") != job:
-            raise ProvisionError(f"{path}: state belongs to job {data.get('job')!r}, not {job!r}; use --state to point elsewhere")
+            raise ProvisionError(
+                f"{path}: state belongs to job {data.get('job')!r}, not {job!r}; use --state to point elsewhere"
+            )
         try:
             hosts = {str(n): HostRecord.from_json(h) for n, h in data.get("hosts", {}).items()}
             placement = {
                 str(n): Slot(str(s["host"]), int(s["port"]), tuple(int(a) for a in s.get("accelerators", ())))
                 for n, s in data.get("placement", {}).items()
             }
-            return cls(path, lineage=str(data["lineage"]), serial=int(data.get("serial", 0)), job=job,
-                       hosts=hosts, placement=placement, original=raw)
+            return cls(
+                path,
+                lineage=str(data["lineage"]),
+                serial=int(data.get("serial", 0)),
+                job=job,
+                hosts=hosts,
+                placement=placement,
+                original=raw,
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProvisionError(
                 f"{path}: state file has the wrong shape ({type(e).__name__}: {e}); restore it from "
@@ -203,8 +233,10 @@ class State:
             "job": self.job,
             "updated_at": _now(),
             "hosts": {n: asdict(h) for n, h in sorted(self.hosts.items())},
-            "placement": {n: {"host": s.host, "port": s.port, "accelerators": list(s.accelerators)}
-                          for n, s in sorted(self.placement.items())},
+            "placement": {
+                n: {"host": s.host, "port": s.port, "accelerators": list(s.accelerators)}
+                for n, s in sorted(self.placement.items())
+            },
         }
 
     def _save(self) -> None:
@@ -228,7 +260,9 @@ class LockInfo:
     created: str
 
     def describe(self) -> str:
-        return f"{self.operation} by {self.who} on {self.machine} (pid {self.pid}) since {self.created}, lock id {self.id}"
+        return (
+            f"{self.operation} by {self.who} on {self.machine} (pid {self.pid}) since {self.created}, lock id {self.id}"
+        )
 
 
 def lock_path(state_path: Path) -> Path:

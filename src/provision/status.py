@@ -6,8 +6,9 @@ them together per task for `status`, `wait` and the end-of-job stop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .host import layout
 from .host.protocol import ProbeReport
@@ -31,10 +32,19 @@ class TaskStatus:
     ended_at: float | None = None  # host clock (epoch seconds) of the exit that ended it
 
     def to_json(self) -> dict[str, Any]:
-        return {"task": self.task, "role": self.role, "host": self.host, "address": self.address,
-                "gpus": self.gpus, "state": self.state.value, "exit_code": self.exit_code,
-                "restarts": self.restarts, "since_seconds": self.since, "detail": self.detail,
-                "ended_at": self.ended_at}
+        return {
+            "task": self.task,
+            "role": self.role,
+            "host": self.host,
+            "address": self.address,
+            "gpus": self.gpus,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "restarts": self.restarts,
+            "since_seconds": self.since,
+            "detail": self.detail,
+            "ended_at": self.ended_at,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,8 +87,20 @@ def job_status(
         rep = reports.get(t.host.name)
         if rep is None:
             if t.host.name in unreachable:
-                rows.append(TaskStatus(t.name, t.role, t.host.name, t.address, gpus, TaskState.UNKNOWN, None, 0, None,
-                                       f"host unreachable: {unreachable[t.host.name]}"))
+                rows.append(
+                    TaskStatus(
+                        t.name,
+                        t.role,
+                        t.host.name,
+                        t.address,
+                        gpus,
+                        TaskState.UNKNOWN,
+                        None,
+                        0,
+                        None,
+                        f"host unreachable: {unreachable[t.host.name]}",
+                    )
+                )
             continue
         u = rep.units.get(unit)
         ex = rep.exits.get(unit)
@@ -91,15 +113,33 @@ def job_status(
                 ended_at = float(ex[-1][0])
             except (TypeError, ValueError):
                 ended_at = None
-        rows.append(TaskStatus(t.name, t.role, t.host.name, t.address, gpus, out.state, out.exit_code,
-                               restarts(u, ex, out.state), _since(u, rep.now_monotonic_us, ex, rep.now),
-                               out.detail, ended_at))
-    phase, reason = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
+        rows.append(
+            TaskStatus(
+                t.name,
+                t.role,
+                t.host.name,
+                t.address,
+                gpus,
+                out.state,
+                out.exit_code,
+                restarts(u, ex, out.state),
+                _since(u, rep.now_monotonic_us, ex, rep.now),
+                out.detail,
+                ended_at,
+            )
+        )
+    phase, reason = job_phase(
+        inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows]
+    )
     return JobStatus(inv.job, phase, reason, tuple(rows), tuple(sorted(unreachable)))
 
 
-def _since(unit: Mapping[str, str] | None, now_us: int | None, exits: Sequence[Sequence[str]] | None = None,
-           now: float | None = None) -> int | None:
+def _since(
+    unit: Mapping[str, str] | None,
+    now_us: int | None,
+    exits: Sequence[Sequence[str]] | None = None,
+    now: float | None = None,
+) -> int | None:
     """Seconds the task has been in its state: systemd's clock while it runs, else the time
     of its last recorded exit (systemd forgets unloaded units)."""
     if not now_us:

@@ -9,9 +9,10 @@ GroupResult), so callers never sort exceptions themselves.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Generic, TypeVar
 
 from .ssh import HostError, Session, Target
 

@@ -26,7 +26,10 @@ LONG = ["/bin/sh", "-c", "echo started $PROVISION_TASK; exec sleep 600"]
 def cli(*args, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "provision", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -112,7 +115,11 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     r = cli("destroy", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     for h in sandbox4.hosts:
-        code, _ = sh(sandbox4, h.name, f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}*")
+        code, _ = sh(
+            sandbox4,
+            h.name,
+            f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}*",
+        )
         assert code != 0
     r = cli("destroy", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0 and "No changes" in r.stdout
@@ -133,7 +140,7 @@ def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tm
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"{env_file} (edited by hand) [drift]" in r.stdout
     assert "task worker-1: start (drift: stopped by hand)" in r.stdout
-    assert '- PROVISION_TASK=\'evil\'' in r.stdout and "+ PROVISION_TASK='chief-0'" in r.stdout
+    assert "- PROVISION_TASK='evil'" in r.stdout and "+ PROVISION_TASK='chief-0'" in r.stdout
 
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -208,7 +215,11 @@ def test_shrink_and_grow_moves_no_task(sandbox4, sandbox_inventory, job_name, tm
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task worker-2: stop and remove" in r.stdout
-    code, _ = sh(sandbox4, w2_host, f"ls /etc/provision/{job_name}/worker-2.env /etc/systemd/system/provision-{job_name}-worker-2.service")
+    code, _ = sh(
+        sandbox4,
+        w2_host,
+        f"ls /etc/provision/{job_name}/worker-2.env /etc/systemd/system/provision-{job_name}-worker-2.service",
+    )
     assert code != 0
     _, state = sh(sandbox4, w2_host, f"systemctl is-active provision-{job_name}-worker-2.service")
     assert state.strip() != "active"
@@ -261,12 +272,18 @@ def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name,
     for i in range(4):  # enough bytes that the write step takes a while
         (payload / f"blob{i}.bin").write_bytes(os.urandom(6 * 2**20))
     pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
-    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}])
+    sandbox_inventory(
+        sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}]
+    )
 
     killed = 0
     for delay in (0.6, 1.2, 2.0):
-        p = subprocess.Popen([sys.executable, "-m", "provision", "apply", "-y", str(inv)], cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(delay)
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
@@ -283,7 +300,11 @@ def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     for h in sandbox4.hosts:
-        _, out = sh(sandbox4, h.name, f"find /opt/{job_name} /etc/provision/{job_name} /etc/systemd/system -name '*.provision-tmp'")
+        _, out = sh(
+            sandbox4,
+            h.name,
+            f"find /opt/{job_name} /etc/provision/{job_name} /etc/systemd/system -name '*.provision-tmp'",
+        )
         assert out.strip() == "", out
     cli("destroy", "-y", inv, cwd=tmp_path)
     for h in sandbox4.hosts:
@@ -297,10 +318,17 @@ def test_second_concurrent_apply_is_refused(sandbox4, sandbox_inventory, job_nam
     payload.mkdir()
     (payload / "blob.bin").write_bytes(os.urandom(16 * 2**20))
     pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
-    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}])
+    sandbox_inventory(
+        sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "payload/", "dest": f"/opt/{job_name}/"}]
+    )
     lock = tmp_path / ".provision" / f"{job_name}.state.json.lock"
-    first = subprocess.Popen([sys.executable, "-m", "provision", "apply", "-y", str(inv)], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while not lock.exists() and time.monotonic() < deadline:
@@ -334,7 +362,9 @@ def test_changed_host_key_is_refused(sandbox_factory, sandbox_inventory, tmp_pat
     assert "host key changed" in r.stdout + r.stderr and "known_hosts" in r.stdout + r.stderr
     assert (tmp_path / ".provision" / "known_hosts").read_text() == known  # not silently replaced
 
-    sandbox_inventory(sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, ssh={"host_key_policy": "strict"})
+    sandbox_inventory(
+        sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, ssh={"host_key_policy": "strict"}
+    )
     r = cli("plan", inv, cwd=tmp_path)
     assert r.returncode == 1 and "host key changed" in r.stdout + r.stderr
     # strict refuses a key it has never seen, too.
@@ -346,14 +376,25 @@ def test_changed_host_key_is_refused(sandbox_factory, sandbox_inventory, tmp_pat
 
 def test_user_errors_are_one_line(sandbox4, sandbox_inventory, tmp_path):
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(sandbox4, job="errs", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv,
-                      ssh={"identity_file": str(tmp_path / "missing_key")})
+    sandbox_inventory(
+        sandbox4,
+        job="errs",
+        pools={"chief": {"replicas": 1, "command": LONG}},
+        path=inv,
+        ssh={"identity_file": str(tmp_path / "missing_key")},
+    )
     r = cli("plan", inv, cwd=tmp_path)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr + r.stdout
     assert "identity file not found" in r.stdout + r.stderr
 
-    sandbox_inventory(sandbox4, job="errs", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, secret_env=["PROVISION_TEST_SECRET"])
+    sandbox_inventory(
+        sandbox4,
+        job="errs",
+        pools={"chief": {"replicas": 1, "command": LONG}},
+        path=inv,
+        secret_env=["PROVISION_TEST_SECRET"],
+    )
     os.environ.pop("PROVISION_TEST_SECRET", None)
     r = cli("plan", inv, cwd=tmp_path)
     assert r.returncode == 1 and "secret_env: PROVISION_TEST_SECRET not set" in r.stderr
@@ -364,7 +405,9 @@ def test_user_errors_are_one_line(sandbox4, sandbox_inventory, tmp_path):
 def test_secrets_reach_the_task_but_are_never_printed(sandbox4, sandbox_inventory, job_name, tmp_path):
     inv = tmp_path / "inv.yaml"
     secret = "hunter2-$ecret\"'`"
-    sandbox_inventory(sandbox4, job=job_name, pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, secret_env=["API_TOKEN"])
+    sandbox_inventory(
+        sandbox4, job=job_name, pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, secret_env=["API_TOKEN"]
+    )
     r = cli("apply", "-y", inv, cwd=tmp_path, env={"API_TOKEN": secret})
     assert r.returncode == 0, r.stdout + r.stderr
     host = placement(tmp_path, inv)["chief-0"]["host"]
@@ -403,7 +446,14 @@ def test_facts_mismatch_stops_apply_before_anything_is_written(sandbox4, sandbox
     import yaml
 
     inv = tmp_path / "inv.yaml"
-    data = sandbox_inventory(sandbox4, job=job_name, pools={"chief": {"replicas": 1, "accelerators": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}})
+    data = sandbox_inventory(
+        sandbox4,
+        job=job_name,
+        pools={
+            "chief": {"replicas": 1, "accelerators": 1, "command": LONG},
+            "worker": {"replicas": 3, "command": LONG},
+        },
+    )
     data["hosts"][1]["accelerators"]["count"] = 4  # host-2 has 2 (nvidia-smi says so)
     inv.write_text(yaml.safe_dump(data))
     r = cli("facts", inv, cwd=tmp_path)
@@ -423,8 +473,10 @@ def test_host_leaving_the_job_is_cleaned(sandbox4, sandbox_inventory, job_name, 
     """A host that no longer runs any task loses everything of the job; so does one
     removed from the inventory altogether (the state remembers how to reach it)."""
     inv = tmp_path / "inv.yaml"
-    pools = {"chief": {"replicas": 1, "command": LONG, "hosts": ["host-1"]},
-             "worker": {"replicas": 2, "command": LONG, "hosts": ["host-2", "host-3"]}}
+    pools = {
+        "chief": {"replicas": 1, "command": LONG, "hosts": ["host-1"]},
+        "worker": {"replicas": 2, "command": LONG, "hosts": ["host-2", "host-3"]},
+    }
     sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
     pools["worker"] = {"replicas": 1, "command": LONG, "hosts": ["host-2"]}
@@ -437,7 +489,11 @@ def test_host_leaving_the_job_is_cleaned(sandbox4, sandbox_inventory, job_name, 
     assert "host-3 (127.0.0.1:" in r.stdout and "(the job leaves this host)" in r.stdout, r.stdout
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    code, out = sh(sandbox4, "host-3", f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}* 2>&1; systemctl is-active provision-{job_name}-worker-1.service")
+    code, out = sh(
+        sandbox4,
+        "host-3",
+        f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}* 2>&1; systemctl is-active provision-{job_name}-worker-1.service",
+    )
     assert "No such file" in out and "active" not in out.split(), out
     state = json.loads((tmp_path / ".provision" / f"{job_name}.state.json").read_text())
     assert "host-3" not in state["hosts"]

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from provision import sandbox
 from provision.plan import parse_env
@@ -34,8 +33,9 @@ DONE = re.compile(r"\] done steps (\d+) checksum (-?\d+\.\d+) sha256 ([0-9a-f]{6
 
 
 def cli(*args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "provision", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def sh(sb, host: str, cmd: str) -> str:
@@ -52,13 +52,17 @@ def frameworks_sandbox(sandbox_factory):
 def nothing_left(sb, job: str, pushed: str) -> None:
     """No unit, env file, job or state directory, pushed file or unit in systemd's memory."""
     for h in sb.hosts:
-        out = sh(sb, h.name, (
-            f"ls /etc/systemd/system | grep -F provision-{job}; "
-            f"ls -d /etc/provision/{job} /var/lib/provision/{job} {pushed} 2>/dev/null; "
-            f"systemctl list-units --all --plain --no-legend 'provision-{job}*'; "
-            f"systemctl list-unit-files --plain --no-legend 'provision-{job}*'; "
-            f"ls /etc/provision /var/lib/provision 2>/dev/null"
-        ))
+        out = sh(
+            sb,
+            h.name,
+            (
+                f"ls /etc/systemd/system | grep -F provision-{job}; "
+                f"ls -d /etc/provision/{job} /var/lib/provision/{job} {pushed} 2>/dev/null; "
+                f"systemctl list-units --all --plain --no-legend 'provision-{job}*'; "
+                f"systemctl list-unit-files --plain --no-legend 'provision-{job}*'; "
+                f"ls /etc/provision /var/lib/provision 2>/dev/null"
+            ),
+        )
         assert out.strip() == "", f"{h.name} still has:\n{out}"
 
 
@@ -125,7 +129,7 @@ def test_example_job_runs_to_succeeded(example, frameworks_sandbox, tmp_path):
 
 # --------------------------------------------------------------------------- containers
 
-STANDIN = r'''#!/usr/bin/python3
+STANDIN = r"""#!/usr/bin/python3
 # provision test stand-in for /usr/bin/docker: records each call's argv and the values of
 # the variables named by -e, as this process received them from systemd's environment.
 import json, os, sys, time
@@ -136,9 +140,9 @@ with open("/var/tmp/docker-standin/%d-%d.json" % (time.time_ns(), os.getpid()), 
     json.dump(rec, f)
 if sys.argv[1:2] == ["run"]:
     print("stand-in: docker run " + sys.argv[sys.argv.index("--name") + 1], flush=True)
-'''
+"""
 
-HOSTILE = 'a "b" $c ${d} `e` \\f %g #h \'i\' ; & | > <\nsecond line\ttab \u00e9\u4e2d'
+HOSTILE = "a \"b\" $c ${d} `e` \\f %g #h 'i' ; & | > <\nsecond line\ttab \u00e9\u4e2d"
 ARGS = ["--flag=$HOME", "%h %%", "two words", "'single'", '"double"', ";", "back\\slash", "", "--end"]
 
 
@@ -155,16 +159,33 @@ def test_container_pool_runs_docker_with_exact_words_and_env(gpu_host, tmp_path)
     environment. No Docker engine runs on the sandbox hosts (and no registry is reachable),
     so a stand-in at /usr/bin/docker records what it was given."""
     sb = gpu_host
-    sh(sb, "host-1", f"cat > /usr/bin/docker <<'EOF'\n{STANDIN}EOF\nchmod 755 /usr/bin/docker; rm -rf /var/tmp/docker-standin")
+    sh(
+        sb,
+        "host-1",
+        f"cat > /usr/bin/docker <<'EOF'\n{STANDIN}EOF\nchmod 755 /usr/bin/docker; rm -rf /var/tmp/docker-standin",
+    )
     job = "ctr"
-    inv = sandbox.write_inventory(sb, tmp_path / "inv.yaml", job=job, pools={
-        "chief": {"replicas": 1, "accelerators": 2, "image": "registry.local/trainer:1.4", "args": ARGS,
-                  "env": {"HOSTILE": HOSTILE}},
-    }, env={"EMPTY": "", "DOLLAR": "$$ $1 %% \\$"})
+    inv = sandbox.write_inventory(
+        sb,
+        tmp_path / "inv.yaml",
+        job=job,
+        pools={
+            "chief": {
+                "replicas": 1,
+                "accelerators": 2,
+                "image": "registry.local/trainer:1.4",
+                "args": ARGS,
+                "env": {"HOSTILE": HOSTILE},
+            },
+        },
+        env={"EMPTY": "", "DOLLAR": "$$ $1 %% \\$"},
+    )
     try:
         r = cli("apply", "-y", "--wait", "--timeout", "60", inv, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
-        calls = sh(sb, "host-1", "for f in $(ls /var/tmp/docker-standin | sort); do cat /var/tmp/docker-standin/$f; echo; done")
+        calls = sh(
+            sb, "host-1", "for f in $(ls /var/tmp/docker-standin | sort); do cat /var/tmp/docker-standin/$f; echo; done"
+        )
         calls = [json.loads(line) for line in calls.splitlines() if line.strip()]
         # ExecStartPre removes a leftover container of the same name, then the run.
         assert [c["argv"][1:] for c in calls[:1]] == [["rm", "-f", f"provision-{job}-chief-0"]]
@@ -172,8 +193,17 @@ def test_container_pool_runs_docker_with_exact_words_and_env(gpu_host, tmp_path)
         env_file = sh(sb, "host-1", f"cat /etc/provision/{job}/chief-0.env")
         env = parse_env(env_file)
         keys = list(env)
-        expected = ["/usr/bin/docker", "run", "--rm", "--name", f"provision-{job}-chief-0", "--network", "host",
-                    "--gpus", '"device=0,1"']
+        expected = [
+            "/usr/bin/docker",
+            "run",
+            "--rm",
+            "--name",
+            f"provision-{job}-chief-0",
+            "--network",
+            "host",
+            "--gpus",
+            '"device=0,1"',
+        ]
         for k in keys:
             expected += ["-e", k]
         expected += ["registry.local/trainer:1.4", *ARGS]

@@ -22,8 +22,9 @@ SERVE = ["/bin/sh", "-c", 'trap "echo bye; exit 0" TERM; echo up; while :; do sl
 
 
 def cli(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "provision", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def sh(sb, host: str, cmd: str) -> str:
@@ -64,12 +65,25 @@ def test_worker_exit_3_on_failure_limit_2_restarts_twice_then_job_fails(sandbox3
     the task and its code; the chief and the ps are stopped (ps first by rank: chief, then ps)."""
     inv = tmp_path / "inv.yaml"
     job = "lc-onfailure"
-    sandbox_inventory(sandbox3, job=job, path=inv, pools={
-        "chief": {"replicas": 1, "command": ["/bin/sh", "-c", "echo chief up; exec sleep 120"], "hosts": ["host-1"]},
-        "worker": {"replicas": 1, "hosts": ["host-2"], "restart": {"policy": "OnFailure", "limit": 2},
-                   "command": ["/bin/sh", "-c", "echo try; sleep 1; exit 3"]},
-        "ps": {"replicas": 1, "command": SERVE, "hosts": ["host-3"]},
-    })
+    sandbox_inventory(
+        sandbox3,
+        job=job,
+        path=inv,
+        pools={
+            "chief": {
+                "replicas": 1,
+                "command": ["/bin/sh", "-c", "echo chief up; exec sleep 120"],
+                "hosts": ["host-1"],
+            },
+            "worker": {
+                "replicas": 1,
+                "hosts": ["host-2"],
+                "restart": {"policy": "OnFailure", "limit": 2},
+                "command": ["/bin/sh", "-c", "echo try; sleep 1; exit 3"],
+            },
+            "ps": {"replicas": 1, "command": SERVE, "hosts": ["host-3"]},
+        },
+    )
     t0 = time.monotonic()
     r = cli("apply", "-y", "--wait", "--timeout", "120", inv, cwd=tmp_path)
     took = time.monotonic() - t0
@@ -113,18 +127,37 @@ def test_restart_policies_as_systemd_runs_them(sandbox3, sandbox_inventory, tmp_
     Never: one try. Observed on the hosts before any provision command ends the job."""
     inv = tmp_path / "inv.yaml"
     job = "lc-policies"
-    branch = ('case "$PROVISION_TASK" in worker-0) echo w0; exit 3;; worker-1) echo w1; exit 130;; '
-              'evaluator-0) echo ev; exit 0;; ps-0) echo ps; exit 1;; esac')
-    sandbox_inventory(sandbox3, job=job, path=inv, pools={
-        "chief": {"replicas": 1, "command": ["/bin/sleep", "120"], "hosts": ["host-1"]},
-        "worker": {"replicas": 2, "command": ["/bin/sh", "-c", branch], "hosts": ["host-2"],
-                   "restart": {"policy": "ExitCode", "limit": 2}},
-        "ps": {"replicas": 1, "command": ["/bin/sh", "-c", branch], "hosts": ["host-3"],
-               "restart": {"policy": "Never"}},
-        # Not beside ps-0: apply starts no later phase on a host where a task did not start.
-        "evaluator": {"replicas": 1, "command": ["/bin/sh", "-c", branch], "hosts": ["host-1"],
-                      "restart": {"policy": "Always", "limit": 1}},
-    })
+    branch = (
+        'case "$PROVISION_TASK" in worker-0) echo w0; exit 3;; worker-1) echo w1; exit 130;; '
+        "evaluator-0) echo ev; exit 0;; ps-0) echo ps; exit 1;; esac"
+    )
+    sandbox_inventory(
+        sandbox3,
+        job=job,
+        path=inv,
+        pools={
+            "chief": {"replicas": 1, "command": ["/bin/sleep", "120"], "hosts": ["host-1"]},
+            "worker": {
+                "replicas": 2,
+                "command": ["/bin/sh", "-c", branch],
+                "hosts": ["host-2"],
+                "restart": {"policy": "ExitCode", "limit": 2},
+            },
+            "ps": {
+                "replicas": 1,
+                "command": ["/bin/sh", "-c", branch],
+                "hosts": ["host-3"],
+                "restart": {"policy": "Never"},
+            },
+            # Not beside ps-0: apply starts no later phase on a host where a task did not start.
+            "evaluator": {
+                "replicas": 1,
+                "command": ["/bin/sh", "-c", branch],
+                "hosts": ["host-1"],
+                "restart": {"policy": "Always", "limit": 1},
+            },
+        },
+    )
     r = cli("apply", "-y", inv, cwd=tmp_path)
     # ps-0 exits at once: apply may report it did not start; that is not what is tested here.
     assert r.returncode in (0, 1), r.stdout + r.stderr
@@ -166,12 +199,21 @@ def test_restart_policies_as_systemd_runs_them(sandbox3, sandbox_inventory, tmp_
 def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(sandbox3, sandbox_inventory, tmp_path):
     inv = tmp_path / "inv.yaml"
     job = "lc-success"
-    sandbox_inventory(sandbox3, job=job, path=inv, pools={
-        "reduction_server": {"replicas": 1, "command": SERVE, "hosts": ["host-3"]},
-        "chief": {"replicas": 1, "command": ["/bin/sh", "-c", "echo training; sleep 6; echo done"], "hosts": ["host-1"]},
-        "worker": {"replicas": 1, "command": SERVE, "hosts": ["host-2"]},  # serves until stopped
-        "evaluator": {"replicas": 1, "command": ["/bin/sleep", "600"], "hosts": ["host-3"]},
-    })
+    sandbox_inventory(
+        sandbox3,
+        job=job,
+        path=inv,
+        pools={
+            "reduction_server": {"replicas": 1, "command": SERVE, "hosts": ["host-3"]},
+            "chief": {
+                "replicas": 1,
+                "command": ["/bin/sh", "-c", "echo training; sleep 6; echo done"],
+                "hosts": ["host-1"],
+            },
+            "worker": {"replicas": 1, "command": SERVE, "hosts": ["host-2"]},  # serves until stopped
+            "evaluator": {"replicas": 1, "command": ["/bin/sleep", "600"], "hosts": ["host-3"]},
+        },
+    )
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     w = cli("wait", "--timeout", "1", inv, cwd=tmp_path)  # still running: timeout is exit 1
@@ -187,8 +229,10 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
         assert r_[t]["state"] == "Stopped", r_[t]
         assert r_[t]["detail"].startswith("stopped by provision: job succeeded"), r_[t]
     # Stop order: evaluator, then workers, then reduction servers.
-    ends = {t: float(exits(sandbox3, h, job, t)[-1][0]) for t, h in
-            (("evaluator-0", "host-3"), ("worker-0", "host-2"), ("reduction_server-0", "host-3"))}
+    ends = {
+        t: float(exits(sandbox3, h, job, t)[-1][0])
+        for t, h in (("evaluator-0", "host-3"), ("worker-0", "host-2"), ("reduction_server-0", "host-3"))
+    }
     assert ends["evaluator-0"] <= ends["worker-0"] <= ends["reduction_server-0"]
     before = {h: sh(sandbox3, h, f"cat /var/lib/provision/{job}/*.exits") for h in ("host-1", "host-2", "host-3")}
     # A no-op apply does not start the finished job again.
@@ -209,12 +253,14 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
 
 def test_wait_on_a_job_never_applied_is_one_line(sandbox3, sandbox_inventory, tmp_path):
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(sandbox3, job="lc-never-applied", path=inv,
-                      pools={"chief": {"replicas": 1, "command": ["/bin/true"]}})
+    sandbox_inventory(
+        sandbox3, job="lc-never-applied", path=inv, pools={"chief": {"replicas": 1, "command": ["/bin/true"]}}
+    )
     w = cli("wait", inv, cwd=tmp_path, timeout=60)
     assert w.returncode == 1
     assert w.stderr.strip().splitlines()[-1] == (
-        f"Error: job lc-never-applied is not on its hosts: run `provision apply {inv}` first")
+        f"Error: job lc-never-applied is not on its hosts: run `provision apply {inv}` first"
+    )
     assert "Traceback" not in w.stderr
 
 
@@ -228,12 +274,24 @@ def test_files_sent_once_by_hash_and_changed_code_restarts_tasks(sandbox3, sandb
     (code / "train.py").write_text("print('v1')\n")
     (code / "pkg" / "data.txt").write_text("data\n")
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(sandbox3, job=job, path=inv, pools={
-        "chief": {"replicas": 1, "hosts": ["host-1"],
-                  "command": ["/bin/sh", "-c", "python3 /opt/lc-files/train.py; exec sleep 600"]},
-        "worker": {"replicas": 1, "hosts": ["host-2"],
-                   "command": ["/bin/sh", "-c", "python3 /opt/lc-files/train.py; exec sleep 600"]},
-    }, files=[{"src": str(code) + "/", "dest": "/opt/lc-files/"}])
+    sandbox_inventory(
+        sandbox3,
+        job=job,
+        path=inv,
+        pools={
+            "chief": {
+                "replicas": 1,
+                "hosts": ["host-1"],
+                "command": ["/bin/sh", "-c", "python3 /opt/lc-files/train.py; exec sleep 600"],
+            },
+            "worker": {
+                "replicas": 1,
+                "hosts": ["host-2"],
+                "command": ["/bin/sh", "-c", "python3 /opt/lc-files/train.py; exec sleep 600"],
+            },
+        },
+        files=[{"src": str(code) + "/", "dest": "/opt/lc-files/"}],
+    )
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     for h in ("host-1", "host-2"):
@@ -268,8 +326,11 @@ def test_files_sent_once_by_hash_and_changed_code_restarts_tasks(sandbox3, sandb
         assert inv_id(h, t) != ids[t]
         after = stamp(h).splitlines()
         assert after[1] == before[h].splitlines()[1]  # data.txt untouched
-    lines = wait_until(lambda: [l for l in cli("logs", inv, "chief-0", cwd=tmp_path).stdout.splitlines() if "| v" in l],
-                       30, what="the chief's output")
+    lines = wait_until(
+        lambda: [l for l in cli("logs", inv, "chief-0", cwd=tmp_path).stdout.splitlines() if "| v" in l],
+        30,
+        what="the chief's output",
+    )
     assert lines[-1].endswith("| v2")
     assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
     for h in ("host-1", "host-2"):

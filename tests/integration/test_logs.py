@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,8 +26,9 @@ ODD = (
 
 
 def cli(*args, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "provision", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def sh(sb, host: str, cmd: str) -> str:
@@ -50,10 +50,15 @@ def odd_job(sandbox3, sandbox_inventory, tmp_path_factory):
     """A running job whose tasks print a progress bar, non-UTF-8 bytes, CRLF, a 100 KB line."""
     tmp = tmp_path_factory.mktemp("logs")
     inv = tmp / "inv.yaml"
-    sandbox_inventory(sandbox3, job="lg-odd", path=inv, pools={
-        "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", ODD]},
-        "worker": {"replicas": 2, "hosts": ["host-2", "host-3"], "command": ["/bin/sh", "-c", ODD]},
-    })
+    sandbox_inventory(
+        sandbox3,
+        job="lg-odd",
+        path=inv,
+        pools={
+            "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", ODD]},
+            "worker": {"replicas": 2, "hosts": ["host-2", "host-3"], "command": ["/bin/sh", "-c", ODD]},
+        },
+    )
     r = cli("apply", "-y", inv, cwd=tmp)
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: "line 6 of worker-1" in cli("logs", inv, cwd=tmp).stdout, what="the tasks' output")
@@ -79,8 +84,10 @@ def test_merged_prefixed_and_odd_output_as_a_terminal_shows_it(odd_job):
     r = cli("logs", inv, "worker-1", "chief-0", "--tail", "2", cwd=tmp)
     assert r.returncode == 0
     got = sorted(r.stdout.splitlines())
-    assert got == sorted([f"chief-0@host-1  | line {i} of chief-0" for i in (5, 6)]
-                         + [f"worker-1@host-3 | line {i} of worker-1" for i in (5, 6)])
+    assert got == sorted(
+        [f"chief-0@host-1  | line {i} of chief-0" for i in (5, 6)]
+        + [f"worker-1@host-3 | line {i} of worker-1" for i in (5, 6)]
+    )
     # --since: everything is from the last hour, nothing from the future.
     assert "line 6 of chief-0" in cli("logs", inv, "chief-0", "--since", "1h", cwd=tmp).stdout
     assert cli("logs", inv, "chief-0", "--since", "2099-01-01 00:00:00", cwd=tmp).stdout == ""
@@ -118,10 +125,22 @@ def test_unreachable_host_exit_3_after_the_others_lines(odd_job):
 
 def test_output_dir_resumes_from_cursors_across_a_restart(sandbox3, sandbox_inventory, tmp_path):
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(sandbox3, job="lg-resume", path=inv, pools={
-        "chief": {"replicas": 1, "hosts": ["host-1"],
-                  "command": ["/bin/sh", "-c", 'echo "run $(cat /proc/sys/kernel/random/uuid)"; echo tick; exec sleep 600']},
-    })
+    sandbox_inventory(
+        sandbox3,
+        job="lg-resume",
+        path=inv,
+        pools={
+            "chief": {
+                "replicas": 1,
+                "hosts": ["host-1"],
+                "command": [
+                    "/bin/sh",
+                    "-c",
+                    'echo "run $(cat /proc/sys/kernel/random/uuid)"; echo tick; exec sleep 600',
+                ],
+            },
+        },
+    )
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
     out = tmp_path / "out"
     wait_for(lambda: "tick" in cli("logs", inv, cwd=tmp_path).stdout, what="first run's output")
@@ -146,17 +165,37 @@ def test_follow_shows_lines_from_a_task_restarted_while_following(sandbox3, sand
     inv = tmp_path / "inv.yaml"
     counter = "/var/tmp/lg-follow-count"
     sh(sandbox3, "host-1", f"rm -f {counter}")
-    attempt = (f'n=$(($(cat {counter} 2>/dev/null || echo 0)+1)); echo $n > {counter}; '
-               'echo "attempt $n"; sleep 3; echo "end of attempt $n"; [ $n -ge 3 ]')
-    sandbox_inventory(sandbox3, job="lg-follow", path=inv, pools={
-        "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", attempt],
-                  "restart": {"policy": "OnFailure", "limit": 3}},
-        "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "echo worker up; exec sleep 600"]},
-    })
+    attempt = (
+        f"n=$(($(cat {counter} 2>/dev/null || echo 0)+1)); echo $n > {counter}; "
+        'echo "attempt $n"; sleep 3; echo "end of attempt $n"; [ $n -ge 3 ]'
+    )
+    sandbox_inventory(
+        sandbox3,
+        job="lg-follow",
+        path=inv,
+        pools={
+            "chief": {
+                "replicas": 1,
+                "hosts": ["host-1"],
+                "command": ["/bin/sh", "-c", attempt],
+                "restart": {"policy": "OnFailure", "limit": 3},
+            },
+            "worker": {
+                "replicas": 1,
+                "hosts": ["host-2"],
+                "command": ["/bin/sh", "-c", "echo worker up; exec sleep 600"],
+            },
+        },
+    )
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
-    p = subprocess.Popen([sys.executable, "-m", "provision", "logs", "--follow", str(inv)], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "provision", "logs", "--follow", str(inv)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen: list[str] = []
     done = threading.Event()
 

@@ -62,11 +62,15 @@ def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, 
 
 def assert_same(fast: dict, slow: dict) -> None:
     for name in slow:
-        assert json.dumps(fast[name], sort_keys=True, indent=1) == json.dumps(slow[name], sort_keys=True, indent=1), name
+        assert json.dumps(fast[name], sort_keys=True, indent=1) == json.dumps(slow[name], sort_keys=True, indent=1), (
+            name
+        )
 
 
 def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=180
+    )
 
 
 def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path, monkeypatch):
@@ -78,9 +82,11 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
         "worker": {"replicas": 2, "accelerators": 1, "command": LONG},
         "evaluator": {"replicas": 1, "command": ["/bin/sh", "-c", "exit 0"]},
     }
-    files = [{"src": "small.txt", "dest": "/opt/probe-test/small.txt"},
-             {"src": "big.bin", "dest": "/opt/probe-test/big.bin"},
-             {"src": "small.txt", "dest": "/opt/probe-test/fifo.txt"}]
+    files = [
+        {"src": "small.txt", "dest": "/opt/probe-test/small.txt"},
+        {"src": "big.bin", "dest": "/opt/probe-test/big.bin"},
+        {"src": "small.txt", "dest": "/opt/probe-test/fifo.txt"},
+    ]
     sandbox_inventory(sb, job="probe", pools=pools, path=inv, files=files)
 
     # Nothing there yet.
@@ -144,5 +150,7 @@ def test_fast_probe_gives_way_to_the_agent_for_what_it_cannot_say():
     assert fast_probe.command(ProbeRequest("j", facts="all")) is None
     assert fast_probe.command(ProbeRequest("j", paths=["/opt/a b"])) is None
     assert fast_probe.command(ProbeRequest("j", units=["a;b.service"])) is None
-    cmd = fast_probe.command(ProbeRequest("j", facts="check", facts_only=["gpus"], units=["provision-j-chief-0.service"]))
+    cmd = fast_probe.command(
+        ProbeRequest("j", facts="check", facts_only=["gpus"], units=["provision-j-chief-0.service"])
+    )
     assert cmd is not None and "nvidia-smi" in cmd

@@ -44,10 +44,10 @@ def _gpus_from_csv(text: str) -> list[tuple[int, str]]:
 
 # ----------------------------------------------------------------------------- no Docker
 
+
 def _run_standin(args, gpus, host="h1"):
     env = dict(os.environ, PROVISION_SANDBOX_GPUS=str(gpus), PROVISION_SANDBOX_HOSTNAME=host)
-    return subprocess.run([sys.executable, str(NVIDIA_SMI), *args], env=env,
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(NVIDIA_SMI), *args], env=env, capture_output=True, text=True)
 
 
 def test_nvidia_smi_standin_prints_the_real_csv_format():
@@ -91,8 +91,7 @@ def test_debian_mirror_comes_from_apt_configuration(tmp_path, monkeypatch):
         "Suites: bookworm-security\nComponents: main\n"
     )
     (apt / "sources.list.d/other.list").write_text("deb [arch=amd64] https://x.invalid/apt nodistro main\n")
-    (apt / "sources.list.d/off.list.disabled").write_text(
-        "deb http://disabled.invalid/debian bookworm main\n")
+    (apt / "sources.list.d/off.list.disabled").write_text("deb http://disabled.invalid/debian bookworm main\n")
     assert image.debian_mirror(tmp_path) == "http://mirror.invalid/debian"
     # A controller on another Debian release: its archive serves bookworm too.
     (apt / "sources.list.d/debian.sources").unlink()
@@ -108,10 +107,14 @@ def test_debian_mirror_comes_from_apt_configuration(tmp_path, monkeypatch):
 
 def _fake_sandbox(tmp_path, gpus=2, hosts=3) -> sandbox.Sandbox:
     return sandbox.Sandbox(
-        name="fake", network="provision-sandbox-fake", key_path=tmp_path / "id_ed25519",
+        name="fake",
+        network="provision-sandbox-fake",
+        key_path=tmp_path / "id_ed25519",
         known_hosts_path=tmp_path / "known_hosts",
-        hosts=[sandbox.SandboxHost(f"host-{i}", f"fake-host-{i}", 40000 + i, f"fake-host-{i}", gpus)
-               for i in range(1, hosts + 1)],
+        hosts=[
+            sandbox.SandboxHost(f"host-{i}", f"fake-host-{i}", 40000 + i, f"fake-host-{i}", gpus)
+            for i in range(1, hosts + 1)
+        ],
     )
 
 
@@ -119,11 +122,19 @@ def test_inventory_for_a_sandbox_validates(tmp_path):
     sb = _fake_sandbox(tmp_path)
     (tmp_path / "id_ed25519").write_text("not a real key\n")
     inv = sandbox.inventory_dict(sb, job="t1", pools=sandbox.example_pools(sb), env={"A": "1"})
-    assert inv["ssh"] == {"user": "root", "identity_file": str(sb.key_path),
-                          "host_key_policy": "accept-new", "connect_timeout": 10}
-    assert inv["hosts"][1] == {"name": "host-2", "address": "127.0.0.1", "port": 40002,
-                               "cluster_address": "fake-host-2",
-                               "accelerators": {"type": "nvidia-h100", "count": 2}}
+    assert inv["ssh"] == {
+        "user": "root",
+        "identity_file": str(sb.key_path),
+        "host_key_policy": "accept-new",
+        "connect_timeout": 10,
+    }
+    assert inv["hosts"][1] == {
+        "name": "host-2",
+        "address": "127.0.0.1",
+        "port": 40002,
+        "cluster_address": "fake-host-2",
+        "accelerators": {"type": "nvidia-h100", "count": 2},
+    }
     assert inv["pools"]["worker"]["replicas"] == 2 and inv["env"] == {"A": "1"}
     assert "accelerators" not in sandbox.inventory_dict(_fake_sandbox(tmp_path, gpus=0))["hosts"][0]
     path = sandbox.write_inventory(sb, tmp_path / "inv.yaml", job="t1", pools=sandbox.example_pools(sb))
@@ -140,8 +151,9 @@ def test_cli_errors_are_one_line_without_docker(monkeypatch):
     assert r.output.startswith("Error: no Docker engine answers at unix:///nonexistent/"), r.output
     from provision.sandbox.engine import explain
 
-    denied = ("Error while fetching server API version: ('Connection aborted.', "
-              "PermissionError(13, 'Permission denied'))")
+    denied = (
+        "Error while fetching server API version: ('Connection aborted.', PermissionError(13, 'Permission denied'))"
+    )
     assert explain(Exception(denied)).startswith("no permission to use the Docker engine")
     r = CliRunner().invoke(main, ["sandbox", "up", "--name", "Bad_Name"])
     assert r.exit_code == 1 and r.output.startswith("Error: sandbox name 'Bad_Name'"), r.output
@@ -149,6 +161,7 @@ def test_cli_errors_are_one_line_without_docker(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- real hosts
+
 
 @pytest.mark.integration
 def test_image_build_failure_names_its_log(docker_engine, tmp_path, monkeypatch):
@@ -230,8 +243,9 @@ def test_fake_gpus_match_the_real_nvidia_smi_format(sandbox4):
 
 @pytest.mark.integration
 def test_inventory_fixture_describes_the_hosts(sandbox4, sandbox_inventory, tmp_path):
-    inv = sandbox_inventory(sandbox4, job="t1", pools={"chief": {"replicas": 1, "command": ["true"]}},
-                            path=tmp_path / "inv.yaml")
+    inv = sandbox_inventory(
+        sandbox4, job="t1", pools={"chief": {"replicas": 1, "command": ["true"]}}, path=tmp_path / "inv.yaml"
+    )
     assert [h["port"] for h in inv["hosts"]] == [h.ssh_port for h in sandbox4.hosts]
     assert all(h["accelerators"] == {"type": "nvidia-h100", "count": 2} for h in inv["hosts"])
     assert yaml.safe_load((tmp_path / "inv.yaml").read_text()) == inv
@@ -325,8 +339,7 @@ def test_tensorflow_layer_is_importable_on_the_host(sandbox_factory):
     sb = sandbox_factory(hosts=1, with_=("tensorflow",))
     try:
         with sb.connection("host-1") as c:
-            out = c.run('python3 -c "import tensorflow as tf; print(tf.__version__)"',
-                        hide=True).stdout
+            out = c.run('python3 -c "import tensorflow as tf; print(tf.__version__)"', hide=True).stdout
         assert out.strip().splitlines()[-1] == "2.21.0"
     finally:
         sandbox_factory.down(sb)

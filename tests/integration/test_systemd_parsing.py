@@ -81,7 +81,7 @@ HOSTILE_ARGS = [
 ]
 
 # The task: its program text has quotes, newlines, '%', '$', '#', backslashes.
-PROGRAM = r'''
+PROGRAM = r"""
 import json, os, sys
 # a comment with "double" and 'single' quotes, $HOME, %h, `id` and a backslash \
 out = {"argv": sys.argv[1:], "env": dict(os.environ)}
@@ -90,7 +90,7 @@ os.makedirs(os.path.dirname(path), exist_ok=True)
 with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(out, f)
 os.replace(path + ".tmp", path)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +180,12 @@ def test_unit_file_loads_without_warnings(installed, rendered_job):
     inv, *_ = rendered_job
     log = _sh(installed, "journalctl -b --no-pager -o cat _PID=1").stdout  # PID 1 reads unit files
     assert "Reload" in log or "reload" in log or "Started" in log, "no PID 1 messages in the journal"
-    complaints = [line for line in log.splitlines() if f"provision-{inv.job}-" in line and any(
-        w in line for w in ("Unknown", "Invalid", "Ignoring", "Failed to parse", "not valid", "Missing"))]
+    complaints = [
+        line
+        for line in log.splitlines()
+        if f"provision-{inv.job}-" in line
+        and any(w in line for w in ("Unknown", "Invalid", "Ignoring", "Failed to parse", "not valid", "Missing"))
+    ]
     assert not complaints, complaints
 
 
@@ -190,7 +194,10 @@ def test_env_file_alone_through_systemd_run(installed, rendered_job):
     inv, _rendered, expected, _ = rendered_job
     env_path = f"/etc/provision/{inv.job}/chief-0.env"
     prog = "import json,os,sys; sys.stdout.write(json.dumps(dict(os.environ)))"
-    r = _sh(installed, f"systemd-run --quiet --wait --pipe --collect -p EnvironmentFile={env_path} /usr/bin/python3 -c {shlex.quote(prog)}")
+    r = _sh(
+        installed,
+        f"systemd-run --quiet --wait --pipe --collect -p EnvironmentFile={env_path} /usr/bin/python3 -c {shlex.quote(prog)}",
+    )
     assert r.ok, r.stderr
     env = json.loads(r.stdout)
     want = expected["chief-0"]

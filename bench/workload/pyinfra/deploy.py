@@ -21,6 +21,5 @@ files.directory(name="job directory", path=f"/etc/provision/{job}", mode="700")
 env_file = files.put(name="env file", src=base + env_path, dest=env_path, mode="600")
 unit_file = files.put(name="unit file", src=base + unit_path, dest=unit_path, mode="644")
 systemd.daemon_reload(name="daemon-reload", _if=unit_file.did_change)
-systemd.service(name="restart task", service=unit, running=True, restarted=True,
-                _if=any_changed(env_file, unit_file))
+systemd.service(name="restart task", service=unit, running=True, restarted=True, _if=any_changed(env_file, unit_file))
 systemd.service(name="task running", service=unit, running=True)

@@ -24,11 +24,25 @@ try:
     import _json
 
     class json:  # noqa: N801 - stands in for the module: loads and dumps as json does them
-        _scan = _json.make_scanner(type("ctx", (), {
-            "strict": True, "object_hook": None, "object_pairs_hook": None, "parse_float": float,
-            "parse_int": int, "memo": {},
-            "parse_constant": {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__,
-        })())
+        _scan = _json.make_scanner(
+            type(
+                "ctx",
+                (),
+                {
+                    "strict": True,
+                    "object_hook": None,
+                    "object_pairs_hook": None,
+                    "parse_float": float,
+                    "parse_int": int,
+                    "memo": {},
+                    "parse_constant": {
+                        "-Infinity": float("-inf"),
+                        "Infinity": float("inf"),
+                        "NaN": float("nan"),
+                    }.__getitem__,
+                },
+            )()
+        )
         _str = _json.encode_basestring_ascii
 
         @staticmethod
@@ -53,8 +67,11 @@ try:
             if isinstance(o, int):
                 return int.__repr__(o)
             if isinstance(o, float):
-                return float.__repr__(o) if o == o and abs(o) != float("inf") else (
-                    "NaN" if o != o else "Infinity" if o > 0 else "-Infinity")
+                return (
+                    float.__repr__(o)
+                    if o == o and abs(o) != float("inf")
+                    else ("NaN" if o != o else "Infinity" if o > 0 else "-Infinity")
+                )
             if isinstance(o, dict):
                 return "{" + ", ".join(json._str(json._key(k)) + ": " + json.dumps(v) for k, v in o.items()) + "}"
             if isinstance(o, (list, tuple)):
@@ -102,11 +119,25 @@ except (ImportError, AttributeError):
     _SIGDEF = ()
 
 UNIT_PROPS = (
-    "Id", "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus",
-    "ExecMainPID", "MainPID", "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic",
-    "InactiveEnterTimestampMonotonic", "ExecMainStartTimestampMonotonic",
-    "ExecMainExitTimestampMonotonic", "ExecMainStartTimestamp", "ExecMainExitTimestamp",
-    "NeedDaemonReload", "StateChangeTimestamp",
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "ExecMainPID",
+    "MainPID",
+    "NRestarts",
+    "InvocationID",
+    "ActiveEnterTimestampMonotonic",
+    "InactiveEnterTimestampMonotonic",
+    "ExecMainStartTimestampMonotonic",
+    "ExecMainExitTimestampMonotonic",
+    "ExecMainStartTimestamp",
+    "ExecMainExitTimestamp",
+    "NeedDaemonReload",
+    "StateChangeTimestamp",
 )
 
 
@@ -145,8 +176,13 @@ def run(argv, timeout=60):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = os.posix_spawnp(argv[0], argv, os.environ, setsigdef=_SIGDEF,
-                              file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        pid = os.posix_spawnp(
+            argv[0],
+            argv,
+            os.environ,
+            setsigdef=_SIGDEF,
+            file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)],
+        )
     except FileNotFoundError:
         os.close(out_r)
         os.close(err_r)
@@ -287,8 +323,12 @@ def facts(only=None):
         if "tpu" in only:
             out["tpu_chips"] = tpu_chips()
         return out
-    out = {"hostname": os.uname()[1], "kernel": os.uname()[2], "cpus": os.cpu_count(),
-           "python": "%d.%d.%d" % sys.version_info[:3]}
+    out = {
+        "hostname": os.uname()[1],
+        "kernel": os.uname()[2],
+        "cpus": os.cpu_count(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+    }
     osr = {}
     try:
         with open("/etc/os-release") as f:
@@ -330,8 +370,14 @@ def gpu_report(code, so, se):
         for line in so.splitlines():
             parts = [p.strip() for p in line.split(",")]
             if len(parts) >= 4 and parts[0].isdigit():
-                gpus.append({"index": int(parts[0]), "uuid": parts[1], "name": parts[2],
-                             "memory_mib": int(parts[3]) if parts[3].isdigit() else None})
+                gpus.append(
+                    {
+                        "index": int(parts[0]),
+                        "uuid": parts[1],
+                        "name": parts[2],
+                        "memory_mib": int(parts[3]) if parts[3].isdigit() else None,
+                    }
+                )
         out["nvidia_smi"] = "ok"
     else:
         out["nvidia_smi"] = "missing" if code == 127 else (se.strip() or so.strip() or "exit %d" % code)
@@ -452,8 +498,9 @@ def _loaded(units):
     again for units it did not find before; older ones, or a stale unit, say no."""
     if not units:
         return True
-    return all(st.get("LoadState") == "loaded" and st.get("NeedDaemonReload") != "yes"
-               for st in unit_states(units).values())
+    return all(
+        st.get("LoadState") == "loaded" and st.get("NeedDaemonReload") != "yes" for st in unit_states(units).values()
+    )
 
 
 def op_write(req):
@@ -588,7 +635,7 @@ def op_destroy(req):
                 pass  # not empty: something else lives there now
     if not errors:
         for d in (jd, sd):
-            for root, subdirs, names in os.walk(d, topdown=False):
+            for root, _subdirs, names in os.walk(d, topdown=False):
                 for name in names:
                     os.unlink(os.path.join(root, name))
                 os.rmdir(root)

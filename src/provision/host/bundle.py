@@ -55,4 +55,4 @@ def payload() -> bytes:
 
 def boot_command() -> str:
     n = len(payload())
-    return f"python3 -S -c 'import sys;exec(compile(sys.stdin.buffer.read({n}),\"provision-agent\",\"exec\"))'"
+    return f'python3 -S -c \'import sys;exec(compile(sys.stdin.buffer.read({n}),"provision-agent","exec"))\''

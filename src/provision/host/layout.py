@@ -82,7 +82,7 @@ def task_of_unit(job: str, unit: str) -> str:
     """The task a unit of job belongs to (the inverse of unit_name)."""
     head, tail = PREFIX + job + "-", ".service"
     if unit.startswith(head) and unit.endswith(tail):
-        return unit[len(head):-len(tail)]
+        return unit[len(head) : -len(tail)]
     return unit
 
 
@@ -139,7 +139,7 @@ def exec_stop_post_command(job: str, task: str) -> str:
     mark of exec_stop_command turned into the stop field)."""
     mark, exits = stopping_path(job, task), exits_path(job, task)
     return (
-        "/bin/sh -c 'mkdir -p %s && s= && if [ -e %s ]; then s=\" %s\"; rm -f %s; fi && "
-        "echo \"$$(date +%%%%s) $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS$$s\" >> %s'"
+        '/bin/sh -c \'mkdir -p %s && s= && if [ -e %s ]; then s=" %s"; rm -f %s; fi && '
+        'echo "$$(date +%%%%s) $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS$$s" >> %s\''
         % (state_dir(job), mark, STOP_MARK, mark, exits)
     )

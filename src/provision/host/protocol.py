@@ -182,8 +182,13 @@ class BatchReport:
 
 
 REQUESTS = {c.op: c for c in (ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, BatchRequest)}
-REPORTS = {"probe": ProbeReport, "write": WriteReport, "units": UnitsReport, "destroy": DestroyReport,
-           "batch": BatchReport}
+REPORTS = {
+    "probe": ProbeReport,
+    "write": WriteReport,
+    "units": UnitsReport,
+    "destroy": DestroyReport,
+    "batch": BatchReport,
+}
 
 
 # --------------------------------------------------------------------------- wire form

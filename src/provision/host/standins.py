@@ -27,6 +27,10 @@ def field(*, default: Any = _MISSING, default_factory: Any = _MISSING) -> Any:
     return _Field(default, default_factory)
 
 
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
 def dataclass(cls: Any = None, *, frozen: bool = False) -> Any:
     def wrap(cls: Any) -> Any:
         names = list(cls.__dict__.get("__annotations__", {}))
@@ -42,7 +46,7 @@ def dataclass(cls: Any = None, *, frozen: bool = False) -> Any:
                     continue
                 v = v.default
                 setattr(cls, n, v)
-            defaults[n] = (lambda v=v: v)
+            defaults[n] = _constant(v)
 
         def __init__(self: Any, *args: Any, **kw: Any) -> None:
             if len(args) > len(names):
@@ -71,6 +75,7 @@ def dataclass(cls: Any = None, *, frozen: bool = False) -> Any:
         cls.__eq__ = __eq__
         cls.__repr__ = __repr__
         if frozen:
+
             def __setattr__(self: Any, name: str, value: Any) -> None:
                 raise FrozenInstanceError("cannot assign to field %r" % name)
 

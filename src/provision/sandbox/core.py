@@ -53,6 +53,7 @@ _INOTIFY_NEEDED_PAST = 12  # hosts; each systemd uses a handful of inotify insta
 
 # --------------------------------------------------------------------------- data
 
+
 @dataclass
 class SandboxHost:
     name: str  # inventory name: host-1, host-2, ...
@@ -91,8 +92,7 @@ class Sandbox:
     def host(self, which: str | int) -> SandboxHost:
         """A host by inventory name ("host-2"), container name, or 1-based number."""
         for h in self.hosts:
-            if which in (h.name, h.container) or (isinstance(which, int) and
-                                                   h.name == f"host-{which}"):
+            if which in (h.name, h.container) or (isinstance(which, int) and h.name == f"host-{which}"):
                 return h
         raise KeyError(f"sandbox {self.name!r} has no host {which!r}")
 
@@ -103,10 +103,20 @@ class Sandbox:
     def ssh_command(self, host: SandboxHost | str | int) -> list[str]:
         """An OpenSSH command line that logs in as root, checking the host's own key."""
         h = self._h(host)
-        return ["ssh", "-i", str(self.key_path), "-p", str(h.ssh_port),
-                "-o", f"UserKnownHostsFile={self.known_hosts_path}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-                f"{self.user}@{h.ssh_host}"]
+        return [
+            "ssh",
+            "-i",
+            str(self.key_path),
+            "-p",
+            str(h.ssh_port),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            f"{self.user}@{h.ssh_host}",
+        ]
 
     def connection(self, host: SandboxHost | str | int, **kwargs: Any):
         """A fabric.Connection to the host, with the sandbox key and known host keys.
@@ -116,14 +126,21 @@ class Sandbox:
         import fabric
 
         h = self._h(host)
-        connect_kwargs = {"key_filename": str(self.key_path), "look_for_keys": False,
-                          "allow_agent": False, **kwargs.pop("connect_kwargs", {})}
+        connect_kwargs = {
+            "key_filename": str(self.key_path),
+            "look_for_keys": False,
+            "allow_agent": False,
+            **kwargs.pop("connect_kwargs", {}),
+        }
         conn = fabric.Connection(
-            host=h.ssh_host, port=h.ssh_port, user=self.user,
-            connect_kwargs=connect_kwargs, connect_timeout=kwargs.pop("connect_timeout", 10),
+            host=h.ssh_host,
+            port=h.ssh_port,
+            user=self.user,
+            connect_kwargs=connect_kwargs,
+            connect_timeout=kwargs.pop("connect_timeout", 10),
             # No stdin forwarding: tests and CI have none to give (pytest refuses reads).
-            config=fabric.Config(overrides={"load_ssh_configs": False,
-                                            "run": {"in_stream": False}}), **kwargs,
+            config=fabric.Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
+            **kwargs,
         )
         if self.known_hosts_path.exists():
             conn.client.load_host_keys(str(self.known_hosts_path))
@@ -134,8 +151,9 @@ class Sandbox:
         """The docker SDK Container object of a host (for fault injection in tests)."""
         return (client or engine.client()).containers.get(self._h(host).container)
 
-    def docker_exec(self, host: SandboxHost | str | int, cmd: str | list[str],
-                    client: docker.DockerClient | None = None) -> tuple[int, str]:
+    def docker_exec(
+        self, host: SandboxHost | str | int, cmd: str | list[str], client: docker.DockerClient | None = None
+    ) -> tuple[int, str]:
         """Run a command in the host through Docker, bypassing SSH: (exit code, output)."""
         res = self.container(host, client).exec_run(cmd)
         return res.exit_code, res.output.decode(errors="replace")
@@ -152,18 +170,21 @@ class Sandbox:
     @classmethod
     def from_dict(cls, d: dict) -> Sandbox:
         return cls(
-            name=d["name"], network=d["network"], key_path=Path(d["key_path"]),
+            name=d["name"],
+            network=d["network"],
+            key_path=Path(d["key_path"]),
             known_hosts_path=Path(d["known_hosts_path"]),
             hosts=[SandboxHost(**h) for h in d.get("hosts", [])],
-            image=d.get("image", ""), frameworks=tuple(d.get("frameworks", ())),
-            created=d.get("created", 0.0), user=d.get("user", SSH_USER),
+            image=d.get("image", ""),
+            frameworks=tuple(d.get("frameworks", ())),
+            created=d.get("created", 0.0),
+            user=d.get("user", SSH_USER),
             status=d.get("status", "ready"),
         )
 
     def save(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        write_private(self.state_dir / "sandbox.json",
-                      json.dumps(self.to_dict(), indent=2) + "\n", 0o644)
+        write_private(self.state_dir / "sandbox.json", json.dumps(self.to_dict(), indent=2) + "\n", 0o644)
 
 
 @dataclass
@@ -197,6 +218,7 @@ class DownResult:
 
 # --------------------------------------------------------------------------- helpers
 
+
 def validate_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ProvisionError(
@@ -216,10 +238,10 @@ def network_name(sandbox: str) -> str:
 
 def _keypair(comment: str) -> tuple[bytes, bytes]:
     key = ed25519.Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                           serialization.PublicFormat.OpenSSH)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     return private, public + f" {comment}\n".encode()
 
 
@@ -246,8 +268,7 @@ def _host_files(pubkey: bytes, gpus: int) -> bytes:
 
 def _labelled(client: docker.DockerClient, name: str | None = None):
     flt = {"label": f"{LABEL}={name}" if name else LABEL}
-    return (client.containers.list(all=True, filters=flt),
-            client.networks.list(filters=flt))
+    return (client.containers.list(all=True, filters=flt), client.networks.list(filters=flt))
 
 
 def _raise_inotify_limits(client: docker.DockerClient, new_hosts: int, progress: Progress) -> None:
@@ -268,8 +289,10 @@ def _raise_inotify_limits(client: docker.DockerClient, new_hosts: int, progress:
             path.write_text(str(want))
             progress(f"raised fs.inotify.{key} from {current} to {want} for {total} systemd hosts")
         except OSError:
-            progress(f"warning: fs.inotify.{key}={current} is low for {total} systemd hosts and "
-                     f"could not be raised (needs root): `sysctl -w fs.inotify.{key}={want}`")
+            progress(
+                f"warning: fs.inotify.{key}={current} is low for {total} systemd hosts and "
+                f"could not be raised (needs root): `sysctl -w fs.inotify.{key}={want}`"
+            )
 
 
 def _network_error(network: str, e: docker.errors.APIError) -> ProvisionError:
@@ -290,8 +313,7 @@ def _docker_error(container: str, e: docker.errors.APIError, port: int | None) -
     if "port is already allocated" in low or "address already in use" in low:
         where = f"127.0.0.1:{port}" if port else "a published port"
         return ProvisionError(
-            f"{container}: {where} is in use: choose another --ssh-port, or leave it out so "
-            "Docker picks free ports"
+            f"{container}: {where} is in use: choose another --ssh-port, or leave it out so Docker picks free ports"
         )
     if "is already in use" in low and "name" in low:
         return ProvisionError(
@@ -303,6 +325,7 @@ def _docker_error(container: str, e: docker.errors.APIError, port: int | None) -
 
 
 # --------------------------------------------------------------------------- up
+
 
 def up(
     name: str | None = None,
@@ -329,9 +352,7 @@ def up(
     with_ = tuple(dict.fromkeys(with_))
     for fw in with_:
         if fw not in FRAMEWORKS:
-            raise ProvisionError(
-                f"--with {fw!r}: unknown framework; choose from {', '.join(sorted(FRAMEWORKS))}"
-            )
+            raise ProvisionError(f"--with {fw!r}: unknown framework; choose from {', '.join(sorted(FRAMEWORKS))}")
     client = client or engine.client()
     image = ensure_image(client, progress)
     layers = {fw: ensure_framework(fw, progress) for fw in with_}
@@ -356,8 +377,7 @@ def up(
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=hosts, thread_name_prefix=f"sandbox-{name}")
     try:
-        return _up(client, name, hosts, gpus_per_host, image, layers, ssh_port, timeout,
-                   progress, pool, cancel)
+        return _up(client, name, hosts, gpus_per_host, image, layers, ssh_port, timeout, progress, pool, cancel)
     except BaseException:
         cancel.set()
         pool.shutdown(wait=True, cancel_futures=True)  # no container appears after down()
@@ -370,20 +390,42 @@ def up(
         pool.shutdown(wait=False)
 
 
-def _up(client: docker.DockerClient, name: str, hosts: int, gpus_per_host: int, image: str,
-        layers: dict[str, Path], ssh_port: int | None, timeout: float, progress: Progress,
-        pool: ThreadPoolExecutor, cancel: threading.Event) -> Sandbox:
+def _up(
+    client: docker.DockerClient,
+    name: str,
+    hosts: int,
+    gpus_per_host: int,
+    image: str,
+    layers: dict[str, Path],
+    ssh_port: int | None,
+    timeout: float,
+    progress: Progress,
+    pool: ThreadPoolExecutor,
+    cancel: threading.Event,
+) -> Sandbox:
     sdir = sandbox_dir(name)
     private, public = _keypair(f"provision-sandbox-{name}")
     write_private(sdir / "id_ed25519", private)
     write_private(sdir / "id_ed25519.pub", public, 0o644)
     sb = Sandbox(
-        name=name, network=network_name(name), key_path=sdir / "id_ed25519",
-        known_hosts_path=sdir / "known_hosts", image=image, frameworks=tuple(layers),
-        created=time.time(), status="starting",
-        hosts=[SandboxHost(name=f"host-{i}", container=container_name(name, i), ssh_port=0,
-                           cluster_address=container_name(name, i), gpus=gpus_per_host)
-               for i in range(1, hosts + 1)],
+        name=name,
+        network=network_name(name),
+        key_path=sdir / "id_ed25519",
+        known_hosts_path=sdir / "known_hosts",
+        image=image,
+        frameworks=tuple(layers),
+        created=time.time(),
+        status="starting",
+        hosts=[
+            SandboxHost(
+                name=f"host-{i}",
+                container=container_name(name, i),
+                ssh_port=0,
+                cluster_address=container_name(name, i),
+                gpus=gpus_per_host,
+            )
+            for i in range(1, hosts + 1)
+        ],
     )
     if any(n.name == sb.network for n in client.networks.list(names=[sb.network])):
         # A network an earlier `down` could not remove (DownResult.stale_networks).
@@ -391,8 +433,7 @@ def _up(client: docker.DockerClient, name: str, hosts: int, gpus_per_host: int, 
     sb.save()  # from here on `down` finds the key dir even if this process dies
     t0 = time.monotonic()
     try:
-        client.networks.create(sb.network, driver="bridge", labels={LABEL: name},
-                               check_duplicate=True)
+        client.networks.create(sb.network, driver="bridge", labels={LABEL: name}, check_duplicate=True)
     except docker.errors.APIError as e:
         raise _network_error(sb.network, e) from None
     volumes = dict(_CGROUP_MOUNT)
@@ -403,16 +444,14 @@ def _up(client: docker.DockerClient, name: str, hosts: int, gpus_per_host: int, 
 
     def start_and_wait(i: int, h: SandboxHost) -> str:
         # One thread per host: a host's boot overlaps the other containers' creation.
-        _start_host(client, sb, h, image, volumes, public,
-                    ssh_port + i if ssh_port else None, cancel)
+        _start_host(client, sb, h, image, volumes, public, ssh_port + i if ssh_port else None, cancel)
         return _wait_ready(client, sb, h, deadline, cancel, progress)
 
     host_keys = _gather([pool.submit(start_and_wait, i, h) for i, h in enumerate(sb.hosts)])
     write_private(sb.known_hosts_path, "".join(host_keys), 0o644)
     sb.status = "ready"
     sb.save()
-    progress(f"sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''} ready in "
-             f"{time.monotonic() - t0:.1f} s")
+    progress(f"sandbox {name!r}: {hosts} host{'s' if hosts != 1 else ''} ready in {time.monotonic() - t0:.1f} s")
     return sb
 
 
@@ -423,16 +462,31 @@ def _gather(futures: list[Future]) -> list:
     return [f.result() for f in futures]
 
 
-def _start_host(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, image: str,
-                volumes: dict, pubkey: bytes, port: int | None, cancel: threading.Event) -> None:
+def _start_host(
+    client: docker.DockerClient,
+    sb: Sandbox,
+    h: SandboxHost,
+    image: str,
+    volumes: dict,
+    pubkey: bytes,
+    port: int | None,
+    cancel: threading.Event,
+) -> None:
     if cancel.is_set():
         return
     try:
         c = client.containers.create(
-            image, name=h.container, hostname=h.container, detach=True,
+            image,
+            name=h.container,
+            hostname=h.container,
+            detach=True,
             labels={LABEL: sb.name, HOST_LABEL: h.name, GPU_LABEL: str(h.gpus)},
-            network=sb.network, ports={"22/tcp": ("127.0.0.1", port)},
-            cap_add=["SYS_ADMIN"], cgroupns="host", volumes=volumes, tmpfs=_TMPFS,
+            network=sb.network,
+            ports={"22/tcp": ("127.0.0.1", port)},
+            cap_add=["SYS_ADMIN"],
+            cgroupns="host",
+            volumes=volumes,
+            tmpfs=_TMPFS,
             stop_signal="SIGRTMIN+3",  # systemd shuts down cleanly on it, not on SIGTERM
         )
         c.put_archive("/", _host_files(pubkey, h.gpus))
@@ -453,8 +507,14 @@ def _sshd_banner(host: str, port: int) -> None:
             raise ConnectionResetError(f"{host}:{port}: no SSH banner yet")
 
 
-def _wait_ready(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, deadline: float,
-                cancel: threading.Event, progress: Progress) -> str:
+def _wait_ready(
+    client: docker.DockerClient,
+    sb: Sandbox,
+    h: SandboxHost,
+    deadline: float,
+    cancel: threading.Event,
+    progress: Progress,
+) -> str:
     """Poll until root logs in with the key and systemd finished booting.
 
     Returns the host's known_hosts line (its key as seen on the first login)."""
@@ -465,22 +525,30 @@ def _wait_ready(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, deadli
         attempt += 1
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ProvisionError(
-                f"{h.container} (127.0.0.1:{h.ssh_port}): not ready after the timeout: {last}"
-            )
+            raise ProvisionError(f"{h.container} (127.0.0.1:{h.ssh_port}): not ready after the timeout: {last}")
         cli = paramiko.SSHClient()
         cli.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         try:
             _sshd_banner(h.ssh_host, h.ssh_port)
-            cli.connect(h.ssh_host, h.ssh_port, username=sb.user, pkey=pkey,
-                        look_for_keys=False, allow_agent=False, timeout=5,
-                        banner_timeout=5, auth_timeout=5)
-            key = cli.get_transport().get_remote_server_key()
+            cli.connect(
+                h.ssh_host,
+                h.ssh_port,
+                username=sb.user,
+                pkey=pkey,
+                look_for_keys=False,
+                allow_agent=False,
+                timeout=5,
+                banner_timeout=5,
+                auth_timeout=5,
+            )
+            transport = cli.get_transport()
+            assert transport is not None  # connect() succeeded
+            key = transport.get_remote_server_key()
             # --wait blocks until boot is over; the failed units explain "degraded".
             _, out, _ = cli.exec_command(
-                "systemctl is-system-running --wait; "
-                "systemctl list-units --failed --plain --no-legend --no-pager",
-                timeout=max(1.0, remaining))
+                "systemctl is-system-running --wait; systemctl list-units --failed --plain --no-legend --no-pager",
+                timeout=max(1.0, remaining),
+            )
             lines = out.read().decode(errors="replace").split("\n")
             state = lines[0].strip()
             if state in ("running", "degraded"):
@@ -513,8 +581,10 @@ def _wait_ready(client: docker.DockerClient, sb: Sandbox, h: SandboxHost, deadli
 
 # --------------------------------------------------------------------------- down / load / list
 
-def down(name: str | None = None, *, client: docker.DockerClient | None = None,
-         progress: Progress = no_progress) -> DownResult:
+
+def down(
+    name: str | None = None, *, client: docker.DockerClient | None = None, progress: Progress = no_progress
+) -> DownResult:
     """Remove a sandbox's containers, network and key dir; found by label and metadata."""
     name = validate_name(name or DEFAULT_NAME)
     result = DownResult(name)
@@ -531,8 +601,7 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
                 result.errors.append(f"{c.name}: {e}")
 
     if containers:
-        progress(f"removing {len(containers)} container{'s' if len(containers) != 1 else ''} "
-                 f"of sandbox {name!r}")
+        progress(f"removing {len(containers)} container{'s' if len(containers) != 1 else ''} of sandbox {name!r}")
         with ThreadPoolExecutor(max_workers=min(len(containers), 16)) as ex:
             list(ex.map(remove, containers))
     result.containers = len(containers)
@@ -553,8 +622,7 @@ def down(name: str | None = None, *, client: docker.DockerClient | None = None,
         shutil.rmtree(sdir, ignore_errors=True)
         result.state_removed = True
     if result.errors:
-        raise ProvisionError(f"sandbox {name!r}: could not remove everything: "
-                             + "; ".join(result.errors))
+        raise ProvisionError(f"sandbox {name!r}: could not remove everything: " + "; ".join(result.errors))
     return result
 
 
@@ -587,7 +655,7 @@ def _remove_network(n, wait: float = 5.0) -> None:
             if not _stale(e) or time.monotonic() > deadline:
                 raise
         n.reload()
-        for endpoint in (n.attrs.get("Containers") or {}):
+        for endpoint in n.attrs.get("Containers") or {}:
             try:
                 n.disconnect(endpoint, force=True)
             except docker.errors.APIError:
@@ -607,8 +675,9 @@ def load(name: str | None = None) -> Sandbox:
             f"`provision sandbox up --name {name}`)"
         ) from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ProvisionError(f"{path}: unreadable sandbox metadata ({e}); "
-                             f"`provision sandbox down --name {name}` removes it") from None
+        raise ProvisionError(
+            f"{path}: unreadable sandbox metadata ({e}); `provision sandbox down --name {name}` removes it"
+        ) from None
 
 
 def list_sandboxes(client: docker.DockerClient | None = None) -> list[SandboxSummary]:

@@ -43,9 +43,7 @@ def _key(name: str) -> str:
 
 def framework_path(name: str) -> Path:
     if name not in FRAMEWORKS:
-        raise ProvisionError(
-            f"unknown framework {name!r}: choose from {', '.join(sorted(FRAMEWORKS))}"
-        )
+        raise ProvisionError(f"unknown framework {name!r}: choose from {', '.join(sorted(FRAMEWORKS))}")
     return frameworks_dir() / f"{name}-{_key(name)}"
 
 
@@ -58,8 +56,7 @@ def ensure_framework(name: str, progress: Progress = no_progress) -> Path:
     final = framework_path(name)
     if final.is_dir():
         return final
-    with file_lock(f"framework-{final.name}", progress,
-                   f"waiting for another process installing the {name} layer"):
+    with file_lock(f"framework-{final.name}", progress, f"waiting for another process installing the {name} layer"):
         if final.is_dir():
             return final
         _install(name, final, progress)
@@ -67,13 +64,30 @@ def ensure_framework(name: str, progress: Progress = no_progress) -> Path:
 
 
 def _pip_command(target: Path, reqs: tuple[str, ...]) -> list[str]:
-    cmd = [sys.executable, "-m", "pip", "install", "--target", str(target),
-           "--disable-pip-version-check", "--no-input", "--no-warn-script-location",
-           "--progress-bar", "off"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--target",
+        str(target),
+        "--disable-pip-version-check",
+        "--no-input",
+        "--no-warn-script-location",
+        "--progress-bar",
+        "off",
+    ]
     if sys.version_info[:2] != HOST_PYTHON or platform.machine() != "x86_64":
         # A controller on another Python must fetch wheels for the hosts' 3.11.
-        cmd += ["--python-version", "%d.%d" % HOST_PYTHON, "--implementation", "cp",
-                "--platform", "manylinux_2_36_x86_64", "--only-binary=:all:"]
+        cmd += [
+            "--python-version",
+            "%d.%d" % HOST_PYTHON,
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_36_x86_64",
+            "--only-binary=:all:",
+        ]
     return cmd + list(reqs)
 
 
@@ -92,8 +106,7 @@ def _install(name: str, final: Path, progress: Progress) -> None:
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL).returncode
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         if rc != 0:
             raise ProvisionError(
                 f"installing the {name} layer failed: pip exited {rc} "

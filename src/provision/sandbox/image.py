@@ -35,8 +35,18 @@ MIRROR_ENV = "PROVISION_DEBIAN_MIRROR"
 # Debian release names and aliases: an apt source for any of them is served by an archive
 # that also serves bookworm. Used to recognise the controller's Debian mirror.
 _DEBIAN_SUITES = {
-    "buster", "bullseye", "bookworm", "trixie", "forky", "duke", "sid",
-    "oldoldstable", "oldstable", "stable", "testing", "unstable",
+    "buster",
+    "bullseye",
+    "bookworm",
+    "trixie",
+    "forky",
+    "duke",
+    "sid",
+    "oldoldstable",
+    "oldstable",
+    "stable",
+    "testing",
+    "unstable",
 }
 
 
@@ -76,6 +86,7 @@ def recipe(assets: Path = ASSETS) -> Recipe:
 
 
 # --------------------------------------------------------------------------- mirror
+
 
 @dataclass(frozen=True)
 class AptSource:
@@ -119,8 +130,11 @@ def _parse_deb822(text: str, origin: str) -> list[AptSource]:
         if "deb" not in fields.get("types", "").split():
             continue
         for uri in fields.get("uris", "").split():
-            out.append(AptSource(uri, tuple(fields.get("suites", "").split()),
-                                 tuple(fields.get("components", "").split()), origin))
+            out.append(
+                AptSource(
+                    uri, tuple(fields.get("suites", "").split()), tuple(fields.get("components", "").split()), origin
+                )
+            )
     return out
 
 
@@ -151,7 +165,7 @@ def debian_mirror(root: Path = Path("/")) -> str:
     env = os.environ.get(MIRROR_ENV, "").strip()
     if env:
         return env.rstrip("/")
-    candidates = []
+    candidates: list[tuple[int, int, str]] = []
     for src in apt_sources(root):
         if not re.match(r"^(https?|ftp|file):", src.uri):
             continue
@@ -173,6 +187,7 @@ def debian_mirror(root: Path = Path("/")) -> str:
 
 
 # --------------------------------------------------------------------------- build
+
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:
     try:
@@ -210,8 +225,7 @@ def _check_build_tools() -> None:
     for tool, pkg in (("debootstrap", "debootstrap"), ("chroot", "coreutils"), ("tar", "tar")):
         if not shutil.which(tool):
             raise ProvisionError(
-                f"{tool} is not installed: `apt-get install -y {pkg}` (needed to build the "
-                "sandbox host image)"
+                f"{tool} is not installed: `apt-get install -y {pkg}` (needed to build the sandbox host image)"
             )
 
 
@@ -226,28 +240,38 @@ def _build(client: docker.DockerClient, r: Recipe, progress: Progress) -> None:
     debs = cache_root() / "debootstrap-debs"  # reused if the recipe changes
     debs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    progress(f"building the sandbox host image {r.tag} from {mirror} "
-             f"(once per recipe, about 1-2 minutes); log: {log_path}")
+    progress(
+        f"building the sandbox host image {r.tag} from {mirror} (once per recipe, about 1-2 minutes); log: {log_path}"
+    )
     try:
         with open(log_path, "w") as log:
+
             def run(cmd: list[str], what: str) -> None:
                 log.write(f"\n$ {' '.join(cmd)}\n")
                 log.flush()
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL).returncode
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
                 if rc != 0:
                     raise ProvisionError(
                         f"building the sandbox host image failed: {what} exited {rc} "
                         f"(last lines: {tail(log_path, 3)}); full log: {log_path}"
                     )
 
-            run(["debootstrap", "--variant=minbase", f"--include={','.join(r.packages)}",
-                 f"--cache-dir={debs}", r.suite, str(rootfs), mirror], "debootstrap")
+            run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(r.packages)}",
+                    f"--cache-dir={debs}",
+                    r.suite,
+                    str(rootfs),
+                    mirror,
+                ],
+                "debootstrap",
+            )
             _umount_below(rootfs)
             shutil.copytree(ASSETS / "rootfs", rootfs, dirs_exist_ok=True, symlinks=True)
             shutil.copy(ASSETS / "customize.sh", rootfs / "tmp/provision-customize.sh")
-            run(["chroot", str(rootfs), "/bin/sh", "/tmp/provision-customize.sh"],
-                "customize.sh (in chroot)")
+            run(["chroot", str(rootfs), "/bin/sh", "/tmp/provision-customize.sh"], "customize.sh (in chroot)")
             (rootfs / "tmp/provision-customize.sh").unlink(missing_ok=True)
             progress("importing the host image into Docker")
             log.write("\n$ tar -c rootfs | docker import\n")
@@ -263,7 +287,9 @@ def _import(client: docker.DockerClient, rootfs: Path, r: Recipe, log_path: Path
     with open(log_path, "a") as log:
         tar = subprocess.Popen(
             ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],
-            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
         )
         try:
             client.api.import_image(
@@ -284,16 +310,14 @@ def _import(client: docker.DockerClient, rootfs: Path, r: Recipe, log_path: Path
                 f"{getattr(e, 'explanation', None) or e}; log: {log_path}"
             ) from None
         finally:
-            tar.stdout.close()
+            if tar.stdout is not None:
+                tar.stdout.close()
             rc = tar.wait()
         if rc != 0:
-            raise ProvisionError(
-                f"building the sandbox host image failed: tar exited {rc}; log: {log_path}"
-            )
+            raise ProvisionError(f"building the sandbox host image failed: tar exited {rc}; log: {log_path}")
     if not image_exists(client, r.tag):
         raise ProvisionError(
-            f"building the sandbox host image failed: {r.tag} missing after docker import; "
-            f"log: {log_path}"
+            f"building the sandbox host image failed: {r.tag} missing after docker import; log: {log_path}"
         )
 
 
@@ -311,8 +335,7 @@ def _mounts_below(path: Path) -> list[str]:
 def _umount_below(path: Path) -> None:
     """debootstrap unmounts /proc and /sys of the new tree when it exits; a killed run may not."""
     for mnt in _mounts_below(path):
-        subprocess.run(["umount", "-l", mnt], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(["umount", "-l", mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _remove_tree(path: Path) -> None:

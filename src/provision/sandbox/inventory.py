@@ -90,8 +90,7 @@ def dump(inv: dict, sandbox: Sandbox | None = None) -> str:
             "#   provision validate THIS_FILE && provision apply THIS_FILE",
             f"# Remove the hosts with: provision sandbox down --name {sandbox.name}",
         ]
-    return "\n".join(lines) + "\n" + yaml.safe_dump(inv, sort_keys=False, default_flow_style=False,
-                                                     width=100)
+    return "\n".join(lines) + "\n" + yaml.safe_dump(inv, sort_keys=False, default_flow_style=False, width=100)
 
 
 def write_inventory(
