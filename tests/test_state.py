@@ -1,0 +1,148 @@
+"""Local state and its lock (state.py): never absent, never older than what was read, one
+holder at a time. Races are forced with a hook at the lock and state steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from provision import state as S
+from provision.errors import ProvisionError
+from provision.placement import Slot
+
+
+def test_an_empty_lock_file_is_never_taken_over_as_stale(tmp_path):
+    sp = tmp_path / "j.state.json"
+    S.lock_path(sp).write_text("")  # a holder that created the file and has not written it yet
+    holder = S.StateLock(sp, "apply").try_acquire()
+    assert holder is not None, "an unreadable lock is someone's"
+    with pytest.raises(ProvisionError, match="state is locked"):
+        S.StateLock(sp, "apply").acquire()
+    assert S.lock_path(sp).exists()
+
+
+def test_the_lock_appears_with_its_content(tmp_path, monkeypatch):
+    sp = tmp_path / "j.state.json"
+    seen: list[str] = []
+    real_link = os.link
+
+    def link(src, dst):  # at the instant the lock's name appears, its content is complete
+        real_link(src, dst)
+        seen.append(Path(dst).read_text())
+
+    monkeypatch.setattr(os, "link", link)
+    lock = S.StateLock(sp, "apply").acquire()
+    assert json.loads(seen[0])["id"] == lock.info.id
+    lock.release()
+    assert not S.lock_path(sp).exists()
+
+
+def test_a_dead_holder_on_this_machine_is_stale(tmp_path):
+    sp = tmp_path / "j.state.json"
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    dead = S.LockInfo("old", "me", child, __import__("socket").gethostname(), "apply", "then")
+    S.lock_path(sp).write_text(json.dumps(dead.__dict__))
+    lock = S.StateLock(sp, "apply").acquire()
+    assert lock.notice and "stale" in lock.notice
+    lock.release()
+
+
+def test_two_takers_at_once_one_wins(tmp_path):
+    sp = tmp_path / "j.state.json"
+    for _ in range(20):
+        barrier = threading.Barrier(8)
+        won: list[S.StateLock] = []
+
+        def take() -> None:
+            lk = S.StateLock(sp, "apply")
+            barrier.wait()
+            if lk.try_acquire() is None:
+                won.append(lk)
+
+        threads = [threading.Thread(target=take) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1
+        won[0].release()
+
+
+def test_the_lock_is_taken_before_the_state_is_read(tmp_path, monkeypatch):
+    """An apply that waits for the lock must read the state its predecessor saved, never
+    an older one: open_context locks, then loads."""
+    from provision import engine
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "job: j\nhosts: [{name: h1, address: 127.0.0.1}]\npools: {chief: {replicas: 1, command: [/bin/true]}}\n"
+    )
+    order: list[str] = []
+    real_load, real_acquire = S.State.load, S.StateLock.acquire
+    monkeypatch.setattr(S.State, "load", classmethod(lambda cls, *a: (order.append("load"), real_load(*a))[1]))
+    monkeypatch.setattr(S.StateLock, "acquire", lambda self: (order.append("lock"), real_acquire(self))[1])
+    ctx = engine.open_context(str(inv), operation="apply", render_secrets=False)
+    ctx.close()
+    assert order == ["lock", "load"]
+    # Held by someone else: refused before the state is even read.
+    other = S.StateLock(S.default_state_path(inv, "j"), "apply").acquire()
+    order.clear()
+    with pytest.raises(ProvisionError, match="state is locked"):
+        engine.open_context(str(inv), operation="apply", render_secrets=False)
+    assert order == ["lock"]
+    other.release()
+
+
+def test_a_save_never_leaves_no_state_and_the_backup_is_what_was_read(tmp_path, monkeypatch):
+    sp = tmp_path / "j.state.json"
+    st = S.State.load(sp, "j")
+    st.set_placement({"chief-0": Slot("h1", 2222, ())})
+    first = sp.read_bytes()
+    st = S.State.load(sp, "j")
+    # A kill between any two steps of a save: the state file exists with old or new content.
+    real_replace = os.replace
+    states: list[bytes | None] = []
+
+    def replace(src, dst):
+        states.append(sp.read_bytes() if sp.exists() else None)
+        real_replace(src, dst)
+        states.append(sp.read_bytes() if sp.exists() else None)
+
+    monkeypatch.setattr(os, "replace", replace)
+    st.record_host("h1", S.HostRecord("127.0.0.1"))
+    st.record_host("h2", S.HostRecord("127.0.0.2"))
+    assert None not in states
+    assert (tmp_path / "j.state.json.backup").read_bytes() == first  # written once, from the read
+    data = json.loads(sp.read_text())
+    assert data["serial"] == 3 and set(data["hosts"]) == {"h1", "h2"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"format_version": 2, "job": "j", "lineage": "x", "hosts": []}',
+        '{"format_version": 2, "job": "j", "hosts": {}}',
+        '{"format_version": 2, "job": "j", "lineage": "x", "hosts": {"h": {"port": 1}}}',
+    ],
+)
+def test_a_state_of_the_wrong_shape_is_one_line(tmp_path, text):
+    sp = tmp_path / "j.state.json"
+    sp.write_text(text)
+    with pytest.raises(ProvisionError, match="wrong shape"):
+        S.State.load(sp, "j")
+
+
+def test_checksums_are_keyed(tmp_path):
+    sp = tmp_path / "j.state.json"
+    a, b = S.State.load(sp, "j"), S.State.load(tmp_path / "k.state.json", "k")
+    digest = "0" * 64
+    assert a.keyed(digest) == a.keyed(digest) != b.keyed(digest)
+    assert digest not in a.keyed(digest)
+    assert oct(a.key_path.stat().st_mode & 0o777) == "0o600"
