@@ -60,13 +60,13 @@ def test_two_takers_at_once_one_wins(tmp_path):
         barrier = threading.Barrier(8)
         won: list[S.StateLock] = []
 
-        def take() -> None:
+        def take(barrier: threading.Barrier, won: list[S.StateLock]) -> None:
             lk = S.StateLock(sp, "apply")
             barrier.wait()
             if lk.try_acquire() is None:
                 won.append(lk)
 
-        threads = [threading.Thread(target=take) for _ in range(8)]
+        threads = [threading.Thread(target=take, args=(barrier, won)) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
