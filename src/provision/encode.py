@@ -11,10 +11,10 @@ import re
 
 from .errors import ProvisionError
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # An absolute, normalized path (no "." or ".." parts, as systemd requires) or a bare
 # name looked up in PATH; never starting with one of ExecStart='s prefixes (- + @ ! :).
-_EXECUTABLE = re.compile(r"^(?:(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
+EXECUTABLE = re.compile(r"^(?:(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 # Inside double quotes systemd's EnvironmentFile= parser keeps every byte but these four,
 # which it unescapes after a backslash; a literal newline stays part of the value.
 _ENV_ESCAPE = {"\\": "\\\\", '"': '\\"', "$": "\\$", "`": "\\`"}
@@ -23,7 +23,7 @@ _ENV_NEEDS = re.compile(r'[\\"$`]')
 
 def env_assignment(key: str, value: str) -> str:
     """One `KEY="value"` entry of an EnvironmentFile= file."""
-    if not _ENV_KEY.match(key):
+    if not ENV_KEY.match(key):
         raise ProvisionError(f"environment variable name {key!r} is not valid")
     if "\x00" in value:
         raise ProvisionError(f"environment variable {key}: NUL bytes cannot be passed")
@@ -70,6 +70,6 @@ def exec_word(arg: str) -> str:
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
     """A whole ExecStart= value. The program is written bare (systemd reads prefixes
     such as '-' or '@' from it), so it must be a plain path; validation ensures that."""
-    if not argv or not _EXECUTABLE.match(argv[0]):
+    if not argv or not EXECUTABLE.match(argv[0]):
         raise ProvisionError(f"program {argv[0] if argv else ''!r} is not a plain path")
     return " ".join([argv[0], *(exec_word(a) for a in argv[1:])])

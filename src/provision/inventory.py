@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from .encode import ENV_KEY, EXECUTABLE
 from .errors import ProvisionError, ValidationError
 from .host import layout
 from .model import (
@@ -34,16 +35,13 @@ from .model import (
 )
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
 # Host names / IPv4 / bracket-less IPv6: what may appear in host:port and in a URL.
 NETWORK_ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})?$")
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
-# A command's first word is written unquoted in ExecStart=, so it must be a plain path.
-# An absolute, normalized path (no "." or ".." parts, as systemd requires) or a bare
-# name looked up in PATH; never starting with one of ExecStart='s prefixes (- + @ ! :).
-EXECUTABLE = re.compile(r"^(?:(?:/(?!\.\.?(?:/|$))[A-Za-z0-9_.+-]+)+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
+# ENV_KEY and EXECUTABLE (a command's first word, written unquoted in ExecStart=) are
+# encode.py's: the validator accepts exactly what the encoder can write.
 JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$")
 
 # Variables provision itself sets for every task; an inventory may not override them,
