@@ -276,9 +276,13 @@ class _Apply:
         # Growing pools must not move tasks: the placement is recorded before anything moves,
         # and every host about to be written is named (pending) before it is written.
         ctx.state.set_placement(ctx.rendered.placement.slots())
-        for name, hp in self.work.items():
-            if hp.bundle is not None:
-                ctx.state.record_host(name, host_record(ctx, ctx.targets[name], hp, pending=True))
+        ctx.state.record_hosts(
+            {
+                n: host_record(ctx, ctx.targets[n], hp, pending=True)
+                for n, hp in self.work.items()
+                if hp.bundle is not None
+            }
+        )
         self._note(run_step(ctx.session, Step.WRITE, self._write, self._targets(self.work)))
         for phase in phases():
             movers = [

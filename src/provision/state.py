@@ -214,6 +214,16 @@ class State:
             self.hosts[name] = replace(record, applied_at=_now())
             self._save()
 
+    def record_hosts(self, records: Mapping[str, HostRecord]) -> None:
+        """Several hosts in one save (apply names every host it is about to write at once)."""
+        if not records:
+            return
+        with self._lock:
+            now = _now()
+            for name, record in records.items():
+                self.hosts[name] = replace(record, applied_at=now)
+            self._save()
+
     def forget_host(self, name: str) -> None:
         with self._lock:
             if self.hosts.pop(name, None) is not None:
