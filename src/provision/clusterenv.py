@@ -8,11 +8,12 @@ costs one JSON dump per task only for its small `task` part.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any
 
 from .model import WORKERPOOL, Inventory
-from .placement import Placement, PlacedTask
+from .placement import PlacedTask, Placement
 
 
 def _json(value: object) -> str:
@@ -24,7 +25,7 @@ class JobCluster:
     """Job-wide facts shared by every task's environment."""
 
     tf_cluster_json: str  # chief/worker/ps only, never the evaluator
-    tf_cluster: dict
+    tf_cluster: dict[str, Any]
     spec_cluster_json: str  # workerpool0..3
     job_json: str  # CLUSTER_SPEC "job": the job's own description
     single_task: bool
@@ -64,17 +65,20 @@ def job_cluster(inv: Inventory, placement: Placement) -> JobCluster:
     )
 
 
-def job_description(inv: Inventory) -> dict:
+def job_description(inv: Inventory) -> dict[str, Any]:
     """CLUSTER_SPEC's `job`: the job as submitted, like Vertex's CustomJobSpec.
 
     Positions follow workerPoolSpecs (empty `{}` where a pool is absent). Env values are
     left out on purpose: they may carry secrets and every task already has them.
+    An imported job (`job_spec:`) is given as the service gave it: its own spec, whole.
     """
-    specs: list[dict] = [{} for _ in range(4)]
+    if inv.job_spec is not None:
+        return dict(inv.job_spec)
+    specs: list[dict[str, Any]] = [{} for _ in range(4)]
     for pool in inv.pools:
         if pool.replicas == 0:
             continue
-        spec: dict = {"role": pool.role, "replicaCount": pool.replicas}
+        spec: dict[str, Any] = {"role": pool.role, "replicaCount": pool.replicas}
         if pool.accelerators:
             spec["machineSpec"] = {"acceleratorCount": pool.accelerators}
         if pool.image:
@@ -122,10 +126,13 @@ def task_env(
         cluster = jc.tf_cluster_json
         if task.role == "evaluator":
             cluster = _json({**jc.tf_cluster, "evaluator": [task.address]})
-        t: dict = {"type": tf_type, "index": task.index}
+        t: dict[str, Any] = {"type": tf_type, "index": task.index}
         if trial is not None:
             t["trial"] = trial
-        env.append(("TF_CONFIG", f'{{"cluster":{cluster},"task":{_json(t)},"environment":"cloud"}}'))
+        # The services put their job spec in TF_CONFIG too; only an imported job has one.
+        # Written exactly as in CLUSTER_SPEC (`,"job":` + job_json): render strips both alike.
+        job = f',"job":{jc.job_json}' if inv.job_spec is not None else ""
+        env.append(("TF_CONFIG", f'{{"cluster":{cluster},"task":{_json(t)},"environment":"cloud"{job}}}'))
 
     t = {"type": f"workerpool{WORKERPOOL[task.role]}", "index": task.index}
     if trial is not None:
