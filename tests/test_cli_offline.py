@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -78,13 +79,52 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------- validate
 
 
-def test_validate_ok(project):
+def test_validate_ok(project, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x")  # its secret_env: set, so nothing to warn of
     code, out, err = run("validate", "good.yaml", cwd=project)
     assert code == 0, err
     assert out.startswith(
         "good.yaml: valid; job demo: 4 tasks (chief 1, worker 2, ps 1) on 3 of 3 hosts, 12 accelerators placed"
     )
     assert err == ""
+
+
+def test_validate_warns_of_what_this_machine_lacks(project, monkeypatch):
+    """Valid (exit 0), with a warning per unset secret_env variable and missing identity
+    file: line, key and what to do."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    text = (project / "good.yaml").read_text()
+    (project / "keyed.yaml").write_text(text.replace("job: demo", "job: demo\nssh: {identity_file: ~/nope/id_x}", 1))
+    code, out, err = run("validate", "keyed.yaml", cwd=project)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert any(
+        re.fullmatch(
+            r"Warning: keyed\.yaml:\d+: secret_env\[0\]: WANDB_API_KEY is not set in this shell; .*export WANDB_API_KEY=.*",
+            l,
+        )
+        for l in lines
+    ), err
+    assert "Warning: keyed.yaml:2: ssh.identity_file: identity file not found: ~/nope/id_x (no such file)" in err
+
+
+def test_validate_names_a_job_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("job: j\npools:\n  chief: {replicas: 1, command: [python3, x.py]}\n")
+    code, _, err = run("validate", str(job), cwd=tmp_path)
+    assert code == 1
+    assert f"Error: {job}:1: (top level): missing required key 'hosts'" in err
+    assert f"Hint: {job} has pools but no hosts: it is a job file. Run it on local sandbox hosts with " in err
+    assert f"`provision sandbox up --from {job}`" in err
+
+
+def test_h_is_help_everywhere_and_plurals(project):
+    from provision.explain import plural
+
+    for args in (["-h"], ["validate", "-h"], ["logs", "-h"], ["sandbox", "up", "-h"]):
+        code, out, _ = run(*args, cwd=project)
+        assert code == 0 and out.startswith("Usage: "), args
+    assert (plural(1, "file"), plural(2, "file"), plural(0, "host")) == ("1 file", "2 files", "0 hosts")
 
 
 def test_validate_placement_table(project):

@@ -165,8 +165,19 @@ def test_fetch_command_quotes_and_uses_cursor_or_tail():
     assert "date +%s%N" in parts[0]
     chief = shlex.split(parts[1])
     assert chief[:2] == ["journalctl", "-o"] and "--all" in chief
-    assert chief[chief.index("-t") + 1] == "provision-j-chief-0"
-    assert ["--reverse", "-n", "5"] == chief[-3:]
+    # The program's output, or systemd's notices and restarts of its unit (terms joined by +).
+    assert chief[chief.index("--reverse") :] == [
+        "--reverse",
+        "-n",
+        "5",
+        "SYSLOG_IDENTIFIER=provision-j-chief-0",
+        "+",
+        "UNIT=provision-j-chief-0.service",
+        *(f"PRIORITY={p}" for p in range(6)),
+        "+",
+        "UNIT=provision-j-chief-0.service",
+        "MESSAGE_ID=5eb03494b6584870a536b337290809b3",
+    ]
     assert chief[chief.index("--since") + 1] == "-10min"
     worker = shlex.split(parts[3])
     assert worker[worker.index("--after-cursor") + 1] == "s=abc;i=1f;b=x"
@@ -189,7 +200,10 @@ def test_fetch_command_runs_in_sh(tmp_path):
 def test_follow_command_kills_journalctl_when_the_channel_closes():
     script = shlex.split(L.follow_command("j", ["chief-0", "worker-0"], 1700000000))[2]
     assert "--follow" in script and "--since @1700000000" in script
-    assert "-t provision-j-chief-0 -t provision-j-worker-0" in script
+    words = shlex.split(script.split(" </dev/null")[0])
+    terms = " ".join(words[words.index("--since") + 2 :]).split(" + ")
+    assert terms[0] == "SYSLOG_IDENTIFIER=provision-j-chief-0" and terms[3] == "SYSLOG_IDENTIFIER=provision-j-worker-0"
+    assert terms[1].startswith("UNIT=provision-j-chief-0.service PRIORITY=0") and len(terms) == 6
     # With journalctl replaced by a long sleep: closing stdin ends the whole command.
     fake = "journalctl() { exec sleep 30; }; " + script
     p = subprocess.Popen(["sh", "-c", fake], stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -53,7 +53,8 @@ def test_exit_code_is_failed_with_the_code():
 
 def test_killed_by_a_signal_it_did_not_ask_for():
     state, code, detail = task_state({**FAILED, "Result": "signal"}, [rec(1, "signal", "killed", "KILL")])
-    assert (state, code) == ("Failed", None) and detail == "killed by SIGKILL"
+    assert (state, code) == ("Failed", None)
+    assert detail == "killed by SIGKILL (out of memory, or killed by hand: see `dmesg` on the host)"
 
 
 def test_stop_mark_makes_a_clean_exit_on_sigterm_stopped():

@@ -203,7 +203,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -212,7 +212,7 @@ CASES: list[Case] = [
         "unknown-key-host",
         "Unknown key in a host",
         E(
-            "9: hosts[0].gpus: unknown key (allowed: name, address, cluster_address, accelerators, labels, user, port, identity_file, host_key_policy, jump_host, connect_timeout)"
+            "9: hosts[0].gpus: unknown key (allowed: name, address, cluster_address, accelerators, labels, drain, user, port, identity_file, host_key_policy, jump_host, connect_timeout)"
         ),
         edits=(
             (

@@ -8,6 +8,8 @@ import click
 
 from . import __version__
 from .errors import ProvisionError
+from .explain import plural
+from .progress import no_color
 
 
 class _Main(click.Group):
@@ -16,6 +18,8 @@ class _Main(click.Group):
     def main(self, *args, **kwargs):
         # Usage errors exit 1, not click's 2: exit 2 means "plan found changes".
         kwargs["standalone_mode"] = False
+        if no_color():  # https://no-color.org: no ANSI styles, even on a terminal
+            kwargs.setdefault("color", False)
         try:
             rv = super().main(*args, **kwargs)
         except click.ClickException as e:
@@ -26,8 +30,9 @@ class _Main(click.Group):
             e.show()
             sys.exit(1)
         except click.exceptions.Abort:
-            click.echo("Aborted.", err=True)
-            sys.exit(1)
+            # Ctrl-C in a prompt (click turns it into Abort): the same 130 as anywhere else.
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -45,10 +50,16 @@ class _Main(click.Group):
             sys.exit(130)
 
 
-@click.group(cls=_Main)
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="provision")
 def main() -> None:
     """Provision distributed ML training jobs on hosts you own."""
+
+
+def _complete_tasks(ctx, param, incomplete):
+    from .remote import complete_tasks
+
+    return complete_tasks(ctx, param, incomplete)
 
 
 def _summary(inv, placement) -> str:
@@ -56,8 +67,8 @@ def _summary(inv, placement) -> str:
     accs = sum(len(t.accelerators) for t in placement.tasks)
     hosts = len({t.host.name for t in placement.tasks})
     return (
-        f"job {inv.job}: {len(placement.tasks)} tasks ({counts}) on {hosts} of "
-        f"{len(inv.hosts)} hosts, {accs} accelerators placed"
+        f"job {inv.job}: {plural(len(placement.tasks), 'task')} ({counts}) on {hosts} of "
+        f"{plural(len(inv.hosts), 'host')}, {plural(accs, 'accelerator')} placed"
     )
 
 
@@ -92,14 +103,28 @@ def validate(inventory: str, show_placement: bool, state_path: str | None) -> No
     """Check INVENTORY without touching the network.
 
     Reports every problem at once, one line each, as FILE:LINE: key.path: what is wrong.
-    Exit 0 when the inventory is valid, 1 otherwise.
+    Then what this machine lacks to apply it (identity files, secret_env variables), as
+    warnings. Exit 0 when the inventory is valid, 1 otherwise.
     """
+    from .errors import ValidationError
     from .inventory import load
+    from .localcheck import identity_problems, job_file_hint, secret_problems
     from .placement import place
 
-    inv = load(inventory)
+    try:
+        inv = load(inventory)
+    except ValidationError as e:
+        hint = job_file_hint(inventory)
+        if hint is None:
+            raise
+        for line in [e.message, *e.details]:
+            click.echo(f"Error: {line}", err=True)
+        click.echo(f"Hint: {hint}", err=True)
+        sys.exit(1)
     placement = place(inv, _previous(inventory, inv, state_path))
     click.echo(f"{inventory}: valid; {_summary(inv, placement)}")
+    for w in identity_problems(inv, inventory) + secret_problems(inv, display=inventory):
+        click.echo(click.style(f"Warning: {w}", fg="yellow"), err=True)
     if show_placement:
         for line in _placement_table(placement):
             click.echo(line)
@@ -135,7 +160,7 @@ def render(inventory: str, out: str, state_path: str | None) -> None:
     click.echo(f"{inventory}: {_summary(inv, rendered.placement)}")
     for line in _placement_table(rendered.placement):
         click.echo(line)
-    click.echo(f"Wrote {count} files for {len(rendered.hosts)} hosts under {out}/")
+    click.echo(f"Wrote {plural(count, 'file')} for {plural(len(rendered.hosts), 'host')} under {out}/")
 
 
 # --------------------------------------------------------------------------- host commands
@@ -166,7 +191,8 @@ def host_options(fn):
 
 
 def _progress(line: str) -> None:
-    click.echo(click.style("  ... ", dim=True) + line, err=True)
+    # From the hosts' threads: click's context (and its colour setting) is the main thread's.
+    click.echo(click.style("  ... ", dim=True) + line, err=True, color=False if no_color() else None)
 
 
 def _context(inventory, state_path, targets, parallelism, verbose, *, render_secrets=True, operation=None):
@@ -243,6 +269,7 @@ def _change(
     make_plan,
     execute,
     question,
+    take_over=False,
 ):
     """apply and destroy: lock, plan, show, confirm, execute, report; returns the exit code."""
     from .output import print_outcome, print_plan
@@ -250,6 +277,7 @@ def _change(
     ctx = _context(
         inventory, state_path, targets, parallelism, verbose, render_secrets=operation == "apply", operation=operation
     )
+    ctx.take_over = take_over
     try:
         if ctx.lock is not None and ctx.lock.notice:
             click.echo(f"Note: {ctx.lock.notice}", err=True)
@@ -257,7 +285,13 @@ def _change(
         if not as_json:
             print_plan(p, destroying=operation == "destroy")
         if p.problems:
-            raise ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
+            from .errors import EXIT_UNREACHABLE
+
+            e = ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
+            if p.unreachable:
+                _report_unreachable(p)
+                e.exit_code = EXIT_UNREACHABLE
+            raise e
         outcomes = {}
         if p.changed:
             if not auto_approve:
@@ -288,7 +322,10 @@ def _change(
 @click.option(
     "--replace", multiple=True, metavar="TASK", help="Plan to restart TASK even if nothing changed (repeatable)."
 )
-def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace):
+@click.option(
+    "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
+)
+def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace, skip_checks):
     """Show what apply would change on the hosts, drift included. Changes nothing."""
     from .engine import build_plan
     from .errors import EXIT_CHANGES
@@ -296,13 +333,15 @@ def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed
 
     ctx = _context(inventory, state_path, targets, parallelism, verbose)
     try:
-        p = build_plan(ctx, replace=set(replace))
+        p = build_plan(ctx, replace=set(replace), checks=not skip_checks)
     finally:
         ctx.close()
     if as_json:
         click.echo(_json.dumps(p.to_json(), indent=1))
     else:
         print_plan(p)
+    for problem in p.problems:  # what would refuse the apply, where scripts look for errors
+        click.echo(click.style(f"Error: {problem}", fg="red"), err=True)
     _report_unreachable(p)
     code = _exit_for(p)
     if code == 0 and detailed_exitcode and p.changed:
@@ -313,17 +352,114 @@ def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed
 @main.command()
 @click.argument("inventory", type=click.Path())
 @host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--skip-network", is_flag=True, help="Only the per-host checks: no listeners, no connections.")
+def check(inventory, state_path, targets, parallelism, verbose, as_json, skip_network):
+    """Pre-flight: GPUs healthy and as declared, the job's ports free, clocks, disk, and every
+    task able to reach the addresses it will dial. Changes nothing.
+
+    Exit 0 when every check passes (warnings allowed), 1 when one fails, 3 when a host is unreachable.
+    """
+    from .checks import run_check, summary, table_rows
+    from .output import table
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        res = run_check(ctx, skip_network=skip_network, progress=_progress)
+    finally:
+        ctx.close()
+    if as_json:
+        click.echo(_json.dumps(res.to_json(), indent=1))
+    else:
+        color = {"fail": "red", "warn": "yellow"}
+        lines = table(table_rows(res))
+        click.echo(lines[0])
+        for f, line in zip(res.findings, lines[1:]):
+            click.echo(click.style(line, fg=color.get(f.status.value)))
+        for f in res.failed:
+            line = f.detail if f.check == "network" else f"{f.host}: {f.detail}"
+            click.echo(click.style(f"Failed: {line}", fg="red"))
+        click.echo(summary(res))
+    _report_unreachable(res.plan)
+    sys.exit(res.exit_code)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path())
+@host_options
 @click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the outcome as JSON.")
 @click.option("--replace", multiple=True, metavar="TASK", help="Restart TASK even if nothing changed (repeatable).")
 @click.option("--wait", "wait_after", is_flag=True, help="After applying, wait until the job succeeds or fails.")
-@click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
-def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, replace, wait_after, timeout):
+@click.option("--logs", "stream_logs", is_flag=True, help="With --wait: stream the tasks' output while waiting.")
+@click.option("--timeout", type=float, default=None, help="With --wait or --queue: give up after this many seconds.")
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="When other jobs hold the GPUs or ports this job needs, wait until it fits, then apply.",
+)
+@click.option("--take-over", is_flag=True, help="Apply a job that another state (operator) applied, and own it.")
+@click.option("--rerun", is_flag=True, help="Start a finished (Succeeded or Failed) job again, whole.")
+@click.option("--force-setup", is_flag=True, help="Run the job's setup on its hosts even if it did not change.")
+@click.option(
+    "--partial", is_flag=True, help="Restart the reachable part of a synchronous job even when a host of it is down."
+)
+@click.option(
+    "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
+)
+def apply(
+    inventory,
+    state_path,
+    targets,
+    parallelism,
+    verbose,
+    auto_approve,
+    as_json,
+    replace,
+    wait_after,
+    timeout,
+    queue,
+    take_over,
+    rerun,
+    partial,
+    stream_logs,
+    force_setup,
+    skip_checks,
+):
     """Make the hosts match INVENTORY: plan, ask, then write files and start tasks.
 
     A second apply with nothing changed does nothing.
     """
+    import time
+
     from .engine import apply_plan, build_plan
+
+    began = time.time()
+    from .queue import Queue
+
+    q = Queue(timeout=timeout if queue else 0, progress=_progress) if queue else None
+
+    def make(ctx):
+        def one():
+            return build_plan(
+                ctx,
+                replace=set(replace),
+                rerun=rerun,
+                partial=partial,
+                force_setup=force_setup,
+                checks=not skip_checks,
+            )
+
+        return one() if q is None else q.plan(one)
+
+    def execute(ctx, p, progress):
+        outcomes = apply_plan(ctx, p, progress)
+        # Lost a race for a GPU or port to another apply: with --queue, plan again and retry.
+        while q is not None and any(o.lost_race for o in outcomes.values()) and not q.expired():
+            progress("another apply took GPUs or ports first: planning again")
+            p = make(ctx)
+            outcomes = apply_plan(ctx, p, progress)
+        return outcomes
 
     code = _change(
         inventory,
@@ -334,14 +470,22 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
         operation="apply",
         auto_approve=auto_approve,
         as_json=as_json,
-        make_plan=lambda ctx: build_plan(ctx, replace=set(replace)),
-        execute=apply_plan,
+        make_plan=make,
+        execute=execute,
         question="Do you want to perform these actions?",
+        take_over=take_over,
     )
     if wait_after and code == 0:
         from .follow import wait_for_job
 
-        code = wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose)
+        code = wait_for_job(
+            inventory,
+            state_path=state_path,
+            timeout=timeout,
+            verbose=verbose,
+            logs=stream_logs,
+            since=f"@{began:.3f}",  # this run's lines (the hosts' clocks are taken to agree)
+        )
     sys.exit(code)
 
 
@@ -350,10 +494,16 @@ def apply(inventory, state_path, targets, parallelism, verbose, auto_approve, as
 @host_options
 @click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and outcome as JSON.")
-def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json):
+@click.option("--take-over", is_flag=True, help="Destroy a job that another state (operator) applied.")
+@click.option("--remove-images", is_flag=True, help="Also remove the container pools' images from the hosts.")
+def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, take_over, remove_images):
     """Stop the job's tasks (reverse start order) and remove everything provision put on the hosts."""
-    from .engine import destroy as do_destroy
+    import functools
+
+    from .engine import destroy as engine_destroy
     from .engine import destroy_plan
+
+    do_destroy = functools.partial(engine_destroy, remove_images=remove_images)
 
     sys.exit(
         _change(
@@ -368,8 +518,55 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
             make_plan=destroy_plan,
             execute=do_destroy,
             question="Destroy the job on these hosts?",
+            take_over=take_over,
         )
     )
+
+
+@main.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs and hosts as JSON.")
+def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
+    """Every provision job on INVENTORY's hosts: owner, state, since; GPUs and ports held, and free.
+
+    Reads only: works from anyone's machine, whoever applied the jobs.
+    """
+    import time
+
+    from .engine import probe
+    from .output import table
+    from .ssh import HostError
+    from .tenancy import HostView, host_view, jobs_json, jobs_lines
+
+    ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        res = probe(ctx, files=False, fast=True, tenancy=True)
+    finally:
+        ctx.close()
+    now = time.time()
+    gpus = {h.name: h.accelerator_count for h in ctx.inventory.hosts}
+    views = []
+    for name in ctx.targets:
+        r = res.get(name)
+        if isinstance(r, HostError):
+            views.append(HostView(name, gpus.get(name, 0), error=r.message))
+        else:
+            views.append(host_view(name, gpus.get(name, 0), r, now))
+    if as_json:
+        click.echo(_json.dumps(jobs_json(views, now), indent=1))
+    else:
+        jobs_rows, host_rows = jobs_lines(views, now)
+        if len(jobs_rows) == 1:
+            click.echo("No provision jobs on these hosts.")
+        else:
+            for line in table(jobs_rows):
+                click.echo(line)
+        click.echo()
+        for line in table(host_rows):
+            click.echo(line)
+    unreachable = [v for v in views if v.error is not None]
+    sys.exit(3 if unreachable else 0)
 
 
 @main.command()
@@ -412,18 +609,18 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
         rows.append(
             (
                 name,
-                row["os"],
+                row["os"] or "-",
                 str(row["cpus"]),
                 f"{row['memory_gib']} GiB",
                 str(row["gpus"]),
-                row["gpu_model"],
+                row["gpu_model"] or "-",
                 str(row["tpu_chips"]),
-                row["systemd"],
+                row["systemd"] or "none",
                 "; ".join(problems) or "ok",
             )
         )
     if as_json:
-        click.echo(_json.dumps({"hosts": data}, indent=1))
+        click.echo(_json.dumps({"format_version": 1, "hosts": data}, indent=1))
     else:
         for line in table(rows):
             click.echo(line)
@@ -437,29 +634,38 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
 @click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@click.option("--watch", is_flag=True, help="Refresh in place every 2 seconds until Ctrl-C.")
+@click.option(
+    "--watch", is_flag=True, help="Refresh every 2 seconds until the job ends or Ctrl-C (in place on a terminal)."
+)
 def status(inventory, state_path, targets, parallelism, verbose, as_json, watch):
     """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
     import time
 
     from .follow import collect
     from .output import status_lines
+    from .progress import Display
 
+    disp = Display(sys.stdout)
     ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
         while True:
             st = collect(ctx)
             if as_json:
                 click.echo(_json.dumps(st.to_json(), indent=1))
+            elif watch and disp.tty:
+                disp.draw(status_lines(st, inventory))  # the table, redrawn in place
+            elif watch and disp.last_phase is not None and not st.phase.ended:
+                disp.update(st)  # not a terminal: a line per change, and every 10 s
             else:
-                lines = status_lines(st)
-                if watch:
-                    click.echo("\x1b[H\x1b[2J", nl=False)
-                for line in lines:
+                for line in status_lines(st, inventory):
                     click.echo(line)
+                disp.note(st)
             if not watch or st.phase.ended:
                 break
             time.sleep(2)
+    except KeyboardInterrupt:
+        disp.keep()
+        raise
     finally:
         ctx.close()
     if st.unreachable:
@@ -471,7 +677,7 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
 
 @main.command()
 @click.argument("inventory", type=click.Path())
-@click.argument("tasks", nargs=-1, metavar="[TASK]...")
+@click.argument("tasks", nargs=-1, metavar="[TASK]...", shell_complete=_complete_tasks)
 @host_options
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines from every host until Ctrl-C.")
 @click.option(
@@ -488,13 +694,28 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
     help="Write DIR/<task>.log instead of printing; the next call appends only new lines.",
 )
 @click.option("--timestamps", is_flag=True, help="Start every line with its time (UTC).")
-def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps):
+@click.option("--setup", "setup_logs", is_flag=True, help="The output of the job's setup on each host instead.")
+def logs(
+    inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps, setup_logs
+):
     """The job's task output (journald) from all hosts, merged in time order.
 
     Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
     unreachable (the other hosts' lines are still shown).
     """
-    from .logs import run_logs
+    from .logs import run_logs, run_setup_logs
+
+    if setup_logs:
+        sys.exit(
+            run_setup_logs(
+                inventory,
+                state_path=state_path,
+                targets=tuple(targets),
+                parallelism=parallelism,
+                verbose=verbose,
+                tail=tail,
+            )
+        )
 
     sys.exit(
         run_logs(
@@ -518,11 +739,12 @@ def logs(inventory, tasks, state_path, targets, parallelism, verbose, follow, si
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
-def wait(inventory, state_path, timeout, verbose):
-    """Block until the job succeeds (exit 0) or fails (exit 1)."""
+@click.option("--logs", "stream_logs", is_flag=True, help="Stream the tasks' output while waiting.")
+def wait(inventory, state_path, timeout, verbose, stream_logs):
+    """Block until the job succeeds (exit 0) or fails (exit 1), showing each task's progress."""
     from .follow import wait_for_job
 
-    sys.exit(wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose))
+    sys.exit(wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose, logs=stream_logs))
 
 
 @main.command("force-unlock")
@@ -550,3 +772,9 @@ main.add_command(sandbox)
 from .import_cli import import_group  # noqa: E402
 
 main.add_command(import_group, name="import")
+
+from .everyday_cli import exec_cmd, init_cmd, ssh_cmd  # noqa: E402
+
+main.add_command(exec_cmd)
+main.add_command(ssh_cmd)
+main.add_command(init_cmd)

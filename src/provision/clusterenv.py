@@ -108,6 +108,7 @@ def task_env(
     *,
     secrets: Mapping[str, str] | None = None,
     gpu_uuids: Mapping[str, list[str]] | None = None,
+    socket_ifname: str | None = None,
 ) -> list[tuple[str, str]]:
     """Ordered environment of one task: provision's variables, then job env, pool env, secrets."""
     env: list[tuple[str, str]] = [
@@ -188,6 +189,12 @@ def task_env(
             devices = ",".join(map(str, task.accelerators))
         env.append(("CUDA_VISIBLE_DEVICES", devices))
         env.append(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
+
+    # NCCL and Gloo talk on the interface that holds the host's cluster address (the host
+    # reports it at plan time: checks.py), not on whichever one they would guess; the
+    # inventory's own values win (set below).
+    if socket_ifname:
+        env += [("NCCL_SOCKET_IFNAME", socket_ifname), ("GLOO_SOCKET_IFNAME", socket_ifname)]
 
     env += list(inv.env)
     pool = inv.pool(task.role)

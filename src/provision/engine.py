@@ -17,11 +17,14 @@ import copy
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from . import checks as preflight
+from . import images
 from .errors import ProvisionError
 from .facts import needed as needed_facts
 from .host.protocol import (
@@ -33,6 +36,8 @@ from .host.protocol import (
     FileWrite,
     ProbeReport,
     ProbeRequest,
+    SetupReport,
+    SetupRequest,
     UnitsReport,
     UnitsRequest,
     WriteReport,
@@ -41,12 +46,16 @@ from .host.protocol import (
 from .inventory import load
 from .lifecycle import never_loaded, phases, started_ok
 from .model import Inventory
+from .placement import place
 from .plan import FileAction, HostPlan, Plan, make_plan, plan_host
 from .probe import probe_host
+from .programs import paths as program_paths
+from .programs import warnings as program_warnings
 from .render import FileKind, Rendered, manifest_bytes, render
 from .ssh import HostError, KnownHosts, Session, Target, call_agent
 from .state import HostRecord, State, StateLock, TaskRecord, default_state_path
 from .steps import GroupResult, Step, run_step
+from .tenancy import Holder, Owner, gpu_uuids, held_for, holders, owner_problem, reservation
 
 Progress = Callable[[str], None]
 Facts = Literal["none", "check", "all"]
@@ -61,6 +70,12 @@ class Context:
     rendered: Rendered
     lock: StateLock | None = None
     subset: bool = False  # --target: only some of the hosts
+    secrets: dict[str, str] | None = None
+    take_over: bool = False  # --take-over: this state becomes the owner of the job
+
+    @property
+    def owner(self) -> Owner:
+        return Owner.here(self.state.lineage, self.state.path)
 
     def close(self) -> None:
         self.session.close()
@@ -68,13 +83,12 @@ class Context:
             self.lock.release()
 
 
-def secrets_from_env(inv: Inventory) -> dict[str, str]:
-    missing = [k for k in inv.secret_env if k not in os.environ]
+def secrets_from_env(inv: Inventory, display: str | None = None) -> dict[str, str]:
+    from .localcheck import secret_problems
+
+    missing = secret_problems(inv, display=display or inv.path.name)
     if missing:
-        raise ProvisionError(
-            f"{inv.path.name}: secret_env: {', '.join(missing)} not set in this shell's environment "
-            "(secret values are copied from here at apply time)"
-        )
+        raise ProvisionError(missing[0], details=missing[1:])
     return {k: os.environ[k] for k in inv.secret_env}
 
 
@@ -116,20 +130,35 @@ def open_context(
             if unknown:
                 raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
             targets = {k: v for k, v in targets.items() if k in only}
-        secrets = secrets_from_env(inv) if render_secrets else None
+        if not only:  # a missing key fails every connection: say so once, before any
+            from .localcheck import identity_problems
+
+            bad_keys = identity_problems(inv, inventory_path)
+            if bad_keys:
+                raise ProvisionError(bad_keys[0], details=bad_keys[1:])
+        secrets = secrets_from_env(inv, inventory_path) if render_secrets else None
         rendered = render(inv, previous=state.previous_placement(), secrets=secrets)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
-    return Context(inv, state, session, targets, rendered, lock, bool(only))
+    return Context(inv, state, session, targets, rendered, lock, bool(only), secrets)
 
 
 # --------------------------------------------------------------------------- probe + plan
 
 
-def probe_request(ctx: Context, name: str, *, facts: Facts, files: bool = True) -> ProbeRequest:
+def probe_request(
+    ctx: Context,
+    name: str,
+    *,
+    facts: Facts,
+    files: bool = True,
+    tenancy: bool = False,
+    checks: bool = False,
+    interface: bool = False,
+) -> ProbeRequest:
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
     host = next((h for h in ctx.inventory.hosts if h.name == name), None)
@@ -141,41 +170,154 @@ def probe_request(ctx: Context, name: str, *, facts: Facts, files: bool = True) 
     return ProbeRequest(
         job=ctx.inventory.job,
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},
-        paths=sorted(rec.files) if rec else [],
+        # ... and each program a task about to start runs (programs.py: plan's warning).
+        paths=sorted(set(rec.files if rec else ()) | set(program_paths(ctx.inventory, bundle, rec, ctx.state.keyed))),
         units=sorted(units),
         files=files,
         facts=facts,
         facts_only=sorted(needed_facts(host)) if facts == CHECK_FACTS and host else [],
         content_max=256 * 1024,
+        tenancy=tenancy,
+        # Pre-flight checks and the cluster address's interface (checks.py).
+        **(
+            preflight.request_fields(
+                ctx.inventory, host, bundle, needed_facts(host) if facts == CHECK_FACTS else [], checks=checks
+            )
+            if checks or interface
+            else {}
+        ),
     )
 
 
 def probe(
-    ctx: Context, *, facts: Facts = "none", files: bool = True, fast: bool = False, only: set[str] | None = None
+    ctx: Context,
+    *,
+    facts: Facts = "none",
+    files: bool = True,
+    fast: bool = False,
+    only: set[str] | None = None,
+    tenancy: bool = False,
+    checks: bool = False,
+    interface: bool = False,
+    timings: dict[str, tuple[float, float]] | None = None,
 ) -> GroupResult[ProbeReport]:
     """One round trip per host. facts: none, check (only what plan checks against the
     inventory, much cheaper) or all. fast: through the shell probe where it can answer
-    (probe.py); its report lacks the host's clock, which status needs."""
+    (probe.py); its report lacks the host's clock, which status needs (with `checks` it has
+    the wall clock, and `timings` gets when each host was asked and answered: checks.py)."""
 
     def one(t: Target) -> ProbeReport:
-        req = probe_request(ctx, t.name, facts=facts, files=files)
+        req = probe_request(ctx, t.name, facts=facts, files=files, tenancy=tenancy, checks=checks, interface=interface)
+        asked = time.time()
         if fast:
-            return probe_host(ctx.session, t, req)
-        report: ProbeReport = call_agent(ctx.session, t, req, timeout=120)
+            report = probe_host(ctx.session, t, req)
+        else:
+            report = call_agent(ctx.session, t, req, timeout=120)
+        if timings is not None:
+            timings[t.name] = (asked, time.time())
         return report
 
     targets = [t for n, t in ctx.targets.items() if only is None or n in only]
     return run_step(ctx.session, Step.PROBE, one, targets)
 
 
-def build_plan(ctx: Context, *, replace: set[str] | None = None, facts: bool = True) -> Plan:
+def build_plan(
+    ctx: Context,
+    *,
+    replace: set[str] | None = None,
+    facts: bool = True,
+    rerun: bool = False,
+    partial: bool = False,
+    force_setup: bool = False,
+    checks: bool = False,
+    timings: dict[str, tuple[float, float]] | None = None,
+) -> Plan:
+    """checks: the per-host pre-flight checks (checks.py) in the same round trip; their
+    failures are problems (the apply is refused), their warnings warnings."""
+    timings = {} if timings is None else timings
     if replace:
         names = {t.name for t in ctx.rendered.placement.tasks}
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    reports = probe(ctx, facts="check" if facts else "none", fast=True)
-    return make_plan(ctx.rendered, ctx.targets, {n: reports.get(n) for n in ctx.targets}, replace=replace)
+    kind: Facts = "check" if facts else "none"
+    ask: dict[str, Any] = {"tenancy": True, "checks": checks, "interface": True}
+    reports = probe(ctx, facts=kind, fast=True, timings=timings, **ask)
+    ok = {n: r for n, r in reports.ok.items() if isinstance(r, ProbeReport)}
+    now = time.time()
+    held_by = {n: holders(n, r, now) for n, r in ok.items()}
+    # Placement sees what other jobs hold; when that moves a task, render again and probe
+    # again the hosts whose question changed (only on shared hosts: the common case is one
+    # round trip).
+    held = {n: held_for(ctx.inventory.job, hs, ok[n].listening or [], now) for n, hs in held_by.items()}
+    placement = place(ctx.inventory, ctx.state.previous_placement(), held)
+    if placement != ctx.rendered.placement:
+        before = {n: probe_request(ctx, n, facts=kind, **ask) for n in ctx.targets}
+        ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets)
+        again = {n for n in ctx.targets if probe_request(ctx, n, facts=kind, **ask) != before[n]}
+        if again:
+            more = probe(ctx, facts=kind, fast=True, only=again, timings=timings, **ask)
+            reports = reports.updated(more)
+            ok = {n: r for n, r in reports.ok.items() if isinstance(r, ProbeReport)}
+            held_by = {n: holders(n, r, now) for n, r in ok.items()}
+    preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
+    shipping, image_errors, image_restarts = _image_changes(ctx, reports)
+    p = make_plan(
+        ctx.rendered,
+        ctx.targets,
+        {n: reports.get(n) for n in ctx.targets},
+        replace=(replace or set()) | image_restarts or None,
+        rerun=rerun,
+        partial=partial,
+        force_setup=force_setup,
+    )
+    _tenancy(ctx, p, held_by)
+    for hp in p.hosts:
+        if hp.name in image_errors and hp.error is None:
+            hp.error = image_errors[hp.name]
+        hp.images = shipping.get(hp.name, [])
+    for hp in p.hosts:
+        if hp.report is not None and hp.bundle is not None:
+            rec = ctx.state.hosts.get(hp.name)
+            hp.warnings += program_warnings(ctx.inventory, hp.name, hp.bundle, rec, ctx.state.keyed, hp.report.files)
+    if checks:
+        preflight.add_to_plan(ctx.inventory, p, timings)
+    return p
+
+
+def _image_changes(
+    ctx: Context, reports: GroupResult[ProbeReport]
+) -> tuple[dict[str, list[images.ImageChange]], dict[str, HostError], set[str]]:
+    """The images each host must get before its tasks start (images.py): one more round
+    trip, only to hosts that run a container pool. Tasks whose image the host has with
+    another ID restart with the new one."""
+    roles = {name: [u.task.role for u in b.tasks] for name, b in ctx.rendered.hosts.items() if name in reports.ok}
+    changes, errors = images.plan_images(ctx.session, ctx.inventory, roles, ctx.targets)
+    restarts: set[str] = set()
+    for name, todo in changes.items():
+        replaced = {c.ref for c in todo if c.replaces}
+        for u in ctx.rendered.hosts[name].tasks:
+            pool = ctx.inventory.pool(u.task.role)
+            if pool is not None and pool.image in replaced:
+                restarts.add(u.task.name)
+    return changes, errors, restarts
+
+
+def _tenancy(ctx: Context, p: Plan, held_by: dict[str, list[Holder]]) -> None:
+    """Ownership (refuse another state's job) and the ledger entry each host needs."""
+    job, me = ctx.inventory.job, ctx.owner
+    for hp in p.hosts:
+        hs = held_by.get(hp.name)
+        if hp.error is not None or hs is None or hp.report is None:
+            continue
+        own = next((h for h in hs if h.job == job), None)
+        why = owner_problem(job, own, me, ctx.take_over)
+        if why is not None:
+            hp.problems.append(why)
+            continue
+        if hp.bundle is not None:
+            tasks = [u.task for u in hp.bundle.tasks]
+            hp.reserve = reservation(job, tasks, [u.unit for u in hp.bundle.tasks], hs, me, gpu_uuids(hp.report))
 
 
 # --------------------------------------------------------------------------- apply
@@ -188,6 +330,7 @@ class HostOutcome:
     unreachable: bool = False
     started: list[str] = field(default_factory=list)
     failed_tasks: list[str] = field(default_factory=list)
+    lost_race: bool = False  # another job's reservation won here, or this host was rolled back
 
     def fail(self, e: HostError) -> None:
         self.error = self.error or e.message
@@ -262,6 +405,7 @@ class _Apply:
             first = None
         self.first = first
         self._early: set[str] = set()  # hosts whose first phase started with the write
+        self.lost: set[str] = set()  # hosts where another job's reservation won the race
         self._lock = threading.Lock()
 
     def run(self) -> dict[str, HostOutcome]:
@@ -283,7 +427,20 @@ class _Apply:
                 if hp.bundle is not None
             }
         )
-        self._note(run_step(ctx.session, Step.WRITE, self._write, self._targets(self.work)))
+        shipping = {n: hp.images for n, hp in self.work.items() if hp.images}
+        if shipping:  # before the files: a task never starts without its image
+            self._note(images.ship(ctx.session, shipping, ctx.targets, self.progress))
+        self._note(
+            run_step(
+                ctx.session, Step.WRITE, self._write, self._targets(n for n in self.work if not self.outcomes[n].error)
+            )
+        )
+        if self.lost:
+            self._roll_back()
+            return self.outcomes
+        setups = [n for n, hp in self.work.items() if hp.setup is not None and self.outcomes[n].error is None]
+        if setups:
+            self._note(run_step(ctx.session, Step.SETUP, self._setup, self._targets(setups)))
         for phase in phases():
             movers = [
                 n
@@ -299,6 +456,36 @@ class _Apply:
                     )
                 )
         return self.outcomes
+
+    def _roll_back(self) -> None:
+        """Another apply took GPUs or ports on some hosts between plan and write: the job
+        cannot run as planned. Hosts this apply brought the job to are cleared again
+        (tasks stopped, files and ledger entry removed), so the loser holds nothing; hosts
+        that had the job before keep what was written, and the next apply re-plans."""
+        ctx, lost = self.ctx, sorted(self.lost)
+        fresh = [
+            n
+            for n, hp in self.work.items()
+            if n not in self.lost
+            and self.outcomes[n].error is None
+            and hp.bundle is not None
+            and (hp.report is None or hp.report.readable_manifest() is None)
+        ]
+
+        def clear(t: Target) -> None:
+            rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(self.job))
+            if rep.errors:
+                raise HostError(t, "; ".join(rep.errors))
+            ctx.state.forget_host(t.name)
+
+        res = run_step(ctx.session, Step.REMOVE, clear, self._targets(fresh))
+        self._note(res)
+        why = f"rolled back: another job took GPUs or ports on {', '.join(lost)} first"
+        for n in res.ok:
+            self.outcomes[n].error = why
+        for n in [*lost, *res.ok]:
+            self.outcomes[n].lost_race = True
+        self.progress(f"{why}; cleared the job from {len(res.ok)} host{'s' if len(res.ok) != 1 else ''}")
 
     def _targets(self, names: Iterable[str]) -> list[Target]:
         return [self.ctx.targets[n] for n in names]
@@ -333,16 +520,33 @@ class _Apply:
             if started_ok(st, res.exits.get(x.unit)):
                 self.outcomes[t.name].started.append(x.task)
             else:
-                bad.append(
-                    f"{x.task} did not start ({st.get('Result', '?')}, exit {st.get('ExecMainStatus', '?')}); "
-                    f"see `provision logs {self.ctx.inventory.path.name} {x.task}`"
-                )
+                bad.append(x)
                 self.outcomes[t.name].failed_tasks.append(x.task)
         if res.errors or bad:
-            raise HostError(t, "; ".join(res.errors + bad))
+            raise HostError(t, "; ".join(self._not_started(t, res, bad)))
         self.progress(f"{t.name}: started {', '.join(x.task for x in movers)}")
         if self.last_phase[t.name] == phase:
             self.ctx.state.record_host(t.name, host_record(self.ctx, t, hp))
+
+    def _not_started(self, t: Target, res: UnitsReport, bad: list) -> list[str]:
+        """The host's errors, and for each task that did not start why, in words
+        (explain.py), with its journal (one more round trip, only on a failure)."""
+        from .explain import start_failure
+        from .logs import host_last_lines
+
+        lines: dict[str, list[str]] = {}
+        if bad:
+            try:
+                lines = host_last_lines(self.ctx.session, t, self.job, [x.task for x in bad], 10)
+            except HostError:
+                pass
+        # systemctl's own "Job for X failed ... see journalctl -xeu X" is said better below.
+        out = [e for e in res.errors if not any(x.unit in e for x in bad)]
+        inv = self.ctx.inventory.path.name
+        for x in bad:
+            why = start_failure(x.task, res.units.get(x.unit, {}), res.exits.get(x.unit), lines.get(x.task, []))
+            out.append(f"{x.task} did not start: {why}; see `provision logs {inv} {x.task}`")
+        return out
 
     def _write_request(self, t: Target) -> WriteRequest:
         hp = self.work[t.name]
@@ -374,6 +578,7 @@ class _Apply:
             reset_failed=stops,
             clear_lifecycle=bool(hp.starts()),
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
+            reserve=hp.reserve,
         )
 
     def _write(self, t: Target) -> None:
@@ -383,10 +588,11 @@ class _Apply:
             if rep.errors:
                 raise HostError(t, "; ".join(rep.errors))
             ctx.state.forget_host(t.name)
-            self.progress(f"{t.name}: removed the job ({rep.removed} files)")
+            self.progress(f"{t.name}: removed the job ({rep.removed} file{'s' if rep.removed != 1 else ''})")
             return
         req = self._write_request(t)
-        early = self.first is not None and any(x.phase == self.first for x in hp.starts())
+        # A host whose setup runs starts nothing until the setup step says it succeeded.
+        early = self.first is not None and hp.setup is None and any(x.phase == self.first for x in hp.starts())
         if early:
             assert self.first is not None
             batch = BatchRequest([req, self._start_request(t, self.first)])
@@ -394,6 +600,10 @@ class _Apply:
             res: WriteReport = both.results[0]
         else:
             res = call_agent(ctx.session, t, req)
+        if res.conflict:
+            with self._lock:
+                self.lost.add(t.name)
+            raise HostError(t, "; ".join(res.errors) + "; nothing was written here")
         if res.errors:
             raise HostError(t, "; ".join(res.errors))
         self.progress(f"{t.name}: wrote {res.written} file{'s' if res.written != 1 else ''}, removed {res.removed}")
@@ -404,6 +614,19 @@ class _Apply:
             with self._lock:
                 self._early.add(t.name)
             self._started(t, self.first, both.results[1])
+
+    def _setup(self, t: Target) -> None:
+        hp = self.work[t.name]
+        assert hp.bundle is not None and hp.bundle.setup is not None
+        s = hp.bundle.setup
+        self.progress(f"{t.name}: setup running ({hp.setup})")
+        req = SetupRequest(self.job, s.unit, s.key, force=hp.setup == "forced")
+        rep: SetupReport = call_agent(self.ctx.session, t, req, timeout=24 * 3600)
+        if rep.errors:
+            code = f"exit code {rep.exit_code}" if rep.exit_code is not None else "; ".join(rep.errors)
+            tail = "".join(f"\n    {line}" for line in rep.lines) or " (it printed nothing)"
+            raise HostError(t, f"setup failed ({code}); no task started here. Its last lines:{tail}")
+        self.progress(f"{t.name}: setup done")
 
     def _start(self, t: Target, phase: int) -> None:
         self._started(t, phase, call_agent(self.ctx.session, t, self._start_request(t, phase)))
@@ -418,9 +641,11 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
 
 
 def destroy_plan(ctx: Context) -> Plan:
-    reports = probe(ctx, fast=True)
-    job = ctx.inventory.job
-    return Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
+    reports = probe(ctx, fast=True, tenancy=True)
+    job, now = ctx.inventory.job, time.time()
+    p = Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
+    _tenancy(ctx, p, {n: holders(n, r, now) for n, r in reports.ok.items()})
+    return p
 
 
 def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:
@@ -428,8 +653,11 @@ def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:
     return report
 
 
-def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
-    """Stop tasks in reverse start order across hosts, then remove every file."""
+def destroy(
+    ctx: Context, plan: Plan, progress: Progress = lambda s: None, *, remove_images: bool = False
+) -> dict[str, HostOutcome]:
+    """Stop tasks in reverse start order across hosts, then remove every file (and, with
+    remove_images, the container pools' images: shipped images stay by default)."""
     job = ctx.inventory.job
     outcomes = {
         h.name: HostOutcome(h.name, h.error.message if h.error else None, bool(h.error and h.error.unreachable))
@@ -457,6 +685,14 @@ def destroy(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> di
     removed = run_step(ctx.session, Step.REMOVE, remove, [ctx.targets[n] for n in work if outcomes[n].error is None])
     for n, e in removed.errors.items():
         outcomes[n].fail(e)
+    refs = list(dict.fromkeys(p.image for p in ctx.inventory.pools if p.image))
+    if remove_images and refs and removed.ok:
+
+        def rm_images(t: Target) -> None:
+            ctx.session.run(t, images.remove_command(refs), timeout=300)
+            progress(f"{t.name}: removed image{'s' if len(refs) != 1 else ''} {', '.join(refs)}")
+
+        run_step(ctx.session, Step.REMOVE, rm_images, [ctx.targets[n] for n in removed.ok])
     # Hosts with nothing left are forgotten, so a second destroy is a clean no-op.
     for h in plan.hosts:
         if h.error is None and not h.changed:

@@ -6,6 +6,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2  # plan --detailed-exitcode found changes
 EXIT_UNREACHABLE = 3  # one or more hosts unreachable; the others were handled
+EXIT_INTERRUPTED = 130  # Ctrl-C, in every command (128 + SIGINT, as shells report it)
 
 
 class ProvisionError(Exception):

@@ -36,6 +36,7 @@ def needed(host: Host | None) -> list[str]:
 
 
 def summary_row(name: str, facts: dict) -> dict:
+    """A host's facts for `facts --json` (absent values as null) and its table row."""
     gpus = facts.get("gpus", [])
     names = sorted({g["name"] for g in gpus})
     return {
@@ -44,9 +45,9 @@ def summary_row(name: str, facts: dict) -> dict:
         "cpus": facts.get("cpus"),
         "memory_gib": round(facts.get("memory_bytes", 0) / 2**30, 1),
         "gpus": len(gpus),
-        "gpu_model": ", ".join(names) if names else "-",
+        "gpu_model": ", ".join(names) if names else None,
         "gpu_uuids": [g["uuid"] for g in gpus],
         "tpu_chips": facts.get("tpu_chips", 0),
-        "systemd": (facts.get("systemd") or "none").split(" (")[0],
+        "systemd": facts["systemd"].split(" (")[0] if facts.get("systemd") else None,
         "python": facts.get("python"),
     }

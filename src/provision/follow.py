@@ -14,28 +14,37 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import time
 
 import click
 
-from .engine import Context, open_context, probe
-from .errors import ProvisionError
+from .engine import Context, probe
 from .host import layout
 from .host.protocol import UnitsReport, UnitsRequest
-from .lifecycle import JobPhase, TaskState, phases, stop_rank
+from .lifecycle import TaskState, phases, stop_rank
+from .logs import last_lines
 from .ssh import Target, call_agent
 from .state import StateLock
-from .status import JobStatus, job_status
+from .status import JobStatus, job_status, needs_lines, with_lines
 from .steps import Step, run_step
+from .tenancy import holders, owner_problem
 
 
-def _status(ctx: Context) -> tuple[JobStatus, list[str]]:
-    """The status, and the reachable hosts without the end marker."""
+def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
+    """The status, the reachable hosts without the end marker, and why this state may not
+    stop the job (another state owns it), if so."""
     tasks = list(ctx.rendered.placement.tasks)
     hosts = {t.host.name for t in tasks} & set(ctx.targets)
-    res = probe(ctx, files=False, only=hosts)
+    res = probe(ctx, files=False, only=hosts, tenancy=True)
     st = job_status(ctx.inventory, tasks, res.ok, {n: e.message for n, e in res.errors.items()})
-    return st, sorted(n for n, r in res.ok.items() if not r.lifecycle)
+    wanted = needs_lines(st)
+    if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
+        st = with_lines(ctx.inventory, st, last_lines(ctx, wanted))
+    job, me = ctx.inventory.job, ctx.owner
+    foreign = None
+    for n, r in res.ok.items():
+        own = next((h for h in holders(n, r) if h.job == job), None)
+        foreign = foreign or owner_problem(job, own, me, ctx.take_over)
+    return st, sorted(n for n, r in res.ok.items() if not r.lifecycle), foreign
 
 
 def collect(ctx: Context) -> JobStatus:
@@ -44,10 +53,13 @@ def collect(ctx: Context) -> JobStatus:
     The stop takes the state's lock (an apply in progress owns the hosts: then this run only
     reports), and is left out when only some hosts were asked (--target): a part of the job
     cannot tell that the whole has ended."""
-    st, unmarked = _status(ctx)
+    st, unmarked, foreign = _status(ctx)
     if st.phase.ended and not ctx.subset:
         live = [t for t in st.tasks if t.state.live]
-        if live or unmarked:
+        if (live or unmarked) and foreign is not None:
+            # Reading is anyone's; ending another operator's job is its owner's call.
+            click.echo(f"Note: the job has ended, but its remaining tasks are left running: {foreign}", err=True)
+        elif live or unmarked:
             lock = ctx.lock or StateLock(ctx.state.path, "end of job")
             if lock is ctx.lock or lock.try_acquire() is None:
                 try:
@@ -55,7 +67,7 @@ def collect(ctx: Context) -> JobStatus:
                 finally:
                     if lock is not ctx.lock:
                         lock.release()
-                st, _ = _status(ctx)
+                st, _, _ = _status(ctx)
     return st
 
 
@@ -104,31 +116,20 @@ def wait_for_job(
     interval: float = 2.0,
     verbose: bool = False,
     quiet: bool = False,
+    logs: bool = False,
+    since: str | None = None,
 ) -> int:
-    """Block until the job succeeds (0) or fails (1); 1 on timeout too, saying so."""
-    ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
-    start = time.monotonic()
-    last = None
-    try:
-        first = True
-        while True:
-            st = collect(ctx)
-            if first and st.tasks and all(t.detail == "not applied" for t in st.tasks):
-                raise ProvisionError(f"job {st.job} is not on its hosts: run `provision apply {inventory}` first")
-            first = False
-            line = f"job {st.phase}" + (f": {st.reason}" if st.reason else "")
-            if st.unreachable:
-                line += f" (unreachable: {', '.join(st.unreachable)})"
-            if not quiet and line != last:
-                click.echo(f"[{int(time.monotonic() - start)}s] {line}", err=True)
-                last = line
-            if st.phase is JobPhase.SUCCEEDED:
-                return 0
-            if st.phase is JobPhase.FAILED:
-                return 1
-            if timeout is not None and time.monotonic() - start > timeout:
-                click.echo(f"Error: timed out after {timeout:g}s; the job is still {st.phase}", err=True)
-                return 1
-            time.sleep(interval)
-    finally:
-        ctx.close()
+    """Block until the job succeeds (0) or fails (1); 1 on timeout too, saying so. Progress
+    and the output (`logs`) while waiting: progress.wait_job."""
+    from .progress import wait_job
+
+    return wait_job(
+        inventory,
+        state_path=state_path,
+        timeout=timeout,
+        interval=interval,
+        verbose=verbose,
+        quiet=quiet,
+        logs=logs,
+        since=since,
+    )

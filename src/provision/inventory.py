@@ -30,6 +30,7 @@ from .model import (
     Inventory,
     Pool,
     RestartPolicy,
+    Setup,
     SSHSettings,
     TFConfigOptions,
 )
@@ -79,10 +80,10 @@ RESERVED_ENV = frozenset(
 # Where provision keeps its own files; `files:` may not write there.
 RESERVED_DIRS = layout.RESERVED_DIRS
 
-TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec")
+TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec", "setup")
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
-HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels") + SSH_KEYS
-POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hosts", "port", "restart")
+HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
+POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hosts", "port", "restart", "setup")
 
 
 # --------------------------------------------------------------------------- YAML + lines
@@ -410,8 +411,11 @@ def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
         ssh = _ssh(c, m, hp, base)
         acc = _accelerators(c, m["accelerators"], hp + ("accelerators",)) if "accelerators" in m else None
         labels = _labels(c, m.get("labels"), hp + ("labels",))
+        drain = m.get("drain", False)
+        if not isinstance(drain, bool):
+            c.add(hp + ("drain",), f"expected true or false, got {_show(drain)}")
         if name is not None and address is not None and cluster is not None:
-            hosts.append(Host(name, address, ssh, cluster, acc, labels))
+            hosts.append(Host(name, address, ssh, cluster, acc, labels, drain is True))
     return hosts
 
 
@@ -488,6 +492,7 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
                 names = tuple(listed)
     port = c.integer(m["port"], path + ("port",), 1024, 65535) if "port" in m else None
     restart = _restart(c, m.get("restart"), path + ("restart",))
+    setup = _setup(c, m.get("setup"), path + ("setup",))
     if replicas is None or accelerators is None:
         return None
     return Pool(
@@ -502,7 +507,27 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
         host_selector=selector,
         port=port,
         restart=restart,
+        setup=setup,
     )
+
+
+def _setup(c: _Checker, value: Any, path: Path_) -> Setup | None:
+    """`setup: {commands: [shell lines], env: {K: V}}` (job-wide, or a pool's)."""
+    if value is None:
+        return None
+    m = c.mapping(value, path)
+    if m is None:
+        return None
+    c.keys(m, path, ("commands", "env"), required=("commands",))
+    commands = c.strings(m["commands"], path + ("commands",)) if "commands" in m else None
+    if commands is not None:
+        if not commands:
+            c.add(path + ("commands",), "expected at least one shell line")
+        for i, line in enumerate(commands):
+            if not line.strip():
+                c.add(path + ("commands", i), "expected a shell line, got an empty string")
+    env = c.env(m.get("env"), path + ("env",)) or ()
+    return Setup(tuple(commands or ()), env) if commands else None
 
 
 def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
@@ -743,6 +768,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     c.keys(success_map, ("success",), ("policy",))
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
     job_spec = _job_spec(c, top.get("job_spec"))
+    setup = _setup(c, top.get("setup"), ("setup",))
     roles = {p.role for p in pools if p.replicas > 0}
     # Only when every pool is valid: otherwise this would echo the pools' own errors.
     pools_map = top.get("pools")
@@ -767,6 +793,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         tf_config=TFConfigOptions(chief_name, trial),
         success=success,
         job_spec=job_spec,
+        setup=setup,
     )
     _check_capacity(inv, c)
     if c.problems:

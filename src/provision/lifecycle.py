@@ -12,11 +12,13 @@ Enums, not free strings: their values are what users and --json see.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
+from .explain import exit_words
 from .host import layout
 from .model import RestartPolicy
 
@@ -87,6 +89,8 @@ class Reason(str, Enum):
     STOPPED_BY_HAND = "stopped by hand"
     NOT_RUNNING = "not running"
     LEFT = "no longer in the inventory"
+    WITH_JOB = "restarts with the job"
+    RERUN = "rerun requested"
 
     def __str__(self) -> str:
         return self.value
@@ -120,6 +124,10 @@ def phases(*, stopping: bool = False) -> list[int]:
 # --------------------------------------------------------------------------- restart budget
 
 
+# ExitCode: exit codes 1..127 are the program's own verdict (no restart); above, a signal's.
+EXIT_CODE_PREVENT = 127
+
+
 def restart_budget(policy: RestartPolicy) -> int:
     """Automatic restarts a task of the pool may have after its first try."""
     return 0 if policy.policy == "Never" else policy.limit
@@ -133,8 +141,119 @@ def systemd_restart(policy: RestartPolicy) -> dict[str, object]:
     # systemd counts every start against StartLimitBurst, the first one too.
     if policy.policy == "Always":
         return {"restart": "always", "restart_prevent": "", "start_limit_burst": budget + 1}
-    prevent = " ".join(str(c) for c in range(1, 128)) if policy.policy == "ExitCode" else ""
+    prevent = " ".join(str(c) for c in range(1, EXIT_CODE_PREVENT + 1)) if policy.policy == "ExitCode" else ""
     return {"restart": "on-failure", "restart_prevent": prevent, "start_limit_burst": budget + 1}
+
+
+def restart_due(policy: RestartPolicy, record: Sequence[str]) -> bool:
+    """Would systemd restart the task after this exit (its .exits record), budget aside?
+    What systemd_restart renders: Always after any exit, OnFailure after a failure, ExitCode
+    after a failure other than an exit code 1..127; never after a stop or a reboot's record
+    (a reboot is on_reboot's), nor under Never."""
+    if restart_budget(policy) == 0 or len(record) > 4 or len(record) < 4:
+        return False
+    _, result, kind, status = record[:4]
+    if policy.policy == "Always":
+        return True
+    if result == "success":
+        return False
+    if policy.policy == "ExitCode":
+        return not (kind == "exited" and status.isdigit() and 1 <= int(status) <= EXIT_CODE_PREVENT)
+    return True
+
+
+def _restart_due_sh(policy: RestartPolicy) -> str:
+    """restart_due as a sh test on a record's words ($2 result, $3 kind, $4 status)."""
+    if restart_budget(policy) == 0:
+        return "false"
+    if policy.policy == "Always":
+        return "true"
+    if policy.policy == "ExitCode":
+        return f'[ "$2" != success ] && {{ [ "$3" != exited ] || [ "$4" -gt {EXIT_CODE_PREVENT} ]; }}'
+    return '[ "$2" != success ]'
+
+
+# --------------------------------------------------------------------------- reboots
+
+
+class RebootAction(str, Enum):
+    """What a task whose run a reboot ended does once its host is back."""
+
+    RESTART = "restart"  # starts again by itself, counted as a restart against the limit
+    FAIL = "fail"  # stays down: Failed, "host rebooted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def on_reboot(policy: RestartPolicy) -> RebootAction:
+    """OnFailure, ExitCode and Always bring the task back (a restart, while the budget
+    lasts); Never, or no budget at all, leaves it Failed."""
+    return RebootAction.FAIL if restart_budget(policy) == 0 else RebootAction.RESTART
+
+
+RUN_LIVE, RUN_SHUTDOWN = "", layout.REBOOT_MARK  # the .run mark's contents (layout.py)
+
+
+def gate(
+    policy: RestartPolicy,
+    exits: Sequence[Sequence[str]],
+    *,
+    rebooted: bool,
+    run: str | None,
+    job_ended: bool = False,
+) -> tuple[bool, bool]:
+    """(start?, write a reboot record?) for one start of a task through its unit's gate.
+
+    The reference of what layout.exec_condition_command does on the host with boot_gate's
+    values. `rebooted`: the first start since the host booted again (provision's own starts
+    never are); `run`: the .run mark (None: no run was in progress; RUN_LIVE: one was when
+    the host went down without a shutdown; RUN_SHUTDOWN: a shutdown ended it and wrote its
+    record); `job_ended`: the job's end marker is on the host."""
+    n = len(exits)
+    add = False
+    if rebooted:
+        if job_ended:
+            return False, False
+        if run is not None:
+            if run != RUN_SHUTDOWN:
+                add, n = True, n + 1
+            if on_reboot(policy) is RebootAction.FAIL:
+                return False, add
+        elif not exits or not restart_due(policy, exits[-1]):
+            return False, False
+    budget = restart_budget(policy)
+    if budget and n > budget:
+        return False, add
+    return True, add
+
+
+class BootGate(TypedDict):
+    budget: int
+    fail_on_reboot: bool
+    restart_due: str
+
+
+def boot_gate(policy: RestartPolicy) -> BootGate:
+    """The values layout.exec_condition_command renders the gate with (gate is the rule)."""
+    return {
+        "budget": restart_budget(policy),
+        "fail_on_reboot": on_reboot(policy) is RebootAction.FAIL,
+        "restart_due": _restart_due_sh(policy),
+    }
+
+
+def _rebooted_at(record: Sequence[str]) -> str:
+    try:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record[0])))
+    except (ValueError, OverflowError, OSError):
+        when = "an unknown time"
+    return f"host rebooted at {when}"
+
+
+def ended_by_reboot(record: Sequence[str] | None) -> bool:
+    """Was this exit the host going down (a shutdown's stop, or the gate's record of a crash)?"""
+    return record is not None and len(record) > 4 and record[4] == layout.REBOOT_MARK
 
 
 # --------------------------------------------------------------------------- task state
@@ -172,6 +291,11 @@ def task_state(
     on this host, if any; `restart_limit`: the pool's restart budget, when known: a task
     waiting to restart that has spent it is Failed already (systemd would refuse the next
     start with "start request repeated too quickly").
+
+    A run the host's reboot ended (ended_by_reboot) is named so, never taken for a stop: the
+    task is back (Running, the reboot named), on its way back (Restarting: the boot has not
+    reached the unit's gate yet), or Failed when its pool's policy or spent budget keeps it
+    down (gate; with the limit unknown, on its way back) or Stopped when the job ended.
     """
     if not unit or unit.get("LoadState") in (None, "not-found"):
         if exits:  # the unit file is gone but the outcome was recorded
@@ -180,8 +304,23 @@ def task_state(
             return TaskOutcome(TaskState.PENDING, None, "not applied")
     active, sub = unit.get("ActiveState"), unit.get("SubState")
     last = list(exits[-1]) if exits else None
+    rebooted = ended_by_reboot(last)
     if active in ("active", "reloading", "deactivating") or (active == "activating" and sub != "auto-restart"):
-        return TaskOutcome(TaskState.RUNNING, None, "stopping" if active == "deactivating" else (sub or ""))
+        detail = "stopping" if active == "deactivating" else (sub or "")
+        if rebooted and last is not None:
+            detail = f"{detail}; {_rebooted_at(last)}"
+        return TaskOutcome(TaskState.RUNNING, None, detail)
+    if rebooted and last is not None:
+        # Its own outcome first (it may be what ended the job), then the job's end.
+        spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
+        if restart_limit == 0:
+            return TaskOutcome(TaskState.FAILED, None, _rebooted_at(last))
+        if spent:
+            return TaskOutcome(TaskState.FAILED, None, f"{_rebooted_at(last)}, restart limit ({restart_limit}) reached")
+        if ended:
+            job = str(ended.get("phase", "ended")).lower()
+            return TaskOutcome(TaskState.STOPPED, None, f"{_rebooted_at(last)}; not restarted: job {job}")
+        return TaskOutcome(TaskState.RESTARTING, None, f"{_rebooted_at(last)}; starting again")
     if last is None:
         # No record yet: fall back to what systemd still remembers, if anything.
         code = unit.get("ExecMainCode", "0")
@@ -198,6 +337,7 @@ def task_state(
         return TaskOutcome(
             TaskState.STOPPED, exit_code, f"stopped {who} ({'exited ' + status if kind == 'exited' else how})"
         )
+    how = exit_words(kind, status, result)  # a failure: explained (explain.py)
     spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
     if active == "activating" and sub == "auto-restart":
         if spent:
@@ -220,7 +360,8 @@ def restarts(unit: Mapping[str, str] | None, exits: Sequence[object] | None, sta
     if state is not None and state.ended:
         return max(0, n - 1)
     running = (unit or {}).get("ActiveState") in ("active", "activating", "reloading", "deactivating")
-    return n if running else max(0, n - 1)
+    # A task on its way back after a reboot: the restart is under way (gate).
+    return n if running or state is TaskState.RESTARTING else max(0, n - 1)
 
 
 # --------------------------------------------------------------------------- job phase
@@ -308,6 +449,8 @@ class Decision:
             return "completed (exit 0)"
         if r is Reason.FAILED:
             return self.detail
+        if r is Reason.WITH_JOB:
+            return f"restarts with the job ({self.detail}: its tasks run together)"
         return str(r.value)
 
 
@@ -363,3 +506,44 @@ def never_loaded(unit: Mapping[str, str] | None) -> bool:
         and unit.get("ActiveState") == "inactive"
         and unit.get("SubState", "dead") == "dead"
     )
+
+
+# --------------------------------------------------------------------------- the job as a unit
+
+
+def synchronous(roles: Iterable[str]) -> bool:
+    """Do the job's tasks run in lockstep (MWMS, DDP, JAX, all-reduce with reduction
+    servers: every rank waits for every other), so that one restarting alone would leave
+    the others waiting for it? Parameter-server jobs do not: workers come and go."""
+    return "ps" not in set(roles)
+
+
+FINISHED_REASONS = frozenset({Reason.JOB_ENDED, Reason.COMPLETED, Reason.FAILED})
+
+
+def whole_job(decisions: Mapping[str, Decision], *, sync: bool, rerun: bool) -> dict[str, Decision]:
+    """Plan's decisions for every task of the job, made job-wide:
+    - rerun: every task starts again (the job must have finished: see `finished`);
+    - a synchronous job restarts all its tasks when one of its existing tasks (re)starts.
+    Tasks leaving the job (STOP) are left as they are."""
+    if rerun:
+        return {
+            t: d if d.action is Action.STOP else Decision(Action.RESTART, Reason.RERUN, "")
+            for t, d in decisions.items()
+        }
+    moving = sorted(t for t, d in decisions.items() if d.action.starts and not d.new)
+    if not sync or not moving:
+        return dict(decisions)
+    why = ", ".join(moving[:3]) + (f" and {len(moving) - 3} more" if len(moving) > 3 else "")
+    return {
+        t: Decision(Action.RESTART, Reason.WITH_JOB, f"{why} restart{'s' if len(moving) == 1 else ''}")
+        if d.action is Action.NONE
+        else d
+        for t, d in decisions.items()
+    }
+
+
+def finished(decisions: Mapping[str, Decision]) -> bool:
+    """Has the job ended everywhere plan looked (what --rerun needs)?"""
+    kept = [d for d in decisions.values() if d.action is not Action.STOP]
+    return bool(kept) and all(d.action is Action.NONE and d.reason in FINISHED_REASONS for d in kept)

@@ -16,6 +16,7 @@ progress bars rewrite their line with carriage returns; lines may be very long.
 from __future__ import annotations
 
 import datetime as _dt
+import heapq
 import json
 import os
 import re
@@ -31,9 +32,16 @@ from typing import TextIO
 import click
 
 from .errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
+from .explain import SYSTEMD_LABEL, strip_unit
+from .host import layout
+from .status import JobStatus
 
 CURSOR_FILE = ".provision-logs.json"
-FIELDS = "MESSAGE,SYSLOG_IDENTIFIER"
+FIELDS = "MESSAGE,SYSLOG_IDENTIFIER,UNIT"
+# systemd's messages about a task's unit that `logs` shows besides the program's output:
+# notices and worse (a failed exec and its reason, an exit status, a kill), and restarts.
+SYSTEMD_PRIORITIES = range(6)  # emerg .. notice
+RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"  # "Scheduled restart job, restart counter is at N."
 COLORS = (
     "cyan",
     "green",
@@ -113,10 +121,16 @@ class Entry:
     cursor: str
 
 
-def parse_line(line: bytes | str, host: str, tasks_by_ident: dict[str, str]) -> list[Entry] | dict | None:
+def parse_line(
+    line: bytes | str, host: str, tasks_by_ident: dict[str, str], tasks_by_unit: dict[str, str] | None = None
+) -> list[Entry] | dict | None:
     """One line of `journalctl -o json`: a list of Entry (one per message line), a control
     record of ours (a dict with a "__provision_*" key), or None for anything else (blank
-    lines, informational text, a cut-off line)."""
+    lines, informational text, a cut-off line).
+
+    An entry of a task's program is found by its SYSLOG_IDENTIFIER; systemd's own messages
+    about the task's unit (`tasks_by_unit`: unit name -> task) by their UNIT field, shown
+    with a `[systemd] ` label and without the leading unit name."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", "replace")
     line = line.strip()
@@ -134,6 +148,11 @@ def parse_line(line: bytes | str, host: str, tasks_by_ident: dict[str, str]) -> 
     if isinstance(ident, list):  # repeated or binary: take the first printable one
         ident = _text(ident[0]) if ident and not isinstance(ident[0], int) else _text(ident)
     task = tasks_by_ident.get(ident) if isinstance(ident, str) else None
+    system = False
+    if task is None and tasks_by_unit:
+        unit = entry.get("UNIT")
+        task = tasks_by_unit.get(unit) if isinstance(unit, str) else None
+        system = task is not None
     if task is None:
         return None
     try:
@@ -142,6 +161,8 @@ def parse_line(line: bytes | str, host: str, tasks_by_ident: dict[str, str]) -> 
         ts = 0
     raw_cursor = entry.get("__CURSOR")
     cursor = raw_cursor if isinstance(raw_cursor, str) else ""
+    if system:
+        return [Entry(ts, host, task, SYSTEMD_LABEL + strip_unit(text), cursor) for text in message_lines(entry)]
     return [Entry(ts, host, task, text, cursor) for text in message_lines(entry)]
 
 
@@ -182,7 +203,34 @@ def iso(ts_us: int) -> str:
 
 
 def identifier(job: str, task: str) -> str:
-    return f"provision-{job}-{task}"
+    return layout.log_identifier(job, task)
+
+
+def unit_matches(job: str, task: str) -> list[str]:
+    """journalctl matches for one task: its program's output (the unit's SyslogIdentifier=)
+    or systemd's notices about its unit and its restarts (terms joined by `+`: OR)."""
+    unit = layout.unit_name(job, task)
+    return [
+        f"SYSLOG_IDENTIFIER={identifier(job, task)}",
+        "+",
+        f"UNIT={unit}",
+        *(f"PRIORITY={p}" for p in SYSTEMD_PRIORITIES),
+        "+",
+        f"UNIT={unit}",
+        f"MESSAGE_ID={RESTART_SCHEDULED}",
+    ]
+
+
+def matches(job: str, tasks: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for task in tasks:
+        out += (["+"] if out else []) + unit_matches(job, task)
+    return out
+
+
+def units_of(job: str, tasks: Iterable[str]) -> dict[str, str]:
+    """unit name -> task, for parse_line."""
+    return {layout.unit_name(job, t): t for t in tasks}
 
 
 def fetch_command(
@@ -201,8 +249,6 @@ def fetch_command(
             "--no-pager",
             "-q",
             f"--output-fields={FIELDS}",
-            "-t",
-            identifier(job, task),
         ]
         cursor = (cursors or {}).get(task)
         if since:
@@ -212,6 +258,7 @@ def fetch_command(
         elif tail is not None:
             # -n counts from the end only without a start point: newest first, reversed here.
             argv += ["--reverse", "-n", str(tail)]
+        argv += unit_matches(job, task)
         parts.append(" ".join(shlex.quote(a) for a in argv))
         parts.append('echo "{\\"__provision_rc\\":$?,\\"__provision_task\\":\\"%s\\"}"' % task)
     return "sh -c " + shlex.quote("; ".join(parts))
@@ -234,9 +281,8 @@ def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
         "--follow",
         "--since",
         f"@{since_epoch}",
+        *matches(job, tasks),
     ]
-    for task in tasks:
-        argv += ["-t", identifier(job, task)]
     script = (
         "exec 3<&0; " + " ".join(shlex.quote(a) for a in argv) + " </dev/null & j=$!; "
         "(cat <&3 >/dev/null 2>&1; kill $j 2>/dev/null) >/dev/null 2>&1 & "
@@ -254,14 +300,19 @@ class HostLog:
 
 
 def parse_fetch(
-    host: str, stdout: bytes, stderr: bytes, tasks_by_ident: dict[str, str], reversed_tasks: set[str]
+    host: str,
+    stdout: bytes,
+    stderr: bytes,
+    tasks_by_ident: dict[str, str],
+    reversed_tasks: set[str],
+    tasks_by_unit: dict[str, str] | None = None,
 ) -> HostLog:
     """The output of `fetch_command` → a HostLog (entries in journal order per task)."""
     out = HostLog(host)
     per_task: dict[str, list[Entry]] = {}
     err_lines = [l for l in stderr.decode("utf-8", "replace").splitlines() if l.strip()]
     for raw in stdout.split(b"\n"):
-        got = parse_line(raw, host, tasks_by_ident)
+        got = parse_line(raw, host, tasks_by_ident, tasks_by_unit)
         if got is None:
             continue
         if isinstance(got, dict):
@@ -280,6 +331,34 @@ def parse_fetch(
         if task in reversed_tasks:
             es.reverse()
         out.entries.extend(es)
+    return out
+
+
+def host_last_lines(session, target, job: str, tasks: list[str], n: int = 10) -> dict[str, list[str]]:
+    """The last `n` lines of each task's journal on one host (its output and systemd's
+    notices about it), oldest first: one round trip. Raises HostError."""
+    cmd = fetch_command(job, tasks, since=None, tail=n, cursors=None)
+    res = session.run(target, cmd, timeout=60)
+    idents = {identifier(job, t): t for t in tasks}
+    hl = parse_fetch(target.name, res.stdout, res.stderr, idents, set(tasks), units_of(job, tasks))
+    out: dict[str, list[str]] = {t: [] for t in tasks}
+    for e in hl.entries:
+        out[e.task].append(e.text)
+    return out
+
+
+def last_lines(ctx, wanted: dict[str, list[str]], n: int = 10) -> dict[str, list[str]]:
+    """host -> tasks  =>  task -> its last `n` journal lines, one round trip per host at
+    once; hosts that fail are left out (this only adds to what status says)."""
+    from .ssh import HostError
+
+    job = ctx.inventory.job
+    targets = [ctx.targets[h] for h in wanted if h in ctx.targets]
+    res = ctx.session.map(lambda t: host_last_lines(ctx.session, t, job, wanted[t.name], n), targets)
+    out: dict[str, list[str]] = {}
+    for r in res.values():
+        if not isinstance(r, HostError):
+            out.update(r)
     return out
 
 
@@ -329,7 +408,8 @@ class Printer:
         self.lock = threading.Lock()
         self.out_dir = out_dir
         self.timestamps = timestamps
-        self.color = color
+        # It prints from the hosts' threads, which do not see click's context: NO_COLOR here.
+        self.color = False if color is None and os.environ.get("NO_COLOR") else color
         self.colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(task_order)}
         self.width = max((len(f"{t}@{hosts[t]}") for t in task_order), default=0)
         self.files: dict[str, TextIO] = {}
@@ -395,15 +475,23 @@ def run_logs(
     timestamps: bool = False,
     stop: threading.Event | None = None,
     echo_err: Callable[[str], None] = lambda s: click.echo(s, err=True),
+    until_end: bool = True,
+    on_status: Callable[[JobStatus], None] | None = None,
+    timeout: float | None = None,
 ) -> int:
     """Print (or write) the job's logs; returns the exit code (0, or 3 when a host was
-    unreachable: the others' logs were still shown)."""
+    unreachable: the others' logs were still shown). With `follow`, until the job ends
+    (`until_end`; then 0 when it succeeded, 1 when it failed) or Ctrl-C (130).
+
+    For `wait --logs`: `on_status` sees every status polled (it then says how the job
+    ended) and `timeout` gives up after that many seconds (1)."""
     from .engine import open_context
     from .ssh import HostError
 
     ctx = open_context(
         inventory, state_path=state_path, only=targets, parallelism=parallelism, verbose=verbose, render_secrets=False
     )
+    closers: list[Callable[[], None]] = []
     try:
         job = ctx.inventory.job
         assert ctx.rendered is not None
@@ -424,6 +512,7 @@ def run_logs(
             by_host.setdefault(t.host.name, []).append(t.name)
         host_of = {t.name: t.host.name for t in placed}
         idents = {identifier(job, t.name): t.name for t in placed}
+        units = units_of(job, (t.name for t in placed))
         out_path = None
         cursors: dict[str, dict[str, str]] = {}
         if out_dir is not None:
@@ -444,7 +533,7 @@ def run_logs(
         def fetch(tg) -> HostLog:
             cmd = fetch_command(job, by_host[tg.name], since=since_j, tail=tail, cursors=cursors.get(tg.name))
             res = ctx.session.run(tg, cmd, timeout=300)
-            return parse_fetch(tg.name, res.stdout, res.stderr, idents, reversed_tasks_by_host[tg.name])
+            return parse_fetch(tg.name, res.stdout, res.stderr, idents, reversed_tasks_by_host[tg.name], units)
 
         results = ctx.session.map(fetch, [ctx.targets[h] for h in by_host])
         logs = [r for r in results.values() if isinstance(r, HostLog)]
@@ -476,8 +565,23 @@ def run_logs(
             save_cursors(out_path, job, printer.cursors)
         if follow and not printer.pipe_closed:
             live = [hl for hl in logs if not hl.errors]
-            code2 = _follow(ctx, job, by_host, idents, live, printer, out_path, stop, echo_err)
-            code = code if code == EXIT_UNREACHABLE else max(code, code2)
+            code2 = _follow(
+                ctx,
+                job,
+                by_host,
+                idents,
+                units,
+                live,
+                printer,
+                out_path,
+                stop,
+                echo_err,
+                job_status=_job_watcher(ctx, inventory, state_path, closers, on_status) if until_end else None,
+                announce=on_status is None,
+                timeout=timeout,
+            )
+            # The job's outcome (or Ctrl-C's 130) is the exit code; unreachable hosts still say 3.
+            code = code if code == EXIT_UNREACHABLE else code2
         printer.close()
         if out_path is not None:
             for t in placed:
@@ -490,7 +594,108 @@ def run_logs(
             echo_err(f"Unreachable: {', '.join(sorted(bad_hosts))}. The other hosts' logs are above.")
         return code
     finally:
+        for close in closers:
+            close()
         ctx.close()
+
+
+def _job_watcher(
+    ctx,
+    inventory: str,
+    state_path: str | None,
+    closers: list[Callable[[], None]],
+    on_status: Callable[[JobStatus], None] | None = None,
+) -> Callable[[], JobStatus | None]:
+    """The job's status for `--follow` to end with, from every host of the job (a context
+    of its own when only some hosts were asked for: a part cannot tell the whole ended)."""
+    from .engine import open_context
+    from .follow import collect
+
+    own: list = []
+
+    def status() -> JobStatus:
+        if not ctx.subset:
+            st = collect(ctx)
+        else:
+            if not own:
+                own.append(open_context(inventory, state_path=state_path, render_secrets=False))
+                closers.append(own[0].close)
+            st = collect(own[0])
+        if on_status is not None:
+            on_status(st)
+        return st
+
+    return status
+
+
+class Reorder:
+    """A small reorder window: entries from many hosts, printed in time order.
+
+    Each entry waits `window` seconds after it arrived; the oldest (by the host's clock)
+    goes first, so lines from hosts whose streams lag a little behind still come out in
+    time order. A line later than the window is printed when it arrives."""
+
+    def __init__(self, emit: Callable[[Entry], None], window: float = 1.0):
+        self.emit, self.window = emit, window
+        self.heap: list[tuple[int, int, float, Entry]] = []
+        self.lock = threading.Lock()
+        self.seq = 0
+
+    def push(self, e: Entry, now: float | None = None) -> None:
+        with self.lock:
+            self.seq += 1
+            heapq.heappush(self.heap, (e.ts, self.seq, time.monotonic() if now is None else now, e))
+
+    def due(self, now: float | None = None) -> None:
+        """Print what has waited long enough (everything older than it first)."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            out = []
+            while self.heap and self.heap[0][2] <= now - self.window:
+                out.append(heapq.heappop(self.heap)[3])
+        for e in out:
+            self.emit(e)
+
+    def drain(self) -> None:
+        with self.lock:
+            out = [heapq.heappop(self.heap)[3] for _ in range(len(self.heap))]
+        for e in out:
+            self.emit(e)
+
+
+class Boundary:
+    """Where a task's follow stream takes over from what was already printed.
+
+    Per task, the last entry printed (time and cursor), or the moment the fetch began for a
+    task that printed nothing: a stream that starts earlier (it starts on a whole second, or
+    again after a broken connection) skips what is not newer, so every line is printed once
+    and `--tail N` shows exactly N lines before the new ones."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, str], tuple[int, str]] = {}
+        self.skipping: set[tuple[str, str]] = set()
+
+    def printed(self, e: Entry) -> None:
+        self.last[(e.host, e.task)] = (e.ts, e.cursor)
+
+    def start(self, host: str, tasks: Iterable[str], now_us: int) -> None:
+        """A stream (re)starts for `tasks` of `host`."""
+        for t in tasks:
+            self.last.setdefault((host, t), (now_us, ""))
+            self.skipping.add((host, t))
+
+    def accept(self, e: Entry) -> bool:
+        key = (e.host, e.task)
+        if key in self.skipping:
+            ts, cursor = self.last.get(key, (0, ""))
+            if cursor and e.cursor == cursor:
+                self.skipping.discard(key)
+                return False
+            if e.ts <= ts:
+                return False
+            self.skipping.discard(key)
+        self.last[key] = (e.ts, e.cursor)
+        return True
 
 
 def _follow(
@@ -498,47 +703,57 @@ def _follow(
     job: str,
     by_host: dict[str, list[str]],
     idents: dict[str, str],
+    units: dict[str, str],
     logs: list[HostLog],
     printer: Printer,
     out_path: Path | None,
     stop: threading.Event,
     echo_err: Callable[[str], None],
+    *,
+    job_status: Callable[[], JobStatus | None] | None = None,
+    poll: float = 2.0,
+    grace: float = 2.0,
+    window: float = 1.0,
+    announce: bool = True,
+    timeout: float | None = None,
 ) -> int:
-    """Stream from every host at once until `stop` is set (Ctrl-C in the CLI).
+    """Stream from every host at once until the job has ended (`job_status` returns a
+    JobStatus; exit 0 when it succeeded, 1 when it failed) or `stop` is set (130: Ctrl-C).
 
     Each host's stream starts at the second its fetch began (`--since @T`, T from the
-    host's clock), and entries already printed are skipped by cursor, so nothing written
-    between the fetch and the stream is lost or shown twice. A stream that breaks (the
-    host rebooted, the connection dropped) is started again from its last entry."""
+    host's clock) and skips per task what was printed already (Boundary); lines go out in
+    time order across hosts through a reorder window. A stream that breaks (the host
+    rebooted, the connection dropped) is started again from its last entry. Once the job
+    has ended, the streams run `grace` seconds more for the last lines."""
+    from .errors import EXIT_INTERRUPTED
     from .ssh import HostError
 
-    state: dict[str, dict] = {}
+    boundary = Boundary()
+    starts: dict[str, int] = {}
     for hl in logs:
-        start = (hl.now_us or int(time.time() * 1e6)) // 1_000_000
-        seen = {e.cursor for e in hl.entries if e.ts >= start * 1_000_000 and e.cursor}
-        state[hl.host] = {"start": start, "seen": seen, "recent": []}
+        now_us = hl.now_us or int(time.time() * 1e6)
+        for e in hl.entries:
+            boundary.printed(e)
+        boundary.start(hl.host, by_host[hl.host], now_us)
+        starts[hl.host] = now_us // 1_000_000
+    reorder = Reorder(printer.write, window)
     failures: dict[str, str] = {}
+    newest: dict[str, int] = {}
 
     def on_entry(host: str, e: Entry) -> None:
-        st = state[host]
-        if e.cursor and e.cursor in st["seen"]:
+        if not boundary.accept(e):
             return
-        printer.write(e)
-        if e.cursor:
-            st["recent"].append((e.ts, e.cursor))
-            newest = st["recent"][-1][0]
-            while st["recent"] and st["recent"][0][0] < newest - 1_000_000:
-                st["recent"].pop(0)
+        newest[host] = max(newest.get(host, 0), e.ts)
+        reorder.push(e)
 
     def run_host(host: str) -> None:
         tg = ctx.targets[host]
         warned = False
         while not stop.is_set():
-            st = state[host]
-            cmd = follow_command(job, by_host[host], st["start"])
+            cmd = follow_command(job, by_host[host], starts[host])
 
             def on_line(raw: bytes, host=host) -> None:
-                got = parse_line(raw, host, idents)
+                got = parse_line(raw, host, idents, units)
                 if isinstance(got, list):
                     for e in got:
                         on_entry(host, e)
@@ -557,26 +772,55 @@ def _follow(
             if not warned:
                 echo_err(f"Warning: {tg.where}: {why}; retrying every 2 s")
                 warned = True
-            # Resume from the newest entry seen, skipping what was printed in that second.
-            if st["recent"]:
-                newest = st["recent"][-1][0] // 1_000_000
-                st["start"] = newest
-                st["seen"] = {c for ts, c in st["recent"] if ts >= newest * 1_000_000}
+            # Resume from the newest entry seen; Boundary skips what was printed.
+            if host in newest:
+                starts[host] = newest[host] // 1_000_000
+            boundary.start(host, by_host[host], 0)
             stop.wait(2.0)
 
-    threads = [threading.Thread(target=run_host, args=(h,), daemon=True, name=f"logs-{h}") for h in state]
+    ended: list[JobStatus] = []  # the status that saw the job end
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                st = job_status() if job_status is not None else None
+            except (HostError, ProvisionError) as e:
+                echo_err(f"Warning: job status: {getattr(e, 'message', e)}")
+                st = None
+            if st is not None and st.phase.ended:
+                ended.append(st)
+                return
+            stop.wait(poll)
+
+    threads = [threading.Thread(target=run_host, args=(h,), daemon=True, name=f"logs-{h}") for h in starts]
+    if job_status is not None:
+        threads.append(threading.Thread(target=watch, daemon=True, name="logs-status"))
     for t in threads:
         t.start()
-    last_save = time.monotonic()
+    last_save = began = time.monotonic()
+    end_at: float | None = None
+    code = EXIT_OK
+    timed_out = False
     try:
         while any(t.is_alive() for t in threads) and not stop.is_set():
-            stop.wait(0.5)
+            stop.wait(0.1)
+            reorder.due()
+            if ended and end_at is None:
+                end_at = time.monotonic() + grace
+            if end_at is not None and time.monotonic() >= end_at:
+                code = EXIT_OK if ended[0].phase.value == "Succeeded" else EXIT_ERROR
+                break
+            if timeout is not None and not ended and time.monotonic() - began > timeout:
+                timed_out, code = True, EXIT_ERROR
+                break
             if out_path is not None and time.monotonic() - last_save > 2:
                 printer.flush()
                 save_cursors(out_path, job, printer.cursors)
                 last_save = time.monotonic()
+        if not ended and not printer.pipe_closed and not timed_out:
+            code = EXIT_INTERRUPTED  # stopped from outside: Ctrl-C, or the caller's stop
     except KeyboardInterrupt:
-        pass
+        code = EXIT_INTERRUPTED
     finally:
         stop.set()
         import signal
@@ -585,4 +829,67 @@ def _follow(
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: we are leaving
         for t in threads:
             t.join(timeout=5)
-    return EXIT_OK
+        reorder.drain()
+    if timed_out:
+        echo_err(f"Error: timed out after {timeout:g}s; the job has not ended")
+    elif ended and announce:
+        st = ended[0]
+        echo_err(f"job {st.phase}" + (f": {st.reason}" if st.reason else ""))
+    elif code == EXIT_INTERRUPTED and not printer.pipe_closed:
+        echo_err("Interrupted.")
+    return code
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def setup_command(job: str, tail: int | None) -> str:
+    """The setup unit's output on a host, oldest first."""
+    argv = ["journalctl", "-t", layout.setup_log_identifier(job), "-o", "cat", "--no-pager", "-q"]
+    if tail is not None:
+        argv += ["-n", str(tail)]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def run_setup_logs(
+    inventory: str,
+    *,
+    state_path: str | None = None,
+    targets: tuple[str, ...] = (),
+    parallelism: int | None = None,
+    verbose: bool = False,
+    tail: int | None = None,
+) -> int:
+    """`provision logs --setup`: each host's setup output, host by host, as `setup@HOST | line`."""
+    from .engine import open_context
+    from .ssh import HostError
+    from .steps import Step, run_step
+
+    ctx = open_context(
+        inventory, state_path=state_path, only=targets, parallelism=parallelism, verbose=verbose, render_secrets=False
+    )
+    try:
+        job = ctx.inventory.job
+        hosts = [n for n, b in ctx.rendered.hosts.items() if b.setup is not None and n in ctx.targets]
+        if not hosts:
+            raise ProvisionError(f"job {job} has no setup: on these hosts (inventory key `setup:`)")
+        cmd = setup_command(job, tail)
+
+        def fetch(tg) -> list[str]:
+            res = ctx.session.run(tg, cmd, timeout=120)
+            if res.exit_status != 0:
+                raise HostError(
+                    tg, f"journalctl exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}"
+                )
+            return res.stdout.decode("utf-8", "replace").splitlines()
+
+        res = run_step(ctx.session, Step.PROBE, fetch, [ctx.targets[h] for h in hosts])
+        for h in hosts:
+            if h in res.ok:
+                for line in res.ok[h]:
+                    click.echo(f"setup@{h} | {terminal_text(line)}")
+        for e in res.errors.values():
+            click.echo(f"Error: {e.target.where}: {e.message}", err=True)
+        return 3 if res.unreachable else (1 if res.failed else 0)
+    finally:
+        ctx.close()

@@ -51,6 +51,7 @@ class Host:
     cluster_address: str
     accelerators: Accelerators | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    drain: bool = False  # `drain: true`: its tasks move away while it is still up
 
     @property
     def accelerator_count(self) -> int:
@@ -80,14 +81,25 @@ class Pool:
     host_selector: tuple[tuple[str, str], ...] | None = None  # `hosts: {rack: r1}`
     port: int | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    setup: Setup | None = None  # runs after the job's setup, on hosts with a task of this pool
 
     def eligible(self, host: Host) -> bool:
+        if host.drain:
+            return False
         if self.host_names is not None and host.name not in self.host_names:
             return False
         if self.host_selector is not None:
             labels = host.label_map
             return all(labels.get(k) == v for k, v in self.host_selector)
         return True
+
+
+@dataclass(frozen=True)
+class Setup:
+    """`setup:` shell lines run once per host (per change) before the tasks start there."""
+
+    commands: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class Inventory:
     # an AI Platform TrainingInput), given as TF_CONFIG's and CLUSTER_SPEC's `job`. JSON
     # values only; a dict, so it takes no part in hashing or equality.
     job_spec: dict[str, object] | None = field(default=None, hash=False, compare=False)
+    setup: Setup | None = None
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

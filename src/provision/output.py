@@ -9,6 +9,7 @@ import click
 from .engine import Context, HostOutcome
 from .lifecycle import Action
 from .plan import FileAction, Plan, TaskChange
+from .progress import failed_lines
 from .render import FileKind
 from .status import JobStatus, duration
 
@@ -38,6 +39,15 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
         if hp.bundle is None and not destroying:
             title += " (the job leaves this host)"
         out.append(click.style(title, bold=True))
+        if hp.setup is not None and not destroying:
+            out.append(_line("~", f"setup: run ({hp.setup})"))
+        for im in [] if destroying else hp.images:
+            out.append(_line("+", im.line()))
+        if hp.reserve is not None and not destroying:
+            held = ", ".join(
+                x for x in (f"GPUs {hp.reserve.gpus}" if hp.reserve.gpus else "", f"ports {hp.reserve.ports}") if x
+            )
+            out.append(_line("~", f"ledger: reserve {held.replace('[', '').replace(']', '')}"))
         for t in hp.tasks:
             if t.action is Action.NONE:
                 continue
@@ -59,6 +69,9 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
 
 
 def print_plan(plan: Plan, *, destroying: bool = False) -> None:
+    for hp in plan.hosts:  # on stderr, before the plan: they matter before the question
+        for w in hp.warnings:
+            click.echo(click.style(f"Warning: {w}", fg="yellow"), err=True)
     lines = plan_lines(plan, destroying=destroying)
     if plan.changed:
         click.echo("provision will perform the following actions:\n")
@@ -107,7 +120,8 @@ PHASE_COLOR = {
 }
 
 
-def status_lines(st: JobStatus) -> list[str]:
+def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
+    """The status table; below it, the last journal lines of each task that failed."""
     head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
     if st.reason:
         head += f" ({st.reason})"
@@ -131,4 +145,5 @@ def status_lines(st: JobStatus) -> list[str]:
     for t, line in zip(st.tasks, lines[1:]):
         color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)
-    return out
+    failed = failed_lines(st, inventory)
+    return out + ([""] + failed if failed else [])

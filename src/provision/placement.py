@@ -10,7 +10,10 @@ Rules, in one place:
   all) prefer hosts without any, keeping accelerator hosts for the work that needs them;
 - ports: the pool's port (default 2222), or the next free one on a shared host;
 - `previous` (the placement recorded in state) is kept for every task whose slot is still
-  valid, so growing or shrinking a pool never moves a task that already exists.
+  valid, so growing or shrinking a pool never moves a task that already exists;
+- `held` (what other jobs hold on shared hosts, and ports something else listens on, as
+  tenancy.py reads them from the hosts' ledgers) is never given out: neither kept from
+  `previous` nor chosen.
 """
 
 from __future__ import annotations
@@ -73,11 +76,21 @@ class Placement:
         return {t.name: t.slot for t in self.tasks}
 
 
+@dataclass(frozen=True)
+class Held:
+    """What placement may not give out on one host, and who holds it (for messages)."""
+
+    gpus: frozenset[int] = frozenset()
+    ports: frozenset[int] = frozenset()
+    by: tuple[str, ...] = ()  # e.g. "GPUs 0-1 held by job bert (alice@ws-3, running 2h)"
+
+
 class PlacementError(ProvisionError):
-    def __init__(self, role: str, reason: str):
-        super().__init__(f"pools.{role}: {reason}")
+    def __init__(self, role: str, reason: str, *, held: bool = False, details: tuple[str, ...] = ()):
+        super().__init__(f"pools.{role}: {reason}", details=list(details))
         self.role = role
         self.reason = reason
+        self.held = held  # it would fit were it not for what other jobs hold: worth waiting
 
 
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
@@ -90,17 +103,21 @@ def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
 class _HostState:
     __slots__ = ("host", "order", "free", "ports", "tasks", "version")
 
-    def __init__(self, host: Host, order: int):
+    def __init__(self, host: Host, order: int, held: Held | None = None):
         self.host = host
         self.order = order
-        self.free = list(range(host.accelerator_count))  # sorted free accelerator indices
-        self.ports: set[int] = set()
+        taken = held.gpus if held else frozenset()
+        self.free = [a for a in range(host.accelerator_count) if a not in taken]  # sorted, free
+        self.ports: set[int] = set(held.ports) if held else set()
         self.tasks = 0
         self.version = 0
 
 
-def place(inv: Inventory, previous: Mapping[str, Slot] | None = None) -> Placement:
-    states = {h.name: _HostState(h, i) for i, h in enumerate(inv.hosts)}
+def place(
+    inv: Inventory, previous: Mapping[str, Slot] | None = None, held: Mapping[str, Held] | None = None
+) -> Placement:
+    held = held or {}
+    states = {h.name: _HostState(h, i, held.get(h.name)) for i, h in enumerate(inv.hosts)}
     order = task_order(inv.pools)
     chosen: dict[tuple[str, int], PlacedTask] = {}
 
@@ -162,7 +179,7 @@ def place(inv: Inventory, previous: Mapping[str, Slot] | None = None) -> Placeme
                 st = cand
                 break
         if st is None:
-            raise PlacementError(pool.role, _no_fit(inv, pool, index, states))
+            raise _no_fit(pool, index, states, held)
         port = pool.port or DEFAULT_PORT
         while port in st.ports:
             port += 1
@@ -176,11 +193,17 @@ def place(inv: Inventory, previous: Mapping[str, Slot] | None = None) -> Placeme
     return Placement(tuple(tasks))
 
 
-def _no_fit(inv: Inventory, pool: Pool, index: int, states: dict[str, _HostState]) -> str:
+def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping[str, Held]) -> PlacementError:
     eligible = [s for s in states.values() if pool.eligible(s.host)]
     free = ", ".join(f"{s.host.name} {len(s.free)}" for s in eligible[:6])
     more = f", ... ({len(eligible) - 6} more)" if len(eligible) > 6 else ""
-    return (
+    # Would it fit on an eligible host were it not for other jobs? Then say who holds what.
+    by = tuple(f"{s.host.name}: {line}" for s in eligible for line in held.get(s.host.name, Held()).by)
+    could = any(s.host.accelerator_count >= pool.accelerators for s in eligible) and bool(by)
+    reason = (
         f"replica {index} does not fit: it needs {pool.accelerators} accelerators on one host; "
         f"free on eligible hosts: {free}{more}"
     )
+    if could:
+        reason += " (held by other jobs, below)"
+    return PlacementError(pool.role, reason, held=could, details=by)

@@ -13,14 +13,17 @@ import difflib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from dataclasses import replace as with_fields
 from enum import Enum
 from typing import Any
 
 from .encode import env_escape
+from .errors import ProvisionError
 from .facts import mismatches
 from .host import layout
-from .host.protocol import ProbeReport
-from .lifecycle import Action, Decision, Reason, decide
+from .host.protocol import ProbeReport, Reservation
+from .images import ImageChange
+from .lifecycle import FINISHED_REASONS, Action, Decision, Reason, decide, finished, synchronous, whole_job
 from .model import Host
 from .render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 from .ssh import HostError, Target
@@ -99,10 +102,20 @@ class HostPlan:
     files: list[FileChange] = field(default_factory=list)
     tasks: list[TaskChange] = field(default_factory=list)
     report: ProbeReport | None = None
+    reserve: Reservation | None = None  # the host's ledger entry to write (tenancy.py)
+    warnings: list[str] = field(default_factory=list)  # worth knowing; the apply goes ahead
+    setup: str | None = None  # why the setup runs here: "new", "changed", "forced"
+    images: list[ImageChange] = field(default_factory=list)  # to ship or pull first (images.py)
 
     @property
     def changed(self) -> bool:
-        return bool(self.files) or any(t.action is not Action.NONE for t in self.tasks)
+        return (
+            bool(self.images)
+            or bool(self.files)
+            or any(t.action is not Action.NONE for t in self.tasks)
+            or self.reserve is not None
+            or self.setup is not None
+        )
 
     @property
     def units_changed(self) -> bool:
@@ -143,7 +156,8 @@ class HostPlan:
                 add += f.action is FileAction.CREATE
                 change += f.action is FileAction.UPDATE
                 destroy += f.action is FileAction.DELETE
-        if self.files and (add, change, destroy) == (0, 0, 0):
+        add += len(self.images)
+        if (self.files or self.reserve or self.setup) and (add, change, destroy) == (0, 0, 0):
             change = 1  # only bookkeeping files differ
         return add, change, destroy
 
@@ -195,7 +209,11 @@ class Plan:
                     "error": h.error.message if h.error else None,
                     "unreachable": bool(h.error and h.error.unreachable),
                     "problems": h.problems,
+                    "warnings": h.warnings,
                     "remove_all": h.bundle is None,
+                    "reserve": {"gpus": h.reserve.gpus, "ports": h.reserve.ports} if h.reserve else None,
+                    "setup": {"run": True, "why": h.setup} if h.setup else None,
+                    "images": [i.to_json() for i in h.images],
                     "tasks": [t.to_json() for t in h.tasks],
                     "files": [f.to_json() for f in h.files],
                 }
@@ -310,6 +328,7 @@ def plan_host(
     job: str,
     secrets: tuple[str, ...] = (),
     replace: set[str] | None = None,
+    force_setup: bool = False,
 ) -> HostPlan:
     hp = HostPlan(name, target, bundle)
     if isinstance(report, HostError):
@@ -339,6 +358,8 @@ def plan_host(
         return hp
 
     changed = _files_plan(hp, bundle, report, recorded, secrets)
+    if bundle.setup is not None:
+        hp.setup = setup_reason(bundle.setup.key, report.setup_key, force_setup)
     desired = bundle.file_map()
     replace = replace or set()
     pushed_changed = sorted(p for p in changed if desired[p].kind is FileKind.FILE)
@@ -365,6 +386,15 @@ def plan_host(
         if t not in names:
             hp.tasks.append(_leaving(t, mt))
     return hp
+
+
+def setup_reason(want: str, have: str | None, force: bool) -> str | None:
+    """Whether the host's setup runs, and why: its key is what it last ran with."""
+    if force:
+        return "forced"
+    if have is None:
+        return "new"
+    return "changed" if have != want else None
 
 
 def parse_env(text: str) -> dict[str, str]:
@@ -449,6 +479,9 @@ def make_plan(
     reports: dict[str, ProbeReport | HostError],
     *,
     replace: set[str] | None = None,
+    rerun: bool = False,
+    partial: bool = False,
+    force_setup: bool = False,
 ) -> Plan:
     inv = rendered.inventory
     hosts = {h.name: h for h in inv.hosts}
@@ -462,7 +495,45 @@ def make_plan(
             job=inv.job,
             secrets=rendered.secret_values,
             replace=replace,
+            force_setup=force_setup,
         )
         for name, target in targets.items()
     ]
-    return Plan(inv.job, plans)
+    plan = Plan(inv.job, plans)
+    as_a_unit(plan, rendered, rerun=rerun, partial=partial)
+    return plan
+
+
+def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> None:
+    """The job as one unit (lifecycle.whole_job): a synchronous job restarts together, and
+    never in part while one of its hosts cannot be reached (unless partial); rerun starts
+    a finished job again, whole."""
+    job_tasks = [
+        (hp, i, t)
+        for hp in plan.hosts
+        if hp.error is None
+        for i, t in enumerate(hp.tasks)
+        if t.action is not Action.STOP
+    ]
+    decisions = {t.task: Decision(t.action, t.reason, t.detail, t.drift, t.new) for _, _, t in job_tasks}
+    if rerun and not finished(decisions):
+        live = sorted(t for t, d in decisions.items() if not (d.action is Action.NONE and d.reason in FINISHED_REASONS))
+        raise ProvisionError(
+            f"--rerun: job {plan.job} has not finished ({', '.join(live[:5])} still to run or running); "
+            "--rerun starts a Succeeded or Failed job again (use --replace TASK to restart a running task)"
+        )
+    sync = synchronous(p.role for p in rendered.inventory.pools if p.replicas)
+    whole = whole_job(decisions, sync=sync, rerun=rerun)
+    for hp, i, t in job_tasks:
+        d = whole[t.task]
+        if d != decisions[t.task]:
+            hp.tasks[i] = with_fields(t, action=d.action, reason=d.reason, detail=d.detail)
+    down = sorted(hp.name for hp in plan.hosts if hp.error is not None and hp.name in rendered.hosts)
+    restarting = [hp for hp, _, _ in job_tasks if any(t.action.starts and not t.new for t in hp.tasks)]
+    if sync and down and restarting and not partial:
+        why = (
+            f"job {plan.job} runs its tasks together, and {', '.join(down)} cannot be reached: restarting only "
+            "the others would leave them waiting for the rest (use --partial to do it anyway)"
+        )
+        for hp in {id(h): h for h in restarting}.values():
+            hp.problems.append(why)

@@ -6,7 +6,7 @@ head and systemctl do (measured on the sandbox hosts: ~24 ms against ~12 ms of C
 common case takes this path. The report is the ProbeReport host/agent.py's op_probe returns (a test
 holds them equal on real hosts), built here from the script's output with the agent's own
 parsers; it lacks only the clock readings (`now`, `now_monotonic_us`, `boot_id`) that status
-uses.
+uses (with pre-flight checks it reads the wall clock too: `now`).
 
 Whenever the script's answer does not add up, or the request needs what only the agent
 reads (accelerator facts, odd path names, a manifest listing files the controller did not
@@ -21,15 +21,17 @@ import json
 import re
 import shlex
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .host import agent, layout
+from .host import agent, hostcheck, layout, ledger
 from .host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from .ssh import Session, Target, call_agent
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9/._@:+=,-]*$")
 _SAFE_UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._:%-]+$")  # a host name or address
 _SCRIPT: str | None = None
 
 
@@ -52,6 +54,7 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
     records = [
         layout.manifest_path(job),
         layout.lifecycle_path(job),
+        layout.setup_key_path(job),
         *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units),
     ]
     return files, units, files + [r for r in records if r not in files]
@@ -66,6 +69,11 @@ def command(req: ProbeRequest) -> str | None:
     if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
+    checks = _check_words(req, facts)
+    if checks is None:
+        return None
+    if checks[1]:  # the GPU query with its health columns, in the same nvidia-smi run
+        gpus = " ".join((str(_gpu_timeout(req)), *hostcheck.GPU_QUERY))
     words = [
         "sh",
         "-c",
@@ -76,13 +84,140 @@ def command(req: ProbeRequest) -> str | None:
         " ".join(units),
         gpus,
         "1" if "tpu" in facts else "",
+        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX}" if req.tenancy else "",
+        *checks,
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _gpu_timeout(req: ProbeRequest) -> int:
+    c = req.checks or {}
+    return int(c.get("gpu_timeout") or agent.NVIDIA_SMI_TIMEOUT) if c.get("gpus") else agent.NVIDIA_SMI_TIMEOUT
+
+
+def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
+    """The script's CLOCK APPS PORTS DISK RESOLVE words for req (None: the agent's)."""
+    c = req.checks or {}
+    gpus = bool(c.get("gpus")) and "gpus" in facts
+    disk = list(c.get("disk") or [])
+    if not all(_SAFE_PATH.match(p) for p in disk):
+        return None
+    if req.cluster_address and not _SAFE_NAME.match(req.cluster_address):
+        return None
+    ports = [int(p) for p in c.get("ports") or []]
+    return [
+        "1" if c.get("clock") else "",
+        " ".join((str(_gpu_timeout(req)), *hostcheck.APPS_QUERY)) if gpus else "",
+        " " + " ".join("%04X" % p for p in ports) + " " if ports else "",
+        " ".join(disk),
+        req.cluster_address,
+    ]
+
+
 class _Mismatch(Exception):
     """The script's output does not add up: ask the agent."""
+
+
+def _section(line: Callable[[], bytes], end: bytes) -> list[str]:
+    out = []
+    while (text := line()) != end:
+        out.append(text.decode("utf-8", "replace"))
+    return out
+
+
+def _checks(
+    line: Callable[[], bytes], text: bytes, req: ProbeRequest, gpu_text: str | None, facts: dict[str, Any]
+) -> tuple[bytes, float | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """The checks' and the interface's sections (probe.sh), read as the agent reads the host:
+    (the next line, the host's clock, checks, interface)."""
+    c = req.checks or {}
+    now = None
+    if c.get("clock"):
+        if not text.startswith(b"@clock "):
+            raise _Mismatch("no clock")
+        now = float(text.split()[1])
+        text = line()
+    out: dict[str, Any] = {}
+    pids: list[int] = []
+    gpus: dict[str, Any] | None = None
+    if c.get("gpus") and gpu_text is not None:
+        err = facts.get("nvidia_smi")
+        gpus = {"error": None if err == "ok" else err, "health": [], "apps": None, "apps_error": None}
+        if err == "ok":
+            gpus["health"] = hostcheck.gpu_health(gpu_text)
+            if not text.startswith(b"@apps "):
+                raise _Mismatch("no apps section")
+            code = int(text.split()[1])
+            apps_out = "\n".join(_section(line, b"@apps-end"))
+            if code not in (0, 124, 127):
+                raise _Mismatch("nvidia-smi failed: the agent reports its own words")
+            gpus["apps_error"] = hostcheck.gpu_error(code, apps_out, "", hostcheck.APPS_QUERY[0], _gpu_timeout(req))
+            gpus["apps"] = hostcheck.parse_apps(apps_out) if code == 0 else []
+            pids += hostcheck.app_pids(gpus["apps"])
+            text = line()
+        out["gpus"] = gpus
+    sockets: list[tuple[int, str]] = []
+    fds: dict[str, list[int]] = {}
+    if c.get("ports"):
+        if text != b"@sockets":
+            raise _Mismatch("no sockets section")
+        sockets = hostcheck.sockets_of(_section(line, b"@fds"), c["ports"])
+        if sockets:
+            for ln in _section(line, b"@procs"):
+                where, _, link = ln.partition(" ")
+                holder = where.removeprefix("/proc/").removesuffix("/fd")
+                if holder.isdigit() and link.startswith("socket:["):
+                    fds.setdefault(link[8:-1], []).append(int(holder))
+            text = b"@procs"
+        else:
+            text = line()
+    procs: dict[int, dict[str, Any]] = {}
+    apps_asked = bool(c.get("gpus")) and req.facts == CHECK_FACTS and "gpus" in req.facts_only
+    if apps_asked or c.get("ports"):  # as the script decides to print it
+        if text != b"@procs":
+            raise _Mismatch("no procs section")
+        block = _section(line, b"@procs-end")
+        i = 0
+        while i < len(block):
+            if not block[i].startswith("@pid "):
+                raise _Mismatch("procs section out of step")
+            pid, comm, i = int(block[i][5:]), block[i + 1], i + 2
+            cgroup: list[str] = []
+            while i < len(block) and block[i] != "@env" and not block[i].startswith("@pid "):
+                cgroup.append(block[i])
+                i += 1
+            env: list[str] = []
+            if i < len(block) and block[i] == "@env":
+                i += 1
+                while i < len(block) and not block[i].startswith("@pid "):
+                    env.append(block[i])
+                    i += 1
+            procs[pid] = hostcheck.owner(pid, comm, "\n".join(cgroup), hostcheck.env_pairs(env))
+        text = line()
+    if gpus is not None and gpus["apps"]:
+        for a in gpus["apps"]:
+            a["owner"] = procs.get(a["pid"]) if isinstance(a.get("pid"), int) else None
+    if c.get("ports"):
+        out["ports"] = hostcheck.port_owners(sockets, fds, procs)
+    if c.get("disk"):
+        if text != b"@disk":
+            raise _Mismatch("no disk section")
+        out["disk"] = hostcheck.disk_lines(_section(line, b"@disk-end"))
+        text = line()
+    interface = None
+    if req.cluster_address:
+        if text != b"@resolve":
+            raise _Mismatch("no resolve section")
+        getent = []
+        while not (text := line()).startswith(b"@ip "):
+            getent.append(text.decode("utf-8", "replace"))
+        addresses = hostcheck.getent_addresses("\n".join(getent))
+        code = int(text.split()[1])
+        ip_out = "\n".join(_section(line, b"@resolve-end"))
+        interface = hostcheck.interface_of(addresses, code, ip_out)
+        text = line()
+    return text, now, (out if req.checks is not None else None), interface
 
 
 def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
@@ -102,6 +237,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     if line() != b"@probe 1":
         raise _Mismatch("not the probe's output")
     facts: dict[str, Any] = {}
+    gpu_text: str | None = None
     text = line()
     facts["systemd_pid1"] = text == b"@systemd"
     if facts["systemd_pid1"]:
@@ -112,12 +248,25 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             lines.append(text.decode("utf-8", "replace"))
         if code not in (0, 124, 127):
             raise _Mismatch("nvidia-smi failed: the agent reports its own words")
-        err = agent.timed_out(agent.NVIDIA_SMI[0], agent.NVIDIA_SMI_TIMEOUT) if code == 124 else ""
-        facts.update(agent.gpu_report(code, "\n".join(lines), err))
+        err = agent.timed_out(agent.NVIDIA_SMI[0], _gpu_timeout(req)) if code == 124 else ""
+        gpu_text = "\n".join(lines)
+        facts.update(agent.gpu_report(code, gpu_text, err))
         text = line()
     if text.startswith(b"@tpu "):
         facts["tpu_chips"] = int(text.split()[1])
         text = line()
+    listening = None
+    if req.tenancy:
+        if text != b"@listen":
+            raise _Mismatch("no listen section")
+        addrs = []
+        while (text := line()) != b"@listen-end":
+            w = text.split()
+            if len(w) > 3 and w[3] == b"0A":
+                addrs.append(w[1].decode())
+        listening = ledger.listening(addrs)
+        text = line()
+    text, now, checks, interface = _checks(line, text, req, gpu_text, facts)
     if text != b"@stat":
         raise _Mismatch("no stat section")
     stats: dict[str, tuple[int, int, int]] = {}
@@ -127,6 +276,9 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             break
         size_s, mode_s, uid_s, name = text.decode().split(" ", 3)
         stats[name] = (int(size_s), int(mode_s, 16), int(uid_s))
+    # With tenancy the script adds the ledger's files after the paths asked for.
+    held_paths = [p for p in stats if req.tenancy and p.startswith(layout.LEDGER_DIR + "/") and p not in paths]
+    paths = paths + held_paths
     regular = [p for p in paths if p in stats and stat.S_ISREG(stats[p][1])]
     if int(text.split()[1]) != len(regular):
         raise _Mismatch("a file changed type while probed")
@@ -193,13 +345,31 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     for u in units:
         record = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
         exits[u] = layout.parse_exits(record.decode("utf-8", "replace")) if record is not None else []
+    held = held_units = None
+    if req.tenancy:
+        held = {}
+        for p in held_paths:
+            entry = ledger.parse_entry(whole(p) or b"")
+            held[layout.job_of_ledger_path(p)] = entry
+        held = dict(sorted(held.items()))
+        others = ledger.units_of(held, job)
+        shown = agent.parse_unit_states(unit_text, others)
+        held_units = {u: shown[u] for u in others}
+    shown_units = agent.parse_unit_states(unit_text, units) if units else {}
     return ProbeReport(
         manifest=manifest,
         lifecycle=as_json(layout.lifecycle_path(job)),
         files=files,
-        units=agent.parse_unit_states(unit_text, units) if units else {},
+        units={u: shown_units[u] for u in units},
         exits=exits,
         facts=facts if req.facts != NO_FACTS else None,
+        ledger=held,
+        ledger_units=held_units,
+        listening=listening,
+        now=now,
+        checks=checks,
+        interface=interface,
+        setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,
     )
 
 

@@ -23,7 +23,7 @@ from . import encode
 from .clusterenv import JobCluster, job_cluster, task_env
 from .errors import ProvisionError
 from .host import layout
-from .lifecycle import LONG_LIVED, start_phase, systemd_restart
+from .lifecycle import LONG_LIVED, boot_gate, start_phase, systemd_restart
 from .model import FileSpec, Host, Inventory, Pool
 from .placement import PlacedTask, Placement, Slot, place
 from .pushed import walk_spec
@@ -37,6 +37,7 @@ class FileKind(str, Enum):
     UNIT = "unit"
     TARGET = "target"
     MANIFEST = "manifest"
+    SETUP = "setup"  # the setup's script and env file
     FILE = "file"  # the inventory's files:
 
     def __str__(self) -> str:
@@ -73,11 +74,18 @@ class TaskUnit:
 
 
 @dataclass(frozen=True)
+class SetupUnit:
+    unit: str
+    key: str  # sha256 of the script, its env and the files it runs after
+
+
+@dataclass(frozen=True)
 class HostBundle:
     host: Host
     tasks: tuple[TaskUnit, ...]
     files: tuple[RenderedFile, ...]  # sorted by path, manifest included
     manifest: dict[str, Any] = field(hash=False, compare=False)
+    setup: SetupUnit | None = None
 
     def file_map(self) -> dict[str, RenderedFile]:
         return {f.path: f for f in self.files}
@@ -170,10 +178,11 @@ def _render_task(
     jc: JobCluster,
     secrets: Mapping[str, str] | None,
     gpu_uuids: Mapping[str, list[str]] | None,
+    socket_ifname: str | None = None,
 ) -> tuple[str, str, list[str]]:
     pool = inv.pool(task.role)
     assert pool is not None
-    env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids)
+    env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids, socket_ifname=socket_ifname)
     j = _jinja()
     common = {"job": inv.job, "task": task.name, "host": task.host.name}
     env_text = j.get_template("task.env.j2").render(**common, assignments=[encode.env_assignment(k, v) for k, v in env])
@@ -185,6 +194,7 @@ def _render_task(
         env_path=layout.env_path(inv.job, task.name),
         container=layout.container_name(inv.job, task.name) if pool.image else "",
         exec_start=_exec_start(inv, pool, task, [k for k, _ in env]),
+        exec_condition=layout.exec_condition_command(inv.job, task.name, **boot_gate(pool.restart)),
         exec_stop=layout.exec_stop_command(inv.job, task.name),
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
@@ -203,8 +213,11 @@ def render(
     secrets: Mapping[str, str] | None = None,
     gpu_uuids: Mapping[str, list[str]] | None = None,
     placement: Placement | None = None,
+    socket_ifnames: Mapping[str, str] | None = None,
 ) -> Rendered:
-    """Everything each host must get. `secrets` None: secret_env values are left out."""
+    """Everything each host must get. `secrets` None: secret_env values are left out.
+    `socket_ifnames`: host → the interface holding its cluster address, as the host reports
+    it (plan finds it; offline there is none): NCCL's and Gloo's, in its tasks' env."""
     placement = placement or place(inv, previous)
     jc = job_cluster(inv, placement)
     shared = pushed_files(inv.files)
@@ -222,8 +235,12 @@ def render(
             continue
         files: list[RenderedFile] = list(shared)
         units: list[TaskUnit] = []
+        setup, setup_files = _render_setup(inv, host, tasks, shared_digest)
+        files += setup_files
         for t in tasks:
-            env_text, unit_text, secret_keys = _render_task(inv, t, jc, secrets, gpu_uuids)
+            env_text, unit_text, secret_keys = _render_task(
+                inv, t, jc, secrets, gpu_uuids, (socket_ifnames or {}).get(host.name)
+            )
             env_b, unit_b = env_text.encode(), unit_text.encode()
             env_path = layout.env_path(inv.job, t.name)
             unit = layout.unit_name(inv.job, t.name)
@@ -235,9 +252,19 @@ def render(
             # to another pool's command rewrites this file but does not restart this task.
             env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
             inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
+            if setup is not None:  # a changed setup restarts the host's tasks
+                inputs = _sha(f"{inputs}\n{setup.key}".encode())
             units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
         target_b = (
-            j.get_template("job.target.j2").render(job=inv.job, host=host.name, tasks=[t.name for t in tasks]).encode()
+            j.get_template("job.target.j2")
+            .render(
+                job=inv.job,
+                host=host.name,
+                tasks=[t.name for t in tasks],
+                units=[u.unit for u in units],
+                boot_target=layout.BOOT_TARGET,
+            )
+            .encode()
         )
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = {
@@ -262,13 +289,55 @@ def render(
                 for f in sorted(files, key=lambda f: f.path)
             },
         }
+        if setup is not None:
+            manifest["setup"] = {"unit": setup.unit, "key": setup.key}
         manifest_b = manifest_bytes(manifest)
         files.append(
             RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b)
         )
         files.sort(key=lambda f: f.path)
-        hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest)
+        hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest, setup)
     return Rendered(inv, placement, hosts, tuple(v for v in (secrets or {}).values() if v))
+
+
+def _render_setup(
+    inv: Inventory, host: Host, tasks: list[PlacedTask], shared_digest: str
+) -> tuple[SetupUnit | None, list[RenderedFile]]:
+    """The job's setup, then the setups of the pools with a task on this host, as one
+    script, its env file and a oneshot unit; keyed by all three and the files it runs after."""
+    roles = {t.role for t in tasks}
+    setups = [inv.setup] + [p.setup for p in inv.pools if p.role in roles]
+    chosen = [x for x in setups if x is not None]
+    if not chosen:
+        return None, []
+    job = inv.job
+    head = f"# Managed by provision: job {job}, setup on {host.name}; run with /bin/sh -e.\n"
+    script = (head + "".join(line + "\n" for x in chosen for line in x.commands)).encode()
+    env: dict[str, str] = {}
+    for x in chosen:
+        env.update(x.env)
+    env_b = (head + "".join(encode.env_assignment(k, v) + "\n" for k, v in env.items())).encode()
+    user = host.ssh.user if host.ssh.user and host.ssh.user != "root" else ""
+    unit_b = (
+        _jinja()
+        .get_template("setup.service.j2")
+        .render(
+            job=job,
+            host=host.name,
+            env_path=layout.setup_env_path(job),
+            script_path=layout.setup_script_path(job),
+            user=user,
+            syslog_identifier=layout.setup_log_identifier(job),
+        )
+        .encode()
+    )
+    key = _sha(b"\0".join([script, env_b, unit_b, shared_digest.encode()]))
+    files = [
+        RenderedFile(layout.setup_script_path(job), _sha(script), 0o700, FileKind.SETUP, script),
+        RenderedFile(layout.setup_env_path(job), _sha(env_b), 0o600, FileKind.SETUP, env_b),
+        RenderedFile(layout.setup_unit_path(job), _sha(unit_b), 0o644, FileKind.UNIT, unit_b),
+    ]
+    return SetupUnit(layout.setup_unit_name(job), key), files
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:

@@ -1,4 +1,4 @@
-"""`provision sandbox up|down|list|image`: local test hosts and an inventory for them."""
+"""`provision sandbox up|down|reboot|list|image`: local test hosts and an inventory for them."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def sandbox() -> None:
     "--with",
     "with_",
     multiple=True,
-    type=click.Choice(["tensorflow", "torch"]),
-    help="Framework layer mounted on every host (repeatable).",
+    type=click.Choice(["tensorflow", "torch", "docker"]),
+    help="Framework layer mounted on every host, or `docker` for a Docker engine on every host (repeatable).",
 )
 @click.option(
     "--name",
@@ -210,6 +210,26 @@ def down_cmd(name, all_) -> None:
                 )
         else:
             click.echo(f"No sandbox named {n!r}; nothing to remove.")
+
+
+@sandbox.command("reboot")
+@click.argument("name")
+@click.argument("host")
+@click.option(
+    "--timeout",
+    default=120,
+    show_default=True,
+    type=click.IntRange(5, 3600),
+    help="Seconds to wait for the host to answer again.",
+)
+def reboot_cmd(name, host, timeout) -> None:
+    """Restart HOST (host-2, 2, or its container name) of sandbox NAME: a real systemd
+    shutdown and boot, same SSH port and host key. Returns once it answers over SSH and
+    systemd is running."""
+    sb_mod = _sandbox()
+    t0 = time.monotonic()
+    h = sb_mod.reboot(name, host, timeout=timeout, progress=_progress)
+    click.echo(f"Sandbox {name!r}: {h.name} rebooted, back at 127.0.0.1:{h.ssh_port} ({time.monotonic() - t0:.1f} s).")
 
 
 @sandbox.command("list")

@@ -6,10 +6,12 @@ them together per task for `status`, `wait` and the end-of-job stop.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .explain import reason
 from .host import layout
 from .host.protocol import ProbeReport
 from .lifecycle import JobPhase, TaskRow, TaskState, job_phase, restart_budget, restarts, task_state
@@ -30,6 +32,7 @@ class TaskStatus:
     since: int | None  # seconds in this state, None when unknown
     detail: str
     ended_at: float | None = None  # host clock (epoch seconds) of the exit that ended it
+    last_lines: tuple[str, ...] = ()  # its journal's last lines, for a task that failed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,7 +46,8 @@ class TaskStatus:
             "restarts": self.restarts,
             "since_seconds": self.since,
             "detail": self.detail,
-            "ended_at": self.ended_at,
+            "ended_at": iso_time(self.ended_at),
+            "last_lines": list(self.last_lines),
         }
 
 
@@ -57,7 +61,7 @@ class JobStatus:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format_version": 1,
+            "format_version": 2,
             "job": self.job,
             "phase": self.phase.value,
             "reason": self.reason or None,
@@ -132,6 +136,44 @@ def job_status(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows]
     )
     return JobStatus(inv.job, phase, reason, tuple(rows), tuple(sorted(unreachable)))
+
+
+def needs_lines(st: JobStatus) -> dict[str, list[str]]:
+    """host -> tasks whose journal explains their state: tasks that failed, and tasks
+    waiting to restart after systemd could not start their program."""
+    out: dict[str, list[str]] = {}
+    for t in st.tasks:
+        if t.state is TaskState.FAILED or (
+            t.state is TaskState.RESTARTING and t.exit_code is not None and t.exit_code >= 200
+        ):
+            out.setdefault(t.host, []).append(t.task)
+    return out
+
+
+def with_lines(inv: Inventory, st: JobStatus, lines: Mapping[str, Sequence[str]]) -> JobStatus:
+    """The status with each task's last journal lines, its detail made precise with them
+    (explain.reason: the path and error of a program systemd could not start), and the
+    job's reason worded again from those details."""
+    if not lines:
+        return st
+    rows = []
+    for t in st.tasks:
+        got = lines.get(t.task)
+        if got is None:
+            rows.append(t)
+            continue
+        rows.append(replace(t, detail=reason(t.detail, t.exit_code, got), last_lines=tuple(got)))
+    phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
+    if phase is not st.phase:  # the same rows: never happens; keep what was decided
+        phase, why = st.phase, st.reason
+    return replace(st, phase=phase, reason=why, tasks=tuple(rows))
+
+
+def iso_time(epoch: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 in UTC (`2026-01-01T10:00:00Z`), for --json."""
+    if epoch is None:
+        return None
+    return _dt.datetime.fromtimestamp(epoch, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _since(

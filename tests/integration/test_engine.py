@@ -18,20 +18,11 @@ import pytest
 
 from provision.plan import parse_env
 
+from .clirun import cli
+
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "echo started $PROVISION_TASK; exec sleep 600"]
-
-
-def cli(*args, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def sh(sb, host: str, cmd: str) -> tuple[int, str]:
@@ -397,7 +388,7 @@ def test_user_errors_are_one_line(sandbox4, sandbox_inventory, tmp_path):
     )
     os.environ.pop("PROVISION_TEST_SECRET", None)
     r = cli("plan", inv, cwd=tmp_path)
-    assert r.returncode == 1 and "secret_env: PROVISION_TEST_SECRET not set" in r.stderr
+    assert r.returncode == 1 and "secret_env[0]: PROVISION_TEST_SECRET is not set in this shell" in r.stderr
     r = cli("plan", "--target", "nope", inv, cwd=tmp_path, env={"PROVISION_TEST_SECRET": "s3cret"})
     assert r.returncode == 1 and "--target: no host named nope" in r.stderr
 

@@ -10,19 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from .clirun import cli
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "exec sleep 600"]
-
-
-def cli(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def sh(sb, host: str, cmd: str) -> tuple[int, str]:

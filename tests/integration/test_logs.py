@@ -160,8 +160,8 @@ def test_output_dir_resumes_from_cursors_across_a_restart(sandbox3, sandbox_inve
 
 def test_follow_shows_lines_from_a_task_restarted_while_following(sandbox3, sandbox_inventory, tmp_path):
     """The chief fails twice (OnFailure) and succeeds on its third try; one `logs --follow`
-    started during the first try shows all three. Ctrl-C ends it with exit 0, and no
-    journalctl is left running on the hosts."""
+    started during the first try shows all three, with systemd's restart lines between, and
+    ends by itself with the job (exit 0); no journalctl is left running on the hosts."""
     inv = tmp_path / "inv.yaml"
     counter = "/var/tmp/lg-follow-count"
     sh(sandbox3, "host-1", f"rm -f {counter}")
@@ -209,14 +209,22 @@ def test_follow_shows_lines_from_a_task_restarted_while_following(sandbox3, sand
     reader.start()
     try:
         assert done.wait(60), f"follow did not show the third attempt; saw: {seen}"
+        rc = p.wait(timeout=30)  # the job succeeded: follow ends by itself
     finally:
-        p.send_signal(signal.SIGINT)
-        rc = p.wait(timeout=30)
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=30)
+    reader.join(5)
     err = p.stderr.read()
     assert rc == 0, err
     assert "Traceback" not in err
+    assert "job Succeeded: chief-0 exited 0" in err
     chief = [l.split(" | ", 1)[1] for l in seen if l.startswith("chief-0@host-1")]
-    assert chief == ["attempt 1", "end of attempt 1", "attempt 2", "end of attempt 2", "attempt 3", "end of attempt 3"]
+    own = [l for l in chief if not l.startswith("[systemd] ")]
+    assert own == ["attempt 1", "end of attempt 1", "attempt 2", "end of attempt 2", "attempt 3", "end of attempt 3"]
+    restarts = [l for l in chief if "Scheduled restart job" in l]
+    assert len(restarts) == 2, chief
+    assert chief.index(restarts[0]) > chief.index("end of attempt 1")
     assert "worker-0@host-2 | worker up" in seen
     # The job succeeded after two restarts.
     w = cli("wait", "--timeout", "30", inv, cwd=tmp_path)

@@ -8,8 +8,6 @@ different world depending on which one answered.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,8 @@ import pytest
 from provision import engine
 from provision import probe as fast_probe
 from provision.host.protocol import ProbeRequest, to_wire
+
+from .clirun import cli
 
 pytestmark = pytest.mark.integration
 
@@ -47,17 +47,30 @@ def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, 
         return real(session, target, req, **kw)
 
     monkeypatch.setattr(fast_probe, "call_agent", spy)
+    fast, slow = {}, {}
     try:
-        fast_res = engine.probe(ctx, facts="check", fast=True)
-        slow_res = engine.probe(ctx, facts="check", fast=False)
+        # Both with and without the shared-host part (ledger, others' units, listeners).
+        # And with plan's pre-flight checks (checks.py) and the cluster address's interface.
+        for key, kw in (("", {}), ("+tenancy", {"tenancy": True}), ("+checks", {"checks": True, "interface": True})):
+            fast_res = engine.probe(ctx, facts="check", fast=True, **kw)
+            slow_res = engine.probe(ctx, facts="check", fast=False, **kw)
+            assert not fast_res.errors and not slow_res.errors, (fast_res.errors, slow_res.errors)
+            # The agent's answers have the host's clocks, the script's do not.
+            for n, r in fast_res.ok.items():
+                fast[n + key] = _steady(to_wire(r.without_clock()))
+            for n, r in slow_res.ok.items():
+                slow[n + key] = _steady(to_wire(r.without_clock()))
     finally:
         monkeypatch.setattr(fast_probe, "call_agent", real)
         ctx.close()
-    assert not fast_res.errors and not slow_res.errors, (fast_res.errors, slow_res.errors)
-    # The agent's answers have the host's clocks, the script's do not.
-    fast = {n: to_wire(r.without_clock()) for n, r in fast_res.ok.items()}
-    slow = {n: to_wire(r.without_clock()) for n, r in slow_res.ok.items()}
-    return fast, slow, sorted(fallbacks)
+    return fast, slow, sorted(set(fallbacks))
+
+
+def _steady(report: dict) -> dict:
+    """Free disk space moves between two reads (journald writes): which paths were read is compared."""
+    if (report.get("checks") or {}).get("disk"):
+        report["checks"]["disk"] = sorted(report["checks"]["disk"])
+    return report
 
 
 def assert_same(fast: dict, slow: dict) -> None:
@@ -65,12 +78,6 @@ def assert_same(fast: dict, slow: dict) -> None:
         assert json.dumps(fast[name], sort_keys=True, indent=1) == json.dumps(slow[name], sort_keys=True, indent=1), (
             name
         )
-
-
-def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=180
-    )
 
 
 def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path, monkeypatch):
@@ -104,6 +111,32 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     big = fast["host-1"]["files"]["/opt/probe-test/big.bin"]
     assert big["type"] == "file" and big["size"] == 307200 and big["content"] is None
     assert any(any(v for v in r["exits"].values()) for r in fast.values()), "the evaluator's exit is recorded"
+    held = fast["host-1+tenancy"]["ledger"]["probe"]
+    assert held["started"] is True and held["gpus"] == [0]
+
+    # Another job's ledger entry (one unit there, one gone) and a listener provision did not start.
+    other = {"job": "other", "units": ["provision-probe-chief-0.service", "provision-other-gone.service"], "gpus": [1]}
+    sh(sb, "host-1", f"echo '{json.dumps(other)}' > /var/lib/provision/.ledger/other.json")
+    sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290")
+    # ... on a port of the job's (the checks name the process), whose pid is busy on a GPU too.
+    sh(sb, "host-1", "systemd-run --unit probe-listener2 python3 -m http.server 2222")
+    sh(sb, "host-1", "for i in $(seq 50); do grep -qi ':08AE [0:]* 0A' /proc/net/tcp && exit 0; sleep 0.1; done")
+    pid = sh(sb, "host-1", "systemctl show -p MainPID --value probe-listener2").strip()
+    sh(sb, "host-1", f"echo '0 {pid} python3 10' > /etc/provision-sandbox/busy-gpus")
+    sh(sb, "host-1", "for i in $(seq 50); do grep -qi ':08F2 ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1")
+    fast, slow, fell_back = both(inv, monkeypatch=monkeypatch)
+    sh(sb, "host-1", "systemctl stop probe-listener probe-listener2; rm /var/lib/provision/.ledger/other.json")
+    sh(sb, "host-1", "rm /etc/provision-sandbox/busy-gpus")
+    assert fell_back == []
+    assert_same(fast, slow)
+    t1 = fast["host-1+tenancy"]
+    assert sorted(t1["ledger"]) == ["other", "probe"] and 2290 in t1["listening"] and 22 in t1["listening"]
+    assert t1["ledger_units"]["provision-probe-chief-0.service"]["ActiveState"] in ("active", "inactive")
+    assert t1["ledger_units"]["provision-other-gone.service"]["LoadState"] == "not-found"
+    c1 = fast["host-1+checks"]["checks"]
+    assert [o["unit"] for o in c1["ports"]["2222"]] == ["probe-listener2.service"]  # chief-0's port
+    assert [a["owner"]["unit"] for a in c1["gpus"]["apps"]] == ["probe-listener2.service"]
+    assert fast["host-1+checks"]["interface"]["name"] == "eth0"
 
     # Drift of every kind on host-1, a stopped unit and odd things in the way.
     job_dir = "/etc/provision/probe"

@@ -14,7 +14,7 @@ import select
 import sys
 import time
 
-from . import layout
+from . import layout, ledger
 from . import protocol as P
 
 # Every call starts a fresh interpreter, and importing json, base64, hashlib and subprocess
@@ -87,6 +87,7 @@ try:
             raise TypeError("keys must be str, int, float, bool or None, not %s" % type(k).__name__)
 except (ImportError, AttributeError):
     import json
+ledger.JSON = json
 
 
 class base64:  # noqa: N801 - the two calls the agent makes, straight from binascii
@@ -281,10 +282,16 @@ def read_exits(job, units):
 
 
 def reset_exits(job, units):
-    """A run started by provision counts its exits afresh."""
+    """A run started by provision counts its exits afresh (and its unit's gate takes the
+    start for provision's: no boot or run recorded)."""
     for u in units:
         task = layout.task_of_unit(job, u)
-        for path in (layout.exits_path(job, task), layout.stopping_path(job, task)):
+        for path in (
+            layout.exits_path(job, task),
+            layout.stopping_path(job, task),
+            layout.boot_path(job, task),
+            layout.run_path(job, task),
+        ):
             try:
                 os.unlink(path)
             except OSError:
@@ -402,11 +409,27 @@ def op_probe(req):
             paths |= set(manifest.get("files", {}))
         units |= {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
     files = {p: file_info(p, req.want.get(p), req.content_max) for p in sorted(paths)}
-    facts_out = None
+    facts_out = checks_out = interface = None
+    gpu_check = bool(req.checks and req.checks.get("gpus"))  # one nvidia-smi run gives both
     if req.facts != P.NO_FACTS:
-        facts_out = facts(req.facts_only if req.facts == P.CHECK_FACTS else None)
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot_id = f.read().strip()
+        only = req.facts_only if req.facts == P.CHECK_FACTS else None
+        facts_out = facts([g for g in only if g != "gpus"] if gpu_check and only is not None else only)
+    if req.checks is not None:
+        checks_out = lazy("hostcheck").probe_checks(req.checks, facts_out)
+    if req.cluster_address:
+        interface = lazy("hostcheck").interface(req.cluster_address)
+    boot_id = layout.boot_id()
+    held = held_units = listening = None
+    if req.tenancy:
+        held = ledger.read_all()
+        # Only units whose file is there: the shell probe shows the same ones.
+        others = [u for u in ledger.units_of(held, job) if os.path.exists(layout.SYSTEMD_DIR + "/" + u)]
+        held_units = parse_unit_states("", [])
+        if others:
+            held_units = unit_states(others)
+        for u in ledger.units_of(held, job):
+            held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
+        listening = ledger.proc_listening()
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
@@ -417,6 +440,12 @@ def op_probe(req):
         now=time.time(),
         now_monotonic_us=int(time.monotonic() * 1e6),
         boot_id=boot_id,
+        ledger=held,
+        ledger_units=held_units,
+        listening=listening,
+        checks=checks_out,
+        interface=interface,
+        setup_key=read_key(layout.setup_key_path(job)),
     )
 
 
@@ -436,7 +465,10 @@ def atomic_write(path, data, mode, created):
     d = os.path.dirname(path)
     _mkdirs(d, created)
     tmp = os.path.join(d, "." + os.path.basename(path) + layout.TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:  # named by the file asked for, not by the temp file
+        raise OSError(e.errno, e.strerror, path) from None
     try:
         os.fchown(fd, 0, 0)
         os.fchmod(fd, mode)
@@ -445,12 +477,17 @@ def atomic_write(path, data, mode, created):
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
-    except OSError as e:
         os.close(fd)
-        os.unlink(tmp)
-        raise OSError(e.errno, "%s (writing %s)" % (e.strerror, path)) from None
-    os.close(fd)
-    os.rename(tmp, path)
+        fd = None
+        os.rename(tmp, path)
+    except OSError as e:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 def _clean_tmp(dirs):
@@ -471,8 +508,16 @@ def _record_dirs(job, created):
         return
     path = layout.created_dirs_path(job)
     old = read_json(path)
-    dirs = sorted(set((old if isinstance(old, list) else []) + created))
-    atomic_write(path, json.dumps(dirs).encode(), 0o600, [])
+    old = old if isinstance(old, list) else []
+    if set(created) <= set(old):
+        return
+    atomic_write(path, json.dumps(sorted(set(old + created))).encode(), 0o600, [])
+
+
+def _failed(e, path):
+    """One line for a failed file operation: the host path, then the system's words
+    ("/opt/big/data.bin: No space left on device")."""
+    return "%s: %s" % (e.filename or path, e.strerror or e)
 
 
 def _keep_original(job, path, created):
@@ -505,6 +550,11 @@ def _loaded(units):
 
 def op_write(req):
     job = req.job
+    if req.reserve is not None:
+        # Before anything else: a reservation that lost a race writes nothing on the host.
+        lost = ledger.reserve(req.reserve, time.time())
+        if lost:
+            return P.WriteReport(0, 0, lost, conflict=True)
     jd = layout.job_dir(job)
     errors = []
     created = []
@@ -520,13 +570,25 @@ def op_write(req):
     if req.manifest_pending:
         atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest_pending), 0o600, created)
     systemctl("stop", req.stop, errors)
+    # Every directory the files need, made and recorded before any file is written: a write
+    # that then fails (no space left, a kill) leaves no directory that destroy does not know.
+    d, files = "", req.files
     try:
-        for f in req.files:
+        for d in sorted({os.path.dirname(f.path) for f in req.files}):
+            _mkdirs(d, created)
+    except OSError as e:
+        errors.append(_failed(e, d))
+        files = []
+    _record_dirs(job, [d for d in created if d != jd])
+    f, written = None, 0
+    try:
+        for f in files:
             if f.keep_original:
                 _keep_original(job, f.path, created)
             atomic_write(f.path, base64.b64decode(f.content), f.mode, created)
+            written += 1
     except OSError as e:
-        errors.append(str(e))
+        errors.append(_failed(e, f.path if f else ""))
     removed = 0
     for path in req.remove:
         try:
@@ -555,7 +617,24 @@ def op_write(req):
             os.close(fd)
         except OSError:
             pass
-    return P.WriteReport(len(req.files), removed, errors)
+    return P.WriteReport(written, removed, errors)
+
+
+def start_at_boot(job, on, errors=None):
+    """Enable (link into layout.BOOT_TARGET's wants) or disable the job's target, as
+    `systemctl enable --no-reload` would: only a boot reads the link."""
+    link, target = layout.wants_link(job), layout.target_path(job)
+    try:
+        if os.path.lexists(link):
+            if on and os.path.islink(link) and os.readlink(link) == target:
+                return
+            os.unlink(link)
+        if on and os.path.exists(target):  # never a dangling link
+            _mkdirs(os.path.dirname(link), [])
+            os.symlink(target, link)
+    except OSError as e:
+        if errors is not None:
+            errors.append("%s: %s" % (link, e.strerror))
 
 
 def op_units(req):
@@ -570,6 +649,9 @@ def op_units(req):
             verb = "start"
         if verb == "start":
             reset_exits(job, units)
+            if units:
+                ledger.mark_started(job, time.time())
+                start_at_boot(job, True, errors)
         waiting = []
         if verb == "stop" and units:
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
@@ -584,6 +666,8 @@ def op_units(req):
                 pass
     if req.lifecycle is not None and os.path.isdir(layout.job_dir(job)):
         atomic_write(layout.lifecycle_path(job), json.dumps(req.lifecycle).encode(), 0o600, [])
+    if req.lifecycle is not None:
+        start_at_boot(job, False)  # the job ended: a boot starts nothing of it
     states = unit_states(req.report)
     # The manifest records a task's new inputs only once the task runs with them, so an
     # apply killed between writing and restarting still restarts it next time.
@@ -615,6 +699,7 @@ def op_destroy(req):
         manifest = {"files": {}, "tasks": {}}
     units = list(req.stop)
     units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
+    start_at_boot(job, False)
     systemctl("stop", units, errors)
     removed = 0
     for path in manifest.get("files", {}):
@@ -634,6 +719,7 @@ def op_destroy(req):
             except OSError:
                 pass  # not empty: something else lives there now
     if not errors:
+        ledger.release(job)  # before VAR goes: the ledger leaves nothing once it is empty
         for d in (jd, sd):
             for root, _subdirs, names in os.walk(d, topdown=False):
                 for name in names:
@@ -651,6 +737,38 @@ def op_destroy(req):
     return P.DestroyReport(removed, units, errors)
 
 
+def read_key(path):
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def op_setup(req):
+    """Run the setup unit and wait for it; its key is recorded only when it succeeded."""
+    job = req.job
+    if not req.force and read_key(layout.setup_key_path(job)) == req.key:
+        return P.SetupReport(ran=False)
+    try:
+        os.unlink(layout.setup_key_path(job))  # a setup that fails half-way is not done
+    except OSError:
+        pass
+    run(["systemctl", "reset-failed", "--", req.unit])
+    code, _, err = run(["systemctl", "start", "--", req.unit], timeout=24 * 3600)
+    if code == 0:
+        os.makedirs(layout.state_dir(job), 0o755, exist_ok=True)
+        atomic_write(layout.setup_key_path(job), (req.key + "\n").encode(), 0o600, [])
+        return P.SetupReport(ran=True)
+    st = unit_states([req.unit]).get(req.unit, {})
+    status = st.get("ExecMainStatus", "")
+    inv = st.get("InvocationID", "")
+    argv = ["journalctl", "-u", req.unit, "-n", str(req.tail), "-o", "cat", "--no-pager"]
+    _, out, _ = run(argv + (["_SYSTEMD_INVOCATION_ID=" + inv] if inv else []), timeout=30)
+    lines = out.splitlines()[-req.tail :] if out.strip() else []
+    return P.SetupReport(True, int(status) if status.isdigit() else None, lines, [err.strip() or "exit %d" % code])
+
+
 def op_batch(req):
     """Several requests in one round trip, in order, stopping after the first with errors
     (apply writes a host's files and starts its first tasks this way)."""
@@ -662,13 +780,43 @@ def op_batch(req):
     return P.BatchReport(results)
 
 
-OPS = {"probe": op_probe, "write": op_write, "units": op_units, "destroy": op_destroy, "batch": op_batch}
+LAZY = {}  # module name → source, for lazy(); the bundle fills it (bundle.LAZY)
+
+
+def lazy(name):
+    """A host module the bundle sent as source, compiled on first use; on the controller
+    (tests), the package's own."""
+    full = __name__.rsplit(".", 1)[0] + "." + name
+    if full in sys.modules:
+        return sys.modules[full]
+    if name not in LAZY:
+        import importlib
+
+        return importlib.import_module(full)
+    m = type(sys)(full)
+    m.__package__ = full.rsplit(".", 1)[0]
+    sys.modules[full] = m
+    exec(compile(LAZY[name], "<provision %s>" % full, "exec"), m.__dict__)
+    return m
+
+
+OPS = {
+    "probe": op_probe,
+    "write": op_write,
+    "units": op_units,
+    "destroy": op_destroy,
+    "batch": op_batch,
+    "netcheck": lambda req: lazy("hostcheck").op_netcheck(req),
+    "setup": op_setup,
+}
 
 
 def main():
     req = P.request_from_wire(json.loads(sys.stdin.buffer.read().decode("utf-8")))
     try:
         res = P.to_wire(OPS[req.op](req))
+    except OSError as e:  # a file the host would not take: its path and the system's words
+        res = {"fatal": _failed(e, "") if e.filename else "%s: %s" % (type(e).__name__, e)}
     except Exception as e:  # reported to the controller as data, with the host's words
         res = {"fatal": "%s: %s" % (type(e).__name__, e)}
     sys.stdout.write(json.dumps(res))

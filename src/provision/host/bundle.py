@@ -1,5 +1,5 @@
 """What the controller sends a host so that the agent runs there: one Python program that
-installs host/layout.py, host/protocol.py and host/agent.py as modules and calls the agent.
+installs host/layout.py, protocol.py, ledger.py and agent.py as modules and calls the agent.
 
 The host runs `python3 -S -c BOOT` (boot_command), which reads the bundle's N bytes from
 stdin and runs it; the JSON request follows on the same stdin. -S: the agent needs only the
@@ -16,7 +16,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
 # In dependency order: each may import the ones before it.
-MODULES = ("layout", "protocol", "agent")
+MODULES = ("layout", "protocol", "ledger", "agent")
+# Sent along, compiled on the host only when a request needs one (agent.lazy): compiling
+# is most of what a module costs a host, and most requests never use these.
+LAZY = ("hostcheck",)
 STANDINS = {"dataclasses": "standins"}
 
 _LOADER = """import sys
@@ -49,6 +52,8 @@ def payload() -> bytes:
             f"setattr(sys.modules[{PACKAGE!r}], {module!r}, "
             f"_install({PACKAGE + '.' + module!r}, {source(module)!r}, {PACKAGE!r}))\n"
         )
+    lazy = {module: source(module) for module in LAZY}
+    parts.append(f"sys.modules[{PACKAGE + '.agent'!r}].LAZY.update({lazy!r})\n")
     parts.append(f"sys.modules[{PACKAGE + '.agent'!r}].main()\n")
     return "".join(parts).encode()
 

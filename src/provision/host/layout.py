@@ -12,8 +12,13 @@ For job J and task T:
     /etc/provision/J/lifecycle.json         0600, the end-of-job marker (phase, reason, time)
     /etc/provision/J/created-dirs.json      0600, directories provision created for files:
     /etc/systemd/system/provision-J-T.service, /etc/systemd/system/provision-J.target
+    /etc/systemd/system/multi-user.target.wants/provision-J.target
+                                            the job's target enabled: only while the job should
+                                            run (the agent adds and removes the link)
     /var/lib/provision/J/T.exits            every exit of the task (ExecStopPost=)
     /var/lib/provision/J/T.stopping         a stop was asked for (ExecStop=), until the exit
+    /var/lib/provision/J/T.boot             the boot the task last started in (the unit's gate)
+    /var/lib/provision/J/T.run              a run is in progress; "reboot": a shutdown ended it
     /var/lib/provision/J/originals/         host files that `replace: true` moved aside
 """
 
@@ -69,6 +74,16 @@ def target_path(job: str) -> str:
     return SYSTEMD_DIR + "/" + target_name(job)
 
 
+# The job's target is wanted by this one while the job should run, so its tasks come back
+# when the host boots (each through its unit's gate, exec_condition_command).
+BOOT_TARGET = "multi-user.target"
+
+
+def wants_link(job: str) -> str:
+    """The link that enables the job's target at boot (what `systemctl enable` would make)."""
+    return SYSTEMD_DIR + "/" + BOOT_TARGET + ".wants/" + target_name(job)
+
+
 def container_name(job: str, task: str) -> str:
     return PREFIX + job + "-" + task
 
@@ -94,6 +109,14 @@ def stopping_path(job: str, task: str) -> str:
     return state_dir(job) + "/" + task + ".stopping"
 
 
+def boot_path(job: str, task: str) -> str:
+    return state_dir(job) + "/" + task + ".boot"
+
+
+def run_path(job: str, task: str) -> str:
+    return state_dir(job) + "/" + task + ".run"
+
+
 def originals_dir(job: str) -> str:
     return state_dir(job) + "/originals"
 
@@ -107,12 +130,15 @@ def original_path(job: str, path: str) -> str:
 #
 # One line per exit of a task, appended by the unit's ExecStopPost= (and by the agent for a
 # task stopped while it waited to restart, which runs no ExecStopPost):
-#     TIME SERVICE_RESULT EXIT_CODE EXIT_STATUS [stop]
+#     TIME SERVICE_RESULT EXIT_CODE EXIT_STATUS [stop|reboot]
 # TIME: epoch seconds on the host; SERVICE_RESULT, EXIT_CODE and EXIT_STATUS as systemd
 # passes them to ExecStopPost= (systemd.exec(5)); "stop" when the run ended because a stop
-# was asked for (ExecStop= saw $MAINPID and left the .stopping mark).
+# was asked for (ExecStop= saw $MAINPID and left the .stopping mark); "reboot" when that stop
+# was the host shutting down. A host that went down without a shutdown left no record: the
+# unit's gate writes one at the next boot, `TIME reboot none - reboot`.
 
 STOP_MARK = "stop"
+REBOOT_MARK = "reboot"
 
 
 def exit_record(time: int, result: str, code: str, status: str, stopped: bool) -> str:
@@ -126,20 +152,162 @@ def parse_exits(text: str) -> list[list[str]]:
 
 
 def exec_stop_command(job: str, task: str) -> str:
-    """ExecStop= of a task's unit: mark that a stop was asked for. ExecStop= runs after every
-    run, but $MAINPID is set only when the task was still running, i.e. when someone asked
-    systemd to stop it. Nothing is killed here; systemd sends the KillSignal as usual.
-    ($$ is systemd's escape for a literal $.)"""
+    """ExecStop= of a task's unit: mark that a stop was asked for, and whether the host is
+    shutting down (then the mark says "reboot"). ExecStop= runs after every run, but
+    $MAINPID is set only when the task was still running, i.e. when someone (or the
+    shutdown) asked systemd to stop it. Nothing is killed here; systemd sends the KillSignal
+    as usual. ($$ is systemd's escape for a literal $.)"""
     mark = stopping_path(job, task)
-    return "/bin/sh -c 'if [ -n \"$$MAINPID\" ]; then mkdir -p %s && : > %s; fi'" % (state_dir(job), mark)
+    return (
+        '/bin/sh -c \'if [ -n "$$MAINPID" ]; then mkdir -p %s; '
+        'if [ "$$(systemctl is-system-running 2>/dev/null)" = stopping ]; then echo %s > %s; else : > %s; fi; fi\''
+        % (state_dir(job), REBOOT_MARK, mark, mark)
+    )
 
 
 def exec_stop_post_command(job: str, task: str) -> str:
     """ExecStopPost= of a task's unit: append the exit record (exit_record's format, with the
-    mark of exec_stop_command turned into the stop field)."""
-    mark, exits = stopping_path(job, task), exits_path(job, task)
+    mark of exec_stop_command turned into the last field). A run that the shutdown ended
+    leaves its .run mark saying so; any other exit ends the run. A start the gate refused
+    (SERVICE_RESULT exec-condition) ran nothing: no record."""
+    mark, exits, run = stopping_path(job, task), exits_path(job, task), run_path(job, task)
     return (
-        '/bin/sh -c \'mkdir -p %s && s= && if [ -e %s ]; then s=" %s"; rm -f %s; fi && '
-        'echo "$$(date +%%%%s) $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS$$s" >> %s\''
-        % (state_dir(job), mark, STOP_MARK, mark, exits)
+        '/bin/sh -c \'mkdir -p %s; [ "$$SERVICE_RESULT" = exec-condition ] && exit 0; '
+        's=; if [ -e %s ]; then read m < %s; s=" $${m:-%s}"; rm -f %s; fi; '
+        'echo "$$(date +%%%%s) $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS$$s" >> %s; '
+        'if [ "$$s" = " %s" ]; then echo %s > %s; else rm -f %s; fi\''
+        % (state_dir(job), mark, mark, STOP_MARK, mark, exits, REBOOT_MARK, REBOOT_MARK, run, run)
     )
+
+
+# --------------------------------------------------------------------------- boots
+#
+# A boot is named by the kernel's boot id and PID 1's start time (clock ticks since the
+# kernel booted): a container restarted on the same kernel (`docker restart` of a sandbox
+# host) is a new boot of its systemd but keeps the kernel's id.
+
+KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# The same in sh, with builtins only: sets $b (and the positional parameters).
+BOOT_ID_SH = "read k < %s; read p < /proc/1/stat; set -- $p; b=$k.${22}" % KERNEL_BOOT_ID
+
+
+def boot_id() -> str:
+    with open(KERNEL_BOOT_ID) as f:
+        kernel = f.read().strip()
+    try:
+        with open("/proc/1/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return kernel
+    return kernel + "." + start
+
+
+def _systemd_escaped(sh: str) -> str:
+    """A sh script as one single-quoted word of a unit's command line ($ and % escaped)."""
+    return "/bin/sh -c '" + sh.replace("%", "%%").replace("$", "$$") + "'"
+
+
+def exec_condition_command(job: str, task: str, budget: int, fail_on_reboot: bool, restart_due: str) -> str:
+    """ExecCondition= of a task's unit: the gate every start goes through, provision's,
+    systemd's automatic restarts and the boot's. Exit 0 starts the task; 1 leaves it as it
+    is (systemd runs nothing, the unit is inactive).
+
+    The values come from lifecycle.boot_gate (the rules, and lifecycle.gate their reference):
+    - the first start after a reboot (the .boot file names another boot): nothing starts if
+      the job ended (lifecycle marker); a task whose run the reboot ended (.run is there) gets
+      its exit record if the shutdown wrote none, then stays down when `fail_on_reboot`;
+      a task that had ended before comes back only when its last exit was due a restart
+      (`restart_due`: a sh test on the record's words $2 $3 $4);
+    - every start: no more than `budget` restarts, counted in the .exits file (systemd's own
+      start counter begins again at every boot).
+    The agent removes .boot, .run and the records before a start of its own."""
+    d, e, r, o = state_dir(job), exits_path(job, task), run_path(job, task), boot_path(job, task)
+    # sh builtins only (read, set, test, arithmetic), but for mkdir and date when needed: it
+    # runs at every start. The records are counted as parse_exits counts them.
+    sh = (
+        "set -f; %s; [ -d %s ] || mkdir -p %s; "
+        "n=0; l=; if [ -f %s ]; then while read -r a; do set -- $a; "
+        "if [ $# -ge 4 ] && [ $# -le 5 ]; then n=$((n+1)); l=$a; fi; done < %s; fi; set -- $l; "
+        'c=; if [ -f %s ]; then read c < %s; fi; if [ -n "$c" ] && [ "$c" != "$b" ]; then echo "$b" > %s; '
+        "if [ -e %s ]; then rm -f %s; exit 1; fi; "
+        "if [ -e %s ]; then "
+        'if [ ! -s %s ]; then echo "$(date +%%s) %s none - %s" >> %s; n=$((n+1)); fi; %s'
+        'elif [ -z "$4" ] || [ -n "$5" ] || ! { %s; }; then exit 1; fi; fi; '
+        "%s"
+        'echo "$b" > %s; : > %s; exit 0'
+    ) % (
+        BOOT_ID_SH,
+        d,
+        d,
+        e,
+        e,
+        o,
+        o,
+        o,
+        lifecycle_path(job),
+        r,
+        r,
+        r,
+        REBOOT_MARK,
+        REBOOT_MARK,
+        e,
+        "rm -f %s; exit 1; " % r if fail_on_reboot else "",
+        restart_due,
+        "if [ $n -gt %d ]; then rm -f %s; exit 1; fi; " % (budget, r) if budget else "",
+        o,
+        r,
+    )
+    return _systemd_escaped(sh)
+
+
+# --------------------------------------------------------------------------- the host's ledger
+#
+# What each provision job holds on the host (GPUs, ports), one JSON file per job, shared by
+# every job and every operator that applies to the host; host/ledger.py reads and writes it
+# under LEDGER_LOCK (flock). A dot name: job names are DNS labels, so no job's state_dir
+# can be this directory.
+
+LEDGER_DIR = VAR + "/.ledger"
+LEDGER_LOCK = LEDGER_DIR + "/.lock"
+LEDGER_SUFFIX = ".json"
+
+
+def ledger_path(job: str) -> str:
+    return LEDGER_DIR + "/" + job + LEDGER_SUFFIX
+
+
+def job_of_ledger_path(path: str) -> str:
+    return path.rsplit("/", 1)[-1][: -len(LEDGER_SUFFIX)]
+
+
+# --------------------------------------------------------------------------- setup
+#
+# The job's `setup:` on a host: a script and its environment, run by a oneshot unit before
+# the host's tasks start; the key of the last setup that succeeded, so it runs only when
+# its commands, env or the files it runs after change (or when forced).
+
+SETUP = "setup"  # not a task name: task names are ROLE-INDEX
+
+
+def setup_script_path(job: str) -> str:
+    return job_dir(job) + "/setup.sh"
+
+
+def setup_env_path(job: str) -> str:
+    return job_dir(job) + "/setup.env"
+
+
+def setup_unit_name(job: str) -> str:
+    return PREFIX + job + "-" + SETUP + ".service"
+
+
+def setup_unit_path(job: str) -> str:
+    return SYSTEMD_DIR + "/" + setup_unit_name(job)
+
+
+def setup_key_path(job: str) -> str:
+    return state_dir(job) + "/setup.key"
+
+
+def setup_log_identifier(job: str) -> str:
+    return PREFIX + job + "-" + SETUP

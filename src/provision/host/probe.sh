@@ -1,11 +1,24 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
-# Run by probe.py as:  sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU PATH...
+# Run by probe.py as:
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
 #   GPUS   empty, or "SECONDS COMMAND...": nvidia-smi's query (agent.NVIDIA_SMI) and its timeout
 #   TPU    empty, or 1 to count /dev/accelN
+#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX" (from host/layout.py) for the host's ledger
+#          (every job's entry, every provision unit's state) and the listening TCP sockets
+#          (the lines of /proc/net/tcp and tcp6 in state 0A)
+#   CLOCK  empty, or 1 for the host's clock (date +%s.%N)
+#   APPS   empty, or "SECONDS COMMAND...": the GPUs' compute processes (hostcheck.APPS_QUERY),
+#          run when the GPU query answered
+#   PORTS  empty, or " 08AE 08AF ": the job's ports here (4 hex digits, as /proc/net/tcp
+#          writes them): their listening sockets, the processes holding them (find), and
+#          of those and of APPS' processes: comm, cgroup, and outside provision's units
+#          their PROVISION_JOB/PROVISION_TASK (a container task's process)
+#   DISK   empty, or paths (space-separated): free space of each one's file system (stat -f)
+#   RESOLVE empty, or the host's cluster address: getent ahosts, and ip -o addr show
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -19,12 +32,22 @@ props=$2
 units=$3
 gpus=$4
 tpu=$5
-shift 5
+tenancy=$6
+clock=$7
+apps=$8
+ports=$9
+disk=${10}
+resolve=${11}
+shift 11
+nl="
+"
+gcode=""
 echo @probe 1
 if [ -d /run/systemd/system ]; then echo @systemd; fi
 if [ -n "$gpus" ]; then
     out=$(timeout $gpus 2>/dev/null </dev/null)
-    echo @gpus $?
+    gcode=$?
+    echo @gpus $gcode
     printf %s "$out"
     echo
     echo @gpus-end
@@ -37,6 +60,116 @@ if [ -n "$tpu" ]; then
     done
     set -f
     echo @tpu $n
+fi
+if [ -n "$tenancy" ]; then
+    echo @listen
+    grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null
+    echo @listen-end
+    set +f
+    for f in ${tenancy% *}/*.json; do
+        if [ -f "$f" ]; then set -- "$@" "$f"; fi
+    done
+    for f in ${tenancy#* }*.service; do
+        if [ -f "$f" ]; then units="$units ${f##*/}"; fi
+    done
+    set -f
+fi
+# Checks: probe.py hands what these print to host/hostcheck.py's parsers, which the agent
+# uses on what it reads itself.
+if [ -n "$clock" ]; then echo "@clock $(date +%s.%N)"; fi
+pids=""
+if [ -n "$apps" ] && [ "$gcode" = 0 ]; then
+    out=$(timeout $apps 2>/dev/null </dev/null)
+    echo @apps $?
+    printf %s "$out"
+    echo
+    echo @apps-end
+    ifs=$IFS
+    IFS=$nl
+    for l in $out; do
+        p=${l#*, }
+        p=${p%%,*}
+        case $p in ""|*[!0-9]*) ;; *) case " $pids " in *" $p "*) ;; *) pids="$pids $p" ;; esac ;; esac
+    done
+    IFS=$ifs
+fi
+if [ -n "$ports" ]; then
+    echo @sockets
+    inodes=""
+    for f in /proc/net/tcp /proc/net/tcp6; do
+        if [ -r $f ]; then
+            while read -r sl la ra st q t r u to ino rest; do
+                if [ "$st" = 0A ]; then
+                    case "$ports" in *" ${la##*:} "*)
+                        echo "$sl $la $ra $st $q $t $r $u $to $ino"
+                        case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;
+                    esac
+                fi
+            done <$f
+        fi
+    done
+    echo @fds
+    if [ -n "$inodes" ]; then
+        expr=""
+        for i in $inodes; do
+            if [ -n "$expr" ]; then expr="$expr -o"; fi
+            expr="$expr -lname socket:?$i?"
+        done
+        dirs=""
+        set +f
+        for d in /proc/[0-9]*/fd; do dirs="$dirs $d"; done
+        set -f
+        out=$(find $dirs -mindepth 1 -maxdepth 1 "(" $expr ")" -printf "%h %l$nl" 2>/dev/null </dev/null)
+        printf %s "$out"
+        echo
+        ifs=$IFS
+        IFS=$nl
+        for l in $out; do
+            p=${l#/proc/}
+            p=${p%%/*}
+            case $p in ""|*[!0-9]*) ;; *) case " $pids " in *" $p "*) ;; *) pids="$pids $p" ;; esac ;; esac
+        done
+        IFS=$ifs
+    fi
+fi
+if [ -n "$apps$ports" ]; then
+    echo @procs
+    for p in $pids; do
+        if [ -d /proc/$p ]; then
+            echo "@pid $p"
+            c=""
+            read -r c 2>/dev/null </proc/$p/comm
+            echo "$c"
+            cg=""
+            if [ -r /proc/$p/cgroup ]; then
+                while read -r l; do
+                    echo "$l"
+                    cg="$cg$l"
+                done 2>/dev/null </proc/$p/cgroup
+            fi
+            case $cg in *"/provision-"*) ;; *)
+                echo @env
+                grep -a -o -E "PROVISION_(JOB|TASK)=[A-Za-z0-9._-]*" /proc/$p/environ 2>/dev/null </dev/null ;;
+            esac
+        fi
+    done
+    echo @procs-end
+fi
+if [ -n "$disk" ]; then
+    echo @disk
+    stat -f -c "%a %S %n" -- $disk 2>/dev/null </dev/null
+    echo @disk-end
+fi
+if [ -n "$resolve" ]; then
+    out=$(getent ahosts "$resolve" 2>/dev/null </dev/null)
+    echo @resolve
+    printf %s "$out"
+    echo
+    out=$(ip -o addr show 2>/dev/null </dev/null)
+    echo @ip $?
+    printf %s "$out"
+    echo
+    echo @resolve-end
 fi
 echo @stat
 if [ $# -gt 0 ]; then stat -c "%s %f %u %n" -- "$@" 2>/dev/null </dev/null; fi

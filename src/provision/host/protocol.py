@@ -39,6 +39,12 @@ class ProbeRequest:
     facts: str = NO_FACTS  # none | check (only facts_only) | all
     facts_only: list[str] = field(default_factory=list)  # with check: "gpus", "tpu"
     content_max: int = 0
+    tenancy: bool = False  # the host's ledger, other jobs' unit states, listening ports
+    # Pre-flight checks (host/hostcheck.py says what each key asks): gpus, gpu_timeout,
+    # ports, disk, clock. cluster_address: the host's, resolved there (the interface that
+    # holds it is where NCCL and Gloo must talk).
+    checks: dict[str, Any] | None = None
+    cluster_address: str = ""
 
     op = "probe"
 
@@ -72,16 +78,56 @@ class ProbeReport:
     now: float | None = None
     now_monotonic_us: int | None = None
     boot_id: str | None = None
+    # With tenancy: job → ledger entry (host/ledger.py), the states of the units other
+    # jobs' entries name, and the TCP ports something listens on.
+    ledger: dict[str, Any] | None = None
+    ledger_units: dict[str, dict[str, str]] | None = None
+    listening: list[int] | None = None
+    # With checks: GPU health and compute processes, who listens on the job's ports, free
+    # disk (host/hostcheck.py); with cluster_address: {"address", "name", "error"}.
+    checks: dict[str, Any] | None = None
+    interface: dict[str, Any] | None = None
+    setup_key: str | None = None  # the key of the last setup that succeeded here
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
         return m if isinstance(m, dict) and "_unreadable" not in m else None
 
     def without_clock(self) -> ProbeReport:
-        return ProbeReport(self.manifest, self.lifecycle, self.files, self.units, self.exits, self.facts)
+        return ProbeReport(
+            self.manifest,
+            self.lifecycle,
+            self.files,
+            self.units,
+            self.exits,
+            self.facts,
+            ledger=self.ledger,
+            ledger_units=self.ledger_units,
+            listening=self.listening,
+            checks=self.checks,
+            interface=self.interface,
+            setup_key=self.setup_key,
+        )
 
 
 # --------------------------------------------------------------------------- write
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a job takes on a host, written to the ledger before anything else in the write
+    (compare-and-set under the ledger's flock): `free` maps the other jobs the controller saw
+    as finished or stale to the entry token it saw; `expect_lineage` is the owner of this
+    job's entry at plan time (None: there was none)."""
+
+    job: str
+    owner: dict[str, Any] = field(default_factory=dict)
+    gpus: list[int] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+    free: dict[str, str] = field(default_factory=dict)
+    expect_lineage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +154,7 @@ class WriteRequest:
     reset_failed: list[str] = field(default_factory=list)
     clear_lifecycle: bool = False
     manifest: str = ""  # base64
+    reserve: Reservation | None = None  # first of all; on a conflict nothing is written
 
     op = "write"
 
@@ -117,6 +164,7 @@ class WriteReport:
     written: int = 0
     removed: int = 0
     errors: list[str] = field(default_factory=list)
+    conflict: bool = False  # the reservation lost a race: nothing was written
 
 
 # --------------------------------------------------------------------------- units
@@ -164,7 +212,57 @@ class DestroyReport:
     errors: list[str] = field(default_factory=list)
 
 
+# --------------------------------------------------------------------------- network check
+
+
+@dataclass(frozen=True)
+class NetcheckRequest:
+    """`provision check`'s network round trip (host/hostcheck.py): listen on `listen` (the
+    job's ports nothing listens on yet), reach every [address, port] of `dial`, each attempt
+    within `timeout` seconds, for up to `window` seconds; `expect`: port → connections to
+    wait for before ending early."""
+
+    job: str
+    listen: list[int] = field(default_factory=list)
+    expect: dict[str, int] = field(default_factory=dict)
+    dial: list[list[Any]] = field(default_factory=list)
+    timeout: float = 2.0
+    window: float = 5.0
+
+    op = "netcheck"
+
+
+@dataclass(frozen=True)
+class NetcheckReport:
+    results: list[str | None] = field(default_factory=list)  # per dial: None (reached) or why not
+    listen_errors: dict[str, str] = field(default_factory=dict)  # port → why it could not listen
+    accepted: dict[str, int] = field(default_factory=dict)  # port → connections that came in
+    seconds: float = 0.0
+
+
 # --------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class SetupRequest:
+    """Run the job's setup unit on the host (a oneshot: start waits for it) unless `key` is
+    already the last one that succeeded there (or `force`); record `key` once it succeeds."""
+
+    job: str
+    unit: str
+    key: str
+    force: bool = False
+    tail: int = 15  # lines of its output to send back when it fails
+
+    op = "setup"
+
+
+@dataclass(frozen=True)
+class SetupReport:
+    ran: bool = False
+    exit_code: int | None = None  # when it failed
+    lines: list[str] = field(default_factory=list)  # its last lines, when it failed
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -181,13 +279,18 @@ class BatchReport:
     results: list[Any] = field(default_factory=list)
 
 
-REQUESTS = {c.op: c for c in (ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, BatchRequest)}
+REQUESTS = {
+    c.op: c
+    for c in (ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, SetupRequest, BatchRequest, NetcheckRequest)
+}
 REPORTS = {
     "probe": ProbeReport,
     "write": WriteReport,
     "units": UnitsReport,
     "destroy": DestroyReport,
+    "setup": SetupReport,
     "batch": BatchReport,
+    "netcheck": NetcheckReport,
 }
 
 
@@ -198,7 +301,7 @@ def _names(cls: type) -> list[str]:
     return list(cls.__dict__.get("__annotations__", {}))
 
 
-MESSAGES = frozenset([*REQUESTS.values(), *REPORTS.values(), FileInfo, FileWrite])
+MESSAGES = frozenset([*REQUESTS.values(), *REPORTS.values(), FileInfo, FileWrite, Reservation])
 
 
 def to_wire(msg: Any) -> Any:
@@ -241,6 +344,7 @@ def request_from_wire(data: dict[str, Any]) -> Any:
     nested: dict[str, Any] = {}
     if cls is WriteRequest:
         nested["files"] = lambda fs: [_build(FileWrite, f, {}) for f in fs]
+        nested["reserve"] = lambda r: _build(Reservation, r, {})
     if cls is BatchRequest:
         nested["requests"] = lambda rs: [request_from_wire(r) for r in rs]
     return _build(cls, data, nested)

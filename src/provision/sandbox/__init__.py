@@ -7,6 +7,7 @@ Used by the test suite (tests/conftest.py fixtures), the benchmarks and `provisi
     sandbox.write_inventory(sb, "inventory.yaml", job="mnist", pools={...})
     with sb.connection("host-1") as c:
         c.run("nvidia-smi -L")
+    sandbox.reboot("demo", "host-2")   # a real systemd boot, same SSH port
     sandbox.down("demo")
 """
 
@@ -22,6 +23,7 @@ from .core import (
     list_sandboxes,
     load,
     network_name,
+    reboot,
     up,
     validate_name,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "list_sandboxes",
     "load",
     "network_name",
+    "reboot",
     "recipe",
     "up",
     "validate_name",

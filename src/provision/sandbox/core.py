@@ -2,7 +2,8 @@
 
 Each host is a container named `<sandbox>-host-<i>` on the sandbox's own user-defined
 network, so that name is the host's cluster address (the other hosts resolve it through
-Docker's DNS). Its sshd is published on 127.0.0.1 only, at a port Docker picks. Metadata and
+Docker's DNS). Its sshd is published on 127.0.0.1 only, at a fixed port chosen free when the
+host is created, so the host keeps its address across restarts (`reboot`). Metadata and
 the sandbox's SSH key live in `~/.cache/provision/sandboxes/<name>/`; containers and the
 network also carry the label `provision.sandbox=<name>`, so `down` finds leftovers even when
 the metadata is gone.
@@ -26,17 +27,19 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from ..errors import ProvisionError
-from . import engine
+from . import dockerlayer, engine
 from ._paths import sandbox_dir, sandboxes_dir
 from ._util import Progress, no_progress, write_private
 from .engine import HOST_LABEL, LABEL
 from .frameworks import FRAMEWORKS, ensure_framework, host_mount_point
 from .image import ensure_image
+from .neighbours import raise_neighbour_limits
 
 DEFAULT_NAME = "sandbox"
 GPU_LABEL = "provision.sandbox.gpus"
@@ -313,7 +316,7 @@ def _docker_error(container: str, e: docker.errors.APIError, port: int | None) -
     if "port is already allocated" in low or "address already in use" in low:
         where = f"127.0.0.1:{port}" if port else "a published port"
         return ProvisionError(
-            f"{container}: {where} is in use: choose another --ssh-port, or leave it out so Docker picks free ports"
+            f"{container}: {where} is in use: choose another --ssh-port, or leave it out to get free ports"
         )
     if "is already in use" in low and "name" in low:
         return ProvisionError(
@@ -342,7 +345,8 @@ def up(
 
     Usable: `systemctl is-system-running` says running (or degraded) and root logs in over
     SSH with the sandbox's key. `ssh_port`, when given, is host-1's published port and the
-    others follow it; by default Docker picks free ports. On any error or Ctrl-C everything
+    others follow it; by default each host gets a port free at its creation, kept for its
+    life (restarts included). On any error or Ctrl-C everything
     started so far is removed again."""
     name = validate_name(name or DEFAULT_NAME)
     if not isinstance(hosts, int) or not 1 <= hosts <= 64:
@@ -351,12 +355,17 @@ def up(
         raise ProvisionError(f"--gpus-per-host {gpus_per_host!r}: expected a number from 0 to 16")
     with_ = tuple(dict.fromkeys(with_))
     for fw in with_:
-        if fw not in FRAMEWORKS:
-            raise ProvisionError(f"--with {fw!r}: unknown framework; choose from {', '.join(sorted(FRAMEWORKS))}")
+        if fw not in FRAMEWORKS and fw != dockerlayer.NAME:
+            raise ProvisionError(
+                f"--with {fw!r}: unknown layer; choose from {', '.join(sorted([*FRAMEWORKS, dockerlayer.NAME]))}"
+            )
     client = client or engine.client()
     image = ensure_image(client, progress)
-    layers = {fw: ensure_framework(fw, progress) for fw in with_}
+    if dockerlayer.NAME in with_:  # hosts with a Docker engine: the cached docker layer
+        image = dockerlayer.ensure_docker_image(client, image, progress)
+    layers = {fw: ensure_framework(fw, progress) for fw in with_ if fw != dockerlayer.NAME}
     _raise_inotify_limits(client, hosts, progress)
+    raise_neighbour_limits(len(client.containers.list(filters={"label": LABEL})) + hosts, progress)
 
     # Claim the name: mkdir is atomic, so of two processes starting the same sandbox one
     # gets an error here, and the cleanup below never removes another process's hosts.
@@ -413,7 +422,7 @@ def _up(
         key_path=sdir / "id_ed25519",
         known_hosts_path=sdir / "known_hosts",
         image=image,
-        frameworks=tuple(layers),
+        frameworks=tuple(layers) + ((dockerlayer.NAME,) if _layer_options(image) else ()),
         created=time.time(),
         status="starting",
         hosts=[
@@ -462,6 +471,41 @@ def _gather(futures: list[Future]) -> list:
     return [f.result() for f in futures]
 
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_GIVEN: set[int] = set()
+_PORT_TRIES = 5
+
+
+def _free_port() -> int:
+    """A loopback port nothing listens on now and that this process has not handed out
+    (hosts starting side by side must not pick the same one)."""
+    with _PORTS_LOCK:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
+    raise ProvisionError("no free port on 127.0.0.1 for a sandbox host's SSH")
+
+
+def _port_taken(e: docker.errors.APIError) -> bool:
+    low = str(getattr(e, "explanation", None) or e).lower()
+    return "port is already allocated" in low or "address already in use" in low
+
+
+def _layer_options(image: str) -> dict[str, Any]:
+    """Container options the host image's layers need (the docker layer: dockerd's)."""
+    if not image.startswith(dockerlayer.IMAGE_REPO + ":"):
+        return {}
+    return {
+        "security_opt": list(dockerlayer.SECURITY_OPT),
+        # An anonymous volume: removed with the container (`down` removes with v=True).
+        "mounts": [docker.types.Mount(target=dockerlayer.VOLUME_MOUNT, source=None, type="volume")],
+    }
+
+
 def _start_host(
     client: docker.DockerClient,
     sb: Sandbox,
@@ -472,29 +516,42 @@ def _start_host(
     port: int | None,
     cancel: threading.Event,
 ) -> None:
-    if cancel.is_set():
-        return
-    try:
-        c = client.containers.create(
-            image,
-            name=h.container,
-            hostname=h.container,
-            detach=True,
-            labels={LABEL: sb.name, HOST_LABEL: h.name, GPU_LABEL: str(h.gpus)},
-            network=sb.network,
-            ports={"22/tcp": ("127.0.0.1", port)},
-            cap_add=["SYS_ADMIN"],
-            cgroupns="host",
-            volumes=volumes,
-            tmpfs=_TMPFS,
-            stop_signal="SIGRTMIN+3",  # systemd shuts down cleanly on it, not on SIGTERM
-        )
-        c.put_archive("/", _host_files(pubkey, h.gpus))
-        c.start()
-        c.reload()
-        h.ssh_port = int(c.ports["22/tcp"][0]["HostPort"])
-    except docker.errors.APIError as e:
-        raise _docker_error(h.container, e, port) from None
+    """Create and start a host's container. Its SSH port is published at a fixed port
+    (`port`, or one chosen free here: taken meanwhile, another is tried), never one Docker
+    picks at each start: a restarted host keeps its address."""
+    for attempt in range(1, _PORT_TRIES + 1):
+        if cancel.is_set():
+            return
+        chosen = port or _free_port()
+        try:
+            c = client.containers.create(
+                image,
+                name=h.container,
+                hostname=h.container,
+                detach=True,
+                labels={LABEL: sb.name, HOST_LABEL: h.name, GPU_LABEL: str(h.gpus)},
+                network=sb.network,
+                ports={"22/tcp": ("127.0.0.1", chosen)},
+                cap_add=["SYS_ADMIN", "NET_ADMIN"],  # NET_ADMIN: tests drop traffic with iptables
+                cgroupns="host",
+                volumes=volumes,
+                tmpfs=_TMPFS,
+                **_layer_options(image),
+                stop_signal="SIGRTMIN+3",  # systemd shuts down cleanly on it, not on SIGTERM
+            )
+            c.put_archive("/", _host_files(pubkey, h.gpus))
+            c.start()
+            c.reload()
+            h.ssh_port = int(c.ports["22/tcp"][0]["HostPort"])
+            return
+        except docker.errors.APIError as e:
+            if port is None and _port_taken(e) and attempt < _PORT_TRIES:
+                try:  # taken between the choice and the start: another port, a new container
+                    client.containers.get(h.container).remove(force=True, v=True)
+                except docker.errors.NotFound:
+                    pass
+                continue
+            raise _docker_error(h.container, e, port) from None
 
 
 def _sshd_banner(host: str, port: int) -> None:
@@ -577,6 +634,72 @@ def _wait_ready(
                 raise ProvisionError(f"{h.container}: container vanished during boot") from None
         time.sleep(0.2)
     raise ProvisionError(f"{h.container}: cancelled")
+
+
+# --------------------------------------------------------------------------- reboot
+
+
+def reboot(
+    name: str | None,
+    host: str | int,
+    *,
+    client: docker.DockerClient | None = None,
+    timeout: float = 120.0,
+    stop_timeout: int = 30,
+    progress: Progress = no_progress,
+) -> SandboxHost:
+    """Restart one host of a sandbox: a real systemd boot (`docker restart`: systemd shuts
+    down on the container's stop signal, then /sbin/init boots again), at the same SSH port.
+
+    Returns once root logs in and `systemctl is-system-running` says running (or degraded);
+    ProvisionError after `timeout` seconds, or when the host's SSH key is not the one the
+    sandbox recorded (the keys live in the container's filesystem and survive a restart).
+    `host`: "host-2", the container name, or 2. `stop_timeout`: seconds the shutdown may take
+    before Docker kills what is left (as a power cut would)."""
+    sb = load(name)
+    try:
+        h = sb.host(int(host) if isinstance(host, str) and host.isdigit() else host)
+    except KeyError:
+        hosts = ", ".join(x.name for x in sb.hosts)
+        raise ProvisionError(f"sandbox {sb.name!r} has no host {host!r} (hosts: {hosts})") from None
+    client = client or engine.client()
+    try:
+        c = client.containers.get(h.container)
+    except docker.errors.NotFound:
+        raise ProvisionError(
+            f"{h.container}: no such container (see `provision sandbox list`; "
+            f"`provision sandbox down --name {sb.name}` removes what is left)"
+        ) from None
+    old_port = h.ssh_port
+    progress(f"{h.container}: restarting")
+    t0 = time.monotonic()
+    try:
+        c.restart(timeout=stop_timeout)
+        c.reload()
+    except docker.errors.APIError as e:
+        raise _docker_error(h.container, e, old_port) from None
+    bound = (c.ports or {}).get("22/tcp") or []
+    if c.status != "running" or not bound:
+        raise ProvisionError(f"{h.container}: did not start again (status {c.status})")
+    h.ssh_port = int(bound[0]["HostPort"])
+    line = _wait_ready(client, sb, h, time.monotonic() + timeout, threading.Event(), progress)
+    addr, _, key = line.strip().partition(" ")
+    old_addr = f"[{h.ssh_host}]:{old_port}"
+    known = sb.known_hosts_path.read_text().splitlines() if sb.known_hosts_path.is_file() else []
+    before = [ln.partition(" ")[2] for ln in known if ln.partition(" ")[0] == old_addr]
+    if before and key not in before:
+        raise ProvisionError(f"{h.container}: its SSH host key changed across the restart ({key.split()[0]})")
+    if h.ssh_port != old_port:
+        # A sandbox made before hosts had fixed ports: Docker picked another one.
+        progress(
+            f"{h.container}: its SSH port changed from {old_port} to {h.ssh_port} (a sandbox made "
+            "before fixed ports); update the inventory's port, or start the sandbox again"
+        )
+        kept = [ln for ln in known if ln.partition(" ")[0] != old_addr]
+        write_private(sb.known_hosts_path, "\n".join([*kept, f"{addr} {key}"]) + "\n", 0o644)
+        sb.save()
+    progress(f"{h.container}: back at 127.0.0.1:{h.ssh_port} in {time.monotonic() - t0:.1f} s")
+    return h
 
 
 # --------------------------------------------------------------------------- down / load / list

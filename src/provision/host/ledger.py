@@ -1,0 +1,230 @@
+"""The host's ledger: what each provision job holds here (GPUs, ports), and who applied it.
+
+Runs on the host (shipped by host/bundle.py, stdlib only) and is read by the controller's
+fast probe too. One JSON file per job under layout.LEDGER_DIR:
+
+    {"job": J, "owner": {"lineage", "who", "host", "pid"}, "since": T0, "updated": T,
+     "token": random, "gpus": [...], "gpu_uuids": [...], "ports": [...], "units": [...],
+     "started": bool}
+
+Every change happens under one flock (layout.LEDGER_LOCK), so two applies racing for a GPU
+see each other: `reserve` is a compare-and-set against what the controller saw at plan time.
+Judging entries (running, finished, stale) is the controller's (tenancy.py): it needs the
+units' states, and the rule belongs in one place.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import layout
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .protocol import Reservation
+
+
+JSON: Any = None  # the agent sets its cheap json stand-in here; else the real module
+
+
+def _json() -> Any:
+    global JSON
+    if JSON is None:
+        import json
+
+        JSON = json
+    return JSON
+
+
+def read_entry(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return parse_entry(f.read())
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return {"_unreadable": str(e)}
+
+
+def parse_entry(data: bytes) -> Any:
+    try:
+        entry = _json().loads(data.decode("utf-8"))
+    except ValueError as e:
+        return {"_unreadable": str(e)}
+    return entry if isinstance(entry, dict) else {"_unreadable": "not an object"}
+
+
+def read_all() -> dict[str, Any]:
+    """job → entry ({"_unreadable": why} for a file that is not one)."""
+    try:
+        names = sorted(os.listdir(layout.LEDGER_DIR))
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if name.endswith(layout.LEDGER_SUFFIX) and not name.startswith("."):
+            path = layout.LEDGER_DIR + "/" + name
+            entry = read_entry(path)
+            if entry is not None:
+                out[layout.job_of_ledger_path(path)] = entry
+    return out
+
+
+def units_of(entries: dict[str, Any], but: str) -> list[str]:
+    """The units other jobs' entries name (their states tell the controller which still run)."""
+    units: set[str] = set()
+    for job, e in entries.items():
+        if job != but and isinstance(e.get("units"), list):
+            units |= {u for u in e["units"] if isinstance(u, str)}
+    return sorted(units)
+
+
+def listening(addresses: list[str]) -> list[int]:
+    """Ports with a listening TCP socket, from /proc/net/tcp{,6} local addresses (hex ADDR:PORT)."""
+    ports = set()
+    for a in addresses:
+        try:
+            ports.add(int(a.rsplit(":", 1)[1], 16))
+        except (IndexError, ValueError):
+            pass
+    return sorted(ports)
+
+
+def proc_listening() -> list[int]:
+    addrs = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f, None)
+                for line in f:
+                    w = line.split()
+                    if len(w) > 3 and w[3] == "0A":  # TCP_LISTEN
+                        addrs.append(w[1])
+        except OSError:
+            pass
+    return listening(addrs)
+
+
+class _Locked:
+    """flock on the ledger's lock file for the duration of a with block."""
+
+    def __enter__(self) -> _Locked:
+        import fcntl
+
+        while True:
+            os.makedirs(layout.LEDGER_DIR, 0o755, exist_ok=True)
+            fd = os.open(layout.LEDGER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # release() removes an empty ledger: a lock file unlinked while we waited
+            # for it locks nothing, so take the one that is there now.
+            try:
+                same = os.stat(layout.LEDGER_LOCK).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing releases the flock
+
+
+def _write(job: str, entry: dict[str, Any]) -> None:
+    path = layout.ledger_path(job)
+    tmp = path + layout.TMP_SUFFIX
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, _json().dumps(entry).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _token() -> str:
+    return os.urandom(8).hex()
+
+
+def _span(xs: list[int]) -> str:
+    return ", ".join(str(x) for x in xs)
+
+
+def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
+    """Why res cannot be taken now, given the ledger's entries (empty: it can)."""
+    out = []
+    own = entries.get(res.job)
+    own_lineage = (own.get("owner") or {}).get("lineage") if isinstance(own, dict) else None
+    if own_lineage != res.expect_lineage and own_lineage != res.owner.get("lineage"):
+        who = (own or {}).get("owner", {}).get("who", "?")
+        out.append("job %s here was taken over by %s since plan" % (res.job, who))
+    gpus, ports = set(res.gpus), set(res.ports)
+    for job, e in sorted(entries.items()):
+        if job == res.job or "_unreadable" in e:
+            continue
+        if res.free.get(job) is not None and res.free.get(job) == e.get("token"):
+            continue  # finished or stale when the controller looked, and unchanged since
+        who = (e.get("owner") or {}).get("who", "?")
+        g = sorted(gpus & set(e.get("gpus") or []))
+        p = sorted(ports & set(e.get("ports") or []))
+        if g:
+            out.append("GPU %s taken by job %s (%s) since plan" % (_span(g), job, who))
+        if p:
+            out.append("port %s taken by job %s (%s) since plan" % (_span(p), job, who))
+    return out
+
+
+def reserve(res: Reservation, now: float) -> list[str]:
+    """Compare-and-set: take what res asks for, or nothing (returning why not)."""
+    with _Locked():
+        entries = read_all()
+        why = conflicts(entries, res)
+        if why:
+            return why
+        old = entries.get(res.job)
+        old = old if isinstance(old, dict) and "_unreadable" not in old else {}
+        entry = {
+            "job": res.job,
+            "owner": res.owner,
+            "since": old.get("since", now),
+            "updated": now,
+            "token": _token(),
+            "gpus": sorted(res.gpus),
+            "gpu_uuids": list(res.gpu_uuids),
+            "ports": sorted(res.ports),
+            "units": sorted(res.units),
+            "started": bool(old.get("started")) and old.get("units") == sorted(res.units),
+        }
+        _write(res.job, entry)
+    return []
+
+
+def mark_started(job: str, now: float) -> None:
+    """The job's units were started here: its entry is no longer a bare reservation."""
+    path = layout.ledger_path(job)
+    if not os.path.exists(path):
+        return
+    with _Locked():
+        entry = read_entry(path)
+        if isinstance(entry, dict) and "_unreadable" not in entry and not entry.get("started"):
+            entry.update(started=True, updated=now, token=_token())
+            _write(job, entry)
+
+
+def release(job: str) -> None:
+    path = layout.ledger_path(job)
+    if not os.path.exists(path):
+        return
+    with _Locked():
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if not read_all():  # the last job here: leave nothing behind
+            for p in (layout.LEDGER_LOCK, layout.LEDGER_DIR):
+                try:
+                    os.unlink(p) if p == layout.LEDGER_LOCK else os.rmdir(p)
+                except OSError:
+                    pass

@@ -1,0 +1,150 @@
+"""Issue 13: `setup:` on real sandbox hosts: runs once per host and change, before the tasks;
+builds a venv from a pushed wheel directory (no internet); a failing setup starts nothing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .clirun import cli, ok
+
+pytestmark = pytest.mark.integration
+
+LONG = ["/bin/sh", "-c", "exec sleep 600"]
+COUNT = "/var/tmp/setup-runs"
+
+
+@pytest.fixture(scope="module")
+def two(sandbox_factory):
+    sb = sandbox_factory(hosts=2)
+    yield sb
+    sandbox_factory.down(sb)
+
+
+def runs(sb, host: str) -> int:
+    return int(sb.docker_exec(host, ["/bin/sh", "-c", f"cat {COUNT} 2>/dev/null | wc -l"])[1].strip())
+
+
+def setup_plan(inv: Path) -> dict[str, str | None]:
+    r = cli("plan", "--json", inv, cwd=inv.parent)
+    assert r.returncode in (0, 2), r.stdout + r.stderr
+    return {n: (h["setup"] or {}).get("why") for n, h in json.loads(r.stdout)["hosts"].items()}
+
+
+def test_setup_runs_once_per_change_and_when_forced(two, sandbox_inventory, tmp_path):
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 1, "command": LONG}}
+    inv = tmp_path / "inv.yaml"
+
+    def write(marker: str) -> None:
+        setup = {"commands": [f'echo "$MARK" >> {COUNT}', "test -d /etc/provision"], "env": {"MARK": marker}}
+        sandbox_inventory(two, job="setup", pools=pools, path=inv, setup=setup)
+
+    write("one")
+    try:
+        assert setup_plan(inv) == {"host-1": "new", "host-2": "new"}
+        r = ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert "setup: run (new)" in r.stdout
+        assert [runs(two, h) for h in ("host-1", "host-2")] == [1, 1]
+        # No-op apply: nothing runs again.
+        assert "No changes" in ok(cli("apply", "-y", inv, cwd=tmp_path)).stdout
+        assert [runs(two, h) for h in ("host-1", "host-2")] == [1, 1]
+        # Changed: runs again, and the tasks restart with it.
+        pid = two.docker_exec("host-1", "systemctl show -p MainPID --value provision-setup-chief-0")[1].strip()
+        write("two")
+        assert setup_plan(inv) == {"host-1": "changed", "host-2": "changed"}
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert [runs(two, h) for h in ("host-1", "host-2")] == [2, 2]
+        assert two.docker_exec("host-1", "systemctl show -p MainPID --value provision-setup-chief-0")[1].strip() != pid
+        # Forced.
+        ok(cli("apply", "-y", "--force-setup", inv, cwd=tmp_path))
+        assert [runs(two, h) for h in ("host-1", "host-2")] == [3, 3]
+        # Its output is in journald (the unit's identifier).
+        out = two.docker_exec("host-1", "journalctl -t provision-setup-setup -o cat --no-pager")[1]
+        assert "test -d" not in out  # the commands are not echoed; their output would be
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)
+        for h in ("host-1", "host-2"):
+            two.docker_exec(h, f"rm -f {COUNT}")
+
+
+def _wheel(d: Path) -> Path:
+    """A tiny pure-Python wheel, made by hand (no build backend, no network)."""
+    name, ver = "hello_provision", "1.0"
+    files = {
+        f"{name}/__init__.py": b"GREETING = 'hello from the setup venv'\n",
+        f"{name}-{ver}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n".encode(),
+        f"{name}-{ver}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: provision-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
+        for p, b in files.items()
+    )
+    record += f"{name}-{ver}.dist-info/RECORD,,\n"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}-{ver}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, b in files.items():
+            z.writestr(p, b)
+        z.writestr(f"{name}-{ver}.dist-info/RECORD", record)
+    return path
+
+
+def test_setup_builds_a_venv_from_pushed_wheels_and_the_task_imports_it(two, sandbox_inventory, tmp_path):
+    _wheel(tmp_path / "wheels")
+    venv = "/opt/venvs/hello"
+    script = "import hello_provision, sys; print(hello_provision.GREETING, sys.prefix)"
+    pools = {"chief": {"replicas": 1, "command": [f"{venv}/bin/python", "-c", script]}}
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(
+        two,
+        job="venv",
+        pools=pools,
+        path=inv,
+        hosts=["host-1"],
+        files=[{"src": "wheels/", "dest": "/opt/hello/wheels/"}],
+        setup={
+            "commands": [
+                f"python3 -m venv {venv}",
+                f"{venv}/bin/pip install --no-index --find-links /opt/hello/wheels hello_provision",
+            ],
+            "env": {"PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        },
+    )
+    try:
+        ok(cli("apply", "-y", "--wait", "--timeout", "240", inv, cwd=tmp_path, timeout=300))
+        out = ok(cli("logs", inv, cwd=tmp_path)).stdout
+        assert f"hello from the setup venv {venv}" in out
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)
+        two.docker_exec("host-1", f"rm -rf {venv}")
+
+
+def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inventory, tmp_path):
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 1, "command": LONG}}
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(
+        two,
+        job="badsetup",
+        pools=pools,
+        path=inv,
+        setup={"commands": ["echo preparing the environment", "echo it broke >&2", "exit 7"]},
+    )
+    try:
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        err = r.stderr
+        assert "host-1" in err and "host-2" in err and "setup failed (exit code 7)" in err, err
+        assert "it broke" in err and "Traceback" not in err
+        for h in ("host-1", "host-2"):
+            states = two.docker_exec(h, "systemctl show -p ActiveState --value 'provision-badsetup-*-0'")[1]
+            assert "active" not in states.replace("inactive", ""), (h, states)
+        assert setup_plan(inv) == {"host-1": "new", "host-2": "new"}  # not recorded as done
+        out = ok(cli("logs", "--setup", inv, cwd=tmp_path)).stdout
+        assert "setup@host-1 | preparing the environment" in out and "setup@host-2 | it broke" in out
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -1,0 +1,111 @@
+"""`provision exec`, `ssh`, `init` and task completion, without hosts: the command exec runs
+(in a local sh, against an env file as render writes it), ssh's command line, the
+inventory init writes, and the task names completion offers."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from provision.cli import main
+from provision.everyday_cli import init_text
+from provision.inventory import parse
+from provision.remote import NOT_APPLIED, exec_script, shell_command, ssh_argv
+from provision.ssh import Target
+
+JOB = """\
+job: j
+hosts:
+- {name: h1, address: 192.0.2.1}
+- {name: h2, address: 192.0.2.2}
+env: {TRICKY: "a \\"quoted\\" $dollar `tick` \\\\ back"}
+pools:
+  chief: {replicas: 1, command: [python3, x.py]}
+  worker: {replicas: 2, command: [python3, x.py]}
+"""
+
+
+def test_exec_script_loads_the_env_file_as_systemd_does(tmp_path):
+    from provision.render import render, write_tree
+
+    inv = parse(JOB, tmp_path / "inv.yaml")
+    write_tree(render(inv), tmp_path / "out")
+    env_file = next((tmp_path / "out").rglob("worker-1.env"))
+    cmd = exec_script(
+        str(env_file), ["sh", "-c", 'printf "%s|%s|%s" "$PROVISION_TASK" "$TRICKY" "$1"; exit 7', "-", "a b"]
+    )
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    assert r.returncode == 7
+    assert r.stdout == 'worker-1|a "quoted" $dollar `tick` \\ back|a b'
+    missing = subprocess.run(
+        exec_script(str(tmp_path / "nope.env"), ["true"]), shell=True, capture_output=True, text=True
+    )
+    assert missing.returncode == NOT_APPLIED and "is the job applied?" in missing.stderr
+
+
+def test_ssh_argv_reaches_the_host_as_provision_does(tmp_path):
+    t = Target("h1", "192.0.2.1", 2222, "ops", "~/.ssh/id_x", "bastion:22", 7.5, "strict")
+    argv = ssh_argv(t, tmp_path / "known_hosts", remote=[shell_command("/etc/provision/j/chief-0.env", sudo=True)])
+    assert argv[:5] == ["ssh", "-t", "-p", "2222", "-i"]
+    assert ["-J", "bastion:22"] == argv[argv.index("-J") : argv.index("-J") + 2]
+    assert "StrictHostKeyChecking=yes" in argv and "ConnectTimeout=7" in argv
+    assert any(a.startswith(f"UserKnownHostsFile={tmp_path / 'known_hosts'} ") for a in argv)
+    assert argv[-2] == "ops@192.0.2.1" and argv[-1].startswith("sudo -E sh -c ")
+    assert ". /etc/provision/j/chief-0.env" in shlex.split(argv[-1])[-1]
+    off = ssh_argv(Target("h", "a", host_key_policy="off"), tmp_path / "k", remote=["uptime"], tty=False)
+    assert off == [
+        "ssh",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "a",
+        "uptime",
+    ]
+
+
+def test_init_writes_a_valid_commented_inventory(tmp_path):
+    text = init_text(
+        ["gpu-1=10.0.0.11", "10.0.0.12"],
+        job="train",
+        out="inventory.yaml",
+        user="root",
+        port=None,
+        identity_file=None,
+        facts={"gpu-1": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8}, "host-2": {"gpus": []}},
+    )
+    assert "# provision inventory, written by `provision init`" in text
+    assert "accelerators: {type: nvidia-h100-80gb-hbm3, count: 8}   # from nvidia-smi" in text
+    inv = parse(text, tmp_path / "inventory.yaml")
+    assert [h.name for h in inv.hosts] == ["gpu-1", "host-2"]
+    assert [(p.role, p.replicas) for p in inv.pools] == [("chief", 1), ("worker", 1)]
+    bare = init_text(["a", "b", "c"], job="j", out="i.yaml", user=None, port=None, identity_file=None)
+    assert "# accelerators: {type: nvidia-h100, count: 8}" in bare
+    parse(bare, tmp_path / "i.yaml")
+
+
+def test_init_command_refuses_to_overwrite(tmp_path):
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        r = runner.invoke(main, ["init", "h1=192.0.2.1", "--job", "demo"])
+        assert r.exit_code == 0, r.output
+        assert Path("inventory.yaml").exists() and "Wrote inventory.yaml: job demo on 1 host." in r.output
+        r = runner.invoke(main, ["init", "h1=192.0.2.1"])
+        assert r.exit_code == 1 and "exists; use --force" in r.output
+        assert runner.invoke(main, ["validate", "inventory.yaml"]).exit_code == 0
+
+
+def test_task_names_complete(tmp_path, monkeypatch):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(JOB)
+    monkeypatch.chdir(tmp_path)
+    for words in (["logs", "inv.yaml"], ["exec", "inv.yaml"], ["ssh", "inv.yaml"]):
+        env = {"_PROVISION_COMPLETE": "bash_complete", "COMP_WORDS": " ".join(["provision", *words, "w"])}
+        env["COMP_CWORD"] = str(len(words) + 1)
+        r = CliRunner().invoke(main, [], env=env, prog_name="provision")
+        assert r.output.split() == ["plain,worker-0", "plain,worker-1"], (words, r.output)

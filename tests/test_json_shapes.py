@@ -1,0 +1,273 @@
+"""Every `--json` document has the shape docs/commands.md documents.
+
+The documented example of each command (its ```json block, `...` elisions removed) is
+compared with real output, key by key and type by type: first from the pure code that
+builds each document (no hosts), then, on sandbox hosts, from the commands themselves
+(`plan`, `apply`, `status`, `facts`). Every document carries `format_version`; absent
+values are null, never "-"; times are ISO 8601; durations are numbers of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+COMMANDS = REPO / "docs" / "commands.md"
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+# --------------------------------------------------------------------------- the documented examples
+
+
+def _section(name: str) -> str:
+    text = COMMANDS.read_text(encoding="utf-8")
+    start = text.index(f"## `provision {name}`")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+ELIDED = "..."  # the key standing for an object's elided keys
+
+
+def lenient_json(text: str) -> Any:
+    """A documented example as data: `{...}` is an elided object (any keys), `, ...}` the
+    rest of an object's keys elided (marked with the key "..."), `, ...]` and a line of
+    `...` elided list entries."""
+    text = text.replace("{...}", "{}").replace("[...]", "[]")
+    text = re.sub(r",\s*\.\.\.(\s*)}", r', "...": true\1}', text)
+    text = re.sub(r",\s*\.\.\.(\s*)]", r"\1]", text)
+    text = re.sub(r"^\s*\.\.\.\s*,?\s*$", "", text, flags=re.M)
+    text = re.sub(r",(\s*[}\]])", r"\1", text)  # a comma left before a closing bracket
+    return json.loads(text)
+
+
+def documented(name: str) -> Any:
+    """The first ```json block of `provision NAME`'s section."""
+    m = re.search(r"```json\n(.*?)```", _section(name), re.S)
+    assert m, f"docs/commands.md: `provision {name}` has no ```json example"
+    return lenient_json(m.group(1))
+
+
+# --------------------------------------------------------------------------- comparing shapes
+
+DYNAMIC = {"hosts", "outcome"}  # objects keyed by host name
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    return type(v).__name__
+
+
+def shape_problems(doc: Any, real: Any, path: str = "$", *, dynamic: bool = False) -> list[str]:
+    """Where `real` differs from the documented `doc`: missing or extra keys, other types.
+    null in either is allowed where the other has a value (a value that may be absent);
+    an elided object ({...} in the docs) or empty list matches anything of its type."""
+    if doc is None or real is None:
+        return []
+    if _kind(doc) != _kind(real):
+        return [f"{path}: documented as {_kind(doc)}, is {_kind(real)} ({real!r:.60})"]
+    out: list[str] = []
+    if isinstance(doc, dict):
+        if not doc:
+            return []
+        if dynamic:  # HOST -> value: every real value has the shape of the documented ones
+            sample = next(iter(v for v in doc.values() if isinstance(v, dict) and len(v) > 1), None)
+            for k, v in real.items():
+                out += shape_problems(sample, v, f"{path}.{k}") if sample is not None else []
+            return out
+        for k in sorted((set(doc) | set(real)) - {ELIDED}):
+            if k not in real:
+                out.append(f"{path}.{k}: documented, not in the output")
+            elif k not in doc:
+                if ELIDED in doc:
+                    continue
+                out.append(f"{path}.{k}: in the output, not documented")
+            else:
+                out += shape_problems(doc[k], real[k], f"{path}.{k}", dynamic=k in DYNAMIC)
+    elif isinstance(doc, list) and doc and real:
+        sample = doc[0]
+        for i, v in enumerate(real):
+            out += shape_problems(sample, v, f"{path}[{i}]")
+    return out
+
+
+def style_problems(real: Any, path: str = "$") -> list[str]:
+    """What no document may hold: "-" for an absent value, a duration or time as text."""
+    out: list[str] = []
+    if isinstance(real, dict):
+        for k, v in real.items():
+            p = f"{path}.{k}"
+            if v == "-":
+                out.append(f'{p}: "-" (absent values are null)')
+            if (k.endswith("_seconds") or k.startswith("since")) and v is not None and _kind(v) != "number":
+                out.append(f"{p}: a duration as {v!r} (seconds as a number)")
+            if (k.endswith("_at") or k == "since") and v is not None and not (isinstance(v, str) and ISO.match(v)):
+                out.append(f"{p}: a time as {v!r} (ISO 8601)")
+            out += style_problems(v, p)
+    elif isinstance(real, list):
+        for i, v in enumerate(real):
+            out += style_problems(v, f"{path}[{i}]")
+    return out
+
+
+def check(name: str, real: Any) -> None:
+    assert isinstance(real, dict) and "format_version" in real, f"{name}: no format_version"
+    doc = documented(name)
+    problems = shape_problems(doc, real) + style_problems(real)
+    assert not problems, f"provision {name} --json vs docs/commands.md:\n" + "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+
+def test_lenient_json_and_shape_problems():
+    doc = lenient_json('{"a": 1, "b": [{"x": "s"}, ...], "hosts": {"h1": {"k": 1, "e": null}, "h2": {...}}}')
+    assert doc == {"a": 1, "b": [{"x": "s"}], "hosts": {"h1": {"k": 1, "e": None}, "h2": {}}}
+    assert lenient_json('{"a": 1, ...}') == {"a": 1, "...": True}
+    assert shape_problems({"a": 1, "...": True}, {"a": 2, "b": 3}) == []
+    good = {"a": 2.5, "b": [{"x": "t"}, {"x": "u"}], "hosts": {"n1": {"k": 3, "e": "why"}}}
+    assert shape_problems(doc, good) == []
+    bad = {"a": "2", "b": [{"x": "t", "y": 1}], "hosts": {"n1": {"e": None}}, "c": 1}
+    assert shape_problems(doc, bad) == [
+        "$.a: documented as number, is str ('2')",
+        "$.b[0].y: in the output, not documented",
+        "$.c: in the output, not documented",
+        "$.hosts.n1.k: documented, not in the output",
+    ]
+    assert style_problems({"gpus": "-", "since": "37s", "ended_at": 17.0, "age_seconds": 3}) == [
+        '$.gpus: "-" (absent values are null)',
+        "$.since: a duration as '37s' (seconds as a number)",
+        "$.since: a time as '37s' (ISO 8601)",
+        "$.ended_at: a time as 17.0 (ISO 8601)",
+    ]
+
+
+# --------------------------------------------------------------------------- from the code (no hosts)
+
+INVENTORY = """\
+job: first
+hosts:
+- {name: gpu-1, address: 192.0.2.11, accelerators: {type: nvidia-l4, count: 1}}
+- {name: gpu-2, address: 192.0.2.12, accelerators: {type: nvidia-l4, count: 1}}
+pools:
+  chief: {replicas: 1, accelerators: 1, command: [python3, train.py]}
+  worker: {replicas: 1, accelerators: 1, command: [python3, train.py]}
+"""
+
+
+@pytest.fixture
+def first(tmp_path):
+    from provision.inventory import parse
+    from provision.render import render
+
+    inv = parse(INVENTORY, tmp_path / "inventory.yaml")
+    return inv, render(inv)
+
+
+def test_plan_json_shape_offline(first):
+    from provision.host.protocol import ProbeReport
+    from provision.plan import make_plan
+    from provision.ssh import Target
+
+    inv, rendered = first
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    p = make_plan(rendered, targets, {n: ProbeReport(facts={"systemd_pid1": True}) for n in targets})
+    check("plan", json.loads(json.dumps(p.to_json())))
+
+
+def test_apply_json_shape_offline(first):
+    from provision.engine import HostOutcome
+    from provision.host.protocol import ProbeReport
+    from provision.plan import make_plan
+    from provision.ssh import Target
+
+    inv, rendered = first
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    p = make_plan(rendered, targets, {n: ProbeReport(facts={"systemd_pid1": True}) for n in targets})
+    outcome = {"gpu-1": HostOutcome("gpu-1", started=["chief-0"]).__dict__}
+    check("apply", {"format_version": 2, "plan": p.to_json(), "outcome": outcome})
+
+
+def test_status_json_shape_offline(first):
+    from provision.host.protocol import ProbeReport
+    from provision.status import job_status
+
+    inv, rendered = first
+    done = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "Result": "success"}
+    reports = {
+        h: ProbeReport(
+            units={f"provision-first-{t}.service": done},
+            exits={f"provision-first-{t}.service": [["1767225590", "success", "exited", "0"]]},
+            now=1767225600.0,
+            now_monotonic_us=10**9,
+        )
+        for h, t in (("gpu-1", "chief-0"), ("gpu-2", "worker-0"))
+    }
+    st = job_status(inv, list(rendered.placement.tasks), reports, {})
+    real = json.loads(json.dumps(st.to_json()))
+    check("status", real)
+    assert real["tasks"][0]["ended_at"] == "2025-12-31T23:59:50Z"
+
+
+def test_facts_json_shape_offline():
+    from provision.facts import summary_row
+
+    row = summary_row("gpu-1", {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33})
+    assert row["gpu_model"] is None and row["systemd"] is None  # absent: null, not "-" or "none"
+    check("facts", {"format_version": 1, "hosts": {"gpu-1": {**row, "problems": []}}})
+
+
+# --------------------------------------------------------------------------- from the commands (sandbox hosts)
+
+
+def _cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.integration
+def test_json_shapes_of_real_commands(sandbox_factory, sandbox_inventory, tmp_path):
+    sb = sandbox_factory(hosts=2)
+    try:
+        inv = tmp_path / "inv.yaml"
+        sandbox_inventory(
+            sb,
+            job="shapes",
+            path=inv,
+            pools={
+                "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "echo hi; sleep 2"]},
+                "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "exit 3"]},
+            },
+        )
+        plan = _cli("plan", "--json", inv, cwd=tmp_path)
+        assert plan.returncode == 0, plan.stderr
+        check("plan", json.loads(plan.stdout))
+        apply = _cli("apply", "-y", "--json", inv, cwd=tmp_path)
+        assert apply.returncode == 0, apply.stderr
+        check("apply", json.loads(apply.stdout))
+        _cli("wait", "--timeout", "60", inv, cwd=tmp_path)
+        status = _cli("status", "--json", inv, cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        real = json.loads(status.stdout)
+        check("status", real)
+        worker = next(t for t in real["tasks"] if t["task"] == "worker-0")
+        assert worker["exit_code"] == 3 and worker["last_lines"] and isinstance(worker["since_seconds"], int)
+        facts = _cli("facts", "--json", inv, cwd=tmp_path)
+        assert facts.returncode == 0, facts.stderr
+        check("facts", json.loads(facts.stdout))
+        assert _cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
+    finally:
+        sandbox_factory.down(sb)

@@ -1,0 +1,258 @@
+"""Shared hosts, pure parts: the hold rule, ownership, reservations, placement around what
+others hold, and the host ledger's compare-and-set (run locally on a temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from provision.host import layout, ledger
+from provision.host.protocol import ProbeReport, Reservation
+from provision.model import Accelerators, Host, Inventory, Pool, SSHSettings
+from provision.placement import Held, PlacementError, place
+from provision.steps import GroupResult, Step
+from provision.tenancy import Hold, Owner, held_for, holders, host_view, jobs_json, judge, owner_problem, reservation
+
+NOW = 1_800_000_000.0
+HERE = socket.gethostname()
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def entry(job="other", *, gpus=(0, 1), ports=(2222,), started=True, units=None, owner=None, updated=NOW, token="t1"):
+    return {
+        "job": job,
+        "owner": owner or {"lineage": "L-" + job, "who": "alice@ws-3", "host": "ws-3", "pid": 1, "state": "/s"},
+        "since": NOW - 7200,
+        "updated": updated,
+        "token": token,
+        "gpus": list(gpus),
+        "ports": list(ports),
+        "units": units if units is not None else [f"provision-{job}-chief-0.service"],
+        "started": started,
+    }
+
+
+ACTIVE = {"ActiveState": "active", "SubState": "running"}
+RESTARTING = {"ActiveState": "activating", "SubState": "auto-restart"}
+ENDED = {"ActiveState": "inactive", "SubState": "dead"}
+FAILED = {"ActiveState": "failed", "SubState": "failed"}
+
+
+@pytest.mark.parametrize(
+    "e, state, want",
+    [
+        (entry(), ACTIVE, Hold.RUNNING),
+        (entry(), RESTARTING, Hold.RUNNING),
+        (entry(), ENDED, Hold.ENDED),
+        (entry(), FAILED, Hold.ENDED),
+        (entry(started=False), ENDED, Hold.RESERVED),  # an apply under way elsewhere
+        (entry(started=False, updated=NOW - 3600), ENDED, Hold.STALE),  # too old
+        (
+            entry(started=False, owner={"lineage": "L", "who": "me@here", "host": HERE, "pid": dead_pid()}),
+            ENDED,
+            Hold.STALE,
+        ),
+        (
+            entry(started=False, owner={"lineage": "L", "who": "me@here", "host": HERE, "pid": os.getpid()}),
+            ENDED,
+            Hold.RESERVED,
+        ),
+        (entry(started=False), ACTIVE, Hold.RUNNING),
+    ],
+)
+def test_the_hold_rule(e, state, want):
+    assert judge(e, {u: state for u in e["units"]}, NOW) is want
+
+
+def report(*entries, units=None, listening=(22,)) -> ProbeReport:
+    led = {e["job"]: e for e in entries}
+    return ProbeReport(ledger=led, ledger_units=units or {}, listening=list(listening))
+
+
+def test_held_for_placement_counts_running_and_reserved_jobs_and_foreign_listeners():
+    run = entry("run", gpus=(0,), ports=(2222,))
+    gone = entry("gone", gpus=(1,), ports=(2223,))
+    rep = report(run, gone, units={run["units"][0]: ACTIVE, gone["units"][0]: ENDED}, listening=(22, 2222, 8888))
+    hs = holders("gpu-1", rep, NOW)
+    held = held_for("mine", hs, rep.listening or [], NOW)
+    assert held.gpus == {0} and held.ports == {22, 2222, 8888}  # 2222 is run's own listener
+    assert held.by[0].startswith("GPU 0, port 2222 held by job run (alice@ws-3, running 2h)")
+    assert held.by[-1] == "port 8888 in use by processes provision did not start"
+    # its own entry never blocks a job
+    assert held_for("run", hs, [], NOW).gpus == frozenset()
+
+
+def me(lineage="L-me", state="/home/me/.provision/j.state.json") -> Owner:
+    return Owner(lineage, "me@here", HERE, os.getpid(), state)
+
+
+def test_ownership():
+    own = holders("h", report(entry("j", owner=me("L-other", "/elsewhere").to_json())), NOW)[0]
+    assert "belongs to me@here" in (owner_problem("j", own, me(), False) or "")
+    assert owner_problem("j", own, me(), True) is None  # --take-over
+    assert owner_problem("j", None, me(), False) is None  # nobody's yet
+    mine = holders("h", report(entry("j", owner=me().to_json())), NOW)[0]
+    assert owner_problem("j", mine, me(), False) is None
+    # the same state file recreated (lost or moved away): the same owner, adopted
+    lost = holders("h", report(entry("j", owner=me("L-old").to_json())), NOW)[0]
+    assert owner_problem("j", lost, me(), False) is None
+
+
+def test_reservation_only_when_the_entry_differs():
+    task = type("T", (), {"accelerators": (0, 1), "port": 2222})()
+    unit = "provision-j-chief-0.service"
+    other = entry("other", gpus=(), ports=(2300,), token="tok")
+    hs = holders("h", report(other, units={other["units"][0]: ENDED}), NOW)
+    r = reservation("j", [task], [unit], hs, me(), {0: "GPU-a", 1: "GPU-b"})
+    assert r is not None and r.gpus == [0, 1] and r.ports == [2222] and r.gpu_uuids == ["GPU-a", "GPU-b"]
+    assert r.free == {"other": "tok"} and r.expect_lineage is None
+    there = entry("j", gpus=(0, 1), ports=(2222,), units=[unit], owner=me().to_json())
+    assert reservation("j", [task], [unit], holders("h", report(there), NOW), me(), {}) is None
+
+
+def test_placement_goes_around_what_others_hold():
+    hosts = tuple(
+        Host(f"h{i}", f"10.0.0.{i}", SSHSettings(), f"10.0.0.{i}", Accelerators("nvidia-h100", 2)) for i in (1, 2)
+    )
+    pools = (
+        Pool(role="chief", replicas=1, accelerators=1, command=("x",)),
+        Pool(role="worker", replicas=1, accelerators=1, command=("x",)),
+    )
+    inv = Inventory(Path("inv.yaml"), "j", SSHSettings(), hosts, pools)
+    free = place(inv)
+    assert [(t.host.name, t.accelerators, t.port) for t in free.tasks] == [("h1", (0,), 2222), ("h2", (0,), 2222)]
+    held = {n: Held(frozenset({0}), frozenset({2222}), ("GPU 0 held by job a",)) for n in ("h1", "h2")}
+    around = place(inv, free.slots(), held)  # previous slots that are held now are not kept
+    assert [(t.host.name, t.accelerators, t.port) for t in around.tasks] == [("h1", (1,), 2223), ("h2", (1,), 2223)]
+    full = {n: Held(frozenset({0, 1}), frozenset(), (f"GPUs 0-1 held by job a{n}",)) for n in ("h1", "h2")}
+    with pytest.raises(PlacementError) as e:
+        place(inv, None, full)
+    assert e.value.held and e.value.details == ["h1: GPUs 0-1 held by job ah1", "h2: GPUs 0-1 held by job ah2"]
+
+
+def test_jobs_view_shapes():
+    run = entry("run", gpus=(0,), ports=(2222,))
+    rep = report(run, units={run["units"][0]: ACTIVE}, listening=(22, 2222, 9000))
+    view = jobs_json([host_view("gpu-1", 2, rep, NOW)], NOW)
+    assert view["format_version"] == 1
+    assert view["jobs"] == [
+        {
+            "job": "run",
+            "owner": "alice@ws-3",
+            "lineage": "L-run",
+            "state": "running",
+            "since": "2027-01-15T06:00:00Z",
+            "age_seconds": 7200,
+            "hosts": {"gpu-1": {"state": "running", "gpus": [0], "ports": [2222]}},
+        }
+    ]
+    assert view["hosts"]["gpu-1"] == {
+        "error": None,
+        "gpus": 2,
+        "free_gpus": [1],
+        "held": {"run": {"gpus": [0], "ports": [2222]}},
+        "foreign_ports": [9000],
+    }
+
+
+# --------------------------------------------------------------------------- the host ledger
+
+
+@pytest.fixture
+def ledger_dir(tmp_path, monkeypatch):
+    d = tmp_path / ".ledger"
+    monkeypatch.setattr(layout, "LEDGER_DIR", str(d))
+    monkeypatch.setattr(layout, "LEDGER_LOCK", str(d / ".lock"))
+    return d
+
+
+def res(job, gpus=(), ports=(), *, free=None, expect=None, lineage=None) -> Reservation:
+    return Reservation(
+        job=job,
+        owner={"lineage": lineage or "L-" + job, "who": "me@here"},
+        gpus=list(gpus),
+        ports=list(ports),
+        units=[f"provision-{job}-chief-0.service"],
+        free=free or {},
+        expect_lineage=expect,
+    )
+
+
+def test_reserve_is_compare_and_set(ledger_dir):
+    assert ledger.reserve(res("a", [0, 1], [2222]), NOW) == []
+    assert ledger.reserve(res("b", [1], [2300]), NOW) == ["GPU 1 taken by job a (me@here) since plan"]
+    assert ledger.reserve(res("b", [2], [2222]), NOW) == ["port 2222 taken by job a (me@here) since plan"]
+    assert sorted(ledger.read_all()) == ["a"]  # the loser wrote nothing
+    # a finished job the controller saw, unchanged since: its GPUs may be taken
+    tok = ledger.read_all()["a"]["token"]
+    assert ledger.reserve(res("b", [0, 1], [2222], free={"a": tok}), NOW) == []
+    # ...but not once it changed (re-applied) after plan
+    ledger.mark_started("a", NOW)
+    assert ledger.reserve(res("c", [0], [], free={"a": tok}), NOW) != []
+
+
+def test_a_take_over_since_plan_is_a_conflict(ledger_dir):
+    assert ledger.reserve(res("j", [0], lineage="L-alice"), NOW) == []
+    why = ledger.reserve(res("j", [0], lineage="L-bob", expect=None), NOW)
+    assert why == ["job j here was taken over by me@here since plan"]
+    assert ledger.reserve(res("j", [0], lineage="L-bob", expect="L-alice"), NOW) == []  # --take-over, seen at plan
+
+
+def test_release_leaves_nothing_once_empty(ledger_dir):
+    ledger.reserve(res("a", [0]), NOW)
+    ledger.reserve(res("b", [1]), NOW)
+    ledger.release("a")
+    assert sorted(os.listdir(ledger_dir)) == [".lock", "b.json"]
+    ledger.release("b")
+    assert not ledger_dir.exists()
+
+
+def test_racing_reservations_never_share_a_gpu(ledger_dir):
+    """Threads race for the same GPUs: the flock lets exactly one win each round."""
+    for rnd in range(20):
+        results: dict[str, list[str]] = {}
+        barrier = threading.Barrier(4)
+
+        def go(job, barrier=barrier, results=results):
+            barrier.wait()
+            results[job] = ledger.reserve(res(job, [0, 1]), NOW)
+
+        threads = [threading.Thread(target=go, args=(f"j{rnd}-{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(1 for why in results.values() if not why) == 1, results
+        for job in results:
+            ledger.release(job)
+
+
+def test_listening_ports_from_proc_net_tcp():
+    assert ledger.listening(["00000000:08AE", "0100007F:0016", "00000000000000000000000000000000:1F90", "junk"]) == [
+        22,
+        2222,
+        8080,
+    ]
+
+
+def test_group_result_updated_takes_the_retried_hosts():
+    from provision.ssh import HostError, Target
+
+    t = Target("b", "10.0.0.2", 22, "root", None, None, 10, "accept-new")
+    first: GroupResult[int] = GroupResult(
+        Step.PROBE, ok={"a": 1}, unreachable={"b": HostError(t, "down", unreachable=True)}
+    )
+    again: GroupResult[int] = GroupResult(Step.PROBE, ok={"b": 2})
+    both = first.updated(again)
+    assert both.ok == {"a": 1, "b": 2} and not both.errors
