@@ -24,16 +24,51 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def test_gpu_health_reads_the_health_columns():
     out = (
-        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 0, No, No\n"
-        "1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 3, Yes, [N/A]\n"
-        "2, GPU-c, Tesla T4, 15360, 535.1, [N/A], [N/A], [Not Supported]\n"
+        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 0, No, No, 0\n"
+        "1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 3, Yes, [N/A], 500\n"
+        "2, GPU-c, Tesla T4, 15360, 535.1, [N/A], [N/A], [Not Supported], [N/A]\n"
         "garbage\n"
     )
     assert hostcheck.gpu_health(out) == [
-        {"index": 0, "driver": "550.54.15", "ecc_uncorrected": 0, "retired_pending": False, "remap_pending": False},
-        {"index": 1, "driver": "550.54.15", "ecc_uncorrected": 3, "retired_pending": True, "remap_pending": None},
-        {"index": 2, "driver": "535.1", "ecc_uncorrected": None, "retired_pending": None, "remap_pending": None},
+        {
+            "index": 0,
+            "driver": "550.54.15",
+            "ecc_uncorrected": 0,
+            "retired_pending": False,
+            "remap_pending": False,
+            "memory_used_mib": 0,
+        },
+        {
+            "index": 1,
+            "driver": "550.54.15",
+            "ecc_uncorrected": 3,
+            "retired_pending": True,
+            "remap_pending": None,
+            "memory_used_mib": 500,
+        },
+        {
+            "index": 2,
+            "driver": "535.1",
+            "ecc_uncorrected": None,
+            "retired_pending": None,
+            "remap_pending": None,
+            "memory_used_mib": None,
+        },
     ]
+
+
+@pytest.mark.parametrize(
+    "out, busy",
+    [
+        ("0, a, H100, 81559, 550, 0, No, No, 0\n1, b, H100, 81559, 550, 0, No, No, 0\n", False),
+        ("0, a, H100, 81559, 550, 0, No, No, 0\n1, b, H100, 81559, 550, 0, No, No, 3\n", True),
+        ("0, a, H100, 81559, 550, 0, No, No, [N/A]\n", True),  # cannot tell: ask
+        ("", False),
+        ("\n\n", False),
+    ],
+)
+def test_compute_processes_are_listed_only_when_a_gpu_has_memory_in_use(out, busy):
+    assert hostcheck.memory_in_use(out) is busy
 
 
 def test_compute_apps_keep_names_with_commas():
@@ -591,6 +626,13 @@ def test_the_script_and_the_agent_read_the_checks_alike(tmp_path, monkeypatch):
     assert [x["owner"]["pid"] for x in a["checks"]["gpus"]["apps"]] == [os.getpid()]
     assert a["checks"]["gpus"]["health"][0]["ecc_uncorrected"] == 2
     assert a["interface"]["name"] == "lo"
+
+    # No GPU memory in use: neither asks for compute processes, both say there are none.
+    (faults / "busy-gpus").unlink()
+    req = ProbeRequest("j", facts="check", facts_only=["gpus"], checks={"gpus": True, "gpu_timeout": 10})
+    out = subprocess.run(["sh", "-c", probe.command(req) or ""], capture_output=True, check=True).stdout
+    a, b = to_wire(probe.parse(out, req)), to_wire(agent.op_probe(req))
+    assert a["checks"] == b["checks"] and a["checks"]["gpus"]["apps"] == [] and b"@apps" not in out
 
     # A hung nvidia-smi, and no ports asked: both give up after the timeout, alike.
     (faults / "nvidia-smi-hang").write_text("30\n")

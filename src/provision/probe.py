@@ -144,7 +144,10 @@ def _checks(
     if c.get("gpus") and gpu_text is not None:
         err = facts.get("nvidia_smi")
         gpus = {"error": None if err == "ok" else err, "health": [], "apps": None, "apps_error": None}
-        if err == "ok":
+        if err == "ok" and not hostcheck.memory_in_use(gpu_text):
+            gpus["health"] = hostcheck.gpu_health(gpu_text)
+            gpus["apps"] = []  # no GPU memory in use: no compute process (the script did not ask)
+        elif err == "ok":
             gpus["health"] = hostcheck.gpu_health(gpu_text)
             if not text.startswith(b"@apps "):
                 raise _Mismatch("no apps section")

@@ -41,6 +41,7 @@ GPU_FIELDS = (
     "ecc.errors.uncorrected.volatile.total",
     "retired_pages.pending",
     "remapped_rows.pending",
+    "memory.used",  # last: probe.sh reads it as what follows the last ", "
 )
 GPU_QUERY = ("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
 APPS_QUERY = (
@@ -81,9 +82,17 @@ def gpu_health(out: str) -> list[dict[str, Any]]:
                 "ecc_uncorrected": _int(parts[5]),
                 "retired_pending": _yes(parts[6]),
                 "remap_pending": _yes(parts[7]),
+                "memory_used_mib": _int(parts[8]),
             }
         )
     return health
+
+
+def memory_in_use(out: str) -> bool:
+    """Whether any GPU of GPU_QUERY's output has memory in use (or says nothing readable of
+    it): a compute process always holds some (its CUDA context), so without any there is
+    none to list and the second nvidia-smi run is saved. As probe.sh decides it."""
+    return any(line.rsplit(", ", 1)[-1] != "0" for line in out.splitlines() if line)
 
 
 def parse_apps(out: str) -> list[dict[str, Any]]:
@@ -310,7 +319,9 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
         gpus["health"] = gpu_health(so) if code == 0 else []
         gpus["apps"] = None
         gpus["apps_error"] = None
-        if code == 0:
+        if code == 0 and not memory_in_use(so):
+            gpus["apps"] = []
+        elif code == 0:
             acode, aout, aerr = agent.run(list(APPS_QUERY), timeout=timeout)
             gpus["apps_error"] = gpu_error(acode, aout, aerr, APPS_QUERY[0], timeout)
             gpus["apps"] = parse_apps(aout) if acode == 0 else []

@@ -12,7 +12,8 @@
 #          (the lines of /proc/net/tcp and tcp6 in state 0A)
 #   CLOCK  empty, or 1 for the host's clock (date +%s.%N)
 #   APPS   empty, or "SECONDS COMMAND...": the GPUs' compute processes (hostcheck.APPS_QUERY),
-#          run when the GPU query answered
+#          run when the GPU query answered and a GPU has memory in use (its last column,
+#          memory.used, is not 0: hostcheck.memory_in_use)
 #   PORTS  empty, or " 08AE 08AF ": the job's ports here (4 hex digits, as /proc/net/tcp
 #          writes them): their listening sockets, the processes holding them (find), and
 #          of those and of APPS' processes: comm, cgroup, and outside provision's units
@@ -42,11 +43,13 @@ shift 11
 nl="
 "
 gcode=""
+gout=""
 echo @probe 1
 if [ -d /run/systemd/system ]; then echo @systemd; fi
 if [ -n "$gpus" ]; then
     out=$(timeout $gpus 2>/dev/null </dev/null)
     gcode=$?
+    gout=$out
     echo @gpus $gcode
     printf %s "$out"
     echo
@@ -78,7 +81,14 @@ fi
 # uses on what it reads itself.
 if [ -n "$clock" ]; then echo "@clock $(date +%s.%N)"; fi
 pids=""
-if [ -n "$apps" ] && [ "$gcode" = 0 ]; then
+busy=""
+ifs=$IFS
+IFS=$nl
+for l in $gout; do
+    case ${l##*, } in 0) ;; *) busy=1 ;; esac
+done
+IFS=$ifs
+if [ -n "$apps" ] && [ "$gcode" = 0 ] && [ -n "$busy" ]; then
     out=$(timeout $apps 2>/dev/null </dev/null)
     echo @apps $?
     printf %s "$out"
