@@ -192,9 +192,13 @@ def task_env(
 
     # NCCL and Gloo talk on the interface that holds the host's cluster address (the host
     # reports it at plan time: checks.py), not on whichever one they would guess; the
-    # inventory's own values win (set below).
+    # inventory's own values win, in their own place: a key the inventory sets is not added
+    # here at all, so the file is the same whether or not the interface was known (offline
+    # `render` does not know it).
+    pool_ = inv.pool(task.role)
+    own = {k for k, _ in inv.env} | {k for k, _ in (pool_.env if pool_ is not None else ())}
     if socket_ifname:
-        env += [("NCCL_SOCKET_IFNAME", socket_ifname), ("GLOO_SOCKET_IFNAME", socket_ifname)]
+        env += [(k, socket_ifname) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in own]
 
     env += list(inv.env)
     pool = inv.pool(task.role)

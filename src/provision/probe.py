@@ -84,7 +84,9 @@ def command(req: ProbeRequest) -> str | None:
         " ".join(units),
         gpus,
         "1" if "tpu" in facts else "",
-        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX}" if req.tenancy else "",
+        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX} {layout.ledger_path(req.job)}"
+        if req.tenancy
+        else "",
         *checks,
         *paths,
     ]

@@ -7,7 +7,7 @@
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
 #   GPUS   empty, or "SECONDS COMMAND...": nvidia-smi's query (agent.NVIDIA_SMI) and its timeout
 #   TPU    empty, or 1 to count /dev/accelN
-#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX" (from host/layout.py) for the host's ledger
+#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY" (host/layout.py) for the host's ledger
 #          (every job's entry, every provision unit's state) and the listening TCP sockets
 #          (the lines of /proc/net/tcp and tcp6 in state 0A)
 #   CLOCK  empty, or 1 for the host's clock (date +%s.%N)
@@ -68,13 +68,28 @@ if [ -n "$tenancy" ]; then
     echo @listen
     grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null
     echo @listen-end
+    ldir=${tenancy%% *}
+    rest=${tenancy#* }
+    prefix=${rest%% *}
+    own=${rest#* }
+    others=
     set +f
-    for f in ${tenancy% *}/*.json; do
-        if [ -f "$f" ]; then set -- "$@" "$f"; fi
+    for f in $ldir/*.json; do
+        if [ -f "$f" ]; then
+            set -- "$@" "$f"
+            if [ "$f" != "$own" ]; then others=1; fi
+        fi
     done
-    for f in ${tenancy#* }*.service; do
-        if [ -f "$f" ]; then units="$units ${f##*/}"; fi
-    done
+    # Other jobs units states only when other jobs have entries here (the common case of
+    # one job per host shows nothing more), and never a unit twice.
+    if [ -n "$others" ]; then
+        for f in $prefix*.service; do
+            case " $units " in
+                *" ${f##*/} "*) ;;
+                *) if [ -f "$f" ]; then units="$units ${f##*/}"; fi ;;
+            esac
+        done
+    fi
     set -f
 fi
 # Checks: probe.py hands what these print to host/hostcheck.py's parsers, which the agent
