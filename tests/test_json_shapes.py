@@ -249,7 +249,8 @@ def test_json_shapes_of_real_commands(sandbox_factory, sandbox_inventory, tmp_pa
             path=inv,
             pools={
                 "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "echo hi; sleep 2"]},
-                "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "exit 3"]},
+                # Fails after the apply saw it start (an immediate exit 3 fails the apply itself).
+                "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "sleep 2; exit 3"]},
             },
         )
         plan = _cli("plan", "--json", inv, cwd=tmp_path)

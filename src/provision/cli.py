@@ -476,9 +476,9 @@ def apply(
         take_over=take_over,
     )
     if wait_after and code == 0:
-        from .follow import wait_for_job
+        from .progress import wait_job
 
-        code = wait_for_job(
+        code = wait_job(
             inventory,
             state_path=state_path,
             timeout=timeout,
@@ -742,9 +742,9 @@ def logs(
 @click.option("--logs", "stream_logs", is_flag=True, help="Stream the tasks' output while waiting.")
 def wait(inventory, state_path, timeout, verbose, stream_logs):
     """Block until the job succeeds (exit 0) or fails (exit 1), showing each task's progress."""
-    from .follow import wait_for_job
+    from .progress import wait_job
 
-    sys.exit(wait_for_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose, logs=stream_logs))
+    sys.exit(wait_job(inventory, state_path=state_path, timeout=timeout, verbose=verbose, logs=stream_logs))
 
 
 @main.command("force-unlock")

@@ -243,13 +243,12 @@ def build_plan(
     kind: Facts = "check" if facts else "none"
     ask: dict[str, Any] = {"tenancy": True, "checks": checks, "interface": True}
     reports = probe(ctx, facts=kind, fast=True, timings=timings, **ask)
-    ok = {n: r for n, r in reports.ok.items() if isinstance(r, ProbeReport)}
     now = time.time()
-    held_by = {n: holders(n, r, now) for n, r in ok.items()}
+    held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     # Placement sees what other jobs hold; when that moves a task, render again and probe
     # again the hosts whose question changed (only on shared hosts: the common case is one
     # round trip).
-    held = {n: held_for(ctx.inventory.job, hs, ok[n].listening or [], now) for n, hs in held_by.items()}
+    held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
     placement = place(ctx.inventory, ctx.state.previous_placement(), held)
     if placement != ctx.rendered.placement:
         before = {n: probe_request(ctx, n, facts=kind, **ask) for n in ctx.targets}
@@ -258,8 +257,7 @@ def build_plan(
         if again:
             more = probe(ctx, facts=kind, fast=True, only=again, timings=timings, **ask)
             reports = reports.updated(more)
-            ok = {n: r for n, r in reports.ok.items() if isinstance(r, ProbeReport)}
-            held_by = {n: holders(n, r, now) for n, r in ok.items()}
+            held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
     shipping, image_errors, image_restarts = _image_changes(ctx, reports)
     p = make_plan(

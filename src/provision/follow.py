@@ -1,4 +1,4 @@
-"""Following a job: status, the end-of-job stop, and wait.
+"""Following a job: status and the end-of-job stop (waiting for it: progress.wait_job).
 
 When the job ends (success policy met, or a task failed for good) the tasks still running
 (ps, reduction servers, evaluator, and PS-strategy workers that serve forever) are
@@ -106,30 +106,3 @@ def end_job(ctx: Context, st: JobStatus) -> list[str]:
 def _send(ctx: Context, requests: dict[str, UnitsRequest], t: Target) -> UnitsReport:
     report: UnitsReport = call_agent(ctx.session, t, requests[t.name])
     return report
-
-
-def wait_for_job(
-    inventory: str,
-    *,
-    state_path: str | None = None,
-    timeout: float | None = None,
-    interval: float = 2.0,
-    verbose: bool = False,
-    quiet: bool = False,
-    logs: bool = False,
-    since: str | None = None,
-) -> int:
-    """Block until the job succeeds (0) or fails (1); 1 on timeout too, saying so. Progress
-    and the output (`logs`) while waiting: progress.wait_job."""
-    from .progress import wait_job
-
-    return wait_job(
-        inventory,
-        state_path=state_path,
-        timeout=timeout,
-        interval=interval,
-        verbose=verbose,
-        quiet=quiet,
-        logs=logs,
-        since=since,
-    )

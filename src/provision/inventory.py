@@ -139,7 +139,7 @@ def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
                     continue
                 key = build(k_node, path + ("<key>",))
                 if not isinstance(key, (str, int)):
-                    problems.append((path, f"keys must be strings, got {_show(key)}", k_node.start_mark.line + 1))
+                    problems.append((path, f"keys must be strings, got {show_value(key)}", k_node.start_mark.line + 1))
                     continue
                 key = str(key)
                 if key in out:
@@ -161,11 +161,9 @@ def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
     return _Doc(data, lines)
 
 
-def _show(value: Any) -> str:
-    """`got X` rendering: short, quoted for strings, never multi-line."""
-    if isinstance(value, str):
-        s = repr(value)
-    elif isinstance(value, dict):
+def show_value(value: Any) -> str:
+    """`got X` rendering: short, quoted for strings, never multi-line (the importers' too)."""
+    if isinstance(value, dict):
         s = "a mapping"
     elif isinstance(value, list):
         s = "a list" if value else "an empty list"
@@ -227,38 +225,38 @@ class _Checker:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            self.add(path, f"expected a mapping, got {_show(value)}")
+            self.add(path, f"expected a mapping, got {show_value(value)}")
             return None
         return value
 
     def string(self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            self.add(path, f"expected a string, got {_show(value)}")
+            self.add(path, f"expected a string, got {show_value(value)}")
             return None
         s = str(value)
         if "\x00" in s:
-            self.add(path, f"NUL bytes are not allowed, got {_show(s)}")
+            self.add(path, f"NUL bytes are not allowed, got {show_value(s)}")
             return None
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:
-            self.add(path, f"not valid Unicode text (lone surrogate escape), got {_show(s)}")
+            self.add(path, f"not valid Unicode text (lone surrogate escape), got {show_value(s)}")
             return None
         if pattern is not None and not pattern.match(s):
-            self.add(path, f"expected {what}, got {_show(s)}")
+            self.add(path, f"expected {what}, got {show_value(s)}")
             return None
         return s
 
     def integer(self, value: Any, path: Path_, lo: int, hi: int | None = None) -> int | None:
         bound = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
         if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-            self.add(path, f"expected {bound}, got {_show(value)}")
+            self.add(path, f"expected {bound}, got {show_value(value)}")
             return None
         return value
 
     def number(self, value: Any, path: Path_, lo: float) -> float | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= lo:
-            self.add(path, f"expected a number > {lo:g}, got {_show(value)}")
+            self.add(path, f"expected a number > {lo:g}, got {show_value(value)}")
             return None
         return float(value)
 
@@ -266,7 +264,7 @@ class _Checker:
         if value not in choices:
             hint = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            self.add(path, f"expected one of {', '.join(choices)}, got {_show(value)}{extra}")
+            self.add(path, f"expected one of {', '.join(choices)}, got {show_value(value)}{extra}")
             return None
         return value
 
@@ -274,7 +272,7 @@ class _Checker:
         self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = ""
     ) -> list[str] | None:
         if not isinstance(value, list):
-            self.add(path, f"expected a list of strings, got {_show(value)}")
+            self.add(path, f"expected a list of strings, got {show_value(value)}")
             return None
         out = [self.string(v, path + (i,), pattern=pattern, what=what) for i, v in enumerate(value)]
         return None if any(v is None for v in out) else out  # type: ignore[return-value]
@@ -289,7 +287,7 @@ class _Checker:
             if not ENV_KEY.match(key):
                 self.add(
                     path + (key,),
-                    f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {_show(key)}",
+                    f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {show_value(key)}",
                 )
                 ok = False
             elif key in RESERVED_ENV:
@@ -321,7 +319,7 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
         elif isinstance(policy, bool):
             c.add(
                 path + ("host_key_policy",),
-                f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {_show(policy)} (YAML reads an unquoted on/yes/true as a boolean: quote it)",
+                f"expected one of {', '.join(HOST_KEY_POLICIES)}, got {show_value(policy)} (YAML reads an unquoted on/yes/true as a boolean: quote it)",
             )
         else:
             kw["host_key_policy"] = c.choice(policy, path + ("host_key_policy",), HOST_KEY_POLICIES)
@@ -333,7 +331,7 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
         m = JUMP_HOST.match(kw["jump_host"]) if kw["jump_host"] else None
         port = m.group(3) if m else None
         if port is not None and not 1 <= int(port) <= 65535:
-            c.add(path + ("jump_host",), f"port must be from 1 to 65535, got {_show(jh)}")
+            c.add(path + ("jump_host",), f"port must be from 1 to 65535, got {show_value(jh)}")
             kw["jump_host"] = None
     if "connect_timeout" in value:
         kw["connect_timeout"] = c.number(value["connect_timeout"], path + ("connect_timeout",), 0)
@@ -365,7 +363,7 @@ def _labels(c: _Checker, value: Any, path: Path_) -> tuple[tuple[str, str], ...]
     out = []
     for k, v in m.items():
         if not LABEL_VALUE.match(k):
-            c.add(path + (k,), f"expected a label name (letters, digits, '.', '_', '-'), got {_show(k)}")
+            c.add(path + (k,), f"expected a label name (letters, digits, '.', '_', '-'), got {show_value(k)}")
             continue
         s = c.string(v, path + (k,), pattern=LABEL_VALUE, what="a label value (letters, digits, '.', '_', '-')")
         if s is not None:
@@ -376,7 +374,7 @@ def _labels(c: _Checker, value: Any, path: Path_) -> tuple[tuple[str, str], ...]
 def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
     path: Path_ = ("hosts",)
     if not isinstance(value, list) or not value:
-        c.add(path, f"expected a non-empty list of hosts, got {_show(value)}")
+        c.add(path, f"expected a non-empty list of hosts, got {show_value(value)}")
         return []
     hosts: list[Host] = []
     seen: dict[str, int] = {}
@@ -413,7 +411,7 @@ def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
         labels = _labels(c, m.get("labels"), hp + ("labels",))
         drain = m.get("drain", False)
         if not isinstance(drain, bool):
-            c.add(hp + ("drain",), f"expected true or false, got {_show(drain)}")
+            c.add(hp + ("drain",), f"expected true or false, got {show_value(drain)}")
         if name is not None and address is not None and cluster is not None:
             hosts.append(Host(name, address, ssh, cluster, acc, labels, drain is True))
     return hosts
@@ -450,7 +448,7 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
             elif not EXECUTABLE.match(command[0]):
                 c.add(
                     path + ("command", 0),
-                    f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {_show(command[0])}",
+                    f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {show_value(command[0])}",
                 )
     image = (
         c.string(
@@ -585,7 +583,7 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
     if value is None:
         return []
     if not isinstance(value, list):
-        c.add(path, f"expected a list of {{src, dest}} entries, got {_show(value)}")
+        c.add(path, f"expected a list of {{src, dest}} entries, got {show_value(value)}")
         return []
     out: list[FileSpec] = []
     owners: dict[str, int] = {}  # destination file -> the entry that writes it
@@ -598,7 +596,7 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         c.keys(m, fp, ("src", "dest", "replace"), required=("src", "dest"))
         replace = m.get("replace", False)
         if not isinstance(replace, bool):
-            c.add(fp + ("replace",), f"expected true or false, got {_show(replace)}")
+            c.add(fp + ("replace",), f"expected true or false, got {show_value(replace)}")
         src = c.string(m.get("src"), fp + ("src",)) if "src" in m else None
         dest = c.string(m.get("dest"), fp + ("dest",)) if "dest" in m else None
         # The src itself may be a link to anywhere (the user named that file); only links
@@ -621,17 +619,17 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
         norm: str | None = None
         if dest is not None:
             if not dest.startswith("/") or "\n" in dest:
-                c.add(fp + ("dest",), f"expected an absolute path on the host, got {_show(dest)}")
+                c.add(fp + ("dest",), f"expected an absolute path on the host, got {show_value(dest)}")
             elif (norm := normalize_dest(dest)) is None:
-                c.add(fp + ("dest",), f"climbs above / with '..', got {_show(dest)}")
+                c.add(fp + ("dest",), f"climbs above / with '..', got {show_value(dest)}")
             elif norm == "/":
-                c.add(fp + ("dest",), f"is the root directory /; name a directory below it, got {_show(dest)}")
+                c.add(fp + ("dest",), f"is the root directory /; name a directory below it, got {show_value(dest)}")
                 norm = None
             elif src_path is not None and not is_dir and into_directory(dest):
                 # `dest: /opt/job/` for a file: into that directory, under the file's name.
                 norm = f"{norm}/{os.path.basename(os.path.normpath(base_dir / os.path.expanduser(src or '')))}"
             if norm is not None and _reserved(norm) is not None:
-                shown = "" if dest == norm else f", got {_show(dest)}"
+                shown = "" if dest == norm else f", got {show_value(dest)}"
                 c.add(fp + ("dest",), f"{norm} is reserved for provision's own files{shown}")
                 norm = None
         if src_path is None or norm is None:
@@ -721,7 +719,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         c.add(p, msg, line)
     top = doc.data
     if not isinstance(top, dict):
-        c.add((), f"expected a mapping with job, hosts and pools, got {_show(top)}")
+        c.add((), f"expected a mapping with job, hosts and pools, got {show_value(top)}")
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     c.keys(top, (), TOP_KEYS, required=("job", "hosts", "pools"))
 
@@ -811,7 +809,10 @@ def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        c.add(path, f"expected a mapping (the service's job description, such as a CustomJobSpec), got {_show(value)}")
+        c.add(
+            path,
+            f"expected a mapping (the service's job description, such as a CustomJobSpec), got {show_value(value)}",
+        )
         return None
     stack: list[tuple[Path_, Any]] = [(path, value)]
     while stack:  # not recursive: a deeply nested spec must not hit the recursion limit
@@ -821,7 +822,9 @@ def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
         elif isinstance(v, list):
             stack += [(where + (i,), x) for i, x in reversed(list(enumerate(v)))]
         elif not (v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))):
-            c.add(where, f"expected a JSON value (string, number, true/false, null, list or mapping), got {_show(v)}")
+            c.add(
+                where, f"expected a JSON value (string, number, true/false, null, list or mapping), got {show_value(v)}"
+            )
             return None
     return value
 

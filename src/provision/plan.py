@@ -529,11 +529,11 @@ def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> 
         if d != decisions[t.task]:
             hp.tasks[i] = with_fields(t, action=d.action, reason=d.reason, detail=d.detail)
     down = sorted(hp.name for hp in plan.hosts if hp.error is not None and hp.name in rendered.hosts)
-    restarting = [hp for hp, _, _ in job_tasks if any(t.action.starts and not t.new for t in hp.tasks)]
+    restarting = [hp for hp in plan.hosts if hp.error is None and any(t.action.starts and not t.new for t in hp.tasks)]
     if sync and down and restarting and not partial:
         why = (
             f"job {plan.job} runs its tasks together, and {', '.join(down)} cannot be reached: restarting only "
             "the others would leave them waiting for the rest (use --partial to do it anyway)"
         )
-        for hp in {id(h): h for h in restarting}.values():
+        for hp in restarting:
             hp.problems.append(why)

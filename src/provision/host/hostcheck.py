@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import layout
+from . import layout, ledger
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -295,15 +295,6 @@ def _fds(inodes: set[str]) -> dict[str, list[int]]:
     return out
 
 
-def _tcp_lines() -> list[str]:
-    lines: list[str] = []
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        text = _read(name)
-        if text:
-            lines += text.splitlines()[1:]
-    return lines
-
-
 def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
     """The checks part of the agent's probe report. With "gpus", runs GPU_QUERY and fills
     `facts` with what agent.gpu_facts would (the shell probe reads both from one run)."""
@@ -329,7 +320,7 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
         out["gpus"] = gpus
     sockets: list[tuple[int, str]] = []
     if checks.get("ports"):
-        sockets = sockets_of(_tcp_lines(), checks["ports"])
+        sockets = sockets_of(ledger.listen_lines(), checks["ports"])
     fds = _fds({inode for _, inode in sockets})
     pids += [p for ps in fds.values() for p in ps]
     procs = {}

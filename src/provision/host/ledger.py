@@ -92,19 +92,27 @@ def listening(addresses: list[str]) -> list[int]:
     return sorted(ports)
 
 
+_LISTEN: list[str] | None = None
+
+
+def listen_lines() -> list[str]:
+    """The LISTEN lines of /proc/net/tcp and tcp6, read once per agent run (the ledger's
+    listening ports and the port check both use them)."""
+    global _LISTEN
+    if _LISTEN is None:
+        _LISTEN = []
+        for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(name) as f:
+                    next(f, None)
+                    _LISTEN += [line for line in f if len(line.split()) > 3 and line.split()[3] == "0A"]
+            except OSError:
+                pass
+    return _LISTEN
+
+
 def proc_listening() -> list[int]:
-    addrs = []
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                next(f, None)
-                for line in f:
-                    w = line.split()
-                    if len(w) > 3 and w[3] == "0A":  # TCP_LISTEN
-                        addrs.append(w[1])
-        except OSError:
-            pass
-    return listening(addrs)
+    return listening([line.split()[1] for line in listen_lines()])
 
 
 class _Locked:

@@ -64,9 +64,14 @@ if [ -n "$tpu" ]; then
     set -f
     echo @tpu $n
 fi
+# The listening TCP sockets (state 0A), read once for the ledger and the port check.
+listen=
+if [ -n "$tenancy$ports" ]; then
+    listen=$(grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null)
+fi
 if [ -n "$tenancy" ]; then
     echo @listen
-    grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null
+    if [ -n "$listen" ]; then printf "%s$nl" "$listen"; fi
     echo @listen-end
     ldir=${tenancy%% *}
     rest=${tenancy#* }
@@ -121,18 +126,16 @@ fi
 if [ -n "$ports" ]; then
     echo @sockets
     inodes=""
-    for f in /proc/net/tcp /proc/net/tcp6; do
-        if [ -r $f ]; then
-            while read -r sl la ra st q t r u to ino rest; do
-                if [ "$st" = 0A ]; then
-                    case "$ports" in *" ${la##*:} "*)
-                        echo "$sl $la $ra $st $q $t $r $u $to $ino"
-                        case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;
-                    esac
-                fi
-            done <$f
+    while read -r sl la ra st q t r u to ino rest; do
+        if [ "$st" = 0A ]; then
+            case "$ports" in *" ${la##*:} "*)
+                echo "$sl $la $ra $st $q $t $r $u $to $ino"
+                case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;
+            esac
         fi
-    done
+    done <<EOF
+$listen
+EOF
     echo @fds
     if [ -n "$inodes" ]; then
         expr=""

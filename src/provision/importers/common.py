@@ -21,6 +21,7 @@ from ..errors import ProvisionError
 
 # Variables provision sets itself; a spec may not set them.
 from ..inventory import RESERVED_ENV
+from ..inventory import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
 
@@ -44,19 +45,6 @@ class Where:
 
     def fail(self, what: str) -> NoReturn:
         raise SpecError(f"{self.source}: {self.path or '(top level)'}: {what}")
-
-
-def show(value: JSON) -> str:
-    """`got X`: short, one line, quoted for strings."""
-    if isinstance(value, dict):
-        s = "a mapping"
-    elif isinstance(value, list):
-        s = "a list" if value else "an empty list"
-    elif value is None:
-        s = "nothing (null)"
-    else:
-        s = repr(value)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 # --------------------------------------------------------------------------- value checks

@@ -52,3 +52,25 @@ def write_private(path: Path, data: str | bytes, mode: int = 0o600) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
+
+
+def raise_sysctls(root: Path, name: str, limits: dict[str, int], why: str, progress: Progress) -> None:
+    """Raise the kernel settings under root (/proc/sys/NAME as a path) to at least `limits`,
+    never lowering one; say what was raised, or how to raise it when not root. `why`: for
+    what, e.g. "40 systemd hosts"."""
+    for key, want in limits.items():
+        path = root / key
+        try:
+            current = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if current >= want:
+            continue
+        try:
+            path.write_text(str(want))
+            progress(f"raised {name}.{key} from {current} to {want} for {why}")
+        except OSError:
+            progress(
+                f"warning: {name}.{key}={current} is low for {why}, and could not be raised (needs root): "
+                f"`sysctl -w {name}.{key}={want}`"
+            )

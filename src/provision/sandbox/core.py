@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from ..errors import ProvisionError
 from . import dockerlayer, engine
 from ._paths import sandbox_dir, sandboxes_dir
-from ._util import Progress, no_progress, write_private
+from ._util import Progress, no_progress, raise_sysctls, write_private
 from .engine import HOST_LABEL, LABEL
 from .frameworks import FRAMEWORKS, ensure_framework, host_mount_point
 from .image import ensure_image
@@ -278,24 +278,8 @@ def _raise_inotify_limits(client: docker.DockerClient, new_hosts: int, progress:
     """Past about 20 systemd containers new ones die at boot under the default inotify limits."""
     running = len(client.containers.list(filters={"label": LABEL}))
     total = running + new_hosts
-    if total <= _INOTIFY_NEEDED_PAST:
-        return
-    for key, want in _INOTIFY.items():
-        path = Path("/proc/sys/fs/inotify") / key
-        try:
-            current = int(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if current >= want:
-            continue
-        try:
-            path.write_text(str(want))
-            progress(f"raised fs.inotify.{key} from {current} to {want} for {total} systemd hosts")
-        except OSError:
-            progress(
-                f"warning: fs.inotify.{key}={current} is low for {total} systemd hosts and "
-                f"could not be raised (needs root): `sysctl -w fs.inotify.{key}={want}`"
-            )
+    if total > _INOTIFY_NEEDED_PAST:
+        raise_sysctls(Path("/proc/sys/fs/inotify"), "fs.inotify", _INOTIFY, f"{total} systemd hosts", progress)
 
 
 def _network_error(network: str, e: docker.errors.APIError) -> ProvisionError:

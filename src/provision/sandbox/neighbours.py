@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._util import Progress
+from ._util import Progress, raise_sysctls
 
 NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
 LIMITS = {"gc_thresh1": 4096, "gc_thresh2": 8192, "gc_thresh3": 16384}
@@ -22,21 +22,5 @@ NEEDED_PAST = 16  # hosts on the machine: 16 hosts all-to-all are 240 entries
 def raise_neighbour_limits(total_hosts: int, progress: Progress, root: Path = NEIGH) -> None:
     """Raise the limits (never lower them) when the machine will run more than NEEDED_PAST
     sandbox hosts; say so when they cannot be raised (not root)."""
-    if total_hosts <= NEEDED_PAST:
-        return
-    for key, want in LIMITS.items():
-        path = root / key
-        try:
-            current = int(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if current >= want:
-            continue
-        try:
-            path.write_text(str(want))
-            progress(f"raised net.ipv4.neigh.default.{key} from {current} to {want} for {total_hosts} hosts")
-        except OSError:
-            progress(
-                f"warning: net.ipv4.neigh.default.{key}={current} is low for {total_hosts} hosts that talk to "
-                f"each other, and could not be raised (needs root): `sysctl -w net.ipv4.neigh.default.{key}={want}`"
-            )
+    if total_hosts > NEEDED_PAST:
+        raise_sysctls(root, "net.ipv4.neigh.default", LIMITS, f"{total_hosts} hosts that talk to each other", progress)
