@@ -9,7 +9,7 @@ import pytest
 
 from provision import checks
 from provision.checks import Finding, Status
-from provision.host import hostcheck
+from provision.host import hostcheck, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
 from provision.inventory import parse
 from provision.plan import make_plan
@@ -112,7 +112,9 @@ def test_listeners_on_the_jobs_ports_and_who_holds_them():
         "2: 0100007F:08AE 0100007F:9C40 01 00000000:00000000 00:00000000 00000000 0 0 333 1 x",  # not listening
         "3: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 444 1 x",  # not asked
     ]
-    sockets = hostcheck.sockets_of(lines, [2222, 2223, 2224])
+    pairs = [pr for ln in lines if (pr := ledger.proc_pair(ln)) is not None]
+    assert pairs == [(2222, "111"), (2223, "222"), (22, "444")]
+    sockets = hostcheck.sockets_of([*pairs, (2224, "0")], [2222, 2223, 2224])
     assert sockets == [(2222, "111"), (2223, "222")]
     mine = hostcheck.owner(10, "python3", "0::/system.slice/" + UNIT, {})
     got = hostcheck.port_owners(sockets, {"111": [10, 10]}, {10: mine})

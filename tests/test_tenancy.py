@@ -238,12 +238,31 @@ def test_racing_reservations_never_share_a_gpu(ledger_dir):
             ledger.release(job)
 
 
-def test_listening_ports_from_proc_net_tcp():
-    assert ledger.listening(["00000000:08AE", "0100007F:0016", "00000000000000000000000000000000:1F90", "junk"]) == [
-        22,
-        2222,
-        8080,
-    ]
+@pytest.mark.parametrize(
+    "line, want",
+    [
+        ("0: 00000000:08AE 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 111 1 x", (2222, "111")),
+        ("1: 0100007F:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 7 1 x", (22, "7")),
+        ("2: " + "0" * 32 + ":1F90 " + "0" * 32 + ":0000 0A 0:0 00:0 0 0 0 9 1 x", (8080, "9")),
+        ("3: 0100007F:08AE 0100007F:9C40 01 00000000:00000000 00:00000000 00000000 0 0 333 1 x", None),
+        ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode", None),
+        ("junk", None),
+    ],
+)
+def test_listeners_from_proc_net_tcp(line, want):
+    assert ledger.proc_pair(line) == want
+
+
+@pytest.mark.parametrize(
+    "line, want",
+    [("2222 111", (2222, "111")), ("22 0", (22, "0")), ("", None), ("x 1", None), ("1 2 3", None)],
+)
+def test_listeners_as_the_shell_probe_writes_them(line, want):
+    assert ledger.pair(line) == want
+
+
+def test_listening_ports_each_once():
+    assert ledger.listening([(2222, "1"), (22, "2"), (2222, "3")]) == [22, 2222]
 
 
 def test_group_result_updated_takes_the_retried_hosts():

@@ -158,13 +158,16 @@ def socket_ifnames(reports: Mapping[str, Any]) -> dict[str, str]:
 def with_interfaces(ctx: Context, reports: GroupResult[ProbeReport]) -> None:
     """Render again with each host's interface in its tasks' env (ctx.rendered), and keep
     the reports good for the new files' diffs: a file the host has as it was rendered before
-    did not come back with its content, which is known here."""
-    ifnames = socket_ifnames(reports.ok)
-    if not ifnames:
+    did not come back with its content, which is known here. A host that was not asked
+    (engine.settled) keeps the interface the state has for it; nothing is rendered again
+    when every host's interface is the one rendered already."""
+    asked = {n for n, r in reports.ok.items() if isinstance(r, ProbeReport) and r.interface is not None}
+    ifnames = {n: v for n, v in ctx.ifnames.items() if n not in asked} | socket_ifnames(reports.ok)
+    if ifnames == ctx.ifnames:
         return
     old = ctx.rendered
     new = render(ctx.inventory, placement=old.placement, secrets=ctx.secrets, socket_ifnames=ifnames)
-    ctx.rendered = new
+    ctx.rendered, ctx.ifnames = new, ifnames
     for name, report in list(reports.ok.items()):
         before, after = old.hosts.get(name), new.hosts.get(name)
         if before is None or after is None or not isinstance(report, ProbeReport):
@@ -490,8 +493,9 @@ def judge(
             out += _gpu_findings(name, host, hp, report, job)
         elif acc and acc.count:
             mine = [p for p in problems if p.startswith("inventory declares")]
+            chips = facts.get("tpu_chips", "?")
             out += [Finding(name, "tpu", Status.FAIL, p) for p in mine] or [
-                Finding(name, "tpu", Status.PASS, f"{facts.get('tpu_chips', '?')} chips")
+                Finding(name, "tpu", Status.PASS, f"{chips} chip{'' if str(chips) == '1' else 's'}")
             ]
         out += _port_findings(name, hp, report, job)
         out += _disk_findings(name, inv, hp, report)
@@ -581,8 +585,10 @@ def _clocks(used: list[HostPlan], timings: Mapping[str, tuple[float, float]]) ->
 
 def add_to_plan(inv: Inventory, plan: Plan, timings: Mapping[str, tuple[float, float]] | None = None) -> None:
     """The per-host checks inside plan and apply: failures refuse the apply (problems),
-    warnings are printed."""
-    for f in judge(inv, plan, timings):
+    warnings are printed. Only hosts that were checked: a settled host (engine.settled),
+    where nothing starts, is not."""
+    checked = [hp for hp in plan.hosts if hp.report is not None and hp.report.checks is not None]
+    for f in judge(inv, Plan(plan.job, checked), timings):
         hp = next(h for h in plan.hosts if h.name == f.host)
         if f.check in ("ssh", "plan"):
             continue
@@ -833,7 +839,7 @@ def run_check(
     from .steps import Step, run_step
 
     timings: dict[str, tuple[float, float]] = {}
-    p = build_plan(ctx, checks=True, timings=timings)
+    p = build_plan(ctx, checks=True, thorough=True, timings=timings)
     findings = judge(ctx.inventory, p, timings)
     covered = {(f.host, f.detail) for f in findings}
     for hp in p.hosts:

@@ -72,6 +72,8 @@ class Context:
     subset: bool = False  # --target: only some of the hosts
     secrets: dict[str, str] | None = None
     take_over: bool = False  # --take-over: this state becomes the owner of the job
+    # host → NCCL's and Gloo's interface that `rendered` was rendered with (checks.py).
+    ifnames: dict[str, str] = field(default_factory=dict)
 
     @property
     def owner(self) -> Owner:
@@ -137,13 +139,40 @@ def open_context(
             if bad_keys:
                 raise ProvisionError(bad_keys[0], details=bad_keys[1:])
         secrets = secrets_from_env(inv, inventory_path) if render_secrets else None
-        rendered = render(inv, previous=state.previous_placement(), secrets=secrets)
+        ifnames = cached_ifnames(inv, state)
+        rendered = render(inv, previous=state.previous_placement(), secrets=secrets, socket_ifnames=ifnames)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
-    return Context(inv, state, session, targets, rendered, lock, bool(only), secrets)
+    return Context(inv, state, session, targets, rendered, lock, bool(only), secrets, ifnames=ifnames)
+
+
+def cached_ifnames(inv: Inventory, state: State) -> dict[str, str]:
+    """host → the interface the state last saw holding the host's cluster address (while
+    the address is the same)."""
+    out = {}
+    for h in inv.hosts:
+        rec = state.hosts.get(h.name)
+        if rec is not None and rec.interface and rec.interface_address == h.cluster_address:
+            out[h.name] = rec.interface
+    return out
+
+
+def settled(ctx: Context, name: str) -> bool:
+    """The state says the host has exactly what is rendered for it now: the files, the
+    tasks and their inputs, the interface. Plan then expects nothing to start there and
+    leaves out what only matters before a start (pre-flight checks, listening ports, the
+    interface lookup); if the host shows otherwise, it is asked again with them
+    (build_plan). The same record host_record would write."""
+    rec, bundle = ctx.state.hosts.get(name), ctx.rendered.hosts.get(name)
+    if rec is None or bundle is None or rec.pending or name not in ctx.ifnames:
+        return False
+    k = ctx.state.keyed
+    return rec.files == {f.path: k(f.sha256) for f in bundle.files} and rec.tasks == {
+        u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in bundle.tasks
+    }
 
 
 # --------------------------------------------------------------------------- probe + plan
@@ -158,6 +187,7 @@ def probe_request(
     tenancy: bool = False,
     checks: bool = False,
     interface: bool = False,
+    listening: bool = True,
 ) -> ProbeRequest:
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
@@ -178,6 +208,7 @@ def probe_request(
         facts_only=sorted(needed_facts(host)) if facts == CHECK_FACTS and host else [],
         content_max=256 * 1024,
         tenancy=tenancy,
+        listening=listening,
         # Pre-flight checks and the cluster address's interface (checks.py).
         **(
             preflight.request_fields(
@@ -187,6 +218,14 @@ def probe_request(
             else {}
         ),
     )
+
+
+def probe_request_for(
+    ctx: Context, name: str, facts: Facts, files: bool, tenancy: bool, checks: bool, interface: bool, quiet: bool
+) -> ProbeRequest:
+    if quiet:
+        return probe_request(ctx, name, facts=facts, files=files, tenancy=tenancy, listening=False)
+    return probe_request(ctx, name, facts=facts, files=files, tenancy=tenancy, checks=checks, interface=interface)
 
 
 def probe(
@@ -199,15 +238,17 @@ def probe(
     tenancy: bool = False,
     checks: bool = False,
     interface: bool = False,
+    quiet: set[str] = frozenset(),  # type: ignore[assignment]
     timings: dict[str, tuple[float, float]] | None = None,
 ) -> GroupResult[ProbeReport]:
     """One round trip per host. facts: none, check (only what plan checks against the
     inventory, much cheaper) or all. fast: through the shell probe where it can answer
     (probe.py); its report lacks the host's clock, which status needs (with `checks` it has
-    the wall clock, and `timings` gets when each host was asked and answered: checks.py)."""
+    the wall clock, and `timings` gets when each host was asked and answered: checks.py).
+    quiet: hosts asked without checks, interface and listening ports (settled)."""
 
     def one(t: Target) -> ProbeReport:
-        req = probe_request(ctx, t.name, facts=facts, files=files, tenancy=tenancy, checks=checks, interface=interface)
+        req = probe_request_for(ctx, t.name, facts, files, tenancy, checks, interface, t.name in quiet)
         asked = time.time()
         if fast:
             report = probe_host(ctx.session, t, req)
@@ -230,10 +271,14 @@ def build_plan(
     partial: bool = False,
     force_setup: bool = False,
     checks: bool = False,
+    thorough: bool = False,
     timings: dict[str, tuple[float, float]] | None = None,
 ) -> Plan:
     """checks: the per-host pre-flight checks (checks.py) in the same round trip; their
-    failures are problems (the apply is refused), their warnings warnings."""
+    failures are problems (the apply is refused), their warnings warnings. They matter
+    where something starts: a settled host is asked without them, and again with them
+    only if it turns out to need a change (a second round trip there, rare). thorough:
+    every host with everything (`provision check`)."""
     timings = {} if timings is None else timings
     if replace:
         names = {t.name for t in ctx.rendered.placement.tasks}
@@ -242,7 +287,13 @@ def build_plan(
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
     kind: Facts = "check" if facts else "none"
     ask: dict[str, Any] = {"tenancy": True, "checks": checks, "interface": True}
-    reports = probe(ctx, facts=kind, fast=True, timings=timings, **ask)
+    forced = thorough or rerun or force_setup or bool(replace)
+    quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
+
+    def request(n: str) -> ProbeRequest:
+        return probe_request_for(ctx, n, kind, True, True, checks, True, n in quiet)
+
+    reports = probe(ctx, facts=kind, fast=True, timings=timings, quiet=quiet, **ask)
     now = time.time()
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     # Placement sees what other jobs hold; when that moves a task, render again and probe
@@ -251,24 +302,40 @@ def build_plan(
     held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
     placement = place(ctx.inventory, ctx.state.previous_placement(), held)
     if placement != ctx.rendered.placement:
-        before = {n: probe_request(ctx, n, facts=kind, **ask) for n in ctx.targets}
-        ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets)
-        again = {n for n in ctx.targets if probe_request(ctx, n, facts=kind, **ask) != before[n]}
+        before = {n: request(n) for n in ctx.targets}
+        ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
+        quiet = {n for n in quiet if settled(ctx, n)}
+        again = {n for n in ctx.targets if request(n) != before[n]}
         if again:
-            more = probe(ctx, facts=kind, fast=True, only=again, timings=timings, **ask)
+            more = probe(ctx, facts=kind, fast=True, only=again, timings=timings, quiet=quiet, **ask)
             reports = reports.updated(more)
             held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
     shipping, image_errors, image_restarts = _image_changes(ctx, reports)
-    p = make_plan(
-        ctx.rendered,
-        ctx.targets,
-        {n: reports.get(n) for n in ctx.targets},
-        replace=(replace or set()) | image_restarts or None,
-        rerun=rerun,
-        partial=partial,
-        force_setup=force_setup,
-    )
+
+    def plan_now() -> Plan:
+        return make_plan(
+            ctx.rendered,
+            ctx.targets,
+            {n: reports.get(n) for n in ctx.targets},
+            replace=(replace or set()) | image_restarts or None,
+            rerun=rerun,
+            partial=partial,
+            force_setup=force_setup,
+        )
+
+    p = plan_now()
+    # A settled host that needs a change after all (a task ended, a file edited by hand):
+    # ask it again with the checks, the interface and the listening ports. Its tasks keep
+    # their places, so placement stands.
+    drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
+    if drifted:
+        quiet -= drifted
+        more = probe(ctx, facts=kind, fast=True, only=drifted, timings=timings, **ask)
+        reports = reports.updated(more)
+        held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+        preflight.with_interfaces(ctx, reports)
+        p = plan_now()
     _tenancy(ctx, p, held_by)
     for hp in p.hosts:
         if hp.name in image_errors and hp.error is None:
@@ -365,6 +432,8 @@ def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False)
     """What the state keeps of a host: how to reach it, and (keyed) what is there."""
     assert hp.bundle is not None
     k = ctx.state.keyed
+    host = next((h for h in ctx.inventory.hosts if h.name == hp.name), None)
+    ifname = ctx.ifnames.get(hp.name, "")
     return HostRecord(
         address=t.address,
         port=t.port,
@@ -376,6 +445,8 @@ def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False)
         files={f.path: k(f.sha256) for f in hp.bundle.files},
         tasks={u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in hp.bundle.tasks},
         pending=pending,
+        interface=ifname,
+        interface_address=host.cluster_address if host is not None and ifname else "",
     )
 
 

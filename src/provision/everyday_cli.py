@@ -170,7 +170,8 @@ def init_text(
             lines.append(f"    accelerators: {{type: {kind}, count: {len(gpus)}}}   # from nvidia-smi")
             counts.append(len(gpus))
         elif tpu:
-            lines.append(f"    accelerators: {{type: tpu-v4, count: {tpu}}}   # CHANGE the type; {tpu} chips found")
+            found = f"{tpu} chip{'' if tpu == 1 else 's'} found"
+            lines.append(f"    accelerators: {{type: tpu-v4, count: {tpu}}}   # CHANGE the type; {found}")
             counts.append(tpu)
         elif f is not None:
             lines.append("    # no accelerators found (nvidia-smi, /dev/accel*)")

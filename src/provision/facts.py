@@ -23,7 +23,10 @@ def mismatches(host: Host, facts: dict) -> list[str]:
         else:
             found = int(facts.get("tpu_chips", 0))
             if found < acc.count:
-                out.append(f"inventory declares {acc.count} {acc.type} chips, but the host has {found} (/dev/accel*)")
+                out.append(
+                    f"inventory declares {acc.count} {acc.type} chip{'' if acc.count == 1 else 's'}, "
+                    f"but the host has {found} (/dev/accel*)"
+                )
     return out
 
 

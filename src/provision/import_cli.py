@@ -123,7 +123,8 @@ def _run(
     counts = ", ".join(f"{p.role} {p.replicas}" for p in plan.pools)
     click.echo(
         f"{'Wrote ' + str(output) if out_path is not None else 'Imported'}: job {plan.job} ({counts}); "
-        f"{len(plan.not_applied)} fields not applied, {len(plan.partly)} applied in part: see the notes in the file.",
+        f"{len(plan.not_applied)} field{'' if len(plan.not_applied) == 1 else 's'} not applied, "
+        f"{len(plan.partly)} applied in part: see the notes in the file.",
         err=True,
     )
     if hosts is None:

@@ -851,7 +851,11 @@ def _check_capacity(inv: Inventory, c: _Checker) -> None:
                 )
     capacity = sum(h.accelerator_count for h in inv.hosts)
     if total_demand > capacity:
-        c.add(("pools",), f"the job asks for {total_demand} accelerators in total, the hosts have {capacity}")
+        c.add(
+            ("pools",),
+            f"the job asks for {total_demand} accelerator{'' if total_demand == 1 else 's'} in total, "
+            f"the hosts have {capacity}",
+        )
     if c.problems:
         return
     try:

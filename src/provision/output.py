@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 import click
 
 from .engine import Context, HostOutcome
+from .host.protocol import Reservation
+from .images import ImageChange
 from .lifecycle import Action
-from .plan import FileAction, Plan, TaskChange
+from .plan import FileAction, FileChange, Plan, TaskChange
 from .progress import failed_lines
-from .render import FileKind
 from .status import JobStatus, duration
 
 COLOR = {"+": "green", "~": "yellow", "-": "red", "!": "magenta"}
@@ -19,10 +20,6 @@ VERB = {Action.START: "start", Action.RESTART: "restart", Action.STOP: "stop and
 
 def _line(sym: str, text: str) -> str:
     return click.style(f"  {sym} ", fg=COLOR.get(sym), bold=True) + text
-
-
-def _task_symbol(t: TaskChange) -> str:
-    return "+" if t.new else "~" if t.action is Action.START else "-" if t.action is Action.STOP else "~"
 
 
 def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = False) -> list[str]:
@@ -39,31 +36,28 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
         if hp.bundle is None and not destroying:
             title += " (the job leaves this host)"
         out.append(click.style(title, bold=True))
-        if hp.setup is not None and not destroying:
-            out.append(_line("~", f"setup: run ({hp.setup})"))
-        for im in [] if destroying else hp.images:
-            out.append(_line("+", im.line()))
-        if hp.reserve is not None and not destroying:
-            held = ", ".join(
-                x for x in (f"GPUs {hp.reserve.gpus}" if hp.reserve.gpus else "", f"ports {hp.reserve.ports}") if x
-            )
-            out.append(_line("~", f"ledger: reserve {held.replace('[', '').replace(']', '')}"))
-        for t in hp.tasks:
-            if t.action is Action.NONE:
-                continue
-            drift = click.style(" [drift]", fg="magenta") if t.drift else ""
-            why = "destroy" if destroying else t.why
-            out.append(_line(_task_symbol(t), f"task {t.task}: {VERB[t.action]} ({why}){drift}"))
-        shown = [f for f in hp.files if f.kind is not FileKind.MANIFEST] or hp.files  # bookkeeping only when alone
-        for f in shown:
-            drift = click.style(" [drift]", fg="magenta") if f.drift else ""
-            why = "destroy" if destroying and f.action is FileAction.DELETE else f.reason
-            out.append(_line(f.action.symbol, f"{f.kind} {f.path} ({why}){drift}"))
-            if verbose_diff and f.diff:
-                for dl in f.diff.rstrip("\n").split("\n"):
-                    bare = dl.lstrip()
-                    color = "green" if bare.startswith("+") else "red" if bare.startswith("-") else None
-                    out.append("      " + click.style(dl, fg=color))
+        for r in hp.resources():  # exactly what the summary counts (HostPlan.resources)
+            item = r.item
+            if isinstance(item, TaskChange):
+                drift = click.style(" [drift]", fg="magenta") if item.drift else ""
+                why = "destroy" if destroying else item.why
+                out.append(_line(r.symbol, f"task {item.task}: {VERB[item.action]} ({why}){drift}"))
+            elif isinstance(item, FileChange):
+                drift = click.style(" [drift]", fg="magenta") if item.drift else ""
+                why = "destroy" if destroying and item.action is FileAction.DELETE else item.reason
+                out.append(_line(r.symbol, f"{item.kind} {item.path} ({why}){drift}"))
+                if verbose_diff and item.diff:
+                    for dl in item.diff.rstrip("\n").split("\n"):
+                        bare = dl.lstrip()
+                        color = "green" if bare.startswith("+") else "red" if bare.startswith("-") else None
+                        out.append("      " + click.style(dl, fg=color))
+            elif isinstance(item, ImageChange):
+                out.append(_line(r.symbol, item.line()))
+            elif isinstance(item, Reservation):
+                held = ", ".join(x for x in (f"GPUs {item.gpus}" if item.gpus else "", f"ports {item.ports}") if x)
+                out.append(_line(r.symbol, f"ledger: reserve {held.replace('[', '').replace(']', '')}"))
+            else:
+                out.append(_line(r.symbol, f"setup: run ({item})"))
         out.append("")
     return out
 

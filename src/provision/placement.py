@@ -201,7 +201,8 @@ def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping
     by = tuple(f"{s.host.name}: {line}" for s in eligible for line in held.get(s.host.name, Held()).by)
     could = any(s.host.accelerator_count >= pool.accelerators for s in eligible) and bool(by)
     reason = (
-        f"replica {index} does not fit: it needs {pool.accelerators} accelerators on one host; "
+        f"replica {index} does not fit: it needs {pool.accelerators} "
+        f"accelerator{'' if pool.accelerators == 1 else 's'} on one host; "
         f"free on eligible hosts: {free}{more}"
     )
     if could:

@@ -1,7 +1,6 @@
 """Desired (rendered files) vs. what each host reports → the changes to make. Pure.
 
-A task is one resource (its unit, env file and process); each pushed file is one; the
-bookkeeping files (job target, manifest) count as one change when only they differ.
+What counts as a resource in the summary: HostPlan.resources() (one line of the plan each).
 Drift is anything that differs from what provision last wrote: a managed file edited or
 removed by hand, a task stopped by hand.
 """
@@ -79,6 +78,11 @@ class TaskChange:
     def why(self) -> str:
         return Decision(self.action, self.reason, self.detail, self.drift, self.new).describe()
 
+    @property
+    def symbol(self) -> str:
+        """Its marker: "+" a new task, "-" one that stops for good, "~" a (re)start of one there."""
+        return "+" if self.new else "-" if self.action is Action.STOP else "~"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "task": self.task,
@@ -90,6 +94,14 @@ class TaskChange:
             "drift": self.drift,
             "new": self.new,
         }
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One resource line of the plan: its marker and what it is about."""
+
+    symbol: str  # "+", "~" or "-"
+    item: str | ImageChange | Reservation | TaskChange | FileChange  # str: why the setup runs
 
 
 @dataclass
@@ -139,27 +151,26 @@ class HostPlan:
         """Tasks to stop, in stop order (the start order reversed)."""
         return sorted((t for t in self.tasks if t.action is Action.STOP), key=lambda t: -t.phase)
 
+    # The one counting rule (issue 16): every line the plan shows with a marker is one
+    # resource, counted by its marker: "+" to add, "~" to change, "-" to destroy. That is
+    # the setup run, each image, the ledger entry, each task that changes, each file
+    # (env, unit, target, pushed; the manifest only when nothing else changes). Headers,
+    # problems, warnings and diff lines carry no marker and do not count. The text plan
+    # (output.plan_lines) prints these lines; counts() tallies them for the summary line,
+    # the --json "summary" and apply's and destroy's closing line.
+    def resources(self) -> list[Shown]:
+        out = [Shown("~", self.setup)] if self.setup is not None else []
+        out += [Shown("+", im) for im in self.images]
+        if self.reserve is not None:  # a new entry, or this job's entry that changes
+            out.append(Shown("+" if self.reserve.expect_lineage is None else "~", self.reserve))
+        out += [Shown(t.symbol, t) for t in self.tasks if t.action is not Action.NONE]
+        shown = [f for f in self.files if f.kind is not FileKind.MANIFEST] or self.files
+        return out + [Shown(f.action.symbol, f) for f in shown]
+
     def counts(self) -> tuple[int, int, int]:
-        """(add, change, destroy): every task line and every pushed-file line counts once."""
-        add = change = destroy = 0
-        for t in self.tasks:
-            if t.action is Action.NONE:
-                continue
-            if t.new:
-                add += 1
-            elif t.action is Action.STOP:
-                destroy += 1
-            else:
-                change += 1
-        for f in self.files:
-            if f.kind is FileKind.FILE:
-                add += f.action is FileAction.CREATE
-                change += f.action is FileAction.UPDATE
-                destroy += f.action is FileAction.DELETE
-        add += len(self.images)
-        if (self.files or self.reserve or self.setup) and (add, change, destroy) == (0, 0, 0):
-            change = 1  # only bookkeeping files differ
-        return add, change, destroy
+        """(add, change, destroy): the resources() lines by marker."""
+        symbols = [r.symbol for r in self.resources()]
+        return symbols.count("+"), symbols.count("~"), symbols.count("-")
 
 
 @dataclass

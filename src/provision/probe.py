@@ -84,7 +84,7 @@ def command(req: ProbeRequest) -> str | None:
         " ".join(units),
         gpus,
         "1" if "tpu" in facts else "",
-        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX} {layout.ledger_path(req.job)}"
+        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX} {layout.ledger_path(req.job)} {int(req.listening)}"
         if req.tenancy
         else "",
         *checks,
@@ -111,7 +111,7 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
     return [
         "1" if c.get("clock") else "",
         " ".join((str(_gpu_timeout(req)), *hostcheck.APPS_QUERY)) if gpus else "",
-        " " + " ".join("%04X" % p for p in ports) + " " if ports else "",
+        " " + " ".join(str(p) for p in ports) + " " if ports else "",
         " ".join(disk),
         req.cluster_address,
     ]
@@ -167,7 +167,7 @@ def _checks(
     if c.get("ports"):
         if text != b"@sockets":
             raise _Mismatch("no sockets section")
-        sockets = hostcheck.sockets_of(_section(line, b"@fds"), c["ports"])
+        sockets = hostcheck.sockets_of([pr for ln in _section(line, b"@fds") if (pr := ledger.pair(ln))], c["ports"])
         if sockets:
             for ln in _section(line, b"@procs"):
                 where, _, link = ln.partition(" ")
@@ -261,15 +261,16 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
         facts["tpu_chips"] = int(text.split()[1])
         text = line()
     listening = None
-    if req.tenancy:
+    if req.tenancy and req.listening:
         if text != b"@listen":
             raise _Mismatch("no listen section")
-        addrs = []
+        pairs = []
         while (text := line()) != b"@listen-end":
-            w = text.split()
-            if len(w) > 3 and w[3] == b"0A":
-                addrs.append(w[1].decode())
-        listening = ledger.listening(addrs)
+            pr = ledger.pair(text.decode("utf-8", "replace"))
+            if pr is None:
+                raise _Mismatch("a listen line out of step")
+            pairs.append(pr)
+        listening = ledger.listening(pairs)
         text = line()
     text, now, checks, interface = _checks(line, text, req, gpu_text, facts)
     if text != b"@stat":

@@ -33,7 +33,7 @@ def sandbox() -> None:
 
 @sandbox.command("up")
 @click.option(
-    "--hosts", "-n", "hosts", default=3, show_default=True, type=click.IntRange(1, 64), help="Number of hosts."
+    "--hosts", "-n", "hosts", default=3, show_default=True, type=click.IntRange(1, 128), help="Number of hosts."
 )
 @click.option(
     "--gpus-per-host",

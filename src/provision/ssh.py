@@ -3,7 +3,8 @@
 Fabric opens the connections (it honours ~/.ssh/config where the inventory is silent, the
 ssh-agent, and ProxyJump through `gateway`); commands then run on raw paramiko channels,
 because invoke's runner (threads plus sleep-polling per command) costs more than the whole
-round trip on a LAN. One connection per host, opened once and reused for the command.
+round trip on a LAN. One connection per host, opened once and reused for the command; at
+most `parallelism` stay open (the least recently used idle one is closed to make room).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,6 +283,16 @@ def _timed_out(target: Target, stage: str) -> str:
     return f"timed out during {stage} (connect_timeout {target.connect_timeout:g}s): is the host hung or overloaded?"
 
 
+def _close(conn: Any) -> None:
+    """Close a connection and its jump host's, if any (best effort)."""
+    for c in (conn, getattr(conn, "gateway", None)):
+        try:
+            if c is not None and hasattr(c, "close"):
+                c.close()
+        except Exception:  # closing is best effort
+            pass
+
+
 class Session:
     """Connections to many hosts for the length of one command."""
 
@@ -288,7 +300,12 @@ class Session:
         self.known = known_hosts
         self.parallelism = parallelism or fd_safe_parallelism()
         self.verbose = verbose
-        self._conns: dict[str, Any] = {}
+        # Open connections, least recently used first. At most `parallelism` stay open: a new
+        # one past that closes the least recently used idle one (reopened later if needed), so
+        # sockets and paramiko transport threads are bounded by parallelism, not by host count.
+        self._conns: OrderedDict[str, Any] = OrderedDict()
+        self._holders: dict[int, str] = {}  # thread ident -> the host whose connection it uses
+        self._dialling = 0  # connections being opened now (counted against parallelism too)
         self._users: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
@@ -306,10 +323,55 @@ class Session:
         client.set_missing_host_key_policy(_Policy(self.known, target.host_key_policy))
 
     def connect(self, target: Target):
+        """The open connection to target, opened now if there is none. The calling thread uses
+        it until it asks for another host's: until then it is never closed to make room."""
         with self._lock:
+            self._holders[threading.get_ident()] = target.name
             conn = self._conns.get(target.name)
+            if conn is not None:
+                self._conns.move_to_end(target.name)
         if conn is not None and conn.is_connected:
             return conn
+        if conn is not None:  # lost (the host rebooted, say): free its socket before reopening
+            with self._lock:
+                if self._conns.get(target.name) is conn:
+                    del self._conns[target.name]
+            _close(conn)
+        for idle in self._make_room(target.name):
+            _close(idle)
+        try:
+            conn = self._dial(target)
+        finally:
+            with self._lock:
+                self._dialling -= 1
+        with self._lock:
+            self._conns[target.name] = conn
+            self._conns.move_to_end(target.name)
+            self._users[target.name] = conn.user
+        return conn
+
+    def _make_room(self, name: str) -> list[Any]:
+        """Take out of the pool, least recently used first, idle connections (no thread uses
+        them) until one more fits within parallelism, and count that one as being opened; the
+        caller closes what comes back."""
+        out: list[Any] = []
+        with self._lock:
+            self._dialling += 1
+            if len(self._conns) + self._dialling <= self.parallelism:
+                return out
+            alive = {t.ident for t in threading.enumerate()}
+            for ident in [i for i in self._holders if i not in alive]:
+                del self._holders[ident]  # a finished thread uses nothing
+            busy = set(self._holders.values())
+            for host in list(self._conns):
+                if len(self._conns) + self._dialling <= self.parallelism:
+                    break
+                if host != name and host not in busy:
+                    out.append(self._conns.pop(host))
+        return out
+
+    def _dial(self, target: Target):
+        """Open a new connection to target (handshake, retries, errors as HostError)."""
         gateway = None
         if target.jump_host:
             jt = _parse_jump(target.jump_host, target)
@@ -381,9 +443,6 @@ class Session:
                 watchdog.cancel()
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay *= 2
-        with self._lock:
-            self._conns[target.name] = conn
-            self._users[target.name] = conn.user
         return conn
 
     def is_root(self, target: Target) -> bool:
@@ -392,12 +451,10 @@ class Session:
 
     def close(self) -> None:
         with self._lock:
-            conns, self._conns = list(self._conns.values()), {}
+            conns, self._conns = list(self._conns.values()), OrderedDict()
+            self._holders.clear()
         for c in conns:
-            try:
-                c.close()
-            except Exception:  # closing is best effort
-                pass
+            _close(c)
 
     def __enter__(self) -> Session:
         return self
@@ -439,7 +496,9 @@ class Session:
             raise HostError(target, f"command timed out after {timeout:g}s") from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             with self._lock:
-                self._conns.pop(target.name, None)
+                if self._conns.get(target.name) is conn:
+                    del self._conns[target.name]
+            _close(conn)
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
         return Result(status, out, b"".join(err_chunks))
 

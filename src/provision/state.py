@@ -93,6 +93,11 @@ class HostRecord:
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
     pending: bool = False  # being written: what is there is not known yet
     applied_at: str = ""
+    # The interface that held the host's cluster address (interface_address) when it was
+    # last resolved there: NCCL's and Gloo's interface in the env files. Plan renders with
+    # it and resolves again only on a host where something changes (engine.settled).
+    interface: str = ""
+    interface_address: str = ""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HostRecord:
@@ -111,6 +116,8 @@ class HostRecord:
             tasks=tasks,
             pending=bool(data.get("pending", False)),
             applied_at=str(data.get("applied_at", "")),
+            interface=str(data.get("interface", "")),
+            interface_address=str(data.get("interface_address", "")),
         )
 
     def units(self) -> list[str]:

@@ -1,8 +1,9 @@
 """`provision check` on sandbox hosts with GPUs, each fault injected for real (the image's
 nvidia-smi stand-in reads them from /etc/provision-sandbox/; the hosts run with NET_ADMIN, so
 iptables drops traffic): a healthy cluster passes, and each fault fails with one line naming
-the host and what is wrong. Plan and apply refuse on the same failures (--skip-checks
-lets them through), and every task's env names the interface of its host's cluster address."""
+the host and what is wrong. Plan and apply refuse on the same failures where they would
+start a task (--skip-checks lets them through), and every task's env names the interface of
+its host's cluster address."""
 
 from __future__ import annotations
 
@@ -96,9 +97,13 @@ def test_a_foreign_listener_on_a_tasks_port(sb, job):
         ), data["failures"]
         # The port is not tested from the workers (it would reach the foreign listener).
         assert ("skip", "not tested: 2222 (chief-0), taken by another process") in statuses(data, "host-1", "network")
-        # apply refuses; nothing else failed.
-        r = cli("apply", "-y", job, cwd=job.parent)
+        # An apply that would start chief-0 refuses; nothing else failed.
+        r = cli("apply", "-y", "--replace", "chief-0", job, cwd=job.parent)
         assert r.returncode == 1 and "port 2222 (chief-0) is taken by python3" in r.stderr, r.stdout + r.stderr
+        # One that starts nothing has nothing to check before (engine.settled): the running
+        # job is left as it is, and `check` is what reports the listener.
+        r = cli("apply", "-y", job, cwd=job.parent)
+        assert r.returncode == 0 and "No changes" in r.stdout, r.stdout + r.stderr
         assert len(data["failures"]) == 1, data["failures"]
     finally:
         sh(sb, "host-1", "systemctl stop chk-foreign")
@@ -124,9 +129,11 @@ def test_ecc_errors_fail_and_apply_refuses(sb, job):
     sh(sb, "host-2", f"echo '0 3' > {FAULTS}/ecc-errors; echo 1 > {FAULTS}/remap-pending")
     try:
         code, data, _ = check(job, "--skip-network")
-        r = cli("apply", "-y", job, cwd=job.parent)
-        skipped = cli("apply", "-y", "--skip-checks", job, cwd=job.parent)
-        plan = cli("plan", job, cwd=job.parent)
+        # Checks guard what an apply starts: restarting worker-0 (and with it the job).
+        r = cli("apply", "-y", "--replace", "worker-0", job, cwd=job.parent)
+        skipped = cli("apply", "-y", "--skip-checks", "--replace", "worker-0", job, cwd=job.parent)
+        plan = cli("plan", "--replace", "worker-0", job, cwd=job.parent)
+        quiet = cli("plan", "--detailed-exitcode", job, cwd=job.parent)
     finally:
         sh(sb, "host-2", f"rm -f {FAULTS}/ecc-errors {FAULTS}/remap-pending")
     assert code == 1 and not data["network"]["checked"]
@@ -137,6 +144,8 @@ def test_ecc_errors_fail_and_apply_refuses(sb, job):
     assert "nothing was changed" in r.stderr
     assert skipped.returncode == 0, skipped.stdout + skipped.stderr
     assert plan.returncode == 1 and "Warning: host-2: GPU 1: page retirement pending" in plan.stderr
+    # A plan that starts nothing does not look (engine.settled): `check` is the health report.
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
 
 
 def test_a_missing_gpu(sb, job):

@@ -57,6 +57,11 @@ def host_of(sb, hostname: str):
     return next(h for h in sb.hosts if h.name == hostname)
 
 
+def marked(out: str, mark: str) -> int:
+    """The plan's lines with this marker ("+", "~", "-"): what its summary counts."""
+    return sum(line.startswith(f"  {mark} ") for line in out.splitlines())
+
+
 # --------------------------------------------------------------------------- converge
 
 
@@ -70,7 +75,10 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, env={"HOSTILE": 'a "b" $c `d` \\e %f #g\nline2'})
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Apply complete! Resources: 5 added" in r.stdout
+    added, changed = marked(r.stdout, "+"), marked(r.stdout, "~")
+    assert added >= 5 * 3, r.stdout  # each task, its env and unit files, and more
+    assert f"Plan: {added} to add, {changed} to change, 0 to destroy." in r.stdout
+    assert f"Apply complete! Resources: {added} added, {changed} changed, 0 destroyed." in r.stdout
 
     # Every task runs with exactly the rendered environment, read back from the process.
     out = tmp_path / "rendered"
@@ -251,7 +259,7 @@ def test_unreachable_host_others_converge_exit_3(sandbox4, sandbox_inventory, jo
         container.unpause()
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Resources: 1 added" in r.stdout
+    assert "+ task " in r.stdout and f"Resources: {marked(r.stdout, '+')} added" in r.stdout
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     cli("destroy", "-y", inv, cwd=tmp_path)
 

@@ -429,7 +429,7 @@ def op_probe(req):
             held_units = unit_states(others)
         for u in ledger.units_of(held, job):
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
-        listening = ledger.proc_listening()
+        listening = ledger.proc_listening() if req.listening else None
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),

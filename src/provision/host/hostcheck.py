@@ -158,17 +158,10 @@ def owner(pid: int, comm: str, cgroup: str, env: dict[str, str]) -> dict[str, An
     }
 
 
-def sockets_of(lines: list[str], ports: list[int]) -> list[tuple[int, str]]:
-    """(port, socket inode) of the TCP listeners on `ports`, from /proc/net/tcp{,6} lines."""
-    want = {"%04X" % p: p for p in ports}
-    out = []
-    for ln in lines:
-        w = ln.split()
-        if len(w) > 9 and w[3] == "0A":
-            port = want.get(w[1].rsplit(":", 1)[-1].upper())
-            if port is not None and w[9] != "0":
-                out.append((port, w[9]))
-    return out
+def sockets_of(pairs: list[tuple[int, str]], ports: list[int]) -> list[tuple[int, str]]:
+    """(port, socket inode) of the TCP listeners on `ports`, from every listener's (port, inode)."""
+    want = set(ports)
+    return [(port, inode) for port, inode in pairs if port in want and inode != "0"]
 
 
 def port_owners(
@@ -320,7 +313,7 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
         out["gpus"] = gpus
     sockets: list[tuple[int, str]] = []
     if checks.get("ports"):
-        sockets = sockets_of(ledger.listen_lines(), checks["ports"])
+        sockets = sockets_of(ledger.listen_pairs(), checks["ports"])
     fds = _fds({inode for _, inode in sockets})
     pids += [p for ps in fds.values() for p in ps]
     procs = {}

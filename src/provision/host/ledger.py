@@ -81,38 +81,50 @@ def units_of(entries: dict[str, Any], but: str) -> list[str]:
     return sorted(units)
 
 
-def listening(addresses: list[str]) -> list[int]:
-    """Ports with a listening TCP socket, from /proc/net/tcp{,6} local addresses (hex ADDR:PORT)."""
-    ports = set()
-    for a in addresses:
-        try:
-            ports.add(int(a.rsplit(":", 1)[1], 16))
-        except (IndexError, ValueError):
-            pass
-    return sorted(ports)
+def proc_pair(line: str) -> tuple[int, str] | None:
+    """(port, socket inode) of a /proc/net/tcp{,6} line in state 0A (listening), else None."""
+    w = line.split()
+    if len(w) < 10 or w[3] != "0A":
+        return None
+    try:
+        return int(w[1].rsplit(":", 1)[1], 16), w[9]
+    except (IndexError, ValueError):
+        return None
 
 
-_LISTEN: list[str] | None = None
+def pair(line: str) -> tuple[int, str] | None:
+    """(port, inode) of a "PORT INODE" line, as the shell probe writes them (probe.sh)."""
+    w = line.split()
+    if len(w) != 2 or not w[0].isdigit():
+        return None
+    return int(w[0]), w[1]
 
 
-def listen_lines() -> list[str]:
-    """The LISTEN lines of /proc/net/tcp and tcp6, read once per agent run (the ledger's
-    listening ports and the port check both use them)."""
+def listening(pairs: list[tuple[int, str]]) -> list[int]:
+    """The ports of (port, inode) listeners, sorted, each once."""
+    return sorted({p for p, _ in pairs})
+
+
+_LISTEN: list[tuple[int, str]] | None = None
+
+
+def listen_pairs() -> list[tuple[int, str]]:
+    """(port, inode) of every listening TCP socket, from /proc/net/tcp and tcp6, read once per
+    agent run (the ledger's listening ports and the port check both use them)."""
     global _LISTEN
     if _LISTEN is None:
         _LISTEN = []
         for name in ("/proc/net/tcp", "/proc/net/tcp6"):
             try:
                 with open(name) as f:
-                    next(f, None)
-                    _LISTEN += [line for line in f if len(line.split()) > 3 and line.split()[3] == "0A"]
+                    _LISTEN += [pr for line in f if (pr := proc_pair(line)) is not None]
             except OSError:
                 pass
     return _LISTEN
 
 
 def proc_listening() -> list[int]:
-    return listening([line.split()[1] for line in listen_lines()])
+    return listening(listen_pairs())
 
 
 class _Locked:

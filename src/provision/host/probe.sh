@@ -7,16 +7,15 @@
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
 #   GPUS   empty, or "SECONDS COMMAND...": nvidia-smi's query (agent.NVIDIA_SMI) and its timeout
 #   TPU    empty, or 1 to count /dev/accelN
-#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY" (host/layout.py) for the host's ledger
-#          (every job's entry, every provision unit's state) and the listening TCP sockets
-#          (the lines of /proc/net/tcp and tcp6 in state 0A)
+#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN" (host/layout.py) for the host's
+#          ledger (every job's entry, every provision unit's state) and with LISTEN 1 the
+#          listening TCP sockets ("PORT INODE" lines, from ss or /proc/net/tcp and tcp6)
 #   CLOCK  empty, or 1 for the host's clock (date +%s.%N)
 #   APPS   empty, or "SECONDS COMMAND...": the GPUs' compute processes (hostcheck.APPS_QUERY),
 #          run when the GPU query answered and a GPU has memory in use (its last column,
 #          memory.used, is not 0: hostcheck.memory_in_use)
-#   PORTS  empty, or " 08AE 08AF ": the job's ports here (4 hex digits, as /proc/net/tcp
-#          writes them): their listening sockets, the processes holding them (find), and
-#          of those and of APPS' processes: comm, cgroup, and outside provision's units
+#   PORTS  empty, or " 2222 2223 ": the job's ports here: their listening sockets, the
+#          processes holding them (find), and of those and of APPS' processes: comm, cgroup, and outside provision's units
 #          their PROVISION_JOB/PROVISION_TASK (a container task's process)
 #   DISK   empty, or paths (space-separated): free space of each one's file system (stat -f)
 #   RESOLVE empty, or the host's cluster address: getent ahosts, and ip -o addr show
@@ -64,19 +63,49 @@ if [ -n "$tpu" ]; then
     set -f
     echo @tpu $n
 fi
-# The listening TCP sockets (state 0A), read once for the ledger and the port check.
+# The listening TCP sockets as "PORT INODE" lines (ledger.listen_pairs), read once for the
+# ledger and the port check. ss asks the kernel for listeners only; reading /proc/net/tcp
+# walks every bucket of the kernel socket tables (about twice the host CPU), so it is only
+# the fallback where ss is missing or too old for -H. -e (the inode) only for the port check.
+ldir=${tenancy%% *}
+rest=${tenancy#* }
+prefix=${rest%% *}
+rest=${rest#* }
+own=${rest%% *}
+scan=${rest#* }
 listen=
-if [ -n "$tenancy$ports" ]; then
-    listen=$(grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null)
+if [ -n "$ports" ] || { [ -n "$tenancy" ] && [ "$scan" = 1 ]; }; then
+    e=
+    if [ -n "$ports" ]; then e=e; fi
+    if out=$(ss -Hltn$e 2>/dev/null </dev/null); then
+        while read -r l; do
+            la=
+            i=0
+            for w in $l; do
+                case $w in
+                    ino:*) i=${w#ino:} ;;
+                    *:*) if [ -z "$la" ]; then la=$w; fi ;;
+                esac
+            done
+            if [ -n "$la" ]; then listen="$listen${la##*:} $i$nl"; fi
+        done <<EOF
+$out
+EOF
+    else
+        out=$(grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null)
+        while read -r sl la ra st q t r u to ino rest; do
+            if [ "$st" = 0A ]; then listen="$listen$((0x${la##*:})) $ino$nl"; fi
+        done <<EOF
+$out
+EOF
+    fi
+fi
+if [ -n "$tenancy" ] && [ "$scan" = 1 ]; then
+    echo @listen
+    printf %s "$listen"
+    echo @listen-end
 fi
 if [ -n "$tenancy" ]; then
-    echo @listen
-    if [ -n "$listen" ]; then printf "%s$nl" "$listen"; fi
-    echo @listen-end
-    ldir=${tenancy%% *}
-    rest=${tenancy#* }
-    prefix=${rest%% *}
-    own=${rest#* }
     others=
     set +f
     for f in $ldir/*.json; do
@@ -126,13 +155,11 @@ fi
 if [ -n "$ports" ]; then
     echo @sockets
     inodes=""
-    while read -r sl la ra st q t r u to ino rest; do
-        if [ "$st" = 0A ]; then
-            case "$ports" in *" ${la##*:} "*)
-                echo "$sl $la $ra $st $q $t $r $u $to $ino"
-                case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;
-            esac
-        fi
+    while read -r port ino; do
+        case "$ports" in *" $port "*)
+            echo "$port $ino"
+            case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;
+        esac
     done <<EOF
 $listen
 EOF

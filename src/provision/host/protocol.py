@@ -40,6 +40,9 @@ class ProbeRequest:
     facts_only: list[str] = field(default_factory=list)  # with check: "gpus", "tpu"
     content_max: int = 0
     tenancy: bool = False  # the host's ledger, other jobs' unit states, listening ports
+    # With tenancy: the listening TCP ports too. Only placing a new task needs them, and
+    # reading them is the costliest part of the probe (engine.settled says when to skip).
+    listening: bool = True
     # Pre-flight checks (host/hostcheck.py says what each key asks): gpus, gpu_timeout,
     # ports, disk, clock. cluster_address: the host's, resolved there (the interface that
     # holds it is where NCCL and Gloo must talk).

@@ -333,8 +333,8 @@ def up(
     life (restarts included). On any error or Ctrl-C everything
     started so far is removed again."""
     name = validate_name(name or DEFAULT_NAME)
-    if not isinstance(hosts, int) or not 1 <= hosts <= 64:
-        raise ProvisionError(f"--hosts {hosts!r}: expected a number from 1 to 64")
+    if not isinstance(hosts, int) or not 1 <= hosts <= 128:
+        raise ProvisionError(f"--hosts {hosts!r}: expected a number from 1 to 128")
     if not isinstance(gpus_per_host, int) or not 0 <= gpus_per_host <= 16:
         raise ProvisionError(f"--gpus-per-host {gpus_per_host!r}: expected a number from 0 to 16")
     with_ = tuple(dict.fromkeys(with_))
