@@ -113,3 +113,38 @@ def test_reports_survive_the_wire():
     assert protocol.report_from_wire("probe", json.loads(json.dumps(protocol.to_wire(rep)))) == rep
     with pytest.raises(protocol.WireError):
         protocol.request_from_wire({"op": "format-disk"})
+
+
+def run_with_cache(cache, request: dict) -> subprocess.CompletedProcess:
+    data = bundle.payload(str(cache))
+    boot = f'import sys;exec(compile(sys.stdin.buffer.read({len(data)}),"provision-agent","exec"))'
+    return subprocess.run(
+        ["python3", "-S", "-c", boot], input=data + json.dumps(request).encode(), capture_output=True, check=True
+    )
+
+
+def test_the_host_keeps_the_agent_compiled(tmp_path):
+    cache = tmp_path / "agent"
+    req = protocol.to_wire(protocol.ProbeRequest("bundle-test"))
+    first = json.loads(run_with_cache(cache, req).stdout)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert {e.split("-")[0] for e in entries} == {"dataclasses", *(f"provision.host.{m}" for m in bundle.MODULES)}
+    # The next run loads them: a corrupt one is compiled again (and written, which removes
+    # its module's entries of older sources), and the answers are the same.
+    (cache / "provision.host.protocol-0123.cpython-311").write_bytes(b"old")
+    corrupt = next(p for p in cache.iterdir() if p.name.startswith("provision.host.protocol-"))
+    corrupt.write_bytes(b"\x00garbage")
+    again = json.loads(run_with_cache(cache, req).stdout)
+    assert again.keys() == first.keys() and again["units"] == first["units"]
+    assert not (cache / "provision.host.protocol-0123.cpython-311").exists()
+    assert corrupt.read_bytes() != b"\x00garbage"
+
+
+def test_a_cache_others_can_write_is_not_used(tmp_path):
+    cache = tmp_path / "agent"
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o777)
+    req = protocol.to_wire(protocol.ProbeRequest("bundle-test"))
+    out = json.loads(run_with_cache(cache, req).stdout)
+    assert "units" in out and list(cache.iterdir()) == []

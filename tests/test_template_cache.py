@@ -19,7 +19,11 @@ def fresh(monkeypatch, tmp_path):
 
 
 def text(name: str = "job.target.j2") -> str:
-    return render._jinja().get_template(name).render(job="j", host="h", boot_target="multi-user.target", tasks=["chief-0"], units=["a.service"])
+    return (
+        render._jinja()
+        .get_template(name)
+        .render(job="j", host="h", boot_target="multi-user.target", tasks=["chief-0"], units=["a.service"])
+    )
 
 
 def test_compiled_once_then_loaded(fresh):

@@ -197,8 +197,8 @@ def _connection(target: Target, gateway=None):
 
 
 def _tcp(host: str, port: int, timeout: float) -> socket.socket:
-    """The TCP connection paramiko would open, with its errors, opened here so that an ASCII
-    host name is looked up as bytes: given a str, getaddrinfo first imports the idna codec
+    """The TCP connection paramiko would open, with its errors (and TCP_NODELAY), opened here
+    so that an ASCII host name is looked up as bytes: given a str, getaddrinfo first imports the idna codec
     (~18 ms of the controller's CPU at every command)."""
     try:
         name: str | bytes = host.encode("ascii")
@@ -209,6 +209,10 @@ def _tcp(host: str, port: int, timeout: float) -> socket.socket:
     for family, kind, proto, _, addr in candidates:
         sock = socket.socket(family, kind, proto)
         try:
+            # Nagle's algorithm (paramiko leaves it on) holds each small SSH packet until the
+            # previous one is acknowledged, and hosts delay their acknowledgements: about
+            # 40 ms at authentication and at every command (bench/phases.py).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(timeout)
             sock.connect(addr)
             return sock

@@ -20,6 +20,11 @@ For job J and task T:
     /var/lib/provision/J/T.boot             the boot the task last started in (the unit's gate)
     /var/lib/provision/J/T.run              a run is in progress; "reboot": a shutdown ended it
     /var/lib/provision/J/originals/         host files that `replace: true` moved aside
+Host-wide:
+    /var/lib/provision/.ledger/J.json       what job J holds here (ledger.py)
+    /var/cache/provision/agent/             0700, the agent's modules compiled by this host's
+                                            python3 (host/bundle.py); a cache: any of it
+                                            may be deleted, and destroy leaves it
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ SYSTEMD_DIR = "/etc/systemd/system"
 # `files:` may not write where provision keeps its own files.
 RESERVED_DIRS = (ETC, SYSTEMD_DIR)
 TMP_SUFFIX = ".provision-tmp"
+AGENT_CACHE = "/var/cache/provision/agent"
 PREFIX = "provision-"
 
 
