@@ -132,9 +132,9 @@ def test_the_host_keeps_the_agent_compiled(tmp_path):
     assert {e.split("-")[0] for e in entries} == {"dataclasses", *(f"provision.host.{m}" for m in bundle.MODULES)}
     # The next run loads them: a corrupt one is compiled again (and written, which removes
     # its module's entries of older sources), and the answers are the same.
-    (cache / "provision.host.protocol-0123.cpython-311").write_bytes(b"old")
     corrupt = next(p for p in cache.iterdir() if p.name.startswith("provision.host.protocol-"))
     corrupt.write_bytes(b"\x00garbage")
+    (cache / "provision.host.protocol-0123.cpython-311").write_bytes(b"old")
     again = json.loads(run_with_cache(cache, req).stdout)
     assert again.keys() == first.keys() and again["units"] == first["units"]
     assert not (cache / "provision.host.protocol-0123.cpython-311").exists()

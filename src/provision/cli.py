@@ -534,14 +534,14 @@ def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
     """
     import time
 
-    from .engine import probe
+    from .engine import Ask, probe
     from .output import table
     from .ssh import HostError
     from .tenancy import HostView, host_view, jobs_json, jobs_lines
 
     ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
-        res = probe(ctx, files=False, fast=True, tenancy=True)
+        res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
     finally:
         ctx.close()
     now = time.time()
@@ -575,14 +575,14 @@ def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
 def facts(inventory, state_path, targets, parallelism, verbose, as_json):
     """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
-    from .engine import probe
+    from .engine import Ask, probe
     from .facts import mismatches, summary_row
     from .output import table
     from .ssh import HostError
 
     ctx = _context(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
-        res = probe(ctx, facts="all", files=False)
+        res = probe(ctx, Ask(facts="all", files=False))
     finally:
         ctx.close()
     reports = {n: res.get(n) for n in ctx.targets}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import functools
 import os
 import threading
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from . import checks as preflight
 from . import images
@@ -178,17 +179,27 @@ def settled(ctx: Context, name: str) -> bool:
 # --------------------------------------------------------------------------- probe + plan
 
 
-def probe_request(
-    ctx: Context,
-    name: str,
-    *,
-    facts: Facts,
-    files: bool = True,
-    tenancy: bool = False,
-    checks: bool = False,
-    interface: bool = False,
-    listening: bool = True,
-) -> ProbeRequest:
+@dataclass(frozen=True)
+class Ask:
+    """What a probe asks each host besides its files, units and records (ProbeRequest).
+    facts: none, check (only what plan checks against the inventory, much cheaper) or all;
+    tenancy: the ledger (and with `listening` the listening ports); checks: the pre-flight
+    checks; interface: the cluster address's interface; clocks: the host's clocks (status)."""
+
+    facts: Facts = "none"
+    files: bool = True
+    tenancy: bool = False
+    listening: bool = True
+    checks: bool = False
+    interface: bool = False
+    clocks: bool = False
+
+    def settled(self) -> Ask:
+        """For a settled host: nothing that only matters before a start (engine.settled)."""
+        return dataclasses.replace(self, listening=False, checks=False, interface=False)
+
+
+def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
     host = next((h for h in ctx.inventory.hosts if h.name == name), None)
@@ -203,52 +214,40 @@ def probe_request(
         # ... and each program a task about to start runs (programs.py: plan's warning).
         paths=sorted(set(rec.files if rec else ()) | set(program_paths(ctx.inventory, bundle, rec, ctx.state.keyed))),
         units=sorted(units),
-        files=files,
-        facts=facts,
-        facts_only=sorted(needed_facts(host)) if facts == CHECK_FACTS and host else [],
+        files=ask.files,
+        facts=ask.facts,
+        facts_only=sorted(needed_facts(host)) if ask.facts == CHECK_FACTS and host else [],
         content_max=256 * 1024,
-        tenancy=tenancy,
-        listening=listening,
+        tenancy=ask.tenancy,
+        listening=ask.listening,
+        clocks=ask.clocks,
         # Pre-flight checks and the cluster address's interface (checks.py).
         **(
             preflight.request_fields(
-                ctx.inventory, host, bundle, needed_facts(host) if facts == CHECK_FACTS else [], checks=checks
+                ctx.inventory, host, bundle, needed_facts(host) if ask.facts == CHECK_FACTS else [], checks=ask.checks
             )
-            if checks or interface
+            if ask.checks or ask.interface
             else {}
         ),
     )
 
 
-def probe_request_for(
-    ctx: Context, name: str, facts: Facts, files: bool, tenancy: bool, checks: bool, interface: bool, quiet: bool
-) -> ProbeRequest:
-    if quiet:
-        return probe_request(ctx, name, facts=facts, files=files, tenancy=tenancy, listening=False)
-    return probe_request(ctx, name, facts=facts, files=files, tenancy=tenancy, checks=checks, interface=interface)
-
-
 def probe(
     ctx: Context,
+    ask: Ask = Ask(),
     *,
-    facts: Facts = "none",
-    files: bool = True,
     fast: bool = False,
     only: set[str] | None = None,
-    tenancy: bool = False,
-    checks: bool = False,
-    interface: bool = False,
-    quiet: set[str] = frozenset(),  # type: ignore[assignment]
+    quiet: Iterable[str] = (),
     timings: dict[str, tuple[float, float]] | None = None,
 ) -> GroupResult[ProbeReport]:
-    """One round trip per host. facts: none, check (only what plan checks against the
-    inventory, much cheaper) or all. fast: through the shell probe where it can answer
-    (probe.py); its report lacks the host's clock, which status needs (with `checks` it has
-    the wall clock, and `timings` gets when each host was asked and answered: checks.py).
-    quiet: hosts asked without checks, interface and listening ports (settled)."""
+    """One round trip per host. fast: through the shell probe where it can answer
+    (probe.py); else the agent. quiet: hosts asked `ask.settled()`. `timings` gets when
+    each host was asked and answered (checks.py: the clock check)."""
+    quiet = set(quiet)
 
     def one(t: Target) -> ProbeReport:
-        req = probe_request_for(ctx, t.name, facts, files, tenancy, checks, interface, t.name in quiet)
+        req = probe_request(ctx, t.name, ask.settled() if t.name in quiet else ask)
         asked = time.time()
         if fast:
             report = probe_host(ctx.session, t, req)
@@ -285,15 +284,14 @@ def build_plan(
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    kind: Facts = "check" if facts else "none"
-    ask: dict[str, Any] = {"tenancy": True, "checks": checks, "interface": True}
+    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=True)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
 
     def request(n: str) -> ProbeRequest:
-        return probe_request_for(ctx, n, kind, True, True, checks, True, n in quiet)
+        return probe_request(ctx, n, ask.settled() if n in quiet else ask)
 
-    reports = probe(ctx, facts=kind, fast=True, timings=timings, quiet=quiet, **ask)
+    reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
     now = time.time()
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     # Placement sees what other jobs hold; when that moves a task, render again and probe
@@ -307,7 +305,7 @@ def build_plan(
         quiet = {n for n in quiet if settled(ctx, n)}
         again = {n for n in ctx.targets if request(n) != before[n]}
         if again:
-            more = probe(ctx, facts=kind, fast=True, only=again, timings=timings, quiet=quiet, **ask)
+            more = probe(ctx, ask, fast=True, only=again, timings=timings, quiet=quiet)
             reports = reports.updated(more)
             held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
@@ -331,7 +329,7 @@ def build_plan(
     drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
     if drifted:
         quiet -= drifted
-        more = probe(ctx, facts=kind, fast=True, only=drifted, timings=timings, **ask)
+        more = probe(ctx, ask, fast=True, only=drifted, timings=timings)
         reports = reports.updated(more)
         held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
         preflight.with_interfaces(ctx, reports)
@@ -710,7 +708,7 @@ def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) ->
 
 
 def destroy_plan(ctx: Context) -> Plan:
-    reports = probe(ctx, fast=True, tenancy=True)
+    reports = probe(ctx, Ask(tenancy=True, listening=False), fast=True)
     job, now = ctx.inventory.job, time.time()
     p = Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
     _tenancy(ctx, p, {n: holders(n, r, now) for n, r in reports.ok.items()})

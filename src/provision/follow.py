@@ -17,7 +17,7 @@ import functools
 
 import click
 
-from .engine import Context, probe
+from .engine import Ask, Context, probe
 from .host import layout
 from .host.protocol import UnitsReport, UnitsRequest
 from .lifecycle import TaskState, phases, stop_rank
@@ -34,7 +34,9 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
     stop the job (another state owns it), if so."""
     tasks = list(ctx.rendered.placement.tasks)
     hosts = {t.host.name for t in tasks} & set(ctx.targets)
-    res = probe(ctx, files=False, only=hosts, tenancy=True)
+    # The shell probe (and the clocks for how long each task has been in its state); the
+    # ledger says who owns the job, its listening ports are not needed.
+    res = probe(ctx, Ask(files=False, tenancy=True, listening=False, clocks=True), fast=True, only=hosts)
     st = job_status(ctx.inventory, tasks, res.ok, {n: e.message for n, e in res.errors.items()})
     wanted = needs_lines(st)
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why

@@ -5,8 +5,9 @@ speed. Starting Python and the agent costs a host about twice what sh plus stat,
 head and systemctl do (measured on the sandbox hosts: ~24 ms against ~12 ms of CPU), so the
 common case takes this path. The report is the ProbeReport host/agent.py's op_probe returns (a test
 holds them equal on real hosts), built here from the script's output with the agent's own
-parsers; it lacks only the clock readings (`now`, `now_monotonic_us`, `boot_id`) that status
-uses (with pre-flight checks it reads the wall clock too: `now`).
+parsers. The clocks come only when asked (`clocks`, for status: `now`, and `now_monotonic_us`
+from /proc/uptime, which counts as systemd's monotonic timestamps do unless the host was
+suspended; with pre-flight checks the wall clock alone); `boot_id` never.
 
 Whenever the script's answer does not add up, or the request needs what only the agent
 reads (accelerator facts, odd path names, a manifest listing files the controller did not
@@ -109,7 +110,7 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
         return None
     ports = [int(p) for p in c.get("ports") or []]
     return [
-        "1" if c.get("clock") else "",
+        "2" if req.clocks else "1" if c.get("clock") else "",
         " ".join((str(_gpu_timeout(req)), *hostcheck.APPS_QUERY)) if gpus else "",
         " " + " ".join(str(p) for p in ports) + " " if ports else "",
         " ".join(disk),
@@ -130,15 +131,20 @@ def _section(line: Callable[[], bytes], end: bytes) -> list[str]:
 
 def _checks(
     line: Callable[[], bytes], text: bytes, req: ProbeRequest, gpu_text: str | None, facts: dict[str, Any]
-) -> tuple[bytes, float | None, dict[str, Any] | None, dict[str, Any] | None]:
-    """The checks' and the interface's sections (probe.sh), read as the agent reads the host:
-    (the next line, the host's clock, checks, interface)."""
+) -> tuple[bytes, float | None, int | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """The clocks', checks' and interface's sections (probe.sh), read as the agent reads the
+    host: (the next line, the host's clock, its monotonic clock in µs, checks, interface)."""
     c = req.checks or {}
-    now = None
-    if c.get("clock"):
+    now = mono = None
+    if c.get("clock") or req.clocks:
         if not text.startswith(b"@clock "):
             raise _Mismatch("no clock")
         now = float(text.split()[1])
+        text = line()
+    if req.clocks:
+        if not text.startswith(b"@uptime "):
+            raise _Mismatch("no uptime")
+        mono = int(float(text.split()[1]) * 1_000_000)
         text = line()
     out: dict[str, Any] = {}
     pids: list[int] = []
@@ -222,7 +228,7 @@ def _checks(
         ip_out = "\n".join(_section(line, b"@resolve-end"))
         interface = hostcheck.interface_of(addresses, code, ip_out)
         text = line()
-    return text, now, (out if req.checks is not None else None), interface
+    return text, now, mono, (out if req.checks is not None else None), interface
 
 
 def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
@@ -272,7 +278,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             pairs.append(pr)
         listening = ledger.listening(pairs)
         text = line()
-    text, now, checks, interface = _checks(line, text, req, gpu_text, facts)
+    text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
     if text != b"@stat":
         raise _Mismatch("no stat section")
     stats: dict[str, tuple[int, int, int]] = {}
@@ -373,6 +379,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
         ledger_units=held_units,
         listening=listening,
         now=now,
+        now_monotonic_us=mono,
         checks=checks,
         interface=interface,
         setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,

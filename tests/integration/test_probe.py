@@ -51,13 +51,30 @@ def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, 
     try:
         # Both with and without the shared-host part (ledger, others' units, listeners).
         # And with plan's pre-flight checks (checks.py) and the cluster address's interface.
-        for key, kw in (("", {}), ("+tenancy", {"tenancy": True}), ("+checks", {"checks": True, "interface": True})):
-            fast_res = engine.probe(ctx, facts="check", fast=True, **kw)
-            slow_res = engine.probe(ctx, facts="check", fast=False, **kw)
+        # And what status asks (the clocks; the ledger without the listening ports), and
+        # what plan asks a settled host (engine.Ask.settled).
+        asks = {
+            "": engine.Ask(facts="check"),
+            "+tenancy": engine.Ask(facts="check", tenancy=True),
+            "+checks": engine.Ask(facts="check", checks=True, interface=True),
+            "+status": engine.Ask(files=False, tenancy=True, listening=False, clocks=True),
+            "+settled": engine.Ask(facts="check", tenancy=True, checks=True, interface=True).settled(),
+        }
+        for key, ask in asks.items():
+            fast_res = engine.probe(ctx, ask, fast=True)
+            slow_res = engine.probe(ctx, ask, fast=False)
             assert not fast_res.errors and not slow_res.errors, (fast_res.errors, slow_res.errors)
-            # The agent's answers have the host's clocks, the script's do not.
+            # The agent's answers have the host's clocks; the script's only when asked, and
+            # they agree (the monotonic clock within a second: /proc/uptime).
             for n, r in fast_res.ok.items():
                 fast[n + key] = _steady(to_wire(r.without_clock()))
+                if ask.clocks:
+                    s = slow_res.ok[n]
+                    assert r.now and s.now and abs(r.now - s.now) < 5, (r.now, s.now)
+                    assert r.now_monotonic_us and s.now_monotonic_us, (r, s)
+                    assert abs(r.now_monotonic_us - s.now_monotonic_us) < 5_000_000
+                elif n not in fallbacks:  # the agent's answer has them anyway
+                    assert r.now_monotonic_us is None, (key, n, fallbacks)
             for n, r in slow_res.ok.items():
                 slow[n + key] = _steady(to_wire(r.without_clock()))
     finally:
@@ -100,7 +117,7 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     fast, slow, fell_back = both(inv, monkeypatch=monkeypatch)
     assert fell_back == []
     assert_same(fast, slow)
-    assert all(r["manifest"] is None and r["facts"]["gpus"] for r in fast.values())
+    assert all(r["manifest"] is None and (k.endswith("+status") or r["facts"]["gpus"]) for k, r in fast.items())
 
     # Applied and running; the evaluator has exited (exit records).
     r = cli("apply", "-y", inv, cwd=tmp_path)

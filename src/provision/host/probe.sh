@@ -10,7 +10,9 @@
 #   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN" (host/layout.py) for the host's
 #          ledger (every job's entry, every provision unit's state) and with LISTEN 1 the
 #          listening TCP sockets ("PORT INODE" lines, from ss or /proc/net/tcp and tcp6)
-#   CLOCK  empty, or 1 for the host's clock (date +%s.%N)
+#   CLOCK  empty, 1 for the host's clock (date +%s.%N), or 2 for that and /proc/uptime (the
+#          seconds since boot, as systemd's monotonic timestamps count them on a host that
+#          has not been suspended)
 #   APPS   empty, or "SECONDS COMMAND...": the GPUs' compute processes (hostcheck.APPS_QUERY),
 #          run when the GPU query answered and a GPU has memory in use (its last column,
 #          memory.used, is not 0: hostcheck.memory_in_use)
@@ -129,6 +131,11 @@ fi
 # Checks: probe.py hands what these print to host/hostcheck.py's parsers, which the agent
 # uses on what it reads itself.
 if [ -n "$clock" ]; then echo "@clock $(date +%s.%N)"; fi
+if [ "$clock" = 2 ]; then
+    up=
+    read -r up rest </proc/uptime
+    echo "@uptime $up"
+fi
 pids=""
 busy=""
 ifs=$IFS

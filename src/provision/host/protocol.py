@@ -43,6 +43,9 @@ class ProbeRequest:
     # With tenancy: the listening TCP ports too. Only placing a new task needs them, and
     # reading them is the costliest part of the probe (engine.settled says when to skip).
     listening: bool = True
+    # The host's wall and monotonic clocks in the report (status: how long each task has
+    # been in its state). The agent always sends them; the shell probe when asked.
+    clocks: bool = False
     # Pre-flight checks (host/hostcheck.py says what each key asks): gpus, gpu_timeout,
     # ports, disk, clock. cluster_address: the host's, resolved there (the interface that
     # holds it is where NCCL and Gloo must talk).
