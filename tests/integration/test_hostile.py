@@ -134,3 +134,47 @@ def test_a_path_aimed_at_provisions_env_file_is_refused_and_the_secret_never_sho
     everything = "\n".join(outputs)
     for value in (old, new):
         assert value not in everything, everything
+
+
+def test_a_destination_through_a_link_into_provisions_files_is_refused(sb1, sandbox_inventory, tmp_path):
+    """Issue 18's last finding: /opt/hostile-link is a symbolic link on the host to the job's
+    own directory, so `dest: /opt/hostile-link/chief-0.env` with `replace: true` passes
+    validation (the path as written is not reserved) but would replace provision's env file.
+    The host's agent resolves the link and refuses the whole write: one clear line, exit 1,
+    the env file untouched, nothing of the push written."""
+    job = "hostile-link"
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG}}
+    (tmp_path / "evil.env").write_text("EVIL=1\n")
+    (tmp_path / "ok.txt").write_text("fine\n")
+
+    def write(files: list[dict] | None) -> None:
+        extra = {"files": files} if files else {}
+        inv.write_text(yaml.safe_dump(sandbox_inventory(sb1, job=job, pools=pools, **extra)))
+
+    env_file = f"/etc/provision/{job}/chief-0.env"
+    try:
+        write(None)
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        before = on_host(sb1, f"sha256sum {env_file}")[1]
+        assert on_host(sb1, f"ln -sfn /etc/provision/{job} /opt/hostile-link")[0] == 0
+        write(
+            [
+                {"src": "ok.txt", "dest": "/opt/hostile-ok/ok.txt"},
+                {"src": "evil.env", "dest": "/opt/hostile-link/chief-0.env", "replace": True},
+            ]
+        )
+        assert cli("validate", inv, cwd=tmp_path).returncode == 0  # only the host can tell
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert (
+            "/opt/hostile-link/chief-0.env: its directory leads into /etc/provision through a symbolic link" in r.stderr
+        ), r.stderr
+        assert "Traceback" not in r.stderr
+        assert on_host(sb1, f"sha256sum {env_file}")[1] == before, "the env file is untouched"
+        assert on_host(sb1, "test -e /opt/hostile-ok/ok.txt")[0] != 0, "nothing of the push is written"
+    finally:
+        on_host(sb1, "rm -f /opt/hostile-link; rm -rf /opt/hostile-ok")
+        write(None)
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -548,8 +548,36 @@ def _loaded(units):
     )
 
 
+def through_link(path, reserved=layout.RESERVED_DIRS):
+    """The reserved directory a file's directory reaches through a symbolic link on this
+    host, if any: validation checks the destination as written, and only the host knows
+    that /opt/x is a link to /etc/provision/J (a `replace: true` file there would then take
+    the place of provision's own env file or a systemd unit)."""
+    d = os.path.dirname(path)
+    real = os.path.realpath(d)
+    if real == d:
+        return None
+    for r in reserved:
+        if (real == r or real.startswith(r + "/")) and not (d == r or d.startswith(r + "/")):
+            return r
+    return None
+
+
 def op_write(req):
     job = req.job
+    # Before anything else is written or reserved: a file that would land in provision's
+    # (or systemd's) own directories through a link refuses the whole write here.
+    linked = [(f.path, r) for f in req.files for r in [through_link(f.path)] if r]
+    if linked:
+        return P.WriteReport(
+            0,
+            0,
+            [
+                "%s: its directory leads into %s through a symbolic link on this host; refused "
+                "(push it to a path that is not a link, or remove the link)" % (p, r)
+                for p, r in linked
+            ],
+        )
     if req.reserve is not None:
         # Before anything else: a reservation that lost a race writes nothing on the host.
         lost = ledger.reserve(req.reserve, time.time())
