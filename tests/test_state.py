@@ -124,6 +124,31 @@ def test_a_save_never_leaves_no_state_and_the_backup_is_what_was_read(tmp_path, 
     assert data["serial"] == 3 and set(data["hosts"]) == {"h1", "h2"}
 
 
+def test_a_steps_changes_are_saved_once_when_it_ends(tmp_path, monkeypatch):
+    """deferred(): an apply step's hosts are recorded in memory as they finish and saved
+    once at the end (one fsync, not one per host); outside it every change saves at once."""
+    sp = tmp_path / "j.state.json"
+    st = S.State.load(sp, "j")
+    st.record_host("h0", S.HostRecord("127.0.0.9", pending=True))  # saved before the step
+    saves = []
+    real = S._write_atomic
+    monkeypatch.setattr(S, "_write_atomic", lambda path, data: (saves.append(path), real(path, data)))
+    with st.deferred():
+        with st.deferred():  # nested: still one save, at the outer end
+            for i in range(5):
+                st.record_host(f"h{i}", S.HostRecord(f"127.0.0.{i}"))
+            st.forget_host("h4")
+        assert saves == [] and json.loads(sp.read_text())["hosts"]["h0"]["pending"] is True
+    assert saves == [sp]
+    data = json.loads(sp.read_text())
+    assert set(data["hosts"]) == {"h0", "h1", "h2", "h3"} and data["hosts"]["h0"]["pending"] is False
+    with st.deferred():
+        pass  # nothing changed: nothing saved
+    assert saves == [sp]
+    st.record_host("h5", S.HostRecord("127.0.0.5"))
+    assert saves == [sp, sp]
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -479,9 +479,10 @@ class _Apply:
         ctx = self.ctx
         # Adopt hosts that run the job but that the state does not know (a killed apply, a
         # lost state): the state must name every host with the job on it.
-        for hp in self.plan.hosts:
-            if hp.adopt and not hp.changed and hp.name not in ctx.state.hosts:
-                ctx.state.record_host(hp.name, host_record(ctx, ctx.targets[hp.name], hp))
+        with ctx.state.deferred():
+            for hp in self.plan.hosts:
+                if hp.adopt and not hp.changed and hp.name not in ctx.state.hosts:
+                    ctx.state.record_host(hp.name, host_record(ctx, ctx.targets[hp.name], hp))
         if not self.work:
             return self.outcomes
         # Growing pools must not move tasks: the placement is recorded before anything moves,
@@ -497,11 +498,15 @@ class _Apply:
         shipping = {n: hp.images for n, hp in self.work.items() if hp.images}
         if shipping:  # before the files: a task never starts without its image
             self._note(images.ship(ctx.session, shipping, ctx.targets, self.progress))
-        self._note(
-            run_step(
-                ctx.session, Step.WRITE, self._write, self._targets(n for n in self.work if not self.outcomes[n].error)
+        with ctx.state.deferred():  # one save when the step ends (the pending records are saved)
+            self._note(
+                run_step(
+                    ctx.session,
+                    Step.WRITE,
+                    self._write,
+                    self._targets(n for n in self.work if not self.outcomes[n].error),
+                )
             )
-        )
         if self.lost:
             self._roll_back()
             return self.outcomes
@@ -517,11 +522,12 @@ class _Apply:
                 and any(t.phase == phase for t in hp.starts())
             ]
             if movers:
-                self._note(
-                    run_step(
-                        ctx.session, Step.START, functools.partial(self._start, phase=phase), self._targets(movers)
+                with ctx.state.deferred():
+                    self._note(
+                        run_step(
+                            ctx.session, Step.START, functools.partial(self._start, phase=phase), self._targets(movers)
+                        )
                     )
-                )
         return self.outcomes
 
     def _roll_back(self) -> None:
@@ -749,7 +755,10 @@ def destroy(
         progress(f"{t.name}: removed {rep.removed} file{'s' if rep.removed != 1 else ''}")
         return rep
 
-    removed = run_step(ctx.session, Step.REMOVE, remove, [ctx.targets[n] for n in work if outcomes[n].error is None])
+    with ctx.state.deferred():  # a host left in the state by a kill is found empty next time
+        removed = run_step(
+            ctx.session, Step.REMOVE, remove, [ctx.targets[n] for n in work if outcomes[n].error is None]
+        )
     for n, e in removed.errors.items():
         outcomes[n].fail(e)
     refs = list(dict.fromkeys(p.image for p in ctx.inventory.pools if p.image))
@@ -761,7 +770,8 @@ def destroy(
 
         run_step(ctx.session, Step.REMOVE, rm_images, [ctx.targets[n] for n in removed.ok])
     # Hosts with nothing left are forgotten, so a second destroy is a clean no-op.
-    for h in plan.hosts:
-        if h.error is None and not h.changed:
-            ctx.state.forget_host(h.name)
+    with ctx.state.deferred():
+        for h in plan.hosts:
+            if h.error is None and not h.changed:
+                ctx.state.forget_host(h.name)
     return outcomes

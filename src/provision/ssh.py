@@ -1,10 +1,12 @@
 """The only module that talks to the network.
 
-Fabric opens the connections (it honours ~/.ssh/config where the inventory is silent, the
-ssh-agent, and ProxyJump through `gateway`); commands then run on raw paramiko channels,
-because invoke's runner (threads plus sleep-polling per command) costs more than the whole
-round trip on a LAN. One connection per host, opened once and reused for the command; at
-most `parallelism` stay open (the least recently used idle one is closed to make room).
+paramiko opens the connections (`Connection`: ~/.ssh/config where the inventory is silent,
+the ssh-agent, a jump host, ProxyJump or ProxyCommand, as fabric did before; importing
+fabric and invoke cost ~50 ms of every command's start-up); commands then run on raw
+paramiko channels, because invoke's runner (threads plus sleep-polling per command) costs
+more than the whole round trip on a LAN. One connection per host, opened once and reused
+for the command; at most `parallelism` stay open (the least recently used idle one is
+closed to make room).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import errno
+import getpass
+import io
 import logging
 import os
 import resource
@@ -25,9 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import paramiko
-
 from .errors import ProvisionError
+
+# paramiko.config imports invoke (~45 ms, half of paramiko's import) only to run the `Match
+# exec` lines of an ssh_config: kept out here, and given back to paramiko when an ssh_config
+# has such a line (_load_ssh_config). Not when something imported invoke already (fabric).
+_INVOKE_BLOCKED = "invoke" not in sys.modules and "paramiko" not in sys.modules
+if _INVOKE_BLOCKED:
+    sys.modules["invoke"] = None  # type: ignore[assignment]
+try:
+    import paramiko
+finally:
+    if _INVOKE_BLOCKED and "invoke" in sys.modules and sys.modules["invoke"] is None:
+        del sys.modules["invoke"]
 
 # paramiko logs errors of its transport thread (a hung host's "No existing session"); with
 # no handler Python prints them with tracebacks. provision reports each host in one line.
@@ -160,43 +174,178 @@ def fd_safe_parallelism() -> int:
     return max(1, min(512, (soft - 64) // 4))
 
 
-_ssh_config = None
-_fabric_lock = threading.Lock()
+# The ssh_config files fabric read for us, in its order: the first value of a key wins, so the
+# user's file comes first.
+_SSH_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")
+_ssh_config: paramiko.SSHConfig | None = None
+_ssh_config_lock = threading.Lock()
 
 
-def _config():
-    """A fabric Config for one connection. ~/.ssh/config and /etc/ssh/ssh_config are parsed
-    once per process and shared (lookups only read them), but each connection gets its own
-    Config: fabric's Connection() writes into its config and re-merges it, so connections
-    made at once from several threads sharing one could see it empty mid-merge
-    ("No attribute or config key found for 'gateway'")."""
+def _load_ssh_config(paths: Iterable[str]) -> paramiko.SSHConfig:
+    """The ssh_config files that exist among paths, parsed into one (first value wins)."""
+    config = paramiko.SSHConfig()
+    match_exec = False
+    for p in paths:
+        path = os.path.expanduser(p)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as f:
+                text = f.read()
+            config.parse(io.StringIO(text))
+        except (OSError, UnicodeDecodeError, paramiko.ssh_exception.ConfigParseError) as e:
+            raise ProvisionError(f"{path}: cannot read this ssh_config file: {e}") from None
+        words = (line.lower().split() for line in text.splitlines())
+        match_exec = match_exec or any(w[:1] == ["match"] and "exec" in w for w in words)
+    if match_exec and _INVOKE_BLOCKED:
+        # `Match exec` runs its command with invoke: paramiko needs it after all.
+        try:
+            import invoke
+        except ImportError:  # paramiko says so at the lookup, as it would have
+            pass
+        else:
+            setattr(paramiko.config, "invoke", invoke)  # noqa: B010 (paramiko's stubs omit it)
+    return config
+
+
+def _ssh_lookup(host: str) -> paramiko.SSHConfigDict:
+    """ssh_config's settings for host (HostName always set). ~/.ssh/config and
+    /etc/ssh/ssh_config are parsed once per process; lookups only read the result, so every
+    thread shares it."""
     global _ssh_config
-    from fabric import Config
-
-    with _fabric_lock:
+    with _ssh_config_lock:
         if _ssh_config is None:
-            _ssh_config = Config().base_ssh_config
-    return Config(ssh_config=_ssh_config)
+            _ssh_config = _load_ssh_config(_SSH_CONFIG_FILES)
+        config = _ssh_config
+    return config.lookup(host)
 
 
-def _connection(target: Target, gateway=None):
-    from fabric import Connection
+def _local_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container with an unknown uid)
+        return None
 
-    kwargs: dict = {}
-    if target.identity_file:
-        kwargs["key_filename"] = [os.path.expanduser(target.identity_file)]
+
+def _shorthand(spec: str) -> tuple[str | None, str, int | None]:
+    """[user@]host[:port] -> (user, host, port); an IPv6 address takes a port in brackets."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, _, p = rest.partition(":")
+        port = int(p)
+    return user or None, host, port
+
+
+class Connection:
+    """One SSH connection: what fabric's Connection did for us, on paramiko alone.
+
+    As fabric resolved them: ssh_config's HostName replaces the address (`host`, the name
+    host keys are looked up by); the inventory's user and port win over ssh_config's User
+    and Port (then the local user and 22); the inventory's identity file is tried first,
+    then ssh_config's IdentityFiles (then the agent and ~/.ssh/id_*, paramiko's defaults);
+    `gateway` is the inventory's jump host, else ssh_config's ProxyJump (each hop resolved
+    the same way), else its ProxyCommand (a string; a command, not a socket, then carries
+    the connection).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        user: str | None = None,
+        port: int | None = None,
+        key_filename: Iterable[str] = (),
+        connect_timeout: float | None = None,
+        gateway: Connection | None = None,
+        _hops: int = 0,
+    ):
+        self.ssh_config = _ssh_lookup(address)
+        self.original_host = address
+        self.host: str = self.ssh_config.get("hostname", address)
+        self.user = user or self.ssh_config.get("user") or _local_user()
+        self.port = port or int(self.ssh_config.get("port", 22))
+        keys = [*key_filename, *self.ssh_config.get("identityfile", [])]
+        self.connect_kwargs: dict[str, Any] = {"key_filename": keys} if keys else {}
+        self.connect_timeout = connect_timeout
+        self.gateway: Connection | str | None = gateway if gateway is not None else self._configured_gateway(_hops)
+        self.client = paramiko.SSHClient()
+        self.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        self.transport: paramiko.Transport | None = None
+
+    def _configured_gateway(self, hops: int) -> Connection | str | None:
+        jump = self.ssh_config.get("proxyjump")
+        if jump and jump.lower() != "none":
+            if hops > 8:
+                raise ProvisionError(f"ssh_config: ProxyJump loops at {self.original_host}")
+            gateway = None
+            for hop in jump.split(","):  # as ssh: the first hop is dialled first
+                user, host, port = _shorthand(hop.strip())
+                if host == self.host:
+                    return None  # a wildcard Host's ProxyJump reaching the jump host itself
+                gateway = Connection(host, user=user, port=port, gateway=gateway, _hops=hops + 1)
+            return gateway
+        return self.ssh_config.get("proxycommand")  # None for "ProxyCommand none"
+
+    @property
+    def is_connected(self) -> bool:
+        return self.transport.is_active() if self.transport else False
+
+    def open(self) -> None:
+        """The handshake (paramiko's SSHClient.connect), through the gateway if any; a socket
+        of our own, if any, is in connect_kwargs["sock"] (see _open)."""
+        if self.is_connected:
+            return
+        if self.gateway:
+            self.connect_kwargs["sock"] = self._open_gateway()
+        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port)
+        if self.connect_timeout:
+            kwargs["timeout"] = self.connect_timeout
+        self.client.connect(**kwargs)
+        self.transport = self.client.get_transport()
+
+    def _open_gateway(self) -> Any:
+        """A ProxyCommand, or a direct-tcpip channel through the (opened) jump host."""
+        if isinstance(self.gateway, str):
+            return paramiko.ProxyCommand(self.gateway)
+        gateway = self.gateway
+        assert gateway is not None
+        if gateway.connect_timeout is None:
+            gateway.connect_timeout = self.connect_timeout  # a hop from ssh_config: ours
+        _open(gateway, gateway.connect_timeout)  # nothing if already open
+        assert gateway.transport is not None
+        return gateway.transport.open_channel(
+            "direct-tcpip", dest_addr=(self.host, self.port), src_addr=("", 0), timeout=self.connect_timeout
+        )
+
+    def close(self) -> None:
+        """Close the connection and its gateway's (best effort, idempotent)."""
+        try:
+            self.client.close()  # the transport, and with it its socket, channel or ProxyCommand
+        finally:
+            if isinstance(self.gateway, Connection):
+                self.gateway.close()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.user}@{self.host}:{self.port}>"
+
+
+def _connection(target: Target, gateway: Connection | None = None) -> Connection:
+    keys = [os.path.expanduser(target.identity_file)] if target.identity_file else []
     return Connection(
-        host=target.address,
+        target.address,
         user=target.user,
         port=target.port,
-        config=_config(),
+        key_filename=keys,
         connect_timeout=target.connect_timeout,
-        connect_kwargs=kwargs,
         gateway=gateway,
     )
 
 
-def _tcp(host: str, port: int, timeout: float) -> socket.socket:
+def _tcp(host: str, port: int, timeout: float | None) -> socket.socket:
     """The TCP connection paramiko would open, with its errors (and TCP_NODELAY), opened here
     so that an ASCII host name is looked up as bytes: given a str, getaddrinfo first imports the idna codec
     (~18 ms of the controller's CPU at every command)."""
@@ -224,8 +373,10 @@ def _tcp(host: str, port: int, timeout: float) -> socket.socket:
     raise paramiko.ssh_exception.NoValidConnectionsError(errors)
 
 
-def _open(conn, timeout: float) -> None:
+def _open(conn, timeout: float | None) -> None:
     """conn.open(), on a socket of our own unless a gateway or ProxyCommand carries it."""
+    if conn.is_connected:
+        return
     if conn.gateway is None:
         conn.connect_kwargs["sock"] = _tcp(conn.host, conn.port, timeout)
     try:
@@ -258,7 +409,8 @@ def _parse_jump(spec: str, target: Target) -> Target:
 
 
 def _abort(conn: Any) -> None:
-    """The handshake's deadline passed: close its socket, so whatever paramiko waits on ends."""
+    """The handshake's deadline passed: close its socket (and its jump host's, if that is what
+    hangs), so whatever paramiko waits on ends."""
     client = getattr(conn, "client", None)
     transport = client.get_transport() if client is not None else None
     sock = conn.connect_kwargs.get("sock")
@@ -268,10 +420,16 @@ def _abort(conn: Any) -> None:
                 thing.close()
         except Exception:  # best effort: the caller reports the timeout
             pass
+    gateway = getattr(conn, "gateway", None)
+    if isinstance(gateway, Connection) and not gateway.is_connected:
+        _abort(gateway)
 
 
 def _stage(conn: Any) -> str:
     """Where a handshake that timed out was: what the user should look at."""
+    gateway = getattr(conn, "gateway", None)
+    if isinstance(gateway, Connection) and not gateway.is_connected:
+        return f"{_stage(gateway)} to the jump host {gateway.host}"
     client = getattr(conn, "client", None)
     transport = client.get_transport() if client is not None else None
     if transport is None:
@@ -378,11 +536,12 @@ class Session:
         """Open a new connection to target (handshake, retries, errors as HostError)."""
         gateway = None
         if target.jump_host:
-            jt = _parse_jump(target.jump_host, target)
-            gateway = _connection(jt)
-            self._prepare(gateway, jt)
+            gateway = _connection(_parse_jump(target.jump_host, target))
         conn = _connection(target, gateway)
-        self._prepare(conn, target)
+        hop: Any = conn
+        while isinstance(hop, Connection):  # the host, then its jump hosts (ours or ProxyJump)
+            self._prepare(hop, target)
+            hop = hop.gateway
         # The whole handshake (TCP, banner, key exchange, auth, retries) gets connect_timeout:
         # a hung host (paused, or an sshd that accepts and never answers) costs that, no more.
         deadline = time.monotonic() + target.connect_timeout
@@ -406,7 +565,7 @@ class Session:
                     target,
                     f"host key changed: it now offers {_fingerprint(e.key)}, but {self.known.path} "
                     f"has {_fingerprint(e.expected_key)}. If the host was reinstalled, delete its line "
-                    f"({_key_id(conn.host, conn.port)}) from that file and run again; "
+                    f"({e.hostname}) from that file and run again; "
                     "otherwise someone may be intercepting the connection.",
                 ) from None
             except _UnknownKey as e:

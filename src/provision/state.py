@@ -17,6 +17,7 @@ pools must keep. Rules:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import getpass
 import hashlib
@@ -27,7 +28,7 @@ import secrets
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,8 @@ class State:
         self._original = original  # the file as read: the backup, written before the first save
         self._lock = threading.Lock()
         self._key: bytes | None = None
+        self._deferred = 0  # inside deferred(): changes are saved once, at its end
+        self._dirty = False
 
     @classmethod
     def load(cls, path: Path, job: str) -> State:
@@ -214,12 +217,35 @@ class State:
     def previous_placement(self) -> dict[str, Slot]:
         return dict(self.placement)
 
-    # -- changes: each saves at once (thread-safe), called as hosts finish
+    # -- changes: each saves at once (thread-safe), called as hosts finish; inside
+    # deferred(), once at its end
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Save the changes made inside once, when it ends (an apply step: its hosts finish
+        at about the same time, and a save per host costs an fsync and the whole file each,
+        O(hosts²) bytes: seconds at 128 hosts). Safe because what a kill must find on disk
+        is saved before the step: every host about to be written, recorded pending."""
+        with self._lock:
+            self._deferred += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deferred -= 1
+                if not self._deferred and self._dirty:
+                    self._save()
+
+    def _changed(self) -> None:
+        if self._deferred:
+            self._dirty = True
+        else:
+            self._save()
 
     def record_host(self, name: str, record: HostRecord) -> None:
         with self._lock:
             self.hosts[name] = replace(record, applied_at=_now())
-            self._save()
+            self._changed()
 
     def record_hosts(self, records: Mapping[str, HostRecord]) -> None:
         """Several hosts in one save (apply names every host it is about to write at once)."""
@@ -229,18 +255,18 @@ class State:
             now = _now()
             for name, record in records.items():
                 self.hosts[name] = replace(record, applied_at=now)
-            self._save()
+            self._changed()
 
     def forget_host(self, name: str) -> None:
         with self._lock:
             if self.hosts.pop(name, None) is not None:
-                self._save()
+                self._changed()
 
     def set_placement(self, placement: Mapping[str, Slot]) -> None:
         with self._lock:
             if dict(placement) != self.placement:
                 self.placement = dict(placement)
-                self._save()
+                self._changed()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -257,6 +283,7 @@ class State:
         }
 
     def _save(self) -> None:
+        self._dirty = False
         if self._original is not None:
             _write_atomic(self.path.with_name(self.path.name + ".backup"), self._original)
             self._original = None
