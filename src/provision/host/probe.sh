@@ -66,9 +66,11 @@ if [ -n "$tpu" ]; then
     echo @tpu $n
 fi
 # The listening TCP sockets as "PORT INODE" lines (ledger.listen_pairs), read once for the
-# ledger and the port check. ss asks the kernel for listeners only; reading /proc/net/tcp
-# walks every bucket of the kernel socket tables (about twice the host CPU), so it is only
-# the fallback where ss is missing or too old for -H. -e (the inode) only for the port check.
+# ledger and the port check. ss asks the kernel for listeners only (INODE 0: ss prints
+# inodes only with -e, which also resolves every socket's cgroup by walking the cgroup tree,
+# 70 ms on a host with many containers); /proc/net/tcp and tcp6 walk every bucket of the
+# kernel's socket tables (about twice what ss costs), so they are read only where ss is
+# missing (or too old for -H), or for the inodes when a job's port has a listener.
 ldir=${tenancy%% *}
 rest=${tenancy#* }
 prefix=${rest%% *}
@@ -77,23 +79,24 @@ own=${rest%% *}
 scan=${rest#* }
 listen=
 if [ -n "$ports" ] || { [ -n "$tenancy" ] && [ "$scan" = 1 ]; }; then
-    e=
-    if [ -n "$ports" ]; then e=e; fi
-    if out=$(ss -Hltn$e 2>/dev/null </dev/null); then
+    proc=1
+    if out=$(ss -Hltn 2>/dev/null </dev/null); then
+        proc=
         while read -r l; do
             la=
-            i=0
             for w in $l; do
-                case $w in
-                    ino:*) i=${w#ino:} ;;
-                    *:*) if [ -z "$la" ]; then la=$w; fi ;;
-                esac
+                case $w in *:*) if [ -z "$la" ]; then la=$w; fi ;; esac
             done
-            if [ -n "$la" ]; then listen="$listen${la##*:} $i$nl"; fi
+            if [ -n "$la" ]; then
+                listen="$listen${la##*:} 0$nl"
+                case "$ports" in *" ${la##*:} "*) proc=1 ;; esac
+            fi
         done <<EOF
 $out
 EOF
-    else
+    fi
+    if [ -n "$proc" ]; then
+        listen=
         out=$(grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null)
         while read -r sl la ra st q t r u to ino rest; do
             if [ "$st" = 0A ]; then listen="$listen$((0x${la##*:})) $ino$nl"; fi
