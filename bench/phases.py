@@ -379,7 +379,7 @@ def paper(
         "",
         f"Per host, measured here with {n} hosts at once: {ms(ctrl)} ms of the controller's CPU and "
         f"{ms(host)} ms of the host's (bare paramiko: provision's own work per host comes on top, "
-        "see bench/compare.py's CPU table). A 1,000-host round trip therefore needs about {cpu_bound:.1f} s of "
+        f"see bench/compare.py's CPU table). A 1,000-host round trip therefore needs about {cpu_bound:.1f} s of "
         "controller CPU; paramiko's transport and this Python code hold the GIL for most of it, so "
         f"that is also the least wall time it can take on one controller, whatever the cores "
         f"(cryptography's C code releases the GIL only within each primitive). "
