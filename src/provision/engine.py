@@ -52,7 +52,7 @@ from .plan import FileAction, HostPlan, Plan, make_plan, plan_host
 from .probe import probe_host
 from .programs import paths as program_paths
 from .programs import warnings as program_warnings
-from .render import FileKind, Rendered, manifest_bytes, render
+from .render import FileKind, HostBundle, Rendered, manifest_bytes, render
 from .ssh import HostError, KnownHosts, Session, Target, call_agent
 from .state import HostRecord, State, StateLock, TaskRecord, default_state_path
 from .steps import GroupResult, Step, run_step
@@ -170,10 +170,14 @@ def settled(ctx: Context, name: str) -> bool:
     rec, bundle = ctx.state.hosts.get(name), ctx.rendered.hosts.get(name)
     if rec is None or bundle is None or rec.pending or name not in ctx.ifnames:
         return False
+    return (rec.files, rec.tasks) == kept(ctx, bundle)
+
+
+def kept(ctx: Context, bundle: HostBundle) -> tuple[dict[str, str], dict[str, TaskRecord]]:
+    """What the state keeps of a host's bundle: each file's and task's inputs, keyed."""
     k = ctx.state.keyed
-    return rec.files == {f.path: k(f.sha256) for f in bundle.files} and rec.tasks == {
-        u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in bundle.tasks
-    }
+    files = {f.path: k(f.sha256) for f in bundle.files}
+    return files, {u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in bundle.tasks}
 
 
 # --------------------------------------------------------------------------- probe + plan
@@ -429,7 +433,7 @@ def _manifests(hp: HostPlan) -> tuple[bytes, bytes, bytes]:
 def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False) -> HostRecord:
     """What the state keeps of a host: how to reach it, and (keyed) what is there."""
     assert hp.bundle is not None
-    k = ctx.state.keyed
+    files, tasks = kept(ctx, hp.bundle)
     host = next((h for h in ctx.inventory.hosts if h.name == hp.name), None)
     ifname = ctx.ifnames.get(hp.name, "")
     return HostRecord(
@@ -440,8 +444,8 @@ def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False)
         jump_host=t.jump_host,
         connect_timeout=t.connect_timeout,
         host_key_policy=t.host_key_policy,
-        files={f.path: k(f.sha256) for f in hp.bundle.files},
-        tasks={u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in hp.bundle.tasks},
+        files=files,
+        tasks=tasks,
         pending=pending,
         interface=ifname,
         interface_address=host.cluster_address if host is not None and ifname else "",

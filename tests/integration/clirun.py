@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -24,3 +26,26 @@ def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """r, after checking it exited 0 (the output is the failure message otherwise)."""
     assert r.returncode == 0, r.stdout + r.stderr
     return r
+
+
+def status(tmp: Path, inv: Path) -> dict:
+    """`provision status --json`, checked to exit 0."""
+    r = cli("status", "--json", inv, cwd=tmp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def rows(st: dict) -> dict[str, dict]:
+    """A status's tasks by name."""
+    return {t["task"]: t for t in st["tasks"]}
+
+
+def wait_until(pred, timeout: float = 60, every: float = 0.5, what: str = "condition"):
+    """pred()'s first true answer, polled every `every` seconds for up to `timeout`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -7,24 +7,16 @@ themselves through `docker exec` (the exit records, systemctl, the files).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from .clirun import cli, rows, status, wait_until
 
 pytestmark = pytest.mark.integration
 
 SERVE = ["/bin/sh", "-c", 'trap "echo bye; exit 0" TERM; echo up; while :; do sleep 1; done']
-
-
-def cli(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def sh(sb, host: str, cmd: str) -> str:
@@ -35,26 +27,6 @@ def sh(sb, host: str, cmd: str) -> str:
 def exits(sb, host: str, job: str, task: str) -> list[list[str]]:
     out = sh(sb, host, f"cat /var/lib/provision/{job}/{task}.exits 2>/dev/null")
     return [line.split() for line in out.splitlines() if line.strip()]
-
-
-def status(tmp: Path, inv: Path) -> dict:
-    r = cli("status", "--json", inv, cwd=tmp)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)
-
-
-def rows(st: dict) -> dict[str, dict]:
-    return {t["task"]: t for t in st["tasks"]}
-
-
-def wait_until(pred, timeout: float = 60, every: float = 0.5, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # --------------------------------------------------------------------------- restarts

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -22,15 +21,11 @@ import pytest
 from provision import sandbox
 from provision.host import layout
 
+from .clirun import cli, rows, status, wait_until
+
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "exec sleep 600"]
-
-
-def cli(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def sh(sb, host: str, cmd: str) -> str:
@@ -56,26 +51,6 @@ def boot_of(sb, host: str) -> str:
     agent = sh(sb, host, "cd /var/tmp/provision-test-layout && python3 -S -c 'import layout; print(layout.boot_id())'")
     assert agent.strip() == got and got.count(".") == 1, (agent, got)
     return got
-
-
-def status(tmp: Path, inv: Path) -> dict:
-    r = cli("status", "--json", inv, cwd=tmp)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout)
-
-
-def rows(st: dict) -> dict[str, dict]:
-    return {t["task"]: t for t in st["tasks"]}
-
-
-def wait_until(pred, timeout: float = 60, every: float = 0.5, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def apply(tmp: Path, inv: Path, *extra: str) -> subprocess.CompletedProcess:
