@@ -15,6 +15,8 @@ its facts: tests/facts/<fact>/*.json). Each tests/fixtures/agent/<op>/<case>.jso
     calls        every systemctl/journalctl call that changes something, in order, argv
                  with the program name (`systemctl show`, a read, is left out)
     units_after  (optional) units' ActiveState/SubState afterwards
+    old_systemd  (optional) the unit files systemd read at its last daemon-reload: a systemd
+                 before 246, which finds a new unit file only after a reload
 
 The agent's own functions run in this process, with its host rooted in a tmp dir: its `os`
 and `open` are replaced by ones that move every absolute path under that dir (and give the
@@ -126,7 +128,14 @@ with open(state_file) as f:
     state = json.load(f)
 args = sys.argv[1:]
 verb, units = args[0], [a for a in args[1:] if not a.startswith("-")]
-loaded = lambda u: os.path.exists(root + "/etc/systemd/system/" + u)
+reloaded_file = state_file + ".reloaded"  # an old systemd's: the unit files it read last
+on_disk = lambda u: os.path.exists(root + "/etc/systemd/system/" + u)
+if os.path.exists(reloaded_file):  # before 246: a new unit file needs a daemon-reload
+    with open(reloaded_file) as f:
+        known = json.load(f)
+    loaded = lambda u: on_disk(u) and u in known
+else:
+    loaded = on_disk
 code = 0
 if verb == "show":
     props = [p for a in args if a.startswith("--property=") for p in a.split("=", 1)[1].split(",")]
@@ -147,6 +156,9 @@ elif verb == "stop":
     for u in units:
         if u in state:
             state[u] = {{**state[u], "ActiveState": "inactive", "SubState": "dead"}}
+elif verb == "daemon-reload" and os.path.exists(reloaded_file):
+    with open(reloaded_file, "w") as f:
+        json.dump(sorted(os.listdir(root + "/etc/systemd/system")), f)
 elif verb == "reset-failed":
     for u in units:
         if state.get(u, {{}}).get("ActiveState") == "failed":
@@ -194,6 +206,8 @@ class Host:
         os.makedirs(self.root + "/proc/sys/kernel/random", exist_ok=True)
         Path(self.root + "/proc/sys/kernel/random/boot_id").write_text("00000000-0000-0000-0000-000000000000\n")
         self.state.write_text(json.dumps(table.get("units", {})))
+        if "old_systemd" in table:
+            Path(str(self.state) + ".reloaded").write_text(json.dumps(table["old_systemd"]))
         self.log.write_text("")
         self.bin.mkdir()
         for prog in ("systemctl", "journalctl"):

@@ -83,7 +83,6 @@ def test_the_dataclass_stand_in_behaves_like_the_module(impl):
             files=[protocol.FileWrite("/a", 0o600, "eA==", True)],
             remove=["/c"],
             daemon_reload=True,
-            load_units=["u"],
             reset_failed=["u"],
             clear_lifecycle=True,
             manifest="eA==",
@@ -117,7 +116,7 @@ def test_reports_survive_the_wire():
 
 def run_with_cache(cache, request: dict) -> subprocess.CompletedProcess:
     data = bundle.payload(str(cache))
-    boot = f'import sys;exec(compile(sys.stdin.buffer.read({len(data)}),"provision-agent","exec"))'
+    boot = bundle.boot_command(str(cache)).split(" -c ", 1)[1].strip("'")
     return subprocess.run(
         ["python3", "-S", "-c", boot], input=data + json.dumps(request).encode(), capture_output=True, check=True
     )

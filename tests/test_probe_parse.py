@@ -106,6 +106,29 @@ def test_nvidia_smi_is_read_with_the_agents_parser():
         probe.parse(out.replace(b"@gpus 0", b"@gpus 9"), r)
 
 
+def test_a_program_is_only_looked_at(tmp_path):
+    # A task's program (python3: megabytes) is stat-ed, never hashed or sent back, by the
+    # script and by the agent alike.
+    prog = tmp_path / "python3"
+    prog.write_bytes(b"\x7fELF" + b"x" * 500)
+    prog.chmod(0o755)
+    f = tmp_path / "a.env"
+    f.write_bytes(b"A=1\n")
+    r = ProbeRequest(JOB, content_max=100, want={str(f): "0" * 64}, programs=[str(prog)])
+    cmd = probe.command(r)
+    assert "sha256sum" in cmd
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True).stdout
+    assert b"ELF" not in out and out.count(str(prog).encode()) == 1  # its stat line only
+    rep = probe.parse(out, r)
+    assert rep.files[str(prog)] == FileInfo("file", 0o755, prog.stat().st_uid, 504)
+    assert rep.files[str(f)].content is not None  # a file provision writes is still read
+    assert agent.file_info(str(prog), None, 100, look=True) == rep.files[str(prog)]
+    # A program that is also a file provision put there is read like the others.
+    r2 = ProbeRequest(JOB, content_max=100, paths=[str(prog)], programs=[str(prog)])
+    out2 = subprocess.run(["sh", "-c", probe.command(r2)], capture_output=True, check=True).stdout
+    assert probe.parse(out2, r2).files[str(prog)].sha256 == hashlib.sha256(prog.read_bytes()).hexdigest()
+
+
 def test_the_script_travels_as_one_single_quoted_word():
     text = probe.script()
     assert "'" not in text and "\\" not in text

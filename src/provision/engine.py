@@ -215,8 +215,11 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     return ProbeRequest(
         job=ctx.inventory.job,
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},
+        paths=sorted(set(rec.files if rec else ())),
         # ... and each program a task about to start runs (programs.py: plan's warning).
-        paths=sorted(set(rec.files if rec else ()) | set(program_paths(ctx.inventory, bundle, rec, ctx.state.keyed))),
+        programs=sorted(
+            set(program_paths(ctx.inventory, bundle, rec, ctx.state.keyed)) - set(rec.files if rec else ())
+        ),
         units=sorted(units),
         files=ask.files,
         facts=ask.facts,
@@ -632,15 +635,17 @@ class _Apply:
         changes = [f for f in hp.files if f.action is not FileAction.DELETE and f.kind is not FileKind.MANIFEST]
         stops = [x.unit for x in hp.stops()]
         pending, interim, final = self.manifests[t.name]
-        # Unit files new to the host need no daemon-reload (a tenth of a second of the host's
-        # CPU) where systemd loads them by itself (246+): the agent asks systemd and reloads
-        # only if one is not loaded or is stale. Changed or removed unit files, and stops,
-        # always reload.
+        # Unit files new to the host, of units systemd had not loaded when probed, need no
+        # daemon-reload (a tenth of a second of the host's CPU): systemd 246+ finds them at
+        # the start (older ones say "not found": the agent reloads then, agent.start).
+        # Changed or removed unit files, a unit systemd still holds, and stops, reload.
         unit_changes = [f for f in hp.files if f.kind in (FileKind.UNIT, FileKind.TARGET)]
+        seen = hp.report.units if hp.report else {}
         fresh = (
             bool(unit_changes)
             and not stops
             and all(f.action is FileAction.CREATE and not f.drift for f in unit_changes)
+            and all(never_loaded(seen.get(os.path.basename(f.path))) for f in unit_changes if f.kind is FileKind.UNIT)
         )
         return WriteRequest(
             job=self.job,
@@ -651,7 +656,6 @@ class _Apply:
             ],
             remove=[f.path for f in hp.files if f.action is FileAction.DELETE],
             daemon_reload=(hp.units_changed and not fresh) or bool(stops),
-            load_units=sorted(os.path.basename(f.path) for f in unit_changes) if fresh else [],
             reset_failed=stops,
             clear_lifecycle=bool(hp.starts()),
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),

@@ -51,6 +51,7 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
     (manifest, lifecycle marker, each unit's exits)."""
     job = req.job
     files = req.listed()
+    looked = set(_looked(req))
     units = sorted(set(req.units))
     records = [
         layout.manifest_path(job),
@@ -58,7 +59,8 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
         layout.setup_key_path(job),
         *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units),
     ]
-    return files, units, files + [r for r in records if r not in files]
+    read = [p for p in files if p not in looked]
+    return files, units, read + [r for r in records if r not in read]
 
 
 def command(req: ProbeRequest) -> str | None:
@@ -67,7 +69,7 @@ def command(req: ProbeRequest) -> str | None:
         return None  # every fact (`provision facts`): the agent's
     facts = set(req.facts_only) if req.facts == CHECK_FACTS else set()
     _, units, paths = _asked(req)
-    if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths):
+    if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths + _looked(req)):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
     checks = _check_words(req, facts)
@@ -115,7 +117,16 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
         " " + " ".join(str(p) for p in ports) + " " if ports else "",
         " ".join(disk),
         req.cluster_address,
+        " ".join(_looked(req)),
+        " ".join(layout.unit_known_paths("")),
     ]
+
+
+def _looked(req: ProbeRequest) -> list[str]:
+    """The paths only stat-ed (LOOK): programs that are not also files provision put there."""
+    if not req.files:
+        return []
+    return sorted(set(req.programs) - set(req.want) - set(req.paths))
 
 
 class _Mismatch(Exception):
@@ -235,6 +246,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     """The agent's probe report from the script's output (for `command(req)`); _Mismatch if
     it does not add up."""
     listed, units, paths = _asked(req)
+    looked = set(_looked(req))
     pos = 0
 
     def line() -> bytes:
@@ -333,7 +345,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     if isinstance(manifest, dict) and "_unreadable" not in manifest:
         on_host = set(manifest.get("files", {})) if req.files else set()
         on_host_units = {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
-        if not on_host <= set(listed) or not on_host_units <= set(units):
+        if not on_host <= set(listed) - looked or not on_host_units <= set(units):
             raise _Mismatch("the manifest lists files or tasks the controller did not know of")
     files: dict[str, FileInfo | None] = {}
     for p in listed:
@@ -345,6 +357,8 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             files[p] = FileInfo("symlink")
         elif not stat.S_ISREG(mode):
             files[p] = FileInfo("dir" if stat.S_ISDIR(mode) else "other")
+        elif p in looked:
+            files[p] = FileInfo("file", mode & 0o7777, uid, size)
         else:
             content = None
             if req.want.get(p) is not None and sums[p] != req.want[p] and size <= req.content_max:

@@ -118,6 +118,9 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert fell_back == []
     assert_same(fast, slow)
     assert all(r["manifest"] is None and (k.endswith("+status") or r["facts"]["gpus"]) for k, r in fast.items())
+    # The programs of the tasks about to start: looked at, not hashed (programs.py).
+    sh_info = fast["host-1"]["files"]["/bin/sh"]
+    assert sh_info["type"] in ("file", "symlink") and sh_info.get("sha256") is None
 
     # Applied and running; the evaluator has exited (exit records).
     r = cli("apply", "-y", inv, cwd=tmp_path)

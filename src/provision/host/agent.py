@@ -244,12 +244,17 @@ def _run_subprocess(argv, timeout):
         return 124, "", timed_out(argv[0], timeout)
 
 
-def unit_states(units):
-    """`systemctl show` for many units in one call, as {unit: {prop: value}}."""
+def unit_states(units, known_only=False):
+    """`systemctl show` for many units in one call, as {unit: {prop: value}}. With
+    `known_only` (the probe) only units layout.unit_known_paths finds; the others are
+    reported never loaded, as the shell probe does."""
     units = sorted(set(units))
     if not units:
         return {}
-    code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + units)
+    shown = [u for u in units if any(os.path.lexists(p) for p in layout.unit_known_paths(u))] if known_only else units
+    out = ""
+    if shown:
+        code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + shown)
     return parse_unit_states(out, units)
 
 
@@ -298,7 +303,8 @@ def reset_exits(job, units):
                 pass
 
 
-def file_info(path, want_sha, content_max):
+def file_info(path, want_sha, content_max, look=False):
+    """What path is; with `look` only its type, mode, owner and size (ProbeRequest.programs)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -311,6 +317,8 @@ def file_info(path, want_sha, content_max):
         return P.FileInfo("symlink")
     if not S.S_ISREG(st.st_mode):
         return P.FileInfo("dir" if S.S_ISDIR(st.st_mode) else "other")
+    if look:
+        return P.FileInfo("file", st.st_mode & 0o7777, st.st_uid, st.st_size)
     sha = sha256_file(path)
     content = None
     if want_sha is not None and sha != want_sha and st.st_size <= content_max:
@@ -404,11 +412,15 @@ def op_probe(req):
     manifest = read_json(layout.manifest_path(job))
     paths = set(req.listed())
     units = set(req.units)
+    put = set()  # what the manifest says provision put here
     if isinstance(manifest, dict) and "_unreadable" not in manifest:
         if req.files:
-            paths |= set(manifest.get("files", {}))
+            put = set(manifest.get("files", {}))
+            paths |= put
         units |= {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
-    files = {p: file_info(p, req.want.get(p), req.content_max) for p in sorted(paths)}
+    # As the shell probe's LOOK: a program that is also a file provision put there is read.
+    look = set(req.programs) - set(req.want) - set(req.paths) - put
+    files = {p: file_info(p, req.want.get(p), req.content_max, p in look) for p in sorted(paths)}
     facts_out = checks_out = interface = None
     gpu_check = bool(req.checks and req.checks.get("gpus"))  # one nvidia-smi run gives both
     if req.facts != P.NO_FACTS:
@@ -434,7 +446,7 @@ def op_probe(req):
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
         files=files,
-        units=unit_states(units),
+        units=unit_states(units, known_only=True),
         exits=read_exits(job, units),
         facts=facts_out,
         now=time.time(),
@@ -538,14 +550,20 @@ def systemctl(verb, units, errors):
         errors.append("systemctl %s %s: %s" % (verb, " ".join(units), err.strip() or "exit %d" % code))
 
 
-def _loaded(units):
-    """Does systemd see these new unit files without a daemon-reload? systemd 246+ looks
-    again for units it did not find before; older ones, or a stale unit, say no."""
+def start(units, errors):
+    """systemctl start. Unit files new to the host need no daemon-reload where systemd looks
+    for a unit it has not loaded (246+); an older one says "not found" (exit 5): then
+    reload and start again (those started already are left as they are)."""
     if not units:
-        return True
-    return all(
-        st.get("LoadState") == "loaded" and st.get("NeedDaemonReload") != "yes" for st in unit_states(units).values()
-    )
+        return
+    code, _, err = run(["systemctl", "start", "--"] + list(units), timeout=120)
+    if code == 5:
+        rc, _, rerr = run(["systemctl", "daemon-reload"], timeout=120)
+        if rc != 0:
+            errors.append("systemctl daemon-reload: " + (rerr.strip() or "exit %d" % rc))
+        code, _, err = run(["systemctl", "start", "--"] + list(units), timeout=120)
+    if code != 0:
+        errors.append("systemctl start %s: %s" % (" ".join(units), err.strip() or "exit %d" % code))
 
 
 def through_link(path, reserved=layout.RESERVED_DIRS):
@@ -624,7 +642,7 @@ def op_write(req):
             removed += 1
         except FileNotFoundError:
             pass
-    if req.daemon_reload or not _loaded(req.load_units):
+    if req.daemon_reload:
         code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
         if code != 0:
             errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
@@ -680,10 +698,15 @@ def op_units(req):
             if units:
                 ledger.mark_started(job, time.time())
                 start_at_boot(job, True, errors)
+                # The gate's records live here: made now, the gate's shell needs no mkdir.
+                _mkdirs(layout.state_dir(job), [])
         waiting = []
         if verb == "stop" and units:
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
-        systemctl(verb, units, errors)
+        if verb == "start":
+            start(units, errors)
+        else:
+            systemctl(verb, units, errors)
         for u in waiting:
             # A task stopped between tries ran no ExecStopPost now: record the stop, so its
             # last try's failure is not taken for its outcome.

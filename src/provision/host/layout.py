@@ -68,6 +68,19 @@ def unit_name(job: str, task: str) -> str:
     return PREFIX + job + "-" + task + ".service"
 
 
+# systemd's link naming a running unit's invocation (systemd 236+; journald reads it). It
+# goes when the run ends.
+INVOCATION_PREFIX = "/run/systemd/units/invocation:"
+
+
+def unit_known_paths(unit: str) -> tuple[str, str]:
+    """Where a provision unit shows that systemd may know it: its file, or its running
+    invocation. Neither there: systemd has not loaded it, or keeps only a stopped unit whose
+    file is gone, and the probes report it as never loaded without asking systemctl (a
+    first apply's units: one systemctl run and a unit-file scan in PID 1 saved)."""
+    return SYSTEMD_DIR + "/" + unit, INVOCATION_PREFIX + unit
+
+
 def unit_path(job: str, task: str) -> str:
     return SYSTEMD_DIR + "/" + unit_name(job, task)
 

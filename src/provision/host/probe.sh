@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -21,6 +21,10 @@
 #          their PROVISION_JOB/PROVISION_TASK (a container task's process)
 #   DISK   empty, or paths (space-separated): free space of each one's file system (stat -f)
 #   RESOLVE empty, or the host's cluster address: getent ahosts, and ip -o addr show
+#   LOOK   empty, or paths (space-separated) only stat-ed, never hashed or read: the programs
+#          tasks about to start run (ProbeRequest.programs)
+#   KNOWN  "SYSTEMD_DIR INVOCATION_PREFIX" (layout.unit_known_paths): a unit is shown only
+#          when its file or its running invocation is there
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -40,7 +44,10 @@ apps=$8
 ports=$9
 disk=${10}
 resolve=${11}
-shift 11
+look=${12}
+udir=${13%% *}
+invoc=${13#* }
+shift 13
 nl="
 "
 gcode=""
@@ -237,7 +244,7 @@ if [ -n "$resolve" ]; then
     echo @resolve-end
 fi
 echo @stat
-if [ $# -gt 0 ]; then stat -c "%s %f %u %n" -- "$@" 2>/dev/null </dev/null; fi
+if [ $# -gt 0 ] || [ -n "$look" ]; then stat -c "%s %f %u %n" -- "$@" $look 2>/dev/null </dev/null; fi
 # Regular files only (never a fifo someone left in the way): moved behind the others.
 n=$#
 for p do
@@ -249,7 +256,13 @@ if [ $# -gt 0 ]; then sha256sum -- "$@" </dev/null; fi
 echo @content
 if [ $# -gt 0 ]; then head -q -c $((max + 1)) -- "$@" </dev/null; fi
 echo @units
-if [ -n "$units" ]; then
-    systemctl show "--property=$props" -- $units </dev/null
+# Only units whose file or running invocation is there (layout.unit_known_paths, KNOWN):
+# systemd knows nothing of the others, and asking would make PID 1 look for their files.
+shown=
+for u in $units; do
+    if [ -e "$udir$u" ] || [ -h "$udir$u" ] || [ -h "$invoc$u" ]; then shown="$shown $u"; fi
+done
+if [ -n "$shown" ]; then
+    systemctl show "--property=$props" -- $shown </dev/null
 fi
 echo @end

@@ -34,6 +34,9 @@ class ProbeRequest:
     job: str
     want: dict[str, str] = field(default_factory=dict)
     paths: list[str] = field(default_factory=list)
+    # Looked at only (type, mode, owner, size; no checksum, no content): the programs tasks
+    # about to start run (programs.py). A program is often python3, megabytes to hash.
+    programs: list[str] = field(default_factory=list)
     units: list[str] = field(default_factory=list)
     files: bool = True
     facts: str = NO_FACTS  # none | check (only facts_only) | all
@@ -56,7 +59,7 @@ class ProbeRequest:
 
     def listed(self) -> list[str]:
         """The paths the report lists under `files`."""
-        return sorted(set(self.want) | set(self.paths)) if self.files else []
+        return sorted(set(self.want) | set(self.paths) | set(self.programs)) if self.files else []
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,8 @@ class FileWrite:
 @dataclass(frozen=True)
 class WriteRequest:
     """Write a host's files at once. Order on the host: pending manifest (old and new files
-    named together), stop `stop`, write `files`, remove `remove`, daemon-reload when asked or
-    when `load_units` are not loaded, reset-failed, then the interim or final manifest."""
+    named together), stop `stop`, write `files`, remove `remove`, daemon-reload when asked,
+    reset-failed, then the interim or final manifest."""
 
     job: str
     manifest_pending: str = ""  # base64
@@ -156,7 +159,6 @@ class WriteRequest:
     files: list[FileWrite] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
     daemon_reload: bool = False
-    load_units: list[str] = field(default_factory=list)
     reset_failed: list[str] = field(default_factory=list)
     clear_lifecycle: bool = False
     manifest: str = ""  # base64
