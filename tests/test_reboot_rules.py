@@ -28,6 +28,7 @@ from provision.lifecycle import (
     boot_gate,
     ended_by_reboot,
     gate,
+    needs_reset_failed,
     on_reboot,
     restart_due,
     restarts,
@@ -380,3 +381,22 @@ def test_the_gate_on_the_host_is_the_rule(tmp_path, policy):
             assert got[-1][1:] == ["reboot", "none", "-", "reboot"], case
         if start:
             assert h.path("run").read_text() == "" and h.path("boot").read_text().strip() == "boot-1", case
+
+
+@pytest.mark.parametrize(
+    "unit,policy,reset",
+    [
+        ({"ActiveState": "active"}, NEVER, False),  # no start limit, not failed: nothing to reset
+        ({"ActiveState": "inactive"}, NEVER, False),
+        ({"ActiveState": "failed"}, NEVER, True),  # leave the failed state
+        ({"ActiveState": "active"}, ON_FAILURE, True),  # zero the start counter (StartLimitBurst=)
+        ({"ActiveState": "active"}, EXIT_CODE, True),
+        ({"ActiveState": "active"}, RestartPolicy("OnFailure", 0), False),  # a zero budget renders no limit
+        (None, NEVER, False),
+    ],
+)
+def test_reset_failed_only_where_it_changes_something(unit, policy, reset):
+    assert needs_reset_failed(unit, policy) is reset
+    # ... which is exactly where the unit template gets a start limit, or systemd a failure.
+    limited = systemd_restart(policy)["start_limit_burst"] != 0
+    assert reset == (limited or (unit or {}).get("ActiveState") == "failed")

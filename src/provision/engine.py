@@ -45,7 +45,7 @@ from .host.protocol import (
     WriteRequest,
 )
 from .inventory import load
-from .lifecycle import never_loaded, phases, started_ok
+from .lifecycle import needs_reset_failed, never_loaded, phases, started_ok
 from .model import Inventory
 from .placement import place
 from .plan import FileAction, HostPlan, Plan, make_plan, plan_host
@@ -584,9 +584,11 @@ class _Apply:
         seen = hp.report.units if hp.report else {}
         unseen = [u for u in units if never_loaded(seen.get(u))]
         rest = [u for u in units if u not in unseen]
+        policy = {u.unit: self.ctx.inventory.pool(u.task.role) for u in (hp.bundle.tasks if hp.bundle else ())}
+        reset = [u for u in rest if (p := policy.get(u)) is None or needs_reset_failed(seen.get(u), p.restart)]
         return UnitsRequest(
             job=self.job,
-            actions=[["reset-failed", rest], ["restart", rest], ["start", unseen]],
+            actions=[["reset-failed", reset], ["restart", rest], ["start", unseen]],
             report=units,
             manifest=_b64(self.manifests[t.name][2]) if self.last_phase[t.name] == phase else "",
         )

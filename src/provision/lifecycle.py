@@ -497,6 +497,16 @@ def started_ok(unit: Mapping[str, str] | None, exits: Sequence[Sequence[str]] | 
     return task_state(unit, exits).state in (TaskState.RUNNING, TaskState.RESTARTING, TaskState.SUCCEEDED)
 
 
+def needs_reset_failed(unit: Mapping[str, str] | None, policy: RestartPolicy) -> bool:
+    """Before provision starts a unit systemd knows: does it need `systemctl reset-failed`?
+    Only to leave the failed state, or to zero the start counter of a unit with a start
+    limit (a restart budget: systemd_restart counts every start against StartLimitBurst=,
+    provision's too).
+    A unit without a limit that is not failed would gain nothing from it (one systemctl
+    run saved per host when a job without restarts is changed)."""
+    return restart_budget(policy) > 0 or (unit or {}).get("ActiveState") == "failed"
+
+
 def never_loaded(unit: Mapping[str, str] | None) -> bool:
     """systemd knows nothing of the unit: no file was loaded and nothing runs under it (a
     first start needs no reset-failed or stop before it)."""
