@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.clusterenv import job_cluster, task_env
+from provision.clusterenv import job_cluster, task_env, uses_socket_ifname
 from provision.inventory import load, parse
 from provision.placement import place
 
@@ -328,3 +328,38 @@ secret_env: [TOKEN]
     assert worker["LEVEL"] == "job" and "ONLY_POOL" not in worker
     assert "TOKEN" not in worker  # no secrets given: left out, never empty
     assert d["PROVISION_TASK"] == "chief-0" and d["PROVISION_TASK_TYPE"] == "chief"
+
+
+@pytest.mark.parametrize(
+    "job_env,chief_env,used",
+    [
+        ("{}", "{}", True),
+        ("{NCCL_SOCKET_IFNAME: eth0, GLOO_SOCKET_IFNAME: eth0}", "{}", False),
+        ("{NCCL_SOCKET_IFNAME: eth0}", "{}", True),  # Gloo's still comes from the host
+        ("{NCCL_SOCKET_IFNAME: eth0}", "{GLOO_SOCKET_IFNAME: eth1}", True),  # the worker's does
+        ("{}", "{NCCL_SOCKET_IFNAME: eth0, GLOO_SOCKET_IFNAME: eth0}", True),
+    ],
+)
+def test_the_hosts_interface_is_asked_for_only_where_an_env_takes_it(job_env, chief_env, used):
+    inv = parse(
+        f"""
+job: ifs
+hosts: [{{name: a, address: 192.0.2.1}}]
+pools:
+  chief: {{replicas: 1, command: [/bin/true], env: {chief_env}}}
+  worker: {{replicas: 1, command: [/bin/true]}}
+env: {job_env}
+""",
+        Path("/nonexistent/ifs.yaml"),
+    )
+    assert uses_socket_ifname(inv) is used
+    # ... the same rule as task_env's: with the interface known, some task's env takes it.
+    placement = place(inv)
+    jc = job_cluster(inv, placement)
+    took = [
+        k
+        for t in placement.tasks
+        for k, v in task_env(inv, t, jc, socket_ifname="ib7")
+        if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") and v == "ib7"
+    ]
+    assert bool(took) is used

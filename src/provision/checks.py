@@ -122,14 +122,21 @@ def disk_paths(inv: Inventory) -> list[str]:
 
 
 def request_fields(
-    inv: Inventory, host: Host | None, bundle: HostBundle | None, facts_only: Iterable[str], *, checks: bool
+    inv: Inventory,
+    host: Host | None,
+    bundle: HostBundle | None,
+    facts_only: Iterable[str],
+    *,
+    checks: bool,
+    interface: bool = True,
 ) -> dict[str, Any]:
-    """The probe request's pre-flight fields for a host (engine.probe_request): its cluster
-    address to resolve (always, for a host that runs tasks: NCCL's and Gloo's interface
-    is part of what is rendered), and with `checks` what they read."""
+    """The probe request's pre-flight fields for a host (engine.probe_request): with
+    `interface` its cluster address to resolve (for a host that runs tasks whose env takes
+    NCCL's and Gloo's interface: clusterenv.uses_socket_ifname), and with `checks` what
+    they read."""
     if host is None or bundle is None:
         return {}
-    out: dict[str, Any] = {"cluster_address": host.cluster_address}
+    out: dict[str, Any] = {"cluster_address": host.cluster_address} if interface else {}
     if checks:
         out["checks"] = {
             "gpus": "gpus" in facts_only,

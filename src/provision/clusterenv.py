@@ -101,6 +101,21 @@ def rank(task: PlacedTask, jc: JobCluster) -> int | None:
     return None
 
 
+SOCKET_IFNAME_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _own_keys(inv: Inventory, role: str) -> set[str]:
+    """The env keys the inventory sets for a pool's tasks (job env and the pool's own)."""
+    pool = inv.pool(role)
+    return {k for k, _ in inv.env} | {k for k, _ in (pool.env if pool is not None else ())}
+
+
+def uses_socket_ifname(inv: Inventory) -> bool:
+    """Does any task's env take its host's interface (task_env's socket_ifname)? Not when
+    the inventory sets both keys for every pool: then plan need not ask hosts for it."""
+    return any(not set(SOCKET_IFNAME_KEYS) <= _own_keys(inv, p.role) for p in inv.pools)
+
+
 def task_env(
     inv: Inventory,
     task: PlacedTask,
@@ -195,10 +210,8 @@ def task_env(
     # inventory's own values win, in their own place: a key the inventory sets is not added
     # here at all, so the file is the same whether or not the interface was known (offline
     # `render` does not know it).
-    pool_ = inv.pool(task.role)
-    own = {k for k, _ in inv.env} | {k for k, _ in (pool_.env if pool_ is not None else ())}
     if socket_ifname:
-        env += [(k, socket_ifname) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in own]
+        env += [(k, socket_ifname) for k in SOCKET_IFNAME_KEYS if k not in _own_keys(inv, task.role)]
 
     env += list(inv.env)
     pool = inv.pool(task.role)

@@ -26,6 +26,7 @@ from typing import Literal
 
 from . import checks as preflight
 from . import images
+from .clusterenv import uses_socket_ifname
 from .errors import ProvisionError
 from .facts import needed as needed_facts
 from .host.protocol import (
@@ -231,7 +232,12 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
         # Pre-flight checks and the cluster address's interface (checks.py).
         **(
             preflight.request_fields(
-                ctx.inventory, host, bundle, needed_facts(host) if ask.facts == CHECK_FACTS else [], checks=ask.checks
+                ctx.inventory,
+                host,
+                bundle,
+                needed_facts(host) if ask.facts == CHECK_FACTS else [],
+                checks=ask.checks,
+                interface=ask.interface,
             )
             if ask.checks or ask.interface
             else {}
@@ -291,7 +297,9 @@ def build_plan(
         unknown = sorted(replace - names)
         if unknown:
             raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
-    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=True)
+    # The cluster address's interface, where the tasks' env takes it (`check` reports it always).
+    interface = thorough or uses_socket_ifname(ctx.inventory)
+    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
 
