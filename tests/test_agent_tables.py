@@ -57,6 +57,8 @@ SCAFFOLD = (
 )
 # The host's ledger (host/ledger.py) has its own tests; a table never reserves anything.
 IGNORED = (getattr(layout, "LEDGER_DIR", "/var/lib/provision/.ledger"),)
+# systemd's own run-time files (the fake makes the invocation links a run has).
+RUNTIME = "/run"
 
 
 def cases() -> list[Any]:
@@ -152,10 +154,17 @@ elif verb == "start":
             code = 5
             continue
         state[u] = {{**state.get(u, {{}}), "ActiveState": "active", "SubState": "running"}}
+        # systemd's link to the run's invocation, while it runs (layout.INVOCATION_PREFIX)
+        link = root + "/run/systemd/units/invocation:" + u
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        if not os.path.lexists(link) and not os.environ.get("FAKE_NO_INVOCATION"):
+            os.symlink("0" * 32, link)
 elif verb == "stop":
     for u in units:
         if u in state:
             state[u] = {{**state[u], "ActiveState": "inactive", "SubState": "dead"}}
+        if os.path.lexists(root + "/run/systemd/units/invocation:" + u):
+            os.unlink(root + "/run/systemd/units/invocation:" + u)
 elif verb == "daemon-reload" and os.path.exists(reloaded_file):
     with open(reloaded_file, "w") as f:
         json.dump(sorted(os.listdir(root + "/etc/systemd/system")), f)
@@ -224,7 +233,7 @@ class Host:
         dirs: dict[str, str] = {}
         for d, subdirs, names in os.walk(self.root):
             host_d = d[len(self.root) :] or "/"
-            if host_d.startswith(IGNORED) or host_d.startswith("/proc"):
+            if host_d.startswith(IGNORED) or host_d.startswith(("/proc", RUNTIME)):
                 subdirs[:] = []
                 continue
             if host_d not in SCAFFOLD and host_d != "/":
@@ -333,3 +342,25 @@ def test_the_rooted_host_reaches_nothing_outside(tmp_path: Path) -> None:
     assert r.path.join("/a", "b") == "/a/b" and r.path.dirname("/a/b") == "/a"
     with pytest.raises(AssertionError, match="rooted path twice"):
         r.path.isdir(str(tmp_path / "etc"))  # a path that leaked out of the seam and back
+
+
+def test_units_just_started_are_not_shown_again(host: Any) -> None:
+    # A started unit whose invocation link is there runs: its state comes back without a
+    # `systemctl show` (the tables leave reads out of `calls`; here they are counted).
+    table = json.loads((HERE / "units" / "start.json").read_text())
+    h = host(table)
+    report = agent.OPS["units"](P.request_from_wire(table["request"]))
+    assert {u: s["ActiveState"] for u, s in report.units.items()} == dict.fromkeys(report.units, "active")
+    shows = [c for c in map(json.loads, h.log.read_text().splitlines()) if c[:2] == ["systemctl", "show"]]
+    assert shows == []
+
+
+def test_units_without_an_invocation_link_are_shown(host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A systemd without the links (before 236), or a run that ended at once: systemctl says.
+    monkeypatch.setenv("FAKE_NO_INVOCATION", "1")
+    table = json.loads((HERE / "units" / "start.json").read_text())
+    h = host(table)
+    report = agent.OPS["units"](P.request_from_wire(table["request"]))
+    assert P.to_wire(report) == P.to_wire(P.report_from_wire("units", table["report"]))
+    shows = [c for c in map(json.loads, h.log.read_text().splitlines()) if c[:2] == ["systemctl", "show"]]
+    assert len(shows) == 1
