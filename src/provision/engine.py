@@ -169,8 +169,10 @@ def settled(ctx: Context, name: str) -> bool:
     interface lookup); if the host shows otherwise, it is asked again with them
     (build_plan). The same record host_record would write."""
     rec, bundle = ctx.state.hosts.get(name), ctx.rendered.hosts.get(name)
-    if rec is None or bundle is None or rec.pending or name not in ctx.ifnames:
+    if rec is None or bundle is None or rec.pending:
         return False
+    if name not in ctx.ifnames and uses_socket_ifname(ctx.inventory):
+        return False  # its interface is to be found yet
     return (rec.files, rec.tasks) == kept(ctx, bundle)
 
 

@@ -498,3 +498,25 @@ def test_host_leaving_the_job_is_cleaned(sandbox4, sandbox_inventory, job_name, 
     assert "host-3" not in state["hosts"]
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_a_converged_host_is_settled_with_or_without_its_interface(sandbox4, sandbox_inventory, job_name, tmp_path):
+    # After an apply, every host holds what the state says: the next plan asks it only the
+    # settled probe (engine.settled), whether the tasks' env takes the host's interface
+    # (found at the apply and kept in the state) or the inventory sets it.
+    from provision import engine
+
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
+    for env in ({}, {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}):
+        inv = tmp_path / "inv.yaml"
+        sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, env=env)
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        ctx = engine.open_context(str(inv))
+        try:
+            names = sorted(ctx.rendered.hosts)
+            assert len(names) == 4 and all(engine.settled(ctx, n) for n in names), (env, ctx.ifnames)
+        finally:
+            ctx.close()
+        r = cli("destroy", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr

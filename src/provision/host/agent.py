@@ -244,18 +244,29 @@ def _run_subprocess(argv, timeout):
         return 124, "", timed_out(argv[0], timeout)
 
 
-def unit_states(units, known_only=False):
+# What the probes say of a unit whose run is live (its invocation link is there), without
+# asking systemctl: plan and apply need no more of a running task (status does: it asks).
+def running_state(unit):
+    return {"Id": unit, "LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+
+
+def unit_states(units, known_only=False, live=False):
     """`systemctl show` for many units in one call, as {unit: {prop: value}}. With
     `known_only` (the probe) only units layout.unit_known_paths finds; the others are
-    reported never loaded, as the shell probe does."""
+    reported never loaded, as the shell probe does. With `live`, a unit whose invocation
+    link is there is reported running_state without systemctl (the shell probe alike)."""
     units = sorted(set(units))
     if not units:
         return {}
-    shown = [u for u in units if any(os.path.lexists(p) for p in layout.unit_known_paths(u))] if known_only else units
+    running = [u for u in units if os.path.islink(layout.INVOCATION_PREFIX + u)] if live else []
+    rest = [u for u in units if u not in running]
+    shown = [u for u in rest if any(os.path.lexists(p) for p in layout.unit_known_paths(u))] if known_only else rest
     out = ""
     if shown:
         code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + shown)
-    return parse_unit_states(out, units)
+    states = parse_unit_states(out, rest)
+    states.update((u, running_state(u)) for u in running)
+    return states
 
 
 def parse_unit_states(out, units):
@@ -438,7 +449,7 @@ def op_probe(req):
         others = [u for u in ledger.units_of(held, job) if os.path.exists(layout.SYSTEMD_DIR + "/" + u)]
         held_units = parse_unit_states("", [])
         if others:
-            held_units = unit_states(others)
+            held_units = unit_states(others, live=not req.clocks)
         for u in ledger.units_of(held, job):
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
         listening = ledger.proc_listening() if req.listening else None
@@ -446,7 +457,7 @@ def op_probe(req):
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
         files=files,
-        units=unit_states(units, known_only=True),
+        units=unit_states(units, known_only=True, live=not req.clocks),
         exits=read_exits(job, units),
         facts=facts_out,
         now=time.time(),
@@ -728,7 +739,7 @@ def op_units(req):
     states = unit_states([u for u in req.report if u not in running])
     for u in req.report:
         if u in running:
-            states[u] = {"Id": u, "LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+            states[u] = running_state(u)
     # The manifest records a task's new inputs only once the task runs with them, so an
     # apply killed between writing and restarting still restarts it next time.
     if req.manifest and not errors:

@@ -258,9 +258,19 @@ if [ $# -gt 0 ]; then head -q -c $((max + 1)) -- "$@" </dev/null; fi
 echo @units
 # Only units whose file or running invocation is there (layout.unit_known_paths, KNOWN):
 # systemd knows nothing of the others, and asking would make PID 1 look for their files.
+# A unit whose run is live (its invocation link) is running: said here as the agent says
+# it (agent.RUNNING), without systemctl, but for status (CLOCK 2), which shows how long.
 shown=
 for u in $units; do
-    if [ -e "$udir$u" ] || [ -h "$udir$u" ] || [ -h "$invoc$u" ]; then shown="$shown $u"; fi
+    if [ "$clock" != 2 ] && [ -h "$invoc$u" ]; then
+        echo "Id=$u"
+        echo LoadState=loaded
+        echo ActiveState=active
+        echo SubState=running
+        echo
+    elif [ -e "$udir$u" ] || [ -h "$udir$u" ] || [ -h "$invoc$u" ]; then
+        shown="$shown $u"
+    fi
 done
 if [ -n "$shown" ]; then
     systemctl show "--property=$props" -- $shown </dev/null
