@@ -7,9 +7,8 @@ import sys
 import click
 
 from . import __version__
-from .errors import ProvisionError
+from .errors import ProvisionError, no_color
 from .explain import plural
-from .progress import no_color
 
 
 class _Main(click.Group):

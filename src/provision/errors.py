@@ -26,3 +26,11 @@ class ValidationError(ProvisionError):
     def __init__(self, problems: list[str]):
         super().__init__(problems[0] if problems else "invalid inventory", details=problems[1:])
         self.problems = problems
+
+
+def no_color() -> bool:
+    """NO_COLOR set to anything but an empty string: no ANSI colours (https://no-color.org).
+    Here, not in progress.py, so that the CLI's start does not load the status code."""
+    import os
+
+    return bool(os.environ.get("NO_COLOR"))

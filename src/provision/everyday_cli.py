@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from .errors import ProvisionError
-from .remote import complete_tasks
+
+
+def complete_tasks(ctx, param, incomplete):
+    """TASK completion (remote.complete_tasks), imported when asked: the SSH layer (paramiko)
+    is not loaded for every command's start."""
+    from .remote import complete_tasks as complete
+
+    return complete(ctx, param, incomplete)
 
 
 def _words(command) -> list[str]:

@@ -22,11 +22,6 @@ from .status import JobStatus, TaskStatus, duration
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def no_color() -> bool:
-    """NO_COLOR set to anything but an empty string: no ANSI colours (https://no-color.org)."""
-    return bool(os.environ.get("NO_COLOR"))
-
-
 def is_terminal(stream: TextIO) -> bool:
     try:
         return stream.isatty() and os.environ.get("TERM") != "dumb"
