@@ -211,7 +211,8 @@ def task_env(
     # here at all, so the file is the same whether or not the interface was known (offline
     # `render` does not know it).
     if socket_ifname:
-        env += [(k, socket_ifname) for k in SOCKET_IFNAME_KEYS if k not in _own_keys(inv, task.role)]
+        own = _own_keys(inv, task.role)
+        env += [(k, socket_ifname) for k in SOCKET_IFNAME_KEYS if k not in own]
 
     env += list(inv.env)
     pool = inv.pool(task.role)

@@ -220,9 +220,7 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},
         paths=sorted(set(rec.files if rec else ())),
         # ... and each program a task about to start runs (programs.py: plan's warning).
-        programs=sorted(
-            set(program_paths(ctx.inventory, bundle, rec, ctx.state.keyed)) - set(rec.files if rec else ())
-        ),
+        programs=program_paths(ctx.inventory, bundle, rec, ctx.state.keyed),
         units=sorted(units),
         files=ask.files,
         facts=ask.facts,

@@ -51,7 +51,7 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
     (manifest, lifecycle marker, each unit's exits)."""
     job = req.job
     files = req.listed()
-    looked = set(_looked(req))
+    looked = set(req.looked())
     units = sorted(set(req.units))
     records = [
         layout.manifest_path(job),
@@ -69,7 +69,8 @@ def command(req: ProbeRequest) -> str | None:
         return None  # every fact (`provision facts`): the agent's
     facts = set(req.facts_only) if req.facts == CHECK_FACTS else set()
     _, units, paths = _asked(req)
-    if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths + _looked(req)):
+    looked = req.looked()
+    if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths + looked):
         return None
     gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
     checks = _check_words(req, facts)
@@ -91,6 +92,8 @@ def command(req: ProbeRequest) -> str | None:
         if req.tenancy
         else "",
         *checks,
+        " ".join(looked),
+        " ".join(layout.unit_known_paths("")),  # the two prefixes: SYSTEMD_DIR/, INVOCATION_PREFIX
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
@@ -117,16 +120,7 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
         " " + " ".join(str(p) for p in ports) + " " if ports else "",
         " ".join(disk),
         req.cluster_address,
-        " ".join(_looked(req)),
-        " ".join(layout.unit_known_paths("")),
     ]
-
-
-def _looked(req: ProbeRequest) -> list[str]:
-    """The paths only stat-ed (LOOK): programs that are not also files provision put there."""
-    if not req.files:
-        return []
-    return sorted(set(req.programs) - set(req.want) - set(req.paths))
 
 
 class _Mismatch(Exception):
@@ -246,7 +240,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     """The agent's probe report from the script's output (for `command(req)`); _Mismatch if
     it does not add up."""
     listed, units, paths = _asked(req)
-    looked = set(_looked(req))
+    looked = set(req.looked())
     pos = 0
 
     def line() -> bytes:

@@ -429,8 +429,8 @@ def op_probe(req):
             put = set(manifest.get("files", {}))
             paths |= put
         units |= {t.get("unit") for t in manifest.get("tasks", {}).values() if t.get("unit")}
-    # As the shell probe's LOOK: a program that is also a file provision put there is read.
-    look = set(req.programs) - set(req.want) - set(req.paths) - put
+    # As the shell probe's LOOK; a program that is also a file the manifest names is read.
+    look = set(req.looked()) - put
     files = {p: file_info(p, req.want.get(p), req.content_max, p in look) for p in sorted(paths)}
     facts_out = checks_out = interface = None
     gpu_check = bool(req.checks and req.checks.get("gpus"))  # one nvidia-smi run gives both
@@ -698,7 +698,6 @@ def op_units(req):
     """systemctl verbs in order, then the states of the units named in `report`."""
     job = req.job
     errors = []
-    started = set()
     for verb, units in req.actions:
         if verb == "restart":
             # stop, then forget the old run's exits (its ExecStopPost writes one more), then
@@ -717,7 +716,6 @@ def op_units(req):
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
         if verb == "start":
             start(units, errors)
-            started.update(units)
         else:
             systemctl(verb, units, errors)
         for u in waiting:
@@ -732,14 +730,10 @@ def op_units(req):
         atomic_write(layout.lifecycle_path(job), json.dumps(req.lifecycle).encode(), 0o600, [])
     if req.lifecycle is not None:
         start_at_boot(job, False)  # the job ended: a boot starts nothing of it
-    # A unit just started whose invocation link is there runs (systemd removes the link when
-    # the run ends): reported so without a systemctl run (~5 ms of the host's CPU, and PID
-    # 1's answer). The others, and every unit when something failed, as systemctl shows them.
-    running = set() if errors else {u for u in started if os.path.islink(layout.INVOCATION_PREFIX + u)}
-    states = unit_states([u for u in req.report if u not in running])
-    for u in req.report:
-        if u in running:
-            states[u] = running_state(u)
+    # A unit whose invocation link is there runs (systemd removes the link when the run
+    # ends): reported so without a systemctl run (~5 ms of the host's CPU, and PID 1's
+    # answer). The others, and every unit when something failed, as systemctl shows them.
+    states = unit_states(req.report, live=not errors)
     # The manifest records a task's new inputs only once the task runs with them, so an
     # apply killed between writing and restarting still restarts it next time.
     if req.manifest and not errors:

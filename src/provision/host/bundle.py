@@ -87,7 +87,7 @@ def _key(module: str) -> str:
 
 
 # After the loader, each module's source travels as raw bytes (the loader reads their
-# lengths from MODULE_TABLE): a host with the modules cached never parses them, where
+# lengths from the table _parts writes into it): a host with the modules cached never parses them, where
 # source inside the program as string literals cost every request ~2.5 ms of compiling.
 _READ = """for _name, _pkg, _key, _n, _how in %(table)r:
     _src = sys.stdin.buffer.read(_n)
@@ -121,6 +121,7 @@ def _parts(cache: str) -> tuple[bytes, bytes]:
     return program.encode(), b"".join(sources)
 
 
+@functools.lru_cache(maxsize=2)
 def payload(cache: str = layout.AGENT_CACHE) -> bytes:
     """What precedes the request on the agent's stdin (built once per controller process)."""
     program, sources = _parts(cache)

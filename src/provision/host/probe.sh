@@ -259,7 +259,7 @@ echo @units
 # Only units whose file or running invocation is there (layout.unit_known_paths, KNOWN):
 # systemd knows nothing of the others, and asking would make PID 1 look for their files.
 # A unit whose run is live (its invocation link) is running: said here as the agent says
-# it (agent.RUNNING), without systemctl, but for status (CLOCK 2), which shows how long.
+# it (agent.running_state), without systemctl, but for status (CLOCK 2), which shows how long.
 shown=
 for u in $units; do
     if [ "$clock" != 2 ] && [ -h "$invoc$u" ]; then

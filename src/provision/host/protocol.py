@@ -61,6 +61,11 @@ class ProbeRequest:
         """The paths the report lists under `files`."""
         return sorted(set(self.want) | set(self.paths) | set(self.programs)) if self.files else []
 
+    def looked(self) -> list[str]:
+        """The listed paths only looked at: programs that are not also files provision put
+        there (those are read like the others)."""
+        return sorted(set(self.programs) - set(self.want) - set(self.paths)) if self.files else []
+
 
 @dataclass(frozen=True)
 class FileInfo:
