@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import marshal
 import subprocess
 
 import pytest
@@ -147,3 +148,19 @@ def test_a_cache_others_can_write_is_not_used(tmp_path):
     req = protocol.to_wire(protocol.ProbeRequest("bundle-test"))
     out = json.loads(run_with_cache(cache, req).stdout)
     assert "units" in out and list(cache.iterdir()) == []
+
+
+def test_modules_loaded_on_demand_are_kept_compiled_too(tmp_path):
+    """hostcheck is sent along but loaded only by the requests that use it (a network
+    check here); its compiled code is kept like the others', and the next run uses it."""
+    cache = tmp_path / "agent"
+    net = protocol.to_wire(protocol.NetcheckRequest(job="bundle-test", timeout=1.0, window=1.0))
+    run_with_cache(cache, protocol.to_wire(protocol.ProbeRequest("bundle-test")))
+    assert not [p for p in cache.iterdir() if p.name.startswith("hostcheck-")]
+    first = json.loads(run_with_cache(cache, net).stdout)
+    assert first["results"] == [] and first["accepted"] == {}
+    (kept,) = [p for p in cache.iterdir() if p.name.startswith("hostcheck-")]
+    # What is in the cache is what runs: a stand-in module there answers instead.
+    fake = "def op_netcheck(req):\n    from provision.host import protocol as P\n    return P.NetcheckReport(seconds=42.0)\n"
+    kept.write_bytes(marshal.dumps(compile(fake, "fake", "exec")))
+    assert json.loads(run_with_cache(cache, net).stdout)["seconds"] == 42.0

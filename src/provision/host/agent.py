@@ -845,12 +845,12 @@ def op_batch(req):
     return P.BatchReport(results)
 
 
-LAZY = {}  # module name → source, for lazy(); the bundle fills it (bundle.LAZY)
+LAZY = {}  # module name → a function giving its code object, for lazy(); the bundle fills it (bundle.LAZY)
 
 
 def lazy(name):
-    """A host module the bundle sent as source, compiled on first use; on the controller
-    (tests), the package's own."""
+    """A host module the bundle sent along, run on first use (its code compiled once per
+    host and source, like the others'); on the controller (tests), the package's own."""
     full = __name__.rsplit(".", 1)[0] + "." + name
     if full in sys.modules:
         return sys.modules[full]
@@ -861,7 +861,7 @@ def lazy(name):
     m = type(sys)(full)
     m.__package__ = full.rsplit(".", 1)[0]
     sys.modules[full] = m
-    exec(compile(LAZY[name], "<provision %s>" % full, "exec"), m.__dict__)
+    exec(LAZY[name](), m.__dict__)
     return m
 
 

@@ -21,8 +21,8 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
 # In dependency order: each may import the ones before it.
 MODULES = ("layout", "protocol", "ledger", "agent")
-# Sent along, compiled on the host only when a request needs one (agent.lazy): compiling
-# is most of what a module costs a host, and most requests never use these.
+# Sent along, loaded on the host only when a request needs one (agent.lazy), from the same
+# cache as the others: compiling hostcheck cost every network check ~6 ms of a host's CPU.
 LAZY = ("hostcheck",)
 STANDINS = {"dataclasses": "standins"}
 
@@ -91,8 +91,8 @@ def _key(module: str) -> str:
 # source inside the program as string literals cost every request ~2.5 ms of compiling.
 _READ = """for _name, _pkg, _key, _n, _how in %(table)r:
     _src = sys.stdin.buffer.read(_n)
-    if _how == "lazy":
-        sys.modules[%(agent)r].LAZY[_name] = _src.decode("utf-8")
+    if _how == "lazy":  # compiled (or loaded from the cache) when first used
+        sys.modules[%(agent)r].LAZY[_name] = lambda n=_name, s=_src, k=_key: _code(n, s, k)
     elif _how == "module":
         setattr(sys.modules[%(package)r], _name.rsplit(".", 1)[1], _install(_name, _src, _pkg, _key))
     else:
@@ -114,7 +114,7 @@ def _parts(cache: str) -> tuple[bytes, bytes]:
         table.append((PACKAGE + "." + module, PACKAGE, _key(module), "module"))
         sources.append(source(module).encode())
     for module in LAZY:
-        table.append((module, "", "", "lazy"))
+        table.append((module, "", _key(module), "lazy"))
         sources.append(source(module).encode())
     rows = [(n, pkg, key, len(src), how) for (n, pkg, key, how), src in zip(table, sources)]
     program = _LOADER % {"cache": cache} + _READ % {"table": rows, "agent": PACKAGE + ".agent", "package": PACKAGE}
