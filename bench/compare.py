@@ -21,7 +21,8 @@ tools round by round so that background load falls on all of them alike:
   active (systemd's ActiveEnterTimestampMonotonic on every host; the hosts are containers on
   this machine's kernel, so their monotonic clock is this process's);
 - the controller's peak memory: ru_maxrss of each run's process from wait4() (the largest
-  single process of its tree), and in one extra first apply per tool the peak PSS of the
+  single process of its tree; every tool is started by a small spawner, so the figure is the
+  tool's own and not this bench's), and in one extra first apply per tool the peak PSS of the
   whole process tree (Ansible forks a worker and an ssh per host), sampled from /proc, with
   the tree's threads and open file descriptors (and the same for one extra `plan`).
 
@@ -233,6 +234,54 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
+# Every tool is started by a small spawner process, not by this one: Linux charges a child's
+# ru_maxrss with the memory of the process it was forked from (the forked copy's high-water
+# mark is folded in at exec), so a tool forked from this bench (paramiko, docker, 128
+# connections: ~120 MiB) would report the bench's size as its own. The spawner is a bare
+# `python -S` of about 10 MiB, so its children's ru_maxrss is their own.
+SPAWNER = r"""
+import json, os, sys, time
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    out = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    m0, t0 = time.monotonic(), time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(req["cwd"])
+            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.execvpe(req["cmd"][0], req["cmd"], req["env"])
+        except BaseException as e:
+            os.write(2, ("spawner: %s\n" % e).encode())
+        os._exit(127)
+    os.close(out)
+    sys.stdout.write("%d\n" % pid)
+    sys.stdout.flush()
+    _, status, ru = os.wait4(pid, 0)
+    elapsed = time.perf_counter() - t0
+    sys.stdout.write(json.dumps({"m0": m0, "elapsed": elapsed, "code": os.waitstatus_to_exitcode(status),
+        "maxrss": ru.ru_maxrss, "cpu": ru.ru_utime + ru.ru_stime}) + "\n")
+    sys.stdout.flush()
+"""
+_spawner: subprocess.Popen | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(cmd: list[str], cwd: Path, env: dict | None, log_path: Path) -> subprocess.Popen:
+    global _spawner
+    if _spawner is None or _spawner.poll() is not None:
+        _spawner = subprocess.Popen(
+            [sys.executable, "-S", "-c", SPAWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+    req = {"cmd": cmd, "cwd": str(cwd), "env": dict(os.environ) if env is None else env, "log": str(log_path)}
+    assert _spawner.stdin and _spawner.stdout
+    _spawner.stdin.write(json.dumps(req) + "\n")
+    _spawner.stdin.flush()
+    return _spawner
+
+
 def timed(
     cmd: list[str],
     *,
@@ -244,40 +293,42 @@ def timed(
     timeout: float = 900,
     host_cpu=lambda: 0.0,
 ) -> Run:
-    """Run cmd; wall time from fork to exit, its ru_maxrss and CPU (wait4), the hosts' CPU."""
+    """Run cmd through the spawner; wall time from fork to exit, its ru_maxrss and CPU (wait4),
+    the hosts' CPU."""
     h0 = host_cpu()
     with open(log_path, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
-        out.flush()
-        m0 = time.monotonic()
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        sampler = TreeSampler(proc.pid) if sample else None
+    with _spawner_lock:  # one tool at a time; the lock only guards the pipe's framing
+        sp = _spawn(cmd, cwd, env, log_path)
+        assert sp.stdout
+        pid = int(sp.stdout.readline())
+        sampler = TreeSampler(pid) if sample else None
         if sampler:
             sampler.start()
-        killer = threading.Timer(timeout, proc.kill)  # a blocking wait4 costs this process no CPU
+        killer = threading.Timer(timeout, os.kill, (pid, 9))  # a blocking read costs this process no CPU
         killer.start()
-        _, status, ru = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - t0
+        line = sp.stdout.readline()
         killer.cancel()
-        if elapsed >= timeout:
-            raise RuntimeError(f"timed out after {timeout}s: {' '.join(cmd)} (log {log_path})")
-        proc.returncode = os.waitstatus_to_exitcode(status)
         if sampler:
             sampler.stop.set()
             sampler.join()
-    if proc.returncode not in ok_codes:
-        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)} (see {log_path})")
+    if not line:
+        raise RuntimeError(f"the spawner died running {' '.join(cmd)}")
+    res = json.loads(line)
+    if res["elapsed"] >= timeout:
+        raise RuntimeError(f"timed out after {timeout}s: {' '.join(cmd)} (log {log_path})")
+    if res["code"] not in ok_codes:
+        raise RuntimeError(f"exit {res['code']}: {' '.join(cmd)} (see {log_path})")
     return Run(
-        elapsed,
-        ru.ru_maxrss,
-        ru.ru_utime + ru.ru_stime,
+        res["elapsed"],
+        res["maxrss"],
+        res["cpu"],
         sampler.peak if sampler else None,
         host_cpu() - h0,
-        m0,
+        res["m0"],
         sampler.peak_threads if sampler else None,
         sampler.peak_fds if sampler else None,
-        proc.returncode,
+        res["code"],
     )
 
 
@@ -1025,7 +1076,8 @@ def report(
         "project's interpreter, whose site-packages may hold .pth files the tools' venv does not "
         "(on the machine of the results below one imports certifi at every start, about 20 ms).",
         "- Memory: peak RSS = ru_maxrss from wait4() over all timed runs (the largest single process "
-        "of the tool's tree); peak PSS = the whole process tree (Ansible's forks and ssh clients "
+        "of the tool's tree; the tools are started by a bare `python -S` spawner, since Linux folds "
+        "the forking process's size into a child's ru_maxrss); peak PSS = the whole process tree (Ansible's forks and ssh clients "
         "included), sampled every 50 ms from /proc in one extra first apply per tool.",
         "- provision only: `logs --tail 10` and `check` (after the first applies, with the job "
         "running; `check` counts even when it exits 1 for a failed check, the log says which). "
