@@ -301,7 +301,10 @@ def timed(
     with _spawner_lock:  # one tool at a time; the lock only guards the pipe's framing
         sp = _spawn(cmd, cwd, env, log_path)
         assert sp.stdout
-        pid = int(sp.stdout.readline())
+        pid_line = sp.stdout.readline()
+        if not pid_line:  # killed, or a broken pipe: say so rather than fail on int("")
+            raise RuntimeError(f"the spawner died starting {' '.join(cmd)} (log {log_path})")
+        pid = int(pid_line)
         sampler = TreeSampler(pid) if sample else None
         if sampler:
             sampler.start()
@@ -1077,8 +1080,9 @@ def report(
         "(on the machine of the results below one imports certifi at every start, about 20 ms).",
         "- Memory: peak RSS = ru_maxrss from wait4() over all timed runs (the largest single process "
         "of the tool's tree; the tools are started by a bare `python -S` spawner, since Linux folds "
-        "the forking process's size into a child's ru_maxrss); peak PSS = the whole process tree (Ansible's forks and ssh clients "
-        "included), sampled every 50 ms from /proc in one extra first apply per tool.",
+        "the forking process's size into a child's ru_maxrss); peak PSS = the whole process tree "
+        "(Ansible's forks and ssh clients included), sampled every 50 ms from /proc in one extra "
+        "first apply per tool.",
         "- provision only: `logs --tail 10` and `check` (after the first applies, with the job "
         "running; `check` counts even when it exits 1 for a failed check, the log says which). "
         "Launch latency: from the fork of the first apply to the last task's unit entering "
