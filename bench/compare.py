@@ -132,7 +132,7 @@ def provision_command(rev: str | None) -> list[str]:
         return [
             sys.executable,
             "-c",
-            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from provision.cli import main; main()",
+            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from provision.cli.app import main; main()",
         ]
     cand = Path(sys.executable).parent / "provision"
     if cand.exists():
@@ -146,11 +146,11 @@ def provision_command(rev: str | None) -> list[str]:
 def warm_up(provision_cmd: list[str]) -> None:
     """Write provision's .pyc files before anything is timed (see tool_env)."""
     code = (
-        "import provision.cli, provision.engine, provision.output, provision.lifecycle, provision.status, "
-        "provision.inventory, provision.render, provision.plan, provision.ssh, provision.state"
+        "import provision.cli.app, provision.run.context, provision.cli.output, provision.core.lifecycle, provision.rules.status, "
+        "provision.spec.inventory, provision.spec.render, provision.rules.plan, provision.io.ssh, provision.io.state"
     )
     if provision_cmd[0] == sys.executable:  # --provision-rev: the same sys.path line, then the imports
-        code = provision_cmd[2].split("from provision.cli")[0] + code
+        code = provision_cmd[2].split("from provision.cli.app")[0] + code
     subprocess.run([sys.executable, "-c", code], check=True, env=tool_env())
 
 

@@ -101,8 +101,8 @@ def find_sandbox(spec: str | None):
 def probe_command() -> tuple[str | None, object]:
     """provision's probe for a plan of one task (its env file, unit, ledger), or None."""
     try:
-        from provision import probe
         from provision.host.protocol import ProbeRequest
+        from provision.io import probe
 
         req = ProbeRequest(
             job="phases",
@@ -362,7 +362,7 @@ def paper(
     n: int, seq: list[dict], p_wall: float, ctrl: float, host: float, threads: int, alt: dict[tuple[str, str], float]
 ) -> list[str]:
     """1,000 hosts extrapolated from the per-host costs measured here."""
-    from provision.ssh import fd_safe_parallelism
+    from provision.io.ssh import fd_safe_parallelism
 
     par = fd_safe_parallelism()
     N = 1000

@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile load+render, top 25 by cumulative time")
     args = ap.parse_args(argv)
 
-    from provision.inventory import load
-    from provision.placement import place
-    from provision.render import render, write_tree
+    from provision.spec.inventory import load
+    from provision.spec.placement import place
+    from provision.spec.render import render, write_tree
 
     work = Path(tempfile.mkdtemp(prefix="provision-bench-", dir=args.dir))
     try:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
         cli = shutil.which("provision")
-        cmd = [cli] if cli else [sys.executable, "-m", "provision.cli"]
+        cmd = [cli] if cli else [sys.executable, "-m", "provision.cli.app"]
         runs = []
         for i in range(args.repeat):
             out = work / f"cli-{i}"

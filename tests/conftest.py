@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
 def docker_engine():
     """A docker SDK client for an engine that answers; skip (fail under CI) otherwise."""
     from provision import sandbox
-    from provision.errors import ProvisionError
+    from provision.core.errors import ProvisionError
 
     try:
         return sandbox.check_engine()

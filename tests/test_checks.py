@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from provision import checks
-from provision.checks import Finding, Status
+from provision.core.target import HostError, Target
 from provision.host import hostcheck, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
-from provision.inventory import parse
-from provision.plan import make_plan
-from provision.render import render
-from provision.ssh import HostError, Target
+from provision.rules import network
+from provision.rules import preflight as checks
+from provision.rules.plan import make_plan
+from provision.rules.preflight import Finding, Status
+from provision.run import check as check_cmd
+from provision.spec.inventory import parse
+from provision.spec.render import render
 
 UNIT = "provision-j-chief-0.service"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -465,13 +467,13 @@ def inventory(tmp_path, pools: str, hosts: int = 3):
 )
 def test_who_dials_whom(tmp_path, job, want):
     inv = inventory(tmp_path, JOBS[job])
-    got = checks.peers(inv, render(inv).placement)
+    got = network.peers(inv, render(inv).placement)
     assert {t: [x.name for x in xs] for t, xs in got.items()} == want
 
 
 def test_big_jobs_dial_the_master_and_their_neighbours(tmp_path):
     inv = inventory(tmp_path, "worker: {replicas: 80, command: [x]}", hosts=80)
-    got = checks.peers(inv, render(inv).placement)
+    got = network.peers(inv, render(inv).placement)
     assert [x.name for x in got["worker-5"]] == ["worker-0"] + [f"worker-{i}" for i in range(6, 14)]
     assert [x.name for x in got["worker-79"]] == [f"worker-{i}" for i in range(8)]  # the master once
 
@@ -484,7 +486,7 @@ def net_plan(tmp_path, ports_h1=None):
     if ports_h1 is not None:
         reports["h1"] = ProbeReport(checks={"ports": ports_h1})
     p = make_plan(rendered, targets, reports)
-    return checks.network_plan(inv, p, rendered.placement), rendered.placement
+    return network.network_plan(inv, p, rendered.placement), rendered.placement
 
 
 def test_each_host_listens_on_its_free_ports_and_dials_its_peers(tmp_path):
@@ -509,7 +511,7 @@ def test_a_failure_is_one_line_naming_both_ends(tmp_path):
     i = net.requests["h3"].dial.index(["n1", 2222])
     results["h3"].results[i] = "timed out: a firewall?"
     results["h2"] = NetcheckReport(results=[None, None], listen_errors={"2222": "Address already in use"})
-    found, failures = checks.network_findings(net, results, placement)
+    found, failures = network.network_findings(net, results, placement)
     assert [f.line for f in failures] == ["worker-1 on h3 cannot reach chief-0 at n1:2222 (timed out: a firewall?)"]
     assert has(found, "h2", "network", Status.FAIL, "could not listen on port 2222 (worker-0) to test it")[0]
     assert has(found, "h1", "network", Status.PASS, "reached 2 addresses")[0]
@@ -519,7 +521,7 @@ def test_a_failure_is_one_line_naming_both_ends(tmp_path):
 
 
 def env_of(rendered, host, task):
-    from provision.plan import parse_env
+    from provision.rules.plan import parse_env
 
     return parse_env(rendered.hosts[host].file_map()[f"/etc/provision/j/{task}.env"].data().decode())
 
@@ -545,7 +547,7 @@ def test_socket_ifnames_leave_out_loopback_and_unknowns():
         "c": ProbeReport(interface={"address": None, "name": None, "error": "x"}),
         "d": ProbeReport(),
     }
-    assert checks.socket_ifnames(reports) == {"a": "eth0"}
+    assert check_cmd.socket_ifnames(reports) == {"a": "eth0"}
 
 
 def test_what_a_host_is_asked(tmp_path):
@@ -580,11 +582,11 @@ def test_the_script_and_the_agent_read_the_checks_alike(tmp_path, monkeypatch):
     import subprocess
     from pathlib import Path
 
-    from provision import probe
     from provision.host import agent
     from provision.host.protocol import ProbeRequest, to_wire
+    from provision.io import probe
 
-    standin = Path(checks.__file__).parent / "hostimage" / "rootfs" / "usr" / "bin" / "nvidia-smi"
+    standin = Path(checks.__file__).parent.parent / "hostimage" / "rootfs" / "usr" / "bin" / "nvidia-smi"
     if not Path("/usr/bin/python3").exists():
         pytest.skip("the stand-in runs under /usr/bin/python3")
     bin_dir = tmp_path / "bin"

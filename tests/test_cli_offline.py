@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from provision.cli import main
+from provision.cli.app import main
 
 GOOD = """\
 job: demo
@@ -72,7 +72,7 @@ def run(*args: str, cwd: Path) -> tuple[int, str, str]:
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The installed console script, as a user runs it."""
     exe = shutil.which("provision")
-    cmd = [exe] if exe else [sys.executable, "-c", "from provision.cli import main; main()"]
+    cmd = [exe] if exe else [sys.executable, "-c", "from provision.cli.app import main; main()"]
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -119,7 +119,7 @@ def test_validate_names_a_job_file(tmp_path):
 
 
 def test_h_is_help_everywhere_and_plurals(project):
-    from provision.explain import plural
+    from provision.core.text import plural
 
     for args in (["-h"], ["validate", "-h"], ["logs", "-h"], ["sandbox", "up", "-h"]):
         code, out, _ = run(*args, cwd=project)

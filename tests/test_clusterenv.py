@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.clusterenv import job_cluster, task_env, uses_socket_ifname
-from provision.inventory import load, parse
-from provision.placement import place
+from provision.spec.clusterenv import job_cluster, task_env, uses_socket_ifname
+from provision.spec.inventory import load, parse
+from provision.spec.placement import place
 
 ROOT = Path(__file__).resolve().parent.parent
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))

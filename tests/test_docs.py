@@ -207,7 +207,8 @@ def test_link_checker_catches_bad_links(tmp_path):
 
 
 def test_every_inventory_key_is_documented():
-    from provision import inventory, model
+    from provision.core import model
+    from provision.spec import inventory
 
     spans = code_spans((DOCS / "inventory.md").read_text(encoding="utf-8"))
     wanted = {
@@ -230,7 +231,7 @@ def test_every_inventory_key_is_documented():
 
 
 def test_every_task_variable_is_documented():
-    from provision.inventory import RESERVED_ENV
+    from provision.spec.inventory import RESERVED_ENV
 
     spans = code_spans((DOCS / "environment.md").read_text(encoding="utf-8"))
     missing = sorted(v for v in RESERVED_ENV if v not in spans)
@@ -274,7 +275,7 @@ def _mentions(section: str, flag: str) -> bool:
 
 
 def test_every_command_and_flag_is_documented():
-    from provision.cli import main
+    from provision.cli.app import main
 
     text = (DOCS / "commands.md").read_text(encoding="utf-8")
     missing = []
@@ -295,7 +296,7 @@ def test_every_command_and_flag_is_documented():
 
 def test_command_walk_sees_subcommands():
     """The walk above reaches nested groups (sandbox up, ...), so they are checked too."""
-    from provision.cli import main
+    from provision.cli.app import main
 
     paths = {p for p, _ in _commands(main)}
     assert ("apply",) in paths and ("sandbox",) in paths and ("sandbox", "up") in paths
@@ -330,7 +331,7 @@ def _validate_example(text: str, tmp_path: Path) -> None:
     """Validate an example inventory, with empty stand-ins for the `files:` it pushes."""
     import yaml
 
-    from provision.inventory import parse
+    from provision.spec.inventory import parse
 
     for entry in (yaml.safe_load(text) or {}).get("files") or []:
         src = tmp_path / entry["src"]
@@ -359,8 +360,8 @@ def test_readme_first_inventory_is_valid(tmp_path):
 def test_environment_example_matches_render(tmp_path):
     """The env file quoted in docs/environment.md is what `provision render` writes for the
     example inventory (lines shortened with '...' in the page are skipped)."""
-    from provision.inventory import load
-    from provision.render import render, write_tree
+    from provision.spec.inventory import load
+    from provision.spec.render import render, write_tree
 
     text = (DOCS / "environment.md").read_text(encoding="utf-8")
     m = re.search(r"`(out/([a-z0-9][a-z0-9._-]*)/(etc/provision/[a-z0-9-]+/[a-z0-9_-]+\.env))`", text)

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provision import encode
-from provision.errors import ProvisionError
+from provision.core import encode
+from provision.core.errors import ProvisionError
 
 EXAMPLES = int(os.environ.get("PROVISION_HYPOTHESIS_EXAMPLES", "300"))
 

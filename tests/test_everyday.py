@@ -10,11 +10,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from provision.cli import main
-from provision.everyday_cli import init_text
-from provision.inventory import parse
-from provision.remote import NOT_APPLIED, exec_script, shell_command, ssh_argv
-from provision.ssh import Target
+from provision.cli.app import main
+from provision.cli.everyday import init_text
+from provision.core.target import Target
+from provision.run.remote import NOT_APPLIED, exec_script, shell_command, ssh_argv
+from provision.spec.inventory import parse
 
 JOB = """\
 job: j
@@ -29,7 +29,7 @@ pools:
 
 
 def test_exec_script_loads_the_env_file_as_systemd_does(tmp_path):
-    from provision.render import render, write_tree
+    from provision.spec.render import render, write_tree
 
     inv = parse(JOB, tmp_path / "inv.yaml")
     write_tree(render(inv), tmp_path / "out")

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
+from provision.core.lifecycle import TaskState, task_state
 from provision.host import layout
-from provision.inventory import load
-from provision.lifecycle import TaskState, task_state
-from provision.render import FileKind, render
+from provision.spec.inventory import load
+from provision.spec.render import FileKind, render
 
 
 def unit_lines(tmp_path) -> dict[str, str]:

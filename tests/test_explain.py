@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from provision import explain as E
-from provision import logs as L
+from provision.core import explain as E
+from provision.core.lifecycle import JobPhase, TaskState, start_failure, task_state
 from provision.host.protocol import FileInfo
-from provision.lifecycle import JobPhase, TaskState, task_state
+from provision.run import logs as L
 
 # --------------------------------------------------------------------------- the words
 
@@ -102,7 +102,7 @@ def test_task_state_words_a_failed_exec():
 def test_start_failure_words_apply_uses():
     unit = {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed", "Result": "exit-code"}
     unit |= {"ExecMainCode": "1", "ExecMainStatus": "203"}
-    assert E.start_failure("chief-0", unit, [], MISSING) == (
+    assert start_failure("chief-0", unit, [], MISSING) == (
         "the program could not be started: /opt/venv/bin/torchrun: No such file or directory (exit status 203/EXEC)"
     )
 
@@ -181,7 +181,7 @@ def test_boundary_prints_each_line_once_after_a_tail():
 
 
 def _status(states, phase=JobPhase.RUNNING):
-    from provision.status import JobStatus, TaskStatus
+    from provision.rules.status import JobStatus, TaskStatus
 
     tasks = tuple(
         TaskStatus(name, "worker", "h1", "a:1", [], state, code, 0, 5, detail) for name, state, code, detail in states
@@ -190,8 +190,8 @@ def _status(states, phase=JobPhase.RUNNING):
 
 
 def test_with_lines_makes_the_detail_and_reason_precise(tmp_path):
-    from provision.inventory import parse
-    from provision.status import needs_lines, with_lines
+    from provision.rules.status import needs_lines, with_lines
+    from provision.spec.inventory import parse
 
     inv = parse(
         "job: j\nhosts:\n- {name: h1, address: 192.0.2.1}\npools:\n  worker: {replicas: 2, command: [/opt/x]}\n",
@@ -212,7 +212,7 @@ def test_with_lines_makes_the_detail_and_reason_precise(tmp_path):
 
 
 def test_progress_plain_lines_on_change_and_every_10_seconds():
-    from provision.progress import Display
+    from provision.cli.progress import Display
 
     now = [0.0]
     out = io.StringIO()
@@ -234,7 +234,7 @@ def test_progress_plain_lines_on_change_and_every_10_seconds():
 
 
 def test_progress_redraws_in_place_on_a_terminal():
-    from provision.progress import Display
+    from provision.cli.progress import Display
 
     out = io.StringIO()
     d = Display(out, tty=True)
@@ -249,9 +249,9 @@ def test_progress_redraws_in_place_on_a_terminal():
 
 
 def test_program_warnings(tmp_path):
-    from provision import programs
-    from provision.inventory import parse
-    from provision.render import render
+    from provision.rules import programs
+    from provision.spec.inventory import parse
+    from provision.spec.render import render
 
     (tmp_path / "run.sh").write_text("echo hi\n")
     (tmp_path / "run.sh").chmod(0o644)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from provision.images import ImageChange, host_check_command, human
+from provision.core.imagechange import ImageChange, human
+from provision.io.images import host_check_command
 
 
 def test_plan_lines():

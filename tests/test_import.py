@@ -22,11 +22,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from provision.cli import main
-from provision.inventory import load, parse
-from provision.placement import place
-from provision.plan import parse_env
-from provision.render import render
+from provision.cli.app import main
+from provision.rules.plan import parse_env
+from provision.spec.inventory import load, parse
+from provision.spec.placement import place
+from provision.spec.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "import"

@@ -169,17 +169,17 @@ pools:
 
 @pytest.fixture
 def first(tmp_path):
-    from provision.inventory import parse
-    from provision.render import render
+    from provision.spec.inventory import parse
+    from provision.spec.render import render
 
     inv = parse(INVENTORY, tmp_path / "inventory.yaml")
     return inv, render(inv)
 
 
 def test_plan_json_shape_offline(first):
+    from provision.core.target import Target
     from provision.host.protocol import ProbeReport
-    from provision.plan import make_plan
-    from provision.ssh import Target
+    from provision.rules.plan import make_plan
 
     inv, rendered = first
     targets = {h.name: Target.from_host(h) for h in inv.hosts}
@@ -188,10 +188,10 @@ def test_plan_json_shape_offline(first):
 
 
 def test_apply_json_shape_offline(first):
-    from provision.engine import HostOutcome
+    from provision.core.target import Target
     from provision.host.protocol import ProbeReport
-    from provision.plan import make_plan
-    from provision.ssh import Target
+    from provision.rules.plan import make_plan
+    from provision.run.apply import HostOutcome
 
     inv, rendered = first
     targets = {h.name: Target.from_host(h) for h in inv.hosts}
@@ -202,7 +202,7 @@ def test_apply_json_shape_offline(first):
 
 def test_status_json_shape_offline(first):
     from provision.host.protocol import ProbeReport
-    from provision.status import job_status
+    from provision.rules.status import job_status
 
     inv, rendered = first
     done = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "Result": "success"}
@@ -222,7 +222,7 @@ def test_status_json_shape_offline(first):
 
 
 def test_facts_json_shape_offline():
-    from provision.facts import summary_row
+    from provision.rules.facts import summary_row
 
     row = summary_row("gpu-1", {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33})
     assert row["gpu_model"] is None and row["systemd"] is None  # absent: null, not "-" or "none"

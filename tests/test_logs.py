@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from provision import logs as L
-from provision.errors import ProvisionError
+from provision.core.errors import ProvisionError
+from provision.run import logs as L
 
 IDENTS = {"provision-j-chief-0": "chief-0", "provision-j-worker-0": "worker-0"}
 
@@ -274,7 +274,7 @@ def test_reader_going_away_is_not_an_error():
     """`provision logs INV | head -1`: no BrokenPipeError traceback, the printer stops."""
     code = (
         "import sys\n"
-        "from provision import logs as L\n"
+        "from provision.run import logs as L\n"
         "p = L.Printer(['t'], {'t': 'h'}, out_dir=None, timestamps=False)\n"
         "stopped = []\n"
         "p.on_pipe_closed = lambda: stopped.append(1)\n"

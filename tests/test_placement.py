@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from provision.model import ROLES, Accelerators, Host, Inventory, Pool, SSHSettings
-from provision.placement import PlacementError, place, task_order
+from provision.core.model import ROLES, Accelerators, Host, Inventory, Pool, SSHSettings
+from provision.spec.placement import PlacementError, place, task_order
 
 # Modest by default (the whole offline suite stays fast); PROVISION_HYPOTHESIS_EXAMPLES=5000
 # for a longer hunt.

@@ -10,13 +10,13 @@ from dataclasses import replace
 import click
 import pytest
 
+from provision.cli.output import plan_lines
+from provision.core.imagechange import ImageChange
+from provision.core.target import Target
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
-from provision.images import ImageChange
-from provision.inventory import parse
-from provision.output import plan_lines
-from provision.plan import Plan, make_plan, plan_host
-from provision.render import Rendered, render
-from provision.ssh import Target
+from provision.rules.plan import Plan, make_plan, plan_host
+from provision.spec.inventory import parse
+from provision.spec.render import Rendered, render
 
 INVENTORY = """\
 job: counts

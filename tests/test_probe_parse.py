@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from provision import probe
 from provision.host import agent
 from provision.host.protocol import FileInfo, ProbeReport, ProbeRequest
+from provision.io import probe
 
 JOB = "j"
 ENV = f"/etc/provision/{JOB}/chief-0.env"

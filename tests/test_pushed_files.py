@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import ProvisionError, ValidationError
-from provision.inventory import parse
-from provision.model import FileSpec
-from provision.pushed import PushedFile, normalize_dest, pushed_mode, walk_spec
-from provision.render import pushed_files, render
+from provision.core.errors import ProvisionError, ValidationError
+from provision.core.model import FileSpec
+from provision.spec.inventory import parse
+from provision.spec.pushed import PushedFile, normalize_dest, pushed_mode, walk_spec
+from provision.spec.render import pushed_files, render
 
 BASE = """\
 job: ptest

@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.host import layout
-from provision.host.protocol import ProbeReport
-from provision.inventory import load
-from provision.lifecycle import (
+from provision.core.lifecycle import (
     RUN_LIVE,
     RUN_SHUTDOWN,
     JobPhase,
@@ -35,10 +32,13 @@ from provision.lifecycle import (
     systemd_restart,
     task_state,
 )
-from provision.model import RestartPolicy
-from provision.placement import place
-from provision.render import FileKind, render
-from provision.status import job_status
+from provision.core.model import RestartPolicy
+from provision.host import layout
+from provision.host.protocol import ProbeReport
+from provision.rules.status import job_status
+from provision.spec.inventory import load
+from provision.spec.placement import place
+from provision.spec.render import FileKind, render
 
 JOB, TASK = "rb", "worker-0"
 NEVER = RestartPolicy("Never", 0)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from provision.clusterenv import job_cluster, task_env
-from provision.inventory import parse
-from provision.render import render, write_tree
+from provision.spec.clusterenv import job_cluster, task_env
+from provision.spec.inventory import parse
+from provision.spec.render import render, write_tree
 
 _spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
 _ports = importlib.util.module_from_spec(_spec)

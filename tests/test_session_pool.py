@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from provision.ssh import KnownHosts, Session, Target
+from provision.core.target import Target
+from provision.io.ssh import KnownHosts, Session
 
 
 class FakeConn:

@@ -1,7 +1,7 @@
 """ssh.Connection resolves a host as fabric's Connection did for us: ssh_config's HostName,
 User, Port, IdentityFile, ProxyJump and ProxyCommand where the inventory is silent, the
 inventory's values where it is not (a table, on a temporary ssh_config; no network). And
-importing provision.ssh imports neither fabric nor invoke (issue 17: ~50 ms of start-up)."""
+importing provision.io.ssh imports neither fabric nor invoke (issue 17: ~50 ms of start-up)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from provision import ssh
-from provision.ssh import Connection, KnownHosts, Session, Target
+from provision.core.target import Target
+from provision.io import ssh
+from provision.io.ssh import Connection, KnownHosts, Session
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -209,7 +210,7 @@ def python(code: str) -> str:
 
 
 def test_importing_provision_ssh_imports_neither_fabric_nor_invoke():
-    out = python("import sys, provision.ssh; print(sorted({'fabric', 'invoke'} & set(sys.modules)))")
+    out = python("import sys, provision.io.ssh; print(sorted({'fabric', 'invoke'} & set(sys.modules)))")
     assert out.strip() == "[]"
 
 
@@ -217,7 +218,7 @@ def test_match_exec_still_works_and_fabric_still_imports_after(tmp_path):
     path = tmp_path / "ssh_config"
     path.write_text('Match exec "true"\n    HostName 192.0.2.77\n')
     code = (
-        "import provision.ssh as s, fabric\n"
+        "import provision.io.ssh as s, fabric\n"
         f"print(s._load_ssh_config([{str(path)!r}]).lookup('x')['hostname'], fabric.Connection.__name__)"
     )
     assert python(code).split() == ["192.0.2.77", "Connection"]

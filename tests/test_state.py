@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import state as S
-from provision.errors import ProvisionError
-from provision.placement import Slot
+from provision.core.errors import ProvisionError
+from provision.io import state as S
+from provision.spec.placement import Slot
 
 
 def test_an_empty_lock_file_is_never_taken_over_as_stale(tmp_path):
@@ -78,7 +78,7 @@ def test_two_takers_at_once_one_wins(tmp_path):
 def test_the_lock_is_taken_before_the_state_is_read(tmp_path, monkeypatch):
     """An apply that waits for the lock must read the state its predecessor saved, never
     an older one: open_context locks, then loads."""
-    from provision import engine
+    from provision.run import context as engine
 
     inv = tmp_path / "inv.yaml"
     inv.write_text(

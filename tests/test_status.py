@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from provision.core.lifecycle import restarts, task_state
+from provision.core.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
 from provision.host.layout import unit_name
 from provision.host.protocol import ProbeReport
-from provision.lifecycle import restarts, task_state
-from provision.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
-from provision.placement import place
-from provision.status import job_status
+from provision.rules.status import job_status
+from provision.spec.placement import place
 
 ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
 AUTO_RESTART = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "auto-restart"}
@@ -240,7 +240,7 @@ def test_pending_unknown_and_everything_stopped_by_hand():
     ],
 )
 def test_restart_policy_mapping(policy, limit, expect):
-    from provision.lifecycle import systemd_restart
+    from provision.core.lifecycle import systemd_restart
 
     got = systemd_restart(RestartPolicy(policy, limit))
     for k, v in expect.items():
@@ -257,8 +257,8 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
     """inventories/sandbox/<name>.yaml + a sandbox's hosts (`sandbox up --from`) is a valid
     inventory whose files exist and whose tasks land where the comments say."""
     from provision import sandbox
-    from provision.inventory import load
-    from provision.sandbox_cli import job_from_file
+    from provision.cli.sandboxcmd import job_from_file
+    from provision.spec.inventory import load
 
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "id_ed25519").write_text("not a real key\n")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from provision import render
+from provision.spec import render
 
 
 @pytest.fixture

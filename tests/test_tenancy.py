@@ -12,12 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSettings
 from provision.host import layout, ledger
 from provision.host.protocol import ProbeReport, Reservation
-from provision.model import Accelerators, Host, Inventory, Pool, SSHSettings
-from provision.placement import Held, PlacementError, place
-from provision.steps import GroupResult, Step
-from provision.tenancy import Hold, Owner, held_for, holders, host_view, jobs_json, judge, owner_problem, reservation
+from provision.io.steps import GroupResult, Step
+from provision.rules.tenancy import (
+    Hold,
+    Owner,
+    held_for,
+    holders,
+    host_view,
+    jobs_json,
+    judge,
+    owner_problem,
+    reservation,
+)
+from provision.spec.placement import Held, PlacementError, place
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -266,7 +276,7 @@ def test_listening_ports_each_once():
 
 
 def test_group_result_updated_takes_the_retried_hosts():
-    from provision.ssh import HostError, Target
+    from provision.core.target import HostError, Target
 
     t = Target("b", "10.0.0.2", 22, "root", None, None, 10, "accept-new")
     first: GroupResult[int] = GroupResult(

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import ProvisionError, ValidationError
-from provision.inventory import load, parse
+from provision.core.errors import ProvisionError, ValidationError
+from provision.spec.inventory import load, parse
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation-errors.md"
 NAME = "inventory.yaml"  # how the file is named in every message below

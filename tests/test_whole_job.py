@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from provision.lifecycle import Action, Decision, Reason, finished, synchronous, whole_job
+from provision.core.lifecycle import Action, Decision, Reason, finished, synchronous, whole_job
 
 RUN = Decision(Action.NONE, Reason.RUNNING, "")
 CHANGED = Decision(Action.RESTART, Reason.INPUTS_CHANGED, "env")

@@ -1,5 +1,5 @@
 """`python -m provision` runs the CLI."""
 
-from .cli import main
+from provision.cli.app import main
 
 main(prog_name="provision")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from provision import sandbox
-from provision.plan import parse_env
+from provision.rules.plan import parse_env
 from provision.sandbox import dockerlayer, engine
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.plan import parse_env
+from provision.rules.plan import parse_env
 
 from .clirun import cli
 
@@ -504,7 +504,7 @@ def test_a_converged_host_is_settled_with_or_without_its_interface(sandbox4, san
     # After an apply, every host holds what the state says: the next plan asks it only the
     # settled probe (engine.settled), whether the tasks' env takes the host's interface
     # (found at the apply and kept in the state) or the inventory sets it.
-    from provision import engine
+    from provision.run import context as engine
 
     pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 3, "command": LONG}}
     for env in ({}, {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}):

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from provision import sandbox
-from provision.plan import parse_env
-from provision.sandbox_cli import job_from_file
+from provision.cli.sandboxcmd import job_from_file
+from provision.rules.plan import parse_env
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import engine
-from provision import probe as fast_probe
 from provision.host.protocol import ProbeRequest, to_wire
+from provision.io import probe as fast_probe
+from provision.run import context as engine
 
 from .clirun import cli
 

@@ -19,8 +19,8 @@ import yaml
 from click.testing import CliRunner
 
 from provision import sandbox
-from provision.cli import main
-from provision.errors import ProvisionError
+from provision.cli.app import main
+from provision.core.errors import ProvisionError
 from provision.sandbox import core, image
 
 NVIDIA_SMI = Path(sandbox.__file__).resolve().parent.parent / "hostimage/rootfs/usr/bin/nvidia-smi"
@@ -277,7 +277,7 @@ def test_cli_up_then_down_leaves_nothing_behind(sandbox_factory, docker_engine, 
         r = runner.invoke(main, ["sandbox", "list"])
         assert r.exit_code == 0 and name in r.output
         # A key an earlier sandbox left for the same address must not make apply refuse.
-        from provision.sandbox_cli import _refresh_known_hosts
+        from provision.cli.sandboxcmd import _refresh_known_hosts
 
         kh = tmp_path / ".provision/known_hosts"
         kh.parent.mkdir()

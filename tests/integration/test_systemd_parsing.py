@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision.clusterenv import job_cluster, task_env
-from provision.inventory import parse
-from provision.render import render
+from provision.spec.clusterenv import job_cluster, task_env
+from provision.spec.inventory import parse
+from provision.spec.render import render
 
 pytestmark = pytest.mark.integration
 

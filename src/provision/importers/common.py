@@ -16,12 +16,12 @@ from typing import NoReturn
 
 import yaml
 
-from ..encode import ENV_KEY  # what a name in an env file may be
-from ..errors import ProvisionError
+from provision.core.encode import ENV_KEY  # what a name in an env file may be
+from provision.core.errors import ProvisionError
 
 # Variables provision sets itself; a spec may not set them.
-from ..inventory import RESERVED_ENV
-from ..inventory import show_value as show
+from provision.spec.inventory import RESERVED_ENV
+from provision.spec.inventory import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
 

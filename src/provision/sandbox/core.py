@@ -32,7 +32,8 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
+
 from . import dockerlayer, engine
 from ._paths import sandbox_dir, sandboxes_dir
 from ._util import Progress, no_progress, raise_sysctls, write_private

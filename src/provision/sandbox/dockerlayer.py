@@ -23,7 +23,8 @@ import time
 import docker
 import docker.errors
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
+
 from ._paths import logs_dir
 from ._util import Progress, file_lock, no_progress, tail
 from .image import debian_mirror, image_exists

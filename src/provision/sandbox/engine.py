@@ -7,7 +7,7 @@ import os
 import docker
 import docker.errors
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
 
 # Containers and networks of a sandbox carry this label, so `down` finds leftovers even
 # when the sandbox's metadata on disk is gone.

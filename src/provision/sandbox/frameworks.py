@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
+
 from ._paths import frameworks_dir, logs_dir
 from ._util import Progress, file_lock, no_progress, tail
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
+
 from . import engine
 from ._paths import build_dir, cache_root, logs_dir
 from ._util import Progress, file_lock, no_progress, tail

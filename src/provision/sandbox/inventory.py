@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
+
 from .core import ACCELERATOR_TYPE, Sandbox
 
 # First line of every inventory the sandbox writes: `sandbox up` overwrites only such files.

@@ -1,0 +1,1 @@
+"""click commands only: parse arguments, call run/, print, choose the exit code."""

@@ -1,0 +1,242 @@
+"""Everyday commands: `provision exec`, `provision ssh`, `provision init`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from provision.core.errors import ProvisionError
+
+
+def complete_tasks(ctx, param, incomplete):
+    """TASK completion (remote.complete_tasks), imported when asked: the SSH layer (paramiko)
+    is not loaded for every command's start."""
+    from provision.run.remote import complete_tasks as complete
+
+    return complete(ctx, param, incomplete)
+
+
+def _words(command) -> list[str]:
+    """The command's words (click keeps the `--` that separates them)."""
+    words = list(command)
+    return words[1:] if words[:1] == ["--"] else words
+
+
+@click.command(
+    "exec",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("inventory", type=click.Path())
+@click.argument("task", shell_complete=complete_tasks)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
+@click.option("--state", "state_path", type=click.Path(), help="State file.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
+def exec_cmd(inventory, task, command, state_path, verbose):
+    """Run COMMAND on TASK's host with the task's environment; its output and exit code.
+
+    The words after `--` are run as given (no shell), as root, with every variable of the
+    task's environment file set (TF_CONFIG, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...).
+    """
+    from provision.run.context import open_context
+    from provision.run.remote import run_exec
+
+    command = _words(command)
+    ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
+    try:
+        code = run_exec(ctx, task, command)
+    finally:
+        ctx.close()
+    sys.exit(code)
+
+
+@click.command("ssh", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("inventory", type=click.Path())
+@click.argument("task", shell_complete=complete_tasks)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND...]")
+@click.option("--state", "state_path", type=click.Path(), help="State file.")
+@click.option("--print", "print_only", is_flag=True, help="Print the ssh command line instead of running it.")
+def ssh_cmd(inventory, task, command, state_path, print_only):
+    """An interactive shell on TASK's host, in the task's environment (OpenSSH's ssh).
+
+    With `-- COMMAND...`, that command instead of a shell (ssh's own rules: one string for
+    the remote shell).
+    """
+    import shlex
+    import shutil
+
+    from provision.run.remote import shell_command, ssh_argv
+    from provision.spec.inventory import load
+    from provision.spec.placement import place
+
+    command = _words(command)
+    from provision.core.target import Target
+    from provision.io.state import State, default_state_path
+
+    inv = load(inventory)
+    sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
+    state = State.load(sp, inv.job) if sp.exists() else None
+    tasks = {t.name: t for t in place(inv, state.previous_placement() if state else None).tasks}
+    if task not in tasks:
+        raise ProvisionError(f"no task named {task} in job {inv.job} (tasks: {', '.join(tasks) or 'none'})")
+    host = tasks[task].host
+    target = Target.from_host(host)
+    from provision.host import layout
+
+    remote = list(command) or [shell_command(layout.env_path(inv.job, task), sudo=(target.user or "root") != "root")]
+    argv = ssh_argv(target, sp.parent / "known_hosts", remote=remote, tty=not command)
+    if print_only:
+        click.echo(" ".join(shlex.quote(a) for a in argv))
+        return
+    if shutil.which("ssh") is None:
+        raise ProvisionError(
+            "ssh: OpenSSH's `ssh` is not installed here (use `provision ssh --print` to see the command)"
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp("ssh", argv)
+
+
+INIT_TEMPLATE = """\
+# provision inventory, written by `provision init`. Reference: docs/inventory.md.
+# Next: edit the pools, then
+#   provision validate {out}
+#   provision plan {out}
+#   provision apply {out}
+job: {job}
+
+# How to reach the hosts (each host may override any of these).
+ssh:
+{ssh}
+# The machines the job runs on. `address` is where SSH connects; `cluster_address` (if
+# given) is where the tasks reach each other. Declare the accelerators each host has:
+# plan checks them against nvidia-smi (GPUs) or /dev/accel* (TPU chips).
+hosts:
+{hosts}
+# What runs: one pool per role (chief, worker, ps, evaluator, reduction_server).
+# Each replica is one task, placed on a host with enough free accelerators.
+pools:
+  chief:
+    replicas: 1
+{acc_line}    command: [python3, train.py]      # CHANGE: your program (an absolute path is safest)
+  worker:
+    replicas: {workers}
+{acc_line}    command: [python3, train.py]      # CHANGE
+
+# Files to copy to every host before the tasks start (src is relative to this file):
+# files:
+#   - {{src: train.py, dest: /opt/{job}/train.py}}
+
+# Environment for every task (provision adds TF_CONFIG, MASTER_ADDR, ...: docs/environment.md):
+# env:
+#   EPOCHS: "10"
+# secret_env: [WANDB_API_KEY]   # copied from your shell at apply time, never stored
+"""
+
+
+def _host_entry(spec: str, i: int) -> tuple[str, str]:
+    """`name=address` or `address` -> (name, address)."""
+    if "=" in spec:
+        name, _, address = spec.partition("=")
+        return name.strip(), address.strip()
+    return f"host-{i}", spec.strip()
+
+
+def init_text(
+    hosts: list[str],
+    *,
+    job: str,
+    out: str,
+    user: str | None,
+    port: int | None,
+    identity_file: str | None,
+    facts: dict[str, dict] | None = None,
+) -> str:
+    """The commented inventory `provision init` writes (facts: host name -> its facts)."""
+    ssh = []
+    ssh.append(
+        f"  user: {user}" if user else "  # user: root                 # default: ~/.ssh/config, then your login"
+    )
+    ssh.append(f"  port: {port}" if port else "  # port: 22")
+    ssh.append(f"  identity_file: {identity_file}" if identity_file else "  # identity_file: ~/.ssh/id_ed25519")
+    ssh.append("  host_key_policy: accept-new     # strict | accept-new | off")
+    lines = []
+    counts = []
+    for i, spec in enumerate(hosts, 1):
+        name, address = _host_entry(spec, i)
+        lines.append(f"  - name: {name}")
+        lines.append(f"    address: {address}")
+        f = (facts or {}).get(name)
+        gpus = (f or {}).get("gpus") or []
+        tpu = int((f or {}).get("tpu_chips") or 0)
+        if gpus:
+            model = sorted({g.get("name", "gpu") for g in gpus})[0]
+            kind = "nvidia-" + model.lower().replace("nvidia ", "").replace(" ", "-")
+            lines.append(f"    accelerators: {{type: {kind}, count: {len(gpus)}}}   # from nvidia-smi")
+            counts.append(len(gpus))
+        elif tpu:
+            found = f"{tpu} chip{'' if tpu == 1 else 's'} found"
+            lines.append(f"    accelerators: {{type: tpu-v4, count: {tpu}}}   # CHANGE the type; {found}")
+            counts.append(tpu)
+        elif f is not None:
+            lines.append("    # no accelerators found (nvidia-smi, /dev/accel*)")
+            counts.append(0)
+        else:
+            lines.append("    # accelerators: {type: nvidia-h100, count: 8}")
+    per = min(counts) if counts and min(counts) > 0 else 0
+    acc_line = f"    accelerators: {per}\n" if per else "    # accelerators: 1               # per replica\n"
+    workers = max(1, len(hosts) - 1)
+    return INIT_TEMPLATE.format(
+        out=out, job=job, ssh="\n".join(ssh), hosts="\n".join(lines), acc_line=acc_line, workers=workers
+    )
+
+
+@click.command("init")
+@click.argument("hosts", nargs=-1, required=True, metavar="[NAME=]ADDRESS...")
+@click.option("-o", "--output", "out", default="inventory.yaml", show_default=True, help="The inventory to write.")
+@click.option("--job", default="train", show_default=True, help="The job's name (a DNS label).")
+@click.option("--user", help="SSH user (default: ~/.ssh/config, then your login).")
+@click.option("--port", type=click.IntRange(1, 65535), help="SSH port (default 22).")
+@click.option("-i", "--identity-file", "identity_file", help="SSH private key.")
+@click.option("--facts", "read_facts", is_flag=True, help="Connect to the hosts and fill in their accelerators.")
+@click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
+def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
+    """Write a commented inventory for HOSTS (NAME=ADDRESS, or ADDRESS named host-1, ...)."""
+    from provision.spec.inventory import DNS_LABEL
+
+    path = Path(out)
+    if path.exists() and not force:
+        raise ProvisionError(f"{out}: exists; use --force to overwrite it, or -o another file")
+    if not DNS_LABEL.match(job):
+        raise ProvisionError(f"--job {job!r}: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter)")
+    facts = _facts(hosts, user, port, identity_file, path) if read_facts else None
+    text = init_text(list(hosts), job=job, out=out, user=user, port=port, identity_file=identity_file, facts=facts)
+    path.write_text(text, encoding="utf-8")
+    click.echo(
+        f"Wrote {out}: job {job} on {len(hosts)} host{'s' if len(hosts) != 1 else ''}. Next: edit its pools, then"
+    )
+    click.echo(f"  provision validate {out}")
+
+
+def _facts(hosts, user, port, identity_file, path: Path) -> dict[str, dict]:
+    """Each host's facts, asked in parallel over SSH (host keys learnt beside the inventory)."""
+    from provision.core.target import HostError, Target
+    from provision.host.protocol import ALL_FACTS, ProbeRequest
+    from provision.io.ssh import KnownHosts, Session, call_agent
+
+    targets = []
+    for i, spec in enumerate(hosts, 1):
+        name, address = _host_entry(spec, i)
+        targets.append(Target(name, address, port, user, identity_file, None, 10.0, "accept-new"))
+    known = KnownHosts(path.resolve().parent / ".provision" / "known_hosts")
+    out: dict[str, dict] = {}
+    with Session(known) as session:
+        res = session.map(lambda t: call_agent(session, t, ProbeRequest("init", files=False, facts=ALL_FACTS)), targets)
+    for name, r in res.items():
+        if isinstance(r, HostError):
+            click.echo(f"Warning: {r.target.where}: {r.message}; its accelerators are left to fill in", err=True)
+        else:
+            out[name] = r.facts or {}
+    return out

@@ -1,0 +1,145 @@
+"""Human output: a Terraform-like plan, summaries and tables. Colour only on a terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import click
+
+from provision.cli.progress import failed_lines
+from provision.core.imagechange import ImageChange
+from provision.core.lifecycle import Action
+from provision.core.text import duration
+from provision.host.protocol import Reservation
+from provision.rules.plan import FileAction, FileChange, Plan, TaskChange
+from provision.rules.status import JobStatus
+from provision.run.apply import HostOutcome
+from provision.run.context import Context
+
+COLOR = {"+": "green", "~": "yellow", "-": "red", "!": "magenta"}
+VERB = {Action.START: "start", Action.RESTART: "restart", Action.STOP: "stop and remove"}
+
+
+def _line(sym: str, text: str) -> str:
+    return click.style(f"  {sym} ", fg=COLOR.get(sym), bold=True) + text
+
+
+def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = False) -> list[str]:
+    out: list[str] = []
+    for hp in plan.hosts:
+        if hp.error is not None:
+            out.append(click.style(f"# {hp.error.target.where}: {hp.error.message}", fg="red"))
+            continue
+        for p in hp.problems:
+            out.append(click.style(f"# {hp.target.where}: {p}", fg="red"))
+        if not hp.changed:
+            continue
+        title = f"# {hp.target.where}"
+        if hp.bundle is None and not destroying:
+            title += " (the job leaves this host)"
+        out.append(click.style(title, bold=True))
+        for r in hp.resources():  # exactly what the summary counts (HostPlan.resources)
+            item = r.item
+            if isinstance(item, TaskChange):
+                drift = click.style(" [drift]", fg="magenta") if item.drift else ""
+                why = "destroy" if destroying else item.why
+                out.append(_line(r.symbol, f"task {item.task}: {VERB[item.action]} ({why}){drift}"))
+            elif isinstance(item, FileChange):
+                drift = click.style(" [drift]", fg="magenta") if item.drift else ""
+                why = "destroy" if destroying and item.action is FileAction.DELETE else item.reason
+                out.append(_line(r.symbol, f"{item.kind} {item.path} ({why}){drift}"))
+                if verbose_diff and item.diff:
+                    for dl in item.diff.rstrip("\n").split("\n"):
+                        bare = dl.lstrip()
+                        color = "green" if bare.startswith("+") else "red" if bare.startswith("-") else None
+                        out.append("      " + click.style(dl, fg=color))
+            elif isinstance(item, ImageChange):
+                out.append(_line(r.symbol, item.line()))
+            elif isinstance(item, Reservation):
+                held = ", ".join(x for x in (f"GPUs {item.gpus}" if item.gpus else "", f"ports {item.ports}") if x)
+                out.append(_line(r.symbol, f"ledger: reserve {held.replace('[', '').replace(']', '')}"))
+            else:
+                out.append(_line(r.symbol, f"setup: run ({item})"))
+        out.append("")
+    return out
+
+
+def print_plan(plan: Plan, *, destroying: bool = False) -> None:
+    for hp in plan.hosts:  # on stderr, before the plan: they matter before the question
+        for w in hp.warnings:
+            click.echo(click.style(f"Warning: {w}", fg="yellow"), err=True)
+    lines = plan_lines(plan, destroying=destroying)
+    if plan.changed:
+        click.echo("provision will perform the following actions:\n")
+    for line in lines:
+        click.echo(line)
+    if plan.changed:
+        click.echo(click.style(plan.summary(), bold=True))
+    elif not plan.errors:
+        click.echo("No changes. The hosts match the inventory.")
+    else:
+        click.echo(plan.summary())
+
+
+def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str) -> None:
+    """Errors per host, then Terraform's closing line."""
+    failed = [o for o in outcomes.values() if o.error and not o.unreachable]
+    for o in failed:
+        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
+    if not plan.changed:
+        return
+    a, c, d = plan.counts()
+    whole = not failed and not any(o.unreachable for o in outcomes.values())
+    if operation == "destroy":
+        word = "Destroy complete!" if whole else "Destroy finished with errors."
+        click.echo(click.style(f"\n{word} Resources: {d} destroyed.", bold=True))
+    else:
+        word = "Apply complete!" if whole else "Apply finished with errors."
+        click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+PHASE_COLOR = {
+    "Succeeded": "green",
+    "Failed": "red",
+    "Running": "cyan",
+    "Restarting": "yellow",
+    "Stopped": None,
+    "Pending": None,
+    "Unknown": "red",
+}
+
+
+def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
+    """The status table; below it, the last journal lines of each task that failed."""
+    head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
+    if st.reason:
+        head += f" ({st.reason})"
+    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
+    for t in st.tasks:
+        rows.append(
+            (
+                t.task,
+                t.host,
+                t.address,
+                ",".join(map(str, t.gpus)) or "-",
+                t.state.value,
+                "-" if t.exit_code is None else str(t.exit_code),
+                str(t.restarts),
+                duration(t.since) or "-",
+                t.detail,
+            )
+        )
+    lines = table(rows)
+    out = [head, lines[0]]
+    for t, line in zip(st.tasks, lines[1:]):
+        color = PHASE_COLOR.get(t.state.value)
+        out.append(click.style(line, fg=color) if color else line)
+    failed = failed_lines(st, inventory)
+    return out + ([""] + failed if failed else [])

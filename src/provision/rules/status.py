@@ -1,0 +1,197 @@
+"""The job's status from what the hosts report: one row per task, and the job's phase. Pure.
+
+The rules (task state, restart budget, job phase) are lifecycle.py's; this module puts
+them together per task for `status`, `wait` and the end-of-job stop.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from provision.core.explain import reason
+from provision.core.lifecycle import JobPhase, TaskRow, TaskState, job_phase, restart_budget, restarts, task_state
+from provision.core.model import Inventory
+from provision.host import layout
+from provision.host.protocol import ProbeReport
+from provision.spec.placement import PlacedTask
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    task: str
+    role: str
+    host: str
+    address: str
+    gpus: list[int]
+    state: TaskState
+    exit_code: int | None
+    restarts: int
+    since: int | None  # seconds in this state, None when unknown
+    detail: str
+    ended_at: float | None = None  # host clock (epoch seconds) of the exit that ended it
+    last_lines: tuple[str, ...] = ()  # its journal's last lines, for a task that failed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "role": self.role,
+            "host": self.host,
+            "address": self.address,
+            "gpus": self.gpus,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "restarts": self.restarts,
+            "since_seconds": self.since,
+            "detail": self.detail,
+            "ended_at": iso_time(self.ended_at),
+            "last_lines": list(self.last_lines),
+        }
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job: str
+    phase: JobPhase
+    reason: str
+    tasks: tuple[TaskStatus, ...]
+    unreachable: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": 2,
+            "job": self.job,
+            "phase": self.phase.value,
+            "reason": self.reason or None,
+            "unreachable": list(self.unreachable),
+            "tasks": [t.to_json() for t in self.tasks],
+        }
+
+    def task(self, name: str) -> TaskStatus:
+        for t in self.tasks:
+            if t.task == name:
+                return t
+        raise KeyError(name)
+
+
+def job_status(
+    inv: Inventory,
+    tasks: list[PlacedTask],
+    reports: Mapping[str, ProbeReport],
+    unreachable: Mapping[str, str],
+) -> JobStatus:
+    """`reports`: host → probe report, for the hosts that answered; `unreachable`: host →
+    why not. Tasks on hosts in neither (not asked, e.g. --target) are left out."""
+    rows = []
+    for t in tasks:
+        gpus = list(t.accelerators)
+        unit = layout.unit_name(inv.job, t.name)
+        rep = reports.get(t.host.name)
+        if rep is None:
+            if t.host.name in unreachable:
+                rows.append(
+                    TaskStatus(
+                        t.name,
+                        t.role,
+                        t.host.name,
+                        t.address,
+                        gpus,
+                        TaskState.UNKNOWN,
+                        None,
+                        0,
+                        None,
+                        f"host unreachable: {unreachable[t.host.name]}",
+                    )
+                )
+            continue
+        u = rep.units.get(unit)
+        ex = rep.exits.get(unit)
+        pool = inv.pool(t.role)
+        limit = restart_budget(pool.restart) if pool is not None else None
+        out = task_state(u, ex, rep.lifecycle, limit)
+        ended_at = None
+        if out.state.ended and ex:
+            try:
+                ended_at = float(ex[-1][0])
+            except (TypeError, ValueError):
+                ended_at = None
+        rows.append(
+            TaskStatus(
+                t.name,
+                t.role,
+                t.host.name,
+                t.address,
+                gpus,
+                out.state,
+                out.exit_code,
+                restarts(u, ex, out.state),
+                _since(u, rep.now_monotonic_us, ex, rep.now),
+                out.detail,
+                ended_at,
+            )
+        )
+    phase, reason = job_phase(
+        inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows]
+    )
+    return JobStatus(inv.job, phase, reason, tuple(rows), tuple(sorted(unreachable)))
+
+
+def needs_lines(st: JobStatus) -> dict[str, list[str]]:
+    """host -> tasks whose journal explains their state: tasks that failed, and tasks
+    waiting to restart after systemd could not start their program."""
+    out: dict[str, list[str]] = {}
+    for t in st.tasks:
+        if t.state is TaskState.FAILED or (
+            t.state is TaskState.RESTARTING and t.exit_code is not None and t.exit_code >= 200
+        ):
+            out.setdefault(t.host, []).append(t.task)
+    return out
+
+
+def with_lines(inv: Inventory, st: JobStatus, lines: Mapping[str, Sequence[str]]) -> JobStatus:
+    """The status with each task's last journal lines, its detail made precise with them
+    (explain.reason: the path and error of a program systemd could not start), and the
+    job's reason worded again from those details."""
+    if not lines:
+        return st
+    rows = []
+    for t in st.tasks:
+        got = lines.get(t.task)
+        if got is None:
+            rows.append(t)
+            continue
+        rows.append(replace(t, detail=reason(t.detail, t.exit_code, got), last_lines=tuple(got)))
+    phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
+    if phase is not st.phase:  # the same rows: never happens; keep what was decided
+        phase, why = st.phase, st.reason
+    return replace(st, phase=phase, reason=why, tasks=tuple(rows))
+
+
+def iso_time(epoch: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 in UTC (`2026-01-01T10:00:00Z`), for --json."""
+    if epoch is None:
+        return None
+    return _dt.datetime.fromtimestamp(epoch, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _since(
+    unit: Mapping[str, str] | None,
+    now_us: int | None,
+    exits: Sequence[Sequence[str]] | None = None,
+    now: float | None = None,
+) -> int | None:
+    """Seconds the task has been in its state: systemd's clock while it runs, else the time
+    of its last recorded exit (systemd forgets unloaded units)."""
+    if not now_us:
+        return None
+    unit = unit or {}
+    try:
+        if unit.get("ActiveState") == "active" and unit.get("ActiveEnterTimestampMonotonic", "0") != "0":
+            return max(0, (int(now_us) - int(unit["ActiveEnterTimestampMonotonic"])) // 1_000_000)
+        if exits and now:
+            return max(0, int(now - float(exits[-1][0])))
+    except (ValueError, TypeError):
+        return None
+    return None

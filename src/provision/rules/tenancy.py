@@ -1,0 +1,360 @@
+"""Shared hosts: who holds what on each host, judged from the ledger the host reports.
+
+The host keeps one ledger entry per job (host/ledger.py); the probe brings them back with
+the states of the units each names and the ports something listens on. The rules, in one
+place:
+- an entry HOLDS its GPUs and ports while any unit of it is active or waiting to restart
+  (RUNNING), or while it was reserved and not started yet by an apply still under way
+  (RESERVED);
+- an entry whose units have all ended (the job Succeeded, Failed or was stopped) holds
+  nothing any more (ENDED): finished jobs release what they held; destroy removes the entry;
+- a reservation never started whose apply is gone (its process is dead, when it ran on this
+  machine, or STALE_AFTER passed) is STALE: shown, and reclaimable;
+- a listening port that no provision job holds belongs to someone else (a notebook, a
+  leftover server): it is held too;
+- the job's own entry names its owner: a different state (lineage) may not change the job
+  without --take-over, unless it is the same state file recreated on the same machine.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from provision.core.text import duration
+from provision.host.protocol import ProbeReport, Reservation
+from provision.spec.placement import Held, PlacedTask
+
+STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
+# Listeners below this (sshd, DNS...) are the host's own services: held, but not worth a
+# line in messages; provision's ports are 1024 and up unless an inventory says otherwise.
+SHOWN_PORTS = 1024
+
+
+class Hold(str, Enum):
+    RUNNING = "running"
+    RESERVED = "reserved"
+    STALE = "stale"
+    ENDED = "ended"
+
+    @property
+    def holds(self) -> bool:
+        return self in (Hold.RUNNING, Hold.RESERVED)
+
+
+@dataclass(frozen=True)
+class Owner:
+    lineage: str
+    who: str  # user@machine
+    host: str  # the controller's hostname
+    pid: int
+    state: str  # the state file's absolute path
+
+    @classmethod
+    def here(cls, lineage: str, state_path: Path) -> Owner:
+        host = socket.gethostname()
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = str(os.getuid())
+        return cls(lineage, f"{user}@{host}", host, os.getpid(), str(Path(state_path).resolve()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lineage": self.lineage, "who": self.who, "host": self.host, "pid": self.pid, "state": self.state}
+
+    @classmethod
+    def from_json(cls, d: Any) -> Owner | None:
+        if not isinstance(d, dict) or not isinstance(d.get("lineage"), str):
+            return None
+        pid = d.get("pid")
+        return cls(
+            d["lineage"],
+            str(d.get("who", "?")),
+            str(d.get("host", "")),
+            pid if isinstance(pid, int) else 0,
+            str(d.get("state", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One job's entry in one host's ledger, judged."""
+
+    host: str
+    job: str
+    owner: Owner | None
+    gpus: tuple[int, ...]
+    ports: tuple[int, ...]
+    since: float | None
+    hold: Hold
+    token: str
+    units: tuple[str, ...] = ()
+
+    @property
+    def who(self) -> str:
+        return self.owner.who if self.owner else "unknown owner"
+
+    def describe(self, now: float) -> str:
+        """e.g. 'GPUs 0-1, port 2222 held by job bert (alice@ws-3, running 2h)'."""
+        what = ", ".join(x for x in (_gpus_words(self.gpus), _ports_words(self.ports)) if x) or "nothing"
+        age = f" {duration(int(max(0, now - self.since)))}" if self.since else ""
+        verb = "held" if self.hold.holds else "was held"
+        return f"{what} {verb} by job {self.job} ({self.who}, {self.hold.value}{age})"
+
+
+def _span(xs: Iterable[int]) -> str:
+    """0,1,2,5 → '0-2, 5'."""
+    xs = sorted(set(xs))
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _gpus_words(g: Iterable[int]) -> str:
+    g = tuple(g)
+    return f"GPU{'s' if len(g) != 1 else ''} {_span(g)}" if g else ""
+
+
+def _ports_words(p: Iterable[int]) -> str:
+    p = tuple(p)
+    return f"port{'s' if len(p) != 1 else ''} {_span(p)}" if p else ""
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    return tuple(sorted(x for x in v if isinstance(x, int))) if isinstance(v, list) else ()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: float) -> Hold:
+    """The hold rule (module docstring) for one entry, given its units' states."""
+    mine = [units.get(u, {}) for u in entry.get("units") or []]
+    if any(
+        st.get("ActiveState") in ("active", "activating", "deactivating", "reloading")
+        or st.get("SubState") == "auto-restart"
+        for st in mine
+    ):
+        return Hold.RUNNING
+    if entry.get("started"):
+        return Hold.ENDED
+    owner = Owner.from_json(entry.get("owner"))
+    updated = entry.get("updated")
+    if owner and owner.host == socket.gethostname() and owner.pid and not _alive(owner.pid):
+        return Hold.STALE
+    if isinstance(updated, (int, float)) and now - updated > STALE_AFTER:
+        return Hold.STALE
+    return Hold.RESERVED
+
+
+def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Holder]:
+    """Every job's entry in host's ledger (the report must come from a tenancy probe)."""
+    now = time.time() if now is None else now
+    units = {**(report.ledger_units or {}), **report.units}  # other jobs' units, and this job's
+    out = []
+    for job, e in sorted((report.ledger or {}).items()):
+        if not isinstance(e, dict) or "_unreadable" in e:
+            continue
+        since = e.get("since")
+        out.append(
+            Holder(
+                host,
+                job,
+                Owner.from_json(e.get("owner")),
+                _ints(e.get("gpus")),
+                _ints(e.get("ports")),
+                float(since) if isinstance(since, (int, float)) else None,
+                judge(e, units, now),
+                str(e.get("token", "")),
+                tuple(u for u in e.get("units") or [] if isinstance(u, str)),
+            )
+        )
+    return out
+
+
+def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float) -> Held:
+    """What placement of `job` may not use on a host: what other jobs hold, and ports that
+    something other than provision's jobs listens on."""
+    gpus: set[int] = set()
+    ports: set[int] = set()
+    by = []
+    for h in hs:
+        if h.job == job or not h.hold.holds:
+            continue
+        gpus |= set(h.gpus)
+        ports |= set(h.ports)
+        by.append(h.describe(now))
+    ours = {p for h in hs for p in h.ports}  # provision's tasks listen on their own ports
+    foreign = set(listening) - ours
+    shown = sorted(p for p in foreign if p >= SHOWN_PORTS)
+    if shown:
+        by.append(f"{_ports_words(shown)} in use by processes provision did not start")
+    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by))
+
+
+def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> str | None:
+    """Refuse to change a job another state applied (reading it is fine)."""
+    if own is None or own.owner is None or own.owner.lineage == me.lineage or take_over:
+        return None
+    if own.owner.host == me.host and own.owner.state == me.state:
+        return None  # this very state file, recreated (lost, moved away): adopt
+    return (
+        f"job {job} here belongs to {own.owner.who} (another state: {own.owner.state or '?'}); "
+        "nothing was changed. Run from that state, or add --take-over to make this state its owner"
+    )
+
+
+def reservation(
+    job: str,
+    tasks: list[PlacedTask],
+    units: list[str],
+    hs: list[Holder],
+    me: Owner,
+    gpu_uuids: Mapping[int, str],
+) -> Reservation | None:
+    """What to write in the host's ledger for job's tasks there; None when it is there already."""
+    own = next((h for h in hs if h.job == job), None)
+    gpus = sorted({a for t in tasks for a in t.accelerators})
+    ports = sorted({t.port for t in tasks})
+    if (
+        own is not None
+        and own.owner is not None
+        and own.owner.lineage == me.lineage
+        and list(own.gpus) == gpus
+        and list(own.ports) == ports
+        and sorted(own.units) == sorted(units)
+    ):
+        return None
+    return Reservation(
+        job=job,
+        owner=me.to_json(),
+        gpus=gpus,
+        gpu_uuids=[gpu_uuids.get(g, "") for g in gpus],
+        ports=ports,
+        units=sorted(units),
+        free={h.job: h.token for h in hs if h.job != job and not h.hold.holds},
+        expect_lineage=own.owner.lineage if own is not None and own.owner is not None else None,
+    )
+
+
+def gpu_uuids(report: ProbeReport) -> dict[int, str]:
+    gpus = (report.facts or {}).get("gpus") or []
+    return {g["index"]: g.get("uuid", "") for g in gpus if isinstance(g, dict) and isinstance(g.get("index"), int)}
+
+
+# --------------------------------------------------------------------------- `provision jobs`
+
+JOBS_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HostView:
+    name: str
+    gpus: int  # how many the inventory declares
+    holders: tuple[Holder, ...] = ()
+    foreign_ports: tuple[int, ...] = ()
+    error: str | None = None
+
+    @property
+    def free_gpus(self) -> list[int]:
+        taken = {g for h in self.holders if h.hold.holds for g in h.gpus}
+        return [g for g in range(self.gpus) if g not in taken]
+
+
+def job_hold(hs: Iterable[Holder]) -> Hold:
+    """A job's state across hosts: running anywhere wins, then reserved, then stale."""
+    holds = {h.hold for h in hs}
+    for x in (Hold.RUNNING, Hold.RESERVED, Hold.STALE):
+        if x in holds:
+            return x
+    return Hold.ENDED
+
+
+def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
+    by_job: dict[str, list[Holder]] = {}
+    for hv in hosts:
+        for h in hv.holders:
+            by_job.setdefault(h.job, []).append(h)
+
+    def iso(t: float | None) -> str | None:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t is not None else None
+
+    jobs = []
+    for job, hs in sorted(by_job.items()):
+        since = min((h.since for h in hs if h.since is not None), default=None)
+        owner = next((h.owner for h in hs if h.owner is not None), None)
+        jobs.append(
+            {
+                "job": job,
+                "owner": owner.who if owner else None,
+                "lineage": owner.lineage if owner else None,
+                "state": job_hold(hs).value,
+                "since": iso(since),
+                "age_seconds": int(now - since) if since is not None else None,
+                "hosts": {h.host: {"state": h.hold.value, "gpus": list(h.gpus), "ports": list(h.ports)} for h in hs},
+            }
+        )
+    return {
+        "format_version": JOBS_FORMAT_VERSION,
+        "jobs": jobs,
+        "hosts": {
+            hv.name: {
+                "error": hv.error,
+                "gpus": hv.gpus,
+                "free_gpus": hv.free_gpus if hv.error is None else None,
+                "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
+                "foreign_ports": list(hv.foreign_ports),
+            }
+            for hv in hosts
+        },
+    }
+
+
+def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
+    """Two tables (jobs, then hosts) as rows; the first row of each is its header."""
+    data = jobs_json(hosts, now)
+    jobs = [["JOB", "OWNER", "STATE", "SINCE", "HOSTS"]]
+    for j in data["jobs"]:
+        age = duration(j["age_seconds"]) if j["age_seconds"] is not None else "-"
+        jobs.append([j["job"], j["owner"] or "-", j["state"], age, ", ".join(sorted(j["hosts"]))])
+    rows = [["HOST", "GPUS", "FREE GPUS", "HELD (job: GPUs / ports)"]]
+    for hv in hosts:
+        if hv.error is not None:
+            rows.append([hv.name, str(hv.gpus), "?", f"unreachable: {hv.error}"])
+            continue
+        held = [
+            f"{h.job}: {_span(h.gpus) or '-'} / {_span(h.ports) or '-'}"
+            + ("" if h.hold.holds else f" ({h.hold.value})")
+            for h in hv.holders
+        ]
+        if hv.foreign_ports:
+            held.append(f"other processes: - / {_span(hv.foreign_ports)}")
+        rows.append([hv.name, str(hv.gpus), _span(hv.free_gpus) or "-", "; ".join(held) or "-"])
+    return [jobs, rows]
+
+
+def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView:
+    hs = holders(name, report, now)
+    ours = {p for h in hs for p in h.ports}
+    foreign = tuple(p for p in sorted(set(report.listening or []) - ours) if p >= SHOWN_PORTS)
+    return HostView(name, gpus, tuple(hs), foreign)

@@ -1,0 +1,258 @@
+"""A command's view of one job, opened once: the inventory parsed, the state read (and locked
+when hosts change), every host's files rendered, one SSH session. Every command below cli/
+takes this Context; nothing re-opens the inventory. Also: what a probe asks (Ask).
+
+inventory → render (desired) → probe (one round trip per host) → plan (rules/plan) →
+apply (run/apply) / destroy (run/destroy). Only io/ssh.py talks to the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from provision.core.errors import ProvisionError
+from provision.core.model import Inventory
+from provision.core.records import HostRecord, TaskRecord
+from provision.core.target import Target
+from provision.host.protocol import (
+    CHECK_FACTS,
+    ProbeReport,
+    ProbeRequest,
+)
+from provision.io.probe import probe_host
+from provision.io.ssh import KnownHosts, Session, call_agent
+from provision.io.state import State, StateLock, default_state_path
+from provision.io.steps import GroupResult, Step, run_step
+from provision.rules import preflight
+from provision.rules.facts import needed as needed_facts
+from provision.rules.programs import paths as program_paths
+from provision.rules.tenancy import Owner
+from provision.spec.clusterenv import uses_socket_ifname
+from provision.spec.inventory import load
+from provision.spec.render import HostBundle, Rendered, render
+
+Progress = Callable[[str], None]
+Facts = Literal["none", "check", "all"]
+
+
+@dataclass
+class Context:
+    inventory: Inventory
+    state: State
+    session: Session
+    targets: dict[str, Target]  # inventory hosts, plus hosts only the state remembers
+    rendered: Rendered
+    lock: StateLock | None = None
+    subset: bool = False  # --target: only some of the hosts
+    secrets: dict[str, str] | None = None
+    take_over: bool = False  # --take-over: this state becomes the owner of the job
+    # host → NCCL's and Gloo's interface that `rendered` was rendered with (checks.py).
+    ifnames: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def owner(self) -> Owner:
+        return Owner.here(self.state.lineage, self.state.path)
+
+    def close(self) -> None:
+        self.session.close()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def secrets_from_env(inv: Inventory, display: str | None = None) -> dict[str, str]:
+    from provision.spec.localcheck import secret_problems
+
+    missing = secret_problems(inv, display=display or inv.path.name)
+    if missing:
+        raise ProvisionError(missing[0], details=missing[1:])
+    return {k: os.environ[k] for k in inv.secret_env}
+
+
+def target_of(name: str, rec: HostRecord) -> Target:
+    return Target(
+        name,
+        rec.address,
+        rec.port,
+        rec.user,
+        rec.identity_file,
+        rec.jump_host,
+        rec.connect_timeout,
+        rec.host_key_policy,
+    )
+
+
+def open_context(
+    inventory_path: str,
+    *,
+    state_path: str | None = None,
+    only: tuple[str, ...] = (),
+    parallelism: int | None = None,
+    verbose: bool = False,
+    render_secrets: bool = True,
+    operation: str | None = None,
+) -> Context:
+    """Load, lock (when `operation` changes hosts: before the state is read, so no other
+    run can save over what this one read), read the state, render."""
+    inv = load(inventory_path)
+    sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
+    lock = StateLock(sp, operation).acquire() if operation else None
+    try:
+        state = State.load(sp, inv.job)
+        targets = {h.name: Target.from_host(h) for h in inv.hosts}
+        for name, rec in state.hosts.items():
+            targets.setdefault(name, target_of(name, rec))
+        if only:
+            unknown = [h for h in only if h not in targets]
+            if unknown:
+                raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
+            targets = {k: v for k, v in targets.items() if k in only}
+        if not only:  # a missing key fails every connection: say so once, before any
+            from provision.spec.localcheck import identity_problems
+
+            bad_keys = identity_problems(inv, inventory_path)
+            if bad_keys:
+                raise ProvisionError(bad_keys[0], details=bad_keys[1:])
+        secrets = secrets_from_env(inv, inventory_path) if render_secrets else None
+        ifnames = cached_ifnames(inv, state)
+        rendered = render(inv, previous=state.previous_placement(), secrets=secrets, socket_ifnames=ifnames)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
+    return Context(inv, state, session, targets, rendered, lock, bool(only), secrets, ifnames=ifnames)
+
+
+def cached_ifnames(inv: Inventory, state: State) -> dict[str, str]:
+    """host → the interface the state last saw holding the host's cluster address (while
+    the address is the same)."""
+    out = {}
+    for h in inv.hosts:
+        rec = state.hosts.get(h.name)
+        if rec is not None and rec.interface and rec.interface_address == h.cluster_address:
+            out[h.name] = rec.interface
+    return out
+
+
+def settled(ctx: Context, name: str) -> bool:
+    """The state says the host has exactly what is rendered for it now: the files, the
+    tasks and their inputs, the interface. Plan then expects nothing to start there and
+    leaves out what only matters before a start (pre-flight checks, listening ports, the
+    interface lookup); if the host shows otherwise, it is asked again with them
+    (build_plan). The same record host_record would write."""
+    rec, bundle = ctx.state.hosts.get(name), ctx.rendered.hosts.get(name)
+    if rec is None or bundle is None or rec.pending:
+        return False
+    if name not in ctx.ifnames and uses_socket_ifname(ctx.inventory):
+        return False  # its interface is to be found yet
+    return (rec.files, rec.tasks) == kept(ctx, bundle)
+
+
+def kept(ctx: Context, bundle: HostBundle) -> tuple[dict[str, str], dict[str, TaskRecord]]:
+    """What the state keeps of a host's bundle: each file's and task's inputs, keyed."""
+    k = ctx.state.keyed
+    files = {f.path: k(f.sha256) for f in bundle.files}
+    return files, {u.task.name: TaskRecord(u.unit, k(u.inputs), u.phase) for u in bundle.tasks}
+
+
+# --------------------------------------------------------------------------- probe + plan
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a probe asks each host besides its files, units and records (ProbeRequest).
+    facts: none, check (only what plan checks against the inventory, much cheaper) or all;
+    tenancy: the ledger (and with `listening` the listening ports); checks: the pre-flight
+    checks; interface: the cluster address's interface; clocks: the host's clocks (status)."""
+
+    facts: Facts = "none"
+    files: bool = True
+    tenancy: bool = False
+    listening: bool = True
+    checks: bool = False
+    interface: bool = False
+    clocks: bool = False
+
+    def settled(self) -> Ask:
+        """For a settled host: nothing that only matters before a start (engine.settled)."""
+        return dataclasses.replace(self, listening=False, checks=False, interface=False)
+
+
+def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
+    rec = ctx.state.hosts.get(name)
+    bundle = ctx.rendered.hosts.get(name)
+    host = next((h for h in ctx.inventory.hosts if h.name == name), None)
+    units = set(rec.units()) if rec else set()
+    # What the state says was put there, besides what should be: the host's manifest names
+    # it too, but the shell probe must name every path before it reads the manifest.
+    if bundle is not None:
+        units |= {u.unit for u in bundle.tasks}
+    return ProbeRequest(
+        job=ctx.inventory.job,
+        want={f.path: f.sha256 for f in bundle.files} if bundle else {},
+        paths=sorted(set(rec.files if rec else ())),
+        # ... and each program a task about to start runs (programs.py: plan's warning).
+        programs=program_paths(ctx.inventory, bundle, rec, ctx.state.keyed),
+        units=sorted(units),
+        files=ask.files,
+        facts=ask.facts,
+        facts_only=sorted(needed_facts(host)) if ask.facts == CHECK_FACTS and host else [],
+        content_max=256 * 1024,
+        tenancy=ask.tenancy,
+        listening=ask.listening,
+        clocks=ask.clocks,
+        # Pre-flight checks and the cluster address's interface (checks.py).
+        **(
+            preflight.request_fields(
+                ctx.inventory,
+                host,
+                bundle,
+                needed_facts(host) if ask.facts == CHECK_FACTS else [],
+                checks=ask.checks,
+                interface=ask.interface,
+            )
+            if ask.checks or ask.interface
+            else {}
+        ),
+    )
+
+
+def probe(
+    ctx: Context,
+    ask: Ask = Ask(),
+    *,
+    fast: bool = False,
+    only: set[str] | None = None,
+    quiet: Iterable[str] = (),
+    timings: dict[str, tuple[float, float]] | None = None,
+) -> GroupResult[ProbeReport]:
+    """One round trip per host. fast: through the shell probe where it can answer
+    (probe.py); else the agent. quiet: hosts asked `ask.settled()`. `timings` gets when
+    each host was asked and answered (checks.py: the clock check)."""
+    quiet = set(quiet)
+
+    def one(t: Target) -> ProbeReport:
+        req = probe_request(ctx, t.name, ask.settled() if t.name in quiet else ask)
+        asked = time.time()
+        if fast:
+            report = probe_host(ctx.session, t, req)
+        else:
+            report = call_agent(ctx.session, t, req, timeout=120)
+        if timings is not None:
+            timings[t.name] = (asked, time.time())
+        return report
+
+    targets = [t for n, t in ctx.targets.items() if only is None or n in only]
+    return run_step(ctx.session, Step.PROBE, one, targets)
+
+
+# --------------------------------------------------------------------------- apply
+
+
+# --------------------------------------------------------------------------- destroy

@@ -1,0 +1,111 @@
+"""Following a job: status and the end-of-job stop (waiting for it: progress.wait_job).
+
+When the job ends (success policy met, or a task failed for good) the tasks still running
+(ps, reduction servers, evaluator, and PS-strategy workers that serve forever) are
+stopped, as the managed services do: evaluator first, then chief and workers, then ps and
+reduction servers. Every host that runs a task is marked (/etc/provision/<job>/lifecycle.json)
+so that a no-op apply does not start the finished job again, and so that status can say
+that provision stopped a task and why. Any command that sees the end does this: `status`,
+`wait`, `apply --wait`. Stopping is idempotent: a command that sees an ended job with a
+task still running (an earlier stop was interrupted) stops it again.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+
+import click
+
+from provision.core.lifecycle import TaskState, phases, stop_rank
+from provision.core.target import Target
+from provision.host import layout
+from provision.host.protocol import UnitsReport, UnitsRequest
+from provision.io.ssh import call_agent
+from provision.io.state import StateLock
+from provision.io.steps import Step, run_step
+from provision.rules.status import JobStatus, job_status, needs_lines, with_lines
+from provision.rules.tenancy import holders, owner_problem
+from provision.run.context import Ask, Context, probe
+from provision.run.logs import last_lines
+
+
+def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
+    """The status, the reachable hosts without the end marker, and why this state may not
+    stop the job (another state owns it), if so."""
+    tasks = list(ctx.rendered.placement.tasks)
+    hosts = {t.host.name for t in tasks} & set(ctx.targets)
+    # The shell probe (and the clocks for how long each task has been in its state); the
+    # ledger says who owns the job, its listening ports are not needed.
+    res = probe(ctx, Ask(files=False, tenancy=True, listening=False, clocks=True), fast=True, only=hosts)
+    st = job_status(ctx.inventory, tasks, res.ok, {n: e.message for n, e in res.errors.items()})
+    wanted = needs_lines(st)
+    if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
+        st = with_lines(ctx.inventory, st, last_lines(ctx, wanted))
+    job, me = ctx.inventory.job, ctx.owner
+    foreign = None
+    for n, r in res.ok.items():
+        own = next((h for h in holders(n, r) if h.job == job), None)
+        foreign = foreign or owner_problem(job, own, me, ctx.take_over)
+    return st, sorted(n for n, r in res.ok.items() if not r.lifecycle), foreign
+
+
+def collect(ctx: Context) -> JobStatus:
+    """The job's status; when it has ended, stop what still runs and mark the hosts first.
+
+    The stop takes the state's lock (an apply in progress owns the hosts: then this run only
+    reports), and is left out when only some hosts were asked (--target): a part of the job
+    cannot tell that the whole has ended."""
+    st, unmarked, foreign = _status(ctx)
+    if st.phase.ended and not ctx.subset:
+        live = [t for t in st.tasks if t.state.live]
+        if (live or unmarked) and foreign is not None:
+            # Reading is anyone's; ending another operator's job is its owner's call.
+            click.echo(f"Note: the job has ended, but its remaining tasks are left running: {foreign}", err=True)
+        elif live or unmarked:
+            lock = ctx.lock or StateLock(ctx.state.path, "end of job")
+            if lock is ctx.lock or lock.try_acquire() is None:
+                try:
+                    end_job(ctx, st)
+                finally:
+                    if lock is not ctx.lock:
+                        lock.release()
+                st, _, _ = _status(ctx)
+    return st
+
+
+def end_job(ctx: Context, st: JobStatus) -> list[str]:
+    """Mark every reachable host, then stop what still runs in stop order (the start order
+    reversed: evaluator, then chief and workers, then ps and reduction servers). Returns the
+    units stopped."""
+    job = ctx.inventory.job
+    marker = {
+        "phase": st.phase.value,
+        "reason": st.reason,
+        "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    running = [t for t in st.tasks if t.state.live or t.state is TaskState.PENDING]
+    hosts = sorted({t.host for t in st.tasks if t.state is not TaskState.UNKNOWN})
+    stopped: list[str] = []
+    for rank, _ in enumerate(phases(stopping=True)):
+        batch: dict[str, list[str]] = {}
+        for t in running:
+            if stop_rank(t.role) == rank:
+                batch.setdefault(t.host, []).append(layout.unit_name(job, t.task))
+        first = rank == 0
+        names = hosts if first else sorted(batch)
+        targets = [ctx.targets[h] for h in names if h in ctx.targets]
+        if not targets:
+            continue
+        requests = {
+            h: UnitsRequest(job, [["stop", batch.get(h, [])]], lifecycle=marker if first else None) for h in names
+        }
+        res = run_step(ctx.session, Step.END, functools.partial(_send, ctx, requests), targets)
+        for h in res.ok:
+            stopped += batch.get(h, [])
+    return stopped
+
+
+def _send(ctx: Context, requests: dict[str, UnitsRequest], t: Target) -> UnitsReport:
+    report: UnitsReport = call_agent(ctx.session, t, requests[t.name])
+    return report

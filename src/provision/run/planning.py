@@ -1,0 +1,153 @@
+"""Plan: probe every host (one round trip each), place, render again where what other jobs
+hold moved a task, and build the plan (rules/plan.make_plan) from what came back."""
+
+from __future__ import annotations
+
+import time
+
+from provision.core.errors import ProvisionError
+from provision.core.target import HostError
+from provision.host.protocol import (
+    ProbeReport,
+    ProbeRequest,
+)
+from provision.io import images
+from provision.io.steps import GroupResult
+from provision.rules import preflight
+from provision.rules.plan import Plan, make_plan
+from provision.rules.programs import warnings as program_warnings
+from provision.rules.tenancy import Holder, gpu_uuids, held_for, holders, owner_problem, reservation
+from provision.run.context import (
+    Ask,
+    Context,
+    probe,
+    probe_request,
+    settled,
+)
+from provision.spec.clusterenv import uses_socket_ifname
+from provision.spec.placement import place
+from provision.spec.render import render
+
+
+def build_plan(
+    ctx: Context,
+    *,
+    replace: set[str] | None = None,
+    facts: bool = True,
+    rerun: bool = False,
+    partial: bool = False,
+    force_setup: bool = False,
+    checks: bool = False,
+    thorough: bool = False,
+    timings: dict[str, tuple[float, float]] | None = None,
+) -> Plan:
+    """checks: the per-host pre-flight checks (checks.py) in the same round trip; their
+    failures are problems (the apply is refused), their warnings warnings. They matter
+    where something starts: a settled host is asked without them, and again with them
+    only if it turns out to need a change (a second round trip there, rare). thorough:
+    every host with everything (`provision check`)."""
+    timings = {} if timings is None else timings
+    if replace:
+        names = {t.name for t in ctx.rendered.placement.tasks}
+        unknown = sorted(replace - names)
+        if unknown:
+            raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
+    # The cluster address's interface, where the tasks' env takes it (`check` reports it always).
+    interface = thorough or uses_socket_ifname(ctx.inventory)
+    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
+    forced = thorough or rerun or force_setup or bool(replace)
+    quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
+
+    def request(n: str) -> ProbeRequest:
+        return probe_request(ctx, n, ask.settled() if n in quiet else ask)
+
+    reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
+    now = time.time()
+    held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+    # Placement sees what other jobs hold; when that moves a task, render again and probe
+    # again the hosts whose question changed (only on shared hosts: the common case is one
+    # round trip).
+    held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
+    placement = place(ctx.inventory, ctx.state.previous_placement(), held)
+    if placement != ctx.rendered.placement:
+        before = {n: request(n) for n in ctx.targets}
+        ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
+        quiet = {n for n in quiet if settled(ctx, n)}
+        again = {n for n in ctx.targets if request(n) != before[n]}
+        if again:
+            more = probe(ctx, ask, fast=True, only=again, timings=timings, quiet=quiet)
+            reports = reports.updated(more)
+            held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+    preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
+    shipping, image_errors, image_restarts = _image_changes(ctx, reports)
+
+    def plan_now() -> Plan:
+        return make_plan(
+            ctx.rendered,
+            ctx.targets,
+            {n: reports.get(n) for n in ctx.targets},
+            replace=(replace or set()) | image_restarts or None,
+            rerun=rerun,
+            partial=partial,
+            force_setup=force_setup,
+        )
+
+    p = plan_now()
+    # A settled host that needs a change after all (a task ended, a file edited by hand):
+    # ask it again with the checks, the interface and the listening ports. Its tasks keep
+    # their places, so placement stands.
+    drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
+    if drifted:
+        quiet -= drifted
+        more = probe(ctx, ask, fast=True, only=drifted, timings=timings)
+        reports = reports.updated(more)
+        held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+        preflight.with_interfaces(ctx, reports)
+        p = plan_now()
+    _tenancy(ctx, p, held_by)
+    for hp in p.hosts:
+        if hp.name in image_errors and hp.error is None:
+            hp.error = image_errors[hp.name]
+        hp.images = shipping.get(hp.name, [])
+    for hp in p.hosts:
+        if hp.report is not None and hp.bundle is not None:
+            rec = ctx.state.hosts.get(hp.name)
+            hp.warnings += program_warnings(ctx.inventory, hp.name, hp.bundle, rec, ctx.state.keyed, hp.report.files)
+    if checks:
+        preflight.add_to_plan(ctx.inventory, p, timings)
+    return p
+
+
+def _image_changes(
+    ctx: Context, reports: GroupResult[ProbeReport]
+) -> tuple[dict[str, list[images.ImageChange]], dict[str, HostError], set[str]]:
+    """The images each host must get before its tasks start (images.py): one more round
+    trip, only to hosts that run a container pool. Tasks whose image the host has with
+    another ID restart with the new one."""
+    roles = {name: [u.task.role for u in b.tasks] for name, b in ctx.rendered.hosts.items() if name in reports.ok}
+    changes, errors = images.plan_images(ctx.session, ctx.inventory, roles, ctx.targets)
+    restarts: set[str] = set()
+    for name, todo in changes.items():
+        replaced = {c.ref for c in todo if c.replaces}
+        for u in ctx.rendered.hosts[name].tasks:
+            pool = ctx.inventory.pool(u.task.role)
+            if pool is not None and pool.image in replaced:
+                restarts.add(u.task.name)
+    return changes, errors, restarts
+
+
+def _tenancy(ctx: Context, p: Plan, held_by: dict[str, list[Holder]]) -> None:
+    """Ownership (refuse another state's job) and the ledger entry each host needs."""
+    job, me = ctx.inventory.job, ctx.owner
+    for hp in p.hosts:
+        hs = held_by.get(hp.name)
+        if hp.error is not None or hs is None or hp.report is None:
+            continue
+        own = next((h for h in hs if h.job == job), None)
+        why = owner_problem(job, own, me, ctx.take_over)
+        if why is not None:
+            hp.problems.append(why)
+            continue
+        if hp.bundle is not None:
+            tasks = [u.task for u in hp.bundle.tasks]
+            hp.reserve = reservation(job, tasks, [u.unit for u in hp.bundle.tasks], hs, me, gpu_uuids(hp.report))

@@ -1,0 +1,144 @@
+"""`provision exec` and `provision ssh`: a command, or a shell, on a task's host, in the
+task's environment; and the shell completion of task names.
+
+exec runs `sh -c` on the host that loads the task's environment file (as systemd reads it:
+its double-quoted values unescape the same way in sh) and then runs the command with its
+words as given, as root (or through `sudo -n`, like every other command: the file is the
+job's, mode 0600). Output is streamed as it comes, stdout to stdout and stderr to stderr;
+the exit code is the command's.
+
+ssh replaces this process with OpenSSH's `ssh`, with what the inventory says of the host
+(user, port, identity file, jump host, timeout) and the host keys the state has learnt.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
+from provision.core.target import Target
+from provision.host import layout
+
+NOT_APPLIED = 125  # the script's own code when the env file is not there
+
+
+def task_target(ctx, task: str) -> tuple[Target, str]:
+    """The task's host as a Target, and its env file, or a one-line error naming the tasks."""
+    placed = {t.name: t for t in ctx.rendered.placement.tasks}
+    if task not in placed:
+        names = ", ".join(placed) or "none"
+        raise ProvisionError(f"no task named {task} in job {ctx.inventory.job} (tasks: {names})")
+    host = placed[task].host.name
+    if host not in ctx.targets:
+        raise ProvisionError(f"{task} runs on {host}, which is not among the --target hosts")
+    return ctx.targets[host], layout.env_path(ctx.inventory.job, task)
+
+
+def exec_script(env_file: str, argv: Sequence[str]) -> str:
+    """The command for the host: load the env file (exported), then exec argv."""
+    script = (
+        f'[ -r {env_file} ] || {{ echo "provision: no {env_file} on this host: '
+        f'is the job applied?" >&2; exit {NOT_APPLIED}; }}; '
+        f'set -a; . {env_file}; set +a; exec "$@"'
+    )
+    return " ".join(shlex.quote(w) for w in ["sh", "-c", script, "provision-exec", *argv])
+
+
+def run_exec(ctx, task: str, argv: Sequence[str], *, stdout=None, stderr=None) -> int:
+    """Run argv on the task's host in its environment; stream its output; its exit code."""
+
+    if not argv:
+        raise ProvisionError("exec: no command given (provision exec INVENTORY TASK -- COMMAND...)")
+    target, env_file = task_target(ctx, task)
+    out = stdout or sys.stdout.buffer
+    err = stderr or sys.stderr.buffer
+    session = ctx.session
+    conn = session.connect(target)
+    command = exec_script(env_file, argv)
+    if not session.is_root(target):
+        command = "sudo -n " + command
+    if session.verbose:
+        print(f"[{target.name}] $ {command}", file=sys.stderr)
+    chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
+    try:
+        chan.exec_command(command)
+        chan.shutdown_write()
+        while True:
+            busy = False
+            if chan.recv_ready():
+                out.write(chan.recv(65536))
+                out.flush()
+                busy = True
+            if chan.recv_stderr_ready():
+                err.write(chan.recv_stderr(65536))
+                err.flush()
+                busy = True
+            # The exit status comes after all of the output (one ordered channel).
+            if not busy and chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            if not busy:
+                time.sleep(0.01)
+        status = chan.recv_exit_status()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    finally:
+        chan.close()
+    if status == NOT_APPLIED:
+        return EXIT_ERROR
+    return status if status >= 0 else EXIT_ERROR
+
+
+def ssh_argv(target: Target, known_hosts: Path, *, remote: Sequence[str] = (), tty: bool = True) -> list[str]:
+    """OpenSSH's command line for the host, as provision itself reaches it."""
+    argv = ["ssh"]
+    if tty:
+        argv.append("-t")
+    if target.port:
+        argv += ["-p", str(target.port)]
+    if target.identity_file:
+        argv += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
+    if target.jump_host:
+        argv += ["-J", target.jump_host]
+    argv += ["-o", f"ConnectTimeout={max(1, int(target.connect_timeout))}"]
+    policy = target.host_key_policy
+    if policy == "off":
+        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    else:
+        # The keys provision learnt (beside the state), then the user's own.
+        files = f"{known_hosts} {os.path.expanduser('~/.ssh/known_hosts')}"
+        argv += ["-o", f"UserKnownHostsFile={files}"]
+        argv += ["-o", "StrictHostKeyChecking=" + ("yes" if policy == "strict" else "accept-new")]
+    dest = f"{target.user}@{target.address}" if target.user else target.address
+    argv.append(dest)
+    argv += list(remote)
+    return argv
+
+
+def shell_command(env_file: str, sudo: bool) -> str:
+    """An interactive shell with the task's environment loaded, when it can be read."""
+    inner = f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; cd /; exec ${{SHELL:-/bin/sh}} -i"
+    cmd = "sh -c " + shlex.quote(inner)
+    return f"sudo -E {cmd}" if sudo else cmd
+
+
+def complete_tasks(ctx, param, incomplete: str):
+    """Shell completion of TASK: the task names of the inventory given before it."""
+    from click.shell_completion import CompletionItem
+
+    inventory = ctx.params.get("inventory")
+    if not inventory:
+        return []
+    try:
+        from provision.spec.inventory import load
+        from provision.spec.placement import place
+
+        inv = load(inventory)
+        names = [t.name for t in place(inv).tasks]
+    except Exception:  # noqa: BLE001 - completion must never fail loudly
+        return []
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]

@@ -1,0 +1,210 @@
+"""Deterministic placement: every task → a host, a port and concrete accelerator indices.
+
+Rules, in one place:
+- tasks are placed index-major (chief-0, worker-0, ps-0, ..., worker-1, ps-1, ...), so a
+  pool's first replicas are placed before any pool's later ones;
+- a replica's accelerators come from one host, never split; the lowest free indices;
+- hosts are chosen least-loaded first (one replica per host when there are enough, as
+  the managed services give each replica its own VM), then best fit on accelerators,
+  then inventory order; tasks that need no accelerators (ps and reduction servers above
+  all) prefer hosts without any, keeping accelerator hosts for the work that needs them;
+- ports: the pool's port (default 2222), or the next free one on a shared host;
+- `previous` (the placement recorded in state) is kept for every task whose slot is still
+  valid, so growing or shrinking a pool never moves a task that already exists;
+- `held` (what other jobs hold on shared hosts, and ports something else listens on, as
+  tenancy.py reads them from the hosts' ledgers) is never given out: neither kept from
+  `previous` nor chosen.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from provision.core.errors import ProvisionError
+from provision.core.model import DEFAULT_PORT, ROLES, Host, Inventory, Pool
+
+
+@dataclass(frozen=True)
+class Slot:
+    host: str
+    port: int
+    accelerators: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlacedTask:
+    role: str
+    index: int
+    host: Host
+    port: int
+    accelerators: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def address(self) -> str:
+        """host:port as every other task reaches it (IPv6 literals bracketed)."""
+        a = self.host.cluster_address
+        return f"[{a}]:{self.port}" if ":" in a else f"{a}:{self.port}"
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.host.name, self.port, self.accelerators)
+
+
+@dataclass(frozen=True)
+class Placement:
+    tasks: tuple[PlacedTask, ...]  # ROLES order, then index
+
+    def by_role(self, role: str) -> list[PlacedTask]:
+        return [t for t in self.tasks if t.role == role]
+
+    def on_host(self, host: str) -> list[PlacedTask]:
+        return [t for t in self.tasks if t.host.name == host]
+
+    def task(self, name: str) -> PlacedTask:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def slots(self) -> dict[str, Slot]:
+        return {t.name: t.slot for t in self.tasks}
+
+
+@dataclass(frozen=True)
+class Held:
+    """What placement may not give out on one host, and who holds it (for messages)."""
+
+    gpus: frozenset[int] = frozenset()
+    ports: frozenset[int] = frozenset()
+    by: tuple[str, ...] = ()  # e.g. "GPUs 0-1 held by job bert (alice@ws-3, running 2h)"
+
+
+class PlacementError(ProvisionError):
+    def __init__(self, role: str, reason: str, *, held: bool = False, details: tuple[str, ...] = ()):
+        super().__init__(f"pools.{role}: {reason}", details=list(details))
+        self.role = role
+        self.reason = reason
+        self.held = held  # it would fit were it not for what other jobs hold: worth waiting
+
+
+def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
+    """Index-major order: growing one pool appends, it never reorders earlier replicas."""
+    pools = sorted(pools, key=lambda p: ROLES.index(p.role))
+    most = max((p.replicas for p in pools), default=0)
+    return [(p, i) for i in range(most) for p in pools if i < p.replicas]
+
+
+class _HostState:
+    __slots__ = ("host", "order", "free", "ports", "tasks", "version")
+
+    def __init__(self, host: Host, order: int, held: Held | None = None):
+        self.host = host
+        self.order = order
+        taken = held.gpus if held else frozenset()
+        self.free = [a for a in range(host.accelerator_count) if a not in taken]  # sorted, free
+        self.ports: set[int] = set(held.ports) if held else set()
+        self.tasks = 0
+        self.version = 0
+
+
+def place(
+    inv: Inventory, previous: Mapping[str, Slot] | None = None, held: Mapping[str, Held] | None = None
+) -> Placement:
+    held = held or {}
+    states = {h.name: _HostState(h, i, held.get(h.name)) for i, h in enumerate(inv.hosts)}
+    order = task_order(inv.pools)
+    chosen: dict[tuple[str, int], PlacedTask] = {}
+
+    def take(st: _HostState, pool: Pool, index: int, port: int, accs: tuple[int, ...]) -> None:
+        st.free = [a for a in st.free if a not in accs]
+        st.ports.add(port)
+        st.tasks += 1
+        st.version += 1
+        chosen[(pool.role, index)] = PlacedTask(pool.role, index, st.host, port, accs)
+
+    # 1. Keep every still-valid slot from the previous placement, in task order.
+    for pool, index in order if previous else ():
+        slot = previous.get(f"{pool.role}-{index}")  # type: ignore[union-attr]
+        st = states.get(slot.host) if slot else None
+        if slot is None or st is None or not pool.eligible(st.host):
+            continue
+        base = pool.port or DEFAULT_PORT
+        accs = tuple(slot.accelerators)
+        if (
+            len(accs) == pool.accelerators
+            and all(a in st.free for a in accs)
+            and base <= slot.port <= 65535
+            and slot.port not in st.ports
+        ):
+            take(st, pool, index, slot.port, accs)
+
+    # 2. Place the rest. One heap per pool over its eligible hosts, keyed by the rule
+    # above; entries go stale when a host takes a task (version check), which keeps a
+    # 1,000-host placement at O(tasks · log hosts).
+    heaps: dict[str, list[tuple[object, ...]]] = {}
+
+    def key(pool: Pool, st: _HostState) -> tuple[object, ...]:
+        avoid = pool.accelerators == 0 and st.host.accelerator_count > 0
+        fit = len(st.free) if pool.accelerators else 0
+        return (avoid, st.tasks, fit, st.order, st.version, st.host.name)
+
+    def heap_for(pool: Pool) -> list[tuple[object, ...]]:
+        if pool.role not in heaps:
+            h = [
+                key(pool, st) for st in states.values() if pool.eligible(st.host) and len(st.free) >= pool.accelerators
+            ]
+            heapq.heapify(h)
+            heaps[pool.role] = h
+        return heaps[pool.role]
+
+    for pool, index in order:
+        if (pool.role, index) in chosen:
+            continue
+        heap = heap_for(pool)
+        st = None
+        while heap:
+            entry = heapq.heappop(heap)
+            cand = states[str(entry[-1])]
+            if entry[-2] != cand.version:
+                if len(cand.free) >= pool.accelerators:
+                    heapq.heappush(heap, key(pool, cand))
+                continue
+            if len(cand.free) >= pool.accelerators:
+                st = cand
+                break
+        if st is None:
+            raise _no_fit(pool, index, states, held)
+        port = pool.port or DEFAULT_PORT
+        while port in st.ports:
+            port += 1
+        if port > 65535:
+            raise PlacementError(pool.role, f"replica {index}: no free port left on {st.host.name}")
+        take(st, pool, index, port, tuple(st.free[: pool.accelerators]))
+        if len(st.free) >= pool.accelerators:
+            heapq.heappush(heap, key(pool, st))
+
+    tasks = sorted(chosen.values(), key=lambda t: (ROLES.index(t.role), t.index))
+    return Placement(tuple(tasks))
+
+
+def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping[str, Held]) -> PlacementError:
+    eligible = [s for s in states.values() if pool.eligible(s.host)]
+    free = ", ".join(f"{s.host.name} {len(s.free)}" for s in eligible[:6])
+    more = f", ... ({len(eligible) - 6} more)" if len(eligible) > 6 else ""
+    # Would it fit on an eligible host were it not for other jobs? Then say who holds what.
+    by = tuple(f"{s.host.name}: {line}" for s in eligible for line in held.get(s.host.name, Held()).by)
+    could = any(s.host.accelerator_count >= pool.accelerators for s in eligible) and bool(by)
+    reason = (
+        f"replica {index} does not fit: it needs {pool.accelerators} "
+        f"accelerator{'' if pool.accelerators == 1 else 's'} on one host; "
+        f"free on eligible hosts: {free}{more}"
+    )
+    if could:
+        reason += " (held by other jobs, below)"
+    return PlacementError(pool.role, reason, held=could, details=by)

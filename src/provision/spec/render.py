@@ -1,0 +1,395 @@
+"""Placement → every file each host must get, through the Jinja templates in templates/.
+
+Pure: no network, no writes (`write_tree` is the one exception, for `provision render`).
+Where each file goes on a host is host/layout.py's; what it holds is decided here and in
+the templates (which get every path and name as a value, never spell one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from provision.core import encode
+from provision.core.errors import ProvisionError
+from provision.core.lifecycle import LONG_LIVED, boot_gate, start_phase, systemd_restart
+from provision.core.model import FileSpec, Host, Inventory, Pool
+from provision.host import layout
+from provision.spec.clusterenv import JobCluster, job_cluster, task_env
+from provision.spec.placement import PlacedTask, Placement, Slot, place
+from provision.spec.pushed import walk_spec
+
+MANIFEST_VERSION = 1
+SECRET_MASK = "(sensitive value)"
+
+
+class FileKind(str, Enum):
+    ENV = "env"
+    UNIT = "unit"
+    TARGET = "target"
+    MANIFEST = "manifest"
+    SETUP = "setup"  # the setup's script and env file
+    FILE = "file"  # the inventory's files:
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    path: str  # absolute path on the host
+    sha256: str
+    mode: int
+    kind: FileKind
+    content: bytes | None = None  # None: read from `source` when needed
+    source: Path | None = None
+    secret: bool = False  # holds secret values: never shown in diffs
+    replace: bool = False  # may take the place of a host file provision does not manage
+
+    def data(self) -> bytes:
+        if self.content is not None:
+            return self.content
+        assert self.source is not None
+        return self.source.read_bytes()
+
+
+@dataclass(frozen=True)
+class TaskUnit:
+    task: PlacedTask
+    unit: str
+    unit_path: str
+    env_path: str
+    phase: int
+    long_lived: bool
+    inputs: str  # sha256 of everything whose change must restart the task
+
+
+@dataclass(frozen=True)
+class SetupUnit:
+    unit: str
+    key: str  # sha256 of the script, its env and the files it runs after
+
+
+@dataclass(frozen=True)
+class HostBundle:
+    host: Host
+    tasks: tuple[TaskUnit, ...]
+    files: tuple[RenderedFile, ...]  # sorted by path, manifest included
+    manifest: dict[str, Any] = field(hash=False, compare=False)
+    setup: SetupUnit | None = None
+
+    def file_map(self) -> dict[str, RenderedFile]:
+        return {f.path: f for f in self.files}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    inventory: Inventory
+    placement: Placement
+    hosts: dict[str, HostBundle] = field(hash=False)  # only hosts that run a task
+    secret_values: tuple[str, ...] = field(default=(), repr=False)  # masked wherever shown
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def templates_dir() -> Path:
+    """templates/ in a source checkout (editable install), else the copy in the wheel."""
+    package = Path(__file__).resolve().parent.parent  # src/provision, or provision/ in a wheel
+    for candidate in (package.parent.parent / "templates", package / "templates"):
+        if (candidate / "task.service.j2").is_file():
+            return candidate
+    raise ProvisionError(f"provision's templates are missing (looked in {package.parent.parent / 'templates'})")
+
+
+class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """Templates compiled once and kept between runs (compiling them is ~20 ms of every
+    command's start). Best effort: a cache that cannot be read or written is skipped.
+    Jinja keys each entry by the template's name and a checksum of its source."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, ValueError, EOFError):
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _template_cache() -> jinja2.BytecodeCache | None:
+    """~/.cache/provision/templates (XDG_CACHE_HOME), private to the user; None if it
+    cannot be made."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "provision", "templates")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:  # compiled code only from a directory of our own
+        return None
+    return _CompiledTemplates(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        bytecode_cache=_template_cache(),
+        autoescape=False,  # not HTML; values are encoded by encode.py before they get here
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- pushed files
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pushed_files(specs: tuple[FileSpec, ...]) -> list[RenderedFile]:
+    """The inventory's `files:` as RenderedFiles (content read lazily, hashed once).
+
+    The walk and the modes are pushed.walk_spec's, the walk validation made: links stay
+    inside a pushed directory, modes are the sources' own (never widened)."""
+    out: dict[str, RenderedFile] = {}
+    for spec in specs:
+        entries, problems = walk_spec(spec.src, spec.dest, spec.is_dir)
+        if problems:  # the tree changed since the inventory was validated
+            raise ProvisionError(f"files: {problems[0].message}")
+        for e in entries:
+            digest = _file_digest(e.src, e.mtime_ns, e.size)
+            out[e.dest] = RenderedFile(e.dest, digest, e.mode, FileKind.FILE, source=e.src, replace=spec.replace)
+    return list(out.values())
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _exec_start(inv: Inventory, pool: Pool, task: PlacedTask, env_keys: list[str]) -> str:
+    if not pool.image:
+        return encode.exec_line(pool.command)
+    argv = ["/usr/bin/docker", "run", "--rm", "--name", layout.container_name(inv.job, task.name), "--network", "host"]
+    if task.accelerators and task.host.accelerators and task.host.accelerators.kind == "gpu":
+        # docker's --gpus takes a CSV list; the inner quotes keep the commas together.
+        argv += ["--gpus", '"device=' + ",".join(map(str, task.accelerators)) + '"']
+    for key in env_keys:  # names only: docker takes each value from systemd's environment
+        argv += ["-e", key]
+    argv += [pool.image, *pool.args]
+    return encode.exec_line(argv)
+
+
+def _render_task(
+    inv: Inventory,
+    task: PlacedTask,
+    jc: JobCluster,
+    secrets: Mapping[str, str] | None,
+    gpu_uuids: Mapping[str, list[str]] | None,
+    socket_ifname: str | None = None,
+) -> tuple[str, str, list[str]]:
+    pool = inv.pool(task.role)
+    assert pool is not None
+    env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids, socket_ifname=socket_ifname)
+    j = _jinja()
+    common = {"job": inv.job, "task": task.name, "host": task.host.name}
+    env_text = j.get_template("task.env.j2").render(**common, assignments=[encode.env_assignment(k, v) for k, v in env])
+    unit_text = j.get_template("task.service.j2").render(
+        **common,
+        role=task.role,
+        index=task.index,
+        target=layout.target_name(inv.job),
+        env_path=layout.env_path(inv.job, task.name),
+        container=layout.container_name(inv.job, task.name) if pool.image else "",
+        exec_start=_exec_start(inv, pool, task, [k for k, _ in env]),
+        exec_condition=layout.exec_condition_command(inv.job, task.name, **boot_gate(pool.restart)),
+        exec_stop=layout.exec_stop_command(inv.job, task.name),
+        exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
+        accelerators=pool.accelerators,
+        stop_timeout=30,
+        syslog_identifier=layout.log_identifier(inv.job, task.name),
+        **systemd_restart(pool.restart),
+    )
+    secret_keys = [k for k in inv.secret_env if secrets and k in secrets]
+    return env_text, unit_text, secret_keys
+
+
+def render(
+    inv: Inventory,
+    *,
+    previous: Mapping[str, Slot] | None = None,
+    secrets: Mapping[str, str] | None = None,
+    gpu_uuids: Mapping[str, list[str]] | None = None,
+    placement: Placement | None = None,
+    socket_ifnames: Mapping[str, str] | None = None,
+) -> Rendered:
+    """Everything each host must get. `secrets` None: secret_env values are left out.
+    `socket_ifnames`: host → the interface holding its cluster address, as the host reports
+    it (plan finds it; offline there is none): NCCL's and Gloo's, in its tasks' env."""
+    placement = placement or place(inv, previous)
+    jc = job_cluster(inv, placement)
+    shared = pushed_files(inv.files)
+    shared_digest = _sha("".join(f"{f.path}\0{f.sha256}\0{f.mode}\n" for f in shared).encode())
+    j = _jinja()
+    by_host: dict[str, list[PlacedTask]] = {}
+    for t in placement.tasks:
+        by_host.setdefault(t.host.name, []).append(t)
+    job_escaped = encode.env_escape(',"job":' + jc.job_json).encode()
+
+    hosts: dict[str, HostBundle] = {}
+    for host in inv.hosts:
+        tasks = by_host.get(host.name)
+        if not tasks:
+            continue
+        files: list[RenderedFile] = list(shared)
+        units: list[TaskUnit] = []
+        setup, setup_files = _render_setup(inv, host, tasks, shared_digest)
+        files += setup_files
+        for t in tasks:
+            env_text, unit_text, secret_keys = _render_task(
+                inv, t, jc, secrets, gpu_uuids, (socket_ifnames or {}).get(host.name)
+            )
+            env_b, unit_b = env_text.encode(), unit_text.encode()
+            env_path = layout.env_path(inv.job, t.name)
+            unit = layout.unit_name(inv.job, t.name)
+            unit_path = layout.unit_path(inv.job, t.name)
+            env_sha, unit_sha = _sha(env_b), _sha(unit_b)
+            files.append(RenderedFile(env_path, env_sha, 0o600, FileKind.ENV, env_b, secret=bool(secret_keys)))
+            files.append(RenderedFile(unit_path, unit_sha, 0o644, FileKind.UNIT, unit_b))
+            # CLUSTER_SPEC's `job` (the whole job's description) is informational: a change
+            # to another pool's command rewrites this file but does not restart this task.
+            env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
+            inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
+            if setup is not None:  # a changed setup restarts the host's tasks
+                inputs = _sha(f"{inputs}\n{setup.key}".encode())
+            units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
+        target_b = (
+            j.get_template("job.target.j2")
+            .render(
+                job=inv.job,
+                host=host.name,
+                tasks=[t.name for t in tasks],
+                units=[u.unit for u in units],
+                boot_target=layout.BOOT_TARGET,
+            )
+            .encode()
+        )
+        files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
+        manifest = {
+            "provision": MANIFEST_VERSION,
+            "job": inv.job,
+            "host": host.name,
+            "tasks": {
+                u.task.name: {
+                    "unit": u.unit,
+                    "role": u.task.role,
+                    "index": u.task.index,
+                    "phase": u.phase,
+                    "long_lived": u.long_lived,
+                    "inputs": u.inputs,
+                    "port": u.task.port,
+                    "accelerators": list(u.task.accelerators),
+                }
+                for u in units
+            },
+            "files": {
+                f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value}
+                for f in sorted(files, key=lambda f: f.path)
+            },
+        }
+        if setup is not None:
+            manifest["setup"] = {"unit": setup.unit, "key": setup.key}
+        manifest_b = manifest_bytes(manifest)
+        files.append(
+            RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b)
+        )
+        files.sort(key=lambda f: f.path)
+        hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest, setup)
+    return Rendered(inv, placement, hosts, tuple(v for v in (secrets or {}).values() if v))
+
+
+def _render_setup(
+    inv: Inventory, host: Host, tasks: list[PlacedTask], shared_digest: str
+) -> tuple[SetupUnit | None, list[RenderedFile]]:
+    """The job's setup, then the setups of the pools with a task on this host, as one
+    script, its env file and a oneshot unit; keyed by all three and the files it runs after."""
+    roles = {t.role for t in tasks}
+    setups = [inv.setup] + [p.setup for p in inv.pools if p.role in roles]
+    chosen = [x for x in setups if x is not None]
+    if not chosen:
+        return None, []
+    job = inv.job
+    head = f"# Managed by provision: job {job}, setup on {host.name}; run with /bin/sh -e.\n"
+    script = (head + "".join(line + "\n" for x in chosen for line in x.commands)).encode()
+    env: dict[str, str] = {}
+    for x in chosen:
+        env.update(x.env)
+    env_b = (head + "".join(encode.env_assignment(k, v) + "\n" for k, v in env.items())).encode()
+    user = host.ssh.user if host.ssh.user and host.ssh.user != "root" else ""
+    unit_b = (
+        _jinja()
+        .get_template("setup.service.j2")
+        .render(
+            job=job,
+            host=host.name,
+            env_path=layout.setup_env_path(job),
+            script_path=layout.setup_script_path(job),
+            user=user,
+            syslog_identifier=layout.setup_log_identifier(job),
+        )
+        .encode()
+    )
+    key = _sha(b"\0".join([script, env_b, unit_b, shared_digest.encode()]))
+    files = [
+        RenderedFile(layout.setup_script_path(job), _sha(script), 0o700, FileKind.SETUP, script),
+        RenderedFile(layout.setup_env_path(job), _sha(env_b), 0o600, FileKind.SETUP, env_b),
+        RenderedFile(layout.setup_unit_path(job), _sha(unit_b), 0o644, FileKind.UNIT, unit_b),
+    ]
+    return SetupUnit(layout.setup_unit_name(job), key), files
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+
+def write_tree(rendered: Rendered, out: Path) -> int:
+    """`provision render -o DIR`: DIR/<host>/<absolute path>, modes kept. Returns file count."""
+    count = 0
+    for name, bundle in rendered.hosts.items():
+        base = out / name
+        made: set[Path] = set()
+        for f in bundle.files:
+            dest = base / f.path.lstrip("/")
+            if dest.parent not in made:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                made.add(dest.parent)
+            dest.write_bytes(f.data())
+            os.chmod(dest, f.mode)
+            count += 1
+    return count

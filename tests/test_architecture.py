@@ -1,0 +1,206 @@
+"""The house's rules, read from the source's AST (no tool installed by hand):
+
+- packages by layer: a module imports only from its own package and the layers below it;
+- no import circle between provision's modules;
+- no `import` of a provision module inside a function, except a lazy import whose comment
+  names the start-up time it saves (or one that keeps host/ code off the controller's path);
+- size: at most 6 modules at the package's top, none over 650 lines, at most 10 functions
+  over 60 lines.
+
+docs/architecture.md explains the layers; this file is what keeps them so.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "provision"
+
+# Lower layers first. A module may import its own package and any layer of lower rank.
+LAYERS = {
+    "host": 0,  # runs on the hosts too: stdlib only, imports nothing of provision outside host/
+    "core": 1,
+    "spec": 2,
+    "rules": 3,
+    "io": 4,
+    "run": 5,
+    "importers": 5,
+    "sandbox": 5,
+    "cli": 6,
+}
+MAX_TOP_MODULES = 6
+MAX_MODULE_LINES = 650
+LONG_FUNCTION = 60
+MAX_LONG_FUNCTIONS = 10
+# Words a lazy import's comment uses to say why it is lazy.
+LAZY_REASONS = ("start-up", "startup", "import time", "imports in", "ms")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the provision module imported
+    line: int
+    local: bool  # inside a function
+    comment: str  # the comment on the line or the lines right above
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(mod: str, node: ast.ImportFrom, is_package: bool, known: set[str]) -> list[str]:
+    if node.level:
+        base = mod.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        stem = ".".join(base + ([node.module] if node.module else []))
+    else:
+        stem = node.module or ""
+    if not stem.startswith("provision"):
+        return []
+    out = []
+    for alias in node.names:
+        sub = f"{stem}.{alias.name}"
+        out.append(sub if sub in known else stem)
+    return out
+
+
+def _comment(lines: list[str], lineno: int) -> str:
+    text = []
+    line = lines[lineno - 1]
+    if "#" in line:
+        text.append(line.split("#", 1)[1])
+    i = lineno - 2
+    while i >= 0 and lines[i].strip().startswith("#"):
+        text.append(lines[i].strip()[1:])
+        i -= 1
+    return " ".join(text)
+
+
+def imports() -> Iterator[Import]:
+    known = set(modules())
+    for mod, path in modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        local_nodes = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                local_nodes.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("provision")]
+            elif isinstance(node, ast.ImportFrom):
+                targets = _resolve(mod, node, path.name == "__init__.py", known)
+            else:
+                continue
+            for t in targets:
+                while t not in known and "." in t:
+                    t = t.rsplit(".", 1)[0]
+                if t != mod:
+                    yield Import(mod, t, node.lineno, id(node) in local_nodes, _comment(lines, node.lineno))
+
+
+def layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def test_every_package_is_a_layer():
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= set(LAYERS), (
+        f"a package without a layer: {packages - set(LAYERS)} (add it to LAYERS and docs/architecture.md)"
+    )
+
+
+def test_layers_import_only_downwards():
+    wrong = []
+    for imp in imports():
+        a, b = layer(imp.module), layer(imp.target)
+        if a is None or b is None or a == b:
+            continue
+        if LAYERS[b] >= LAYERS[a]:
+            wrong.append(f"{imp.module}:{imp.line} imports {imp.target} ({a} may not import {b})")
+    assert not wrong, "\n".join(wrong)
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every back edge of a depth-first walk, as the circle it closes."""
+    circles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                circles.append(" -> ".join(stack[stack.index(n) :] + [n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return circles
+
+
+def test_no_import_circles():
+    graph: dict[str, set[str]] = {}
+    for imp in imports():
+        if not imp.local:
+            graph.setdefault(imp.module, set()).add(imp.target)
+    circles = find_circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_local_imports_say_why():
+    unexplained = [
+        f"{imp.module}:{imp.line} imports {imp.target} inside a function"
+        for imp in imports()
+        if imp.local and not any(w in imp.comment.lower() for w in LAZY_REASONS)
+    ]
+    assert not unexplained, (
+        "a function-local import of provision needs a comment naming the start-up time it saves "
+        "(else import it at the top; an import circle is fixed by moving code, not hidden):\n" + "\n".join(unexplained)
+    )
+
+
+def test_sizes():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    big = [
+        f"{m}: {len(p.read_text().splitlines())} lines"
+        for m, p in modules().items()
+        if len(p.read_text().splitlines()) > MAX_MODULE_LINES
+    ]
+    assert not big, big
+    long = []
+    for m, p in modules().items():
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > LONG_FUNCTION:
+                long.append(f"{m}.{n.name}: {n.end_lineno - n.lineno + 1} lines")
+    assert len(long) <= MAX_LONG_FUNCTIONS, "\n".join(sorted(long))
+
+
+def test_the_checker_sees_a_circle():
+    """The checks themselves: a circle and a relative import are found."""
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a -> b -> c -> a"]
+    assert find_circles({"a": {"b"}, "b": set()}) == []
+    node = ast.parse("from ..x import y\n").body[0]
+    assert isinstance(node, ast.ImportFrom)
+    assert _resolve("provision.p.m", node, False, {"provision.x", "provision.x.y"}) == ["provision.x.y"]
