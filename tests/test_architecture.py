@@ -37,7 +37,7 @@ MAX_MODULE_LINES = 650
 LONG_FUNCTION = 60
 MAX_LONG_FUNCTIONS = 10
 # Words a lazy import's comment uses to say why it is lazy.
-LAZY_REASONS = ("start-up", "startup", "import time", "imports in", "ms")
+LAZY_REASONS = ("start-up", "startup", "import time")
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,10 @@ def test_every_task_variable_is_documented():
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
     """(path, command) of every command under `group`, subgroups included, recursively."""
-    for name, cmd in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the top group loads its commands lazily
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, name
         path = prefix + (name,)
         yield path, cmd
         if isinstance(cmd, click.Group):

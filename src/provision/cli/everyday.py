@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import click
 
 from provision.core.errors import ProvisionError
-
-
-def complete_tasks(ctx, param, incomplete):
-    """TASK completion (remote.complete_tasks), imported when asked: the SSH layer (paramiko)
-    is not loaded for every command's start."""
-    from provision.run.remote import complete_tasks as complete
-
-    return complete(ctx, param, incomplete)
+from provision.core.target import HostError, Target
+from provision.host import layout
+from provision.host.protocol import ALL_FACTS, ProbeRequest
+from provision.io.ssh import KnownHosts, Session, call_agent
+from provision.run.context import open_context
+from provision.run.remote import complete_tasks, run_exec, shell_command, ssh_argv
+from provision.spec.inventory import DNS_LABEL
 
 
 def _words(command) -> list[str]:
@@ -40,8 +41,6 @@ def exec_cmd(inventory, task, command, state_path, verbose):
     The words after `--` are run as given (no shell), as root, with every variable of the
     task's environment file set (TF_CONFIG, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...).
     """
-    from provision.run.context import open_context
-    from provision.run.remote import run_exec
 
     command = _words(command)
     ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
@@ -64,29 +63,16 @@ def ssh_cmd(inventory, task, command, state_path, print_only):
     With `-- COMMAND...`, that command instead of a shell (ssh's own rules: one string for
     the remote shell).
     """
-    import shlex
-    import shutil
-
-    from provision.run.remote import shell_command, ssh_argv
-    from provision.spec.inventory import load
-    from provision.spec.placement import place
-
     command = _words(command)
-    from provision.core.target import Target
-    from provision.io.state import State, default_state_path
-
-    inv = load(inventory)
-    sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
-    state = State.load(sp, inv.job) if sp.exists() else None
-    tasks = {t.name: t for t in place(inv, state.previous_placement() if state else None).tasks}
+    ctx = open_context(inventory, state_path=state_path, render_secrets=False)
+    ctx.close()  # nothing to ask the hosts: the placement and the known hosts are enough
+    tasks = {t.name: t for t in ctx.rendered.placement.tasks}
     if task not in tasks:
-        raise ProvisionError(f"no task named {task} in job {inv.job} (tasks: {', '.join(tasks) or 'none'})")
-    host = tasks[task].host
-    target = Target.from_host(host)
-    from provision.host import layout
-
-    remote = list(command) or [shell_command(layout.env_path(inv.job, task), sudo=(target.user or "root") != "root")]
-    argv = ssh_argv(target, sp.parent / "known_hosts", remote=remote, tty=not command)
+        raise ProvisionError(f"no task named {task} in job {ctx.inventory.job} (tasks: {', '.join(tasks) or 'none'})")
+    target = Target.from_host(tasks[task].host)
+    env_file = layout.env_path(ctx.inventory.job, task)
+    remote = list(command) or [shell_command(env_file, sudo=(target.user or "root") != "root")]
+    argv = ssh_argv(target, ctx.state.known_hosts_path, remote=remote, tty=not command)
     if print_only:
         click.echo(" ".join(shlex.quote(a) for a in argv))
         return
@@ -204,7 +190,6 @@ def init_text(
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
 def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
     """Write a commented inventory for HOSTS (NAME=ADDRESS, or ADDRESS named host-1, ...)."""
-    from provision.spec.inventory import DNS_LABEL
 
     path = Path(out)
     if path.exists() and not force:
@@ -222,9 +207,6 @@ def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
 
 def _facts(hosts, user, port, identity_file, path: Path) -> dict[str, dict]:
     """Each host's facts, asked in parallel over SSH (host keys learnt beside the inventory)."""
-    from provision.core.target import HostError, Target
-    from provision.host.protocol import ALL_FACTS, ProbeRequest
-    from provision.io.ssh import KnownHosts, Session, call_agent
 
     targets = []
     for i, spec in enumerate(hosts, 1):

@@ -11,6 +11,8 @@ from typing import Any
 import click
 
 from provision.core.errors import ProvisionError, ValidationError
+from provision.importers import import_job, load_hosts
+from provision.spec.inventory import parse
 
 
 @click.group("import")
@@ -78,8 +80,6 @@ def ai_platform_cmd(
 def _run(
     service: str, spec: str, hosts_file: str | None, output: str | None, job: str | None, trial: str | None, force: bool
 ) -> None:
-    from provision.importers import import_job, load_hosts
-    from provision.spec.inventory import parse
 
     to_stdout = output in (None, "-")
     out_path = None if to_stdout else Path(str(output))

@@ -81,6 +81,11 @@ def print_plan(plan: Plan, *, destroying: bool = False) -> None:
         click.echo(plan.summary())
 
 
+def change_json(plan: Plan, outcomes: Mapping[str, HostOutcome]) -> dict[str, object]:
+    """`apply --json` and `destroy --json`: the plan and what happened on each host."""
+    return {"format_version": 2, "plan": plan.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}
+
+
 def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str) -> None:
     """Errors per host, then Terraform's closing line."""
     failed = [o for o in outcomes.values() if o.error and not o.unreachable]

@@ -17,8 +17,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
+from provision.core.errors import ProvisionError
+from provision.core.lifecycle import JobPhase
 from provision.core.text import duration
 from provision.rules.status import JobStatus, TaskStatus
+from provision.run.context import Context
+from provision.run.jobend import collect
+from provision.run.logs import last_lines, run_logs
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -176,12 +181,10 @@ def failed_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
 
 
 def wait_job(
-    inventory: str,
+    ctx: Context,
     *,
-    state_path: str | None = None,
     timeout: float | None = None,
     interval: float = 2.0,
-    verbose: bool = False,
     quiet: bool = False,
     logs: bool = False,
     since: str | None = None,
@@ -190,20 +193,13 @@ def wait_job(
     """Block until the job succeeds (0) or fails (1, its failed tasks' last lines shown);
     1 on timeout too, saying so. With `logs`, the tasks' output streams on stdout meanwhile
     (from `since`, else each task's last 10 lines) and progress is printed as plain lines."""
-    from provision.core.errors import ProvisionError
-    from provision.core.lifecycle import JobPhase
-    from provision.run.context import open_context
-    from provision.run.jobend import collect
-    from provision.run.logs import last_lines, run_logs
-
+    inventory = ctx.where
     disp = display or Display(tty=False if logs else None)
-    ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
     try:
         st = collect(ctx)
         if st.tasks and all(t.detail == "not applied" for t in st.tasks):
             raise ProvisionError(f"job {st.job} is not on its hosts: run `provision apply {inventory}` first")
         if logs:
-            ctx.close()
             seen: list[JobStatus] = [st]
 
             def on_status(s: JobStatus) -> None:
@@ -214,9 +210,7 @@ def wait_job(
             if not quiet:
                 disp.update(st)
             code = run_logs(
-                inventory,
-                state_path=state_path,
-                verbose=verbose,
+                ctx,
                 since=since,
                 tail=None if since else 10,
                 follow=True,
@@ -247,5 +241,3 @@ def wait_job(
     except KeyboardInterrupt:
         disp.keep()
         raise
-    finally:
-        ctx.close()

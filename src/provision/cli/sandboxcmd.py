@@ -9,18 +9,13 @@ from pathlib import Path
 
 import click
 
+from provision import sandbox as sandboxes
 from provision.core.errors import ProvisionError
+from provision.sandbox.inventory import HEADER
 
 
 def _progress(msg: str) -> None:
     click.echo(f"  {msg}", err=True)
-
-
-def _sandbox():
-    # Imported late: `provision validate` and friends must not pay for the docker SDK.
-    from provision import sandbox
-
-    return sandbox
 
 
 @click.group()
@@ -85,10 +80,8 @@ def sandbox() -> None:
 )
 def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, force, timeout) -> None:
     """Start HOSTS local hosts and write an inventory for them."""
-    sb_mod = _sandbox()
-    from provision.sandbox.inventory import HEADER
 
-    sb_mod.validate_name(name)
+    sandboxes.validate_name(name)
     template = None
     if from_file is not None:
         explicit = click.get_current_context().get_parameter_source("job")
@@ -111,7 +104,7 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, 
             + (f", with {', '.join(with_)}" if with_ else ""),
             err=True,
         )
-        sb = sb_mod.up(
+        sb = sandboxes.up(
             name,
             hosts=hosts,
             gpus_per_host=gpus_per_host,
@@ -123,9 +116,9 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, 
     finally:
         signal.signal(signal.SIGTERM, previous)
     if template is not None:
-        sb_mod.write_inventory(sb, path, **template)
+        sandboxes.write_inventory(sb, path, **template)
     else:
-        sb_mod.write_inventory(sb, path, job=job, pools=sb_mod.example_pools(sb))
+        sandboxes.write_inventory(sb, path, job=job, pools=sandboxes.example_pools(sb))
     _refresh_known_hosts(path, sb)
     inv = path.resolve()
     click.echo(f"Sandbox {name!r} is up ({time.monotonic() - t0:.1f} s):")
@@ -189,13 +182,12 @@ def _raise_interrupt(signum, frame):  # noqa: ARG001
 @click.option("--all", "all_", is_flag=True, help="Remove every sandbox.")
 def down_cmd(name, all_) -> None:
     """Remove a sandbox's containers, network and SSH key."""
-    sb_mod = _sandbox()
-    names = [s.name for s in sb_mod.list_sandboxes()] if all_ else [name]
+    names = [s.name for s in sandboxes.list_sandboxes()] if all_ else [name]
     if all_ and not names:
         click.echo("No sandboxes.")
         return
     for n in names:
-        result = sb_mod.down(n, progress=_progress)
+        result = sandboxes.down(n, progress=_progress)
         if result.found:
             click.echo(
                 f"Sandbox {n!r} removed ({result.containers} container"
@@ -226,17 +218,15 @@ def reboot_cmd(name, host, timeout) -> None:
     """Restart HOST (host-2, 2, or its container name) of sandbox NAME: a real systemd
     shutdown and boot, same SSH port and host key. Returns once it answers over SSH and
     systemd is running."""
-    sb_mod = _sandbox()
     t0 = time.monotonic()
-    h = sb_mod.reboot(name, host, timeout=timeout, progress=_progress)
+    h = sandboxes.reboot(name, host, timeout=timeout, progress=_progress)
     click.echo(f"Sandbox {name!r}: {h.name} rebooted, back at 127.0.0.1:{h.ssh_port} ({time.monotonic() - t0:.1f} s).")
 
 
 @sandbox.command("list")
 def list_cmd() -> None:
     """Show the sandboxes on this machine."""
-    sb_mod = _sandbox()
-    rows = sb_mod.list_sandboxes()
+    rows = sandboxes.list_sandboxes()
     if not rows:
         click.echo("No sandboxes. Start one with `provision sandbox up`.")
         return
@@ -256,6 +246,5 @@ def list_cmd() -> None:
 @click.option("--rebuild", is_flag=True, help="Build again even if the image exists.")
 def image_cmd(rebuild) -> None:
     """Build the host image now (otherwise the first `up` does)."""
-    sb_mod = _sandbox()
-    tag = sb_mod.ensure_image(progress=_progress, rebuild=rebuild)
+    tag = sandboxes.ensure_image(progress=_progress, rebuild=rebuild)
     click.echo(f"Host image: {tag}")

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from provision.core.lifecycle import needs_reset_failed, never_loaded, phases, started_ok
+from provision.core.lifecycle import needs_reset_failed, never_loaded, phases, start_failure, started_ok
 from provision.core.records import HostRecord
 from provision.core.target import HostError, Target
 from provision.host.protocol import (
@@ -40,6 +40,7 @@ from provision.run.context import (
     Progress,
     kept,
 )
+from provision.run.logs import host_last_lines
 from provision.spec.render import FileKind, manifest_bytes
 
 
@@ -263,9 +264,6 @@ class _Apply:
     def _not_started(self, t: Target, res: UnitsReport, bad: list) -> list[str]:
         """The host's errors, and for each task that did not start why, in words
         (explain.py), with its journal (one more round trip, only on a failure)."""
-        from provision.core.lifecycle import start_failure
-        from provision.run.logs import host_last_lines
-
         lines: dict[str, list[str]] = {}
         if bad:
             try:

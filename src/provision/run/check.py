@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.host.protocol import FileInfo, NetcheckReport, ProbeReport
-from provision.io.steps import GroupResult
+from provision.io.ssh import call_agent
+from provision.io.steps import GroupResult, Step, run_step
 from provision.rules.network import NetFailure, network_findings, network_plan
 from provision.rules.plan import Plan
 from provision.rules.preflight import FORMAT_VERSION, ORDER, Finding, Status, judge
 from provision.run.context import (
     Context,
 )
+from provision.run.planning import build_plan
 from provision.spec.render import FileKind, render
 
 
@@ -127,9 +129,6 @@ def run_check(
 ) -> CheckResult:
     """plan's round trip with the checks (failures of the plan itself shown too), then the
     network's, unless skipped or no host answered."""
-    from provision.io.ssh import call_agent
-    from provision.io.steps import Step, run_step
-    from provision.run.planning import build_plan
 
     timings: dict[str, tuple[float, float]] = {}
     p = build_plan(ctx, checks=True, thorough=True, timings=timings)

@@ -35,6 +35,7 @@ from provision.rules.programs import paths as program_paths
 from provision.rules.tenancy import Owner
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.inventory import load
+from provision.spec.localcheck import identity_problems, secret_problems
 from provision.spec.render import HostBundle, Rendered, render
 
 Progress = Callable[[str], None]
@@ -48,6 +49,8 @@ class Context:
     session: Session
     targets: dict[str, Target]  # inventory hosts, plus hosts only the state remembers
     rendered: Rendered
+    where: str = ""  # the inventory's path as the user gave it (for messages)
+    all_targets: dict[str, Target] = field(default_factory=dict)  # before --target
     lock: StateLock | None = None
     subset: bool = False  # --target: only some of the hosts
     secrets: dict[str, str] | None = None
@@ -59,14 +62,24 @@ class Context:
     def owner(self) -> Owner:
         return Owner.here(self.state.lineage, self.state.path)
 
-    def close(self) -> None:
-        self.session.close()
+    def whole(self) -> Context:
+        """The same job on every host, not only the --target ones (the same session: a
+        part cannot tell whether the whole job ended)."""
+        if not self.subset:
+            return self
+        return dataclasses.replace(self, targets=self.all_targets, subset=False, lock=None)
+
+    def release_lock(self) -> None:
         if self.lock is not None:
             self.lock.release()
+            self.lock = None
+
+    def close(self) -> None:
+        self.session.close()
+        self.release_lock()
 
 
 def secrets_from_env(inv: Inventory, display: str | None = None) -> dict[str, str]:
-    from provision.spec.localcheck import secret_problems
 
     missing = secret_problems(inv, display=display or inv.path.name)
     if missing:
@@ -107,14 +120,13 @@ def open_context(
         targets = {h.name: Target.from_host(h) for h in inv.hosts}
         for name, rec in state.hosts.items():
             targets.setdefault(name, target_of(name, rec))
+        everyone = dict(targets)
         if only:
             unknown = [h for h in only if h not in targets]
             if unknown:
                 raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
             targets = {k: v for k, v in targets.items() if k in only}
         if not only:  # a missing key fails every connection: say so once, before any
-            from provision.spec.localcheck import identity_problems
-
             bad_keys = identity_problems(inv, inventory_path)
             if bad_keys:
                 raise ProvisionError(bad_keys[0], details=bad_keys[1:])
@@ -126,7 +138,9 @@ def open_context(
             lock.release()
         raise
     session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
-    return Context(inv, state, session, targets, rendered, lock, bool(only), secrets, ifnames=ifnames)
+    return Context(
+        inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, ifnames=ifnames
+    )
 
 
 def cached_ifnames(inv: Inventory, state: State) -> dict[str, str]:

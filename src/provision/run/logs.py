@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -31,10 +32,13 @@ from typing import TextIO
 
 import click
 
-from provision.core.errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
+from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
 from provision.core.explain import SYSTEMD_LABEL, strip_unit
+from provision.core.target import HostError
 from provision.host import layout
+from provision.io.steps import Step, run_step
 from provision.rules.status import JobStatus
+from provision.run.context import Context
 
 CURSOR_FILE = ".provision-logs.json"
 FIELDS = "MESSAGE,SYSLOG_IDENTIFIER,UNIT"
@@ -350,7 +354,6 @@ def host_last_lines(session, target, job: str, tasks: list[str], n: int = 10) ->
 def last_lines(ctx, wanted: dict[str, list[str]], n: int = 10) -> dict[str, list[str]]:
     """host -> tasks  =>  task -> its last `n` journal lines, one round trip per host at
     once; hosts that fail are left out (this only adds to what status says)."""
-    from provision.core.target import HostError
 
     job = ctx.inventory.job
     targets = [ctx.targets[h] for h in wanted if h in ctx.targets]
@@ -461,13 +464,9 @@ class Printer:
 
 
 def run_logs(
-    inventory: str,
+    ctx: Context,
     tasks: tuple[str, ...] = (),
     *,
-    state_path: str | None = None,
-    targets: tuple[str, ...] = (),
-    parallelism: int | None = None,
-    verbose: bool = False,
     since: str | None = None,
     tail: int | None = None,
     follow: bool = False,
@@ -485,12 +484,7 @@ def run_logs(
 
     For `wait --logs`: `on_status` sees every status polled (it then says how the job
     ended) and `timeout` gives up after that many seconds (1)."""
-    from provision.core.target import HostError
-    from provision.run.context import open_context
 
-    ctx = open_context(
-        inventory, state_path=state_path, only=targets, parallelism=parallelism, verbose=verbose, render_secrets=False
-    )
     closers: list[Callable[[], None]] = []
     try:
         job = ctx.inventory.job
@@ -576,7 +570,7 @@ def run_logs(
                 out_path,
                 stop,
                 echo_err,
-                job_status=_job_watcher(ctx, inventory, state_path, closers, on_status) if until_end else None,
+                job_status=_job_watcher(ctx, on_status) if until_end else None,
                 announce=on_status is None,
                 timeout=timeout,
             )
@@ -596,31 +590,17 @@ def run_logs(
     finally:
         for close in closers:
             close()
-        ctx.close()
 
 
-def _job_watcher(
-    ctx,
-    inventory: str,
-    state_path: str | None,
-    closers: list[Callable[[], None]],
-    on_status: Callable[[JobStatus], None] | None = None,
-) -> Callable[[], JobStatus | None]:
-    """The job's status for `--follow` to end with, from every host of the job (a context
-    of its own when only some hosts were asked for: a part cannot tell the whole ended)."""
-    from provision.run.context import open_context
-    from provision.run.jobend import collect
+def _job_watcher(ctx: Context, on_status: Callable[[JobStatus], None] | None = None) -> Callable[[], JobStatus | None]:
+    """The job's status for `--follow` to end with, from every host of the job (with
+    --target too: a part cannot tell the whole ended)."""
+    from provision.run.jobend import collect  # FIXME(merge): top-level once last_lines is in io/journal
 
-    own: list = []
+    whole = ctx.whole()
 
     def status() -> JobStatus:
-        if not ctx.subset:
-            st = collect(ctx)
-        else:
-            if not own:
-                own.append(open_context(inventory, state_path=state_path, render_secrets=False))
-                closers.append(own[0].close)
-            st = collect(own[0])
+        st = collect(whole)
         if on_status is not None:
             on_status(st)
         return st
@@ -725,8 +705,6 @@ def _follow(
     time order across hosts through a reorder window. A stream that breaks (the host
     rebooted, the connection dropped) is started again from its last entry. Once the job
     has ended, the streams run `grace` seconds more for the last lines."""
-    from provision.core.errors import EXIT_INTERRUPTED
-    from provision.core.target import HostError
 
     boundary = Boundary()
     starts: dict[str, int] = {}
@@ -823,7 +801,6 @@ def _follow(
         code = EXIT_INTERRUPTED
     finally:
         stop.set()
-        import signal
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: we are leaving
@@ -851,45 +828,26 @@ def setup_command(job: str, tail: int | None) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def run_setup_logs(
-    inventory: str,
-    *,
-    state_path: str | None = None,
-    targets: tuple[str, ...] = (),
-    parallelism: int | None = None,
-    verbose: bool = False,
-    tail: int | None = None,
-) -> int:
+def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
     """`provision logs --setup`: each host's setup output, host by host, as `setup@HOST | line`."""
-    from provision.core.target import HostError
-    from provision.io.steps import Step, run_step
-    from provision.run.context import open_context
 
-    ctx = open_context(
-        inventory, state_path=state_path, only=targets, parallelism=parallelism, verbose=verbose, render_secrets=False
-    )
-    try:
-        job = ctx.inventory.job
-        hosts = [n for n, b in ctx.rendered.hosts.items() if b.setup is not None and n in ctx.targets]
-        if not hosts:
-            raise ProvisionError(f"job {job} has no setup: on these hosts (inventory key `setup:`)")
-        cmd = setup_command(job, tail)
+    job = ctx.inventory.job
+    hosts = [n for n, b in ctx.rendered.hosts.items() if b.setup is not None and n in ctx.targets]
+    if not hosts:
+        raise ProvisionError(f"job {job} has no setup: on these hosts (inventory key `setup:`)")
+    cmd = setup_command(job, tail)
 
-        def fetch(tg) -> list[str]:
-            res = ctx.session.run(tg, cmd, timeout=120)
-            if res.exit_status != 0:
-                raise HostError(
-                    tg, f"journalctl exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}"
-                )
-            return res.stdout.decode("utf-8", "replace").splitlines()
+    def fetch(tg) -> list[str]:
+        res = ctx.session.run(tg, cmd, timeout=120)
+        if res.exit_status != 0:
+            raise HostError(tg, f"journalctl exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}")
+        return res.stdout.decode("utf-8", "replace").splitlines()
 
-        res = run_step(ctx.session, Step.PROBE, fetch, [ctx.targets[h] for h in hosts])
-        for h in hosts:
-            if h in res.ok:
-                for line in res.ok[h]:
-                    click.echo(f"setup@{h} | {terminal_text(line)}")
-        for e in res.errors.values():
-            click.echo(f"Error: {e.target.where}: {e.message}", err=True)
-        return 3 if res.unreachable else (1 if res.failed else 0)
-    finally:
-        ctx.close()
+    res = run_step(ctx.session, Step.PROBE, fetch, [ctx.targets[h] for h in hosts])
+    for h in hosts:
+        if h in res.ok:
+            for line in res.ok[h]:
+                click.echo(f"setup@{h} | {terminal_text(line)}")
+    for e in res.errors.values():
+        click.echo(f"Error: {e.target.where}: {e.message}", err=True)
+    return 3 if res.unreachable else (1 if res.failed else 0)

@@ -20,9 +20,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from click.shell_completion import CompletionItem
+
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
 from provision.core.target import Target
 from provision.host import layout
+from provision.spec.inventory import load
+from provision.spec.placement import place
 
 NOT_APPLIED = 125  # the script's own code when the env file is not there
 
@@ -128,15 +132,11 @@ def shell_command(env_file: str, sudo: bool) -> str:
 
 def complete_tasks(ctx, param, incomplete: str):
     """Shell completion of TASK: the task names of the inventory given before it."""
-    from click.shell_completion import CompletionItem
 
     inventory = ctx.params.get("inventory")
     if not inventory:
         return []
     try:
-        from provision.spec.inventory import load
-        from provision.spec.placement import place
-
         inv = load(inventory)
         names = [t.name for t in place(inv).tasks]
     except Exception:  # noqa: BLE001 - completion must never fail loudly

@@ -34,6 +34,8 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.spec.placement import PlacementError, place
+from provision.spec.pushed import into_directory, normalize_dest, walk_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
@@ -577,7 +579,6 @@ def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
     """`files:` entries. Destinations are normalised (`//`, `/./`, `..`, a trailing `/`)
     before any check; a directory's tree is walked (pushed.walk_spec, as render walks it)
     so that links out of it, dangling links and loops are reported here, not at apply."""
-    from provision.spec.pushed import into_directory, normalize_dest, walk_spec
 
     path: Path_ = ("files",)
     if value is None:
@@ -831,7 +832,6 @@ def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
 
 def _check_capacity(inv: Inventory, c: _Checker) -> None:
     """Demand vs. hosts, with messages that name the pool; then a real placement."""
-    from provision.spec.placement import PlacementError, place  # placement imports the model only
 
     total_demand = 0
     for pool in inv.pools:

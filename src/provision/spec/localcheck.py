@@ -16,11 +16,11 @@ from pathlib import Path
 import yaml
 
 from provision.core.model import Inventory
+from provision.spec.inventory import _compose, _dotted
 
 
 def _lines(inv: Inventory) -> dict[tuple, int]:
     """Key path -> line of the inventory's file (empty when it cannot be read again)."""
-    from provision.spec.inventory import _compose
 
     try:
         return _compose(inv.path.read_text(encoding="utf-8"), []).lines
@@ -29,7 +29,6 @@ def _lines(inv: Inventory) -> dict[tuple, int]:
 
 
 def _where(display: str, lines: Mapping[tuple, int], path: tuple) -> str:
-    from provision.spec.inventory import _dotted
 
     line = lines.get(path)
     return f"{display}:{line}: {_dotted(path)}" if line else f"{display}: {_dotted(path)}"

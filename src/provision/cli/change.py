@@ -1,0 +1,249 @@
+"""Commands that change hosts or judge them first: plan, apply, destroy, check."""
+
+from __future__ import annotations
+
+import functools
+import json as _json
+import sys
+import time
+
+import click
+
+from provision.cli.common import (
+    confirm,
+    exit_code,
+    host_options,
+    open_ctx,
+    progress_line,
+    report_unreachable,
+)
+from provision.cli.output import change_json, print_outcome, print_plan, table
+from provision.cli.progress import wait_job
+from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
+from provision.run.apply import apply_plan
+from provision.run.check import run_check, summary, table_rows
+from provision.run.destroy import destroy as engine_destroy
+from provision.run.destroy import destroy_plan
+from provision.run.planning import build_plan
+from provision.run.queue import Queue
+
+
+def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, question):
+    """apply and destroy on an opened (and locked) Context: plan, show, confirm, execute,
+    report; returns the exit code. The caller closes the Context."""
+    if ctx.lock is not None and ctx.lock.notice:
+        click.echo(f"Note: {ctx.lock.notice}", err=True)
+    p = make_plan(ctx)
+    if not as_json:
+        print_plan(p, destroying=operation == "destroy")
+    if p.problems:
+        e = ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
+        if p.unreachable:
+            report_unreachable(p)
+            e.exit_code = EXIT_UNREACHABLE
+        raise e
+    outcomes = {}
+    if p.changed:
+        if not auto_approve:
+            confirm(operation, question)
+        outcomes = execute(ctx, p, progress=progress_line)
+    if as_json:
+        click.echo(_json.dumps(change_json(p, outcomes), indent=1))
+    else:
+        print_outcome(ctx, p, outcomes, operation)
+    report_unreachable(p, outcomes)
+    return exit_code(p, outcomes)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option(
+    "--detailed-exitcode", is_flag=True, help="Exit 2 when there are changes (0 none, 1 error, 3 unreachable)."
+)
+@click.option(
+    "--replace", multiple=True, metavar="TASK", help="Plan to restart TASK even if nothing changed (repeatable)."
+)
+@click.option(
+    "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
+)
+def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace, skip_checks):
+    """Show what apply would change on the hosts, drift included. Changes nothing."""
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose)
+    try:
+        p = build_plan(ctx, replace=set(replace), checks=not skip_checks)
+    finally:
+        ctx.close()
+    if as_json:
+        click.echo(_json.dumps(p.to_json(), indent=1))
+    else:
+        print_plan(p)
+    for problem in p.problems:  # what would refuse the apply, where scripts look for errors
+        click.echo(click.style(f"Error: {problem}", fg="red"), err=True)
+    report_unreachable(p)
+    code = exit_code(p)
+    if code == 0 and detailed_exitcode and p.changed:
+        code = EXIT_CHANGES
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--skip-network", is_flag=True, help="Only the per-host checks: no listeners, no connections.")
+def check(inventory, state_path, targets, parallelism, verbose, as_json, skip_network):
+    """Pre-flight: GPUs healthy and as declared, the job's ports free, clocks, disk, and every
+    task able to reach the addresses it will dial. Changes nothing.
+
+    Exit 0 when every check passes (warnings allowed), 1 when one fails, 3 when a host is unreachable.
+    """
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        res = run_check(ctx, skip_network=skip_network, progress=progress_line)
+    finally:
+        ctx.close()
+    if as_json:
+        click.echo(_json.dumps(res.to_json(), indent=1))
+    else:
+        color = {"fail": "red", "warn": "yellow"}
+        lines = table(table_rows(res))
+        click.echo(lines[0])
+        for f, line in zip(res.findings, lines[1:]):
+            click.echo(click.style(line, fg=color.get(f.status.value)))
+        for f in res.failed:
+            line = f.detail if f.check == "network" else f"{f.host}: {f.detail}"
+            click.echo(click.style(f"Failed: {line}", fg="red"))
+        click.echo(summary(res))
+    report_unreachable(res.plan)
+    sys.exit(res.exit_code)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and the outcome as JSON.")
+@click.option("--replace", multiple=True, metavar="TASK", help="Restart TASK even if nothing changed (repeatable).")
+@click.option("--wait", "wait_after", is_flag=True, help="After applying, wait until the job succeeds or fails.")
+@click.option("--logs", "stream_logs", is_flag=True, help="With --wait: stream the tasks' output while waiting.")
+@click.option("--timeout", type=float, default=None, help="With --wait or --queue: give up after this many seconds.")
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="When other jobs hold the GPUs or ports this job needs, wait until it fits, then apply.",
+)
+@click.option("--take-over", is_flag=True, help="Apply a job that another state (operator) applied, and own it.")
+@click.option("--rerun", is_flag=True, help="Start a finished (Succeeded or Failed) job again, whole.")
+@click.option("--force-setup", is_flag=True, help="Run the job's setup on its hosts even if it did not change.")
+@click.option(
+    "--partial", is_flag=True, help="Restart the reachable part of a synchronous job even when a host of it is down."
+)
+@click.option(
+    "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
+)
+def apply(
+    inventory,
+    state_path,
+    targets,
+    parallelism,
+    verbose,
+    auto_approve,
+    as_json,
+    replace,
+    wait_after,
+    timeout,
+    queue,
+    take_over,
+    rerun,
+    partial,
+    stream_logs,
+    force_setup,
+    skip_checks,
+):
+    """Make the hosts match INVENTORY: plan, ask, then write files and start tasks.
+
+    A second apply with nothing changed does nothing.
+    """
+
+    began = time.time()
+
+    q = Queue(timeout=timeout if queue else 0, progress=progress_line) if queue else None
+
+    def make(ctx):
+        def one():
+            return build_plan(
+                ctx,
+                replace=set(replace),
+                rerun=rerun,
+                partial=partial,
+                force_setup=force_setup,
+                checks=not skip_checks,
+            )
+
+        return one() if q is None else q.plan(one)
+
+    def execute(ctx, p, progress):
+        outcomes = apply_plan(ctx, p, progress)
+        # Lost a race for a GPU or port to another apply: with --queue, plan again and retry.
+        while q is not None and any(o.lost_race for o in outcomes.values()) and not q.expired():
+            progress("another apply took GPUs or ports first: planning again")
+            p = make(ctx)
+            outcomes = apply_plan(ctx, p, progress)
+        return outcomes
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
+    ctx.take_over = take_over
+    try:
+        code = _change(
+            ctx,
+            operation="apply",
+            auto_approve=auto_approve,
+            as_json=as_json,
+            make_plan=make,
+            execute=execute,
+            question="Do you want to perform these actions?",
+        )
+        if wait_after and code == 0:
+            ctx.release_lock()  # a wait may take hours: other operators may plan meanwhile
+            code = wait_job(
+                ctx,
+                timeout=timeout,
+                logs=stream_logs,
+                since=f"@{began:.3f}",  # this run's lines (the hosts' clocks are taken to agree)
+            )
+    finally:
+        ctx.close()
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and outcome as JSON.")
+@click.option("--take-over", is_flag=True, help="Destroy a job that another state (operator) applied.")
+@click.option("--remove-images", is_flag=True, help="Also remove the container pools' images from the hosts.")
+def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, take_over, remove_images):
+    """Stop the job's tasks (reverse start order) and remove everything provision put on the hosts."""
+
+    do_destroy = functools.partial(engine_destroy, remove_images=remove_images)
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, operation="destroy")
+    ctx.take_over = take_over
+    try:
+        code = _change(
+            ctx,
+            operation="destroy",
+            auto_approve=auto_approve,
+            as_json=as_json,
+            make_plan=destroy_plan,
+            execute=do_destroy,
+            question="Destroy the job on these hosts?",
+        )
+    finally:
+        ctx.close()
+    sys.exit(code)

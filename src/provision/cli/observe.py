@@ -1,0 +1,225 @@
+"""Commands that read hosts: status, logs, wait, jobs, facts."""
+
+from __future__ import annotations
+
+import json as _json
+import sys
+import time
+
+import click
+
+from provision.cli.common import (
+    complete_tasks,
+    host_options,
+    open_ctx,
+)
+from provision.cli.output import status_lines, table
+from provision.cli.progress import Display, wait_job
+from provision.core.target import HostError
+from provision.rules.facts import mismatches, summary_row
+from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines
+from provision.run.context import Ask, probe
+from provision.run.jobend import collect
+from provision.run.logs import run_logs, run_setup_logs
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs and hosts as JSON.")
+def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
+    """Every provision job on INVENTORY's hosts: owner, state, since; GPUs and ports held, and free.
+
+    Reads only: works from anyone's machine, whoever applied the jobs.
+    """
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
+    finally:
+        ctx.close()
+    now = time.time()
+    gpus = {h.name: h.accelerator_count for h in ctx.inventory.hosts}
+    views = []
+    for name in ctx.targets:
+        r = res.get(name)
+        if isinstance(r, HostError):
+            views.append(HostView(name, gpus.get(name, 0), error=r.message))
+        else:
+            views.append(host_view(name, gpus.get(name, 0), r, now))
+    if as_json:
+        click.echo(_json.dumps(jobs_json(views, now), indent=1))
+    else:
+        jobs_rows, host_rows = jobs_lines(views, now)
+        if len(jobs_rows) == 1:
+            click.echo("No provision jobs on these hosts.")
+        else:
+            for line in table(jobs_rows):
+                click.echo(line)
+        click.echo()
+        for line in table(host_rows):
+            click.echo(line)
+    unreachable = [v for v in views if v.error is not None]
+    sys.exit(3 if unreachable else 0)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def facts(inventory, state_path, targets, parallelism, verbose, as_json):
+    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        res = probe(ctx, Ask(facts="all", files=False))
+    finally:
+        ctx.close()
+    reports = {n: res.get(n) for n in ctx.targets}
+    hosts = {h.name: h for h in ctx.inventory.hosts}
+    rows, data, unreachable, bad = (
+        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")],
+        {},
+        [],
+        False,
+    )
+    for name, r in reports.items():
+        if isinstance(r, HostError):
+            data[name] = {"error": r.message, "problems": []}
+            rows.append((name, "-", "-", "-", "-", "-", "-", "-", r.message))
+            if r.unreachable:
+                unreachable.append(name)
+            bad = True
+            continue
+        f = r.facts or {}
+        problems = mismatches(hosts[name], f) if name in hosts else []
+        bad = bad or bool(problems)
+        row = summary_row(name, f)
+        data[name] = {**row, "problems": problems}
+        rows.append(
+            (
+                name,
+                row["os"] or "-",
+                str(row["cpus"]),
+                f"{row['memory_gib']} GiB",
+                str(row["gpus"]),
+                row["gpu_model"] or "-",
+                str(row["tpu_chips"]),
+                row["systemd"] or "none",
+                "; ".join(problems) or "ok",
+            )
+        )
+    if as_json:
+        click.echo(_json.dumps({"format_version": 1, "hosts": data}, indent=1))
+    else:
+        for line in table(rows):
+            click.echo(line)
+    if unreachable:
+        click.echo(f"Unreachable: {', '.join(unreachable)}", err=True)
+        sys.exit(3)
+    sys.exit(1 if bad else 0)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option(
+    "--watch", is_flag=True, help="Refresh every 2 seconds until the job ends or Ctrl-C (in place on a terminal)."
+)
+def status(inventory, state_path, targets, parallelism, verbose, as_json, watch):
+    """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
+
+    disp = Display(sys.stdout)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        while True:
+            st = collect(ctx)
+            if as_json:
+                click.echo(_json.dumps(st.to_json(), indent=1))
+            elif watch and disp.tty:
+                disp.draw(status_lines(st, inventory))  # the table, redrawn in place
+            elif watch and disp.last_phase is not None and not st.phase.ended:
+                disp.update(st)  # not a terminal: a line per change, and every 10 s
+            else:
+                for line in status_lines(st, inventory):
+                    click.echo(line)
+                disp.note(st)
+            if not watch or st.phase.ended:
+                break
+            time.sleep(2)
+    except KeyboardInterrupt:
+        disp.keep()
+        raise
+    finally:
+        ctx.close()
+    if st.unreachable:
+        why = {t.host: t.detail for t in st.tasks if t.state.value == "Unknown"}
+        for h in st.unreachable:
+            click.echo(f"Unreachable: {h}: {why.get(h, 'host unreachable')}", err=True)
+        sys.exit(3)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@click.argument("tasks", nargs=-1, metavar="[TASK]...", shell_complete=complete_tasks)
+@host_options
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines from every host until Ctrl-C.")
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Only lines since WHEN: a duration ago (10m, 2h, 1d) or a time journalctl reads ('2024-05-01 12:00:00').",
+)
+@click.option("--tail", type=click.IntRange(0), metavar="N", help="Only the last N lines of each task.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Write DIR/<task>.log instead of printing; the next call appends only new lines.",
+)
+@click.option("--timestamps", is_flag=True, help="Start every line with its time (UTC).")
+@click.option("--setup", "setup_logs", is_flag=True, help="The output of the job's setup on each host instead.")
+def logs(
+    inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps, setup_logs
+):
+    """The job's task output (journald) from all hosts, merged in time order.
+
+    Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
+    unreachable (the other hosts' lines are still shown).
+    """
+
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    try:
+        if setup_logs:
+            code = run_setup_logs(ctx, tail=tail)
+        else:
+            code = run_logs(
+                ctx,
+                tuple(tasks),
+                since=since,
+                tail=tail,
+                follow=follow,
+                out_dir=out_dir,
+                timestamps=timestamps,
+            )
+    finally:
+        ctx.close()
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@click.option("--state", "state_path", type=click.Path(), help="State file.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
+@click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
+@click.option("--logs", "stream_logs", is_flag=True, help="Stream the tasks' output while waiting.")
+def wait(inventory, state_path, timeout, verbose, stream_logs):
+    """Block until the job succeeds (exit 0) or fails (exit 1), showing each task's progress."""
+
+    ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False)
+    try:
+        code = wait_job(ctx, timeout=timeout, logs=stream_logs)
+    finally:
+        ctx.close()
+    sys.exit(code)
