@@ -12,9 +12,9 @@ from provision.host import hostcheck, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
 from provision.rules import network
 from provision.rules import preflight as checks
-from provision.rules.plan import make_plan
+from provision.rules.planner import Checks, make_plan
 from provision.rules.preflight import Finding, Status
-from provision.run import check as check_cmd
+from provision.run import context
 from provision.spec.inventory import parse
 from provision.spec.render import render
 
@@ -405,14 +405,13 @@ def test_failures_refuse_the_apply_and_warnings_are_shown(tmp_path):
         "h2": report(health_=health(remap_pending=(1, True))),
         "h3": report(),
     }
-    p = make_plan(render(inv), targets, reports)
-    checks.add_to_plan(inv, p)
+    p = make_plan(render(inv), targets, reports, checks=Checks())
     h1, h2, h3 = p.hosts
     assert any("port 2222 (chief-0) is taken by nc (pid 133)" in x for x in h1.problems)
+    assert len(h1.problems) == 1  # the port is said once, though two checks see it
     assert h2.problems == [] and any(w.startswith("h2: GPU 1: row remapping pending") for w in h2.warnings)
     assert h3.problems == []
-    checks.add_to_plan(inv, p)  # twice: nothing doubles
-    assert len(h1.problems) == 1
+    assert make_plan(render(inv), targets, reports).hosts[0].problems == []  # checks only when asked
 
 
 def test_an_unreachable_host_is_one_line(tmp_path):
@@ -547,7 +546,7 @@ def test_socket_ifnames_leave_out_loopback_and_unknowns():
         "c": ProbeReport(interface={"address": None, "name": None, "error": "x"}),
         "d": ProbeReport(),
     }
-    assert check_cmd.socket_ifnames(reports) == {"a": "eth0"}
+    assert context.socket_ifnames(reports) == {"a": "eth0"}
 
 
 def test_what_a_host_is_asked(tmp_path):

@@ -179,7 +179,7 @@ def first(tmp_path):
 def test_plan_json_shape_offline(first):
     from provision.core.target import Target
     from provision.host.protocol import ProbeReport
-    from provision.rules.plan import make_plan
+    from provision.rules.planner import make_plan
 
     inv, rendered = first
     targets = {h.name: Target.from_host(h) for h in inv.hosts}
@@ -190,7 +190,7 @@ def test_plan_json_shape_offline(first):
 def test_apply_json_shape_offline(first):
     from provision.core.target import Target
     from provision.host.protocol import ProbeReport
-    from provision.rules.plan import make_plan
+    from provision.rules.planner import make_plan
     from provision.run.apply import HostOutcome
 
     inv, rendered = first

@@ -14,7 +14,8 @@ from provision.cli.output import plan_lines
 from provision.core.imagechange import ImageChange
 from provision.core.target import Target
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
-from provision.rules.plan import Plan, make_plan, plan_host
+from provision.rules.plan import Plan, plan_host
+from provision.rules.planner import make_plan
 from provision.spec.inventory import parse
 from provision.spec.render import Rendered, render
 

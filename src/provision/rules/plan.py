@@ -493,37 +493,6 @@ def _diff(f: RenderedFile, old: bytes | None, secrets: tuple[str, ...]) -> str |
     return unified_diff(f.path, old, f.data(), secrets)
 
 
-def make_plan(
-    rendered: Rendered,
-    targets: dict[str, Target],
-    reports: dict[str, ProbeReport | HostError],
-    *,
-    replace: set[str] | None = None,
-    rerun: bool = False,
-    partial: bool = False,
-    force_setup: bool = False,
-) -> Plan:
-    inv = rendered.inventory
-    hosts = {h.name: h for h in inv.hosts}
-    plans = [
-        plan_host(
-            name,
-            target,
-            hosts.get(name),
-            rendered.hosts.get(name),
-            reports[name],
-            job=inv.job,
-            secrets=rendered.secret_values,
-            replace=replace,
-            force_setup=force_setup,
-        )
-        for name, target in targets.items()
-    ]
-    plan = Plan(inv.job, plans)
-    as_a_unit(plan, rendered, rerun=rerun, partial=partial)
-    return plan
-
-
 def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> None:
     """The job as one unit (lifecycle.whole_job): a synchronous job restarts together, and
     never in part while one of its hosts cannot be reached (unless partial); rerun starts

@@ -538,21 +538,6 @@ def _clocks(used: list[HostPlan], timings: Mapping[str, tuple[float, float]]) ->
     return out
 
 
-def add_to_plan(inv: Inventory, plan: Plan, timings: Mapping[str, tuple[float, float]] | None = None) -> None:
-    """The per-host checks inside plan and apply: failures refuse the apply (problems),
-    warnings are printed. Only hosts that were checked: a settled host (engine.settled),
-    where nothing starts, is not."""
-    checked = [hp for hp in plan.hosts if hp.report is not None and hp.report.checks is not None]
-    for f in judge(inv, Plan(plan.job, checked), timings):
-        hp = next(h for h in plan.hosts if h.name == f.host)
-        if f.check in ("ssh", "plan"):
-            continue
-        if f.status is Status.FAIL and f.detail not in hp.problems:
-            hp.problems.append(f.detail)
-        elif f.status is Status.WARN and f"{f.host}: {f.detail}" not in hp.warnings:
-            hp.warnings.append(f"{f.host}: {f.detail}")
-
-
 # --------------------------------------------------------------------------- the network
 
 

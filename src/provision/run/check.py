@@ -3,16 +3,14 @@ network (rules/network: listeners on each host, dialled from the others)."""
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision.host.protocol import FileInfo, NetcheckReport, ProbeReport
+from provision.host.protocol import NetcheckReport
 from provision.io.ssh import call_agent
-from provision.io.steps import GroupResult, Step, run_step
+from provision.io.steps import Step, run_step
 from provision.rules.network import NetFailure, network_findings, network_plan
 from provision.rules.plan import Plan
 from provision.rules.preflight import FORMAT_VERSION, ORDER, Finding, Status, judge
@@ -20,54 +18,6 @@ from provision.run.context import (
     Context,
 )
 from provision.run.planning import build_plan
-from provision.spec.render import FileKind, render
-
-
-def socket_ifnames(reports: Mapping[str, Any]) -> dict[str, str]:
-    """host → the interface that holds its cluster address (loopback never: the other hosts
-    cannot reach a task there)."""
-    out = {}
-    for name, r in reports.items():
-        it = r.interface if isinstance(r, ProbeReport) else None
-        if it and it.get("name") and it["name"] != "lo":
-            out[name] = str(it["name"])
-    return out
-
-
-def with_interfaces(ctx: Context, reports: GroupResult[ProbeReport]) -> None:
-    """Render again with each host's interface in its tasks' env (ctx.rendered), and keep
-    the reports good for the new files' diffs: a file the host has as it was rendered before
-    did not come back with its content, which is known here. A host that was not asked
-    (engine.settled) keeps the interface the state has for it; nothing is rendered again
-    when every host's interface is the one rendered already."""
-    asked = {n for n, r in reports.ok.items() if isinstance(r, ProbeReport) and r.interface is not None}
-    ifnames = {n: v for n, v in ctx.ifnames.items() if n not in asked} | socket_ifnames(reports.ok)
-    if ifnames == ctx.ifnames:
-        return
-    old = ctx.rendered
-    new = render(ctx.inventory, placement=old.placement, secrets=ctx.secrets, socket_ifnames=ifnames)
-    ctx.rendered, ctx.ifnames = new, ifnames
-    for name, report in list(reports.ok.items()):
-        before, after = old.hosts.get(name), new.hosts.get(name)
-        if before is None or after is None or not isinstance(report, ProbeReport):
-            continue
-        was = before.file_map()
-        files = dict(report.files)
-        for f in after.files:
-            prev, got = was.get(f.path), files.get(f.path)
-            if (
-                prev is not None
-                and got is not None
-                and got.type == "file"
-                and got.content is None
-                and got.sha256 == prev.sha256 != f.sha256
-                and f.kind is not FileKind.FILE
-            ):
-                files[f.path] = FileInfo(
-                    got.type, got.mode, got.uid, got.size, got.sha256, base64.b64encode(prev.data()).decode()
-                )
-        if files != report.files:
-            reports.ok[name] = dataclasses.replace(report, files=files)
 
 
 @dataclass

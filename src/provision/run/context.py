@@ -8,13 +8,14 @@ apply (run/apply) / destroy (run/destroy). Only io/ssh.py talks to the network.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
@@ -22,6 +23,7 @@ from provision.core.records import HostRecord, TaskRecord
 from provision.core.target import Target
 from provision.host.protocol import (
     CHECK_FACTS,
+    FileInfo,
     ProbeReport,
     ProbeRequest,
 )
@@ -36,7 +38,7 @@ from provision.rules.tenancy import Owner
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.inventory import load
 from provision.spec.localcheck import identity_problems, secret_problems
-from provision.spec.render import HostBundle, Rendered, render
+from provision.spec.render import FileKind, HostBundle, Rendered, render
 
 Progress = Callable[[str], None]
 Facts = Literal["none", "check", "all"]
@@ -270,3 +272,50 @@ def probe(
 
 
 # --------------------------------------------------------------------------- destroy
+
+
+def socket_ifnames(reports: Mapping[str, Any]) -> dict[str, str]:
+    """host → the interface that holds its cluster address (loopback never: the other hosts
+    cannot reach a task there)."""
+    out = {}
+    for name, r in reports.items():
+        it = r.interface if isinstance(r, ProbeReport) else None
+        if it and it.get("name") and it["name"] != "lo":
+            out[name] = str(it["name"])
+    return out
+
+
+def with_interfaces(ctx: Context, reports: GroupResult[ProbeReport]) -> None:
+    """Render again with each host's interface in its tasks' env (ctx.rendered), and keep
+    the reports good for the new files' diffs: a file the host has as it was rendered before
+    did not come back with its content, which is known here. A host that was not asked
+    (engine.settled) keeps the interface the state has for it; nothing is rendered again
+    when every host's interface is the one rendered already."""
+    asked = {n for n, r in reports.ok.items() if isinstance(r, ProbeReport) and r.interface is not None}
+    ifnames = {n: v for n, v in ctx.ifnames.items() if n not in asked} | socket_ifnames(reports.ok)
+    if ifnames == ctx.ifnames:
+        return
+    old = ctx.rendered
+    new = render(ctx.inventory, placement=old.placement, secrets=ctx.secrets, socket_ifnames=ifnames)
+    ctx.rendered, ctx.ifnames = new, ifnames
+    for name, report in list(reports.ok.items()):
+        before, after = old.hosts.get(name), new.hosts.get(name)
+        if before is None or after is None or not isinstance(report, ProbeReport):
+            continue
+        was = before.file_map()
+        files = dict(report.files)
+        for f in after.files:
+            prev, got = was.get(f.path), files.get(f.path)
+            if (
+                prev is not None
+                and got is not None
+                and got.type == "file"
+                and got.content is None
+                and got.sha256 == prev.sha256 != f.sha256
+                and f.kind is not FileKind.FILE
+            ):
+                files[f.path] = FileInfo(
+                    got.type, got.mode, got.uid, got.size, got.sha256, base64.b64encode(prev.data()).decode()
+                )
+        if files != report.files:
+            reports.ok[name] = dataclasses.replace(report, files=files)

@@ -16,7 +16,8 @@ from provision.host.protocol import (
 from provision.io import images
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
-from provision.rules.plan import Plan, plan_host
+from provision.rules.plan import Plan
+from provision.rules.planner import Tenancy, make_destroy_plan
 from provision.rules.tenancy import holders
 from provision.run.apply import HostOutcome
 from provision.run.context import (
@@ -25,15 +26,14 @@ from provision.run.context import (
     Progress,
     probe,
 )
-from provision.run.planning import _tenancy
 
 
 def destroy_plan(ctx: Context) -> Plan:
     reports = probe(ctx, Ask(tenancy=True, listening=False), fast=True)
     job, now = ctx.inventory.job, time.time()
-    p = Plan(job, [plan_host(name, t, None, None, reports.get(name), job=job) for name, t in ctx.targets.items()])
-    _tenancy(ctx, p, {n: holders(n, r, now) for n, r in reports.ok.items()})
-    return p
+    held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+    asked = {n: reports.get(n) for n in ctx.targets}
+    return make_destroy_plan(job, ctx.targets, asked, Tenancy(ctx.owner, held_by, ctx.take_over))
 
 
 def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:

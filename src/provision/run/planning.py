@@ -4,6 +4,7 @@ hold moved a task, and build the plan (rules/plan.make_plan) from what came back
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from provision.core.errors import ProvisionError
 from provision.core.target import HostError
@@ -13,16 +14,17 @@ from provision.host.protocol import (
 )
 from provision.io import images
 from provision.io.steps import GroupResult
-from provision.rules import preflight
-from provision.rules.plan import Plan, make_plan
+from provision.rules.plan import Plan
+from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
-from provision.rules.tenancy import Holder, gpu_uuids, held_for, holders, owner_problem, reservation
+from provision.rules.tenancy import held_for, holders
 from provision.run.context import (
     Ask,
     Context,
     probe,
     probe_request,
     settled,
+    with_interfaces,
 )
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.placement import place
@@ -78,18 +80,23 @@ def build_plan(
             more = probe(ctx, ask, fast=True, only=again, timings=timings, quiet=quiet)
             reports = reports.updated(more)
             held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
-    preflight.with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
+    with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
     shipping, image_errors, image_restarts = _image_changes(ctx, reports)
 
     def plan_now() -> Plan:
+        asked = {n: reports.get(n) for n in ctx.targets}
         return make_plan(
             ctx.rendered,
             ctx.targets,
-            {n: reports.get(n) for n in ctx.targets},
+            asked,
             replace=(replace or set()) | image_restarts or None,
             rerun=rerun,
             partial=partial,
             force_setup=force_setup,
+            images=Images(shipping, image_errors),
+            tenancy=Tenancy(ctx.owner, held_by, ctx.take_over),
+            warnings=_program_warnings(ctx, asked),
+            checks=Checks(timings) if checks else None,
         )
 
     p = plan_now()
@@ -102,20 +109,20 @@ def build_plan(
         more = probe(ctx, ask, fast=True, only=drifted, timings=timings)
         reports = reports.updated(more)
         held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
-        preflight.with_interfaces(ctx, reports)
+        with_interfaces(ctx, reports)
         p = plan_now()
-    _tenancy(ctx, p, held_by)
-    for hp in p.hosts:
-        if hp.name in image_errors and hp.error is None:
-            hp.error = image_errors[hp.name]
-        hp.images = shipping.get(hp.name, [])
-    for hp in p.hosts:
-        if hp.report is not None and hp.bundle is not None:
-            rec = ctx.state.hosts.get(hp.name)
-            hp.warnings += program_warnings(ctx.inventory, hp.name, hp.bundle, rec, ctx.state.keyed, hp.report.files)
-    if checks:
-        preflight.add_to_plan(ctx.inventory, p, timings)
     return p
+
+
+def _program_warnings(ctx: Context, reports: Mapping[str, ProbeReport | HostError]) -> dict[str, list[str]]:
+    """Per host: programs a task would start that the host lacks (rules/programs)."""
+    out = {}
+    for name, bundle in ctx.rendered.hosts.items():
+        r = reports.get(name)
+        if isinstance(r, ProbeReport):
+            rec = ctx.state.hosts.get(name)
+            out[name] = program_warnings(ctx.inventory, name, bundle, rec, ctx.state.keyed, r.files)
+    return out
 
 
 def _image_changes(
@@ -134,20 +141,3 @@ def _image_changes(
             if pool is not None and pool.image in replaced:
                 restarts.add(u.task.name)
     return changes, errors, restarts
-
-
-def _tenancy(ctx: Context, p: Plan, held_by: dict[str, list[Holder]]) -> None:
-    """Ownership (refuse another state's job) and the ledger entry each host needs."""
-    job, me = ctx.inventory.job, ctx.owner
-    for hp in p.hosts:
-        hs = held_by.get(hp.name)
-        if hp.error is not None or hs is None or hp.report is None:
-            continue
-        own = next((h for h in hs if h.job == job), None)
-        why = owner_problem(job, own, me, ctx.take_over)
-        if why is not None:
-            hp.problems.append(why)
-            continue
-        if hp.bundle is not None:
-            tasks = [u.task for u in hp.bundle.tasks]
-            hp.reserve = reservation(job, tasks, [u.unit for u in hp.bundle.tasks], hs, me, gpu_uuids(hp.report))
