@@ -4,7 +4,8 @@
 #
 #   bash scripts/setup.sh          # or `source` it, as scripts/test.sh does
 #
-# 1. Debian packages: docker.io (the engine) and debootstrap (builds the host image).
+# 1. Debian packages: docker.io (the engine), debootstrap (builds the host image) and
+#    postgresql (tests of team state and shared studies start their own server on loopback).
 # 2. A running Docker engine: started in the background if `docker info` fails
 #    (log: $PROVISION_DOCKERD_LOG, default /var/log/provision-dockerd.log).
 # 3. inotify limits that let more than ~20 systemd containers boot.
@@ -31,6 +32,7 @@ _setup_packages() {
     local missing=()
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
     [ ${#missing[@]} -eq 0 ] && return 0
     if [ "${_setup_sudo[*]}" = false ]; then
         _setup_log "need root to install ${missing[*]}: run this script as root"

@@ -159,3 +159,19 @@ def job_name(request) -> str:
     base = re.sub(r"^[^a-z]+", "", base.removeprefix("test-")) or "job"
     suffix = f"-{os.getpid() % 100000}"
     return base[: 40 - len(suffix)].rstrip("-") + suffix
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on loopback for the session (tests/pgserver.py): skipped
+    without Debian's postgresql, except under CI, where it fails (scripts/setup.sh installs it)."""
+    from pgserver import bindir, start_server
+
+    if bindir() is None:
+        reason = "needs Debian's postgresql (scripts/setup.sh installs it)"
+        if in_ci():
+            pytest.fail(f"{reason} (CI is set: these tests must run)", pytrace=False)
+        pytest.skip(reason)
+    server = start_server()
+    yield server
+    server.cleanup()
