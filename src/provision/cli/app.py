@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import click
 
@@ -47,9 +48,10 @@ class _Main(click.Group):
         module, attr = where.split(":")
         # Lazy: each command imports only its own layers (start-up: `provision validate`
         # needs no SSH, `--help` needs no command's code; ~60-90 ms saved per run).
-        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
-    def main(self, *args, **kwargs):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         # Usage errors exit 1, not click's 2: exit 2 means "plan found changes".
         kwargs["standalone_mode"] = False
         if no_color():  # https://no-color.org: no ANSI styles, even on a terminal
@@ -71,7 +73,7 @@ class _Main(click.Group):
             sys.exit(e.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ProvisionError as e:

@@ -4,6 +4,10 @@ the types every layer passes around, defined below the SSH code that uses them m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the model is the spec's; a Target needs only its host's SSH settings
+    from provision.core.model import Host
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class Target:
         return f"{self.name} ({a}:{self.port or 22})"
 
     @classmethod
-    def from_host(cls, host) -> Target:
+    def from_host(cls, host: Host) -> Target:
         s = host.ssh
         return cls(
             host.name, host.address, s.port, s.user, s.identity_file, s.jump_host, s.connect_timeout, s.host_key_policy

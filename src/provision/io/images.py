@@ -88,7 +88,9 @@ def host_check_command(refs: list[str]) -> str:
     )
 
 
-def host_images(session: Session, wanted: dict[str, list[str]], targets: dict[str, Target]) -> GroupResult[dict]:
+def host_images(
+    session: Session, wanted: dict[str, list[str]], targets: dict[str, Target]
+) -> GroupResult[dict[str, str]]:
     """host -> {ref: ID or '-'}; a ref whose line is empty (no real engine) is left out."""
 
     def one(t: Target) -> dict[str, str]:
@@ -100,7 +102,9 @@ def host_images(session: Session, wanted: dict[str, list[str]], targets: dict[st
     return run_step(session, Step.PROBE, one, [targets[n] for n in wanted if n in targets])
 
 
-def plan_images(session: Session, inv: Inventory, host_roles: dict[str, list[str]], targets: dict[str, Target]):
+def plan_images(
+    session: Session, inv: Inventory, host_roles: dict[str, list[str]], targets: dict[str, Target]
+) -> tuple[dict[str, list[ImageChange]], dict[str, HostError]]:
     """host -> [ImageChange] for the hosts that need an image; host -> HostError for those
     whose check failed."""
     wanted = images_by_host(inv, host_roles)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from provision.core.model import Host
 
 
-def mismatches(host: Host, facts: dict) -> list[str]:
+def mismatches(host: Host, facts: Mapping[str, Any]) -> list[str]:
     """Problems that must stop an apply before anything is written to any host."""
     out = []
     if not facts.get("systemd_pid1"):
@@ -38,7 +41,7 @@ def needed(host: Host | None) -> list[str]:
     return ["gpus"] if acc.kind == "gpu" else ["tpu"]
 
 
-def summary_row(name: str, facts: dict) -> dict:
+def summary_row(name: str, facts: Mapping[str, Any]) -> dict[str, Any]:
     """A host's facts for `facts --json` (absent values as null) and its table row."""
     gpus = facts.get("gpus", [])
     names = sorted({g["name"] for g in gpus})

@@ -27,7 +27,9 @@ def candidates(program: str) -> list[str]:
     return [f"{d}/{program}" for d in SYSTEMD_PATH]
 
 
-def starting(inv: Inventory, bundle: HostBundle | None, rec: HostRecord | None, keyed: Callable[[str], str]):
+def starting(
+    inv: Inventory, bundle: HostBundle | None, rec: HostRecord | None, keyed: Callable[[str], str]
+) -> dict[str, tuple[str, list[str]]]:
     """program -> (pool role, tasks) for tasks of the host that an apply would start: no
     record of them, or their inputs changed since. Container pools are left out."""
     out: dict[str, tuple[str, list[str]]] = {}

@@ -34,7 +34,7 @@ from provision.host.protocol import (
 from provision.io import images
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
-from provision.rules.plan import FileAction, HostPlan, Plan
+from provision.rules.plan import FileAction, HostPlan, Plan, TaskChange
 from provision.run.context import (
     Context,
     Progress,
@@ -261,7 +261,7 @@ class _Apply:
         if self.last_phase[t.name] == phase:
             self.ctx.state.record_host(t.name, host_record(self.ctx, t, hp))
 
-    def _not_started(self, t: Target, res: UnitsReport, bad: list) -> list[str]:
+    def _not_started(self, t: Target, res: UnitsReport, bad: list[TaskChange]) -> list[str]:
         """The host's errors, and for each task that did not start why, in words
         (explain.py), with its journal (one more round trip, only on a failure)."""
         lines: dict[str, list[str]] = {}

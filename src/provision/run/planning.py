@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 
 from provision.core.errors import ProvisionError
+from provision.core.imagechange import ImageChange
 from provision.core.target import HostError
 from provision.host.protocol import (
     ProbeReport,
@@ -127,7 +128,7 @@ def _program_warnings(ctx: Context, reports: Mapping[str, ProbeReport | HostErro
 
 def _image_changes(
     ctx: Context, reports: GroupResult[ProbeReport]
-) -> tuple[dict[str, list[images.ImageChange]], dict[str, HostError], set[str]]:
+) -> tuple[dict[str, list[ImageChange]], dict[str, HostError], set[str]]:
     """The images each host must get before its tasks start (images.py): one more round
     trip, only to hosts that run a container pool. Tasks whose image the host has with
     another ID restart with the new one."""
