@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 
 from provision.core.target import Target
-from provision.io.ssh import KnownHosts, Session
+from provision.io.hostkeys import KnownHosts
+from provision.io.ssh import Session
 
 
 class FakeConn:

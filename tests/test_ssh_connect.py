@@ -1,7 +1,7 @@
-"""ssh.Connection resolves a host as fabric's Connection did for us: ssh_config's HostName,
-User, Port, IdentityFile, ProxyJump and ProxyCommand where the inventory is silent, the
-inventory's values where it is not (a table, on a temporary ssh_config; no network). And
-importing provision.io.ssh imports neither fabric nor invoke (issue 17: ~50 ms of start-up)."""
+"""Connections are fabric's (io/connection.py): ssh_config's HostName, User, Port,
+IdentityFile, ProxyJump and ProxyCommand where the inventory is silent, the inventory's
+values where it is not (a table, on a temporary ssh_config; no network); one fabric.Config
+shared by every connection of a Session; host keys checked on every hop."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ import sys
 import threading
 from pathlib import Path
 
+import fabric
 import paramiko
 import pytest
 
+from provision.core.errors import ProvisionError
 from provision.core.target import Target
+from provision.io import connection as C
 from provision.io import ssh
-from provision.io.ssh import Connection, KnownHosts, Session
+from provision.io.connection import Connection, new_config
+from provision.io.hostkeys import KnownHosts, MissingKeyPolicy, key_id
+from provision.io.ssh import Session
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -53,16 +58,21 @@ Host *.internal
 
 @pytest.fixture
 def ssh_config(tmp_path, monkeypatch):
-    """The temporary ssh_config in place of ~/.ssh/config and /etc/ssh/ssh_config."""
+    """A fabric.Config reading the temporary ssh_config in place of ~/.ssh/config and
+    /etc/ssh/ssh_config; Sessions made in the test use it too."""
     path = tmp_path / "ssh_config"
     path.write_text(SSH_CONFIG)
-    monkeypatch.setattr(ssh, "_SSH_CONFIG_FILES", (str(path), str(tmp_path / "absent")))
-    monkeypatch.setattr(ssh, "_ssh_config", None)
-    return path
+    config = new_config(str(path), str(tmp_path / "absent"))
+    monkeypatch.setattr(ssh, "new_config", lambda: config)
+    return config
+
+
+def connect_to(target: Target, config: fabric.Config) -> Connection:
+    return Connection.to(target, config)
 
 
 HOME = os.path.expanduser("~")
-ME = ssh._local_user()
+ME = C._local_user()
 
 # address, inventory's (user, port, identity_file) -> host, user, port, key files, the name
 # host keys are looked up by
@@ -81,11 +91,12 @@ RESOLUTION = [
 @pytest.mark.parametrize(("address", "given", "expected"), RESOLUTION)
 def test_ssh_config_fills_what_the_inventory_leaves_out(ssh_config, address, given, expected):
     user, port, key = given
-    conn = ssh._connection(Target("h", address, port=port, user=user, identity_file=key))
-    host, user, port, keys, key_id = expected
+    conn = connect_to(Target("h", address, port=port, user=user, identity_file=key), ssh_config)
+    assert isinstance(conn, fabric.Connection)
+    host, user, port, keys, name = expected
     assert (conn.host, conn.user, conn.port) == (host, user, port)
     assert conn.connect_kwargs.get("key_filename", []) == keys
-    assert ssh._key_id(conn.host, conn.port) == key_id
+    assert key_id(conn.host, conn.port) == name
     assert conn.gateway is None
 
 
@@ -115,21 +126,27 @@ def chain(conn: Connection) -> list[tuple[str, str | None, int]] | str | None:
 
 @pytest.mark.parametrize(("address", "expected"), GATEWAYS)
 def test_proxyjump_and_proxycommand_from_ssh_config(ssh_config, address, expected):
-    assert chain(ssh._connection(Target("h", address))) == expected
+    assert chain(connect_to(Target("h", address), ssh_config)) == expected
 
 
 def test_a_proxyjump_hop_gets_its_own_identity_files(ssh_config):
-    hop = ssh._connection(Target("h", "viajump", identity_file="/k")).gateway
+    hop = connect_to(Target("h", "viajump", identity_file="/k"), ssh_config).gateway
     assert isinstance(hop, Connection)
     assert hop.connect_kwargs["key_filename"] == [f"{HOME}/.ssh/bastion_key"]  # not the target's /k
 
 
 def test_the_inventorys_jump_host_wins_over_proxyjump(ssh_config):
-    target = Target("h", "viajump", jump_host="root@alias:2022")
-    jump = ssh._connection(ssh._parse_jump("root@alias:2022", target))
-    conn = ssh._connection(target, jump)
+    conn = connect_to(Target("h", "viajump", jump_host="root@alias:2022"), ssh_config)
     assert chain(conn) == [("192.0.2.5", "root", 2022)]
-    assert jump.connect_kwargs["key_filename"] == [f"{HOME}/.ssh/alias_key"]
+    assert conn.gateway.connect_kwargs["key_filename"] == [f"{HOME}/.ssh/alias_key"]
+
+
+def test_every_connection_shares_one_config_and_none_edits_it(ssh_config):
+    conns = [connect_to(Target("h", a), ssh_config) for a in ("alias", "viajump", "192.0.2.9")]
+    assert all(c.config is ssh_config for c in conns)
+    assert all(h.config is ssh_config for h in conns[1].hops())
+    conns[0].connect_kwargs["sock"] = "mine"
+    assert "sock" not in conns[2].connect_kwargs and "sock" not in ssh_config.connect_kwargs
 
 
 class FakeClient:
@@ -149,11 +166,11 @@ class FakeClient:
 @pytest.mark.parametrize(("address", "own_socket"), [("alias", True), ("viacmd", False), ("nocmd", True)])
 def test_only_a_direct_connection_gets_a_socket_of_our_own(ssh_config, monkeypatch, address, own_socket):
     dialled: list[tuple[str, int]] = []
-    monkeypatch.setattr(ssh, "_tcp", lambda host, port, timeout: dialled.append((host, port)) or "our socket")
-    monkeypatch.setattr(ssh.paramiko, "ProxyCommand", lambda command: f"proxy: {command}")
-    conn = ssh._connection(Target("h", address, port=2200))
+    monkeypatch.setattr(C, "tcp", lambda host, port, timeout: dialled.append((host, port)) or "our socket")
+    monkeypatch.setattr(fabric.connection, "ProxyCommand", lambda command: f"proxy: {command}")
+    conn = connect_to(Target("h", address, port=2200), ssh_config)
     conn.client = FakeClient()
-    ssh._open(conn, 5.0)
+    conn.open()
     kwargs = conn.client.kwargs
     assert (kwargs["hostname"], kwargs["port"], kwargs["username"]) == (conn.host, 2200, conn.user)
     if own_socket:
@@ -164,44 +181,39 @@ def test_only_a_direct_connection_gets_a_socket_of_our_own(ssh_config, monkeypat
 
 def test_host_keys_are_checked_on_proxyjump_hops_too(ssh_config, tmp_path, monkeypatch):
     made: list[Connection] = []
-    real = ssh._connection
-    monkeypatch.setattr(ssh, "_connection", lambda *a: made.append(real(*a)) or made[-1])
 
-    def refuse(conn, timeout):
+    def refuse(conn):
+        made.append(conn)
         raise paramiko.AuthenticationException("no")
 
-    monkeypatch.setattr(ssh, "_open", refuse)
+    monkeypatch.setattr(Connection, "open", refuse)
     session = Session(KnownHosts(tmp_path / "known_hosts"))
     with pytest.raises(ssh.HostError, match="authentication failed"):
         session._dial(Target("h", "viajump", host_key_policy="strict"))
     hop = made[0].gateway
     assert isinstance(hop, Connection)
-    assert isinstance(hop.client._policy, ssh._Policy)
+    assert isinstance(hop.client._policy, MissingKeyPolicy)
 
 
-def test_ssh_config_is_parsed_once_for_all_threads(ssh_config, monkeypatch):
+def test_ssh_config_is_read_once_per_session(tmp_path, monkeypatch):
     calls: list[object] = []
-    real = ssh._load_ssh_config
-
-    def load(paths):
-        calls.append(paths)
-        return real(paths)
-
-    monkeypatch.setattr(ssh, "_load_ssh_config", load)
-    threads = [threading.Thread(target=ssh._ssh_lookup, args=("alias",)) for _ in range(8)]
+    real = ssh.new_config
+    monkeypatch.setattr(ssh, "new_config", lambda: calls.append(1) or real(str(tmp_path / "a"), str(tmp_path / "b")))
+    monkeypatch.setattr(Connection, "open", lambda conn: None)
+    session = Session(KnownHosts(tmp_path / "known_hosts"))
+    threads = [threading.Thread(target=session._dial, args=(Target(f"h{i}", f"192.0.2.{i}"),)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(calls) == 1
-    assert ssh._ssh_lookup("alias")["hostname"] == "192.0.2.5"
 
 
-def test_an_unreadable_ssh_config_is_one_line(tmp_path, monkeypatch):
+def test_an_unreadable_ssh_config_is_one_line(tmp_path):
     path = tmp_path / "ssh_config"
     path.write_text('Host "unterminated\n    User x\n')
-    with pytest.raises(ssh.ProvisionError, match="cannot read this ssh_config file"):
-        ssh._load_ssh_config([str(path)])
+    with pytest.raises(ProvisionError, match="cannot read it"):
+        new_config(str(path), str(tmp_path / "absent"))
 
 
 def python(code: str) -> str:
@@ -209,16 +221,11 @@ def python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
 
-def test_importing_provision_ssh_imports_neither_fabric_nor_invoke():
-    out = python("import sys, provision.io.ssh; print(sorted({'fabric', 'invoke'} & set(sys.modules)))")
-    assert out.strip() == "[]"
-
-
-def test_match_exec_still_works_and_fabric_still_imports_after(tmp_path):
-    path = tmp_path / "ssh_config"
-    path.write_text('Match exec "true"\n    HostName 192.0.2.77\n')
+def test_commands_that_need_no_host_do_not_load_the_ssh_layer():
+    """`provision validate` and `--help` start without paramiko or fabric (start-up time)."""
     code = (
-        "import provision.io.ssh as s, fabric\n"
-        f"print(s._load_ssh_config([{str(path)!r}]).lookup('x')['hostname'], fabric.Connection.__name__)"
+        "import sys\nfrom provision.cli.app import main\n"
+        "try:\n    main(['validate', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted({'fabric', 'invoke', 'paramiko'} & set(sys.modules)))"
     )
-    assert python(code).split() == ["192.0.2.77", "Connection"]
+    assert python(code).strip().splitlines()[-1] == "[]"

@@ -14,7 +14,8 @@ from provision.core.errors import ProvisionError
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import ALL_FACTS, ProbeRequest
-from provision.io.ssh import KnownHosts, Session, call_agent
+from provision.io.hostkeys import KnownHosts
+from provision.io.ssh import Session, call_agent
 from provision.run.context import open_context
 from provision.run.remote import complete_tasks, run_exec, shell_command, ssh_argv
 from provision.spec.inventory import DNS_LABEL

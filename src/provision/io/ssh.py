@@ -1,23 +1,16 @@
-"""The only module that talks to the network.
+"""The only module that runs commands on hosts: a Session of SSH connections for one command.
 
-paramiko opens the connections (`Connection`: ~/.ssh/config where the inventory is silent,
-the ssh-agent, a jump host, ProxyJump or ProxyCommand, as fabric did before; importing
-fabric and invoke cost ~50 ms of every command's start-up); commands then run on raw
-paramiko channels, because invoke's runner (threads plus sleep-polling per command) costs
-more than the whole round trip on a LAN. One connection per host, opened once and reused
-for the command; at most `parallelism` stay open (the least recently used idle one is
-closed to make room).
+Connections are fabric's (io/connection.py: ssh_config, jump hosts, auth; one shared
+fabric.Config), host keys checked on every hop (io/hostkeys.py). Commands run on raw
+paramiko channels of each connection's transport. One connection per host, opened once
+and reused; at most `parallelism` stay open (the least recently used idle one is closed
+to make room).
 """
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures as cf
-import errno
-import getpass
-import io
 import logging
-import os
 import resource
 import socket
 import sys
@@ -26,23 +19,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from provision.core.errors import ProvisionError
-from provision.core.target import HostError, Target
+import fabric
+import paramiko
 
-# paramiko.config imports invoke (~45 ms, half of paramiko's import) only to run the `Match
-# exec` lines of an ssh_config: kept out here, and given back to paramiko when an ssh_config
-# has such a line (_load_ssh_config). Not when something imported invoke already (fabric).
-_INVOKE_BLOCKED = "invoke" not in sys.modules and "paramiko" not in sys.modules
-if _INVOKE_BLOCKED:
-    sys.modules["invoke"] = None  # type: ignore[assignment]
-try:
-    import paramiko
-finally:
-    if _INVOKE_BLOCKED and "invoke" in sys.modules and sys.modules["invoke"] is None:
-        del sys.modules["invoke"]
+from provision.core.target import HostError, Target
+from provision.io.connection import Connection, new_config
+from provision.io.hostkeys import KnownHosts, UnknownKey, fingerprint
 
 # paramiko logs errors of its transport thread (a hung host's "No existing session"); with
 # no handler Python prints them with tracebacks. provision reports each host in one line.
@@ -60,76 +44,6 @@ class Result:
     stderr: bytes
 
 
-# --------------------------------------------------------------------------- host keys
-
-
-def _key_id(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    digest = __import__("hashlib").sha256(key.asbytes()).digest()
-    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
-
-
-class KnownHosts:
-    """Host keys provision has learnt, kept beside the state (`known_hosts`, OpenSSH format).
-
-    The user's ~/.ssh/known_hosts is read too, never written.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.lock = threading.Lock()
-        self.keys = paramiko.HostKeys()
-        if path.exists():
-            try:
-                self.keys.load(str(path))
-            except (OSError, paramiko.SSHException) as e:
-                raise ProvisionError(f"{path}: cannot read known host keys: {e}") from None
-        self.system = paramiko.HostKeys()
-        user_file = Path("~/.ssh/known_hosts").expanduser()
-        if user_file.exists():
-            try:
-                self.system.load(str(user_file))
-            except (OSError, paramiko.SSHException):
-                pass  # the user's file is best effort; ours is authoritative
-
-    def lookup(self, key_id: str) -> Any:
-        return self.keys.lookup(key_id) or self.system.lookup(key_id)
-
-    def learn(self, key_id: str, key: paramiko.PKey) -> None:
-        with self.lock:
-            self.keys.add(key_id, key.get_name(), key)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            self.keys.save(str(tmp))
-            os.replace(tmp, self.path)
-
-
-class _Policy(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko only for keys it does not know (changed keys never get here)."""
-
-    def __init__(self, known: KnownHosts, policy: str):
-        self.known = known
-        self.policy = policy
-
-    def missing_host_key(self, client, hostname, key):
-        if self.policy == "off":
-            return
-        if self.policy == "accept-new":
-            self.known.learn(hostname, key)
-            return
-        raise _UnknownKey(hostname, key)
-
-
-class _UnknownKey(Exception):
-    def __init__(self, key_id: str, key: paramiko.PKey):
-        super().__init__(key_id)
-        self.key_id = key_id
-        self.key = key
-
-
 # --------------------------------------------------------------------------- connections
 
 
@@ -139,285 +53,12 @@ def fd_safe_parallelism() -> int:
     return max(1, min(512, (soft - 64) // 4))
 
 
-# The ssh_config files fabric read for us, in its order: the first value of a key wins, so the
-# user's file comes first.
-_SSH_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")
-_ssh_config: paramiko.SSHConfig | None = None
-_ssh_config_lock = threading.Lock()
-
-
-def _load_ssh_config(paths: Iterable[str]) -> paramiko.SSHConfig:
-    """The ssh_config files that exist among paths, parsed into one (first value wins)."""
-    config = paramiko.SSHConfig()
-    match_exec = False
-    for p in paths:
-        path = os.path.expanduser(p)
-        if not os.path.isfile(path):
-            continue
-        try:
-            with open(path) as f:
-                text = f.read()
-            config.parse(io.StringIO(text))
-        except (OSError, UnicodeDecodeError, paramiko.ssh_exception.ConfigParseError) as e:
-            raise ProvisionError(f"{path}: cannot read this ssh_config file: {e}") from None
-        words = (line.lower().split() for line in text.splitlines())
-        match_exec = match_exec or any(w[:1] == ["match"] and "exec" in w for w in words)
-    if match_exec and _INVOKE_BLOCKED:
-        # `Match exec` runs its command with invoke: paramiko needs it after all.
-        try:
-            import invoke
-        except ImportError:  # paramiko says so at the lookup, as it would have
-            pass
-        else:
-            setattr(paramiko.config, "invoke", invoke)  # noqa: B010 (paramiko's stubs omit it)
-    return config
-
-
-def _ssh_lookup(host: str) -> paramiko.SSHConfigDict:
-    """ssh_config's settings for host (HostName always set). ~/.ssh/config and
-    /etc/ssh/ssh_config are parsed once per process; lookups only read the result, so every
-    thread shares it."""
-    global _ssh_config
-    with _ssh_config_lock:
-        if _ssh_config is None:
-            _ssh_config = _load_ssh_config(_SSH_CONFIG_FILES)
-        config = _ssh_config
-    return config.lookup(host)
-
-
-def _local_user() -> str | None:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name (a container with an unknown uid)
-        return None
-
-
-def _shorthand(spec: str) -> tuple[str | None, str, int | None]:
-    """[user@]host[:port] -> (user, host, port); an IPv6 address takes a port in brackets."""
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, None
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, _, p = rest.partition(":")
-        port = int(p)
-    return user or None, host, port
-
-
-class Connection:
-    """One SSH connection: what fabric's Connection did for us, on paramiko alone.
-
-    As fabric resolved them: ssh_config's HostName replaces the address (`host`, the name
-    host keys are looked up by); the inventory's user and port win over ssh_config's User
-    and Port (then the local user and 22); the inventory's identity file is tried first,
-    then ssh_config's IdentityFiles (then the agent and ~/.ssh/id_*, paramiko's defaults);
-    `gateway` is the inventory's jump host, else ssh_config's ProxyJump (each hop resolved
-    the same way), else its ProxyCommand (a string; a command, not a socket, then carries
-    the connection).
-    """
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        user: str | None = None,
-        port: int | None = None,
-        key_filename: Iterable[str] = (),
-        connect_timeout: float | None = None,
-        gateway: Connection | None = None,
-        _hops: int = 0,
-    ):
-        self.ssh_config = _ssh_lookup(address)
-        self.original_host = address
-        self.host: str = self.ssh_config.get("hostname", address)
-        self.user = user or self.ssh_config.get("user") or _local_user()
-        self.port = port or int(self.ssh_config.get("port", 22))
-        keys = [*key_filename, *self.ssh_config.get("identityfile", [])]
-        self.connect_kwargs: dict[str, Any] = {"key_filename": keys} if keys else {}
-        self.connect_timeout = connect_timeout
-        self.gateway: Connection | str | None = gateway if gateway is not None else self._configured_gateway(_hops)
-        self.client = paramiko.SSHClient()
-        self.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        self.transport: paramiko.Transport | None = None
-
-    def _configured_gateway(self, hops: int) -> Connection | str | None:
-        jump = self.ssh_config.get("proxyjump")
-        if jump and jump.lower() != "none":
-            if hops > 8:
-                raise ProvisionError(f"ssh_config: ProxyJump loops at {self.original_host}")
-            gateway = None
-            for hop in jump.split(","):  # as ssh: the first hop is dialled first
-                user, host, port = _shorthand(hop.strip())
-                if host == self.host:
-                    return None  # a wildcard Host's ProxyJump reaching the jump host itself
-                gateway = Connection(host, user=user, port=port, gateway=gateway, _hops=hops + 1)
-            return gateway
-        return self.ssh_config.get("proxycommand")  # None for "ProxyCommand none"
-
-    @property
-    def is_connected(self) -> bool:
-        return self.transport.is_active() if self.transport else False
-
-    def open(self) -> None:
-        """The handshake (paramiko's SSHClient.connect), through the gateway if any; a socket
-        of our own, if any, is in connect_kwargs["sock"] (see _open)."""
-        if self.is_connected:
-            return
-        if self.gateway:
-            self.connect_kwargs["sock"] = self._open_gateway()
-        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port)
-        if self.connect_timeout:
-            kwargs["timeout"] = self.connect_timeout
-        self.client.connect(**kwargs)
-        self.transport = self.client.get_transport()
-
-    def _open_gateway(self) -> Any:
-        """A ProxyCommand, or a direct-tcpip channel through the (opened) jump host."""
-        if isinstance(self.gateway, str):
-            return paramiko.ProxyCommand(self.gateway)
-        gateway = self.gateway
-        assert gateway is not None
-        if gateway.connect_timeout is None:
-            gateway.connect_timeout = self.connect_timeout  # a hop from ssh_config: ours
-        _open(gateway, gateway.connect_timeout)  # nothing if already open
-        assert gateway.transport is not None
-        return gateway.transport.open_channel(
-            "direct-tcpip", dest_addr=(self.host, self.port), src_addr=("", 0), timeout=self.connect_timeout
-        )
-
-    def close(self) -> None:
-        """Close the connection and its gateway's (best effort, idempotent)."""
-        try:
-            self.client.close()  # the transport, and with it its socket, channel or ProxyCommand
-        finally:
-            if isinstance(self.gateway, Connection):
-                self.gateway.close()
-
-    def __repr__(self) -> str:
-        return f"<Connection {self.user}@{self.host}:{self.port}>"
-
-
-def _connection(target: Target, gateway: Connection | None = None) -> Connection:
-    keys = [os.path.expanduser(target.identity_file)] if target.identity_file else []
-    return Connection(
-        target.address,
-        user=target.user,
-        port=target.port,
-        key_filename=keys,
-        connect_timeout=target.connect_timeout,
-        gateway=gateway,
-    )
-
-
-def _tcp(host: str, port: int, timeout: float | None) -> socket.socket:
-    """The TCP connection paramiko would open, with its errors (and TCP_NODELAY), opened here
-    so that an ASCII host name is looked up as bytes: given a str, getaddrinfo first imports the idna codec
-    (~18 ms of the controller's CPU at every command)."""
-    try:
-        name: str | bytes = host.encode("ascii")
-    except UnicodeEncodeError:
-        name = host
-    errors: dict = {}
-    candidates = socket.getaddrinfo(name, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    for family, kind, proto, _, addr in candidates:
-        sock = socket.socket(family, kind, proto)
-        try:
-            # Nagle's algorithm (paramiko leaves it on) holds each small SSH packet until the
-            # previous one is acknowledged, and hosts delay their acknowledgements: about
-            # 40 ms at authentication and at every command (bench/phases.py).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(timeout)
-            sock.connect(addr)
-            return sock
-        except OSError as e:
-            sock.close()
-            if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
-                raise  # a timeout, say: as paramiko would
-            errors[addr[:2]] = e
-    raise paramiko.ssh_exception.NoValidConnectionsError(errors)
-
-
-def _open(conn, timeout: float | None) -> None:
-    """conn.open(), on a socket of our own unless a gateway or ProxyCommand carries it."""
-    if conn.is_connected:
-        return
-    if conn.gateway is None:
-        conn.connect_kwargs["sock"] = _tcp(conn.host, conn.port, timeout)
-    try:
-        conn.open()
-    except BaseException:
-        sock = conn.connect_kwargs.pop("sock", None)
-        if sock is not None:
-            sock.close()
-        raise
-
-
-def _parse_jump(spec: str, target: Target) -> Target:
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, 22
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else 22
-    elif ":" in rest:
-        host, _, p = rest.rpartition(":")
-        port = int(p)
-    return Target(
-        name=f"jump host {spec}",
-        address=host,
-        port=port,
-        user=user or target.user,
-        identity_file=target.identity_file,
-        connect_timeout=target.connect_timeout,
-        host_key_policy=target.host_key_policy,
-    )
-
-
-def _abort(conn: Any) -> None:
-    """The handshake's deadline passed: close its socket (and its jump host's, if that is what
-    hangs), so whatever paramiko waits on ends."""
-    client = getattr(conn, "client", None)
-    transport = client.get_transport() if client is not None else None
-    sock = conn.connect_kwargs.get("sock")
-    for thing in (transport, sock):
-        try:
-            if thing is not None:
-                thing.close()
-        except Exception:  # best effort: the caller reports the timeout
-            pass
-    gateway = getattr(conn, "gateway", None)
-    if isinstance(gateway, Connection) and not gateway.is_connected:
-        _abort(gateway)
-
-
-def _stage(conn: Any) -> str:
-    """Where a handshake that timed out was: what the user should look at."""
-    gateway = getattr(conn, "gateway", None)
-    if isinstance(gateway, Connection) and not gateway.is_connected:
-        return f"{_stage(gateway)} to the jump host {gateway.host}"
-    client = getattr(conn, "client", None)
-    transport = client.get_transport() if client is not None else None
-    if transport is None:
-        return "the TCP connection"
-    if not getattr(transport, "remote_version", ""):
-        return "the SSH banner exchange"
-    if getattr(transport, "session_id", None) is None:
-        return "key exchange"
-    return "authentication"
-
-
 def _timed_out(target: Target, stage: str) -> str:
     return f"timed out during {stage} (connect_timeout {target.connect_timeout:g}s): is the host hung or overloaded?"
 
 
-def _close(conn: Any) -> None:
-    """Close a connection and its jump host's, if any (best effort)."""
-    for c in (conn, getattr(conn, "gateway", None)):
-        try:
-            if c is not None and hasattr(c, "close"):
-                c.close()
-        except Exception:  # closing is best effort
-            pass
+def _close(conn: Connection) -> None:
+    conn.close()  # best effort, jump hosts included
 
 
 class Session:
@@ -436,18 +77,9 @@ class Session:
         self._users: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
+        self._config: fabric.Config | None = None  # read at the first dial
 
     # -- connect
-
-    def _prepare(self, conn, target: Target) -> None:
-        client = conn.client
-        if target.host_key_policy == "off":
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-            return
-        key_id = _key_id(conn.host, conn.port)  # paramiko's own lookup name (after ssh config)
-        for typ, key in (self.known.lookup(key_id) or {}).items():
-            client.get_host_keys().add(key_id, typ, key)
-        client.set_missing_host_key_policy(_Policy(self.known, target.host_key_policy))
 
     def connect(self, target: Target):
         """The open connection to target, opened now if there is none. The calling thread uses
@@ -497,16 +129,13 @@ class Session:
                     out.append(self._conns.pop(host))
         return out
 
-    def _dial(self, target: Target):
+    def _dial(self, target: Target) -> Connection:
         """Open a new connection to target (handshake, retries, errors as HostError)."""
-        gateway = None
-        if target.jump_host:
-            gateway = _connection(_parse_jump(target.jump_host, target))
-        conn = _connection(target, gateway)
-        hop: Any = conn
-        while isinstance(hop, Connection):  # the host, then its jump hosts (ours or ProxyJump)
-            self._prepare(hop, target)
-            hop = hop.gateway
+        if self._config is None:
+            self._config = new_config()  # once per Session, when the first host is dialled
+        conn = Connection.to(target, self._config)
+        for hop in conn.hops():  # the host, then its jump hosts (ours or ProxyJump): each checked
+            self.known.prepare(hop.client, hop.host, hop.port, target.host_key_policy)
         # The whole handshake (TCP, banner, key exchange, auth, retries) gets connect_timeout:
         # a hung host (paused, or an sshd that accepts and never answers) costs that, no more.
         deadline = time.monotonic() + target.connect_timeout
@@ -519,59 +148,62 @@ class Session:
             conn.connect_timeout = left
             for k in ("banner_timeout", "auth_timeout", "channel_timeout"):
                 conn.connect_kwargs[k] = left
-            watchdog = threading.Timer(left, _abort, (conn,))
+            watchdog = threading.Timer(left, conn.abort)
             watchdog.daemon = True
             watchdog.start()
             try:
-                _open(conn, left)
-                break
-            except paramiko.BadHostKeyException as e:
-                raise HostError(
-                    target,
-                    f"host key changed: it now offers {_fingerprint(e.key)}, but {self.known.path} "
-                    f"has {_fingerprint(e.expected_key)}. If the host was reinstalled, delete its line "
-                    f"({e.hostname}) from that file and run again; "
-                    "otherwise someone may be intercepting the connection.",
-                ) from None
-            except _UnknownKey as e:
-                raise HostError(
-                    target,
-                    f"unknown host key {_fingerprint(e.key)} and host_key_policy is strict: add it to "
-                    f"{self.known.path} or ~/.ssh/known_hosts after checking it (or use accept-new)",
-                ) from None
-            except paramiko.AuthenticationException as e:
-                if "timeout" in str(e).lower() or time.monotonic() >= deadline - 0.05:
-                    raise HostError(target, _timed_out(target, "authentication"), unreachable=True) from None
-                raise HostError(target, f"authentication failed for user {conn.user}: {e}") from None
-            except FileNotFoundError as e:
-                raise HostError(target, f"identity file not found: {e.filename}") from None
-            except TimeoutError:
-                # Not retried: the host already had the whole timeout to answer.
-                raise HostError(target, _timed_out(target, _stage(conn)), unreachable=True) from None
-            except ConnectionRefusedError:
-                err = "connection refused"
-            except paramiko.ssh_exception.NoValidConnectionsError as e:
-                # paramiko's wrapper when every address of the host failed; say why plainly.
-                causes = list(e.errors.values())
-                if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
-                    err = "connection refused"
-                else:
-                    err = (
-                        "; ".join(sorted({getattr(c, "strerror", None) or str(c) for c in causes})) or "cannot connect"
-                    )
-            except socket.gaierror as e:
-                raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
-            except (OSError, EOFError, paramiko.SSHException) as e:
-                if time.monotonic() >= deadline - 0.05 or "timeout" in str(e).lower() or "banner" in str(e):
-                    raise HostError(target, _timed_out(target, _stage(conn)), unreachable=True) from None
-                err = str(e) or type(e).__name__
-                if isinstance(e, EOFError):
-                    err = "the SSH server closed the connection during the handshake"
+                conn.open()
+                return conn
+            except Exception as e:  # sorted into a HostError, or a reason to try again
+                err = self._failed(target, conn, e, deadline)
             finally:
                 watchdog.cancel()
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay *= 2
-        return conn
+
+    def _failed(self, target: Target, conn: Connection, e: Exception, deadline: float) -> str:
+        """Why a handshake failed: raises the HostError that ends the dial, or returns the
+        reason to show if the retries run out (refused: sshd may be starting)."""
+        late = time.monotonic() >= deadline - 0.05
+        if isinstance(e, paramiko.BadHostKeyException):
+            raise HostError(
+                target,
+                f"host key changed: it now offers {fingerprint(e.key)}, but {self.known.path} "
+                f"has {fingerprint(e.expected_key)}. If the host was reinstalled, delete its line "
+                f"({e.hostname}) from that file and run again; "
+                "otherwise someone may be intercepting the connection.",
+            ) from None
+        if isinstance(e, UnknownKey):
+            raise HostError(
+                target,
+                f"unknown host key {fingerprint(e.key)} and host_key_policy is strict: add it to "
+                f"{self.known.path} or ~/.ssh/known_hosts after checking it (or use accept-new)",
+            ) from None
+        if isinstance(e, paramiko.AuthenticationException):
+            if "timeout" in str(e).lower() or late:
+                raise HostError(target, _timed_out(target, "authentication"), unreachable=True) from None
+            raise HostError(target, f"authentication failed for user {conn.user}: {e}") from None
+        if isinstance(e, FileNotFoundError):
+            raise HostError(target, f"identity file not found: {e.filename}") from None
+        if isinstance(e, TimeoutError):  # not retried: the host already had the whole timeout
+            raise HostError(target, _timed_out(target, conn.stage()), unreachable=True) from None
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+            # paramiko's wrapper when every address of the host failed; say why plainly.
+            causes = list(e.errors.values())
+            if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
+                return "connection refused"
+            return "; ".join(sorted({getattr(c, "strerror", None) or str(c) for c in causes})) or "cannot connect"
+        if isinstance(e, socket.gaierror):
+            raise HostError(target, f"cannot resolve address: {e.strerror}", unreachable=True) from None
+        if isinstance(e, (OSError, EOFError, paramiko.SSHException)):
+            if late or "timeout" in str(e).lower() or "banner" in str(e):
+                raise HostError(target, _timed_out(target, conn.stage()), unreachable=True) from None
+            if isinstance(e, EOFError):
+                return "the SSH server closed the connection during the handshake"
+            return str(e) or type(e).__name__
+        raise e
 
     def is_root(self, target: Target) -> bool:
         with self._lock:

@@ -27,8 +27,9 @@ from provision.host.protocol import (
     ProbeReport,
     ProbeRequest,
 )
+from provision.io.hostkeys import KnownHosts
 from provision.io.probe import probe_host
-from provision.io.ssh import KnownHosts, Session, call_agent
+from provision.io.ssh import Session, call_agent
 from provision.io.state import State, StateLock, default_state_path
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules import preflight
