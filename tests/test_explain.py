@@ -12,6 +12,7 @@ import pytest
 from provision.core import explain as E
 from provision.core.lifecycle import JobPhase, TaskState, start_failure, task_state
 from provision.host.protocol import FileInfo
+from provision.io import journal as J
 from provision.run import logs as L
 
 # --------------------------------------------------------------------------- the words
@@ -118,7 +119,7 @@ def _entry(**fields) -> bytes:
 def test_systemd_lines_about_the_unit_are_labelled():
     idents = {"provision-j-chief-0": "chief-0"}
     units = {"provision-j-chief-0.service": "chief-0"}
-    got = L.parse_line(
+    got = J.parse_line(
         _entry(
             MESSAGE="provision-j-chief-0.service: Main process exited, code=exited, status=203/EXEC",
             SYSLOG_IDENTIFIER="systemd",
@@ -131,18 +132,18 @@ def test_systemd_lines_about_the_unit_are_labelled():
     assert [e.text for e in got] == ["[systemd] Main process exited, code=exited, status=203/EXEC"]
     # The program's own lines are not labelled; other units' lines are not shown.
     assert [
-        e.text for e in L.parse_line(_entry(MESSAGE="hi", SYSLOG_IDENTIFIER="provision-j-chief-0"), "h1", idents, units)
+        e.text for e in J.parse_line(_entry(MESSAGE="hi", SYSLOG_IDENTIFIER="provision-j-chief-0"), "h1", idents, units)
     ] == ["hi"]
     assert (
-        L.parse_line(_entry(MESSAGE="x", SYSLOG_IDENTIFIER="systemd", UNIT="ssh.service"), "h1", idents, units) is None
+        J.parse_line(_entry(MESSAGE="x", SYSLOG_IDENTIFIER="systemd", UNIT="ssh.service"), "h1", idents, units) is None
     )
 
 
 # --------------------------------------------------------------------------- follow: window, boundary
 
 
-def _e(ts: int, host: str = "h1", task: str = "t", cursor: str | None = None) -> L.Entry:
-    return L.Entry(ts, host, task, f"line {ts}", cursor or f"c{ts}")
+def _e(ts: int, host: str = "h1", task: str = "t", cursor: str | None = None) -> J.Entry:
+    return J.Entry(ts, host, task, f"line {ts}", cursor or f"c{ts}")
 
 
 def test_reorder_window_prints_in_time_order_across_hosts():

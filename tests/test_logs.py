@@ -11,6 +11,7 @@ import time
 import pytest
 
 from provision.core.errors import ProvisionError
+from provision.io import journal as J
 from provision.run import logs as L
 
 IDENTS = {"provision-j-chief-0": "chief-0", "provision-j-worker-0": "worker-0"}
@@ -28,7 +29,7 @@ def _line(**fields) -> bytes:
 
 
 def _texts(line: bytes) -> list[str]:
-    got = L.parse_line(line, "h1", IDENTS)
+    got = J.parse_line(line, "h1", IDENTS)
     assert isinstance(got, list), got
     return [e.text for e in got]
 
@@ -46,7 +47,7 @@ def test_message_missing_gives_no_line():
 
 def test_message_null_says_so():
     # journalctl prints null for a field it did not show (over 4096 bytes without --all).
-    assert _texts(_line(MESSAGE=None)) == [L.NO_MESSAGE]
+    assert _texts(_line(MESSAGE=None)) == [J.NO_MESSAGE]
 
 
 def test_message_as_byte_values_non_utf8():
@@ -94,22 +95,22 @@ def test_very_long_line_is_kept_whole():
 
 
 def test_other_identifiers_and_junk_are_ignored():
-    assert L.parse_line(_line(MESSAGE="x", SYSLOG_IDENTIFIER="sshd"), "h1", IDENTS) is None
-    assert L.parse_line(b"-- No entries --", "h1", IDENTS) is None
-    assert L.parse_line(b'{"MESSAGE": "cut off', "h1", IDENTS) is None
-    assert L.parse_line(b"", "h1", IDENTS) is None
-    assert L.parse_line(b"[1, 2]", "h1", IDENTS) is None
+    assert J.parse_line(_line(MESSAGE="x", SYSLOG_IDENTIFIER="sshd"), "h1", IDENTS) is None
+    assert J.parse_line(b"-- No entries --", "h1", IDENTS) is None
+    assert J.parse_line(b'{"MESSAGE": "cut off', "h1", IDENTS) is None
+    assert J.parse_line(b"", "h1", IDENTS) is None
+    assert J.parse_line(b"[1, 2]", "h1", IDENTS) is None
 
 
 def test_missing_or_bad_timestamp_is_zero_not_an_error():
-    got = L.parse_line(_line(MESSAGE="m", __REALTIME_TIMESTAMP="bogus"), "h1", IDENTS)
+    got = J.parse_line(_line(MESSAGE="m", __REALTIME_TIMESTAMP="bogus"), "h1", IDENTS)
     assert got[0].ts == 0
-    got = L.parse_line(_line(MESSAGE="m", __REALTIME_TIMESTAMP=...), "h1", IDENTS)
+    got = J.parse_line(_line(MESSAGE="m", __REALTIME_TIMESTAMP=...), "h1", IDENTS)
     assert got[0].ts == 0
 
 
 def test_control_records_pass_through():
-    assert L.parse_line(b'{"__provision_rc":0,"__provision_task":"chief-0"}', "h1", IDENTS) == {
+    assert J.parse_line(b'{"__provision_rc":0,"__provision_task":"chief-0"}', "h1", IDENTS) == {
         "__provision_rc": 0,
         "__provision_task": "chief-0",
     }
@@ -131,34 +132,34 @@ def test_parse_fetch_orders_and_reverses_tail_queries():
         _line(MESSAGE="w1", __REALTIME_TIMESTAMP="15", SYSLOG_IDENTIFIER="provision-j-worker-0"),
         b'{"__provision_rc":0,"__provision_task":"worker-0"}',
     )
-    hl = L.parse_fetch("h1", out, b"", IDENTS, {"chief-0"})
+    hl = J.parse_fetch("h1", out, b"", IDENTS, {"chief-0"})
     assert hl.now_us == 1700000000123456
     assert [e.text for e in hl.entries if e.task == "chief-0"] == ["c1", "c2"]
-    assert [e.text for e in L.merge([hl.entries])] == ["c1", "w1", "c2"]
+    assert [e.text for e in J.merge([hl.entries])] == ["c1", "w1", "c2"]
     assert not hl.errors
 
 
 def test_parse_fetch_pins_journalctl_errors_on_the_task():
     out = _fetch_output(b'{"__provision_rc":1,"__provision_task":"worker-0"}')
-    hl = L.parse_fetch("h1", out, b"Failed to parse timestamp: bogus\n", IDENTS, set())
+    hl = J.parse_fetch("h1", out, b"Failed to parse timestamp: bogus\n", IDENTS, set())
     assert hl.errors == ["worker-0: Failed to parse timestamp: bogus"]
 
 
 def test_merge_orders_hosts_by_time_and_keeps_each_hosts_order_on_ties():
     a = [
-        L.Entry(1, "h1", "chief-0", "a1", ""),
-        L.Entry(3, "h1", "chief-0", "a3", ""),
-        L.Entry(3, "h1", "chief-0", "a3b", ""),
+        J.Entry(1, "h1", "chief-0", "a1", ""),
+        J.Entry(3, "h1", "chief-0", "a3", ""),
+        J.Entry(3, "h1", "chief-0", "a3b", ""),
     ]
-    b = [L.Entry(2, "h2", "worker-0", "b2", ""), L.Entry(3, "h2", "worker-0", "b3", "")]
-    assert [e.text for e in L.merge([a, b])] == ["a1", "b2", "a3", "a3b", "b3"]
+    b = [J.Entry(2, "h2", "worker-0", "b2", ""), J.Entry(3, "h2", "worker-0", "b3", "")]
+    assert [e.text for e in J.merge([a, b])] == ["a1", "b2", "a3", "a3b", "b3"]
 
 
 # ------------------------------------------------------------------ commands and options
 
 
 def test_fetch_command_quotes_and_uses_cursor_or_tail():
-    cmd = L.fetch_command("j", ["chief-0", "worker-0"], since="-10min", tail=5, cursors={"worker-0": "s=abc;i=1f;b=x"})
+    cmd = J.fetch_command("j", ["chief-0", "worker-0"], since="-10min", tail=5, cursors={"worker-0": "s=abc;i=1f;b=x"})
     assert cmd.startswith("sh -c ")
     script = shlex.split(cmd)[2]
     parts = script.split("; ")
@@ -186,7 +187,7 @@ def test_fetch_command_quotes_and_uses_cursor_or_tail():
 
 def test_fetch_command_runs_in_sh(tmp_path):
     # The quoting survives a real shell: journalctl replaced by a function printing argv.
-    cmd = L.fetch_command("j", ["chief-0"], since="2024-05-01 12:00:00", tail=None, cursors=None)
+    cmd = J.fetch_command("j", ["chief-0"], since="2024-05-01 12:00:00", tail=None, cursors=None)
     script = shlex.split(cmd)[2]
     fake = 'journalctl() { printf "%s\\n" "$@" > ' + shlex.quote(str(tmp_path / "argv")) + "; }; "
     out = subprocess.run(["sh", "-c", fake + script], capture_output=True, text=True, check=True).stdout
@@ -198,7 +199,7 @@ def test_fetch_command_runs_in_sh(tmp_path):
 
 
 def test_follow_command_kills_journalctl_when_the_channel_closes():
-    script = shlex.split(L.follow_command("j", ["chief-0", "worker-0"], 1700000000))[2]
+    script = shlex.split(J.follow_command("j", ["chief-0", "worker-0"], 1700000000))[2]
     assert "--follow" in script and "--since @1700000000" in script
     words = shlex.split(script.split(" </dev/null")[0])
     terms = " ".join(words[words.index("--since") + 2 :]).split(" + ")
@@ -228,12 +229,12 @@ def test_follow_command_kills_journalctl_when_the_channel_closes():
     ],
 )
 def test_since(given, passed):
-    assert L.normalize_since(given) == passed
+    assert J.normalize_since(given) == passed
 
 
 def test_since_empty_is_a_user_error():
     with pytest.raises(ProvisionError, match="--since"):
-        L.normalize_since("  ")
+        J.normalize_since("  ")
 
 
 def test_cursor_file_round_trip_and_wrong_job(tmp_path):
@@ -251,22 +252,22 @@ def test_printer_prefix_and_files(tmp_path, capsys):
     p = L.Printer(
         ["chief-0", "worker-10"], {"chief-0": "h1", "worker-10": "h2"}, out_dir=None, timestamps=False, color=False
     )
-    p.write(L.Entry(1, "h1", "chief-0", "hello", "c1"))
-    p.write(L.Entry(2, "h2", "worker-10", "world", "c2"))
+    p.write(J.Entry(1, "h1", "chief-0", "hello", "c1"))
+    p.write(J.Entry(2, "h2", "worker-10", "world", "c2"))
     assert capsys.readouterr().out.splitlines() == ["chief-0@h1   | hello", "worker-10@h2 | world"]
     assert p.cursors == {"h1": {"chief-0": "c1"}, "h2": {"worker-10": "c2"}}
     f = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=tmp_path, timestamps=False)
-    f.write(L.Entry(1_700_000_000_000_000, "h1", "chief-0", "to file", "c"))
+    f.write(J.Entry(1_700_000_000_000_000, "h1", "chief-0", "to file", "c"))
     f.close()
     assert (tmp_path / "chief-0.log").read_text() == "2023-11-14T22:13:20.000000Z h1 to file\n"
 
 
 def test_printer_colours_only_when_asked(capsys):
     p = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=True)
-    p.write(L.Entry(1, "h1", "chief-0", "x", ""))
+    p.write(J.Entry(1, "h1", "chief-0", "x", ""))
     assert "\x1b[" in capsys.readouterr().out
     p = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False)  # not a tty
-    p.write(L.Entry(1, "h1", "chief-0", "x", ""))
+    p.write(J.Entry(1, "h1", "chief-0", "x", ""))
     assert "\x1b[" not in capsys.readouterr().out
 
 
@@ -274,12 +275,12 @@ def test_reader_going_away_is_not_an_error():
     """`provision logs INV | head -1`: no BrokenPipeError traceback, the printer stops."""
     code = (
         "import sys\n"
-        "from provision.run import logs as L\n"
+        "from provision.io import journal as J\nfrom provision.run import logs as L\n"
         "p = L.Printer(['t'], {'t': 'h'}, out_dir=None, timestamps=False)\n"
         "stopped = []\n"
         "p.on_pipe_closed = lambda: stopped.append(1)\n"
         "for i in range(200000):\n"
-        "    p.write(L.Entry(i, 'h', 't', 'line %d' % i, ''))\n"
+        "    p.write(J.Entry(i, 'h', 't', 'line %d' % i, ''))\n"
         "assert p.pipe_closed and stopped == [1]\n"
     )
     r = subprocess.run(

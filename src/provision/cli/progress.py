@@ -20,10 +20,11 @@ from typing import TextIO
 from provision.core.errors import ProvisionError
 from provision.core.lifecycle import JobPhase
 from provision.core.text import duration
+from provision.io.journal import last_lines
 from provision.rules.status import JobStatus, TaskStatus
 from provision.run.context import Context
 from provision.run.jobend import collect
-from provision.run.logs import last_lines, run_logs
+from provision.run.logs import run_logs
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -230,7 +231,11 @@ def wait_job(
                     if t.state.live:
                         live.setdefault(t.host, []).append(t.task)
                 if live:
-                    last = {k: v[-1] for k, v in last_lines(ctx, live, 1).items() if v}
+                    last = {
+                        k: v[-1]
+                        for k, v in last_lines(ctx.session, ctx.targets, ctx.inventory.job, live, 1).items()
+                        if v
+                    }
             if not quiet:
                 disp.update(st, last)
             if timeout is not None and disp.clock() - disp.start > timeout:

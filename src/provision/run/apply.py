@@ -32,6 +32,7 @@ from provision.host.protocol import (
     WriteRequest,
 )
 from provision.io import images
+from provision.io.journal import host_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules.plan import FileAction, HostPlan, Plan, TaskChange
@@ -40,7 +41,6 @@ from provision.run.context import (
     Progress,
     kept,
 )
-from provision.run.logs import host_last_lines
 from provision.spec.render import FileKind, manifest_bytes
 
 

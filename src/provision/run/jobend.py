@@ -21,13 +21,13 @@ from provision.core.lifecycle import TaskState, phases, stop_rank
 from provision.core.target import Target
 from provision.host import layout
 from provision.host.protocol import UnitsReport, UnitsRequest
+from provision.io.journal import last_lines
 from provision.io.ssh import call_agent
 from provision.io.state import StateLock
 from provision.io.steps import Step, run_step
 from provision.rules.status import JobStatus, job_status, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
-from provision.run.logs import last_lines
 
 
 def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
@@ -41,7 +41,7 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
     st = job_status(ctx.inventory, tasks, res.ok, {n: e.message for n, e in res.errors.items()})
     wanted = needs_lines(st)
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
-        st = with_lines(ctx.inventory, st, last_lines(ctx, wanted))
+        st = with_lines(ctx.inventory, st, last_lines(ctx.session, ctx.targets, ctx.inventory.job, wanted))
     job, me = ctx.inventory.job, ctx.owner
     foreign = None
     for n, r in res.ok.items():
