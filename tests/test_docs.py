@@ -231,7 +231,7 @@ def test_every_inventory_key_is_documented():
 
 
 def test_every_task_variable_is_documented():
-    from provision.spec.inventory import RESERVED_ENV
+    from provision.spec.clusterenv import RESERVED_ENV
 
     spans = code_spans((DOCS / "environment.md").read_text(encoding="utf-8"))
     missing = sorted(v for v in RESERVED_ENV if v not in spans)

@@ -20,8 +20,8 @@ from provision.core.encode import ENV_KEY  # what a name in an env file may be
 from provision.core.errors import ProvisionError
 
 # Variables provision sets itself; a spec may not set them.
-from provision.spec.inventory import RESERVED_ENV
-from provision.spec.inventory import show_value as show
+from provision.spec.clusterenv import RESERVED_ENV
+from provision.spec.yamldoc import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
 

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from provision.core.model import WORKERPOOL, Inventory
+from provision.core.model import (
+    WORKERPOOL,
+    Inventory,
+)
 from provision.spec.placement import PlacedTask, Placement
 
 
@@ -226,3 +229,37 @@ def task_env(
     for k, v in env:
         merged[k] = v
     return list(merged.items())
+
+
+# Variables provision itself sets for every task; an inventory may not override them,
+# or tasks would disagree about the cluster.
+RESERVED_ENV = frozenset(
+    {
+        "TF_CONFIG",
+        "CLUSTER_SPEC",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "PET_NPROC_PER_NODE",
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "DMLC_ROLE",
+        "DMLC_PS_ROOT_URI",
+        "DMLC_PS_ROOT_PORT",
+        "DMLC_NUM_WORKER",
+        "DMLC_NUM_SERVER",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "TPU_VISIBLE_CHIPS",
+        "PROVISION_JOB",
+        "PROVISION_TASK",
+        "PROVISION_TASK_TYPE",
+        "PROVISION_TASK_INDEX",
+    }
+)

@@ -24,7 +24,6 @@ from provision.core.model import (
     ROLES,
     SUCCESS_POLICIES,
     Accelerators,
-    FileSpec,
     Host,
     Inventory,
     Pool,
@@ -34,8 +33,10 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.spec.clusterenv import RESERVED_ENV
+from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
-from provision.spec.pushed import into_directory, normalize_dest, walk_spec
+from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
@@ -47,38 +48,6 @@ IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
 # encode.py's: the validator accepts exactly what the encoder can write.
 JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$")
 
-# Variables provision itself sets for every task; an inventory may not override them,
-# or tasks would disagree about the cluster.
-RESERVED_ENV = frozenset(
-    {
-        "TF_CONFIG",
-        "CLUSTER_SPEC",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "WORLD_SIZE",
-        "RANK",
-        "PET_NNODES",
-        "PET_NODE_RANK",
-        "PET_MASTER_ADDR",
-        "PET_MASTER_PORT",
-        "PET_NPROC_PER_NODE",
-        "JAX_COORDINATOR_ADDRESS",
-        "JAX_NUM_PROCESSES",
-        "JAX_PROCESS_ID",
-        "DMLC_ROLE",
-        "DMLC_PS_ROOT_URI",
-        "DMLC_PS_ROOT_PORT",
-        "DMLC_NUM_WORKER",
-        "DMLC_NUM_SERVER",
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "TPU_VISIBLE_CHIPS",
-        "PROVISION_JOB",
-        "PROVISION_TASK",
-        "PROVISION_TASK_TYPE",
-        "PROVISION_TASK_INDEX",
-    }
-)
 # Where provision keeps its own files; `files:` may not write there.
 RESERVED_DIRS = layout.RESERVED_DIRS
 
@@ -90,221 +59,14 @@ POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hos
 
 # --------------------------------------------------------------------------- YAML + lines
 
-Path_ = tuple  # a key path such as ("pools", "worker", "replicas")
-
-
-class _Doc:
-    """Plain Python data from YAML plus the line of every key path (1-based)."""
-
-    def __init__(self, data: Any, lines: dict[Path_, int]):
-        self.data = data
-        self.lines = lines
-
-
-MAX_NODES = 1_000_000  # YAML values after alias expansion; a 1,000-host inventory has ~20,000
-
-
-def _compose(text: str, problems: list[tuple[Path_, str, int | None]]) -> _Doc:
-    # The C loader when PyYAML has it: a 1,000-host inventory must load in well under a second.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
-    lines: dict[Path_, int] = {}
-    # Aliases make the node graph a DAG (or a cycle, `&a [*a]`): refuse cycles and
-    # exponential expansion as YAML errors instead of a RecursionError or a hang.
-    active: set[int] = set()
-    budget = [MAX_NODES]
-
-    def build(n: yaml.Node, path: Path_) -> Any:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise yaml.MarkedYAMLError(
-                problem=f"more than {MAX_NODES:,} values once aliases are expanded", problem_mark=n.start_mark
-            )
-        if not isinstance(n, yaml.CollectionNode):
-            return build_node(n, path)
-        if id(n) in active:
-            raise yaml.MarkedYAMLError(
-                problem="recursive alias (an anchor used inside itself)", problem_mark=n.start_mark
-            )
-        active.add(id(n))
-        try:
-            return build_node(n, path)
-        finally:
-            active.discard(id(n))
-
-    def build_node(n: yaml.Node, path: Path_) -> Any:
-        lines.setdefault(path, n.start_mark.line + 1)
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for k_node, v_node in n.value:
-                if k_node.tag == "tag:yaml.org,2002:merge":
-                    problems.append((path, "YAML merge keys ('<<') are not supported", k_node.start_mark.line + 1))
-                    continue
-                key = build(k_node, path + ("<key>",))
-                if not isinstance(key, (str, int)):
-                    problems.append((path, f"keys must be strings, got {show_value(key)}", k_node.start_mark.line + 1))
-                    continue
-                key = str(key)
-                if key in out:
-                    problems.append(
-                        (path + (key,), "duplicate key (YAML keeps only the last one)", k_node.start_mark.line + 1)
-                    )
-                lines[path + (key,)] = k_node.start_mark.line + 1
-                out[key] = build(v_node, path + (key,))
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
-        return loader.construct_object(n)  # scalars: typed as YAML says
-
-    try:
-        node = loader.get_single_node()
-        data = build(node, ()) if node is not None else None
-    finally:
-        loader.dispose()
-    return _Doc(data, lines)
-
-
-def show_value(value: Any) -> str:
-    """`got X` rendering: short, quoted for strings, never multi-line (the importers' too)."""
-    if isinstance(value, dict):
-        s = "a mapping"
-    elif isinstance(value, list):
-        s = "a list" if value else "an empty list"
-    elif value is None:
-        s = "nothing (null)"
-    else:
-        s = repr(value)
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
-def _dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            # A key with a newline or other control character must not break the line.
-            s = str(part) if str(part).isprintable() else repr(str(part))
-            out += ("." if out else "") + s
-    return out or "(top level)"
-
 
 # --------------------------------------------------------------------------- checker
-
-
-class _Checker:
-    """Type checks against the document that record problems instead of raising."""
-
-    def __init__(self, doc: _Doc, display: str):
-        self.doc = doc
-        self.display = display
-        self.problems: list[tuple[int, int, str]] = []  # (line, seq, message) for stable order
-
-    def add(self, path: Path_, message: str, line: int | None = None) -> None:
-        if line is None:
-            line = self._line(path)
-        where = f"{self.display}:{line}" if line else self.display
-        self.problems.append((line or 0, len(self.problems), f"{where}: {_dotted(path)}: {message}"))
-
-    def _line(self, path: Path_) -> int | None:
-        while True:
-            if path in self.doc.lines:
-                return self.doc.lines[path]
-            if not path:
-                return None
-            path = path[:-1]
-
-    def keys(self, value: dict, path: Path_, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
-        for key in value:
-            if key not in allowed:
-                hint = difflib.get_close_matches(key, allowed, n=1)
-                extra = f" (did you mean '{hint[0]}'?)" if hint else f" (allowed: {', '.join(allowed)})"
-                self.add(path + (key,), f"unknown key{extra}")
-        for key in required:
-            if key not in value:
-                self.add(path, f"missing required key '{key}'")
-
-    def mapping(self, value: Any, path: Path_) -> dict | None:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.add(path, f"expected a mapping, got {show_value(value)}")
-            return None
-        return value
-
-    def string(self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            self.add(path, f"expected a string, got {show_value(value)}")
-            return None
-        s = str(value)
-        if "\x00" in s:
-            self.add(path, f"NUL bytes are not allowed, got {show_value(s)}")
-            return None
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            self.add(path, f"not valid Unicode text (lone surrogate escape), got {show_value(s)}")
-            return None
-        if pattern is not None and not pattern.match(s):
-            self.add(path, f"expected {what}, got {show_value(s)}")
-            return None
-        return s
-
-    def integer(self, value: Any, path: Path_, lo: int, hi: int | None = None) -> int | None:
-        bound = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-            self.add(path, f"expected {bound}, got {show_value(value)}")
-            return None
-        return value
-
-    def number(self, value: Any, path: Path_, lo: float) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= lo:
-            self.add(path, f"expected a number > {lo:g}, got {show_value(value)}")
-            return None
-        return float(value)
-
-    def choice(self, value: Any, path: Path_, choices: tuple[str, ...]) -> str | None:
-        if value not in choices:
-            hint = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
-            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            self.add(path, f"expected one of {', '.join(choices)}, got {show_value(value)}{extra}")
-            return None
-        return value
-
-    def strings(
-        self, value: Any, path: Path_, *, pattern: re.Pattern | None = None, what: str = ""
-    ) -> list[str] | None:
-        if not isinstance(value, list):
-            self.add(path, f"expected a list of strings, got {show_value(value)}")
-            return None
-        out = [self.string(v, path + (i,), pattern=pattern, what=what) for i, v in enumerate(value)]
-        return None if any(v is None for v in out) else out  # type: ignore[return-value]
-
-    def env(self, value: Any, path: Path_) -> tuple[tuple[str, str], ...] | None:
-        m = self.mapping(value, path)
-        if m is None:
-            return None
-        out = []
-        for key, val in m.items():
-            ok = True
-            if not ENV_KEY.match(key):
-                self.add(
-                    path + (key,),
-                    f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {show_value(key)}",
-                )
-                ok = False
-            elif key in RESERVED_ENV:
-                self.add(path + (key,), "is set by provision for every task (see cluster-env) and cannot be overridden")
-                ok = False
-            s = self.string(val, path + (key,))
-            if ok and s is not None:
-                out.append((key, s))
-        return tuple(out)
 
 
 # --------------------------------------------------------------------------- sections
 
 
-def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSettings:
+def _ssh(c: Checker, value: dict, path: KeyPath, base: SSHSettings) -> SSHSettings:
     kw: dict[str, Any] = {}
     if "user" in value:
         kw["user"] = c.string(
@@ -341,7 +103,7 @@ def _ssh(c: _Checker, value: dict, path: Path_, base: SSHSettings) -> SSHSetting
     return SSHSettings(**{**base.__dict__, **{k: v for k, v in kw.items() if v is not None or k == "jump_host"}})
 
 
-def _accelerators(c: _Checker, value: Any, path: Path_) -> Accelerators | None:
+def _accelerators(c: Checker, value: Any, path: KeyPath) -> Accelerators | None:
     m = c.mapping(value, path)
     if not m:
         return None
@@ -358,7 +120,7 @@ def _accelerators(c: _Checker, value: Any, path: Path_) -> Accelerators | None:
     return Accelerators(typ, count)
 
 
-def _labels(c: _Checker, value: Any, path: Path_) -> tuple[tuple[str, str], ...]:
+def _labels(c: Checker, value: Any, path: KeyPath) -> tuple[tuple[str, str], ...]:
     m = c.mapping(value, path)
     if not m:
         return ()
@@ -373,8 +135,8 @@ def _labels(c: _Checker, value: Any, path: Path_) -> tuple[tuple[str, str], ...]
     return tuple(out)
 
 
-def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
-    path: Path_ = ("hosts",)
+def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
+    path: KeyPath = ("hosts",)
     if not isinstance(value, list) or not value:
         c.add(path, f"expected a non-empty list of hosts, got {show_value(value)}")
         return []
@@ -419,7 +181,7 @@ def _hosts(c: _Checker, value: Any, base: SSHSettings) -> list[Host]:
     return hosts
 
 
-def _restart(c: _Checker, value: Any, path: Path_) -> RestartPolicy:
+def _restart(c: Checker, value: Any, path: KeyPath) -> RestartPolicy:
     m = c.mapping(value, path)
     if not m:
         return RestartPolicy()
@@ -430,8 +192,8 @@ def _restart(c: _Checker, value: Any, path: Path_) -> RestartPolicy:
     return RestartPolicy(policy, default_limit if limit is None else limit)
 
 
-def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[Host]) -> Pool | None:
-    path: Path_ = ("pools", role)
+def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[Host]) -> Pool | None:
+    path: KeyPath = ("pools", role)
     m = c.mapping(value, path)
     if m is None:
         return None
@@ -511,7 +273,7 @@ def _pool(c: _Checker, role: str, value: Any, host_names: set[str], hosts: list[
     )
 
 
-def _setup(c: _Checker, value: Any, path: Path_) -> Setup | None:
+def _setup(c: Checker, value: Any, path: KeyPath) -> Setup | None:
     """`setup: {commands: [shell lines], env: {K: V}}` (job-wide, or a pool's)."""
     if value is None:
         return None
@@ -530,8 +292,8 @@ def _setup(c: _Checker, value: Any, path: Path_) -> Setup | None:
     return Setup(tuple(commands or ()), env) if commands else None
 
 
-def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
-    path: Path_ = ("pools",)
+def _pools(c: Checker, value: Any, hosts: list[Host]) -> list[Pool]:
+    path: KeyPath = ("pools",)
     m = c.mapping(value, path)
     if m is None:
         return []
@@ -567,155 +329,21 @@ def _pools(c: _Checker, value: Any, hosts: list[Host]) -> list[Pool]:
     return pools
 
 
-def _reserved(dest: str) -> str | None:
-    """The reserved directory `dest` (normalised) is in or is, if any."""
-    return next((d for d in RESERVED_DIRS if dest == d or dest.startswith(d + "/")), None)
-
-
-MAX_TREE_PROBLEMS = 10  # per files: entry; the rest are counted
-
-
-def _files(c: _Checker, value: Any, base_dir: Path) -> list[FileSpec]:
-    """`files:` entries. Destinations are normalised (`//`, `/./`, `..`, a trailing `/`)
-    before any check; a directory's tree is walked (pushed.walk_spec, as render walks it)
-    so that links out of it, dangling links and loops are reported here, not at apply."""
-
-    path: Path_ = ("files",)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        c.add(path, f"expected a list of {{src, dest}} entries, got {show_value(value)}")
-        return []
-    out: list[FileSpec] = []
-    owners: dict[str, int] = {}  # destination file -> the entry that writes it
-    parents: dict[str, int] = {}  # directory a destination file needs -> the entry
-    for i, raw in enumerate(value):
-        fp = path + (i,)
-        m = c.mapping(raw, fp)
-        if m is None:
-            continue
-        c.keys(m, fp, ("src", "dest", "replace"), required=("src", "dest"))
-        replace = m.get("replace", False)
-        if not isinstance(replace, bool):
-            c.add(fp + ("replace",), f"expected true or false, got {show_value(replace)}")
-        src = c.string(m.get("src"), fp + ("src",)) if "src" in m else None
-        dest = c.string(m.get("dest"), fp + ("dest",)) if "dest" in m else None
-        # The src itself may be a link to anywhere (the user named that file); only links
-        # found inside a pushed directory must stay inside it.
-        src_path: Path | None = None
-        is_dir = False
-        if src is not None:
-            given = base_dir / os.path.expanduser(src)
-            try:
-                src_path = given.resolve()
-                os.stat(src_path)
-                is_dir = src_path.is_dir()
-            except FileNotFoundError:
-                c.add(fp + ("src",), f"no such file or directory: {src_path or given}")
-                src_path = None
-            except (OSError, RuntimeError) as e:  # RuntimeError: a link loop, from resolve()
-                reason = getattr(e, "strerror", None) or "too many levels of symbolic links"
-                c.add(fp + ("src",), f"cannot read {given}: {reason}")
-                src_path = None
-        norm: str | None = None
-        if dest is not None:
-            if not dest.startswith("/") or "\n" in dest:
-                c.add(fp + ("dest",), f"expected an absolute path on the host, got {show_value(dest)}")
-            elif (norm := normalize_dest(dest)) is None:
-                c.add(fp + ("dest",), f"climbs above / with '..', got {show_value(dest)}")
-            elif norm == "/":
-                c.add(fp + ("dest",), f"is the root directory /; name a directory below it, got {show_value(dest)}")
-                norm = None
-            elif src_path is not None and not is_dir and into_directory(dest):
-                # `dest: /opt/job/` for a file: into that directory, under the file's name.
-                norm = f"{norm}/{os.path.basename(os.path.normpath(base_dir / os.path.expanduser(src or '')))}"
-            if norm is not None and _reserved(norm) is not None:
-                shown = "" if dest == norm else f", got {show_value(dest)}"
-                c.add(fp + ("dest",), f"{norm} is reserved for provision's own files{shown}")
-                norm = None
-        if src_path is None or norm is None:
-            continue
-        # A directory pushed above a reserved one (dest: /etc) must not reach into it.
-        hits = [d for d in RESERVED_DIRS if d.startswith(norm + "/") and (src_path / os.path.relpath(d, norm)).exists()]
-        if is_dir and hits:
-            c.add(
-                fp + ("src",),
-                f"{src_path / os.path.relpath(hits[0], norm)} would be pushed into {hits[0]}, which is reserved for provision's own files",
-            )
-            continue
-        entries, problems = walk_spec(src_path, norm, is_dir)
-        for problem in problems[:MAX_TREE_PROBLEMS]:
-            c.add(fp + ("src",), problem.message)
-        if len(problems) > MAX_TREE_PROBLEMS:
-            c.add(fp + ("src",), f"{len(problems) - MAX_TREE_PROBLEMS} more problems like these in {src_path}")
-        if problems:
-            continue
-        # Two entries may not write the same file, nor one a file where another needs a directory.
-        clashes: dict[int, tuple[str, int]] = {}  # other entry -> (first message, count)
-        for pf in entries:
-            found: list[tuple[int, str]] = []
-            if pf.dest in owners:
-                found.append(
-                    (
-                        owners[pf.dest],
-                        f"{pf.dest} is also written by files[{owners[pf.dest]}]; a file on the host has one source",
-                    )
-                )
-            elif pf.dest in parents:
-                found.append(
-                    (
-                        parents[pf.dest],
-                        f"{pf.dest} is a directory that files[{parents[pf.dest]}] writes into; it cannot also be a file",
-                    )
-                )
-            found += [
-                (owners[a], f"{pf.dest} needs {a} to be a directory, but files[{owners[a]}] writes a file there")
-                for a in _ancestors(pf.dest)
-                if a in owners
-            ]
-            for j, message in found:
-                first, count = clashes.get(j, (message, 0))
-                clashes[j] = (first, count + 1)
-        for j, (message, count) in sorted(clashes.items()):
-            more = (
-                f" ({count - 1} more {'file clashes' if count == 2 else 'files clash'} with files[{j}])"
-                if count > 1
-                else ""
-            )
-            c.add(fp + ("dest",), message + more)
-        if clashes:
-            continue
-        for pf in entries:
-            owners[pf.dest] = i
-            for a in _ancestors(pf.dest):
-                parents.setdefault(a, i)
-        out.append(FileSpec(src_path, norm, is_dir, replace is True))
-    return out
-
-
-def _ancestors(dest: str) -> list[str]:
-    """/a/b/c -> [/a/b, /a] (not /)."""
-    out: list[str] = []
-    while dest := dest.rsplit("/", 1)[0]:
-        out.append(dest)
-    return out
-
-
 # --------------------------------------------------------------------------- entry points
 
 
 def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     """Validate inventory text; raise ValidationError listing every problem."""
     display = display or str(path)
-    yaml_problems: list[tuple[Path_, str, int | None]] = []
+    yaml_problems: list[tuple[KeyPath, str, int | None]] = []
     try:
-        doc = _compose(text, yaml_problems)
+        doc = compose(text, yaml_problems)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{display}:{mark.line + 1}" if mark else display
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValidationError([f"{where}: invalid YAML: {problem}"]) from None
-    c = _Checker(doc, display)
+    c = Checker(doc, display)
     for p, msg, line in yaml_problems:
         c.add(p, msg, line)
     top = doc.data
@@ -750,7 +378,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
                 c.add(("secret_env", i), f"{key} is set by provision for every task and cannot be a secret")
             if key in dict(env):
                 c.add(("secret_env", i), f"{key} is also in env; a variable is either plain or secret")
-    files = _files(c, top.get("files"), path.parent)
+    files = check_files(c, top.get("files"), path.parent)
 
     tf_map = c.mapping(top.get("tf_config"), ("tf_config",)) or {}
     c.keys(tf_map, ("tf_config",), ("chief_name", "trial"))
@@ -800,13 +428,13 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     return inv
 
 
-def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
+def _job_spec(c: Checker, value: Any) -> dict[str, object] | None:
     """`job_spec:` the service's job description, any mapping of JSON values.
 
     It is written as TF_CONFIG's and CLUSTER_SPEC's `job`, so it must be JSON: YAML's
     dates, binary values and NaN are refused with their key path.
     """
-    path: Path_ = ("job_spec",)
+    path: KeyPath = ("job_spec",)
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -815,7 +443,7 @@ def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
             f"expected a mapping (the service's job description, such as a CustomJobSpec), got {show_value(value)}",
         )
         return None
-    stack: list[tuple[Path_, Any]] = [(path, value)]
+    stack: list[tuple[KeyPath, Any]] = [(path, value)]
     while stack:  # not recursive: a deeply nested spec must not hit the recursion limit
         where, v = stack.pop()
         if isinstance(v, dict):
@@ -830,7 +458,7 @@ def _job_spec(c: _Checker, value: Any) -> dict[str, object] | None:
     return value
 
 
-def _check_capacity(inv: Inventory, c: _Checker) -> None:
+def _check_capacity(inv: Inventory, c: Checker) -> None:
     """Demand vs. hosts, with messages that name the pool; then a real placement."""
 
     total_demand = 0

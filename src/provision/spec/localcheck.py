@@ -16,14 +16,14 @@ from pathlib import Path
 import yaml
 
 from provision.core.model import Inventory
-from provision.spec.inventory import _compose, _dotted
+from provision.spec.yamldoc import compose, dotted
 
 
 def _lines(inv: Inventory) -> dict[tuple, int]:
     """Key path -> line of the inventory's file (empty when it cannot be read again)."""
 
     try:
-        return _compose(inv.path.read_text(encoding="utf-8"), []).lines
+        return compose(inv.path.read_text(encoding="utf-8"), []).lines
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
 
@@ -31,7 +31,7 @@ def _lines(inv: Inventory) -> dict[tuple, int]:
 def _where(display: str, lines: Mapping[tuple, int], path: tuple) -> str:
 
     line = lines.get(path)
-    return f"{display}:{line}: {_dotted(path)}" if line else f"{display}: {_dotted(path)}"
+    return f"{display}:{line}: {dotted(path)}" if line else f"{display}: {dotted(path)}"
 
 
 def identity_problems(inv: Inventory, display: str | None = None) -> list[str]:
