@@ -11,7 +11,10 @@ Used by the test suite (tests/conftest.py fixtures), the benchmarks and `provisi
     sandbox.down("demo")
 """
 
-from .core import (
+from .core import down, list_sandboxes, load, reboot, up
+from .engine import LABEL, check_engine
+from .frameworks import FRAMEWORKS, ensure_framework, framework_path
+from .hosts import (
     ACCELERATOR_TYPE,
     DEFAULT_NAME,
     DownResult,
@@ -19,16 +22,9 @@ from .core import (
     SandboxHost,
     SandboxSummary,
     container_name,
-    down,
-    list_sandboxes,
-    load,
     network_name,
-    reboot,
-    up,
     validate_name,
 )
-from .engine import LABEL, check_engine
-from .frameworks import FRAMEWORKS, ensure_framework, framework_path
 from .image import debian_mirror, ensure_image, recipe
 from .inventory import example_pools, inventory_dict, write_inventory
 

@@ -10,7 +10,7 @@ import yaml
 
 from provision.core.errors import ProvisionError
 
-from .core import ACCELERATOR_TYPE, Sandbox
+from .hosts import ACCELERATOR_TYPE, Sandbox
 
 # First line of every inventory the sandbox writes: `sandbox up` overwrites only such files.
 HEADER = "# provision sandbox inventory"
