@@ -16,10 +16,13 @@ import pytest
 
 @pytest.fixture(scope="module")
 def agent() -> dict:
+    """The stand-ins (host/hostlib.py) as the agent sees them."""
     from provision.host import agent as module
+    from provision.host import hostlib
 
     assert module.json is not real_json, "this interpreter has _json: the stand-in should be in use"
-    return vars(module)
+    assert module.json is hostlib.json and module.run is hostlib.run
+    return vars(hostlib)
 
 
 def _value(rnd: random.Random, depth: int = 0):

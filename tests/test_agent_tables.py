@@ -264,11 +264,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             return open(rooted.inside(file), *a, **kw)
 
         clock = types.SimpleNamespace(time=lambda: CLOCK, monotonic=lambda: CLOCK, sleep=lambda s: None)
-        mods = [agent]
-        try:
-            mods.append(importlib.import_module("provision.host.ledger"))
-        except ImportError:
-            pass
+        mods = [agent] + [importlib.import_module(f"provision.host.{m}") for m in ("ledger", "hostlib", "hostfacts")]
         for m in mods:
             monkeypatch.setattr(m, "os", rooted, raising=False)
             monkeypatch.setattr(m, "open", rooted_open, raising=False)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from provision.host import agent
+from provision.host import agent, hostfacts
 from provision.host.protocol import FileInfo, ProbeReport, ProbeRequest
 from provision.io import probe
 
@@ -99,7 +99,7 @@ def test_nvidia_smi_is_read_with_the_agents_parser():
     rep = probe.parse(out, r)
     assert rep.facts == {
         "systemd_pid1": True,
-        **agent.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], ""),
+        **hostfacts.gpu_report(0, smi.decode().split("\n", 1)[1].rsplit("@gpus-end", 1)[0], ""),
     }
     assert len(rep.facts["gpus"]) == 2
     with pytest.raises(probe._Mismatch):  # nvidia-smi failed: the agent has its words

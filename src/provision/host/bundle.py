@@ -1,5 +1,6 @@
 """What the controller sends a host so that the agent runs there: one Python program that
-installs host/layout.py, protocol.py, ledger.py and agent.py as modules and calls the agent.
+installs host/layout.py, protocol.py, ledger.py, hostlib.py, hostfacts.py and agent.py as
+modules and calls the agent.
 
 The host runs `python3 -S -c BOOT` (boot_command), which reads the loader's N bytes from
 stdin and runs it; the loader reads the modules' sources that follow, and the JSON request
@@ -20,7 +21,7 @@ from . import layout
 HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
 # In dependency order: each may import the ones before it.
-MODULES = ("layout", "protocol", "ledger", "agent")
+MODULES = ("layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
 # Sent along, loaded on the host only when a request needs one (agent.lazy), from the same
 # cache as the others: compiling hostcheck cost every network check ~6 ms of a host's CPU.
 LAZY = ("hostcheck",)

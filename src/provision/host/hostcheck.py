@@ -23,6 +23,9 @@ import os
 import time
 
 from . import layout, ledger
+from . import protocol as P
+from .hostfacts import NVIDIA_SMI_TIMEOUT, gpu_report
+from .hostlib import run, timed_out
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
     Runner = Callable[..., tuple[int, str, str]]
 
-# The facts' query (agent.NVIDIA_SMI's four columns first) with the health columns after.
+# The facts' query (hostfacts.NVIDIA_SMI's four columns first) with the health columns after.
 GPU_FIELDS = (
     "index",
     "uuid",
@@ -239,12 +242,6 @@ def gpu_error(code: int, out: str, err: str, program: str, timeout: float) -> st
 # --------------------------------------------------------------------------- the agent's readers
 
 
-def _agent() -> Any:
-    from . import agent
-
-    return agent
-
-
 def _read(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
@@ -290,15 +287,14 @@ def _fds(inodes: set[str]) -> dict[str, list[int]]:
 
 def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
     """The checks part of the agent's probe report. With "gpus", runs GPU_QUERY and fills
-    `facts` with what agent.gpu_facts would (the shell probe reads both from one run)."""
-    agent = _agent()
+    `facts` with what hostfacts.gpu_facts would (the shell probe reads both from one run)."""
     out: dict[str, Any] = {}
     pids: list[int] = []
     if checks.get("gpus"):
-        timeout = checks.get("gpu_timeout") or agent.NVIDIA_SMI_TIMEOUT
-        code, so, se = agent.run(list(GPU_QUERY), timeout=timeout)
+        timeout = checks.get("gpu_timeout") or NVIDIA_SMI_TIMEOUT
+        code, so, se = run(list(GPU_QUERY), timeout=timeout)
         if facts is not None:
-            facts.update(agent.gpu_report(code, so, agent.timed_out(GPU_QUERY[0], timeout) if code == 124 else se))
+            facts.update(gpu_report(code, so, timed_out(GPU_QUERY[0], timeout) if code == 124 else se))
         gpus: dict[str, Any] = {"error": gpu_error(code, so, se, GPU_QUERY[0], timeout)}
         gpus["health"] = gpu_health(so) if code == 0 else []
         gpus["apps"] = None
@@ -306,7 +302,7 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
         if code == 0 and not memory_in_use(so):
             gpus["apps"] = []
         elif code == 0:
-            acode, aout, aerr = agent.run(list(APPS_QUERY), timeout=timeout)
+            acode, aout, aerr = run(list(APPS_QUERY), timeout=timeout)
             gpus["apps_error"] = gpu_error(acode, aout, aerr, APPS_QUERY[0], timeout)
             gpus["apps"] = parse_apps(aout) if acode == 0 else []
             pids += app_pids(gpus["apps"])
@@ -353,7 +349,7 @@ def interface(address: str) -> dict[str, Any]:
         a = str(info[4][0])
         if a not in addresses:
             addresses.append(a)
-    code, out, _ = _agent().run(["ip", "-o", "addr", "show"], timeout=10)
+    code, out, _ = run(["ip", "-o", "addr", "show"], timeout=10)
     return interface_of(addresses, code, out)
 
 
@@ -446,8 +442,6 @@ def op_netcheck(req: Any) -> Any:
     the dialer closed its end, so the job's port is left without a TIME_WAIT of ours."""
     import errno
     import select
-
-    from . import protocol as P
 
     socket = _socket_module()
 

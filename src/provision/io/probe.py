@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.target import Target
-from provision.host import agent, hostcheck, layout, ledger
+from provision.host import agent, hostcheck, hostfacts, hostlib, layout, ledger
 from provision.host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from provision.io.ssh import Session, call_agent
 
@@ -73,7 +73,7 @@ def command(req: ProbeRequest) -> str | None:
     looked = req.looked()
     if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths + looked):
         return None
-    gpus = " ".join((str(agent.NVIDIA_SMI_TIMEOUT), *agent.NVIDIA_SMI)) if "gpus" in facts else ""
+    gpus = " ".join((str(hostfacts.NVIDIA_SMI_TIMEOUT), *hostfacts.NVIDIA_SMI)) if "gpus" in facts else ""
     checks = _check_words(req, facts)
     if checks is None:
         return None
@@ -102,7 +102,7 @@ def command(req: ProbeRequest) -> str | None:
 
 def _gpu_timeout(req: ProbeRequest) -> int:
     c = req.checks or {}
-    return int(c.get("gpu_timeout") or agent.NVIDIA_SMI_TIMEOUT) if c.get("gpus") else agent.NVIDIA_SMI_TIMEOUT
+    return int(c.get("gpu_timeout") or hostfacts.NVIDIA_SMI_TIMEOUT) if c.get("gpus") else hostfacts.NVIDIA_SMI_TIMEOUT
 
 
 def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
@@ -266,9 +266,9 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
             lines.append(text.decode("utf-8", "replace"))
         if code not in (0, 124, 127):
             raise _Mismatch("nvidia-smi failed: the agent reports its own words")
-        err = agent.timed_out(agent.NVIDIA_SMI[0], _gpu_timeout(req)) if code == 124 else ""
+        err = hostlib.timed_out(hostfacts.NVIDIA_SMI[0], _gpu_timeout(req)) if code == 124 else ""
         gpu_text = "\n".join(lines)
-        facts.update(agent.gpu_report(code, gpu_text, err))
+        facts.update(hostfacts.gpu_report(code, gpu_text, err))
         text = line()
     if text.startswith(b"@tpu "):
         facts["tpu_chips"] = int(text.split()[1])
