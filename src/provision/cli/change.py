@@ -6,6 +6,8 @@ import functools
 import json as _json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -20,8 +22,10 @@ from provision.cli.common import (
 from provision.cli.output import change_json, print_outcome, print_plan, table
 from provision.cli.progress import wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
-from provision.run.apply import apply_plan
+from provision.rules.plan import Plan
+from provision.run.apply import HostOutcome, apply_plan
 from provision.run.check import run_check, summary, table_rows
+from provision.run.context import Context
 from provision.run.destroy import destroy as engine_destroy
 from provision.run.destroy import destroy_plan
 from provision.run.planning import build_plan
@@ -122,6 +126,28 @@ def check(inventory, state_path, targets, parallelism, verbose, as_json, skip_ne
     sys.exit(res.exit_code)
 
 
+class _Applying:
+    """apply's plan and apply steps with its flags; with --queue, planned until the job fits,
+    and planned again when another apply took GPUs or ports first."""
+
+    def __init__(self, queue: Queue | None, **plan_flags: Any):
+        self.queue = queue
+        self.flags = plan_flags
+
+    def plan(self, ctx: Context) -> Plan:
+        def one() -> Plan:
+            return build_plan(ctx, **self.flags)
+
+        return one() if self.queue is None else self.queue.plan(one)
+
+    def apply(self, ctx: Context, p: Plan, progress: Callable[[str], None]) -> dict[str, HostOutcome]:
+        outcomes = apply_plan(ctx, p, progress)
+        while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
+            progress("another apply took GPUs or ports first: planning again")
+            outcomes = apply_plan(ctx, self.plan(ctx), progress)
+        return outcomes
+
+
 @click.command()
 @click.argument("inventory", type=click.Path())
 @host_options
@@ -170,31 +196,10 @@ def apply(
     """
 
     began = time.time()
-
     q = Queue(timeout=timeout if queue else 0, progress=progress_line) if queue else None
-
-    def make(ctx):
-        def one():
-            return build_plan(
-                ctx,
-                replace=set(replace),
-                rerun=rerun,
-                partial=partial,
-                force_setup=force_setup,
-                checks=not skip_checks,
-            )
-
-        return one() if q is None else q.plan(one)
-
-    def execute(ctx, p, progress):
-        outcomes = apply_plan(ctx, p, progress)
-        # Lost a race for a GPU or port to another apply: with --queue, plan again and retry.
-        while q is not None and any(o.lost_race for o in outcomes.values()) and not q.expired():
-            progress("another apply took GPUs or ports first: planning again")
-            p = make(ctx)
-            outcomes = apply_plan(ctx, p, progress)
-        return outcomes
-
+    how = _Applying(
+        q, replace=set(replace), rerun=rerun, partial=partial, force_setup=force_setup, checks=not skip_checks
+    )
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
     ctx.take_over = take_over
     try:
@@ -203,8 +208,8 @@ def apply(
             operation="apply",
             auto_approve=auto_approve,
             as_json=as_json,
-            make_plan=make,
-            execute=execute,
+            make_plan=how.plan,
+            execute=how.apply,
             question="Do you want to perform these actions?",
         )
         if wait_after and code == 0:

@@ -181,6 +181,32 @@ def failed_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     return out
 
 
+def _wait_with_logs(
+    ctx: Context, st: JobStatus, disp: Display, *, quiet: bool, since: str | None, timeout: float | None
+) -> int:
+    """wait --logs: the tasks' output streams (from `since`, else each task's last 10
+    lines) while the status is shown as plain lines; the job's end ends it."""
+
+    def on_status(s: JobStatus) -> None:
+        if not quiet:
+            disp.update(s)
+
+    on_status(st)
+    return run_logs(ctx, since=since, tail=None if since else 10, follow=True, on_status=on_status, timeout=timeout)
+
+
+def _last_line_of_each(ctx: Context, st: JobStatus) -> dict[str, str]:
+    """task -> its newest journal line, for the tasks still running (one round trip per host)."""
+    live: dict[str, list[str]] = {}
+    for t in st.tasks:
+        if t.state.live:
+            live.setdefault(t.host, []).append(t.task)
+    if not live:
+        return {}
+    lines = last_lines(ctx.session, ctx.targets, ctx.inventory.job, live, 1)
+    return {k: v[-1] for k, v in lines.items() if v}
+
+
 def wait_job(
     ctx: Context,
     *,
@@ -194,50 +220,21 @@ def wait_job(
     """Block until the job succeeds (0) or fails (1, its failed tasks' last lines shown);
     1 on timeout too, saying so. With `logs`, the tasks' output streams on stdout meanwhile
     (from `since`, else each task's last 10 lines) and progress is printed as plain lines."""
-    inventory = ctx.where
+    ctx = ctx.whole()  # with --target too, the job ends when the whole job does
     disp = display or Display(tty=False if logs else None)
     try:
         st = collect(ctx)
         if st.tasks and all(t.detail == "not applied" for t in st.tasks):
-            raise ProvisionError(f"job {st.job} is not on its hosts: run `provision apply {inventory}` first")
+            raise ProvisionError(f"job {st.job} is not on its hosts: run `provision apply {ctx.where}` first")
         if logs:
-            seen: list[JobStatus] = [st]
-
-            def on_status(s: JobStatus) -> None:
-                seen.append(s)
-                if not quiet:
-                    disp.update(s)
-
-            if not quiet:
-                disp.update(st)
-            code = run_logs(
-                ctx,
-                since=since,
-                tail=None if since else 10,
-                follow=True,
-                on_status=on_status,
-                timeout=timeout,
-            )
-            return code
+            return _wait_with_logs(ctx, st, disp, quiet=quiet, since=since, timeout=timeout)
         while True:
             if st.phase.ended:
                 if not quiet:
-                    disp.finish(st, inventory)
+                    disp.finish(st, ctx.where)
                 return 0 if st.phase is JobPhase.SUCCEEDED else 1
-            last: dict[str, str] = {}
-            if disp.tty and not quiet:
-                live: dict[str, list[str]] = {}
-                for t in st.tasks:
-                    if t.state.live:
-                        live.setdefault(t.host, []).append(t.task)
-                if live:
-                    last = {
-                        k: v[-1]
-                        for k, v in last_lines(ctx.session, ctx.targets, ctx.inventory.job, live, 1).items()
-                        if v
-                    }
             if not quiet:
-                disp.update(st, last)
+                disp.update(st, _last_line_of_each(ctx, st) if disp.tty else {})
             if timeout is not None and disp.clock() - disp.start > timeout:
                 disp.say(f"Error: timed out after {timeout:g}s; the job is still {st.phase}")
                 return 1

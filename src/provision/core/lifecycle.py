@@ -311,16 +311,7 @@ def task_state(
             detail = f"{detail}; {_rebooted_at(last)}"
         return TaskOutcome(TaskState.RUNNING, None, detail)
     if rebooted and last is not None:
-        # Its own outcome first (it may be what ended the job), then the job's end.
-        spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
-        if restart_limit == 0:
-            return TaskOutcome(TaskState.FAILED, None, _rebooted_at(last))
-        if spent:
-            return TaskOutcome(TaskState.FAILED, None, f"{_rebooted_at(last)}, restart limit ({restart_limit}) reached")
-        if ended:
-            job = str(ended.get("phase", "ended")).lower()
-            return TaskOutcome(TaskState.STOPPED, None, f"{_rebooted_at(last)}; not restarted: job {job}")
-        return TaskOutcome(TaskState.RESTARTING, None, f"{_rebooted_at(last)}; starting again")
+        return _after_reboot(last, exits, ended, restart_limit)
     if last is None:
         # No record yet: fall back to what systemd still remembers, if anything.
         code = unit.get("ExecMainCode", "0")
@@ -337,9 +328,44 @@ def task_state(
         return TaskOutcome(
             TaskState.STOPPED, exit_code, f"stopped {who} ({'exited ' + status if kind == 'exited' else how})"
         )
+    return _after_exit(unit, last, exits, restart_limit, exit_code)
+
+
+def _spent(exits: Sequence[Sequence[str]] | None, restart_limit: int | None) -> bool:
+    """The pool's restart budget is used up (every exit after the first run is a restart)."""
+    return restart_limit is not None and exits is not None and len(exits) > restart_limit
+
+
+def _after_reboot(
+    last: Sequence[str],
+    exits: Sequence[Sequence[str]] | None,
+    ended: Mapping[str, object] | None,
+    restart_limit: int | None,
+) -> TaskOutcome:
+    """A run the host's reboot ended: its own outcome first (it may be what ended the job),
+    then the job's end."""
+    if restart_limit == 0:
+        return TaskOutcome(TaskState.FAILED, None, _rebooted_at(last))
+    if _spent(exits, restart_limit):
+        return TaskOutcome(TaskState.FAILED, None, f"{_rebooted_at(last)}, restart limit ({restart_limit}) reached")
+    if ended:
+        job = str(ended.get("phase", "ended")).lower()
+        return TaskOutcome(TaskState.STOPPED, None, f"{_rebooted_at(last)}; not restarted: job {job}")
+    return TaskOutcome(TaskState.RESTARTING, None, f"{_rebooted_at(last)}; starting again")
+
+
+def _after_exit(
+    unit: Mapping[str, str],
+    last: Sequence[str],
+    exits: Sequence[Sequence[str]] | None,
+    restart_limit: int | None,
+    exit_code: int | None,
+) -> TaskOutcome:
+    """A run that ended by itself: succeeded, failed (in words), or waiting to restart."""
+    _, result, kind, status = last[:4]
     how = exit_words(kind, status, result)  # a failure: explained (explain.py)
-    spent = restart_limit is not None and exits is not None and len(exits) > restart_limit
-    if active == "activating" and sub == "auto-restart":
+    spent = _spent(exits, restart_limit)
+    if unit.get("ActiveState") == "activating" and unit.get("SubState") == "auto-restart":
         if spent:
             if kind == "exited" and status == "0":
                 return TaskOutcome(TaskState.SUCCEEDED, 0, "exited 0")

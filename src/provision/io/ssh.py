@@ -10,6 +10,7 @@ to make room).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import logging
 import resource
 import socket
@@ -25,6 +26,8 @@ import fabric
 import paramiko
 
 from provision.core.target import HostError, Target
+from provision.host import bundle
+from provision.host import protocol as P
 from provision.io.connection import Connection, new_config
 from provision.io.hostkeys import KnownHosts, UnknownKey, fingerprint
 
@@ -317,11 +320,6 @@ class Session:
 def call_agent(session: Session, target: Target, request: Any, *, timeout: float = 600) -> Any:
     """One request (host/protocol.py) to the agent on the host: one SSH round trip. Returns
     the request's report type."""
-    import json
-
-    from provision.host import bundle
-    from provision.host import protocol as P
-
     stdin = bundle.payload() + json.dumps(P.to_wire(request)).encode()
     res = session.run(target, bundle.boot_command(), stdin=stdin, timeout=timeout)
     if res.exit_status != 0:

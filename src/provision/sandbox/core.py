@@ -159,16 +159,7 @@ def up(
     life (restarts included). On any error or Ctrl-C everything
     started so far is removed again."""
     name = validate_name(name or DEFAULT_NAME)
-    if not isinstance(hosts, int) or not 1 <= hosts <= 128:
-        raise ProvisionError(f"--hosts {hosts!r}: expected a number from 1 to 128")
-    if not isinstance(gpus_per_host, int) or not 0 <= gpus_per_host <= 16:
-        raise ProvisionError(f"--gpus-per-host {gpus_per_host!r}: expected a number from 0 to 16")
-    with_ = tuple(dict.fromkeys(with_))
-    for fw in with_:
-        if fw not in FRAMEWORKS and fw != dockerlayer.NAME:
-            raise ProvisionError(
-                f"--with {fw!r}: unknown layer; choose from {', '.join(sorted([*FRAMEWORKS, dockerlayer.NAME]))}"
-            )
+    with_ = _checked(hosts, gpus_per_host, with_)
     client = client or engine.client()
     image = ensure_image(client, progress)
     if dockerlayer.NAME in with_:  # hosts with a Docker engine: the cached docker layer
@@ -177,22 +168,7 @@ def up(
     _raise_inotify_limits(client, hosts, progress)
     raise_neighbour_limits(len(client.containers.list(filters={"label": LABEL})) + hosts, progress)
 
-    # Claim the name: mkdir is atomic, so of two processes starting the same sandbox one
-    # gets an error here, and the cleanup below never removes another process's hosts.
-    sdir = sandbox_dir(name)
-    sdir.parent.mkdir(parents=True, exist_ok=True)
-    containers, networks = _labelled(client, name)
-    if not containers:
-        networks = [n for n in networks if not _leftover_removed(n)]
-    try:
-        if containers or networks:
-            raise FileExistsError
-        sdir.mkdir(mode=0o700)
-    except FileExistsError:
-        raise ProvisionError(
-            f"sandbox {name!r} already exists ({len(containers)} containers): "
-            f"`provision sandbox down --name {name}` first, or pick another --name"
-        ) from None
+    _claim(client, name)
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=hosts, thread_name_prefix=f"sandbox-{name}")
     try:
@@ -209,24 +185,43 @@ def up(
         pool.shutdown(wait=False)
 
 
-def _up(
-    client: docker.DockerClient,
-    name: str,
-    hosts: int,
-    gpus_per_host: int,
-    image: str,
-    layers: dict[str, Path],
-    ssh_port: int | None,
-    timeout: float,
-    progress: Progress,
-    pool: ThreadPoolExecutor,
-    cancel: threading.Event,
-) -> Sandbox:
+def _checked(hosts: int, gpus_per_host: int, with_: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The request's numbers in range and its layers known; the layers, once each."""
+    if not isinstance(hosts, int) or not 1 <= hosts <= 128:
+        raise ProvisionError(f"--hosts {hosts!r}: expected a number from 1 to 128")
+    if not isinstance(gpus_per_host, int) or not 0 <= gpus_per_host <= 16:
+        raise ProvisionError(f"--gpus-per-host {gpus_per_host!r}: expected a number from 0 to 16")
+    layers = tuple(dict.fromkeys(with_))
+    for fw in layers:
+        if fw not in FRAMEWORKS and fw != dockerlayer.NAME:
+            raise ProvisionError(
+                f"--with {fw!r}: unknown layer; choose from {', '.join(sorted([*FRAMEWORKS, dockerlayer.NAME]))}"
+            )
+    return layers
+
+
+def _claim(client: docker.DockerClient, name: str) -> None:
+    """Claim the name: mkdir is atomic, so of two processes starting the same sandbox one
+    gets an error here, and up's cleanup never removes another process's hosts."""
     sdir = sandbox_dir(name)
-    private, public = _keypair(f"provision-sandbox-{name}")
-    write_private(sdir / "id_ed25519", private)
-    write_private(sdir / "id_ed25519.pub", public, 0o644)
-    sb = Sandbox(
+    sdir.parent.mkdir(parents=True, exist_ok=True)
+    containers, networks = _labelled(client, name)
+    if not containers:
+        networks = [n for n in networks if not _leftover_removed(n)]
+    try:
+        if containers or networks:
+            raise FileExistsError
+        sdir.mkdir(mode=0o700)
+    except FileExistsError:
+        raise ProvisionError(
+            f"sandbox {name!r} already exists ({len(containers)} containers): "
+            f"`provision sandbox down --name {name}` first, or pick another --name"
+        ) from None
+
+
+def _new_sandbox(name: str, hosts: int, gpus_per_host: int, image: str, layers: dict[str, Path]) -> Sandbox:
+    sdir = sandbox_dir(name)
+    return Sandbox(
         name=name,
         network=network_name(name),
         key_path=sdir / "id_ed25519",
@@ -246,6 +241,26 @@ def _up(
             for i in range(1, hosts + 1)
         ],
     )
+
+
+def _up(
+    client: docker.DockerClient,
+    name: str,
+    hosts: int,
+    gpus_per_host: int,
+    image: str,
+    layers: dict[str, Path],
+    ssh_port: int | None,
+    timeout: float,
+    progress: Progress,
+    pool: ThreadPoolExecutor,
+    cancel: threading.Event,
+) -> Sandbox:
+    sdir = sandbox_dir(name)
+    private, public = _keypair(f"provision-sandbox-{name}")
+    write_private(sdir / "id_ed25519", private)
+    write_private(sdir / "id_ed25519.pub", public, 0o644)
+    sb = _new_sandbox(name, hosts, gpus_per_host, image, layers)
     if any(n.name == sb.network for n in client.networks.list(names=[sb.network])):
         # A network an earlier `down` could not remove (DownResult.stale_networks).
         sb.network = f"{sb.network}-{secrets.token_hex(3)}"
@@ -429,24 +444,37 @@ def _wait_ready(
         finally:
             cli.close()
         if attempt % 10 == 0:  # an exited container never gets ready: say why at once
-            try:
-                c = client.containers.get(h.container)
-                if c.status not in ("running", "created", "restarting"):
-                    logs = c.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
-                    code = c.attrs.get("State", {}).get("ExitCode")
-                    raise ProvisionError(
-                        f"{h.container}: exited during boot (status {c.status}, exit code "
-                        f"{code}); last output: {logs or 'none'}; with many hosts, raise "
-                        "fs.inotify.max_user_instances (`sysctl -w "
-                        "fs.inotify.max_user_instances=8192`)"
-                    )
-            except docker.errors.NotFound:
-                raise ProvisionError(f"{h.container}: container vanished during boot") from None
+            _still_running(client, h)
         time.sleep(0.2)
     raise ProvisionError(f"{h.container}: cancelled")
 
 
+def _still_running(client: docker.DockerClient, h: SandboxHost) -> None:
+    """Raise, saying why, if the host's container is no longer running."""
+    try:
+        c = client.containers.get(h.container)
+    except docker.errors.NotFound:
+        raise ProvisionError(f"{h.container}: container vanished during boot") from None
+    if c.status not in ("running", "created", "restarting"):
+        logs = c.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
+        code = c.attrs.get("State", {}).get("ExitCode")
+        raise ProvisionError(
+            f"{h.container}: exited during boot (status {c.status}, exit code "
+            f"{code}); last output: {logs or 'none'}; with many hosts, raise "
+            "fs.inotify.max_user_instances (`sysctl -w "
+            "fs.inotify.max_user_instances=8192`)"
+        )
+
+
 # --------------------------------------------------------------------------- reboot
+
+
+def _host_of(sb: Sandbox, host: str | int) -> SandboxHost:
+    try:
+        return sb.host(int(host) if isinstance(host, str) and host.isdigit() else host)
+    except KeyError:
+        hosts = ", ".join(x.name for x in sb.hosts)
+        raise ProvisionError(f"sandbox {sb.name!r} has no host {host!r} (hosts: {hosts})") from None
 
 
 def reboot(
@@ -467,11 +495,7 @@ def reboot(
     `host`: "host-2", the container name, or 2. `stop_timeout`: seconds the shutdown may take
     before Docker kills what is left (as a power cut would)."""
     sb = load(name)
-    try:
-        h = sb.host(int(host) if isinstance(host, str) and host.isdigit() else host)
-    except KeyError:
-        hosts = ", ".join(x.name for x in sb.hosts)
-        raise ProvisionError(f"sandbox {sb.name!r} has no host {host!r} (hosts: {hosts})") from None
+    h = _host_of(sb, host)
     client = client or engine.client()
     try:
         c = client.containers.get(h.container)
