@@ -338,6 +338,19 @@ def _leaving(name: str, rec: dict[str, Any]) -> TaskChange:
     return TaskChange(name, rec.get("unit", ""), Action.STOP, Reason.LEFT, "", int(rec.get("phase", 0)))
 
 
+def _all_leaves(hp: HostPlan, report: ProbeReport, job: str, recorded: dict[str, Any], m_tasks: dict[str, Any]) -> None:
+    """The job leaves this host: its tasks stop (in stop order), its files and manifest go."""
+    for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
+        hp.tasks.append(_leaving(t, mt))
+    for path, rec in sorted(recorded.items()):
+        if report.files.get(path) is not None:
+            hp.files.append(FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value))
+    if report.manifest is not None:
+        hp.files.append(
+            FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host")
+        )
+
+
 def plan_host(
     name: str,
     target: Target,
@@ -362,19 +375,7 @@ def plan_host(
     m_tasks: dict[str, Any] = (manifest or {}).get("tasks", {})
 
     if bundle is None:  # everything of the job goes
-        for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
-            hp.tasks.append(_leaving(t, mt))
-        for path, rec in sorted(recorded.items()):
-            if report.files.get(path) is not None:
-                hp.files.append(
-                    FileChange(path, FileAction.DELETE, FileKind(rec.get("kind", "file")), Reason.LEFT.value)
-                )
-        if report.manifest is not None:
-            hp.files.append(
-                FileChange(
-                    layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host"
-                )
-            )
+        _all_leaves(hp, report, job, recorded, m_tasks)
         return hp
 
     changed = _files_plan(hp, bundle, report, recorded, secrets)

@@ -235,8 +235,17 @@ def _gpu_findings(name: str, host: Host, hp: HostPlan, report: ProbeReport, job:
     if not isinstance(c, dict) or c.get("error"):
         return out  # nvidia-smi did not answer: the line above says so
     assigned = {a for u in bundle.tasks for a in u.task.accelerators}
+    out += _gpu_health(name, c, assigned)
+    if c.get("apps_error"):
+        out.append(Finding(name, "gpu processes", Status.WARN, f"could not list compute processes: {c['apps_error']}"))
+        return out
     by_uuid = {str(g.get("uuid")): g.get("index") for g in gpus}
-    bad = 0
+    return out + _gpu_processes(name, c, assigned, by_uuid, _own_units(job, bundle, report), report, job)
+
+
+def _gpu_health(name: str, c: Mapping[str, Any], assigned: set[int]) -> list[Finding]:
+    """ECC errors, retirement and remapping pending: a failure on a GPU the job uses."""
+    out: list[Finding] = []
     for h in c.get("health") or []:
         idx = h.get("index")
         issues = []
@@ -247,25 +256,32 @@ def _gpu_findings(name: str, host: Host, hp: HostPlan, report: ProbeReport, job:
         if h.get("remap_pending"):
             issues.append("row remapping pending")
         if issues:
-            bad += 1
             used = idx in assigned
             tail = " (reset the GPU or drain the host)" if used else " (not one the job uses)"
             status = Status.FAIL if used else Status.WARN
             out.append(Finding(name, "gpu health", status, f"GPU {idx}: {', '.join(issues)}{tail}"))
-    if not bad:
+    if not out:
         out.append(
             Finding(name, "gpu health", Status.PASS, "no uncorrectable ECC errors, no retirement or remapping pending")
         )
-    if c.get("apps_error"):
-        out.append(Finding(name, "gpu processes", Status.WARN, f"could not list compute processes: {c['apps_error']}"))
-        return out
-    own = _own_units(job, bundle, report)
-    foreign = 0
+    return out
+
+
+def _gpu_processes(
+    name: str,
+    c: Mapping[str, Any],
+    assigned: set[int],
+    by_uuid: Mapping[str, Any],
+    own: set[str],
+    report: ProbeReport,
+    job: str,
+) -> list[Finding]:
+    """Compute processes on the GPUs that neither this job nor another provision job started."""
+    out: list[Finding] = []
     for a in c.get("apps") or []:
         o = a.get("owner")
         if o and (_mine(o, own, job) or _other_job(o, report, job)):
             continue
-        foreign += 1
         idx = by_uuid.get(str(a.get("gpu_uuid")))
         used = idx in assigned
         what = (
@@ -284,7 +300,7 @@ def _gpu_findings(name: str, host: Host, hp: HostPlan, report: ProbeReport, job:
                 f"GPU {idx if idx is not None else a.get('gpu_uuid')} is busy: {what}{taking}, not started by provision{tail}",
             )
         )
-    if not foreign:
+    if not out:
         out.append(Finding(name, "gpu processes", Status.PASS, "none but provision's"))
     return out
 

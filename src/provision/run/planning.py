@@ -32,6 +32,42 @@ from provision.spec.placement import place
 from provision.spec.render import render
 
 
+def _known_tasks(ctx: Context, replace: set[str]) -> None:
+    names = {t.name for t in ctx.rendered.placement.tasks}
+    unknown = sorted(replace - names)
+    if unknown:
+        raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
+
+
+def _place_around_others(
+    ctx: Context,
+    ask: Ask,
+    reports: GroupResult[ProbeReport],
+    quiet: set[str],
+    timings: dict[str, tuple[float, float]],
+    now: float,
+) -> tuple[GroupResult[ProbeReport], set[str]]:
+    """Placement sees what other jobs hold; when that moves a task, render again and probe
+    again the hosts whose question changed (only on shared hosts: the common case is one
+    round trip). The reports and the settled hosts, after."""
+
+    def request(n: str) -> ProbeRequest:
+        return probe_request(ctx, n, ask.settled() if n in quiet else ask)
+
+    held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
+    held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
+    placement = place(ctx.inventory, ctx.state.previous_placement(), held)
+    if placement == ctx.rendered.placement:
+        return reports, quiet
+    before = {n: request(n) for n in ctx.targets}
+    ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
+    quiet = {n for n in quiet if settled(ctx, n)}
+    again = {n for n in ctx.targets if request(n) != before[n]}
+    if again:
+        reports = reports.updated(probe(ctx, ask, fast=True, only=again, timings=timings, quiet=quiet))
+    return reports, quiet
+
+
 def build_plan(
     ctx: Context,
     *,
@@ -44,43 +80,21 @@ def build_plan(
     thorough: bool = False,
     timings: dict[str, tuple[float, float]] | None = None,
 ) -> Plan:
-    """checks: the per-host pre-flight checks (checks.py) in the same round trip; their
-    failures are problems (the apply is refused), their warnings warnings. They matter
-    where something starts: a settled host is asked without them, and again with them
-    only if it turns out to need a change (a second round trip there, rare). thorough:
-    every host with everything (`provision check`)."""
+    """checks: the pre-flight checks in the same round trip (failures refuse the apply).
+    A settled host is asked without them, and again with them only if it turns out to
+    need a change (rare). thorough: every host with everything (`provision check`)."""
     timings = {} if timings is None else timings
-    if replace:
-        names = {t.name for t in ctx.rendered.placement.tasks}
-        unknown = sorted(replace - names)
-        if unknown:
-            raise ProvisionError(f"--replace: no task named {', '.join(unknown)} (tasks: {', '.join(sorted(names))})")
+    _known_tasks(ctx, replace or set())
     # The cluster address's interface, where the tasks' env takes it (`check` reports it always).
     interface = thorough or uses_socket_ifname(ctx.inventory)
     ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
 
-    def request(n: str) -> ProbeRequest:
-        return probe_request(ctx, n, ask.settled() if n in quiet else ask)
-
     reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
     now = time.time()
+    reports, quiet = _place_around_others(ctx, ask, reports, quiet, timings, now)
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
-    # Placement sees what other jobs hold; when that moves a task, render again and probe
-    # again the hosts whose question changed (only on shared hosts: the common case is one
-    # round trip).
-    held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
-    placement = place(ctx.inventory, ctx.state.previous_placement(), held)
-    if placement != ctx.rendered.placement:
-        before = {n: request(n) for n in ctx.targets}
-        ctx.rendered = render(ctx.inventory, placement=placement, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
-        quiet = {n for n in quiet if settled(ctx, n)}
-        again = {n for n in ctx.targets if request(n) != before[n]}
-        if again:
-            more = probe(ctx, ask, fast=True, only=again, timings=timings, quiet=quiet)
-            reports = reports.updated(more)
-            held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
     shipping, image_errors, image_restarts = _image_changes(ctx, reports)
 
