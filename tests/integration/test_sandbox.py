@@ -315,7 +315,7 @@ def test_up_cleans_up_when_interrupted(sandbox_factory, docker_engine, monkeypat
         assert _leftovers(docker_engine, name)[0] >= 1  # a container exists by now
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(core, "_wait_ready", interrupted)
+    monkeypatch.setattr(core, "wait_ready", interrupted)
     with pytest.raises(KeyboardInterrupt):
         sandbox.up(name, hosts=2, client=docker_engine)
     assert _leftovers(docker_engine, name) == (0, 0, False)

@@ -117,20 +117,7 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
     out.add("pools:")
     for pool in sorted(plan.pools, key=lambda p: ROLE_ORDER.index(p.role)):
         _pool(out, pool, warnings.get(pool.role, []))
-    if plan.env:
-        out.add()
-        out.comment("Every task (as the service set them):")
-        out.add("env:")
-        for k, v in plan.env:
-            out.add(f"  {k}: {flow(v)}")
-    if plan.files:
-        out.add()
-        out.comment("The local package gcloud built into an image, pushed to every host that runs a task:")
-        out.add("files:")
-        for src, dest in plan.files:
-            rel = os.path.relpath(src, out_dir)
-            shown = src if rel.startswith("../../..") else rel
-            out.add(f"  - {{src: {flow(shown + '/')}, dest: {flow(dest + '/')}}}")
+    _env_and_files(out, plan, out_dir)
     out.add()
     out.comment(plan.chief_why + ".")
     if plan.trial is not None:
@@ -150,6 +137,30 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
             out.add(f"#     - {flow(cmd)}")
     _notes(out, "Not applied, and why:", plan.not_applied)
     _notes(out, "Applied in part:", plan.partly)
+    _job_spec(out, plan)
+    return Emitted(out.render(live=False), out.render(live=True))
+
+
+def _env_and_files(out: _Lines, plan: JobPlan, out_dir: Path) -> None:
+    """The env every task had, and the local package gcloud built, as files: to push."""
+    if plan.env:
+        out.add()
+        out.comment("Every task (as the service set them):")
+        out.add("env:")
+        for k, v in plan.env:
+            out.add(f"  {k}: {flow(v)}")
+    if plan.files:
+        out.add()
+        out.comment("The local package gcloud built into an image, pushed to every host that runs a task:")
+        out.add("files:")
+        for src, dest in plan.files:
+            rel = os.path.relpath(src, out_dir)
+            shown = src if rel.startswith("../../..") else rel
+            out.add(f"  - {{src: {flow(shown + '/')}, dest: {flow(dest + '/')}}}")
+
+
+def _job_spec(out: _Lines, plan: JobPlan) -> None:
+    """The service's own spec, kept whole: TF_CONFIG's and CLUSTER_SPEC's `job`."""
     out.add()
     out.comment(
         f"The spec as {plan.service} had it: every task's TF_CONFIG and CLUSTER_SPEC carry it as `job`, "
@@ -164,7 +175,6 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
         out.add("job_spec:")
         for line in dumped.rstrip("\n").split("\n"):
             out.add(f"  {line}")
-    return Emitted(out.render(live=False), out.render(live=True))
 
 
 def _hosts(out: _Lines, plan: JobPlan, hosts: Hosts | None) -> None:

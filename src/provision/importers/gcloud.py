@@ -450,6 +450,18 @@ GCLOUD_WIDE = frozenset(
 )
 
 
+def _machine(keys: dict[str, str], at: Where) -> dict[str, JSON]:
+    """--worker-pool-spec's machine keys as a MachineSpec."""
+    machine: dict[str, JSON] = {}
+    if "machine-type" in keys:
+        machine["machineType"] = keys["machine-type"]
+    if "accelerator-type" in keys:
+        machine["acceleratorType"] = keys["accelerator-type"]
+    if "accelerator-count" in keys:
+        machine["acceleratorCount"] = integer(keys["accelerator-count"], at / "accelerator-count")
+    return machine
+
+
 def _pool(
     k: int, value: str, w: Word, display: str, base_dir: Path, package_uris: list[str], local: dict[int, LocalPackage]
 ) -> dict[str, JSON]:
@@ -470,14 +482,7 @@ def _pool(
         (at / "replica-count").fail(
             f"the first worker pool, the primary replica, runs exactly one replica, got {replicas}"
         )
-    machine: dict[str, JSON] = {}
-    if "machine-type" in keys:
-        machine["machineType"] = keys["machine-type"]
-    if "accelerator-type" in keys:
-        machine["acceleratorType"] = keys["accelerator-type"]
-    if "accelerator-count" in keys:
-        machine["acceleratorCount"] = integer(keys["accelerator-count"], at / "accelerator-count")
-    pool: dict[str, JSON] = {"machineSpec": machine, "replicaCount": str(replicas)}  # int64: a string in JSON
+    pool: dict[str, JSON] = {"machineSpec": _machine(keys, at), "replicaCount": str(replicas)}  # int64: a string
     disk = {k2: keys[k1] for k1, k2 in (("disk-type", "bootDiskType"), ("disk-size", "bootDiskSizeGb")) if k1 in keys}
     if disk:
         pool["diskSpec"] = disk
