@@ -19,7 +19,7 @@ Rules, in one place:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
@@ -130,19 +130,9 @@ def place(
 
     # 1. Keep every still-valid slot from the previous placement, in task order.
     for pool, index in order if previous else ():
-        slot = previous.get(f"{pool.role}-{index}")  # type: ignore[union-attr]
-        st = states.get(slot.host) if slot else None
-        if slot is None or st is None or not pool.eligible(st.host):
-            continue
-        base = pool.port or DEFAULT_PORT
-        accs = tuple(slot.accelerators)
-        if (
-            len(accs) == pool.accelerators
-            and all(a in st.free for a in accs)
-            and base <= slot.port <= 65535
-            and slot.port not in st.ports
-        ):
-            take(st, pool, index, slot.port, accs)
+        st, slot = _kept(pool, index, previous or {}, states)
+        if st is not None and slot is not None:
+            take(st, pool, index, slot.port, tuple(slot.accelerators))
 
     # 2. Place the rest. One heap per pool over its eligible hosts, keyed by the rule
     # above; entries go stale when a host takes a task (version check), which keeps a
@@ -167,17 +157,7 @@ def place(
         if (pool.role, index) in chosen:
             continue
         heap = heap_for(pool)
-        st = None
-        while heap:
-            entry = heapq.heappop(heap)
-            cand = states[str(entry[-1])]
-            if entry[-2] != cand.version:
-                if len(cand.free) >= pool.accelerators:
-                    heapq.heappush(heap, key(pool, cand))
-                continue
-            if len(cand.free) >= pool.accelerators:
-                st = cand
-                break
+        st = _best(heap, states, pool, key)
         if st is None:
             raise _no_fit(pool, index, states, held)
         port = pool.port or DEFAULT_PORT
@@ -191,6 +171,46 @@ def place(
 
     tasks = sorted(chosen.values(), key=lambda t: (ROLES.index(t.role), t.index))
     return Placement(tuple(tasks))
+
+
+def _kept(
+    pool: Pool, index: int, previous: Mapping[str, Slot], states: dict[str, _HostState]
+) -> tuple[_HostState | None, Slot | None]:
+    """The task's previous slot and its host, if the slot is still valid there."""
+    slot = previous.get(f"{pool.role}-{index}")
+    st = states.get(slot.host) if slot else None
+    if slot is None or st is None or not pool.eligible(st.host):
+        return None, None
+    base = pool.port or DEFAULT_PORT
+    accs = tuple(slot.accelerators)
+    if (
+        len(accs) == pool.accelerators
+        and all(a in st.free for a in accs)
+        and base <= slot.port <= 65535
+        and slot.port not in st.ports
+    ):
+        return st, slot
+    return None, None
+
+
+def _best(
+    heap: list[tuple[object, ...]],
+    states: dict[str, _HostState],
+    pool: Pool,
+    key: Callable[[Pool, _HostState], tuple[object, ...]],
+) -> _HostState | None:
+    """The best host left for one of pool's tasks: stale entries (the host took a task
+    since) are pushed back with their key of now."""
+    while heap:
+        entry = heapq.heappop(heap)
+        cand = states[str(entry[-1])]
+        if entry[-2] != cand.version:
+            if len(cand.free) >= pool.accelerators:
+                heapq.heappush(heap, key(pool, cand))
+            continue
+        if len(cand.free) >= pool.accelerators:
+            return cand
+    return None
 
 
 def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping[str, Held]) -> PlacementError:

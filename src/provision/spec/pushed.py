@@ -126,6 +126,45 @@ def _follow(path: Path, problems: list[Problem]) -> tuple[str, os.stat_result] |
     return os.path.realpath(path), st
 
 
+def _one_file(src: Path, dest: str, problems: list[Problem]) -> list[PushedFile]:
+    """A `files:` entry whose source is one file."""
+    try:
+        st = os.stat(src)
+    except OSError as e:
+        problems.append(Problem(src, f"cannot read {src}: {e.strerror}"))
+        return []
+    if not stat.S_ISREG(st.st_mode):
+        problems.append(Problem(src, f"{src} is {_kind(st.st_mode)}, not a regular file or directory"))
+        return []
+    one = _file(os.path.realpath(src), src, dest, st, problems)
+    return [one] if one else []
+
+
+def _entry(
+    entry: os.DirEntry[str], real: str, shown: Path, root: str, problems: list[Problem]
+) -> tuple[str, os.stat_result] | None:
+    """A directory entry's real path and stat, a link followed (inside the pushed
+    directory only); None for what is skipped or a problem (recorded)."""
+    try:
+        is_link = entry.is_symlink()
+        st = os.lstat(real)
+    except OSError as e:
+        problems.append(Problem(shown, f"cannot read {shown}: {e.strerror}"))
+        return None
+    if is_link and entry.name.endswith(SKIPPED_SUFFIX):
+        return None  # as a *.pyc file would be, without following it
+    if not is_link:
+        return real, st
+    followed = _follow(Path(real), problems)
+    if followed is None:
+        return None
+    real, st = followed
+    if not _inside(real, root):
+        problems.append(Problem(shown, f"{shown} is a symbolic link to {real}, outside the pushed directory {root}"))
+        return None
+    return real, st
+
+
 def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], list[Problem]]:
     """Every file one `files:` entry pushes, sorted by destination, and every problem.
 
@@ -133,14 +172,7 @@ def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], lis
     path for a file, the directory to fill for a directory)."""
     problems: list[Problem] = []
     if not is_dir:
-        try:
-            st = os.stat(src)
-        except OSError as e:
-            return [], [Problem(src, f"cannot read {src}: {e.strerror}")]
-        if not stat.S_ISREG(st.st_mode):
-            return [], [Problem(src, f"{src} is {_kind(st.st_mode)}, not a regular file or directory")]
-        one = _file(os.path.realpath(src), src, dest, st, problems)
-        return ([one] if one else []), problems
+        return _one_file(src, dest, problems), problems
 
     root = os.path.realpath(src)
     out: list[PushedFile] = []
@@ -160,25 +192,10 @@ def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], lis
             if name in SKIP_NAMES:
                 continue
             shown = shown_dir / name
-            real = os.path.join(real_dir, name)
-            try:
-                is_link = entry.is_symlink()
-                st = os.lstat(real)
-            except OSError as e:
-                problems.append(Problem(shown, f"cannot read {shown}: {e.strerror}"))
+            found = _entry(entry, os.path.join(real_dir, name), shown, root, problems)
+            if found is None:
                 continue
-            if is_link and name.endswith(SKIPPED_SUFFIX):
-                continue  # as a *.pyc file would be, without following it
-            if is_link:
-                followed = _follow(Path(real), problems)
-                if followed is None:
-                    continue
-                real, st = followed
-                if not _inside(real, root):
-                    problems.append(
-                        Problem(shown, f"{shown} is a symbolic link to {real}, outside the pushed directory {root}")
-                    )
-                    continue
+            real, st = found
             if stat.S_ISDIR(st.st_mode):
                 if real in above:
                     problems.append(
