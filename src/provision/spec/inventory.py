@@ -192,6 +192,41 @@ def _restart(c: Checker, value: Any, path: KeyPath) -> RestartPolicy:
     return RestartPolicy(policy, default_limit if limit is None else limit)
 
 
+def _command(c: Checker, value: Any, path: KeyPath) -> list[str] | None:
+    command = c.strings(value, path)
+    if command is None:
+        return None
+    if not command:
+        c.add(path, "expected a non-empty list (the program and its arguments)")
+    elif not EXECUTABLE.match(command[0]):
+        c.add(
+            path + (0,),
+            f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {show_value(command[0])}",
+        )
+    return command
+
+
+def _pool_hosts(
+    c: Checker, value: Any, path: KeyPath, host_names: set[str], hosts: list[Host]
+) -> tuple[tuple[str, ...] | None, tuple[tuple[str, str], ...] | None]:
+    """A pool's `hosts:`: host names (each one known) or a label selector (some host has it)."""
+    if isinstance(value, dict):
+        selector = _labels(c, value, path)
+        if selector and not any(all(h.label_map.get(k) == v for k, v in selector) for h in hosts):
+            sel = ", ".join(f"{k}={v}" for k, v in selector)
+            c.add(path, f"no host has the labels {sel}")
+        return None, selector
+    listed = c.strings(value, path)
+    if listed is None:
+        return None, None
+    for i, n in enumerate(listed):
+        if n not in host_names:
+            hint = difflib.get_close_matches(n, sorted(host_names), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            c.add(path + (i,), f"no host named {n!r} in hosts{extra}")
+    return tuple(listed), None
+
+
 def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[Host]) -> Pool | None:
     path: KeyPath = ("pools", role)
     m = c.mapping(value, path)
@@ -203,17 +238,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
         c.add(path + ("replicas",), f"a job has at most one {role}, got {replicas}")
     accelerators = c.integer(m.get("accelerators", 0), path + ("accelerators",), 0, 1024)
 
-    command: list[str] | None = None
-    if "command" in m:
-        command = c.strings(m["command"], path + ("command",))
-        if command is not None:
-            if not command:
-                c.add(path + ("command",), "expected a non-empty list (the program and its arguments)")
-            elif not EXECUTABLE.match(command[0]):
-                c.add(
-                    path + ("command", 0),
-                    f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {show_value(command[0])}",
-                )
+    command = _command(c, m["command"], path + ("command",)) if "command" in m else None
     image = (
         c.string(
             m["image"],
@@ -234,24 +259,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
 
     env = c.env(m.get("env"), path + ("env",)) or ()
 
-    names: tuple[str, ...] | None = None
-    selector: tuple[tuple[str, str], ...] | None = None
-    if "hosts" in m:
-        hv = m["hosts"]
-        if isinstance(hv, dict):
-            selector = _labels(c, hv, path + ("hosts",))
-            if selector and not any(all(h.label_map.get(k) == v for k, v in selector) for h in hosts):
-                sel = ", ".join(f"{k}={v}" for k, v in selector)
-                c.add(path + ("hosts",), f"no host has the labels {sel}")
-        else:
-            listed = c.strings(hv, path + ("hosts",))
-            if listed is not None:
-                for i, n in enumerate(listed):
-                    if n not in host_names:
-                        hint = difflib.get_close_matches(n, sorted(host_names), n=1)
-                        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-                        c.add(path + ("hosts", i), f"no host named {n!r} in hosts{extra}")
-                names = tuple(listed)
+    names, selector = _pool_hosts(c, m["hosts"], path + ("hosts",), host_names, hosts) if "hosts" in m else (None, None)
     port = c.integer(m["port"], path + ("port",), 1024, 65535) if "port" in m else None
     restart = _restart(c, m.get("restart"), path + ("restart",))
     setup = _setup(c, m.get("setup"), path + ("setup",))
