@@ -289,42 +289,9 @@ def render(
             if setup is not None:  # a changed setup restarts the host's tasks
                 inputs = _sha(f"{inputs}\n{setup.key}".encode())
             units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
-        target_b = (
-            j.get_template("job.target.j2")
-            .render(
-                job=inv.job,
-                host=host.name,
-                tasks=[t.name for t in tasks],
-                units=[u.unit for u in units],
-                boot_target=layout.BOOT_TARGET,
-            )
-            .encode()
-        )
+        target_b = _target(j, inv.job, host.name, tasks, units)
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
-        manifest = {
-            "provision": MANIFEST_VERSION,
-            "job": inv.job,
-            "host": host.name,
-            "tasks": {
-                u.task.name: {
-                    "unit": u.unit,
-                    "role": u.task.role,
-                    "index": u.task.index,
-                    "phase": u.phase,
-                    "long_lived": u.long_lived,
-                    "inputs": u.inputs,
-                    "port": u.task.port,
-                    "accelerators": list(u.task.accelerators),
-                }
-                for u in units
-            },
-            "files": {
-                f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value}
-                for f in sorted(files, key=lambda f: f.path)
-            },
-        }
-        if setup is not None:
-            manifest["setup"] = {"unit": setup.unit, "key": setup.key}
+        manifest = _manifest(inv.job, host.name, units, files, setup)
         manifest_b = manifest_bytes(manifest)
         files.append(
             RenderedFile(layout.manifest_path(inv.job), _sha(manifest_b), 0o600, FileKind.MANIFEST, manifest_b)
@@ -332,6 +299,52 @@ def render(
         files.sort(key=lambda f: f.path)
         hosts[host.name] = HostBundle(host, tuple(units), tuple(files), manifest, setup)
     return Rendered(inv, placement, hosts, tuple(v for v in (secrets or {}).values() if v))
+
+
+def _target(j: jinja2.Environment, job: str, host: str, tasks: list[PlacedTask], units: list[TaskUnit]) -> bytes:
+    """The job's systemd target on one host: its tasks' units, wanted at boot."""
+    return (
+        j.get_template("job.target.j2")
+        .render(
+            job=job,
+            host=host,
+            tasks=[t.name for t in tasks],
+            units=[u.unit for u in units],
+            boot_target=layout.BOOT_TARGET,
+        )
+        .encode()
+    )
+
+
+def _manifest(
+    job: str, host: str, units: list[TaskUnit], files: list[RenderedFile], setup: SetupUnit | None
+) -> dict[str, Any]:
+    """Everything provision manages on the host, with checksums (the host keeps it)."""
+    manifest: dict[str, Any] = {
+        "provision": MANIFEST_VERSION,
+        "job": job,
+        "host": host,
+        "tasks": {
+            u.task.name: {
+                "unit": u.unit,
+                "role": u.task.role,
+                "index": u.task.index,
+                "phase": u.phase,
+                "long_lived": u.long_lived,
+                "inputs": u.inputs,
+                "port": u.task.port,
+                "accelerators": list(u.task.accelerators),
+            }
+            for u in units
+        },
+        "files": {
+            f.path: {"sha256": f.sha256, "mode": f.mode, "kind": f.kind.value}
+            for f in sorted(files, key=lambda f: f.path)
+        },
+    }
+    if setup is not None:
+        manifest["setup"] = {"unit": setup.unit, "key": setup.key}
+    return manifest
 
 
 def _render_setup(
