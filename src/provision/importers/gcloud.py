@@ -341,10 +341,10 @@ def arg_list(value: str) -> list[str]:
     return value.split(delim) if value else []
 
 
-def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
-    """The command's flags → a CustomJobSpec; --config (beside the script) under the flags."""
+def _flags(found: Found, display: str, notes: list[Note]) -> list[tuple[str, str | None, Word]]:
+    """The command line's flags as (name, value or None, the word), `--flag value` and
+    `--flag=value` alike; a word that is no flag becomes a note."""
     flags: list[tuple[str, str | None, Word]] = []
-    notes: list[Note] = []
     words = found.words
     i = 0
     while i < len(words):
@@ -367,7 +367,28 @@ def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
             i += 1
         flags.append((flag, given if (eq or given) else None, w))
         i += 1
+    return flags
 
+
+def _every_pool(spec: dict[str, JSON], common_args: list[str] | None, common_command: list[str] | None) -> None:
+    """--args and --command apply to every pool, over the config file's (gcloud's rule)."""
+    raw = spec.get("workerPoolSpecs")
+    for pool in raw if isinstance(raw, list) else [raw] if isinstance(raw, dict) else []:
+        if not isinstance(pool, dict) or not pool:
+            continue
+        for key in ("containerSpec", "pythonPackageSpec"):
+            task = pool.get(key)
+            if isinstance(task, dict):
+                if common_args is not None:
+                    task["args"] = list(common_args)
+                if common_command is not None and key == "containerSpec":
+                    task["command"] = list(common_command)
+
+
+def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
+    """The command's flags → a CustomJobSpec; --config (beside the script) under the flags."""
+    notes: list[Note] = []
+    flags = _flags(found, display, notes)
     where = f"{display}:{found.line}"
     display_name: str | None = None
     config: dict[str, JSON] | None = None
@@ -414,18 +435,7 @@ def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
         built = [_pool(k, value, w, display, base_dir, package_uris, local) for k, (value, w) in enumerate(pools)]
         spec["workerPoolSpecs"] = built
         config_source = where
-    # --args and --command apply to every pool, over the config file's (gcloud's rule).
-    raw = spec.get("workerPoolSpecs")
-    for pool in raw if isinstance(raw, list) else [raw] if isinstance(raw, dict) else []:
-        if not isinstance(pool, dict) or not pool:
-            continue
-        for key in ("containerSpec", "pythonPackageSpec"):
-            task = pool.get(key)
-            if isinstance(task, dict):
-                if common_args is not None:
-                    task["args"] = list(common_args)
-                if common_command is not None and key == "containerSpec":
-                    task["command"] = list(common_command)
+    _every_pool(spec, common_args, common_command)
     return GcloudJob(found.line, display_name, spec, config_source, local, tuple(notes))
 
 
