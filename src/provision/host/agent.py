@@ -310,21 +310,50 @@ def through_link(path, reserved=layout.RESERVED_DIRS):
     return None
 
 
+def _through_links(files):
+    """Refusals for files whose directory leads into provision's (or systemd's) own
+    directories through a link on this host."""
+    linked = [(f.path, r) for f in files for r in [through_link(f.path)] if r]
+    return [
+        "%s: its directory leads into %s through a symbolic link on this host; refused "
+        "(push it to a path that is not a link, or remove the link)" % (p, r)
+        for p, r in linked
+    ]
+
+
+def _remove(paths):
+    removed = 0
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _after_write(req, errors):
+    """What systemd must hear once the files are in place, and the end marker cleared."""
+    if req.daemon_reload:
+        code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
+        if code != 0:
+            errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
+    if req.reset_failed:
+        run(["systemctl", "reset-failed", "--"] + req.reset_failed)
+    if req.clear_lifecycle:
+        try:
+            os.unlink(layout.lifecycle_path(req.job))
+        except FileNotFoundError:
+            pass
+
+
 def op_write(req):
     job = req.job
     # Before anything else is written or reserved: a file that would land in provision's
     # (or systemd's) own directories through a link refuses the whole write here.
-    linked = [(f.path, r) for f in req.files for r in [through_link(f.path)] if r]
+    linked = _through_links(req.files)
     if linked:
-        return P.WriteReport(
-            0,
-            0,
-            [
-                "%s: its directory leads into %s through a symbolic link on this host; refused "
-                "(push it to a path that is not a link, or remove the link)" % (p, r)
-                for p, r in linked
-            ],
-        )
+        return P.WriteReport(0, 0, linked)
     if req.reserve is not None:
         # Before anything else: a reservation that lost a race writes nothing on the host.
         lost = ledger.reserve(req.reserve, time.time())
@@ -364,24 +393,8 @@ def op_write(req):
             written += 1
     except OSError as e:
         errors.append(_failed(e, f.path if f else ""))
-    removed = 0
-    for path in req.remove:
-        try:
-            os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
-            pass
-    if req.daemon_reload:
-        code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
-        if code != 0:
-            errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
-    if req.reset_failed:
-        run(["systemctl", "reset-failed", "--"] + req.reset_failed)
-    if req.clear_lifecycle:
-        try:
-            os.unlink(layout.lifecycle_path(job))
-        except FileNotFoundError:
-            pass
+    removed = _remove(req.remove)
+    _after_write(req, errors)
     _record_dirs(job, [d for d in created if d != jd])
     if req.manifest and not errors:
         atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest), 0o600, [])
