@@ -219,10 +219,10 @@ def atomic_write(path, data, mode, created):
             view = view[n:]
         os.fsync(fd)
         os.close(fd)
-        fd = None
+        fd = -1  # closed
         os.rename(tmp, path)
     except OSError as e:
-        if fd is not None:
+        if fd >= 0:
             os.close(fd)
         try:
             os.unlink(tmp)
@@ -360,8 +360,8 @@ def op_write(req):
         if lost:
             return P.WriteReport(0, 0, lost, conflict=True)
     jd = layout.job_dir(job)
-    errors = []
-    created = []
+    errors: list[str] = []
+    created: list[str] = []
     if not os.path.isdir(jd):
         _mkdirs(os.path.dirname(jd), created)
         os.mkdir(jd, 0o700)
@@ -428,7 +428,7 @@ def start_at_boot(job, on, errors=None):
 def op_units(req):
     """systemctl verbs in order, then the states of the units named in `report`."""
     job = req.job
-    errors = []
+    errors: list[str] = []
     for verb, units in req.actions:
         if verb == "restart":
             # stop, then forget the old run's exits (its ExecStopPost writes one more), then
@@ -490,7 +490,7 @@ def op_destroy(req):
     job = req.job
     jd, sd = layout.job_dir(job), layout.state_dir(job)
     manifest = read_json(layout.manifest_path(job))
-    errors = []
+    errors: list[str] = []
     if not isinstance(manifest, dict) or "_unreadable" in manifest:
         manifest = {"files": {}, "tasks": {}}
     units = list(req.stop)
@@ -576,7 +576,7 @@ def op_batch(req):
     return P.BatchReport(results)
 
 
-LAZY = {}  # module name → a function giving its code object, for lazy(); the bundle fills it (bundle.LAZY)
+LAZY: "dict[str, object]" = {}  # module name → a function giving its code object, for lazy(); the bundle fills it (bundle.LAZY)
 
 
 def lazy(name):
@@ -592,7 +592,9 @@ def lazy(name):
     m = type(sys)(full)
     m.__package__ = full.rsplit(".", 1)[0]
     sys.modules[full] = m
-    exec(LAZY[name](), m.__dict__)
+    code = LAZY[name]
+    assert callable(code)
+    exec(code(), m.__dict__)
     return m
 
 

@@ -16,6 +16,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.explain import SYSTEMD_LABEL, strip_unit
@@ -40,7 +41,7 @@ _DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
 NO_MESSAGE = "(no message)"
 
 
-def _text(value) -> str:
+def _text(value: Any) -> str:
     """One MESSAGE value as text: a string, or a list of byte values (journald's JSON for
     data that is not valid UTF-8 or holds control characters)."""
     if value is None:
@@ -68,7 +69,7 @@ def terminal_text(line: str) -> str:
     return line
 
 
-def message_lines(entry: dict) -> list[str]:
+def message_lines(entry: dict[str, Any]) -> list[str]:
     """The printable lines of one journal entry ([] when it has no MESSAGE field).
 
     A field repeated in one entry comes as a list of values, each a string or a list of
@@ -100,7 +101,7 @@ class Entry:
 
 def parse_line(
     line: bytes | str, host: str, tasks_by_ident: dict[str, str], tasks_by_unit: dict[str, str] | None = None
-) -> list[Entry] | dict | None:
+) -> list[Entry] | dict[str, Any] | None:
     """One line of `journalctl -o json`: a list of Entry (one per message line), a control
     record of ours (a dict with a "__provision_*" key), or None for anything else (blank
     lines, informational text, a cut-off line).

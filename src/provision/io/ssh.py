@@ -84,7 +84,7 @@ class Session:
 
     # -- connect
 
-    def connect(self, target: Target):
+    def connect(self, target: Target) -> Connection:
         """The open connection to target, opened now if there is none. The calling thread uses
         it until it asks for another host's: until then it is never closed to make room."""
         with self._lock:
@@ -222,7 +222,7 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- run
@@ -302,7 +302,7 @@ class Session:
             return results
         workers = min(len(targets), self.parallelism)
 
-        def call(t: Target):
+        def call(t: Target) -> T | HostError:
             try:
                 return fn(t)
             except HostError as e:

@@ -559,7 +559,7 @@ def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
         raise ProvisionError(f"job {job} has no setup: on these hosts (inventory key `setup:`)")
     cmd = setup_command(job, tail)
 
-    def fetch(tg) -> list[str]:
+    def fetch(tg: Target) -> list[str]:
         res = ctx.session.run(tg, cmd, timeout=120)
         if res.exit_status != 0:
             raise HostError(tg, f"journalctl exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}")

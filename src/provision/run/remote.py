@@ -19,19 +19,21 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from click.shell_completion import CompletionItem
 
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
 from provision.core.target import Target
 from provision.host import layout
+from provision.run.context import Context
 from provision.spec.inventory import load
 from provision.spec.placement import place
 
 NOT_APPLIED = 125  # the script's own code when the env file is not there
 
 
-def task_target(ctx, task: str) -> tuple[Target, str]:
+def task_target(ctx: Context, task: str) -> tuple[Target, str]:
     """The task's host as a Target, and its env file, or a one-line error naming the tasks."""
     placed = {t.name: t for t in ctx.rendered.placement.tasks}
     if task not in placed:
@@ -53,7 +55,7 @@ def exec_script(env_file: str, argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(w) for w in ["sh", "-c", script, "provision-exec", *argv])
 
 
-def run_exec(ctx, task: str, argv: Sequence[str], *, stdout=None, stderr=None) -> int:
+def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None, stderr: Any = None) -> int:
     """Run argv on the task's host in its environment; stream its output; its exit code."""
 
     if not argv:
@@ -130,7 +132,7 @@ def shell_command(env_file: str, sudo: bool) -> str:
     return f"sudo -E {cmd}" if sudo else cmd
 
 
-def complete_tasks(ctx, param, incomplete: str):
+def complete_tasks(ctx: Any, param: Any, incomplete: str) -> list[Any]:
     """Shell completion of TASK: the task names of the inventory given before it."""
 
     inventory = ctx.params.get("inventory")

@@ -139,7 +139,7 @@ class Sandbox:
         return res.exit_code, res.output.decode(errors="replace")
 
     # -- (de)serialisation ----------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["key_path"] = str(self.key_path)
         d["known_hosts_path"] = str(self.known_hosts_path)
@@ -148,7 +148,7 @@ class Sandbox:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> Sandbox:
+    def from_dict(cls, d: dict[str, Any]) -> Sandbox:
         return cls(
             name=d["name"],
             network=d["network"],

@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 
 from provision.core.model import Inventory
-from provision.spec.yamldoc import compose, dotted
+from provision.spec.yamldoc import KeyPath, compose, dotted
 
 
-def _lines(inv: Inventory) -> dict[tuple, int]:
+def _lines(inv: Inventory) -> dict[KeyPath, int]:
     """Key path -> line of the inventory's file (empty when it cannot be read again)."""
 
     try:
@@ -28,7 +28,7 @@ def _lines(inv: Inventory) -> dict[tuple, int]:
         return {}
 
 
-def _where(display: str, lines: Mapping[tuple, int], path: tuple) -> str:
+def _where(display: str, lines: Mapping[KeyPath, int], path: KeyPath) -> str:
 
     line = lines.get(path)
     return f"{display}:{line}: {dotted(path)}" if line else f"{display}: {dotted(path)}"
@@ -39,7 +39,7 @@ def identity_problems(inv: Inventory, display: str | None = None) -> list[str]:
     display = display or str(inv.path)
     lines = _lines(inv)
     out: list[str] = []
-    candidates: list[tuple[tuple, str]] = []
+    candidates: list[tuple[KeyPath, str]] = []
     top = inv.ssh.identity_file
     if top:
         candidates.append((("ssh", "identity_file"), top))

@@ -14,7 +14,7 @@ import yaml
 from provision.core.encode import ENV_KEY
 from provision.spec.clusterenv import RESERVED_ENV
 
-KeyPath = tuple  # a key path such as ("pools", "worker", "replicas")
+KeyPath = tuple[str | int, ...]  # a key path such as ("pools", "worker", "replicas")
 
 
 class Doc:
