@@ -188,6 +188,7 @@ def test_plan_json_shape_offline(first):
 
 
 def test_apply_json_shape_offline(first):
+    from provision.cli.output import change_json
     from provision.core.target import Target
     from provision.host.protocol import ProbeReport
     from provision.rules.planner import make_plan
@@ -196,8 +197,7 @@ def test_apply_json_shape_offline(first):
     inv, rendered = first
     targets = {h.name: Target.from_host(h) for h in inv.hosts}
     p = make_plan(rendered, targets, {n: ProbeReport(facts={"systemd_pid1": True}) for n in targets})
-    outcome = {"gpu-1": HostOutcome("gpu-1", started=["chief-0"]).__dict__}
-    check("apply", {"format_version": 2, "plan": p.to_json(), "outcome": outcome})
+    check("apply", json.loads(json.dumps(change_json(p, {"gpu-1": HostOutcome("gpu-1", started=["chief-0"])}))))
 
 
 def test_status_json_shape_offline(first):
@@ -222,11 +222,12 @@ def test_status_json_shape_offline(first):
 
 
 def test_facts_json_shape_offline():
+    from provision.cli.output import facts_json
     from provision.rules.facts import summary_row
 
     row = summary_row("gpu-1", {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33})
     assert row["gpu_model"] is None and row["systemd"] is None  # absent: null, not "-" or "none"
-    check("facts", {"format_version": 1, "hosts": {"gpu-1": {**row, "problems": []}}})
+    check("facts", json.loads(json.dumps(facts_json({"gpu-1": {**row, "problems": []}}))))
 
 
 # --------------------------------------------------------------------------- from the commands (sandbox hosts)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli
+from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +46,6 @@ def job(sb, sandbox_inventory, tmp_path_factory):
     cli("destroy", "-y", inv, cwd=d)
 
 
-def sh(sb, host: str, cmd: str) -> str:
-    code, out = sb.docker_exec(host, ["/bin/sh", "-c", cmd])
-    assert code == 0, (host, cmd, out)
-    return out
-
-
 def check(inv: Path, *args, env: dict | None = None) -> tuple[int, dict, float]:
     t0 = time.monotonic()
     r = cli("check", "--json", *args, inv, cwd=inv.parent, env=env)
@@ -82,12 +76,13 @@ def test_a_healthy_cluster_passes(job):
 
 
 def test_a_foreign_listener_on_a_tasks_port(sb, job):
-    sh(sb, "host-1", "systemd-run --unit chk-foreign python3 -m http.server 2222")
+    sh(sb, "host-1", "systemd-run --unit chk-foreign python3 -m http.server 2222", check=True)
     try:
         sh(
             sb,
             "host-1",
             "for i in $(seq 50); do grep -qi ':08AE 00000000:0000 0A' /proc/net/tcp* && exit 0; sleep 0.1; done; exit 1",
+            check=True,
         )
         code, data, _ = check(job)
         assert code == 1
@@ -106,17 +101,17 @@ def test_a_foreign_listener_on_a_tasks_port(sb, job):
         assert r.returncode == 0 and "No changes" in r.stdout, r.stdout + r.stderr
         assert len(data["failures"]) == 1, data["failures"]
     finally:
-        sh(sb, "host-1", "systemctl stop chk-foreign")
+        sh(sb, "host-1", "systemctl stop chk-foreign", check=True)
 
 
 def test_a_firewalled_chief_port_seen_from_one_worker(sb, job):
-    peer = sh(sb, "host-1", f"getent hosts {sb.host('host-3').container}").split()[0]
+    peer = sh(sb, "host-1", f"getent hosts {sb.host('host-3').container}", check=True).split()[0]
     rule = f"INPUT -p tcp -s {peer} --dport 2222 -j DROP"
-    sh(sb, "host-1", f"iptables -I {rule}")
+    sh(sb, "host-1", f"iptables -I {rule}", check=True)
     try:
         code, data, took = check(job)
     finally:
-        sh(sb, "host-1", f"iptables -D {rule}")
+        sh(sb, "host-1", f"iptables -D {rule}", check=True)
     assert code == 1
     chief = f"{sb.host('host-1').container}:2222"
     assert data["failures"] == [f"worker-1 on host-3 cannot reach chief-0 at {chief} (timed out: a firewall?)"]
@@ -126,7 +121,7 @@ def test_a_firewalled_chief_port_seen_from_one_worker(sb, job):
 
 
 def test_ecc_errors_fail_and_apply_refuses(sb, job):
-    sh(sb, "host-2", f"echo '0 3' > {FAULTS}/ecc-errors; echo 1 > {FAULTS}/remap-pending")
+    sh(sb, "host-2", f"echo '0 3' > {FAULTS}/ecc-errors; echo 1 > {FAULTS}/remap-pending", check=True)
     try:
         code, data, _ = check(job, "--skip-network")
         # Checks guard what an apply starts: restarting worker-0 (and with it the job).
@@ -135,7 +130,7 @@ def test_ecc_errors_fail_and_apply_refuses(sb, job):
         plan = cli("plan", "--replace", "worker-0", job, cwd=job.parent)
         quiet = cli("plan", "--detailed-exitcode", job, cwd=job.parent)
     finally:
-        sh(sb, "host-2", f"rm -f {FAULTS}/ecc-errors {FAULTS}/remap-pending")
+        sh(sb, "host-2", f"rm -f {FAULTS}/ecc-errors {FAULTS}/remap-pending", check=True)
     assert code == 1 and not data["network"]["checked"]
     assert data["failures"] == ["host-2: GPU 0: 3 uncorrectable ECC errors (reset the GPU or drain the host)"]
     # GPU 1 is not the job's on host-2: a warning.
@@ -149,21 +144,26 @@ def test_ecc_errors_fail_and_apply_refuses(sb, job):
 
 
 def test_a_missing_gpu(sb, job):
-    sh(sb, "host-3", f"echo 1 > {FAULTS}/missing-gpus")
+    sh(sb, "host-3", f"echo 1 > {FAULTS}/missing-gpus", check=True)
     try:
         code, data, _ = check(job, "--skip-network")
     finally:
-        sh(sb, "host-3", f"rm -f {FAULTS}/missing-gpus")
+        sh(sb, "host-3", f"rm -f {FAULTS}/missing-gpus", check=True)
     assert code == 1
     assert data["failures"] == ["host-3: inventory declares 2 nvidia-h100, but nvidia-smi reports 1"]
 
 
 def test_a_busy_gpu(sb, job):
-    sh(sb, "host-2", f"echo '0 4242 trainer 500' > {FAULTS}/busy-gpus; echo '1 4343 notebook' >> {FAULTS}/busy-gpus")
+    sh(
+        sb,
+        "host-2",
+        f"echo '0 4242 trainer 500' > {FAULTS}/busy-gpus; echo '1 4343 notebook' >> {FAULTS}/busy-gpus",
+        check=True,
+    )
     try:
         code, data, _ = check(job, "--skip-network")
     finally:
-        sh(sb, "host-2", f"rm -f {FAULTS}/busy-gpus")
+        sh(sb, "host-2", f"rm -f {FAULTS}/busy-gpus", check=True)
     assert code == 1
     assert len(data["failures"]) == 1 and data["failures"][0].startswith(
         "host-2: GPU 0 is busy: trainer (pid 4242, not among this host's processes"
@@ -173,12 +173,12 @@ def test_a_busy_gpu(sb, job):
 
 
 def test_a_hanging_nvidia_smi_is_bounded_by_its_timeout(sb, job):
-    sh(sb, "host-1", f"touch {FAULTS}/nvidia-smi-hang")
+    sh(sb, "host-1", f"touch {FAULTS}/nvidia-smi-hang", check=True)
     try:
         code, data, took = check(job, "--skip-network", env={"PROVISION_CHECK_GPU_TIMEOUT": "3"})
-        left = sh(sb, "host-1", "pgrep -c -x nvidia-smi || true").strip()
+        left = sh(sb, "host-1", "pgrep -c -x nvidia-smi || true", check=True).strip()
     finally:
-        sh(sb, "host-1", f"rm -f {FAULTS}/nvidia-smi-hang")
+        sh(sb, "host-1", f"rm -f {FAULTS}/nvidia-smi-hang", check=True)
     assert code == 1
     assert data["failures"] == [
         "host-1: inventory declares 2 nvidia-h100, but nvidia-smi failed: nvidia-smi: timed out after 3s"
@@ -188,11 +188,11 @@ def test_a_hanging_nvidia_smi_is_bounded_by_its_timeout(sb, job):
 
 
 def test_drivers_that_differ_are_a_warning(sb, job):
-    sh(sb, "host-3", f"echo '535.104.05 12.2' > {FAULTS}/driver")
+    sh(sb, "host-3", f"echo '535.104.05 12.2' > {FAULTS}/driver", check=True)
     try:
         code, data, _ = check(job, "--skip-network")
     finally:
-        sh(sb, "host-3", f"rm -f {FAULTS}/driver")
+        sh(sb, "host-3", f"rm -f {FAULTS}/driver", check=True)
     assert code == 0, data["failures"]
     assert data["warnings"] == [
         "host-3: driver 535.104.05 here, 550.54.15 on host-1, host-2: NCCL and CUDA may not agree across hosts"
@@ -201,12 +201,12 @@ def test_drivers_that_differ_are_a_warning(sb, job):
 
 def test_nccl_and_gloo_use_the_interface_of_the_cluster_address(sb, job):
     for h in sb.hosts:
-        ip = sh(sb, h.name, f"getent hosts {h.cluster_address}").split()[0]
+        ip = sh(sb, h.name, f"getent hosts {h.cluster_address}", check=True).split()[0]
         want = next(
             line.split()[1]
-            for line in sh(sb, h.name, "ip -o addr show").splitlines()
+            for line in sh(sb, h.name, "ip -o addr show", check=True).splitlines()
             if line.split()[3].split("/")[0] == ip
         )
         assert want != "lo"
-        env = sh(sb, h.name, "cat /etc/provision/chk/*.env")
+        env = sh(sb, h.name, "cat /etc/provision/chk/*.env", check=True)
         assert f'NCCL_SOCKET_IFNAME="{want}"' in env and f'GLOO_SOCKET_IFNAME="{want}"' in env, env

@@ -11,15 +11,15 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from provision import sandbox
 from provision.rules.plan import parse_env
 from provision.sandbox import dockerlayer, engine
+
+from .clirun import cli, sh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,16 +48,6 @@ echo "worker: no answer from $PEER:{PORT}"; exit 3
 """
 
 
-def cli(*args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])[1]
-
-
 @pytest.fixture(scope="module")
 def docker_hosts(sandbox_factory):
     sb = sandbox_factory(hosts=2, with_=("docker",))
@@ -81,16 +71,6 @@ def container_environ(sb, host: str, container: str) -> dict[str, str]:
     )
     raw = base64.b64decode(out.strip())
     return dict(item.split("=", 1) for item in raw.decode("utf-8").split("\0") if item)
-
-
-def wait_for(pred, timeout: float = 60, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_docker_hosts_run_dockerd(docker_hosts):
@@ -140,7 +120,7 @@ def test_container_job_on_a_real_engine(docker_hosts, test_image, tmp_path):
 
     # env: what the container's process sees is what the inventory says, byte for byte
     chief_ctr = f"provision-{job}-chief-0"
-    wait_for(lambda: "chief up" in cli("logs", inv, cwd=tmp_path).stdout, what="chief up")
+    wait_until(lambda: "chief up" in cli("logs", inv, cwd=tmp_path).stdout, what="chief up")
     seen = container_environ(sb, chief_host, chief_ctr)
     env_file = parse_env(sh(sb, chief_host, f"cat /etc/provision/{job}/chief-0.env"))
     assert seen["HOSTILE"] == HOSTILE
@@ -154,7 +134,7 @@ def test_container_job_on_a_real_engine(docker_hosts, test_image, tmp_path):
         out = cli("logs", inv, cwd=tmp_path).stdout
         return out if "worker got: hello-from-chief" in out else ""
 
-    lg = wait_for(answered, what="the worker's answer")
+    lg = wait_until(answered, what="the worker's answer")
     assert "worker got: hello-from-chief" in lg
 
     # a second apply ships nothing: the IDs match
@@ -177,7 +157,7 @@ def test_container_job_on_a_real_engine(docker_hosts, test_image, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task chief-0: " in r.stdout, r.stdout
     try:
-        wait_for(
+        wait_until(
             lambda: (
                 sh(sb, chief_host, f"systemctl is-active provision-{job}-chief-0.service").strip() == "active"
                 and container_environ(sb, chief_host, chief_ctr).get("HOSTILE") == HOSTILE
@@ -249,7 +229,7 @@ def test_an_image_rebuilt_here_is_shipped_again_and_restarts_its_task(docker_hos
     try:
         r = cli("apply", "-y", inv, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
-        wait_for(lambda: "image tag 1" in cli("logs", inv, cwd=tmp_path).stdout, what="the task in image 1")
+        wait_until(lambda: "image tag 1" in cli("logs", inv, cwd=tmp_path).stdout, what="the task in image 1")
         client.images.get(two).tag(ref)
         p = cli("plan", inv, cwd=tmp_path)
         assert f"+ image {ref} (shipped from this machine, 2 MB, replacing the host's older image)" in p.stdout, (
@@ -258,7 +238,7 @@ def test_an_image_rebuilt_here_is_shipped_again_and_restarts_its_task(docker_hos
         assert "task chief-0: restart" in p.stdout, p.stdout
         r = cli("apply", "-y", inv, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
-        wait_for(lambda: "image tag 2" in cli("logs", inv, cwd=tmp_path).stdout, what="the task in image 2")
+        wait_until(lambda: "image tag 2" in cli("logs", inv, cwd=tmp_path).stdout, what="the task in image 2")
         assert "+ image" not in cli("plan", inv, cwd=tmp_path).stdout
         d = cli("destroy", "-y", "--remove-images", inv, cwd=tmp_path)
         assert d.returncode == 0, d.stdout + d.stderr

@@ -18,24 +18,20 @@ import pytest
 
 from provision.rules.plan import parse_env
 
-from .clirun import cli
+from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "echo started $PROVISION_TASK; exec sleep 600"]
 
 
-def sh(sb, host: str, cmd: str) -> tuple[int, str]:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])
-
-
 def unit_props(sb, host: str, unit: str) -> dict:
-    _, out = sh(sb, host, f"systemctl show -p ActiveState,MainPID,InvocationID {unit}")
+    out = sh(sb, host, f"systemctl show -p ActiveState,MainPID,InvocationID {unit}")
     return dict(line.split("=", 1) for line in out.strip().splitlines() if "=" in line)
 
 
 def proc_environ(sb, host: str, pid: str) -> dict:
-    _, out = sh(sb, host, f"cat /proc/{pid}/environ | base64 -w0")
+    out = sh(sb, host, f"cat /proc/{pid}/environ | base64 -w0")
     import base64
 
     raw = base64.b64decode(out.strip())
@@ -98,7 +94,8 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     assert seen == 5
 
     # Env files are root-only; units are not.
-    code, mode = sh(sandbox4, "host-1", f"stat -c '%a %U' /etc/provision/{job_name}/*.env")
+    mode = sh(sandbox4, "host-1", f"stat -c '%a %U' /etc/provision/{job_name}/*.env")
+    code = mode.code
     assert code == 0 and set(mode.split("\n")) - {""} == {"600 root"}
 
     r = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
@@ -114,11 +111,11 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     r = cli("destroy", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     for h in sandbox4.hosts:
-        code, _ = sh(
+        code = sh(
             sandbox4,
             h.name,
             f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}*",
-        )
+        ).code
         assert code != 0
     r = cli("destroy", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0 and "No changes" in r.stdout
@@ -144,7 +141,7 @@ def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tm
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert unit_props(sandbox4, w1_host, f"provision-{job_name}-worker-1.service")["ActiveState"] == "active"
-    _, text = sh(sandbox4, chief_host, f"cat {env_file}")
+    text = sh(sandbox4, chief_host, f"cat {env_file}")
     assert 'PROVISION_TASK="chief-0"' in text
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     cli("destroy", "-y", inv, cwd=tmp_path)
@@ -160,13 +157,13 @@ def test_unit_file_removed_under_a_running_task_restarts_it(sandbox4, sandbox_in
     unit = f"provision-{job_name}-chief-0.service"
     before = unit_props(sandbox4, host, unit)
     sh(sandbox4, host, f"rm /etc/systemd/system/{unit} && systemctl daemon-reload")
-    _, load = sh(sandbox4, host, f"systemctl show -p LoadState,ActiveState {unit}")
+    load = sh(sandbox4, host, f"systemctl show -p LoadState,ActiveState {unit}")
     assert "LoadState=not-found" in load and "ActiveState=active" in load, load
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     after = unit_props(sandbox4, host, unit)
     assert after["ActiveState"] == "active" and after["InvocationID"] != before["InvocationID"]
-    assert sh(sandbox4, host, f"test -f /etc/systemd/system/{unit}")[0] == 0
+    assert sh(sandbox4, host, f"test -f /etc/systemd/system/{unit}").code == 0
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     cli("destroy", "-y", inv, cwd=tmp_path)
 
@@ -214,13 +211,13 @@ def test_shrink_and_grow_moves_no_task(sandbox4, sandbox_inventory, job_name, tm
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task worker-2: stop and remove" in r.stdout
-    code, _ = sh(
+    code = sh(
         sandbox4,
         w2_host,
         f"ls /etc/provision/{job_name}/worker-2.env /etc/systemd/system/provision-{job_name}-worker-2.service",
-    )
+    ).code
     assert code != 0
-    _, state = sh(sandbox4, w2_host, f"systemctl is-active provision-{job_name}-worker-2.service")
+    state = sh(sandbox4, w2_host, f"systemctl is-active provision-{job_name}-worker-2.service")
     assert state.strip() != "active"
     shrunk = placement(tmp_path, inv)
     assert {t: s for t, s in first.items() if t != "worker-2"} == shrunk
@@ -253,7 +250,7 @@ def test_unreachable_host_others_converge_exit_3(sandbox4, sandbox_inventory, jo
         assert "Unreachable: host-3" in r.stderr
         assert time.monotonic() - t0 < 60
         for h in ("host-1", "host-2", "host-4"):
-            _, out = sh(sandbox4, h, f"systemctl is-active 'provision-{job_name}-*'")
+            out = sh(sandbox4, h, f"systemctl is-active 'provision-{job_name}-*'")
             assert "active" in out.split(), (h, out)
     finally:
         container.unpause()
@@ -289,7 +286,7 @@ def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name,
             killed += 1
         p.wait()
         for h in sandbox4.hosts:  # never a half-written file in place (the directory may be there alone)
-            _, out = sh(sandbox4, h.name, f"cd /opt/{job_name} 2>/dev/null && sha256sum *.bin 2>/dev/null")
+            out = sh(sandbox4, h.name, f"cd /opt/{job_name} 2>/dev/null && sha256sum *.bin 2>/dev/null")
             for line in out.strip().splitlines():
                 digest, name = line.split()
                 assert digest == __import__("hashlib").sha256((payload / name).read_bytes()).hexdigest(), (h.name, name)
@@ -299,7 +296,7 @@ def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     for h in sandbox4.hosts:
-        _, out = sh(
+        out = sh(
             sandbox4,
             h.name,
             f"find /opt/{job_name} /etc/provision/{job_name} /etc/systemd/system -name '*.provision-tmp'",
@@ -307,7 +304,7 @@ def test_sigkill_mid_apply_then_converges(sandbox4, sandbox_inventory, job_name,
         assert out.strip() == "", out
     cli("destroy", "-y", inv, cwd=tmp_path)
     for h in sandbox4.hosts:
-        code, _ = sh(sandbox4, h.name, f"test -e /opt/{job_name}")
+        code = sh(sandbox4, h.name, f"test -e /opt/{job_name}").code
         assert code != 0
 
 
@@ -354,7 +351,8 @@ def test_changed_host_key_is_refused(sandbox_factory, sandbox_inventory, tmp_pat
     assert "ssh-ed25519" in known
 
     # The host is "reinstalled": new host keys.
-    code, out = sh(sb, "host-1", "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh")
+    out = sh(sb, "host-1", "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh")
+    code = out.code
     assert code == 0, out
     r = cli("plan", inv, cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -433,7 +431,7 @@ def test_jump_host(sandbox_factory, sandbox_inventory, tmp_path):
     inv.write_text(yaml.safe_dump(data))
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    _, out = sh(sb, "host-2", "systemctl is-active provision-jump-chief-0.service")
+    out = sh(sb, "host-2", "systemctl is-active provision-jump-chief-0.service")
     assert out.strip() == "active"
     known = (tmp_path / ".provision" / "known_hosts").read_text()
     assert h2.container in known and f"[127.0.0.1]:{h1.ssh_port}" in known  # both keys checked
@@ -461,7 +459,7 @@ def test_facts_mismatch_stops_apply_before_anything_is_written(sandbox4, sandbox
     assert r.returncode == 1, r.stdout + r.stderr
     assert "host-2 (127.0.0.1:" in r.stderr and "nvidia-smi reports 2" in r.stderr and "nothing was changed" in r.stderr
     for h in sandbox4.hosts:
-        code, _ = sh(sandbox4, h.name, f"test -e /etc/provision/{job_name}")
+        code = sh(sandbox4, h.name, f"test -e /etc/provision/{job_name}").code
         assert code != 0, h.name
     r = cli("facts", "--json", inv, cwd=tmp_path)
     facts = json.loads(r.stdout)["hosts"]
@@ -488,7 +486,7 @@ def test_host_leaving_the_job_is_cleaned(sandbox4, sandbox_inventory, job_name, 
     assert "host-3 (127.0.0.1:" in r.stdout and "(the job leaves this host)" in r.stdout, r.stdout
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    code, out = sh(
+    out = sh(
         sandbox4,
         "host-3",
         f"ls /etc/provision/{job_name} /var/lib/provision/{job_name} /etc/systemd/system/provision-{job_name}* 2>&1; systemctl is-active provision-{job_name}-worker-1.service",

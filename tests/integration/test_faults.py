@@ -13,15 +13,11 @@ import time
 
 import pytest
 
-from .clirun import cli
+from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "exec sleep 600"]
-
-
-def sh(sb, host: str, cmd: str) -> tuple[int, str]:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])
 
 
 def test_sigkill_at_random_points_never_loses_the_state(sandbox4, sandbox_inventory, job_name, tmp_path):
@@ -69,7 +65,7 @@ def test_sigkill_at_random_points_never_loses_the_state(sandbox4, sandbox_invent
     sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv, hosts=["host-1", "host-2", "host-3"])
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    code, out = sh(
+    out = sh(
         sandbox4,
         "host-4",
         f"ls /etc/provision/{job_name} /etc/systemd/system/provision-{job_name}-* 2>&1; "
@@ -112,19 +108,19 @@ def test_a_host_file_provision_does_not_manage_is_refused_or_kept_and_put_back(
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 1
     assert f"{dest} exists and is not managed by provision" in r.stderr and "replace: true" in r.stderr
-    assert sh(sandbox4, "host-1", f"cat {dest}")[1] == "the host own motd\n"
-    assert sh(sandbox4, "host-1", f"test -e /etc/provision/{job_name}")[0] != 0, "nothing written anywhere"
+    assert sh(sandbox4, "host-1", f"cat {dest}") == "the host own motd\n"
+    assert sh(sandbox4, "host-1", f"test -e /etc/provision/{job_name}").code != 0, "nothing written anywhere"
 
     sandbox_inventory(
         sandbox4, job=job_name, pools=pools, path=inv, files=[{"src": "motd", "dest": dest, "replace": True}]
     )
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sh(sandbox4, "host-1", f"cat {dest}")[1] == "provision's motd\n"
+    assert sh(sandbox4, "host-1", f"cat {dest}") == "provision's motd\n"
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
     r = cli("destroy", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sh(sandbox4, "host-1", f"cat {dest}; stat -c %a {dest}")[1] == "the host own motd\n640\n"
+    assert sh(sandbox4, "host-1", f"cat {dest}; stat -c %a {dest}") == "the host own motd\n640\n"
     sh(sandbox4, "host-1", f"rm -f {dest}")
 
 

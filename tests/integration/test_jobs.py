@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,22 +22,14 @@ from provision import sandbox
 from provision.cli.sandboxcmd import job_from_file
 from provision.rules.plan import parse_env
 
+from .clirun import cli, sh
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "inventories" / "sandbox"
 STEP = re.compile(r"\] step (\d+) loss -?\d+\.\d+")
 DONE = re.compile(r"\] done steps (\d+) checksum (-?\d+\.\d+) sha256 ([0-9a-f]{64})")
-
-
-def cli(*args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])[1]
 
 
 @pytest.fixture(scope="module")

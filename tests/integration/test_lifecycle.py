@@ -12,16 +12,11 @@ import time
 
 import pytest
 
-from .clirun import cli, rows, status, wait_until
+from .clirun import cli, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
 SERVE = ["/bin/sh", "-c", 'trap "echo bye; exit 0" TERM; echo up; while :; do sleep 1; done']
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    code, out = sb.docker_exec(host, ["/bin/sh", "-c", cmd])
-    return out
 
 
 def exits(sb, host: str, job: str, task: str) -> list[list[str]]:
@@ -212,7 +207,7 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
     assert p.returncode == 0, p.stdout + p.stderr
     a = cli("apply", "-y", inv, cwd=tmp_path)
     assert a.returncode == 0 and "No changes." in a.stdout, a.stdout + a.stderr
-    time.sleep(1)
+    time.sleep(1)  # the behaviour under test: nothing starts during it
     for h in before:
         assert sh(sandbox3, h, f"cat /var/lib/provision/{job}/*.exits") == before[h]
         assert "ActiveState=active" not in sh(sandbox3, h, f"systemctl show -p ActiveState 'provision-{job}-*'")

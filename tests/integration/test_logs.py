@@ -7,11 +7,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 import yaml
+
+from .clirun import cli, sh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -23,26 +23,6 @@ ODD = (
     'for i in 1 2 3 4 5 6; do echo "line $i of $PROVISION_TASK"; done; '
     "exec sleep 600"
 )
-
-
-def cli(*args, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])[1]
-
-
-def wait_for(pred, timeout=60.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +41,7 @@ def odd_job(sandbox3, sandbox_inventory, tmp_path_factory):
     )
     r = cli("apply", "-y", inv, cwd=tmp)
     assert r.returncode == 0, r.stdout + r.stderr
-    wait_for(lambda: "line 6 of worker-1" in cli("logs", inv, cwd=tmp).stdout, what="the tasks' output")
+    wait_until(lambda: "line 6 of worker-1" in cli("logs", inv, cwd=tmp).stdout, what="the tasks' output")
     yield tmp, inv
     cli("destroy", "-y", inv, cwd=tmp)
 
@@ -143,13 +123,13 @@ def test_output_dir_resumes_from_cursors_across_a_restart(sandbox3, sandbox_inve
     )
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
     out = tmp_path / "out"
-    wait_for(lambda: "tick" in cli("logs", inv, cwd=tmp_path).stdout, what="first run's output")
+    wait_until(lambda: "tick" in cli("logs", inv, cwd=tmp_path).stdout, what="first run's output")
     r = cli("logs", inv, "-o", out, cwd=tmp_path)
     assert r.returncode == 0 and "chief-0@host-1: 2 new lines" in r.stderr, r.stderr
     r = cli("logs", inv, "-o", out, cwd=tmp_path)
     assert "chief-0@host-1: 0 new lines" in r.stderr, r.stderr
     assert cli("apply", "-y", "--replace", "chief-0", inv, cwd=tmp_path).returncode == 0
-    wait_for(lambda: cli("logs", inv, cwd=tmp_path).stdout.count("tick") == 2, what="second run's output")
+    wait_until(lambda: cli("logs", inv, cwd=tmp_path).stdout.count("tick") == 2, what="second run's output")
     r = cli("logs", inv, "-o", out, cwd=tmp_path)
     assert "chief-0@host-1: 2 new lines" in r.stderr, r.stderr
     lines = (out / "chief-0.log").read_text().splitlines()
@@ -229,8 +209,9 @@ def test_follow_shows_lines_from_a_task_restarted_while_following(sandbox3, sand
     # The job succeeded after two restarts.
     w = cli("wait", "--timeout", "30", inv, cwd=tmp_path)
     assert w.returncode == 0, w.stderr
-    time.sleep(1)
-    for h in ("host-1", "host-2"):
-        assert sh(sandbox3, h, "ps -eo args | grep [j]ournalctl") == "", f"journalctl left on {h}"
+    for h in ("host-1", "host-2"):  # the follow streams' journalctl end with their channels
+        wait_until(
+            lambda h=h: sh(sandbox3, h, "ps -eo args | grep [j]ournalctl") == "", 15, what=f"journalctl gone on {h}"
+        )
     assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
     sh(sandbox3, "host-1", f"rm -f {counter}")

@@ -16,7 +16,7 @@ from provision.host.protocol import ProbeRequest, to_wire
 from provision.io import probe as fast_probe
 from provision.run import context as engine
 
-from .clirun import cli
+from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +28,6 @@ def sb(sandbox_factory):
     sb = sandbox_factory(hosts=2, gpus_per_host=2)
     yield sb
     sandbox_factory.down(sb)
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    code, out = sb.docker_exec(host, ["/bin/sh", "-c", cmd])
-    assert code == 0, (cmd, out)
-    return out
 
 
 def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, dict, list[str]]:
@@ -136,17 +130,32 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
 
     # Another job's ledger entry (one unit there, one gone) and a listener provision did not start.
     other = {"job": "other", "units": ["provision-probe-chief-0.service", "provision-other-gone.service"], "gpus": [1]}
-    sh(sb, "host-1", f"echo '{json.dumps(other)}' > /var/lib/provision/.ledger/other.json")
-    sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290")
+    sh(sb, "host-1", f"echo '{json.dumps(other)}' > /var/lib/provision/.ledger/other.json", check=True)
+    sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290", check=True)
     # ... on a port of the job's (the checks name the process), whose pid is busy on a GPU too.
-    sh(sb, "host-1", "systemd-run --unit probe-listener2 python3 -m http.server 2222")
-    sh(sb, "host-1", "for i in $(seq 50); do grep -qi ':08AE [0:]* 0A' /proc/net/tcp && exit 0; sleep 0.1; done")
-    pid = sh(sb, "host-1", "systemctl show -p MainPID --value probe-listener2").strip()
-    sh(sb, "host-1", f"echo '0 {pid} python3 10' > /etc/provision-sandbox/busy-gpus")
-    sh(sb, "host-1", "for i in $(seq 50); do grep -qi ':08F2 ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1")
+    sh(sb, "host-1", "systemd-run --unit probe-listener2 python3 -m http.server 2222", check=True)
+    sh(
+        sb,
+        "host-1",
+        "for i in $(seq 50); do grep -qi ':08AE [0:]* 0A' /proc/net/tcp && exit 0; sleep 0.1; done",
+        check=True,
+    )
+    pid = sh(sb, "host-1", "systemctl show -p MainPID --value probe-listener2", check=True).strip()
+    sh(sb, "host-1", f"echo '0 {pid} python3 10' > /etc/provision-sandbox/busy-gpus", check=True)
+    sh(
+        sb,
+        "host-1",
+        "for i in $(seq 50); do grep -qi ':08F2 ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1",
+        check=True,
+    )
     fast, slow, fell_back = both(inv, monkeypatch=monkeypatch)
-    sh(sb, "host-1", "systemctl stop probe-listener probe-listener2; rm /var/lib/provision/.ledger/other.json")
-    sh(sb, "host-1", "rm /etc/provision-sandbox/busy-gpus")
+    sh(
+        sb,
+        "host-1",
+        "systemctl stop probe-listener probe-listener2; rm /var/lib/provision/.ledger/other.json",
+        check=True,
+    )
+    sh(sb, "host-1", "rm /etc/provision-sandbox/busy-gpus", check=True)
     assert fell_back == []
     assert_same(fast, slow)
     t1 = fast["host-1+tenancy"]
@@ -160,13 +169,18 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
 
     # Drift of every kind on host-1, a stopped unit and odd things in the way.
     job_dir = "/etc/provision/probe"
-    sh(sb, "host-1", f"for f in {job_dir}/*.env; do echo EXTRA=1 >> $f; done")
-    sh(sb, "host-1", "chmod 0644 /etc/systemd/system/provision-probe.target")
-    sh(sb, "host-1", "rm /opt/probe-test/small.txt && mkdir /opt/probe-test/small.txt")
-    sh(sb, "host-1", "rm /opt/probe-test/big.bin && ln -s /etc/hostname /opt/probe-test/big.bin")
-    sh(sb, "host-1", "rm /opt/probe-test/fifo.txt && mkfifo /opt/probe-test/fifo.txt")
-    sh(sb, "host-2", "rm -f /etc/systemd/system/provision-probe-*.service; systemctl stop 'provision-probe-*'")
-    sh(sb, "host-2", f"echo '{{\"ended\": true}}' > {job_dir}/lifecycle.json")
+    sh(sb, "host-1", f"for f in {job_dir}/*.env; do echo EXTRA=1 >> $f; done", check=True)
+    sh(sb, "host-1", "chmod 0644 /etc/systemd/system/provision-probe.target", check=True)
+    sh(sb, "host-1", "rm /opt/probe-test/small.txt && mkdir /opt/probe-test/small.txt", check=True)
+    sh(sb, "host-1", "rm /opt/probe-test/big.bin && ln -s /etc/hostname /opt/probe-test/big.bin", check=True)
+    sh(sb, "host-1", "rm /opt/probe-test/fifo.txt && mkfifo /opt/probe-test/fifo.txt", check=True)
+    sh(
+        sb,
+        "host-2",
+        "rm -f /etc/systemd/system/provision-probe-*.service; systemctl stop 'provision-probe-*'",
+        check=True,
+    )
+    sh(sb, "host-2", f"echo '{{\"ended\": true}}' > {job_dir}/lifecycle.json", check=True)
     fast, slow, fell_back = both(inv, monkeypatch=monkeypatch)
     assert fell_back == []
     assert_same(fast, slow)
@@ -176,13 +190,13 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert fast["host-2"]["lifecycle"] == {"ended": True}
 
     # nvidia-smi missing on host-1 (the script answers), failing on host-2 (the agent does).
-    sh(sb, "host-1", "mv /usr/bin/nvidia-smi /usr/bin/nvidia-smi.away")
-    sh(sb, "host-2", "echo 0 > /etc/provision-sandbox/gpus")
+    sh(sb, "host-1", "mv /usr/bin/nvidia-smi /usr/bin/nvidia-smi.away", check=True)
+    sh(sb, "host-2", "echo 0 > /etc/provision-sandbox/gpus", check=True)
     try:
         fast, slow, fell_back = both(inv, monkeypatch=monkeypatch)
     finally:
-        sh(sb, "host-1", "mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi")
-        sh(sb, "host-2", "echo 2 > /etc/provision-sandbox/gpus")
+        sh(sb, "host-1", "mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi", check=True)
+        sh(sb, "host-2", "echo 2 > /etc/provision-sandbox/gpus", check=True)
     assert fell_back == ["host-2"]
     assert_same(fast, slow)
     assert fast["host-1"]["facts"]["nvidia_smi"] == "missing"

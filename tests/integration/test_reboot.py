@@ -21,15 +21,11 @@ import pytest
 from provision import sandbox
 from provision.host import layout
 
-from .clirun import cli, rows, status, wait_until
+from .clirun import cli, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "exec sleep 600"]
-
-
-def sh(sb, host: str, cmd: str) -> str:
-    return sb.docker_exec(host, ["/bin/sh", "-c", cmd])[1]
 
 
 def exits(sb, host: str, job: str, task: str) -> list[list[str]]:

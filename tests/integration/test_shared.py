@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, ok
+from .clirun import cli, first_output, ok
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +113,11 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
             text=True,
             env={**os.environ, "PROVISION_QUEUE_POLL": "1"},
         )
-        time.sleep(4)
-        assert q.poll() is None, "the queued apply must wait"
+        said = first_output(q)  # it says it waits (and what for) ...
+        assert q.poll() is None, "the queued apply must wait"  # ... and waits
         ok(cli("destroy", "-y", a, cwd=tmp_path))
         out, err = q.communicate(timeout=120)
+        err = said + err
         assert q.returncode == 0, out + err
         assert "queued" in err and "exp-a" in err
         assert status(c)["phase"] == "Running"

@@ -11,20 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from .clirun import cli, first_output
 
 pytestmark = pytest.mark.integration
 
 MISSING = "/opt/venv/bin/torchrun"
 REASON = f"the program could not be started: {MISSING}: No such file or directory (exit status 203/EXEC)"
-
-
-def cli(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def steps(n: int, pause: float) -> list[str]:
@@ -177,7 +172,7 @@ def test_ctrl_c_exits_130_in_logs_follow_and_wait(sandbox3, sandbox_inventory, t
                 text=True,
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
-            time.sleep(4)
+            first_output(p)  # under way (its handlers set): now Ctrl-C
             p.send_signal(signal.SIGINT)
             _, err = p.communicate(timeout=30)
             assert p.returncode == 130, (args, err)

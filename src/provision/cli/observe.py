@@ -13,7 +13,7 @@ from provision.cli.common import (
     host_options,
     open_ctx,
 )
-from provision.cli.output import status_lines, table
+from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
 from provision.core.target import HostError
 from provision.rules.facts import mismatches, summary_row
@@ -110,7 +110,7 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
             )
         )
     if as_json:
-        click.echo(_json.dumps({"format_version": 1, "hosts": data}, indent=1))
+        click.echo(_json.dumps(facts_json(data), indent=1))
     else:
         for line in table(rows):
             click.echo(line)

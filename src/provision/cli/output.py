@@ -86,6 +86,11 @@ def change_json(plan: Plan, outcomes: Mapping[str, HostOutcome]) -> dict[str, ob
     return {"format_version": 2, "plan": plan.to_json(), "outcome": {n: o.__dict__ for n, o in outcomes.items()}}
 
 
+def facts_json(hosts: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
+    """`facts --json`: per host its facts and what does not match the inventory (or its error)."""
+    return {"format_version": 1, "hosts": dict(hosts)}
+
+
 def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str) -> None:
     """Errors per host, then Terraform's closing line."""
     failed = [o for o in outcomes.values() if o.error and not o.unreachable]
