@@ -1124,3 +1124,65 @@ def test_docs_up_to_date():
         "docs/validation-errors.md is out of date with tests/test_validation.py; "
         "run `UPDATE_DOCS=1 pytest tests/test_validation.py -k docs`"
     )
+
+
+# --------------------------------------------------------------------------- a trailing newline
+
+
+def _edited(path: tuple, value: str) -> str:
+    """BASE with the string at `path` (keys and list indexes) set to `value`."""
+    import yaml
+
+    doc = yaml.safe_load(BASE)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+# Every validated string of the inventory, as (key path, a valid value): with "\n" added, each
+# must be refused, naming its key path. (`re.match` with `^...$` took a final newline: a
+# command whose first word ended in one split ExecStart= and never ran.)
+VALIDATED_STRINGS = [
+    (("job",), "mnist"),
+    (("ssh", "user"), "root"),
+    (("ssh", "host_key_policy"), "accept-new"),
+    (("ssh", "jump_host"), "ops@bastion:22"),
+    (("hosts", 0, "name"), "gpu-1"),
+    (("hosts", 0, "address"), "192.0.2.11"),
+    (("hosts", 0, "cluster_address"), "gpu-1.ib"),
+    (("hosts", 0, "labels", "rack"), "r1"),
+    (("hosts", 0, "accelerators", "type"), "nvidia-h100"),
+    (("pools", "chief", "command", 0), "/opt/venv/bin/python"),
+    (("tf_config", "chief_name"), "chief"),
+    (("success", "policy"), "chief"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), VALIDATED_STRINGS, ids=[".".join(map(str, p)) for p, _ in VALIDATED_STRINGS]
+)
+def test_a_trailing_newline_is_refused(tmp_path: Path, path: tuple, value: str) -> None:
+    (tmp_path / "train.py").write_text("print('train')\n")
+    parse(_edited(path, value), tmp_path / NAME)  # the value itself is fine
+    with pytest.raises(ValidationError) as e:
+        parse(_edited(path, value + "\n"), tmp_path / NAME)
+    shown = ".".join(str(p) for p in path if not isinstance(p, int))
+    lines = [e.value.message, *e.value.details]
+    assert any(path[0] in line and shown.split(".")[-1] in line for line in lines), lines
+
+
+@pytest.mark.parametrize("key", ["GOOD_KEY\n", "A\nB"])
+def test_env_names_with_a_newline_are_refused(tmp_path: Path, key: str) -> None:
+    import yaml
+
+    (tmp_path / "train.py").write_text("print('train')\n")
+    doc = yaml.safe_load(BASE)
+    doc["env"] = {key: "x"}
+    with pytest.raises(ValidationError):
+        parse(yaml.safe_dump(doc), tmp_path / NAME)
+    doc = yaml.safe_load(BASE)
+    doc["secret_env"] = [key]
+    with pytest.raises(ValidationError):
+        parse(yaml.safe_dump(doc), tmp_path / NAME)

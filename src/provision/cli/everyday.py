@@ -195,7 +195,7 @@ def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
     path = Path(out)
     if path.exists() and not force:
         raise ProvisionError(f"{out}: exists; use --force to overwrite it, or -o another file")
-    if not DNS_LABEL.match(job):
+    if not DNS_LABEL.fullmatch(job):
         raise ProvisionError(f"--job {job!r}: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter)")
     facts = _facts(hosts, user, port, identity_file, path) if read_facts else None
     text = init_text(list(hosts), job=job, out=out, user=user, port=port, identity_file=identity_file, facts=facts)

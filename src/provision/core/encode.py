@@ -23,7 +23,7 @@ _ENV_NEEDS = re.compile(r'[\\"$`]')
 
 def env_assignment(key: str, value: str) -> str:
     """One `KEY="value"` entry of an EnvironmentFile= file."""
-    if not ENV_KEY.match(key):
+    if not ENV_KEY.fullmatch(key):
         raise ProvisionError(f"environment variable name {key!r} is not valid")
     if "\x00" in value:
         raise ProvisionError(f"environment variable {key}: NUL bytes cannot be passed")
@@ -70,6 +70,6 @@ def exec_word(arg: str) -> str:
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
     """A whole ExecStart= value. The program is written bare (systemd reads prefixes
     such as '-' or '@' from it), so it must be a plain path; validation ensures that."""
-    if not argv or not EXECUTABLE.match(argv[0]):
+    if not argv or not EXECUTABLE.fullmatch(argv[0]):
         raise ProvisionError(f"program {argv[0] if argv else ''!r} is not a plain path")
     return " ".join([argv[0], *(exec_word(a) for a in argv[1:])])

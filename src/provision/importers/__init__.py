@@ -72,11 +72,11 @@ def import_job(
     command: str,
 ) -> Result:
     """Read SPEC (a file) for `service` and return the inventory text."""
-    if job is not None and not DNS_LABEL.match(job):
+    if job is not None and not DNS_LABEL.fullmatch(job):
         raise SpecError(
             f"--job: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter, at most 40 characters), got {job!r}"
         )
-    if trial is not None and not TRIAL.match(trial):
+    if trial is not None and not TRIAL.fullmatch(trial):
         raise SpecError(f"--trial: expected a trial id such as '1' (letters, digits, '_', '.', '-'), got {trial!r}")
     text = read_text(spec_path, display)
     default_name = spec_path.stem

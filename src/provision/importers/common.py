@@ -121,7 +121,7 @@ def env_list(value: JSON, at: Where) -> tuple[tuple[str, str], ...]:
 
 def env_name(value: JSON, at: Where) -> str:
     name = string(value, at)
-    if not ENV_KEY.match(name):
+    if not ENV_KEY.fullmatch(name):
         at.fail(
             f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {show(name)}"
         )

@@ -152,7 +152,7 @@ def normalize_since(since: str | None) -> str | None:
     s = since.strip()
     if not s:
         raise ProvisionError("--since: empty; give a duration (10m, 2h, 1d) or a time (2024-05-01 12:00:00)")
-    m = _DURATION.match(s)
+    m = _DURATION.fullmatch(s)
     if m:
         unit = {"s": "s", "m": "min", "h": "h", "d": "d", "w": "w"}[m.group(2)]
         return f"-{m.group(1)}{unit}"

@@ -71,7 +71,7 @@ def command(req: ProbeRequest) -> str | None:
     facts = set(req.facts_only) if req.facts == CHECK_FACTS else set()
     _, units, paths = _asked(req)
     looked = req.looked()
-    if not all(_SAFE_UNIT.match(u) for u in units) or not all(_SAFE_PATH.match(p) for p in paths + looked):
+    if not all(_SAFE_UNIT.fullmatch(u) for u in units) or not all(_SAFE_PATH.fullmatch(p) for p in paths + looked):
         return None
     gpus = " ".join((str(hostfacts.NVIDIA_SMI_TIMEOUT), *hostfacts.NVIDIA_SMI)) if "gpus" in facts else ""
     checks = _check_words(req, facts)
@@ -110,9 +110,9 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
     c = req.checks or {}
     gpus = bool(c.get("gpus")) and "gpus" in facts
     disk = list(c.get("disk") or [])
-    if not all(_SAFE_PATH.match(p) for p in disk):
+    if not all(_SAFE_PATH.fullmatch(p) for p in disk):
         return None
-    if req.cluster_address and not _SAFE_NAME.match(req.cluster_address):
+    if req.cluster_address and not _SAFE_NAME.fullmatch(req.cluster_address):
         return None
     ports = [int(p) for p in c.get("ports") or []]
     return [

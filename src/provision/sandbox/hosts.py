@@ -197,7 +197,7 @@ class DownResult:
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ProvisionError(
             f"sandbox name {name!r}: use 1-40 characters a-z, 0-9 and '-', starting with a "
             "letter (it becomes part of the hosts' DNS names)"

@@ -92,7 +92,7 @@ def _ssh(c: Checker, value: dict, path: KeyPath, base: SSHSettings) -> SSHSettin
         kw["jump_host"] = (
             None if jh is None else c.string(jh, path + ("jump_host",), pattern=JUMP_HOST, what="[user@]host[:port]")
         )
-        m = JUMP_HOST.match(kw["jump_host"]) if kw["jump_host"] else None
+        m = JUMP_HOST.fullmatch(kw["jump_host"]) if kw["jump_host"] else None
         port = m.group(3) if m else None
         if port is not None and not 1 <= int(port) <= 65535:
             c.add(path + ("jump_host",), f"port must be from 1 to 65535, got {show_value(jh)}")
@@ -126,7 +126,7 @@ def _labels(c: Checker, value: Any, path: KeyPath) -> tuple[tuple[str, str], ...
         return ()
     out = []
     for k, v in m.items():
-        if not LABEL_VALUE.match(k):
+        if not LABEL_VALUE.fullmatch(k):
             c.add(path + (k,), f"expected a label name (letters, digits, '.', '_', '-'), got {show_value(k)}")
             continue
         s = c.string(v, path + (k,), pattern=LABEL_VALUE, what="a label value (letters, digits, '.', '_', '-')")
@@ -198,7 +198,7 @@ def _command(c: Checker, value: Any, path: KeyPath) -> list[str] | None:
         return None
     if not command:
         c.add(path, "expected a non-empty list (the program and its arguments)")
-    elif not EXECUTABLE.match(command[0]):
+    elif not EXECUTABLE.fullmatch(command[0]):
         c.add(
             path + (0,),
             f"expected an absolute program path or a program name (letters, digits, '/', '.', '_', '+', '-'; not starting with '-' or '+'; wrap anything fancier in a script), got {show_value(command[0])}",

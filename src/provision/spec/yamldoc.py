@@ -165,7 +165,7 @@ class Checker:
         except UnicodeEncodeError:
             self.add(path, f"not valid Unicode text (lone surrogate escape), got {show_value(s)}")
             return None
-        if pattern is not None and not pattern.match(s):
+        if pattern is not None and not pattern.fullmatch(s):
             self.add(path, f"expected {what}, got {show_value(s)}")
             return None
         return s
@@ -207,7 +207,7 @@ class Checker:
         out = []
         for key, val in m.items():
             ok = True
-            if not ENV_KEY.match(key):
+            if not ENV_KEY.fullmatch(key):
                 self.add(
                     path + (key,),
                     f"not a valid environment variable name (letters, digits, '_', not starting with a digit), got {show_value(key)}",
