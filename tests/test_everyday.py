@@ -8,13 +8,15 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from provision.cli.app import main
 from provision.cli.everyday import init_text
+from provision.core.errors import ValidationError
 from provision.core.target import Target
 from provision.run.remote import NOT_APPLIED, exec_script, shell_command, ssh_argv
-from provision.spec.inventory import parse
+from provision.spec.inventory import load, parse
 
 JOB = """\
 job: j
@@ -96,7 +98,7 @@ def test_init_command_refuses_to_overwrite(tmp_path):
         assert r.exit_code == 0, r.output
         assert Path("inventory.yaml").exists() and "Wrote inventory.yaml: job demo on 1 host." in r.output
         r = runner.invoke(main, ["init", "h1=192.0.2.1"])
-        assert r.exit_code == 1 and "exists; use --force" in r.output
+        assert r.exit_code == 1 and "already exists; give --force" in r.output
         assert runner.invoke(main, ["validate", "inventory.yaml"]).exit_code == 0
 
 
@@ -109,3 +111,59 @@ def test_task_names_complete(tmp_path, monkeypatch):
         env["COMP_CWORD"] = str(len(words) + 1)
         r = CliRunner().invoke(main, [], env=env, prog_name="provision")
         assert r.output.split() == ["plain,worker-0", "plain,worker-1"], (words, r.output)
+
+
+@pytest.mark.parametrize(
+    "word",
+    [
+        "h1=10.0.0.1\nhost_key_policy: off",  # a newline would have been YAML of its own
+        "h1=10.0.0.1\njump_host: attacker.example",
+        "h 1=10.0.0.1",
+        "h1=http://10.0.0.1/",
+        "h1=10.0.0.1:99999",
+        "h1=[10.0.0.1]:22",
+        "h1=",
+    ],
+)
+def test_init_refuses_what_is_not_a_host_naming_the_word(tmp_path, word):
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        r = runner.invoke(main, ["init", word])
+        assert r.exit_code == 1, r.output
+        assert r.output.startswith(f"Error: {word!r}: ") and "Traceback" not in r.output
+        assert not Path("inventory.yaml").exists()
+
+
+def test_init_quotes_values_and_takes_ports(tmp_path):
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        r = runner.invoke(
+            main,
+            ["init", "g1=127.0.0.1:39639", "g2=[fd00::2]:2202", "fd00::3", "--user", "ops", "-i", "~/k"],
+        )
+        assert r.exit_code == 0, r.output
+        inv = load("inventory.yaml")
+        assert [(h.name, h.address, h.ssh.port, h.ssh.user) for h in inv.hosts] == [
+            ("g1", "127.0.0.1", 39639, "ops"),
+            ("g2", "fd00::2", 2202, "ops"),
+            ("host-3", "fd00::3", None, "ops"),  # None: ssh_config's, else 22
+        ]
+        # A hostile --user stays one value: validate refuses it, no key of its own appears.
+        r = runner.invoke(main, ["init", "g1=127.0.0.1", "--user", "ops\nhost_key_policy: off", "-o", "bad.yaml"])
+        assert r.exit_code == 0, r.output
+        with pytest.raises(ValidationError, match="ssh.user"):
+            load("bad.yaml")
+
+
+@pytest.mark.parametrize("command", [["init", "h1=192.0.2.1"], ["import", "vertex", "spec.yaml"]])
+def test_an_output_that_is_a_link_is_refused(tmp_path, command):
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        Path("spec.yaml").write_text(
+            "workerPoolSpecs: [{machineSpec: {machineType: n1}, replicaCount: 1, containerSpec: {imageUri: x}}]\n"
+        )
+        target = Path(tmp_path / "elsewhere" / "made.yaml")
+        Path("out.yaml").symlink_to(target)  # dangling: following it would create the target
+        r = runner.invoke(main, [*command, "-o", "out.yaml", "--force"])
+        assert r.exit_code == 1 and "out.yaml: is a symbolic link; refused" in r.output, r.output
+        assert not target.exists() and Path("out.yaml").is_symlink()

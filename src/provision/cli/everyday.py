@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -15,10 +16,12 @@ from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import ALL_FACTS, ProbeRequest
 from provision.io.hostkeys import KnownHosts
+from provision.io.outfile import check_output, write_output
 from provision.io.ssh import Session, call_agent
 from provision.run.context import open_context
 from provision.run.remote import complete_tasks, run_exec, shell_command, ssh_argv
-from provision.spec.inventory import DNS_LABEL
+from provision.spec.address import split as address_split
+from provision.spec.inventory import DNS_LABEL, HOST_NAME
 
 
 def _words(command) -> list[str]:
@@ -123,12 +126,25 @@ pools:
 """
 
 
-def _host_entry(spec: str, i: int) -> tuple[str, str]:
-    """`name=address` or `address` -> (name, address)."""
-    if "=" in spec:
-        name, _, address = spec.partition("=")
-        return name.strip(), address.strip()
-    return f"host-{i}", spec.strip()
+def _host_entry(spec: str, i: int) -> tuple[str, str, int | None]:
+    """`[NAME=]ADDRESS[:PORT]` -> (name, address, port or None); one line naming the word
+    for anything that is not a host name or IP literal (a newline or a YAML key would
+    otherwise land in the inventory as YAML of its own)."""
+    name, eq, address = spec.partition("=")
+    if not eq:
+        name, address = f"host-{i}", spec
+    if not HOST_NAME.fullmatch(name):
+        raise ProvisionError(f"{spec!r}: the name {name!r} is not a host name (letters, digits, '.', '_', '-')")
+    try:
+        host, port = address_split(address)
+    except ValueError as e:
+        raise ProvisionError(f"{spec!r}: {e}") from None
+    return name, host, port
+
+
+def _q(value: str) -> str:
+    """A value as a YAML scalar that stays one value: JSON's double-quoted string is YAML's."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def init_text(
@@ -144,17 +160,19 @@ def init_text(
     """The commented inventory `provision init` writes (facts: host name -> its facts)."""
     ssh = []
     ssh.append(
-        f"  user: {user}" if user else "  # user: root                 # default: ~/.ssh/config, then your login"
+        f"  user: {_q(user)}" if user else "  # user: root                 # default: ~/.ssh/config, then your login"
     )
     ssh.append(f"  port: {port}" if port else "  # port: 22")
-    ssh.append(f"  identity_file: {identity_file}" if identity_file else "  # identity_file: ~/.ssh/id_ed25519")
+    ssh.append(f"  identity_file: {_q(identity_file)}" if identity_file else "  # identity_file: ~/.ssh/id_ed25519")
     ssh.append("  host_key_policy: accept-new     # strict | accept-new | off")
     lines = []
     counts = []
     for i, spec in enumerate(hosts, 1):
-        name, address = _host_entry(spec, i)
-        lines.append(f"  - name: {name}")
-        lines.append(f"    address: {address}")
+        name, address, host_port = _host_entry(spec, i)
+        lines.append(f"  - name: {_q(name)}")
+        lines.append(f"    address: {_q(address)}")
+        if host_port is not None:
+            lines.append(f"    port: {host_port}")
         f = (facts or {}).get(name)
         gpus = (f or {}).get("gpus") or []
         tpu = int((f or {}).get("tpu_chips") or 0)
@@ -193,13 +211,14 @@ def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
     """Write a commented inventory for HOSTS (NAME=ADDRESS, or ADDRESS named host-1, ...)."""
 
     path = Path(out)
-    if path.exists() and not force:
-        raise ProvisionError(f"{out}: exists; use --force to overwrite it, or -o another file")
+    check_output(path, out, force=force)
+    for i, spec in enumerate(hosts, 1):
+        _host_entry(spec, i)  # every word checked before anything is asked or written
     if not DNS_LABEL.fullmatch(job):
         raise ProvisionError(f"--job {job!r}: expected a DNS-1035 label (a-z, 0-9, '-', starting with a letter)")
     facts = _facts(hosts, user, port, identity_file, path) if read_facts else None
     text = init_text(list(hosts), job=job, out=out, user=user, port=port, identity_file=identity_file, facts=facts)
-    path.write_text(text, encoding="utf-8")
+    write_output(path, text, out, force=force)
     click.echo(
         f"Wrote {out}: job {job} on {len(hosts)} host{'s' if len(hosts) != 1 else ''}. Next: edit its pools, then"
     )
@@ -211,8 +230,8 @@ def _facts(hosts, user, port, identity_file, path: Path) -> dict[str, dict]:
 
     targets = []
     for i, spec in enumerate(hosts, 1):
-        name, address = _host_entry(spec, i)
-        targets.append(Target(name, address, port, user, identity_file, None, 10.0, "accept-new"))
+        name, address, host_port = _host_entry(spec, i)
+        targets.append(Target(name, address, host_port or port, user, identity_file, None, 10.0, "accept-new"))
     known = KnownHosts(path.resolve().parent / ".provision" / "known_hosts")
     out: dict[str, dict] = {}
     with Session(known) as session:

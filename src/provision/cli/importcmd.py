@@ -12,6 +12,7 @@ import click
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.importers import import_job, load_hosts
+from provision.io.outfile import check_output, write_output
 from provision.spec.inventory import parse
 
 
@@ -83,8 +84,8 @@ def _run(
 
     to_stdout = output in (None, "-")
     out_path = None if to_stdout else Path(str(output))
-    if out_path is not None and out_path.exists() and not force:
-        raise ProvisionError(f"{output}: already exists; give --force to overwrite it")
+    if out_path is not None:
+        check_output(out_path, str(output), force=force)
     out_dir = (out_path.parent if out_path is not None else Path.cwd()).resolve()
     argv = ["provision", "import", service, spec]
     for flag, value in (("--hosts", hosts_file), ("--job", job), ("--trial", trial)):
@@ -108,10 +109,7 @@ def _run(
     if out_path is None:
         click.echo(result.text, nl=False)
     else:
-        try:
-            out_path.write_text(result.text, encoding="utf-8")
-        except OSError as e:
-            raise ProvisionError(f"{output}: cannot write: {e.strerror}") from None
+        write_output(out_path, result.text, str(output), force=force)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     if problems:
