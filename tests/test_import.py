@@ -1281,3 +1281,22 @@ def test_values_read_back_as_written(value: Any) -> None:
     assert yaml.safe_load(f"k: {line}\n")["k"] == value
     text = comment(str(value))
     assert text.isprintable() and "\n" not in text
+
+
+def test_an_alias_bomb_and_a_huge_spec_are_refused_within_a_second(tmp_path):
+    """Issue 28, item 17: refused with one line each, before the work grows with the input."""
+    import time
+
+    from provision.importers.common import MAX_SPEC_BYTES, SpecError, read_yaml_file
+
+    bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 12):
+        bomb.append(f"{chr(97 + i)}: &{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}"] * 10) + "]")
+    bomb.append("workerPoolSpecs: [*l]")
+    (tmp_path / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    (tmp_path / "huge.yaml").write_text("workerPoolSpecs: []\n" + "# padding\n" * (50 * 1024 * 1024 // 10))
+    for name, words in (("bomb.yaml", "alias bomb"), ("huge.yaml", f"at most {MAX_SPEC_BYTES} bytes")):
+        t0 = time.monotonic()
+        with pytest.raises(SpecError, match=words):
+            read_yaml_file(tmp_path / name, name)
+        assert time.monotonic() - t0 < 1.0, name

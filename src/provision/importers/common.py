@@ -182,8 +182,17 @@ SpecLoader.yaml_implicit_resolvers = {
 }
 
 
+# A job spec is a few KB; past these, refuse before the work grows with the input (a 50 MB
+# spec took 81 s and 795 MB; a YAML alias bomb ran on past 120 s when its values were walked).
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+MAX_SPEC_VALUES = 200_000  # after alias expansion
+
+
 def read_text(path: Path, display: str) -> str:
     try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES and path.is_file():
+            raise SpecError(f"{display}: {size} bytes; a job spec is at most {MAX_SPEC_BYTES} bytes: refused")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{display}: no such file") from None
@@ -203,6 +212,8 @@ class Parsed:
 
 def parse_structured(text: str, display: str) -> Parsed:
     """JSON when the text starts like JSON (so its errors read as JSON errors), else YAML."""
+    if len(text) > MAX_SPEC_BYTES:
+        return Parsed(None, f"{display}: {len(text)} characters; a job spec is at most {MAX_SPEC_BYTES}: refused")
     if text.lstrip().startswith(("{", "[")):
         try:
             return Parsed(json.loads(text))
@@ -210,8 +221,15 @@ def parse_structured(text: str, display: str) -> Parsed:
             return Parsed(None, f"{display}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})")
         except RecursionError:
             return Parsed(None, f"{display}: invalid JSON: nested too deeply")
+    loader = SpecLoader(text)  # a SafeLoader (without timestamps)
     try:
-        return Parsed(yaml.load(text, Loader=SpecLoader))  # a SafeLoader (without timestamps)
+        node = loader.get_single_node()
+        if node is not None and _values(node, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
+            return Parsed(
+                None,
+                f"{display}: more than {MAX_SPEC_VALUES} values once its aliases are expanded (an alias bomb?): refused",
+            )
+        return Parsed(loader.construct_document(node) if node is not None else None)
     except RecursionError:
         return Parsed(None, f"{display}: invalid YAML: nested too deeply")
     except yaml.YAMLError as e:
@@ -219,6 +237,22 @@ def parse_structured(text: str, display: str) -> Parsed:
         where = f"{display}:{mark.line + 1}" if mark is not None else display
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         return Parsed(None, f"{where}: invalid YAML: {problem}")
+    finally:
+        loader.dispose()
+
+
+def _values(node: yaml.Node, limit: int) -> int:
+    """How many values the document has with every alias expanded, counted up to limit + 1
+    (an alias is the same node again: the count stops before the expansion explodes)."""
+    count, stack = 0, [node]
+    while stack and count <= limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.MappingNode):
+            stack.extend(v for kv in n.value for v in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return count
 
 
 # --------------------------------------------------------------------------- the plan
