@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import signal
 import subprocess
@@ -213,5 +214,27 @@ def test_exec_runs_in_the_task_environment_and_passes_the_exit_code(sandbox3, sa
         r = cli("ssh", inv, "worker-0", "--", "cat", "/etc/hostname", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == sandbox3.docker_exec("host-2", ["cat", "/etc/hostname"])[1].strip()
+        # ... in the task's environment, its words passed as given (issue 28 item 22, 29 item 7).
+        r = cli("ssh", inv, "worker-0", "--", "printenv", "PROVISION_TASK", cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (0, "worker-0\n"), r.stderr
+        r = cli("ssh", inv, "chief-0", "--", "printf", "%s\\n", "a b", "$(id -un)", cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (0, "a b\n$(id -un)\n"), r.stdout + r.stderr
+        # exec: a word that is not UTF-8 arrives as its bytes; no traceback anywhere.
+        env = {**os.environ}
+        p = subprocess.run(
+            [sys.executable, "-m", "provision", "exec", str(inv), "chief-0", "--", "printf", "%s", b"\xff\xfe-x"],
+            cwd=tmp_path,
+            capture_output=True,
+            env=env,
+            timeout=120,
+        )
+        assert (p.returncode, p.stdout) == (0, b"\xff\xfe-x"), p.stderr
+        # A host that does not answer: exit 3 and one line, like every other command.
+        sandbox3.container("host-2").pause()
+        try:
+            r = cli("exec", inv, "worker-0", "--", "true", cwd=tmp_path)
+        finally:
+            sandbox3.container("host-2").unpause()
+        assert r.returncode == 3 and len(r.stderr.splitlines()) == 1 and "host-2" in r.stderr, r.stderr
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)

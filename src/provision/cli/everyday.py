@@ -19,7 +19,7 @@ from provision.io.hostkeys import KnownHosts
 from provision.io.outfile import check_output, write_output
 from provision.io.ssh import Session, call_agent
 from provision.run.context import open_context
-from provision.run.remote import complete_tasks, run_exec, shell_command, ssh_argv
+from provision.run.remote import complete_tasks, exec_script, run_exec, shell_command, ssh_argv
 from provision.spec.address import split as address_split
 from provision.spec.inventory import DNS_LABEL, HOST_NAME
 
@@ -64,8 +64,8 @@ def exec_cmd(inventory, task, command, state_path, verbose):
 def ssh_cmd(inventory, task, command, state_path, print_only):
     """An interactive shell on TASK's host, in the task's environment (OpenSSH's ssh).
 
-    With `-- COMMAND...`, that command instead of a shell (ssh's own rules: one string for
-    the remote shell).
+    With `-- COMMAND...`, that command instead of a shell, in the task's environment, its
+    words passed as given (as `provision exec` does; no remote shell re-reads them).
     """
     command = _words(command)
     ctx = open_context(inventory, state_path=state_path, render_secrets=False)
@@ -75,7 +75,11 @@ def ssh_cmd(inventory, task, command, state_path, print_only):
         raise ProvisionError(f"no task named {task} in job {ctx.inventory.job} (tasks: {', '.join(tasks) or 'none'})")
     target = Target.from_host(tasks[task].host)
     env_file = layout.env_path(ctx.inventory.job, task)
-    remote = list(command) or [shell_command(env_file, sudo=(target.user or "root") != "root")]
+    sudo = (target.user or "root") != "root"
+    if command:  # one string the remote shell reads back into exactly these words
+        remote = [("sudo -n " if sudo else "") + exec_script(env_file, command)]
+    else:
+        remote = [shell_command(env_file, sudo=sudo)]
     argv = ssh_argv(target, ctx.state.known_hosts_path, remote=remote, tty=not command)
     if print_only:
         click.echo(" ".join(shlex.quote(a) for a in argv))

@@ -14,10 +14,12 @@ class ProvisionError(Exception):
 
     exit_code = EXIT_ERROR
 
-    def __init__(self, message: str, *, details: list[str] | None = None):
+    def __init__(self, message: str, *, details: list[str] | None = None, exit_code: int | None = None):
         super().__init__(message)
         self.message = message
         self.details = details or []
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class ValidationError(ProvisionError):

@@ -23,8 +23,8 @@ from typing import Any
 
 from click.shell_completion import CompletionItem
 
-from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
-from provision.core.target import Target
+from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, ProvisionError
+from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.run.context import Context
 from provision.spec.inventory import load
@@ -64,7 +64,10 @@ def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None
     out = stdout or sys.stdout.buffer
     err = stderr or sys.stderr.buffer
     session = ctx.session
-    conn = session.connect(target)
+    try:
+        conn = session.connect(target)
+    except HostError as e:  # a down host (3) or a changed key (1): one line, as every command
+        raise ProvisionError(str(e), exit_code=EXIT_UNREACHABLE if e.unreachable else EXIT_ERROR) from None
     command = exec_script(env_file, argv)
     if not session.is_root(target):
         command = "sudo -n " + command
@@ -72,7 +75,8 @@ def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None
         print(f"[{target.name}] $ {command}", file=sys.stderr)
     chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
     try:
-        chan.exec_command(command)
+        # The words' bytes as the shell gave them to us (not UTF-8 too: surrogate-escaped).
+        chan.exec_command(command.encode("utf-8", "surrogateescape"))
         chan.shutdown_write()
         while True:
             busy = False
