@@ -171,3 +171,35 @@ def test_checksums_are_keyed(tmp_path):
     assert a.keyed(digest) == a.keyed(digest) != b.keyed(digest)
     assert digest not in a.keyed(digest)
     assert oct(a.key_path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_state_directory_that_takes_no_file_is_one_line(tmp_path, monkeypatch):
+    """Issue 28, item 18: a read-only .provision was a traceback (apply) or every host
+    "unreachable" (plan: the host keys could not be saved). Now one line naming the
+    directory, exit 1, before any host is asked. (Root writes through file modes, so the
+    read-only file system is stood in for by the error it gives.)"""
+    import errno
+
+    from click.testing import CliRunner
+
+    from provision.cli.app import main
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "job: ro\nhosts:\n  - {name: h1, address: 192.0.2.1}\npools:\n  chief: {replicas: 1, command: [/bin/true]}\n"
+    )
+    real_open = os.open
+
+    def read_only(path, flags, *a, **kw):
+        if ".provision" in str(path) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", read_only)
+    for command in (["plan"], ["apply", "-y"]):
+        r = CliRunner().invoke(main, [*command, str(inv)])
+        assert r.exit_code == 1, r.output
+        assert r.output == (
+            f"Error: {tmp_path / '.provision'}: cannot write there (Read-only file system): provision keeps the "
+            "job's state and learnt host keys in it; make it writable, or give --state a path elsewhere\n"
+        )

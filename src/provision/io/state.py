@@ -44,6 +44,23 @@ def default_state_path(inventory_path: Path, job: str) -> Path:
     return inventory_path.resolve().parent / ".provision" / f"{job}.state.json"
 
 
+def writable_dir(state_path: Path) -> None:
+    """The state's directory exists and takes a new file (the state, its lock, its key and
+    the host keys learnt go there): else one line naming it, before any host is asked."""
+    d = state_path.parent
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".provision-write-check.{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        probe.unlink()
+    except OSError as e:
+        raise ProvisionError(
+            f"{d}: cannot write there ({e.strerror}): provision keeps the job's state and learnt host keys "
+            "in it; make it writable, or give --state a path elsewhere"
+        ) from None
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 

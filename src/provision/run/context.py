@@ -30,7 +30,7 @@ from provision.host.protocol import (
 from provision.io.hostkeys import KnownHosts
 from provision.io.probe import probe_host
 from provision.io.ssh import Session, call_agent
-from provision.io.state import State, StateLock, default_state_path
+from provision.io.state import State, StateLock, default_state_path, writable_dir
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
@@ -117,6 +117,7 @@ def open_context(
     run can save over what this one read), read the state, render."""
     inv = load(inventory_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
+    writable_dir(sp)
     lock = StateLock(sp, operation).acquire() if operation else None
     try:
         state = State.load(sp, inv.job)
