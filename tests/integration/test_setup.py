@@ -148,3 +148,39 @@ def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inv
         assert "setup@host-1 | preparing the environment" in out and "setup@host-2 | it broke" in out
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_inventory, tmp_path):
+    """Issue 28, item 11: an apply killed while its setup runs left the setup unit running
+    (as root) after `destroy -y` said "Destroy complete!"."""
+    import signal
+    import subprocess
+    import sys
+
+    from provision.host import layout
+
+    from .clirun import sh, wait_until
+
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(
+        two,
+        job="setuphang",
+        pools={"chief": {"replicas": 1, "hosts": ["host-1"], "command": LONG}},
+        path=inv,
+        setup={"commands": ["exec sleep 100000"]},
+    )
+    unit = layout.setup_unit_name("setuphang")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: sh(two, "host-1", f"systemctl is-active {unit}").strip() == "activating", 120, what="setup")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    ok(cli("destroy", "-y", inv, cwd=tmp_path))
+    assert sh(two, "host-1", f"systemctl is-active {unit}").strip() in ("inactive", "unknown")
+    assert "sleep 100000" not in sh(two, "host-1", "ps -eo args")

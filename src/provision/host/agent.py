@@ -495,6 +495,9 @@ def op_destroy(req):
         manifest = {"files": {}, "tasks": {}}
     units = list(req.stop)
     units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
+    setup = manifest.get("setup")
+    if isinstance(setup, dict) and setup.get("unit") and setup["unit"] not in units:
+        units.append(setup["unit"])  # a setup still running (its apply interrupted) ends too
     start_at_boot(job, False)
     systemctl("stop", units, errors)
     removed = 0
