@@ -134,9 +134,11 @@ class Session:
 
     def _dial(self, target: Target) -> Connection:
         """Open a new connection to target (handshake, retries, errors as HostError)."""
-        if self._config is None:
-            self._config = new_config()  # once per Session, when the first host is dialled
-        conn = Connection.to(target, self._config)
+        with self._lock:  # once per Session, when the first host is dialled
+            if self._config is None:
+                self._config = new_config()
+            config = self._config
+        conn = Connection.to(target, config)
         for hop in conn.hops():  # the host, then its jump hosts (ours or ProxyJump): each checked
             self.known.prepare(hop.client, hop.host, hop.port, target.host_key_policy)
         # The whole handshake (TCP, banner, key exchange, auth, retries) gets connect_timeout:
