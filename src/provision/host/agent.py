@@ -486,6 +486,17 @@ def _restore_originals(job, errors):
             errors.append("%s: could not put the original back: %s" % (path, e.strerror))
 
 
+def _units_of(manifest, stop):
+    """The units destroy stops: those asked, every task's, and the setup's (a setup still
+    running because its apply was interrupted ends too)."""
+    units = list(stop)
+    units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
+    setup = manifest.get("setup")
+    if isinstance(setup, dict) and setup.get("unit") and setup["unit"] not in units:
+        units.append(setup["unit"])
+    return units
+
+
 def op_destroy(req):
     job = req.job
     jd, sd = layout.job_dir(job), layout.state_dir(job)
@@ -493,11 +504,7 @@ def op_destroy(req):
     errors: list[str] = []
     if not isinstance(manifest, dict) or "_unreadable" in manifest:
         manifest = {"files": {}, "tasks": {}}
-    units = list(req.stop)
-    units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
-    setup = manifest.get("setup")
-    if isinstance(setup, dict) and setup.get("unit") and setup["unit"] not in units:
-        units.append(setup["unit"])  # a setup still running (its apply interrupted) ends too
+    units = _units_of(manifest, req.stop)
     start_at_boot(job, False)
     systemctl("stop", units, errors)
     removed = 0
