@@ -129,10 +129,12 @@ def provision_command(rev: str | None) -> list[str]:
                 ["git", "-C", str(REPO), "archive", sha, "src", "templates"], check=True, capture_output=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        # Before the packages by layer (issue 27) the command group was provision.cli.
+        entry = "provision.cli.app" if (dest / "src" / "provision" / "cli" / "app.py").is_file() else "provision.cli"
         return [
             sys.executable,
             "-c",
-            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from provision.cli.app import main; main()",
+            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from {entry} import main; main()",
         ]
     cand = Path(sys.executable).parent / "provision"
     if cand.exists():
@@ -146,11 +148,18 @@ def provision_command(rev: str | None) -> list[str]:
 def warm_up(provision_cmd: list[str]) -> None:
     """Write provision's .pyc files before anything is timed (see tool_env)."""
     code = (
-        "import provision.cli.app, provision.run.context, provision.cli.output, provision.core.lifecycle, provision.rules.status, "
+        "import provision.cli.app, provision.cli.change, provision.run.context, provision.run.planning, "
+        "provision.run.apply, provision.cli.output, provision.core.lifecycle, provision.rules.status, "
         "provision.spec.inventory, provision.spec.render, provision.rules.plan, provision.io.ssh, provision.io.state"
     )
     if provision_cmd[0] == sys.executable:  # --provision-rev: the same sys.path line, then the imports
-        code = provision_cmd[2].split("from provision.cli.app")[0] + code
+        prefix, _, entry = provision_cmd[2].partition("from ")
+        if entry.startswith("provision.cli import"):  # the layout before packages by layer
+            code = (
+                "import provision.cli, provision.engine, provision.output, provision.lifecycle, provision.status, "
+                "provision.inventory, provision.render, provision.plan, provision.ssh, provision.state"
+            )
+        code = prefix + code
     subprocess.run([sys.executable, "-c", code], check=True, env=tool_env())
 
 
