@@ -160,7 +160,9 @@ def test_ctrl_c_exits_130_in_logs_follow_and_wait(sandbox3, sandbox_inventory, t
         sandbox3,
         job="ux-ctrlc",
         path=inv,
-        pools={"chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "exec sleep 600"]}},
+        pools={
+            "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "echo started; exec sleep 600"]}
+        },
     )
     try:
         assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
@@ -173,7 +175,7 @@ def test_ctrl_c_exits_130_in_logs_follow_and_wait(sandbox3, sandbox_inventory, t
                 text=True,
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
-            first_output(p)  # under way (its handlers set): now Ctrl-C
+            first_output(p)  # under way: the chief's line (logs), progress (wait), the table (status)
             p.send_signal(signal.SIGINT)
             _, err = p.communicate(timeout=30)
             assert p.returncode == 130, (args, err)
