@@ -156,10 +156,10 @@ def test_modules_loaded_on_demand_are_kept_compiled_too(tmp_path):
     cache = tmp_path / "agent"
     net = protocol.to_wire(protocol.NetcheckRequest(job="bundle-test", timeout=1.0, window=1.0))
     run_with_cache(cache, protocol.to_wire(protocol.ProbeRequest("bundle-test")))
-    assert not [p for p in cache.iterdir() if p.name.startswith("hostcheck-")]
+    assert not [p for p in cache.iterdir() if p.name.startswith("provision.host.hostcheck-")]
     first = json.loads(run_with_cache(cache, net).stdout)
     assert first["results"] == [] and first["accepted"] == {}
-    (kept,) = [p for p in cache.iterdir() if p.name.startswith("hostcheck-")]
+    (kept,) = [p for p in cache.iterdir() if p.name.startswith("provision.host.hostcheck-")]
     # What is in the cache is what runs: a stand-in module there answers instead.
     fake = "def op_netcheck(req):\n    from provision.host import protocol as P\n    return P.NetcheckReport(seconds=42.0)\n"
     kept.write_bytes(marshal.dumps(compile(fake, "fake", "exec")))

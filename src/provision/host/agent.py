@@ -586,26 +586,11 @@ def op_batch(req):
     return P.BatchReport(results)
 
 
-LAZY: "dict[str, object]" = {}  # module name → a function giving its code object, for lazy(); the bundle fills it (bundle.LAZY)
-
-
 def lazy(name):
-    """A host module the bundle sent along, run on first use (its code compiled once per
-    host and source, like the others'); on the controller (tests), the package's own."""
-    full = __name__.rsplit(".", 1)[0] + "." + name
-    if full in sys.modules:
-        return sys.modules[full]
-    if name not in LAZY:
-        import importlib
-
-        return importlib.import_module(full)
-    m = type(sys)(full)
-    m.__package__ = full.rsplit(".", 1)[0]
-    sys.modules[full] = m
-    code = LAZY[name]
-    assert callable(code)
-    exec(code(), m.__dict__)
-    return m
+    """A module of this package imported when a request first needs it (bundle.LAZY): on a
+    host the bundle's finder compiles it then; on the controller (tests), the package's own.
+    __import__ with a fromlist gives the submodule itself without importing importlib."""
+    return __import__(__name__.rsplit(".", 1)[0] + "." + name, fromlist=["_"])
 
 
 OPS = {

@@ -1,6 +1,6 @@
 """What the controller sends a host so that the agent runs there: one Python program that
-installs host/layout.py, protocol.py, ledger.py, hostlib.py, hostfacts.py and agent.py as
-modules and calls the agent.
+makes host/layout.py, protocol.py, ledger.py, hostlib.py, hostfacts.py, agent.py and
+hostcheck.py importable (a finder on sys.meta_path) and calls the agent.
 
 The host runs `python3 -S -c BOOT` (boot_command), which reads the loader's N bytes from
 stdin and runs it; the loader reads the modules' sources that follow, and the JSON request
@@ -20,10 +20,10 @@ from . import layout
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
-# In dependency order: each may import the ones before it.
+# What every request imports (the agent and what it imports at its top).
 MODULES = ("layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
-# Sent along, loaded on the host only when a request needs one (agent.lazy), from the same
-# cache as the others: compiling hostcheck cost every network check ~6 ms of a host's CPU.
+# Sent along too, but imported only by the requests that use it (agent.lazy): compiling
+# hostcheck cost every network check ~6 ms of a host's CPU.
 LAZY = ("hostcheck",)
 STANDINS = {"dataclasses": "standins"}
 
@@ -32,7 +32,6 @@ STANDINS = {"dataclasses": "standins"}
 # the controller computed) and per python3 (cache_tag), in a directory that only the
 # agent's own user may write (anything else: compile, as without a cache).
 _LOADER = """import sys, os, marshal
-M = type(sys)
 C = %(cache)r
 def _trusted():
     try:
@@ -66,16 +65,26 @@ def _code(name, src, key):
         except OSError:
             pass
     return code
-def _install(name, src, pkg, key):
-    m = M(name)
-    m.__package__ = pkg
-    sys.modules[name] = m
-    exec(_code(name, src, key), m.__dict__)
-    return m
-for _p in ("provision", "provision.host"):
-    _m = M(_p)
-    _m.__path__ = []
-    sys.modules[_p] = _m
+# The import system's finder and loader for the modules this program carries: each is
+# compiled (or loaded from the cache) only when something imports it.
+class _Bundle:
+    def __init__(self):
+        self.src = {}
+    def find_spec(self, name, path=None, target=None):
+        if name in PKGS:
+            return SPEC(name, self, is_package=True)
+        return SPEC(name, self) if name in self.src else None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, m):
+        if m.__name__ in self.src:
+            exec(_code(m.__name__, *self.src[m.__name__]), m.__dict__)
+# importlib.machinery.ModuleSpec, taken from a module already loaded: importing importlib
+# would cost every request ~0.4 ms.
+SPEC = type(sys.__spec__)
+PKGS = ("provision", "provision.host")
+B = _Bundle()
+sys.meta_path.insert(0, B)
 """
 
 
@@ -90,15 +99,10 @@ def _key(module: str) -> str:
 # After the loader, each module's source travels as raw bytes (the loader reads their
 # lengths from the table _parts writes into it): a host with the modules cached never parses them, where
 # source inside the program as string literals cost every request ~2.5 ms of compiling.
-_READ = """for _name, _pkg, _key, _n, _how in %(table)r:
-    _src = sys.stdin.buffer.read(_n)
-    if _how == "lazy":  # compiled (or loaded from the cache) when first used
-        sys.modules[%(agent)r].LAZY[_name] = lambda n=_name, s=_src, k=_key: _code(n, s, k)
-    elif _how == "module":
-        setattr(sys.modules[%(package)r], _name.rsplit(".", 1)[1], _install(_name, _src, _pkg, _key))
-    else:
-        _install(_name, _src, _pkg, _key)
-sys.modules[%(agent)r].main()
+_READ = """for _name, _key, _n in %(table)r:
+    B.src[_name] = (sys.stdin.buffer.read(_n), _key)
+from provision.host import agent
+agent.main()
 sys.stdout.flush()
 os._exit(0)  # the answer is out and every file closed: no interpreter teardown (~1.5 ms)
 """
@@ -107,18 +111,10 @@ os._exit(0)  # the answer is out and every file closed: no interpreter teardown 
 @functools.lru_cache(maxsize=2)
 def _parts(cache: str) -> tuple[bytes, bytes]:
     """(the loader program, the sources it reads after itself)."""
-    table, sources = [], []
-    for name, module in STANDINS.items():
-        table.append((name, "", _key(module), "standin"))
-        sources.append(source(module).encode())
-    for module in MODULES:
-        table.append((PACKAGE + "." + module, PACKAGE, _key(module), "module"))
-        sources.append(source(module).encode())
-    for module in LAZY:
-        table.append((module, "", _key(module), "lazy"))
-        sources.append(source(module).encode())
-    rows = [(n, pkg, key, len(src), how) for (n, pkg, key, how), src in zip(table, sources)]
-    program = _LOADER % {"cache": cache} + _READ % {"table": rows, "agent": PACKAGE + ".agent", "package": PACKAGE}
+    named = [*STANDINS.items(), *((PACKAGE + "." + m, m) for m in (*MODULES, *LAZY))]
+    sources = [source(module).encode() for _, module in named]
+    rows = [(name, _key(module), len(src)) for (name, module), src in zip(named, sources)]
+    program = _LOADER % {"cache": cache} + _READ % {"table": rows}
     return program.encode(), b"".join(sources)
 
 
