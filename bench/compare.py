@@ -129,12 +129,12 @@ def provision_command(rev: str | None) -> list[str]:
                 ["git", "-C", str(REPO), "archive", sha, "src", "templates"], check=True, capture_output=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-        # Before the packages by layer (issue 27) the command group was provision.cli.
-        entry = "provision.cli.app" if (dest / "src" / "provision" / "cli" / "app.py").is_file() else "provision.cli"
+        # That revision's own `python -m provision` (its __main__ knows its entry point).
         return [
             sys.executable,
             "-c",
-            f"import sys; sys.path.insert(0, {str(dest / 'src')!r}); from {entry} import main; main()",
+            f"import sys, runpy; sys.path.insert(0, {str(dest / 'src')!r}); "
+            "runpy.run_module('provision', run_name='__main__', alter_sys=True)",
         ]
     cand = Path(sys.executable).parent / "provision"
     if cand.exists():

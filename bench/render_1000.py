@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
         cli = shutil.which("provision")
-        cmd = [cli] if cli else [sys.executable, "-m", "provision.cli.app"]
+        cmd = [cli] if cli else [sys.executable, "-m", "provision"]
         runs = []
         for i in range(args.repeat):
             out = work / f"cli-{i}"

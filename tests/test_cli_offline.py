@@ -273,3 +273,41 @@ def test_render_unwritable_output_one_line(project):
     assert "Traceback" not in p.stderr
     assert len(p.stderr.splitlines()) == 1
     assert p.stderr.startswith("Error: blocker/sub: cannot write: Not a directory")
+
+
+def _console(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """provision as its console script runs it (cli.app.run: no interpreter teardown)."""
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_the_console_script_keeps_exit_codes_and_every_byte_it_printed(tmp_path):
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "bad.yaml").write_text(BAD)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    ok = _console("validate", "good.yaml", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    bad = _console("validate", "bad.yaml", cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.count("Error:") >= 4 and "Traceback" not in bad.stderr
+    usage = _console("plan", cwd=tmp_path)  # click's usage error: 1, not its 2 (2 = changes)
+    assert usage.returncode == 1 and "Usage:" in usage.stderr
+    # What it prints arrives whole through a pipe although the process skips its teardown:
+    # the same bytes as the command run in-process.
+    for args in (["--version"], ["validate", str(tmp_path / "good.yaml")]):
+        in_process = CliRunner().invoke(
+            main, args, prog_name="provision", catch_exceptions=False, env={"NO_COLOR": "1"}
+        )
+        console = _console(*args, cwd=tmp_path)
+        assert console.stdout == in_process.stdout and console.stdout
+
+
+def test_the_console_script_ends_quietly_when_its_reader_goes(tmp_path):
+    """`provision render --help | head -1`: the reader leaves early; no traceback, exit 1."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "provision", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # nobody reads: the flush at exit meets a closed pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) in (0, 1) and "Traceback" not in err

@@ -1,5 +1,5 @@
 """`python -m provision` runs the CLI."""
 
-from provision.cli.app import main
+from provision.cli.app import run
 
-main(prog_name="provision")
+run()

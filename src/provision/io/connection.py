@@ -61,6 +61,10 @@ class Connection(fabric.Connection):
     """fabric.Connection that opens on provision's socket and hop order (module docstring)."""
 
     _hops = 0
+    # A class attribute, as fabric has for its other settings: otherwise invoke's DataProxy
+    # takes fabric's `self.inline_ssh_env = ...` for a config change and re-merges the
+    # shared Config at every connection (~1 ms of controller CPU per host).
+    inline_ssh_env = None
 
     def __init__(
         self,
@@ -84,6 +88,12 @@ class Connection(fabric.Connection):
             gateway=gateway,
             # Never empty: fabric falls back to (and then edits) the shared Config's dict.
             connect_kwargs={"key_filename": keys} if keys else {"look_for_keys": True},
+            # Given, so fabric does not look them up in the Config (each nested lookup of
+            # invoke's costs ~0.1 ms): provision never forwards the agent or runs fabric's
+            # runners, and the timeout is set again below (fabric rounds it to seconds).
+            forward_agent=False,
+            inline_ssh_env=False,
+            connect_timeout=connect_timeout or 10.0,
         )
         self.connect_kwargs: dict[str, Any] = dict(self.connect_kwargs)
         self.connect_timeout = connect_timeout
