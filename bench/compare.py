@@ -146,20 +146,13 @@ def provision_command(rev: str | None) -> list[str]:
 
 
 def warm_up(provision_cmd: list[str]) -> None:
-    """Write provision's .pyc files before anything is timed (see tool_env)."""
-    code = (
-        "import provision.cli.app, provision.cli.change, provision.run.context, provision.run.planning, "
-        "provision.run.apply, provision.cli.output, provision.core.lifecycle, provision.rules.status, "
-        "provision.spec.inventory, provision.spec.render, provision.rules.plan, provision.io.ssh, provision.io.state"
-    )
-    if provision_cmd[0] == sys.executable:  # --provision-rev: the same sys.path line, then the imports
-        prefix, _, entry = provision_cmd[2].partition("from ")
-        if entry.startswith("provision.cli import"):  # the layout before packages by layer
-            code = (
-                "import provision.cli, provision.engine, provision.output, provision.lifecycle, provision.status, "
-                "provision.inventory, provision.render, provision.plan, provision.ssh, provision.state"
-            )
-        code = prefix + code
+    """Write provision's .pyc files, every module of it, before anything is timed (see
+    tool_env); with --provision-rev, that revision's (the same sys.path line first)."""
+    code = "import compileall, os, provision; compileall.compile_dir(os.path.dirname(provision.__file__), quiet=1)"
+    if provision_cmd[0] == sys.executable:
+        m = re.search(r"sys\.path\.insert\(0, '[^']+'\)", provision_cmd[2])
+        assert m, provision_cmd
+        code = "import sys; " + m.group(0) + "; " + code
     subprocess.run([sys.executable, "-c", code], check=True, env=tool_env())
 
 
