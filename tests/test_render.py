@@ -290,3 +290,23 @@ def test_unit_has_no_unescaped_specifiers_or_variables(tmp_path):
                 stripped = value.replace("%%", "").replace("$$", "")
                 assert "%" not in stripped, ln
                 assert not re.search(r"\$(?!\{?[A-Z_]+\}?)", stripped), ln
+
+
+def test_an_address_with_a_port_is_the_ssh_port_never_part_of_the_cluster_spec(tmp_path):
+    """Issue 28, item 20: `address: HOST:PORT` was taken for an IPv6 literal and the task
+    addresses became `[HOST:PORT]:TASKPORT`."""
+    text = BASE.replace("address: 192.0.2.11,", "address: '192.0.2.11:2201',").replace(
+        "address: 192.0.2.12,", "address: '[2001:db8::12]:2202',"
+    )
+    inv = inv_from(text, tmp_path)
+    hosts = {h.name: h for h in inv.hosts}
+    assert (hosts["gpu-1"].address, hosts["gpu-1"].ssh.port, hosts["gpu-1"].cluster_address) == (
+        "192.0.2.11",
+        2201,
+        "192.0.2.11",
+    )
+    assert (hosts["gpu-2"].address, hosts["gpu-2"].ssh.port) == ("2001:db8::12", 2202)
+    addresses = [a for role in job_cluster(inv, render(inv).placement).tf_cluster.values() for a in role]
+    assert any(a.startswith("192.0.2.11:") for a in addresses)
+    assert any(a.startswith("[2001:db8::12]:") for a in addresses)
+    assert not any("2201" in a.split(":")[0] or a.count("[") > 1 for a in addresses)

@@ -366,14 +366,32 @@ CASES: list[Case] = [
     Case(
         "host-address",
         "Bad host address",
-        E("16: hosts[2].address: expected a host name or IP address, got 'http://192.0.2.21'"),
+        E(
+            "16: hosts[2].address: expected a host name or an IP address, with :PORT if not 22 ([IPv6]:PORT), got 'http://192.0.2.21'"
+        ),
         edits=(("    address: 192.0.2.21\n", "    address: http://192.0.2.21\n"),),
-        fix="A host name or an IP address, no scheme, no port (the SSH port is `port:`).",
+        fix="A host name or an IP address, no scheme or path; a port as `HOST:PORT` (`[IPv6]:PORT`) or with `port:`.",
+    ),
+    Case(
+        "host-address-port",
+        "Bad port in a host address",
+        E("16: hosts[2].address: port '70000' is not a number from 1 to 65535, got '192.0.2.21:70000'"),
+        edits=(("    address: 192.0.2.21\n", "    address: 192.0.2.21:70000\n"),),
+        fix="The SSH port after the colon, from 1 to 65535.",
+    ),
+    Case(
+        "host-address-two-ports",
+        "Two different SSH ports for one host",
+        E("17: hosts[2].port: 2202 contradicts the port in address '192.0.2.21:2201'"),
+        edits=(("    address: 192.0.2.21\n", "    address: 192.0.2.21:2201\n    port: 2202\n"),),
+        fix="Give the port once: in `address` (`HOST:PORT`) or as `port:`.",
     ),
     Case(
         "cluster-address",
         "Bad cluster_address",
-        E("17: hosts[2].cluster_address: expected a host name or IP address, got 'cpu-1.ib:2222'"),
+        E(
+            "17: hosts[2].cluster_address: takes no port, got 'cpu-1.ib:2222': the tasks' ports are the pools' (pools.ROLE.port)"
+        ),
         edits=(("    address: 192.0.2.21\n", "    address: 192.0.2.21\n    cluster_address: cpu-1.ib:2222\n"),),
         fix="Only the address; task ports come from the pools.",
     ),

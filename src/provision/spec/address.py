@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+EXPECTED = "expected a host name or an IP address, with :PORT if not 22 ([IPv6]:PORT)"
+ADDRESS_CHARS = re.compile(r"[A-Za-z0-9.:\[\]-]+")
 HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
 
 
@@ -24,6 +26,8 @@ def _host(text: str) -> bool:
 def split(text: str) -> tuple[str, int | None]:
     """(host, port or None); ValueError saying what is wrong."""
     host, port = text, None
+    if not ADDRESS_CHARS.fullmatch(text):  # a URL, a path, spaces, user@: not where SSH connects
+        raise ValueError(EXPECTED)
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
@@ -38,7 +42,7 @@ def split(text: str) -> tuple[str, int | None]:
         host, _, p = text.partition(":")
         port = _port(p)
     if not _host(host):
-        raise ValueError("expected a host name or an IP address, with :PORT if not 22 ([IPv6]:PORT)")
+        raise ValueError(EXPECTED)
     return host, port
 
 

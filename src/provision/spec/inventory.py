@@ -7,6 +7,7 @@ here too, so `provision validate` reports everything a later apply would trip on
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -33,6 +34,7 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.spec.address import split as split_address
 from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
@@ -41,7 +43,6 @@ from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
 # Host names / IPv4 / bracket-less IPv6: what may appear in host:port and in a URL.
-NETWORK_ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,252})|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})?$")
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
 # ENV_KEY and EXECUTABLE (a command's first word, written unquoted in ExecStart=) are
@@ -155,22 +156,28 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
             if "name" in m
             else None
         )
-        address = (
-            c.string(m.get("address"), hp + ("address",), pattern=NETWORK_ADDRESS, what="a host name or IP address")
-            if "address" in m
-            else None
-        )
-        cluster = m.get("cluster_address", address)
-        cluster = (
-            c.string(cluster, hp + ("cluster_address",), pattern=NETWORK_ADDRESS, what="a host name or IP address")
-            if cluster is not None
-            else None
-        )
+        address, address_port = _address(c, m["address"], hp + ("address",)) if "address" in m else (None, None)
+        cluster = address
+        if "cluster_address" in m:
+            cluster, cluster_port = _address(c, m["cluster_address"], hp + ("cluster_address",))
+            if cluster_port is not None:
+                c.add(
+                    hp + ("cluster_address",),
+                    f"takes no port, got {show_value(m['cluster_address'])}: the tasks' ports are the pools' (pools.ROLE.port)",
+                )
+                cluster = None
         if name is not None:
             if name in seen:
                 c.add(hp + ("name",), f"duplicate host name {name!r} (also hosts[{seen[name]}])")
             seen.setdefault(name, i)
         ssh = _ssh(c, m, hp, base)
+        if address_port is not None:  # `address: HOST:PORT` is the SSH port, unless `port:` says another
+            if "port" in m and m["port"] != address_port:
+                c.add(
+                    hp + ("port",),
+                    f"{show_value(m['port'])} contradicts the port in address {show_value(m['address'])}",
+                )
+            ssh = dataclasses.replace(ssh, port=address_port)
         acc = _accelerators(c, m["accelerators"], hp + ("accelerators",)) if "accelerators" in m else None
         labels = _labels(c, m.get("labels"), hp + ("labels",))
         drain = m.get("drain", False)
@@ -179,6 +186,18 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
         if name is not None and address is not None and cluster is not None:
             hosts.append(Host(name, address, ssh, cluster, acc, labels, drain is True))
     return hosts
+
+
+def _address(c: Checker, value: Any, path: KeyPath) -> tuple[str | None, int | None]:
+    """A host's address: a host name or an IP literal (spec/address), with an optional port."""
+    text = c.string(value, path)
+    if text is None:
+        return None, None
+    try:
+        return split_address(text)
+    except ValueError as e:
+        c.add(path, f"{e}, got {show_value(text)}")
+        return None, None
 
 
 def _restart(c: Checker, value: Any, path: KeyPath) -> RestartPolicy:
