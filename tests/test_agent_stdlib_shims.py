@@ -59,7 +59,9 @@ def test_json_dumps_and_loads_match_the_module(agent):
     assert math.isnan(j.loads("NaN"))
 
 
-@pytest.mark.parametrize("bad", ["", " ", "{", "[1,]", '{"a": }', "\ufeff{}", "1 2", "tru", '"\\x"', "{'a': 1}"])
+@pytest.mark.parametrize(
+    "bad", ["", " ", "{", "[1,]", '{"a": }', "\ufeff{}", "1 2", "tru", '"\\x"', "{'a': 1}", "[1", '{"gpus": [0, 1']
+)
 def test_json_errors_match_the_module(agent, bad):
     with pytest.raises(ValueError) as ours:
         agent["json"].loads(bad)
@@ -96,3 +98,19 @@ def test_run_matches_subprocess(agent):
     t0 = time.monotonic()
     assert agent["run"](["sleep", "5"], 0.3) == (124, "", "sleep: timed out after 0.3s")
     assert time.monotonic() - t0 < 3
+
+
+def test_truncated_json_in_a_fresh_host_interpreter_is_a_json_error():
+    """Issue 28, item 9: on a host (python3 -S, json.decoder not loaded) the C scanner's error
+    path for a truncated ledger entry returned NULL, and the agent died with a SystemError."""
+    import subprocess
+    import sys
+
+    from provision.host import bundle
+
+    code = (
+        bundle.source("hostlib")
+        + "\ntry:\n    json.loads('{\"gpus\": [0, 1')\nexcept ValueError as e:\n    print(type(e).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "JSONDecodeError", out.stderr

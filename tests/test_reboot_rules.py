@@ -400,3 +400,20 @@ def test_reset_failed_only_where_it_changes_something(unit, policy, reset):
     # ... which is exactly where the unit template gets a start limit, or systemd a failure.
     limited = systemd_restart(policy)["start_limit_burst"] != 0
     assert reset == (limited or (unit or {}).get("ActiveState") == "failed")
+
+
+def test_plan_and_status_judge_a_task_the_reboot_ended_by_one_rule():
+    """Issue 28, item 13: status said Failed for a `Never` chief that a reboot ended, while
+    plan (deciding without the pool's budget) took it for on its way back, and `apply
+    --rerun` refused the job as still running."""
+    from provision.core.lifecycle import Action, Reason, decide, finished
+
+    for rec in (SHUTDOWN, CRASH):
+        assert task_state(DEAD, [rec], None, 0).state is TaskState.FAILED  # what status says
+        d = decide("chief-0", True, False, [], DEAD, [rec], None, False, restart_limit=0)
+        assert (d.action, d.reason) == (Action.NONE, Reason.FAILED)
+        assert finished({"chief-0": d})
+        # A pool with a budget left is on its way back, for both.
+        d = decide("chief-0", True, False, [], DEAD, [rec], None, False, restart_limit=3)
+        assert task_state(DEAD, [rec], None, 3).state is TaskState.RESTARTING
+        assert (d.action, d.reason) == (Action.NONE, Reason.RUNNING) and not finished({"chief-0": d})

@@ -283,3 +283,30 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
     if name == "reduction":
         assert {t for t in placed if t.startswith("reduction_server")} == {"reduction_server-0", "reduction_server-1"}
     assert job_from_file(root / "inventories" / "sandbox" / f"{name}.yaml", "other")["job"] == "other"
+
+
+def test_tasks_held_back_by_the_hosts_setup_say_so():
+    """Issue 28, item 21: after a failed setup, status said only "Pending (not started)"."""
+    from provision.host.layout import setup_unit_name
+    from provision.rules.status import job_status
+
+    inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
+    placement = place(inv)
+    setup = setup_unit_name(inv.job)
+    failed = {**FAILED, "ExecMainCode": "1", "ExecMainStatus": "7"}
+    running = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "start"}
+    reports = {}
+    for t, unit in zip(placement.tasks, (failed, running)):
+        reports[t.host.name] = ProbeReport(now=100, now_monotonic_us=1, units={setup: unit})
+    st = job_status(inv, list(placement.tasks), reports, {})
+    chief, worker = (st.task(t.name) for t in placement.tasks)
+    assert chief.state.value == worker.state.value == "Pending"
+    assert chief.detail == "setup failed: exit code 7 (provision logs --setup shows its output)"
+    assert worker.detail == "waiting for the host's setup (running)"
+    assert st.phase.value == "Pending"
+    assert st.reason == f"setup failed on {chief.host}: exit code 7 (provision logs --setup shows its output)"
+    # A setup that succeeded changes nothing: the tasks are simply not started yet.
+    ok = {"LoadState": "loaded", "ActiveState": "inactive", "Result": "success", "ExecMainCode": "1"}
+    reports = {h: ProbeReport(now=100, now_monotonic_us=1, units={setup: ok}) for h in reports}
+    st = job_status(inv, list(placement.tasks), reports, {})
+    assert st.reason == "not started" and {t.detail for t in st.tasks} == {"not applied"}

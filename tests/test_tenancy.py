@@ -173,6 +173,7 @@ def test_jobs_view_shapes():
         "free_gpus": [1],
         "held": {"run": {"gpus": [0], "ports": [2222]}},
         "foreign_ports": [9000],
+        "unreadable": [],
     }
 
 
@@ -285,3 +286,27 @@ def test_group_result_updated_takes_the_retried_hosts():
     again: GroupResult[int] = GroupResult(Step.PROBE, ok={"b": 2})
     both = first.updated(again)
     assert both.ok == {"a": 1, "b": 2} and not both.errors
+
+
+def test_an_unreadable_entry_holds_what_it_might_hold(ledger_dir):
+    """Issue 28, item 9: `echo garbage > .ledger/steal.json` made that job's GPUs look free,
+    and a truncated entry stopped the agent with a SystemError naming no file."""
+    ledger_dir.mkdir()
+    (ledger_dir / "steal.json").write_text("garbage\n")
+    (ledger_dir / "cut.json").write_bytes(b'{"job": "cut", "gpus": [0, 1')
+    entries = ledger.read_all()
+    assert set(entries) == {"steal", "cut"} and all("_unreadable" in e for e in entries.values())
+    # On the host, at reserve time: refused, each file named.
+    why = ledger.reserve(res("mine", [0], [2222]), NOW)
+    assert len(why) == 2 and all("cannot be read" in w for w in why)
+    assert any(str(ledger_dir / "steal.json") in w for w in why)
+    assert sorted(ledger.read_all()) == ["cut", "steal"]  # nothing written
+    # On the controller: the plan refuses the host, naming the file; jobs shows it.
+    from provision.rules.tenancy import unreadable_entries, unreadable_problem
+
+    rep = ProbeReport(ledger=entries, listening=[])
+    bad = unreadable_entries(rep, but="mine")
+    assert [b.split(" ")[0] for b in bad] == [str(ledger_dir / "cut.json"), str(ledger_dir / "steal.json")]
+    assert unreadable_problem(bad).startswith(f"ledger entry {ledger_dir / 'cut.json'} (")
+    view = jobs_json([host_view("gpu-1", 2, rep, NOW)], NOW)
+    assert view["hosts"]["gpu-1"]["free_gpus"] == [] and len(view["hosts"]["gpu-1"]["unreadable"]) == 2

@@ -146,6 +146,11 @@ def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inv
         assert setup_plan(inv) == {"host-1": "new", "host-2": "new"}  # not recorded as done
         out = ok(cli("logs", "--setup", inv, cwd=tmp_path)).stdout
         assert "setup@host-1 | preparing the environment" in out and "setup@host-2 | it broke" in out
+        # status says why nothing started (issue 28, item 21), not only "not started".
+        st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
+        why = "setup failed: exit code 7 (provision logs --setup shows its output)"
+        assert st["phase"] == "Pending" and st["reason"] == "setup failed on host-1, host-2: " + why[14:], st
+        assert {t["detail"] for t in st["tasks"]} == {why}, st
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
 

@@ -376,3 +376,30 @@ def test_rerun_starts_a_finished_job_again(shared, sandbox_inventory, tmp_path):
         ok(cli("wait", "--timeout", "60", inv, cwd=tmp_path))
     finally:
         destroy(inv)
+
+
+@pytest.mark.parametrize("bad", ["garbage\n", '{"job": "steal", "gpus": [0, 1'])
+def test_an_unreadable_ledger_entry_holds_the_host(shared, sandbox_inventory, tmp_path, bad):
+    """Issue 28, item 9: a ledger entry that is not JSON (or cut short) made its job's GPUs
+    look free; now it holds the host until fixed, and every message names the file."""
+    path = "/var/lib/provision/.ledger/steal.json"
+    code, out = shared.docker_exec(
+        "host-1", ["/bin/sh", "-c", f"mkdir -p /var/lib/provision/.ledger && printf %s '{bad}' > {path}"]
+    )
+    assert code == 0, out
+    inv = write(shared, sandbox_inventory, tmp_path, "victim", pair(), hosts=["host-1"])
+    try:
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"ledger entry {path} (" in r.stderr and "cannot be read" in r.stderr and "Traceback" not in r.stderr
+        assert (
+            shared.docker_exec("host-1", "test -e /var/lib/provision/.ledger/victim.json")[0] != 0
+        )  # nothing reserved
+        j = ok(cli("jobs", inv, cwd=tmp_path)).stdout
+        assert f"unreadable ledger entry {path}" in j, j
+        # Removed: the host is usable again.
+        shared.docker_exec("host-1", f"rm -f {path}")
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+    finally:
+        shared.docker_exec("host-1", f"rm -f {path}")
+        destroy(inv)

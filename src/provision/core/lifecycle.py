@@ -489,12 +489,16 @@ def decide(
     exits: Sequence[Sequence[str]] | None,
     ended: Mapping[str, object] | None,
     replace: bool,
+    *,
+    restart_limit: int | None = None,
 ) -> Decision:
     """What plan does with a task of the job that should run on this host.
 
     `in_manifest`: the host's manifest knows the task; `inputs_changed`: what it runs with
     differs from what the manifest recorded; `drifted`: its files edited by hand (or, with
-    changed inputs, every changed file); `ended`: the job's end marker on the host.
+    changed inputs, every changed file); `ended`: the job's end marker on the host;
+    `restart_limit`: the pool's budget, so that plan and status judge a task by one rule
+    (task_state): a `Never` task that a reboot ended is Failed for both.
     """
     if not in_manifest:
         return Decision(Action.START, Reason.NEW, "", new=True)
@@ -504,7 +508,7 @@ def decide(
         return Decision(Action.RESTART, Reason.INPUTS_CHANGED, ", ".join(drifted))
     if drifted:
         return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
-    outcome = task_state(unit, exits)
+    outcome = task_state(unit, exits, restart_limit=restart_limit)
     if outcome.state.live:
         return Decision(Action.NONE, Reason.RUNNING, "")
     if ended:
@@ -588,8 +592,6 @@ def finished(decisions: Mapping[str, Decision]) -> bool:
 def start_failure(task: str, unit: dict[str, str], exits: Sequence[Sequence[str]] | None, lines: Sequence[str]) -> str:
     """Why a task that apply started is not running, from the unit's state right after the
     start, its exit records and its journal lines."""
-    from provision.core.lifecycle import task_state
-
     out = task_state(unit, exits)
     detail = out.detail
     if out.state.value == "Pending" or not detail:

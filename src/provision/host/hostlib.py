@@ -46,7 +46,7 @@ try:
                 obj, end = json._scan(s, len(s) - len(s.lstrip(ws)))
                 if not s[end:].strip(ws):
                     return obj
-            except StopIteration:
+            except (StopIteration, SystemError):  # SystemError: the C scanner's error path needs json.decoder
                 pass
             import json as module  # not JSON: the module raises exactly what it would have
 

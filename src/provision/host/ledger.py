@@ -51,8 +51,8 @@ def read_entry(path: str) -> Any:
 def parse_entry(data: bytes) -> Any:
     try:
         entry = _json().loads(data.decode("utf-8"))
-    except ValueError as e:
-        return {"_unreadable": str(e)}
+    except (ValueError, RecursionError) as e:
+        return {"_unreadable": str(e) or type(e).__name__}
     return entry if isinstance(entry, dict) else {"_unreadable": "not an object"}
 
 
@@ -182,7 +182,10 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
         out.append("job %s here was taken over by %s since plan" % (res.job, who))
     gpus, ports = set(res.gpus), set(res.ports)
     for job, e in sorted(entries.items()):
-        if job == res.job or "_unreadable" in e:
+        if job == res.job:
+            continue
+        if "_unreadable" in e:  # what it holds is unknown: it may hold what res asks for
+            out.append("ledger entry %s cannot be read (%s)" % (layout.ledger_path(job), e["_unreadable"]))
             continue
         if res.free.get(job) is not None and res.free.get(job) == e.get("token"):
             continue  # finished or stale when the controller looked, and unchanged since

@@ -400,6 +400,7 @@ def plan_host(
             report.exits.get(u.unit),
             report.lifecycle,
             u.task.name in replace,
+            restart_limit=u.restart_limit,
         )
         hp.tasks.append(TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new))
     names = {u.task.name for u in bundle.tasks}

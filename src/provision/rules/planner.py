@@ -17,7 +17,15 @@ from provision.core.target import HostError, Target
 from provision.host.protocol import ProbeReport
 from provision.rules.plan import HostPlan, Plan, as_a_unit, plan_host
 from provision.rules.preflight import Status, judge
-from provision.rules.tenancy import Holder, Owner, gpu_uuids, owner_problem, reservation
+from provision.rules.tenancy import (
+    Holder,
+    Owner,
+    gpu_uuids,
+    owner_problem,
+    reservation,
+    unreadable_entries,
+    unreadable_problem,
+)
 from provision.spec.render import Rendered
 
 
@@ -103,6 +111,10 @@ def _fold_tenancy(plan: Plan, t: Tenancy) -> None:
         why = owner_problem(job, own, t.owner, t.take_over)
         if why is not None:
             hp.problems.append(why)
+            continue
+        bad = unreadable_entries(hp.report, but=job)
+        if bad and hp.bundle is not None and hp.bundle.tasks:
+            hp.problems.append(unreadable_problem(bad))
             continue
         if hp.bundle is not None:
             tasks = [u.task for u in hp.bundle.tasks]

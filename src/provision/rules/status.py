@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from provision.core.explain import reason
+from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import JobPhase, TaskRow, TaskState, job_phase, restart_budget, restarts, task_state
 from provision.core.model import Inventory
 from provision.host import layout
@@ -111,6 +111,9 @@ def job_status(
         pool = inv.pool(t.role)
         limit = restart_budget(pool.restart) if pool is not None else None
         out = task_state(u, ex, rep.lifecycle, limit)
+        waiting = setup_state(rep.units.get(layout.setup_unit_name(inv.job)))
+        if out.state is TaskState.PENDING and waiting:  # the host's setup holds it back
+            out = out._replace(detail=waiting)
         ended_at = None
         if out.state.ended and ex:
             try:
@@ -132,10 +135,31 @@ def job_status(
                 ended_at,
             )
         )
-    phase, reason = job_phase(
-        inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows]
-    )
-    return JobStatus(inv.job, phase, reason, tuple(rows), tuple(sorted(unreachable)))
+    phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
+    if phase is JobPhase.PENDING:  # a failed setup is why nothing started: say so, not just "not started"
+        failed = sorted({r.host: r.detail for r in rows if r.detail.startswith(SETUP_FAILED)}.items())
+        if failed:
+            why = f"setup failed on {', '.join(h for h, _ in failed)}: {failed[0][1][len(SETUP_FAILED) + 2 :]}"
+    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)))
+
+
+SETUP_FAILED = "setup failed"
+_CODE_KIND = {"1": "exited", "2": "killed", "3": "dumped"}  # systemd's ExecMainCode
+
+
+def setup_state(unit: Mapping[str, str] | None) -> str | None:
+    """What the job's setup unit on a host says about tasks that have not started there:
+    running, or failed and how (None: no setup, or it succeeded)."""
+    if not unit or unit.get("LoadState") in (None, "not-found"):
+        return None
+    if unit.get("ActiveState") == "activating":
+        return "waiting for the host's setup (running)"
+    result = unit.get("Result", "success")
+    if unit.get("ActiveState") == "failed" or result not in ("", "success"):
+        kind = _CODE_KIND.get(unit.get("ExecMainCode", ""), "exited")
+        how = exit_words(kind, unit.get("ExecMainStatus", "?"), result)
+        return f"{SETUP_FAILED}: {how} (provision logs --setup shows its output)"
+    return None
 
 
 def needs_lines(st: JobStatus) -> dict[str, list[str]]:

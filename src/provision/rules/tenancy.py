@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.text import duration
+from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.spec.placement import Held, PlacedTask
 
@@ -192,6 +193,25 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
     return out
 
 
+def unreadable_entries(report: ProbeReport, but: str = "") -> list[str]:
+    """Ledger entries (other than job `but`'s) that are not a readable entry, as
+    'PATH (why)': what they hold is unknown, so they are taken to hold anything."""
+    out = []
+    for job, e in sorted((report.ledger or {}).items()):
+        if job != but and (not isinstance(e, dict) or "_unreadable" in e):
+            why = e.get("_unreadable") if isinstance(e, dict) else "not an object"
+            out.append(f"{layout.ledger_path(job)} ({why})")
+    return out
+
+
+def unreadable_problem(entries: list[str]) -> str:
+    return (
+        f"ledger entry {entries[0]} cannot be read: it may hold any GPU or port here, so nothing is "
+        "placed on this host until it is fixed or removed (provision jobs lists it)"
+        + (f"; {len(entries) - 1} more" if len(entries) > 1 else "")
+    )
+
+
 def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float) -> Held:
     """What placement of `job` may not use on a host: what other jobs hold, and ports that
     something other than provision's jobs listens on."""
@@ -274,9 +294,12 @@ class HostView:
     holders: tuple[Holder, ...] = ()
     foreign_ports: tuple[int, ...] = ()
     error: str | None = None
+    unreadable: tuple[str, ...] = ()  # ledger entries that cannot be read (unreadable_entries)
 
     @property
     def free_gpus(self) -> list[int]:
+        if self.unreadable:  # an entry that cannot be read may hold any of them
+            return []
         taken = {g for h in self.holders if h.hold.holds for g in h.gpus}
         return [g for g in range(self.gpus) if g not in taken]
 
@@ -324,6 +347,7 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
                 "free_gpus": hv.free_gpus if hv.error is None else None,
                 "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
                 "foreign_ports": list(hv.foreign_ports),
+                "unreadable": list(hv.unreadable),
             }
             for hv in hosts
         },
@@ -349,6 +373,7 @@ def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
         ]
         if hv.foreign_ports:
             held.append(f"other processes: - / {_span(hv.foreign_ports)}")
+        held += [f"unreadable ledger entry {x}: may hold anything" for x in hv.unreadable]
         rows.append([hv.name, str(hv.gpus), _span(hv.free_gpus) or "-", "; ".join(held) or "-"])
     return [jobs, rows]
 
@@ -357,4 +382,4 @@ def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView
     hs = holders(name, report, now)
     ours = {p for h in hs for p in h.ports}
     foreign = tuple(p for p in sorted(set(report.listening or []) - ours) if p >= SHOWN_PORTS)
-    return HostView(name, gpus, tuple(hs), foreign)
+    return HostView(name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)))

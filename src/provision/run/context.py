@@ -211,6 +211,8 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     # it too, but the shell probe must name every path before it reads the manifest.
     if bundle is not None:
         units |= {u.unit for u in bundle.tasks}
+        if bundle.setup is not None and ask.clocks:  # status: a failed setup is why tasks wait
+            units.add(bundle.setup.unit)
     return ProbeRequest(
         job=ctx.inventory.job,
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},

@@ -21,7 +21,7 @@ import jinja2
 
 from provision.core import encode
 from provision.core.errors import ProvisionError
-from provision.core.lifecycle import LONG_LIVED, boot_gate, start_phase, systemd_restart
+from provision.core.lifecycle import LONG_LIVED, boot_gate, restart_budget, start_phase, systemd_restart
 from provision.core.model import FileSpec, Host, Inventory, Pool
 from provision.host import layout
 from provision.spec.clusterenv import JobCluster, job_cluster, task_env
@@ -71,6 +71,7 @@ class TaskUnit:
     phase: int
     long_lived: bool
     inputs: str  # sha256 of everything whose change must restart the task
+    restart_limit: int | None = None  # the pool's budget (lifecycle.restart_budget): when a task is Failed
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,11 @@ def render(
             inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
             if setup is not None:  # a changed setup restarts the host's tasks
                 inputs = _sha(f"{inputs}\n{setup.key}".encode())
-            units.append(TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs))
+            pool = inv.pool(t.role)
+            limit = restart_budget(pool.restart) if pool is not None else None
+            units.append(
+                TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs, limit)
+            )
         target_b = _target(j, inv.job, host.name, tasks, units)
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = _manifest(inv.job, host.name, units, files, setup)
