@@ -56,7 +56,9 @@ def test_ssh_argv_reaches_the_host_as_provision_does(tmp_path):
     assert "StrictHostKeyChecking=yes" in argv and "ConnectTimeout=7" in argv
     assert any(a.startswith(f"UserKnownHostsFile={tmp_path / 'known_hosts'} ") for a in argv)
     assert argv[-2] == "ops@192.0.2.1" and argv[-1].startswith("sudo -E sh -c ")
-    assert ". /etc/provision/j/chief-0.env" in shlex.split(argv[-1])[-1]
+    inner = shlex.split(shlex.split(argv[-1])[-1])  # sudo -E sh -c CMD: CMD's words
+    assert inner[:3] == ["python3", "-S", "-c"] and inner[4:6] == ["--if-present", "/etc/provision/j/chief-0.env"]
+    assert inner[-2:] == ["${SHELL:-/bin/sh}", "-i"] or inner[-1] == "-i"
     off = ssh_argv(Target("h", "a", host_key_policy="off"), tmp_path / "k", remote=["uptime"], tty=False)
     assert off == [
         "ssh",
@@ -167,3 +169,28 @@ def test_an_output_that_is_a_link_is_refused(tmp_path, command):
         r = runner.invoke(main, [*command, "-o", "out.yaml", "--force"])
         assert r.exit_code == 1 and "out.yaml: is a symbolic link; refused" in r.output, r.output
         assert not target.exists() and Path("out.yaml").is_symlink()
+
+
+def test_exec_reads_the_env_file_as_data_never_as_a_shell(tmp_path):
+    """Issue 28, item 3: the env file was sourced by sh as root; a line of shell in it ran.
+    Now it is data: a line that is not KEY="value" is refused and nothing runs; a value
+    holding shell is passed as is; a link or an untrusted directory is refused."""
+    d = tmp_path / "etc"
+    d.mkdir()
+    env = d / "chief-0.env"
+    pwned = tmp_path / "pwned"
+    env.write_text(f'A="$(touch {pwned})"\ntouch {pwned}\n')
+    r = subprocess.run(exec_script(str(env), ["true"]), shell=True, capture_output=True, text=True)
+    assert r.returncode == NOT_APPLIED and "line 2 is not KEY=" in r.stderr and not (tmp_path / "pwned").exists()
+    env.write_text(f'A="$(touch {pwned})"\n')
+    r = subprocess.run(
+        exec_script(str(env), ["sh", "-c", 'printf %s "$A"']), shell=True, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout == f"$(touch {tmp_path / 'pwned'})" and not (tmp_path / "pwned").exists()
+    link = d / "worker-0.env"
+    link.symlink_to(env)
+    r = subprocess.run(exec_script(str(link), ["true"]), shell=True, capture_output=True, text=True)
+    assert r.returncode == NOT_APPLIED and "provision:" in r.stderr
+    d.chmod(0o777)
+    r = subprocess.run(exec_script(str(env), ["true"]), shell=True, capture_output=True, text=True)
+    assert r.returncode == NOT_APPLIED and "writable by group or others" in r.stderr

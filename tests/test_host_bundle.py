@@ -129,7 +129,9 @@ def test_the_host_keeps_the_agent_compiled(tmp_path):
     first = json.loads(run_with_cache(cache, req).stdout)
     entries = sorted(p.name for p in cache.iterdir())
     assert oct(cache.stat().st_mode & 0o777) == "0o700"
-    assert {e.split("-")[0] for e in entries} == {"dataclasses", *(f"provision.host.{m}" for m in bundle.MODULES)}
+    # trust.py decides whether the cache may be used, so it is never loaded from it.
+    cached = {f"provision.host.{m}" for m in bundle.MODULES if m != "trust"}
+    assert {e.split("-")[0] for e in entries} == {"dataclasses", *cached}
     # The next run loads them: a corrupt one is compiled again (and written, which removes
     # its module's entries of older sources), and the answers are the same.
     corrupt = next(p for p in cache.iterdir() if p.name.startswith("provision.host.protocol-"))

@@ -78,6 +78,16 @@ FAILED = {"ActiveState": "failed", "SubState": "failed"}
             ENDED,
             Hold.RESERVED,
         ),
+        # An apply from this machine that is still alive holds, however old (a long setup).
+        (
+            entry(
+                started=False,
+                updated=NOW - 3600,
+                owner={"lineage": "L", "who": "me@here", "host": HERE, "pid": os.getpid()},
+            ),
+            ENDED,
+            Hold.RESERVED,
+        ),
         (entry(started=False), ACTIVE, Hold.RUNNING),
     ],
 )
@@ -310,3 +320,47 @@ def test_an_unreadable_entry_holds_what_it_might_hold(ledger_dir):
     assert unreadable_problem(bad).startswith(f"ledger entry {ledger_dir / 'cut.json'} (")
     view = jobs_json([host_view("gpu-1", 2, rep, NOW)], NOW)
     assert view["hosts"]["gpu-1"]["free_gpus"] == [] and len(view["hosts"]["gpu-1"]["unreadable"]) == 2
+
+
+@pytest.mark.parametrize("skew", [-3600.0, 0.0, 10 * 365 * 86400.0])
+def test_ages_are_judged_on_the_hosts_clock(skew):
+    """Issue 28, item 8: a host clock an hour behind made a fresh reservation look stale
+    (double-booked within one apply); ten years ahead held GPUs forever and `jobs` printed a
+    negative age. The entry's times and the judging clock are the host's."""
+    host_now = NOW + skew
+    fresh = entry(started=False, updated=host_now - 10)
+    fresh["since"] = host_now - 60
+    old = entry("old", started=False, updated=host_now - 3600, gpus=(1,), ports=(2300,))
+    old["since"] = host_now + 86400  # written while the host's clock was ahead: never shown in the future
+    rep = report(fresh, old)
+    rep = ProbeReport(ledger=rep.ledger, ledger_units=rep.ledger_units, now=host_now, listening=[])
+    hs = {h.job: h for h in holders("gpu-1", rep, NOW)}
+    assert hs["other"].hold is Hold.RESERVED and hs["old"].hold is Hold.STALE
+    assert hs["other"].since == pytest.approx(NOW - 60)  # shown on the controller's clock
+    view = jobs_json([host_view("gpu-1", 2, rep, NOW)], NOW)
+    assert all(j["age_seconds"] >= 0 for j in view["jobs"])
+
+
+def test_a_long_setup_keeps_its_reservation_fresh(ledger_dir):
+    """Issue 28, item 8: 602 s into an 11-minute setup another controller took the job's
+    GPUs (the entry's age said stale). While the setup runs, the agent renews the entry."""
+    import time
+
+    then = time.time() - 100
+    assert ledger.reserve(res("slow", [0, 1], [2222]), then) == []
+    done = ledger.renewing("slow", 0.05)
+    try:
+
+        def renewed() -> bool:
+            return ledger.read_all()["slow"]["updated"] > then
+
+        deadline = time.monotonic() + 10
+        while not renewed() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert renewed()
+    finally:
+        done.set()
+    e = ledger.read_all()["slow"]
+    assert (e["gpus"], e["ports"], e["since"]) == ([0, 1], [2222], then)  # only `updated` moves
+    ledger.renew("gone", NOW)  # no entry: nothing written
+    assert sorted(ledger.read_all()) == ["slow"]

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from . import layout, ledger
+from . import layout, ledger, trust
 from . import protocol as P
 from .hostfacts import facts
 from .hostlib import base64, json, read_json, run, sha256_file
@@ -561,7 +561,11 @@ def op_setup(req):
     except OSError:
         pass
     run(["systemctl", "reset-failed", "--", req.unit])
-    code, _, err = run(["systemctl", "start", "--", req.unit], timeout=24 * 3600)
+    done = ledger.renewing(job, req.renew_every)
+    try:
+        code, _, err = run(["systemctl", "start", "--", req.unit], timeout=24 * 3600)
+    finally:
+        done.set()
     if code == 0:
         os.makedirs(layout.state_dir(job), 0o755, exist_ok=True)
         atomic_write(layout.setup_key_path(job), (req.key + "\n").encode(), 0o600, [])
@@ -604,8 +608,27 @@ OPS = {
 }
 
 
+def untrusted(job):
+    """The first of provision's directories (the job's among them) that host/trust.py
+    refuses, in one line; None when every one passes."""
+    dirs = [layout.ETC, layout.VAR, layout.LEDGER_DIR, os.path.dirname(layout.AGENT_CACHE)]
+    if job:
+        dirs += [layout.job_dir(job), layout.state_dir(job)]
+    for d in dirs:
+        why = trust.problem(d)
+        if why:
+            return why + " (fix its owner and mode; nothing was done on this host)"
+    return None
+
+
 def main():
     req = P.request_from_wire(json.loads(sys.stdin.buffer.read().decode("utf-8")))
+    jobs = {getattr(r, "job", None) for r in getattr(req, "requests", None) or [req]}
+    why = next((w for w in map(untrusted, sorted(j or "" for j in jobs)) if w), None)
+    if why:
+        sys.stdout.write(json.dumps({"fatal": why}))
+        sys.stdout.flush()
+        return
     try:
         res = P.to_wire(OPS[req.op](req))
     except OSError as e:  # a file the host would not take: its path and the system's words

@@ -21,7 +21,7 @@ from . import layout
 HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
 # What every request imports (the agent and what it imports at its top).
-MODULES = ("layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
+MODULES = ("trust", "layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
 # Sent along too, but imported only by the requests that use it (agent.lazy): compiling
 # hostcheck cost every network check ~6 ms of a host's CPU.
 LAZY = ("hostcheck",)
@@ -29,26 +29,28 @@ STANDINS = {"dataclasses": "standins"}
 
 # Compiling the modules is most of what starting the agent costs a host (~10 ms of its
 # CPU at every request), so each host keeps them compiled, per source (KEY: the sha256
-# the controller computed) and per python3 (cache_tag), in a directory that only the
-# agent's own user may write (anything else: compile, as without a cache).
+# the controller computed) and per python3 (cache_tag), in a directory host/trust.py
+# passes from / down (anything else: compile, as without a cache), files opened without
+# following links.
 _LOADER = """import sys, os, marshal
 C = %(cache)r
+T = False  # the cache is used once host/trust.py (compiled without it) says it may be
 def _trusted():
+    from provision.host import trust
+    if trust.problem(C):
+        return False
     try:
-        st = os.stat(C)
+        os.makedirs(C, 0o700)
+    except FileExistsError:
+        pass
     except OSError:
-        try:
-            os.makedirs(C, 0o700)
-            st = os.stat(C)
-        except OSError:
-            return False
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
-T = _trusted()
+        return False
+    return trust.problem(C) is None
 def _code(name, src, key):
     p = "%%s/%%s-%%s.%%s" %% (C, name, key, sys.implementation.cache_tag)
     if T:
         try:
-            with open(p, "rb") as f:
+            with os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 return marshal.load(f)
         except (OSError, ValueError, EOFError, TypeError):
             pass
@@ -101,6 +103,7 @@ def _key(module: str) -> str:
 # source inside the program as string literals cost every request ~2.5 ms of compiling.
 _READ = """for _name, _key, _n in %(table)r:
     B.src[_name] = (sys.stdin.buffer.read(_n), _key)
+T = _trusted()
 from provision.host import agent
 agent.main()
 sys.stdout.flush()

@@ -224,6 +224,34 @@ def reserve(res: Reservation, now: float) -> list[str]:
     return []
 
 
+def renew(job: str, now: float) -> None:
+    """The job's entry is still wanted (its apply lives): `updated` is now."""
+    with _Locked():
+        entry = read_entry(layout.ledger_path(job))
+        if isinstance(entry, dict) and "_unreadable" not in entry:
+            entry["updated"] = now
+            _write(job, entry)
+
+
+def renewing(job: str, every: float) -> Any:
+    """Renew the job's entry every `every` seconds until the returned event is set (a
+    thread: a long setup goes on meanwhile)."""
+    import threading  # only setup needs it (start-up time of every other request)
+    import time
+
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            try:
+                renew(job, time.time())
+            except OSError:
+                pass  # the next tick tries again; the setup goes on
+
+    threading.Thread(target=loop, daemon=True).start()
+    return done
+
+
 def mark_started(job: str, now: float) -> None:
     """The job's units were started here: its entry is no longer a bare reservation."""
     path = layout.ledger_path(job)

@@ -140,7 +140,9 @@ if [ -n "$tenancy" ]; then
 fi
 # Checks: probe.py hands what these print to host/hostcheck.py's parsers, which the agent
 # uses on what it reads itself.
-if [ -n "$clock" ]; then echo "@clock $(date +%s.%N)"; fi
+# The clock also when other jobs have ledger entries: their ages are judged on this host's
+# clock, the one they were written with.
+if [ -n "$clock" ] || [ -n "$others" ]; then echo "@clock $(date +%s.%N)"; fi
 if [ "$clock" = 2 ]; then
     up=
     read -r up rest </proc/uptime

@@ -266,6 +266,9 @@ class SetupRequest:
     key: str
     force: bool = False
     tail: int = 15  # lines of its output to send back when it fails
+    # While it runs, the job's ledger entry is renewed this often: other controllers judge a
+    # reservation stale by its age (tenancy.STALE_AFTER), and a setup may take an hour.
+    renew_every: float = 60.0
 
     op = "setup"
 

@@ -91,19 +91,9 @@ def job_status(
         rep = reports.get(t.host.name)
         if rep is None:
             if t.host.name in unreachable:
+                why = f"host unreachable: {unreachable[t.host.name]}"
                 rows.append(
-                    TaskStatus(
-                        t.name,
-                        t.role,
-                        t.host.name,
-                        t.address,
-                        gpus,
-                        TaskState.UNKNOWN,
-                        None,
-                        0,
-                        None,
-                        f"host unreachable: {unreachable[t.host.name]}",
-                    )
+                    TaskStatus(t.name, t.role, t.host.name, t.address, gpus, TaskState.UNKNOWN, None, 0, None, why)
                 )
             continue
         u = rep.units.get(unit)
@@ -136,11 +126,17 @@ def job_status(
             )
         )
     phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
-    if phase is JobPhase.PENDING:  # a failed setup is why nothing started: say so, not just "not started"
-        failed = sorted({r.host: r.detail for r in rows if r.detail.startswith(SETUP_FAILED)}.items())
-        if failed:
-            why = f"setup failed on {', '.join(h for h, _ in failed)}: {failed[0][1][len(SETUP_FAILED) + 2 :]}"
-    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)))
+    return JobStatus(inv.job, phase, _setup_reason(rows) or why, tuple(rows), tuple(sorted(unreachable)))
+
+
+def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:
+    """A failed setup is why nothing started: the job's reason says so, not "not started"."""
+    if any(r.state is not TaskState.PENDING for r in rows):
+        return None
+    failed = sorted({r.host: r.detail for r in rows if r.detail.startswith(SETUP_FAILED)}.items())
+    if not failed:
+        return None
+    return f"setup failed on {', '.join(h for h, _ in failed)}: {failed[0][1][len(SETUP_FAILED) + 2 :]}"
 
 
 SETUP_FAILED = "setup failed"

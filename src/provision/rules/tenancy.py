@@ -161,22 +161,30 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
         return Hold.ENDED
     owner = Owner.from_json(entry.get("owner"))
     updated = entry.get("updated")
-    if owner and owner.host == socket.gethostname() and owner.pid and not _alive(owner.pid):
-        return Hold.STALE
+    if owner and owner.host == socket.gethostname() and owner.pid:
+        # An apply from this machine: its process says whether it is alive, whatever the
+        # age (a setup may take an hour).
+        return Hold.RESERVED if _alive(owner.pid) else Hold.STALE
     if isinstance(updated, (int, float)) and now - updated > STALE_AFTER:
         return Hold.STALE
     return Hold.RESERVED
 
 
 def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Holder]:
-    """Every job's entry in host's ledger (the report must come from a tenancy probe)."""
+    """Every job's entry in host's ledger (the report must come from a tenancy probe).
+    Ages are judged on the host's clock when the report has it (the entries' times are the
+    host's): a host clock behind or ahead of the controller's does not make an entry look
+    stale or fresh."""
     now = time.time() if now is None else now
+    host_now = report.now if report.now is not None else now
+    skew = host_now - now  # shown times are moved to the controller's clock
     units = {**(report.ledger_units or {}), **report.units}  # other jobs' units, and this job's
     out = []
     for job, e in sorted((report.ledger or {}).items()):
         if not isinstance(e, dict) or "_unreadable" in e:
             continue
         since = e.get("since")
+        since = min(since, host_now) - skew if isinstance(since, (int, float)) else None  # never in the future
         out.append(
             Holder(
                 host,
@@ -184,8 +192,8 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 Owner.from_json(e.get("owner")),
                 _ints(e.get("gpus")),
                 _ints(e.get("ports")),
-                float(since) if isinstance(since, (int, float)) else None,
-                judge(e, units, now),
+                since,
+                judge(e, units, host_now),
                 str(e.get("token", "")),
                 tuple(u for u in e.get("units") or [] if isinstance(u, str)),
             )

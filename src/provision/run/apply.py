@@ -36,6 +36,7 @@ from provision.io.journal import host_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules.plan import FileAction, HostPlan, Plan, TaskChange
+from provision.rules.tenancy import STALE_AFTER
 from provision.run.context import (
     Context,
     Progress,
@@ -351,7 +352,7 @@ class _Apply:
         assert hp.bundle is not None and hp.bundle.setup is not None
         s = hp.bundle.setup
         self.progress(f"{t.name}: setup running ({hp.setup})")
-        req = SetupRequest(self.job, s.unit, s.key, force=hp.setup == "forced")
+        req = SetupRequest(self.job, s.unit, s.key, force=hp.setup == "forced", renew_every=max(1.0, STALE_AFTER / 4))
         rep: SetupReport = call_agent(self.ctx.session, t, req, timeout=24 * 3600)
         if rep.errors:
             code = f"exit code {rep.exit_code}" if rep.exit_code is not None else "; ".join(rep.errors)

@@ -1,10 +1,11 @@
 """`provision exec` and `provision ssh`: a command, or a shell, on a task's host, in the
 task's environment; and the shell completion of task names.
 
-exec runs `sh -c` on the host that loads the task's environment file (as systemd reads it:
-its double-quoted values unescape the same way in sh) and then runs the command with its
-words as given, as root (or through `sudo -n`, like every other command: the file is the
-job's, mode 0600). Output is streamed as it comes, stdout to stdout and stderr to stderr;
+exec runs a small Python program on the host (host/trust.main) that reads the task's
+environment file as data, as systemd reads it (never sourced by a shell; its directories
+checked as the agent checks them, the file opened without following a link), and then
+execs the command with its words as given, as root (or through `sudo -n`, like every
+other command: the file is the job's, mode 0600). Output is streamed as it comes, stdout to stdout and stderr to stderr;
 the exit code is the command's.
 
 ssh replaces this process with OpenSSH's `ssh`, with what the inventory says of the host
@@ -25,7 +26,7 @@ from click.shell_completion import CompletionItem
 
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, ProvisionError
 from provision.core.target import HostError, Target
-from provision.host import layout
+from provision.host import bundle, layout
 from provision.run.context import Context
 from provision.spec.inventory import load
 from provision.spec.placement import place
@@ -45,14 +46,16 @@ def task_target(ctx: Context, task: str) -> tuple[Target, str]:
     return ctx.targets[host], layout.env_path(ctx.inventory.job, task)
 
 
+def _loader() -> str:
+    """The host program that reads the env file as data (host/trust.main) and execs."""
+    return bundle.source("trust") + "\nmain(sys.argv[1:])\n"
+
+
 def exec_script(env_file: str, argv: Sequence[str]) -> str:
-    """The command for the host: load the env file (exported), then exec argv."""
-    script = (
-        f'[ -r {env_file} ] || {{ echo "provision: no {env_file} on this host: '
-        f'is the job applied?" >&2; exit {NOT_APPLIED}; }}; '
-        f'set -a; . {env_file}; set +a; exec "$@"'
-    )
-    return " ".join(shlex.quote(w) for w in ["sh", "-c", script, "provision-exec", *argv])
+    """The command for the host: argv run with the task's environment added, read from the
+    env file as data (never sourced by a shell; its directories checked, no link followed)."""
+    words = ["python3", "-S", "-c", _loader(), env_file, *argv]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None, stderr: Any = None) -> int:
@@ -130,10 +133,14 @@ def ssh_argv(target: Target, known_hosts: Path, *, remote: Sequence[str] = (), t
 
 
 def shell_command(env_file: str, sudo: bool) -> str:
-    """An interactive shell with the task's environment loaded, when it can be read."""
-    inner = f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; cd /; exec ${{SHELL:-/bin/sh}} -i"
-    cmd = "sh -c " + shlex.quote(inner)
-    return f"sudo -E {cmd}" if sudo else cmd
+    """An interactive login shell in /, with the task's environment added when its file
+    is there (read as data, as for exec)."""
+    inner = 'cd / && exec "$@"'
+    loader = " ".join(
+        shlex.quote(w) for w in ["python3", "-S", "-c", _loader(), "--if-present", env_file, "sh", "-c", inner, "sh"]
+    )
+    cmd = loader + ' "${SHELL:-/bin/sh}" -i'
+    return f"sudo -E sh -c {shlex.quote(cmd)}" if sudo else cmd
 
 
 def complete_tasks(ctx: Any, param: Any, incomplete: str) -> list[Any]:

@@ -241,6 +241,17 @@ def _render_task(
     return env_text, unit_text, secret_keys
 
 
+def _task_unit(inv: Inventory, t: PlacedTask, inputs: str) -> TaskUnit:
+    pool = inv.pool(t.role)
+    budget = restart_budget(pool.restart) if pool is not None else None
+    unit, unit_path, env_path = (
+        layout.unit_name(inv.job, t.name),
+        layout.unit_path(inv.job, t.name),
+        layout.env_path(inv.job, t.name),
+    )
+    return TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs, budget)
+
+
 def render(
     inv: Inventory,
     *,
@@ -278,7 +289,6 @@ def render(
             )
             env_b, unit_b = env_text.encode(), unit_text.encode()
             env_path = layout.env_path(inv.job, t.name)
-            unit = layout.unit_name(inv.job, t.name)
             unit_path = layout.unit_path(inv.job, t.name)
             env_sha, unit_sha = _sha(env_b), _sha(unit_b)
             files.append(RenderedFile(env_path, env_sha, 0o600, FileKind.ENV, env_b, secret=bool(secret_keys)))
@@ -289,11 +299,7 @@ def render(
             inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
             if setup is not None:  # a changed setup restarts the host's tasks
                 inputs = _sha(f"{inputs}\n{setup.key}".encode())
-            pool = inv.pool(t.role)
-            limit = restart_budget(pool.restart) if pool is not None else None
-            units.append(
-                TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs, limit)
-            )
+            units.append(_task_unit(inv, t, inputs))
         target_b = _target(j, inv.job, host.name, tasks, units)
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = _manifest(inv.job, host.name, units, files, setup)
