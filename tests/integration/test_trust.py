@@ -68,3 +68,47 @@ def test_a_planted_env_file_is_data_not_shell(host, sandbox_inventory, tmp_path)
         assert sh(host, "host-1", "test -e /tmp/pwned").code != 0
     finally:
         ok(cli("destroy", "-y", inv, cwd=tmp_path))
+
+
+def test_a_racing_swap_of_the_agent_cache_never_runs_planted_code(host, sandbox_inventory, tmp_path):
+    """Item 1 as the round did it: /var/cache/provision owned by a user, who swaps a planted
+    `agent` directory in and out in a loop while provision runs. The agent refuses the
+    host (its cache's parent fails the check) and no planted code ever runs."""
+    import marshal
+
+    from provision.host import bundle
+
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(host, job="trust", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv)
+    ok(cli("facts", inv, cwd=tmp_path))  # the real cache is there
+    tag = sh(host, "host-1", "python3 -c 'import sys; print(sys.implementation.cache_tag)'", check=True).strip()
+    evil = marshal.dumps(compile("open('/tmp/canary', 'w').close()\n", "evil", "exec"))
+    names = [f"provision.host.{m}-{bundle._key(m)}.{tag}" for m in bundle.MODULES]
+    files = {f"/var/cache/provision/planted/{n}": evil.hex() for n in names}
+    plant = (
+        "import binascii, os, sys; os.makedirs('/var/cache/provision/planted', exist_ok=True)\n"
+        f"for p, h in {files!r}.items():\n    open(p, 'wb').write(binascii.unhexlify(h))\n"
+    )
+    swap = (
+        "cd /var/cache/provision; end=$(($(date +%s) + 20)); while [ $(date +%s) -lt $end ]; do "
+        "mv agent real 2>/dev/null; mv planted agent 2>/dev/null; mv agent planted 2>/dev/null; "
+        "mv real agent 2>/dev/null; done"
+    )
+    try:
+        sh(host, "host-1", "rm -f /tmp/canary; chown alice /var/cache/provision", check=True)
+        code, out = host.docker_exec("host-1", ["runuser", "-u", "alice", "--", "python3", "-c", plant])
+        assert code == 0, out
+        racer = host.docker_exec("host-1", ["runuser", "-u", "alice", "--", "sh", "-c", f"setsid sh -c '{swap}' &"])
+        assert racer[0] == 0, racer
+        assert sh(host, "host-1", "pgrep -u alice").code == 0  # the racer runs
+        for _ in range(5):
+            r = cli("facts", inv, cwd=tmp_path)
+            assert r.returncode != 0 and "/var/cache/provision is owned by uid" in r.stdout + r.stderr
+        assert sh(host, "host-1", "test -e /tmp/canary").code != 0
+    finally:
+        sh(
+            host,
+            "host-1",
+            "pkill -u alice; sleep 0.2; cd /var/cache/provision && "
+            "{ [ -d real ] && rm -rf agent && mv real agent; rm -rf planted; chown root /var/cache/provision; }",
+        )
