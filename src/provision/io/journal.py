@@ -239,6 +239,22 @@ def fetch_command(
     return "sh -c " + shlex.quote("; ".join(parts))
 
 
+def stream_command(job: str, tasks: list[str], *, since: str | None) -> str:
+    """One journalctl for all of a host's tasks (their matches ORed: one time-ordered
+    stream), for a fetch read as it arrives (run/logs: no --tail, no cursors); its
+    complaints on stdout too (they are not JSON), its exit status last."""
+    argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q", f"--output-fields={FIELDS}"]
+    if since:
+        argv += ["--since", since]
+    argv += matches(job, tasks)
+    script = (
+        'echo "{\\"__provision_now\\":$(date +%s%N)}"; '
+        + " ".join(shlex.quote(a) for a in argv)
+        + ' 2>&1; echo "{\\"__provision_rc\\":$?}"'
+    )
+    return "sh -c " + shlex.quote(script)
+
+
 def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
     """`journalctl --follow` that ends when the SSH channel closes.
 
