@@ -310,3 +310,14 @@ def test_an_address_with_a_port_is_the_ssh_port_never_part_of_the_cluster_spec(t
     assert any(a.startswith("192.0.2.11:") for a in addresses)
     assert any(a.startswith("[2001:db8::12]:") for a in addresses)
     assert not any("2201" in a.split(":")[0] or a.count("[") > 1 for a in addresses)
+
+
+def test_a_setup_is_bounded_by_its_timeout(tmp_path):
+    """Issue 28, item 16: the setup unit had TimeoutStartSec=infinity."""
+    text = BASE + "setup: {commands: [apt-get update], timeout: 600}\n"
+    r = render(inv_from(text, tmp_path))
+    units = [f for b in r.hosts.values() for f in b.files if f.path.endswith("setup.service")]
+    assert units and all(b"TimeoutStartSec=600\n" in f.data() for f in units)
+    assert all(b.setup is not None and b.setup.timeout == 600 for b in r.hosts.values() if b.setup)
+    default = render(inv_from(BASE + "setup: {commands: [apt-get update]}\n", tmp_path))
+    assert all(b.setup.timeout == 3600 for b in default.hosts.values() if b.setup)

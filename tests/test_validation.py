@@ -373,6 +373,18 @@ CASES: list[Case] = [
         fix="A host name or an IP address, no scheme or path; a port as `HOST:PORT` (`[IPv6]:PORT`) or with `port:`.",
     ),
     Case(
+        "setup-timeout",
+        "A setup's timeout that is not a number of seconds",
+        E("34: setup.timeout: expected an integer from 1 to 604800, got '1h'"),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nsetup: {commands: [apt-get update], timeout: 1h}\n",
+            ),
+        ),
+        fix="Whole seconds, at most a week: `timeout: 3600` (the default). systemd stops a setup that runs longer, and it has failed.",
+    ),
+    Case(
         "host-address-port",
         "Bad port in a host address",
         E("16: hosts[2].address: port '70000' is not a number from 1 to 65535, got '192.0.2.21:70000'"),

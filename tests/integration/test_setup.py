@@ -189,3 +189,46 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
     ok(cli("destroy", "-y", inv, cwd=tmp_path))
     assert sh(two, "host-1", f"systemctl is-active {unit}").strip() in ("inactive", "unknown")
     assert "sleep 100000" not in sh(two, "host-1", "ps -eo args")
+
+
+def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(two, sandbox_inventory, tmp_path):
+    """Issue 28, item 16: TimeoutStartSec=infinity, nothing printed after "setup running",
+    and the first Ctrl-C swallowed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .clirun import first_output
+
+    pools = {"chief": {"replicas": 1, "command": LONG}}
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(two, job="hang", pools=pools, path=inv, setup={"commands": ["sleep 100000"], "timeout": 4})
+    try:
+        t0 = time.monotonic()
+        r = cli("apply", "-y", inv, cwd=tmp_path, env={"PROVISION_SETUP_TICK": "1"})
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "timed out: it ran longer than its setup.timeout" in r.stderr, r.stderr
+        assert "setup still running" in r.stdout + r.stderr  # progress while it ran
+        assert time.monotonic() - t0 < 120
+        # Without a bound that ends it soon, one Ctrl-C ends the apply at once.
+        sandbox_inventory(two, job="hang", pools=pools, path=inv, setup={"commands": ["sleep 100000"], "timeout": 3600})
+        p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PROVISION_SETUP_TICK": "1"},
+        )
+        seen = first_output(p)
+        deadline = time.monotonic() + 120
+        while "setup running" not in seen and time.monotonic() < deadline:
+            seen += first_output(p)
+        assert "setup running" in seen, seen
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)  # one Ctrl-C, no second
+        assert p.returncode == 130 and "Interrupted" in err, (p.returncode, out, err)
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)

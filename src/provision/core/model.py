@@ -100,6 +100,7 @@ class Setup:
 
     commands: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    timeout: int = 3600  # seconds systemd gives it (TimeoutStartSec=), then it is stopped and failed
 
 
 @dataclass(frozen=True)

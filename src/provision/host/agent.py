@@ -563,7 +563,7 @@ def op_setup(req):
     run(["systemctl", "reset-failed", "--", req.unit])
     done = ledger.renewing(job, req.renew_every)
     try:
-        code, _, err = run(["systemctl", "start", "--", req.unit], timeout=24 * 3600)
+        code, _, err = run(["systemctl", "start", "--", req.unit], timeout=req.timeout)
     finally:
         done.set()
     if code == 0:
@@ -576,6 +576,8 @@ def op_setup(req):
     argv = ["journalctl", "-u", req.unit, "-n", str(req.tail), "-o", "cat", "--no-pager"]
     _, out, _ = run(argv + (["_SYSTEMD_INVOCATION_ID=" + inv] if inv else []), timeout=30)
     lines = out.splitlines()[-req.tail :] if out.strip() else []
+    if st.get("Result") == "timeout":
+        return P.SetupReport(True, None, lines, ["timed out: it ran longer than its setup.timeout"])
     return P.SetupReport(True, int(status) if status.isdigit() else None, lines, [err.strip() or "exit %d" % code])
 
 

@@ -269,6 +269,7 @@ class SetupRequest:
     # While it runs, the job's ledger entry is renewed this often: other controllers judge a
     # reservation stale by its age (tenancy.STALE_AFTER), and a setup may take an hour.
     renew_every: float = 60.0
+    timeout: float = 24 * 3600  # how long to wait for `systemctl start` (the unit's own bound, and a margin)
 
     op = "setup"
 

@@ -310,9 +310,14 @@ class Session:
             except HostError as e:
                 return e
 
-        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh") as pool:
+        pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh")
+        try:
             for t, r in zip(targets, pool.map(call, targets)):
                 results[t.name] = r
+        finally:
+            # Ctrl-C here must end the command now, not after every host's call returns (a
+            # setup may run for an hour): what is still running is left to the process's end.
+            pool.shutdown(wait=False, cancel_futures=True)
         return results
 
 

@@ -12,12 +12,14 @@ import copy
 import functools
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from provision.core.lifecycle import needs_reset_failed, never_loaded, phases, start_failure, started_ok
 from provision.core.records import HostRecord
 from provision.core.target import HostError, Target
+from provision.core.text import duration
 from provision.host.protocol import (
     BatchReport,
     BatchRequest,
@@ -43,6 +45,8 @@ from provision.run.context import (
     kept,
 )
 from provision.spec.render import FileKind, manifest_bytes
+
+SETUP_TICK = float(os.environ.get("PROVISION_SETUP_TICK", 30))  # seconds between "setup still running" lines
 
 
 @dataclass
@@ -351,9 +355,24 @@ class _Apply:
         hp = self.work[t.name]
         assert hp.bundle is not None and hp.bundle.setup is not None
         s = hp.bundle.setup
-        self.progress(f"{t.name}: setup running ({hp.setup})")
-        req = SetupRequest(self.job, s.unit, s.key, force=hp.setup == "forced", renew_every=max(1.0, STALE_AFTER / 4))
-        rep: SetupReport = call_agent(self.ctx.session, t, req, timeout=24 * 3600)
+        self.progress(f"{t.name}: setup running ({hp.setup}; at most {duration(s.timeout)})")
+        renew = max(1.0, STALE_AFTER / 4)
+        # The unit's TimeoutStartSec= ends it first; the margins cover systemd stopping it.
+        req = SetupRequest(
+            self.job, s.unit, s.key, force=hp.setup == "forced", renew_every=renew, timeout=s.timeout + 120
+        )
+        done = threading.Event()
+        started = time.monotonic()
+
+        def tick() -> None:  # something on the screen while a long setup runs
+            while not done.wait(SETUP_TICK):
+                self.progress(f"{t.name}: setup still running ({duration(int(time.monotonic() - started))})")
+
+        threading.Thread(target=tick, daemon=True).start()
+        try:
+            rep: SetupReport = call_agent(self.ctx.session, t, req, timeout=s.timeout + 240)
+        finally:
+            done.set()
         if rep.errors:
             code = f"exit code {rep.exit_code}" if rep.exit_code is not None else "; ".join(rep.errors)
             tail = "".join(f"\n    {line}" for line in rep.lines) or " (it printed nothing)"

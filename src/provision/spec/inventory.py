@@ -301,13 +301,13 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
 
 
 def _setup(c: Checker, value: Any, path: KeyPath) -> Setup | None:
-    """`setup: {commands: [shell lines], env: {K: V}}` (job-wide, or a pool's)."""
+    """`setup: {commands: [shell lines], env: {K: V}, timeout: SECONDS}` (job-wide, or a pool's)."""
     if value is None:
         return None
     m = c.mapping(value, path)
     if m is None:
         return None
-    c.keys(m, path, ("commands", "env"), required=("commands",))
+    c.keys(m, path, ("commands", "env", "timeout"), required=("commands",))
     commands = c.strings(m["commands"], path + ("commands",)) if "commands" in m else None
     if commands is not None:
         if not commands:
@@ -316,7 +316,9 @@ def _setup(c: Checker, value: Any, path: KeyPath) -> Setup | None:
             if not line.strip():
                 c.add(path + ("commands", i), "expected a shell line, got an empty string")
     env = c.env(m.get("env"), path + ("env",)) or ()
-    return Setup(tuple(commands or ()), env) if commands else None
+    timeout = c.integer(m["timeout"], path + ("timeout",), 1, 7 * 24 * 3600) if "timeout" in m else None
+    extra = {"timeout": timeout} if timeout is not None else {}
+    return Setup(tuple(commands or ()), env, **extra) if commands else None
 
 
 def _pools(c: Checker, value: Any, hosts: list[Host]) -> list[Pool]:

@@ -78,6 +78,7 @@ class TaskUnit:
 class SetupUnit:
     unit: str
     key: str  # sha256 of the script, its env and the files it runs after
+    timeout: int = 3600  # seconds (the unit's TimeoutStartSec=)
 
 
 @dataclass(frozen=True)
@@ -386,6 +387,7 @@ def _render_setup(
             script_path=layout.setup_script_path(job),
             user=user,
             syslog_identifier=layout.setup_log_identifier(job),
+            timeout=sum(x.timeout for x in chosen),  # they run as one script
         )
         .encode()
     )
@@ -395,7 +397,7 @@ def _render_setup(
         RenderedFile(layout.setup_env_path(job), _sha(env_b), 0o600, FileKind.SETUP, env_b),
         RenderedFile(layout.setup_unit_path(job), _sha(unit_b), 0o644, FileKind.UNIT, unit_b),
     ]
-    return SetupUnit(layout.setup_unit_name(job), key), files
+    return SetupUnit(layout.setup_unit_name(job), key, sum(x.timeout for x in chosen)), files
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
