@@ -35,3 +35,25 @@ def test_host_check_prints_a_line_per_image(tmp_path):
     cmd = host_check_command(["have:1", "gone:1", "none:1", "it's; odd"])
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert out.stdout.splitlines() == ["sha256:1", "-", "", "-"]
+
+
+def test_host_check_names_an_engine_that_does_not_answer(tmp_path):
+    """Issue 28, item 14: with the engine stopped every image looked missing ("+ image
+    shipped") and the ship then failed as "Unreachable ... Socket is closed"."""
+    fake = tmp_path / "docker"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    cmd = host_check_command(["a:1"])
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert out.stdout.splitlines() == [
+        "@engine Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+    ]
+    bare = tmp_path / "bare"  # a PATH with no docker on it
+    bare.mkdir()
+    (bare / "tail").symlink_to("/usr/bin/tail")
+    none = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, env={"PATH": str(bare)})
+    assert none.stdout.startswith("@engine ") and "not found" in none.stdout

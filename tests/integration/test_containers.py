@@ -244,3 +244,29 @@ def test_an_image_rebuilt_here_is_shipped_again_and_restarts_its_task(docker_hos
         assert d.returncode == 0, d.stdout + d.stderr
     finally:
         client.images.remove(ref)
+
+
+def test_a_stopped_engine_is_named_by_plan_check_and_apply(docker_hosts, test_image, tmp_path):
+    """Issue 28, item 14: with Docker stopped, check passed, plan showed "+ image shipped"
+    and apply failed now and then as "Unreachable ... Socket is closed"."""
+    sb = docker_hosts
+    h = sb.hosts[0].name
+    inv = sandbox.write_inventory(
+        sb,
+        tmp_path / "inv.yaml",
+        job="ctrdown",
+        pools={"chief": {"replicas": 1, "image": test_image, "args": ["sh", "-c", "echo ok"], "hosts": [h]}},
+    )
+    sh(sb, h, "systemctl stop docker.socket docker.service", check=True)
+    try:
+        why = "the Docker engine does not answer"
+        p = cli("plan", inv, cwd=tmp_path)
+        assert p.returncode == 1 and why in p.stderr and "+ image" not in p.stdout, p.stdout + p.stderr
+        c = cli("check", "--skip-network", inv, cwd=tmp_path)
+        assert c.returncode == 1 and why in c.stdout + c.stderr, c.stdout + c.stderr
+        for _ in range(3):
+            a = cli("apply", "-y", inv, cwd=tmp_path)
+            assert a.returncode == 1 and why in a.stderr and "Unreachable" not in a.stderr, a.stdout + a.stderr
+    finally:
+        sh(sb, h, "systemctl start docker.socket docker.service", check=True)
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -33,6 +33,7 @@ from provision.io.steps import GroupResult, Step, run_step
 Progress = Callable[[str], None]
 _CHUNK = 1 << 20
 MISSING = "-"
+ENGINE = "@engine"  # host_check_command: docker itself did not answer
 
 
 def images_by_host(inv: Inventory, host_tasks: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
@@ -79,24 +80,32 @@ def local_images(refs: Iterable[str]) -> dict[str, tuple[str, int]]:
 
 
 def host_check_command(refs: list[str]) -> str:
-    """Prints one line per ref: its image ID, or '-' when the host lacks it (docker prints
-    an empty line for a missing image, and exits 1)."""
+    """Prints one line per ref: its image ID, '-' when the host lacks it (docker says "No
+    such image" and exits 1), or '@engine WHY' when docker itself cannot answer (no engine
+    running, no docker at all)."""
     quoted = " ".join(shlex.quote(r) for r in refs)
     return (
-        f"for r in {quoted}; do if id=$(docker image inspect --format '{{{{.Id}}}}' \"$r\" 2>/dev/null); "
-        f'then echo "$id"; else echo {MISSING}; fi; done'
+        f"for r in {quoted}; do if id=$(docker image inspect --format '{{{{.Id}}}}' \"$r\" 2>&1); "
+        f'then echo "$id"; else case "$id" in *"No such image"*|*"No such object"*) echo {MISSING};; '
+        f'*) echo "{ENGINE} $(printf %s "$id" | tail -n 1)";; esac; fi; done'
     )
 
 
 def host_images(
     session: Session, wanted: dict[str, list[str]], targets: dict[str, Target]
 ) -> GroupResult[dict[str, str]]:
-    """host -> {ref: ID or '-'}; a ref whose line is empty (no real engine) is left out."""
+    """host -> {ref: ID or '-'}; a ref whose line is empty (no real engine) is left out; a
+    host whose docker does not answer is that host's error, naming it."""
 
     def one(t: Target) -> dict[str, str]:
         refs = wanted[t.name]
         res = session.run(t, host_check_command(refs), timeout=120)
         lines = res.stdout.decode("utf-8", "replace").splitlines()
+        down = next((line[len(ENGINE) :].strip() for line in lines if line.startswith(ENGINE + " ")), None)
+        if down is not None:
+            raise HostError(
+                t, f"the Docker engine does not answer ({down}): its container pools need it (systemctl start docker)"
+            )
         return {ref: line.strip() for ref, line in zip(refs, lines) if line.strip()}
 
     return run_step(session, Step.PROBE, one, [targets[n] for n in wanted if n in targets])
@@ -168,6 +177,7 @@ def _stream_into(session: Session, t: Target, command: str, path: str, on_bytes:
     conn = session.connect(t)
     if not session.is_root(t):
         command = "sudo -n " + command
+    chan = None
     try:
         chan = conn.client.get_transport().open_session(timeout=t.connect_timeout)
         chan.settimeout(3600)
@@ -184,6 +194,14 @@ def _stream_into(session: Session, t: Target, command: str, path: str, on_bytes:
         status = chan.recv_exit_status()
         chan.close()
     except (OSError, EOFError) as e:
+        # docker load that ended early (no engine, a full disk) closes the channel under us:
+        # its own words, when the host is still there to say them, not "unreachable".
+        if chan is not None and chan.exit_status_ready():
+            err = b"".join(iter(lambda: chan.recv_stderr(65536) if chan.recv_stderr_ready() else b"", b""))
+            last = err.decode("utf-8", "replace").strip().splitlines()
+            raise HostError(
+                t, f"docker load exited {chan.recv_exit_status()}: {last[-1] if last else 'no output'}"
+            ) from None
         raise HostError(
             t, f"connection lost while shipping an image: {e or type(e).__name__}", unreachable=True
         ) from None

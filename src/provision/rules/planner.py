@@ -91,7 +91,11 @@ def make_plan(
         _fold_tenancy(plan, tenancy)
     for hp in plan.hosts:
         if hp.name in images.errors and hp.error is None:
-            hp.error = images.errors[hp.name]
+            e = images.errors[hp.name]
+            if e.unreachable:
+                hp.error = e
+            else:  # the host answered (its Docker engine did not): a problem that refuses the apply
+                hp.problems.append(e.message)
         hp.images = list(images.changes.get(hp.name, []))
         if hp.report is not None and hp.bundle is not None:
             hp.warnings += (warnings or {}).get(hp.name, [])
