@@ -152,3 +152,41 @@ def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox_factory, sandb
         assert "host-1" not in r.stderr
     finally:
         sandbox_factory.down(sb)
+
+
+def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox_factory, sandbox_inventory, tmp_path):
+    """Issue 28, item 12: stop a host, apply the inventory without it (exit 3), start the
+    host: its old worker runs beside the new one and `status` said nothing. Now status
+    names the host and what it still runs, and the next apply stops it."""
+    import yaml
+
+    sb = sandbox_factory(hosts=3)
+    try:
+        inv = tmp_path / "inv.yaml"
+        pools = {
+            "chief": {"replicas": 1, "command": LONG, "hosts": ["host-1"]},
+            "worker": {"replicas": 2, "command": LONG, "hosts": ["host-2", "host-3"]},
+        }
+        data = sandbox_inventory(sb, job="moved", pools=pools)
+        data["ssh"]["connect_timeout"] = 3
+        inv.write_text(yaml.safe_dump(data))
+        assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+        sb.container("host-3").pause()
+        try:
+            data["hosts"] = [h for h in data["hosts"] if h["name"] != "host-3"]
+            data["pools"]["worker"] = {"replicas": 1, "command": LONG, "hosts": ["host-2"]}
+            inv.write_text(yaml.safe_dump(data))
+            r = cli("apply", "-y", inv, cwd=tmp_path)
+            assert r.returncode == 3, r.stdout + r.stderr
+            st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
+            assert st["left_behind"] and st["left_behind"][0].startswith("host-3 left the job while it could not"), st
+        finally:
+            sb.container("host-3").unpause()
+        text = cli("status", inv, cwd=tmp_path).stdout
+        assert "Warning: host-3 left the job but still runs worker-1: the next apply stops them" in text, text
+        assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+        st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
+        assert st["left_behind"] == [], st
+        assert sh(sb, "host-3", "systemctl list-units --all 'provision-moved-*' --no-legend | wc -l").strip() == "0"
+    finally:
+        sandbox_factory.down(sb)

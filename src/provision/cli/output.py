@@ -152,4 +152,5 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
         color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)
     failed = failed_lines(st, inventory)
-    return out + ([""] + failed if failed else [])
+    behind = [click.style(f"Warning: {line}", fg="yellow") for line in st.left_behind]
+    return out + ([""] + failed if failed else []) + ([""] + behind if behind else [])

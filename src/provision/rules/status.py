@@ -58,6 +58,9 @@ class JobStatus:
     reason: str
     tasks: tuple[TaskStatus, ...]
     unreachable: tuple[str, ...] = ()
+    # Hosts the job left (not in the inventory any more) that still hold some of it, one
+    # line each (left_behind): their tasks could run beside their replacements.
+    left_behind: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +70,7 @@ class JobStatus:
             "reason": self.reason or None,
             "unreachable": list(self.unreachable),
             "tasks": [t.to_json() for t in self.tasks],
+            "left_behind": list(self.left_behind),
         }
 
     def task(self, name: str) -> TaskStatus:
@@ -214,4 +218,21 @@ def _since(
             return max(0, int(now - float(exits[-1][0])))
     except (ValueError, TypeError):
         return None
+    return None
+
+
+def left_behind(host: str, units: Mapping[str, str], report: ProbeReport | None, why: str | None) -> str | None:
+    """One line for a host the job left that was not cleaned yet (`units`: unit -> task, as
+    the state recorded them); None when nothing of the job is left there."""
+    if report is None:
+        return (
+            f"{host} left the job while it could not be reached ({why}): its tasks "
+            f"({', '.join(sorted(units.values())) or 'none recorded'}) may start again when it boots; "
+            "the next apply that reaches it stops them"
+        )
+    live = sorted(t for u, t in units.items() if task_state(report.units.get(u), report.exits.get(u)).state.live)
+    if live:
+        return f"{host} left the job but still runs {', '.join(live)}: the next apply stops them"
+    if report.readable_manifest() is not None:
+        return f"{host} left the job; its files are still there: the next apply removes them"
     return None

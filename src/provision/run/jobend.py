@@ -12,6 +12,7 @@ task still running (an earlier stop was interrupted) stops it again.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 
@@ -25,7 +26,7 @@ from provision.io.journal import last_lines
 from provision.io.ssh import call_agent
 from provision.io.state import StateLock
 from provision.io.steps import Step, run_step
-from provision.rules.status import JobStatus, job_status, needs_lines, with_lines
+from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
 
@@ -35,10 +36,25 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
     stop the job (another state owns it), if so."""
     tasks = list(ctx.rendered.placement.tasks)
     hosts = {t.host.name for t in tasks} & set(ctx.targets)
+    # Hosts the job left that the state still records (an apply could not reach them).
+    left = {n for n in ctx.state.hosts if n not in ctx.rendered.hosts and n in ctx.targets}
     # The shell probe (and the clocks for how long each task has been in its state); the
     # ledger says who owns the job, its listening ports are not needed.
-    res = probe(ctx, Ask(files=False, tenancy=True, listening=False, clocks=True), fast=True, only=hosts)
-    st = job_status(ctx.inventory, tasks, res.ok, {n: e.message for n, e in res.errors.items()})
+    res = probe(ctx, Ask(files=False, tenancy=True, listening=False, clocks=True), fast=True, only=hosts | left)
+    st = job_status(
+        ctx.inventory,
+        tasks,
+        {n: r for n, r in res.ok.items() if n in hosts},
+        {n: e.message for n, e in res.errors.items() if n in hosts},
+    )
+    behind = []
+    for n in sorted(left):
+        units = {t.unit: name for name, t in ctx.state.hosts[n].tasks.items()}
+        err = res.errors.get(n)
+        line = left_behind(n, units, res.ok.get(n), err.message if err else None)
+        if line:
+            behind.append(line)
+    st = dataclasses.replace(st, left_behind=tuple(behind))
     wanted = needs_lines(st)
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
         st = with_lines(ctx.inventory, st, last_lines(ctx.session, ctx.targets, ctx.inventory.job, wanted))
