@@ -316,16 +316,17 @@ def test_a_host_the_job_left_is_named_while_it_holds_some_of_it():
     from provision.rules.status import left_behind
 
     units = {"provision-j-worker-1.service": "worker-1"}
-    assert left_behind("h3", units, None, "timed out").startswith(
-        "h3 left the job while it could not be reached (timed out): its tasks (worker-1) may start again"
-    )
-    running = ProbeReport(units={"provision-j-worker-1.service": ACTIVE})
-    assert (
-        left_behind("h3", units, running, None) == "h3 left the job but still runs worker-1: the next apply stops them"
+    line, running = left_behind("h3", units, None, "timed out")  # type: ignore[misc]
+    assert line.startswith("h3 left the job while it could not be reached (timed out): its tasks (worker-1) may start")
+    assert not running
+    live = ProbeReport(units={"provision-j-worker-1.service": ACTIVE})
+    assert left_behind("h3", units, live, None) == (
+        "h3 left the job but still runs worker-1: the next apply stops them",
+        True,
     )
     files = ProbeReport(manifest={"job": "j"}, units={"provision-j-worker-1.service": DEAD})
-    assert (
-        left_behind("h3", units, files, None)
-        == "h3 left the job; its files are still there: the next apply removes them"
+    assert left_behind("h3", units, files, None) == (
+        "h3 left the job; its files are still there: the next apply removes them",
+        False,
     )
     assert left_behind("h3", units, ProbeReport(), None) is None

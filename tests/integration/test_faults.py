@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from provision import sandbox
+
 from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
@@ -157,7 +159,8 @@ def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox_factory, sandb
 def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox_factory, sandbox_inventory, tmp_path):
     """Issue 28, item 12: stop a host, apply the inventory without it (exit 3), start the
     host: its old worker runs beside the new one and `status` said nothing. Now status
-    names the host and what it still runs, and the next apply stops it."""
+    names the host; once it reaches it, it stops the old task and marks the job left there
+    (no boot starts it again); the next apply removes the rest."""
     import yaml
 
     sb = sandbox_factory(hosts=3)
@@ -178,12 +181,18 @@ def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox_factory
             inv.write_text(yaml.safe_dump(data))
             r = cli("apply", "-y", inv, cwd=tmp_path)
             assert r.returncode == 3, r.stdout + r.stderr
+            assert "Warning: host-3 leaves the job but cannot be reached" in r.stderr, r.stderr
             st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
             assert st["left_behind"] and st["left_behind"][0].startswith("host-3 left the job while it could not"), st
         finally:
             sb.container("host-3").unpause()
+        # Reached again: status stops what the job left running there and marks the job
+        # left, so that no boot starts it (the old worker ran beside its replacement).
         text = cli("status", inv, cwd=tmp_path).stdout
-        assert "Warning: host-3 left the job but still runs worker-1: the next apply stops them" in text, text
+        assert "Warning: host-3 left the job; its files are still there: the next apply removes them" in text, text
+        assert sh(sb, "host-3", "systemctl is-active provision-moved-worker-1").strip() != "active"
+        sandbox.reboot(sb.name, "host-3")
+        assert sh(sb, "host-3", "systemctl is-active provision-moved-worker-1").strip() != "active"
         assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
         st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
         assert st["left_behind"] == [], st

@@ -86,6 +86,12 @@ def make_plan(
         for name, target in targets.items()
     ]
     plan = Plan(inv.job, plans)
+    for hp in plan.hosts:  # a host the job leaves that cannot be told so: it keeps its tasks
+        if hp.error is not None and hp.error.unreachable and hp.name not in hosts:
+            hp.warnings.append(
+                f"{hp.name} leaves the job but cannot be reached: its tasks stay there (and may start "
+                "when it boots) until a command reaches it (status stops them, apply removes them)"
+            )
     as_a_unit(plan, rendered, rerun=rerun, partial=partial)
     if tenancy is not None:
         _fold_tenancy(plan, tenancy)

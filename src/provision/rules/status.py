@@ -221,18 +221,22 @@ def _since(
     return None
 
 
-def left_behind(host: str, units: Mapping[str, str], report: ProbeReport | None, why: str | None) -> str | None:
-    """One line for a host the job left that was not cleaned yet (`units`: unit -> task, as
-    the state recorded them); None when nothing of the job is left there."""
+def left_behind(
+    host: str, units: Mapping[str, str], report: ProbeReport | None, why: str | None
+) -> tuple[str, bool] | None:
+    """A line for a host the job left that was not cleaned yet (`units`: unit -> task, as
+    the state recorded them), and whether it still runs some of them; None when nothing of
+    the job is left there."""
     if report is None:
         return (
             f"{host} left the job while it could not be reached ({why}): its tasks "
             f"({', '.join(sorted(units.values())) or 'none recorded'}) may start again when it boots; "
-            "the next apply that reaches it stops them"
+            "the next apply that reaches it stops them",
+            False,
         )
     live = sorted(t for u, t in units.items() if task_state(report.units.get(u), report.exits.get(u)).state.live)
     if live:
-        return f"{host} left the job but still runs {', '.join(live)}: the next apply stops them"
+        return f"{host} left the job but still runs {', '.join(live)}: the next apply stops them", True
     if report.readable_manifest() is not None:
-        return f"{host} left the job; its files are still there: the next apply removes them"
+        return f"{host} left the job; its files are still there: the next apply removes them", False
     return None

@@ -12,9 +12,11 @@ task still running (an earlier stop was interrupted) stops it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import functools
+from collections.abc import Iterator
 
 import click
 
@@ -31,9 +33,10 @@ from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
 
 
-def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
-    """The status, the reachable hosts without the end marker, and why this state may not
-    stop the job (another state owns it), if so."""
+def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
+    """The status, the reachable hosts without the end marker, why this state may not
+    stop the job (another state owns it), if so, and the hosts the job left that still run
+    some of it."""
     tasks = list(ctx.rendered.placement.tasks)
     hosts = {t.host.name for t in tasks} & set(ctx.targets)
     # Hosts the job left that the state still records (an apply could not reach them).
@@ -47,13 +50,14 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
         {n: r for n, r in res.ok.items() if n in hosts},
         {n: e.message for n, e in res.errors.items() if n in hosts},
     )
-    behind = []
+    behind, running = [], set()
     for n in sorted(left):
         units = {t.unit: name for name, t in ctx.state.hosts[n].tasks.items()}
         err = res.errors.get(n)
-        line = left_behind(n, units, res.ok.get(n), err.message if err else None)
-        if line:
-            behind.append(line)
+        got = left_behind(n, units, res.ok.get(n), err.message if err else None)
+        if got:
+            behind.append(got[0])
+            running |= {n} if got[1] else set()
     st = dataclasses.replace(st, left_behind=tuple(behind))
     wanted = needs_lines(st)
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
@@ -63,7 +67,7 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None]:
     for n, r in res.ok.items():
         own = next((h for h in holders(n, r) if h.job == job), None)
         foreign = foreign or owner_problem(job, own, me, ctx.take_over)
-    return st, sorted(n for n, r in res.ok.items() if not r.lifecycle), foreign
+    return st, sorted(n for n, r in res.ok.items() if not r.lifecycle and n in hosts), foreign, running
 
 
 def collect(ctx: Context) -> JobStatus:
@@ -72,22 +76,55 @@ def collect(ctx: Context) -> JobStatus:
     The stop takes the state's lock (an apply in progress owns the hosts: then this run only
     reports), and is left out when only some hosts were asked (--target): a part of the job
     cannot tell that the whole has ended."""
-    st, unmarked, foreign = _status(ctx)
+    st, unmarked, foreign, running_left = _status(ctx)
+    if running_left and foreign is None:
+        with _locked(ctx, "tasks left behind") as mine:
+            if mine:
+                leave_hosts(ctx, running_left)
+                st, unmarked, foreign, _ = _status(ctx)
     if st.phase.ended and not ctx.subset:
         live = [t for t in st.tasks if t.state.live]
         if (live or unmarked) and foreign is not None:
             # Reading is anyone's; ending another operator's job is its owner's call.
             click.echo(f"Note: the job has ended, but its remaining tasks are left running: {foreign}", err=True)
         elif live or unmarked:
-            lock = ctx.lock or StateLock(ctx.state.path, "end of job")
-            if lock is ctx.lock or lock.try_acquire() is None:
-                try:
+            with _locked(ctx, "end of job") as mine:
+                if mine:
                     end_job(ctx, st)
-                finally:
-                    if lock is not ctx.lock:
-                        lock.release()
-                st, _, _ = _status(ctx)
+                    st, _, _, _ = _status(ctx)
     return st
+
+
+@contextlib.contextmanager
+def _locked(ctx: Context, why: str) -> Iterator[bool]:
+    """The state's lock for a change status makes (an apply in progress owns the hosts:
+    then nothing is changed, False)."""
+    lock = ctx.lock or StateLock(ctx.state.path, why)
+    if lock is ctx.lock or lock.try_acquire() is None:
+        try:
+            yield True
+        finally:
+            if lock is not ctx.lock:
+                lock.release()
+    else:
+        yield False
+
+
+def leave_hosts(ctx: Context, left: set[str]) -> None:
+    """Hosts the job left while they were unreachable, now reached: their tasks stop and the
+    job is marked left there, so that no boot starts them again beside their replacements
+    (the next apply removes the rest)."""
+    job = ctx.inventory.job
+    marker = {"phase": "Left", "reason": "the job no longer runs on this host", "at": _now()}
+    requests = {
+        n: UnitsRequest(job, [["stop", sorted(t.unit for t in ctx.state.hosts[n].tasks.values())]], lifecycle=marker)
+        for n in left
+    }
+    run_step(ctx.session, Step.END, functools.partial(_send, ctx, requests), [ctx.targets[n] for n in sorted(left)])
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def end_job(ctx: Context, st: JobStatus) -> list[str]:
@@ -98,7 +135,7 @@ def end_job(ctx: Context, st: JobStatus) -> list[str]:
     marker = {
         "phase": st.phase.value,
         "reason": st.reason,
-        "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "at": _now(),
     }
     running = [t for t in st.tasks if t.state.live or t.state is TaskState.PENDING]
     hosts = sorted({t.host for t in st.tasks if t.state is not TaskState.UNKNOWN})
