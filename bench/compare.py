@@ -723,7 +723,7 @@ class Bench:
             return
         noop = label.startswith("noop")
         if tool == "provision":
-            changed = "No changes." not in out
+            changed = "No changes" not in out
         elif tool == "ansible":
             counts = [int(x) for x in re.findall(r"changed=(\d+)", out)]
             if len(counts) != self.n:

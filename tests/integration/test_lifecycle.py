@@ -83,9 +83,14 @@ def test_worker_exit_3_on_failure_limit_2_restarts_twice_then_job_fails(sandbox3
     chief_end = float(exits(sandbox3, "host-1", job, "chief-0")[-1][0])
     ps_end = float(exits(sandbox3, "host-3", job, "ps-0")[-1][0])
     assert chief_end <= ps_end
-    # A no-op apply does not restart the failed job; plan says why.
+    # A no-op apply does not restart the failed job; plan and apply say why, and how to
+    # run it again (issue 29, item 2), with the rule --rerun uses.
     p = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
+    a = cli("apply", "-y", inv, cwd=tmp_path)
+    assert a.returncode == 0 and "No changes: the job failed" in a.stdout and "apply --rerun" in a.stdout, a.stdout
+    r = cli("apply", "-y", "--rerun", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
     assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
 
 
@@ -206,7 +211,8 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
     p = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     a = cli("apply", "-y", inv, cwd=tmp_path)
-    assert a.returncode == 0 and "No changes." in a.stdout, a.stdout + a.stderr
+    assert a.returncode == 0 and "No changes: the job succeeded" in a.stdout, a.stdout + a.stderr
+    assert "provision apply --rerun" in a.stdout  # how to run it again (issue 29, item 2)
     time.sleep(1)  # the behaviour under test: nothing starts during it
     for h in before:
         assert sh(sandbox3, h, f"cat /var/lib/provision/{job}/*.exits") == before[h]

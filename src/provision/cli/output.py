@@ -75,6 +75,11 @@ def print_plan(plan: Plan, *, destroying: bool = False) -> None:
         click.echo(line)
     if plan.changed:
         click.echo(click.style(plan.summary(), bold=True))
+    elif not plan.errors and plan.finished():
+        click.echo(
+            f"No changes: {plan.finished()}, and a finished job is not started again. "
+            "`provision apply --rerun` runs it again."
+        )
     elif not plan.errors:
         click.echo("No changes. The hosts match the inventory.")
     else:

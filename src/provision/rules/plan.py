@@ -215,12 +215,27 @@ class Plan:
         a, c, d = self.counts()
         return f"Plan: {a} to add, {c} to change, {d} to destroy."
 
+    def finished(self) -> str | None:
+        """How the job ended, in words, when every task plan looked at has finished (the
+        one rule of lifecycle.finished, as --rerun uses it); None otherwise. Plan and apply
+        then say so instead of a bare "No changes"."""
+        kept = [t for h in self.hosts if h.error is None for t in h.tasks if t.action is not Action.STOP]
+        decisions = {t.task: Decision(t.action, t.reason, t.detail, t.drift, t.new) for t in kept}
+        if not finished(decisions):
+            return None
+        failed = sorted(t.task for t in kept if t.reason is Reason.FAILED)
+        ended = next((t.detail for t in kept if t.reason is Reason.JOB_ENDED and t.detail), "")
+        if ended:
+            return f"the job {ended}" if ended in ("succeeded", "failed", "stopped") else f"the job ended ({ended})"
+        return f"{', '.join(failed)} failed" if failed else "every task exited 0"
+
     def to_json(self) -> dict[str, Any]:
         a, c, d = self.counts()
         return {
             "format_version": 2,
             "job": self.job,
             "changes": self.changed,
+            "finished": self.finished(),
             "summary": {"add": a, "change": c, "destroy": d},
             "unreachable": [h.name for h in self.unreachable],
             "hosts": {
