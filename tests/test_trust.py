@@ -1,5 +1,6 @@
 """host/trust.py: which of provision's directories a host may trust (OpenSSH's StrictModes
-rule, every component from /), and the env file read as data (issue 28, items 1-5)."""
+rule, every component from /), and host/taskenv.py: the env file read as data (issue 28,
+items 1-5)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from provision.core.encode import env_assignment
-from provision.host import trust
+from provision.host import taskenv, trust
 
 _spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
 _ports = importlib.util.module_from_spec(_spec)
@@ -69,18 +70,18 @@ def test_a_link_counts_where_it_leads_and_by_whom_it_was_made(tmp_path):
 def test_a_file_inside_is_never_opened_through_a_link(tmp_path):
     (tmp_path / "a.env").write_text('A="1"\n')
     (tmp_path / "b.env").symlink_to(tmp_path / "a.env")
-    assert trust.open_file(str(tmp_path / "a.env")) == b'A="1"\n'
+    assert taskenv.open_file(str(tmp_path / "a.env")) == b'A="1"\n'
     with pytest.raises(OSError):
-        trust.open_file(str(tmp_path / "b.env"))
+        taskenv.open_file(str(tmp_path / "b.env"))
 
 
 def test_env_files_read_as_systemd_reads_them():
     entries = [(f"K{i}", v) for i, v in enumerate(HOSTILE) if "\x00" not in v]
     text = "# made by provision\n" + "\n".join(env_assignment(k, v) for k, v in entries) + "\n"
-    assert trust.parse_env(text) == entries == parse_env_file(text)
+    assert taskenv.parse_env(text) == entries == parse_env_file(text)
 
 
 @pytest.mark.parametrize("bad", ["rm -rf /\n", 'A="unterminated\n', "A=1\n", '1A="x"\n', 'A B="x"\n'])
 def test_anything_but_provisions_own_lines_is_refused(bad):
     with pytest.raises(ValueError):
-        trust.parse_env(bad)
+        taskenv.parse_env(bad)

@@ -1,7 +1,7 @@
 """`provision exec` and `provision ssh`: a command, or a shell, on a task's host, in the
 task's environment; and the shell completion of task names.
 
-exec runs a small Python program on the host (host/trust.main) that reads the task's
+exec runs a small Python program on the host (host/taskenv.main) that reads the task's
 environment file as data, as systemd reads it (never sourced by a shell; its directories
 checked as the agent checks them, the file opened without following a link), and then
 execs the command with its words as given, as root (or through `sudo -n`, like every
@@ -47,8 +47,14 @@ def task_target(ctx: Context, task: str) -> tuple[Target, str]:
 
 
 def _loader() -> str:
-    """The host program that reads the env file as data (host/trust.main) and execs."""
-    return bundle.source("trust") + "\nmain(sys.argv[1:])\n"
+    """The host program that reads the env file as data (host/taskenv.main, with
+    host/trust.py's check) and execs the command."""
+    trust, taskenv = bundle.source("trust"), bundle.source("taskenv")
+    return (
+        "import sys\ng = {'__name__': 'provision_exec'}\n"
+        f"exec(compile({trust!r}, 'trust', 'exec'), g)\nexec(compile({taskenv!r}, 'taskenv', 'exec'), g)\n"
+        "g['main'](sys.argv[1:])\n"
+    )
 
 
 def exec_script(env_file: str, argv: Sequence[str]) -> str:
