@@ -32,13 +32,26 @@ if [ -t 1 ]; then B=$'\033[1m' N=$'\033[0m'; else B="" N=""; fi
 step() { printf '\n%s==> %s%s\n' "$B" "$*" "$N"; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f} s')" "$1" "$(date +%s.%N)"; }
 
-# A fresh start: an earlier demo's hosts and state (its hosts' keys, placement) go first.
+# A fresh start: an earlier demo's hosts and state (its hosts' keys, placement) go first,
+# but only what this demo made: its marker in $WORK names the sandbox it brought up. A
+# sandbox of that name without the marker is someone else's: refused, never removed.
+MARK="$WORK/.made-by-provision-demo"
 if provision sandbox list 2>/dev/null | awk 'NR>1 {print $1}' | grep -qx "$NAME"; then
+    if [ "$(cat "$MARK" 2>/dev/null)" != "$NAME" ]; then
+        echo "demo: a sandbox named '$NAME' exists and this demo did not make it (no marker in $WORK):" \
+            "choose another with PROVISION_DEMO_NAME, or remove it: provision sandbox down --name $NAME" >&2
+        exit 1
+    fi
     step "removing the previous demo sandbox '$NAME'"
     provision sandbox down --name "$NAME"
 fi
+if [ -e "$WORK" ] && [ ! -e "$MARK" ]; then
+    echo "demo: $WORK exists and this demo did not make it: choose another with PROVISION_DEMO_DIR" >&2
+    exit 1
+fi
 rm -rf "$WORK"
 mkdir -p "$WORK"
+printf '%s\n' "$NAME" > "$MARK"
 
 step "3 sandbox hosts with $FRAMEWORK, and an inventory for $(basename "$JOBFILE") on them"
 provision sandbox up --hosts 3 --with "$FRAMEWORK" --name "$NAME" --from "$JOBFILE" -o "$INV"

@@ -364,3 +364,23 @@ def test_a_long_setup_keeps_its_reservation_fresh(ledger_dir):
     assert (e["gpus"], e["ports"], e["since"]) == ([0, 1], [2222], then)  # only `updated` moves
     ledger.renew("gone", NOW)  # no entry: nothing written
     assert sorted(ledger.read_all()) == ["slow"]
+
+
+def test_the_owner_is_named_as_a_team_knows_them(tmp_path, monkeypatch):
+    """Issue 29, item 10: `root@vm` identified nobody."""
+    from provision.rules.tenancy import identity
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("PROVISION_OWNER", raising=False)
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    identity.cache_clear()
+    assert identity("ws-3").endswith("@ws-3")  # nothing better known
+    (tmp_path / ".gitconfig").write_text("[user]\n\temail = alice@example.com\n")
+    identity.cache_clear()
+    assert identity("ws-3") == "alice@example.com"
+    monkeypatch.setenv("PROVISION_OWNER", "Alice (ML platform)")
+    identity.cache_clear()
+    assert identity("ws-3") == "Alice (ML platform)"
+    identity.cache_clear()

@@ -343,3 +343,19 @@ def test_tensorflow_layer_is_importable_on_the_host(sandbox_factory):
         assert out.strip().splitlines()[-1] == "2.21.0"
     finally:
         sandbox_factory.down(sb)
+
+
+def test_the_demo_never_removes_a_sandbox_it_did_not_make(sandbox_factory, tmp_path):
+    """Issue 29, item 13: scripts/demo.sh removed any sandbox called `demo`, another user's
+    included. It removes only one it made (its marker in its directory), else refuses."""
+    sb = sandbox_factory(hosts=1)
+    demo = Path(__file__).resolve().parents[2] / "scripts" / "demo.sh"
+    env = {**os.environ, "PROVISION_DEMO_NAME": sb.name, "PROVISION_DEMO_DIR": str(tmp_path / "demo")}
+    r = subprocess.run(["bash", str(demo)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"a sandbox named '{sb.name}' exists and this demo did not make it" in r.stderr
+    assert (
+        sb.name
+        in subprocess.run([sys.executable, "-m", "provision", "sandbox", "list"], capture_output=True, text=True).stdout
+    )  # still there
+    sandbox_factory.down(sb)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, ok
+from .clirun import cli, ok, sh
 
 pytestmark = pytest.mark.integration
 
@@ -232,3 +232,26 @@ def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(
         assert p.returncode == 130 and "Interrupted" in err, (p.returncode, out, err)
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_no_warning_for_a_program_the_setup_makes(two, sandbox_inventory, tmp_path):
+    """Issue 29, item 5: plan warned `... no such file on the host; systemd would fail to
+    start it (exit status 203/EXEC)` for the interpreter the job's own setup creates."""
+    venv = "/opt/venvs/made-by-setup"
+    pools = {"chief": {"replicas": 1, "command": [f"{venv}/bin/python", "-c", "import time; time.sleep(600)"]}}
+    inv = tmp_path / "inv.yaml"
+    setup = {"commands": [f"mkdir -p {venv}/bin", f"ln -sf /usr/bin/python3 {venv}/bin/python"]}
+    sandbox_inventory(two, job="venv", pools=pools, path=inv, setup=setup)
+    try:
+        p = cli("plan", inv, cwd=tmp_path)
+        assert p.returncode == 0 and "203/EXEC" not in p.stderr and "Warning" not in p.stderr, p.stdout + p.stderr
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 0 and "Warning" not in r.stderr, r.stdout + r.stderr
+        assert (
+            sh(two, "host-1", "systemctl is-active provision-venv-chief-0").strip() == "active"
+            or sh(two, "host-2", "systemctl is-active provision-venv-chief-0").strip() == "active"
+        )
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)
+        for h in ("host-1", "host-2"):
+            sh(two, h, f"rm -rf {venv}")

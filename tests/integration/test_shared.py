@@ -159,13 +159,16 @@ def test_another_state_is_refused_until_take_over(shared, sandbox_inventory, tmp
     a = write(shared, sandbox_inventory, alice, "owned", pair(), env={"V": "1"})
     b = write(shared, sandbox_inventory, bob, "owned", pair(), env={"V": "2"})
     try:
-        ok(cli("apply", "-y", a, cwd=alice))
+        ok(cli("apply", "-y", a, cwd=alice, env={"PROVISION_OWNER": "alice@example.com"}))
+        # The owner as the team knows her (issue 29, item 10): jobs, status, refusals.
+        assert "alice@example.com" in ok(cli("jobs", a, cwd=alice)).stdout
+        assert status(a)["owner"] == "alice@example.com"
         before = {t["task"] for t in status(a)["tasks"]}
         env_before = shared.docker_exec("host-1", "cat /etc/provision/owned/chief-0.env")[1]
         for verb in ("plan", "apply", "destroy"):
             r = cli(verb, *(["-y"] if verb != "plan" else []), b, cwd=bob)
             assert r.returncode == 1, f"{verb}: {r.stdout + r.stderr}"
-            assert "belongs to" in r.stderr and "--take-over" in r.stderr, r.stderr
+            assert "belongs to alice@example.com" in r.stderr and "--take-over" in r.stderr, r.stderr
             assert "Traceback" not in r.stderr
         # Nothing changed on the hosts: same env file, tasks never restarted.
         assert shared.docker_exec("host-1", "cat /etc/provision/owned/chief-0.env")[1] == env_before

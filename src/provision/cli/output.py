@@ -136,6 +136,8 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
     if st.reason:
         head += f" ({st.reason})"
+    if st.owner:
+        head += f"  owner: {st.owner}"
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
     for t in st.tasks:
         rows.append(

@@ -75,8 +75,14 @@ def warnings(
     rec: HostRecord | None,
     keyed: Callable[[str], str],
     files: Mapping[str, FileInfo | None],
+    *,
+    setup_pending: bool = False,
 ) -> list[str]:
-    """One warning per program that systemd could not start on `host` (exit status 203)."""
+    """One warning per program that systemd could not start on `host` (exit status 203).
+    `setup_pending`: the host's setup runs before its tasks start in this apply, and may
+    make the program (a venv's python): a missing one is not warned of then; if it is still
+    missing after the setup, the start fails and apply says so (a warning users learn to
+    ignore is worse than none)."""
     out: list[str] = []
     desired = bundle.file_map() if bundle is not None else {}
     for program, (role, tasks) in sorted(starting(inv, bundle, rec, keyed).items()):
@@ -102,6 +108,8 @@ def warnings(
                 else f"is a {info.type}, not a program"
             )
             out.append(f"{who}: {p} {what}; systemd would fail to start it (exit status 203/EXEC)")
+        elif setup_pending:
+            continue
         elif program.startswith("/"):
             out.append(f"{who}: no such file on the host; systemd would fail to start it (exit status 203/EXEC)")
         else:

@@ -61,6 +61,7 @@ class JobStatus:
     # Hosts the job left (not in the inventory any more) that still hold some of it, one
     # line each (left_behind): their tasks could run beside their replacements.
     left_behind: tuple[str, ...] = ()
+    owner: str | None = None  # who applied the job, as the hosts' ledgers say
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class JobStatus:
             "unreachable": list(self.unreachable),
             "tasks": [t.to_json() for t in self.tasks],
             "left_behind": list(self.left_behind),
+            "owner": self.owner,
         }
 
     def task(self, name: str) -> TaskStatus:

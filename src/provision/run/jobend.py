@@ -63,10 +63,12 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
         st = with_lines(ctx.inventory, st, last_lines(ctx.session, ctx.targets, ctx.inventory.job, wanted))
     job, me = ctx.inventory.job, ctx.owner
-    foreign = None
+    foreign, owner = None, None
     for n, r in res.ok.items():
         own = next((h for h in holders(n, r) if h.job == job), None)
         foreign = foreign or owner_problem(job, own, me, ctx.take_over)
+        owner = owner or (own.owner.who if own is not None and own.owner is not None else None)
+    st = dataclasses.replace(st, owner=owner)
     return st, sorted(n for n, r in res.ok.items() if not r.lifecycle and n in hosts), foreign, running
 
 

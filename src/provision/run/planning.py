@@ -136,7 +136,10 @@ def _program_warnings(ctx: Context, reports: Mapping[str, ProbeReport | HostErro
         r = reports.get(name)
         if isinstance(r, ProbeReport):
             rec = ctx.state.hosts.get(name)
-            out[name] = program_warnings(ctx.inventory, name, bundle, rec, ctx.state.keyed, r.files)
+            pending = bundle.setup is not None and r.setup_key != bundle.setup.key
+            out[name] = program_warnings(
+                ctx.inventory, name, bundle, rec, ctx.state.keyed, r.files, setup_pending=pending
+            )
     return out
 
 
