@@ -321,3 +321,26 @@ def test_a_setup_is_bounded_by_its_timeout(tmp_path):
     assert all(b.setup is not None and b.setup.timeout == 600 for b in r.hosts.values() if b.setup)
     default = render(inv_from(BASE + "setup: {commands: [apt-get update]}\n", tmp_path))
     assert all(b.setup.timeout == 3600 for b in default.hosts.values() if b.setup)
+
+
+def test_a_setup_runs_again_for_its_inputs_not_for_the_code(tmp_path):
+    """Issue 29, item 4: any edit to train.py ran setup again (`~ setup: run (changed)`)."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text("print(1)\n")
+    (tmp_path / "job" / "requirements.txt").write_text("numpy\n")
+    text = (
+        BASE
+        + "files:\n  - {src: job/, dest: /opt/job/}\n"
+        + "setup: {commands: [pip install -r /opt/job/requirements.txt], inputs: [/opt/job/requirements.txt]}\n"
+    )
+
+    def key() -> dict[str, str]:
+        keys = {h: b.setup.key for h, b in render(inv_from(text, tmp_path)).hosts.items() if b.setup}
+        assert keys
+        return keys
+
+    first = key()
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    assert key() == first  # the code changed: setup does not run again
+    (tmp_path / "job" / "requirements.txt").write_text("numpy\ntorch\n")
+    assert all(key()[h] != first[h] for h in first)  # its input changed: it does

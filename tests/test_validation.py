@@ -385,6 +385,18 @@ CASES: list[Case] = [
         fix="Whole seconds, at most a week: `timeout: 3600` (the default). systemd stops a setup that runs longer, and it has failed.",
     ),
     Case(
+        "setup-inputs",
+        "A setup input that is not a pushed file",
+        E("34: setup.inputs[0]: '/opt/job/requirements.txt' is not a files: destination (nor in or above one)"),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nsetup: {commands: [pip install -r /opt/job/requirements.txt], inputs: [/opt/job/requirements.txt]}\n",
+            ),
+        ),
+        fix="Name files that `files:` pushes (their destination on the host), or a directory of them: setup runs again when they change.",
+    ),
+    Case(
         "host-address-port",
         "Bad port in a host address",
         E("16: hosts[2].address: port '70000' is not a number from 1 to 65535, got '192.0.2.21:70000'"),

@@ -255,3 +255,30 @@ def test_no_warning_for_a_program_the_setup_makes(two, sandbox_inventory, tmp_pa
         cli("destroy", "-y", inv, cwd=tmp_path)
         for h in ("host-1", "host-2"):
             sh(two, h, f"rm -rf {venv}")
+
+
+def test_setup_runs_again_for_its_inputs_not_for_the_code(two, sandbox_inventory, tmp_path):
+    """Issue 29, item 4: any edit to train.py re-ran setup; now only its named inputs do."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text("print('one')\n")
+    (job / "requirements.txt").write_text("numpy\n")
+    pools = {"chief": {"replicas": 1, "command": LONG}}
+    inv = tmp_path / "inv.yaml"
+    setup = {"commands": [f"echo run >> {COUNT}"], "inputs": ["/opt/setupjob/requirements.txt"]}
+    files = [{"src": "job/", "dest": "/opt/setupjob/"}]
+    sandbox_inventory(two, job="inputs", pools=pools, path=inv, setup=setup, files=files, hosts=["host-1"])
+    try:
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert runs(two, "host-1") == 1
+        (job / "train.py").write_text("print('two')\n")
+        assert setup_plan(inv) == {"host-1": None}  # the code changed, not the setup's inputs
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert runs(two, "host-1") == 1
+        (job / "requirements.txt").write_text("numpy\ntorch\n")
+        assert setup_plan(inv) == {"host-1": "changed"}
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert runs(two, "host-1") == 2
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)
+        two.docker_exec("host-1", f"rm -f {COUNT}")

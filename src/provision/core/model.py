@@ -101,6 +101,9 @@ class Setup:
     commands: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     timeout: int = 3600  # seconds systemd gives it (TimeoutStartSec=), then it is stopped and failed
+    # Pushed files (host paths: a `files:` dest, or a directory of them) whose change runs it
+    # again; other pushed files (the training code) do not.
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

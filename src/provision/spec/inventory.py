@@ -25,6 +25,7 @@ from provision.core.model import (
     ROLES,
     SUCCESS_POLICIES,
     Accelerators,
+    FileSpec,
     Host,
     Inventory,
     Pool,
@@ -43,6 +44,7 @@ from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
 # Host names / IPv4 / bracket-less IPv6: what may appear in host:port and in a URL.
+ABS_PATH = re.compile(r"/[^\x00\n]*")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})?$")
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$", re.IGNORECASE)
 # ENV_KEY and EXECUTABLE (a command's first word, written unquoted in ExecStart=) are
@@ -307,7 +309,7 @@ def _setup(c: Checker, value: Any, path: KeyPath) -> Setup | None:
     m = c.mapping(value, path)
     if m is None:
         return None
-    c.keys(m, path, ("commands", "env", "timeout"), required=("commands",))
+    c.keys(m, path, ("commands", "env", "timeout", "inputs"), required=("commands",))
     commands = c.strings(m["commands"], path + ("commands",)) if "commands" in m else None
     if commands is not None:
         if not commands:
@@ -317,8 +319,24 @@ def _setup(c: Checker, value: Any, path: KeyPath) -> Setup | None:
                 c.add(path + ("commands", i), "expected a shell line, got an empty string")
     env = c.env(m.get("env"), path + ("env",)) or ()
     timeout = c.integer(m["timeout"], path + ("timeout",), 1, 7 * 24 * 3600) if "timeout" in m else None
-    extra = {"timeout": timeout} if timeout is not None else {}
+    extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+    if "inputs" in m:
+        inputs = c.strings(m["inputs"], path + ("inputs",), pattern=ABS_PATH, what="an absolute path on the host")
+        extra["inputs"] = tuple(inputs or ())
     return Setup(tuple(commands or ()), env, **extra) if commands else None
+
+
+def _setup_inputs(c: Checker, setup: Setup | None, path: KeyPath, files: list[FileSpec]) -> None:
+    """Each of setup.inputs is a pushed file or a directory holding some."""
+    for i, want in enumerate(setup.inputs if setup else ()):
+        w = want.rstrip("/")
+        if not any(
+            f.dest.rstrip("/") == w
+            or f.dest.startswith(w + "/")
+            or (f.is_dir and w.startswith(f.dest.rstrip("/") + "/"))
+            for f in files
+        ):
+            c.add(path + ("inputs", i), f"{want!r} is not a files: destination (nor in or above one)")
 
 
 def _pools(c: Checker, value: Any, hosts: list[Host]) -> list[Pool]:
@@ -425,6 +443,9 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
     job_spec = _job_spec(c, top.get("job_spec"))
     setup = _setup(c, top.get("setup"), ("setup",))
+    _setup_inputs(c, setup, ("setup",), files)
+    for pool in pools:
+        _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
     roles = {p.role for p in pools if p.replicas > 0}
     # Only when every pool is valid: otherwise this would echo the pools' own errors.
     pools_map = top.get("pools")

@@ -282,7 +282,7 @@ def render(
             continue
         files: list[RenderedFile] = list(shared)
         units: list[TaskUnit] = []
-        setup, setup_files = _render_setup(inv, host, tasks, shared_digest)
+        setup, setup_files = _render_setup(inv, host, tasks, shared)
         files += setup_files
         for t in tasks:
             env_text, unit_text, secret_keys = _render_task(
@@ -360,10 +360,10 @@ def _manifest(
 
 
 def _render_setup(
-    inv: Inventory, host: Host, tasks: list[PlacedTask], shared_digest: str
+    inv: Inventory, host: Host, tasks: list[PlacedTask], shared: list[RenderedFile]
 ) -> tuple[SetupUnit | None, list[RenderedFile]]:
     """The job's setup, then the setups of the pools with a task on this host, as one
-    script, its env file and a oneshot unit; keyed by all three and the files it runs after."""
+    script, its env file and a oneshot unit; keyed by all three and its `inputs`."""
     roles = {t.role for t in tasks}
     setups = [inv.setup] + [p.setup for p in inv.pools if p.role in roles]
     chosen = [x for x in setups if x is not None]
@@ -391,7 +391,12 @@ def _render_setup(
         )
         .encode()
     )
-    key = _sha(b"\0".join([script, env_b, unit_b, shared_digest.encode()]))
+    # Keyed by what it runs and the pushed files it names as inputs, not by every pushed
+    # file: an edit of the training code must not run a `pip install` again.
+    wanted = [w.rstrip("/") for x in chosen for w in x.inputs]
+    named = [f for f in shared if any(f.path == w or f.path.startswith(w + "/") for w in wanted)]
+    inputs_digest = _sha("".join(f"{f.path}\0{f.sha256}\0{f.mode}\n" for f in named).encode())
+    key = _sha(b"\0".join([script, env_b, unit_b, inputs_digest.encode()]))
     files = [
         RenderedFile(layout.setup_script_path(job), _sha(script), 0o700, FileKind.SETUP, script),
         RenderedFile(layout.setup_env_path(job), _sha(env_b), 0o600, FileKind.SETUP, env_b),
