@@ -230,6 +230,26 @@ def test_pending_unknown_and_everything_stopped_by_hand():
     assert st.phase == "Failed" and "stopped by hand" in st.reason
 
 
+def test_provision_stop_makes_the_job_stopped_unless_it_had_ended_before():
+    inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
+    stop = {"phase": "Stopped", "reason": "stopped by ana@lab (provision stop)", "host_time": 20}
+    stopped = (DEAD, [rec(21, "success", "killed", "TERM", stop=True)])
+    st = _status(inv, {"chief-0": stopped, "worker-0": stopped}, ended=stop)
+    assert (st.phase, st.reason) == ("Stopped", "stopped by ana@lab (provision stop)")
+    assert st.task("chief-0").detail == "stopped by provision: job stopped (killed by SIGTERM)"
+    assert st.to_json()["phase"] == "Stopped" and st.phase.ended
+    # Marked, not yet stopped (the stop is under way): Stopped already, so no apply restarts it.
+    assert _status(inv, {"chief-0": (ACTIVE, []), "worker-0": (ACTIVE, [])}, ended=stop).phase == "Stopped"
+    # A worker that fails as its peers are stopped does not make the job Failed...
+    late = (FAILED, [rec(22, "exit-code", "exited", "1")])
+    assert _status(inv, {"chief-0": stopped, "worker-0": late}, ended=stop).phase == "Stopped"
+    # ... one that failed before the stop does, and so does a success before it.
+    early = (FAILED, [rec(15, "exit-code", "exited", "1")])
+    assert _status(inv, {"chief-0": stopped, "worker-0": early}, ended=stop).phase == "Failed"
+    done = (DEAD, [rec(15, "success", "exited", "0")])
+    assert _status(inv, {"chief-0": done, "worker-0": stopped}, ended=stop).phase == "Succeeded"
+
+
 @pytest.mark.parametrize(
     "policy, limit, expect",
     [

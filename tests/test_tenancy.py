@@ -39,8 +39,20 @@ def dead_pid() -> int:
     return p.pid
 
 
-def entry(job="other", *, gpus=(0, 1), ports=(2222,), started=True, units=None, owner=None, updated=NOW, token="t1"):
+def entry(
+    job="other",
+    *,
+    gpus=(0, 1),
+    ports=(2222,),
+    started=True,
+    units=None,
+    owner=None,
+    updated=NOW,
+    token="t1",
+    held=False,
+):
     return {
+        **({"held": True} if held else {}),
         "job": job,
         "owner": owner or {"lineage": "L-" + job, "who": "alice@ws-3", "host": "ws-3", "pid": 1, "state": "/s"},
         "since": NOW - 7200,
@@ -89,6 +101,9 @@ FAILED = {"ActiveState": "failed", "SubState": "failed"}
             Hold.RESERVED,
         ),
         (entry(started=False), ACTIVE, Hold.RUNNING),
+        # `provision stop --hold`: ended, yet holding, however old.
+        (entry(held=True, updated=NOW - 86400), ENDED, Hold.HELD),
+        (entry(held=True), ACTIVE, Hold.RUNNING),
     ],
 )
 def test_the_hold_rule(e, state, want):
@@ -228,6 +243,17 @@ def test_a_take_over_since_plan_is_a_conflict(ledger_dir):
     why = ledger.reserve(res("j", [0], lineage="L-bob", expect=None), NOW)
     assert why == ["job j here was taken over by me@here since plan"]
     assert ledger.reserve(res("j", [0], lineage="L-bob", expect="L-alice"), NOW) == []  # --take-over, seen at plan
+
+
+def test_a_held_entry_holds_until_the_job_starts_again(ledger_dir):
+    assert ledger.reserve(res("a", [0], [2222]), NOW) == []
+    ledger.mark_started("a", NOW)
+    ledger.hold("a", NOW + 1)
+    e = ledger.read_all()["a"]
+    assert judge(e, {}, NOW + 2) is Hold.HELD and Hold.HELD.holds
+    assert ledger.reserve(res("b", [0], [2300]), NOW) == ["GPU 0 taken by job a (me@here) since plan"]
+    ledger.mark_started("a", NOW + 3)  # its rerun: its units hold what it needs from now on
+    assert judge(ledger.read_all()["a"], {}, NOW + 4) is Hold.ENDED
 
 
 def test_release_leaves_nothing_once_empty(ledger_dir):

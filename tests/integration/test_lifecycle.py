@@ -188,8 +188,8 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
     )
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    w = cli("wait", "--timeout", "1", inv, cwd=tmp_path)  # still running: timeout is exit 1
-    assert w.returncode == 1 and "timed out after 1s; the job is still Running" in w.stderr
+    w = cli("wait", "--timeout", "1", inv, cwd=tmp_path)  # still running: a timeout's own exit code
+    assert w.returncode == 124 and "timed out after 1s; the job is still Running" in w.stderr
     w = cli("wait", "--timeout", "60", inv, cwd=tmp_path)
     assert w.returncode == 0, w.stderr
     assert "job Succeeded: chief-0 exited 0" in w.stderr

@@ -406,3 +406,53 @@ def test_an_unreadable_ledger_entry_holds_the_host(shared, sandbox_inventory, tm
     finally:
         shared.docker_exec("host-1", f"rm -f {path}")
         destroy(inv)
+
+
+def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_inventory, tmp_path):
+    """Issue 29, item 1: a variant of a job (the inventory copied, the job renamed) shares
+    the pushed files it has in common; a file with other bytes is refused naming its job,
+    and `replace: true` never takes it."""
+    code = tmp_path / "train.py"
+    code.write_text("print('v1')\n")
+    dest = "/opt/shared-variant/train.py"
+    files = [{"src": str(code), "dest": dest}]
+    one = {"chief": {"replicas": 1, "hosts": ["host-1"], "command": LONG}}
+    a = write(shared, sandbox_inventory, tmp_path / "a", "variant-a", one, files=files)
+    b = write(shared, sandbox_inventory, tmp_path / "b", "variant-b", one, files=files)
+
+    def on_host() -> str:
+        return shared.docker_exec("host-1", ["/bin/sh", "-c", f"cat {dest} || echo gone"])[1]
+
+    try:
+        ok(cli("apply", "-y", a, cwd=a.parent, env={"PROVISION_OWNER": "ana@lab"}))
+        p = ok(cli("plan", b, cwd=b.parent))
+        assert f"= file {dest} (the same file as job variant-a's: shared, not written)" in p.stdout, p.stdout
+        assert json.loads(ok(cli("plan", "--json", b, cwd=b.parent)).stdout)["hosts"]["host-1"]["shared_files"] == [
+            {"path": dest, "job": "variant-a"}
+        ]
+        ok(cli("apply", "-y", b, cwd=b.parent))
+        assert status(a)["phase"] == status(b)["phase"] == "Running"
+
+        # b's own edit would change what a runs: refused, and so is replace: true.
+        code.write_text("print('v2')\n")
+        for entry in (files, [{**files[0], "replace": True}]):
+            write(shared, sandbox_inventory, tmp_path / "b", "variant-b", one, files=entry)
+            r = cli("apply", "-y", b, cwd=b.parent)
+            assert r.returncode == 1 and f"{dest} is shared with job variant-a (ana@lab)" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+        assert "v1" in on_host()
+
+        # Destroying one keeps the file for the other; the last one removes it.
+        code.write_text("print('v1')\n")
+        destroy(a)
+        assert "v1" in on_host() and status(b)["phase"] == "Running"
+        # A third job with other bytes is refused, naming the job that has the path.
+        code.write_text("print('v3')\n")
+        c = write(shared, sandbox_inventory, tmp_path / "c", "variant-c", one, files=[{**files[0], "replace": True}])
+        r = cli("apply", "-y", c, cwd=c.parent)
+        assert r.returncode == 1 and f"{dest} belongs to job variant-b" in r.stderr, r.stderr
+        assert "set `replace: true`" not in r.stderr and "v1" in on_host()
+        destroy(b)
+        assert "gone" in on_host()
+    finally:
+        destroy(b, a)

@@ -21,6 +21,7 @@ COMMANDS = {
     "plan": "provision.cli.change:plan",
     "apply": "provision.cli.change:apply",
     "destroy": "provision.cli.change:destroy",
+    "stop": "provision.cli.change:stop",
     "check": "provision.cli.change:check",
     "status": "provision.cli.observe:status",
     "logs": "provision.cli.observe:logs",

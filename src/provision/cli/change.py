@@ -1,4 +1,4 @@
-"""Commands that change hosts or judge them first: plan, apply, destroy, check."""
+"""Commands that change hosts or judge them first: plan, apply, destroy, stop, check."""
 
 from __future__ import annotations
 
@@ -19,15 +19,18 @@ from provision.cli.common import (
     progress_line,
     report_unreachable,
 )
-from provision.cli.output import change_json, print_outcome, print_plan, table
-from provision.cli.progress import wait_job
+from provision.cli.output import change_json, print_outcome, print_plan, stop_lines, stoppable, table
+from provision.cli.progress import phase_line, wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
+from provision.core.lifecycle import TaskState
+from provision.host import layout
 from provision.rules.plan import Plan
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.check import run_check, summary, table_rows
 from provision.run.context import Context
 from provision.run.destroy import destroy as engine_destroy
 from provision.run.destroy import destroy_plan
+from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue
 
@@ -252,3 +255,67 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
     finally:
         ctx.close()
     sys.exit(code)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path())
+@host_options
+@click.option("-y", "--auto-approve", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")
+@click.option(
+    "--hold", is_flag=True, help="Keep the job's GPUs and ports reserved for its rerun (default: free them for others)."
+)
+@click.option("--take-over", is_flag=True, help="Stop a job that another state (operator) applied.")
+def stop(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, hold, take_over):
+    """End the job's tasks (evaluator first, ps last; SIGTERM, then SIGKILL after the pool's
+    grace_period) and keep its files, logs and state. `apply --rerun` starts it again."""
+
+    if targets:
+        raise ProvisionError("stop ends the whole job: --target is not supported (destroy or drain a host instead)")
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, operation="stop")
+    ctx.take_over = take_over
+    try:
+        code = _stop(ctx, auto_approve=auto_approve, as_json=as_json, hold=hold)
+    finally:
+        ctx.close()
+    sys.exit(code)
+
+
+def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:
+    if ctx.lock is not None and ctx.lock.notice:
+        click.echo(f"Note: {ctx.lock.notice}", err=True)
+    st, foreign = look(ctx)
+    if foreign is not None:
+        raise ProvisionError(foreign)
+    if st.tasks and all(t.detail == "not applied" for t in st.tasks):
+        raise ProvisionError(f"job {st.job} is not on its hosts: nothing to stop")
+    live = stoppable(st)
+    stopped: list[str] = []
+    if st.phase.ended and not live:
+        if not as_json:
+            click.echo(f"Nothing to stop: job {st.phase}" + (f" ({st.reason})." if st.reason else "."))
+    elif not live:
+        if not as_json:
+            click.echo(f"Nothing to stop: no task of job {st.job} runs on the hosts that answered.")
+    else:
+        if not as_json:
+            for line in stop_lines(st, ctx.where, hold=hold):
+                click.echo(line)
+        if not auto_approve:
+            confirm("stop", "Stop these tasks?")
+        marker = None if st.phase.ended else stop_marker(ctx)  # an ended job keeps its outcome
+        stopped = [layout.task_of_unit(st.job, u) for u in end_job(ctx, st, marker=marker, hold=hold)]
+        st, _ = look(ctx)
+    if as_json:
+        out = {"format_version": 1, "job": st.job, "stopped": stopped, "held": hold and bool(stopped)}
+        click.echo(_json.dumps({**out, "status": st.to_json()}, indent=1))
+    elif stopped:
+        click.echo(f"\nStopped {len(stopped)} task{'s' if len(stopped) != 1 else ''}. {phase_line(st)}")
+        click.echo(f"Files, logs and state are kept: `provision apply --rerun {ctx.where}` starts the job again.")
+    for h in st.unreachable:
+        why = next((t.detail for t in st.tasks if t.host == h and t.state is TaskState.UNKNOWN), "unreachable")
+        click.echo(click.style(f"Unreachable: {h}: {why}", fg="red"), err=True)
+    if st.unreachable:
+        click.echo(click.style("Its tasks there were not stopped; run stop again when it is back.", fg="red"), err=True)
+        return EXIT_UNREACHABLE
+    return 0

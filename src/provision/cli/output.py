@@ -8,11 +8,11 @@ import click
 
 from provision.cli.progress import failed_lines
 from provision.core.imagechange import ImageChange
-from provision.core.lifecycle import Action
+from provision.core.lifecycle import Action, TaskState, stop_rank
 from provision.core.text import duration
 from provision.host.protocol import Reservation
 from provision.rules.plan import FileAction, FileChange, Plan, TaskChange
-from provision.rules.status import JobStatus
+from provision.rules.status import JobStatus, TaskStatus
 from provision.run.apply import HostOutcome
 from provision.run.context import Context
 
@@ -38,6 +38,8 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
         if hp.bundle is None and not destroying:
             title += " (the job leaves this host)"
         out.append(click.style(title, bold=True))
+        for path, other in hp.shared:
+            out.append(_line("=", f"file {path} (the same file as job {other}'s: shared, not written)"))
         for r in hp.resources():  # exactly what the summary counts (HostPlan.resources)
             item = r.item
             if isinstance(item, TaskChange):
@@ -161,3 +163,19 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     failed = failed_lines(st, inventory)
     behind = [click.style(f"Warning: {line}", fg="yellow") for line in st.left_behind]
     return out + ([""] + failed if failed else []) + ([""] + behind if behind else [])
+
+
+def stoppable(st: JobStatus) -> list[TaskStatus]:
+    """The tasks `provision stop` ends (running, waiting to restart, or not started yet), in
+    the order it stops them."""
+    live = [t for t in st.tasks if t.state.live or t.state is TaskState.PENDING]
+    return sorted(live, key=lambda t: (stop_rank(t.role), t.task))
+
+
+def stop_lines(st: JobStatus, inventory: str, *, hold: bool) -> list[str]:
+    """What `provision stop` is about to do, before it asks."""
+    out = [f"provision will stop job {st.job}'s tasks, in this order:", ""]
+    out += [f"  - {t.task}@{t.host} ({t.state.value})" for t in stoppable(st)]
+    kept = "its GPUs and ports stay held for it" if hold else "its GPUs and ports are freed for other jobs"
+    out += ["", f"Files, logs and state stay; {kept}. `provision apply --rerun {inventory}` starts it again."]
+    return out

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from provision.core.errors import ProvisionError
+from provision.core.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, ProvisionError
 from provision.core.lifecycle import JobPhase
 from provision.core.text import duration
 from provision.io.journal import last_lines
@@ -192,7 +192,20 @@ def _wait_with_logs(
             disp.update(s)
 
     on_status(st)
-    return run_logs(ctx, since=since, tail=None if since else 10, follow=True, on_status=on_status, timeout=timeout)
+    code = run_logs(ctx, since=since, tail=None if since else 10, follow=True, on_status=on_status, timeout=timeout)
+    if code in (EXIT_TIMEOUT, EXIT_INTERRUPTED):
+        for line in still_running(ctx.where):
+            disp.say(line)
+    return code
+
+
+def still_running(inventory: str) -> list[str]:
+    """What to do about a job a wait left (a timeout, Ctrl-C): it runs on without us."""
+    return [
+        "The job is still running on its hosts. "
+        f"`provision wait {inventory}` waits again, `provision logs -f {inventory}` follows its output, "
+        f"`provision stop {inventory}` ends it, `provision destroy {inventory}` removes it."
+    ]
 
 
 def _last_line_of_each(ctx: Context, st: JobStatus) -> dict[str, str]:
@@ -217,8 +230,8 @@ def wait_job(
     since: str | None = None,
     display: Display | None = None,
 ) -> int:
-    """Block until the job succeeds (0) or fails (1, its failed tasks' last lines shown);
-    1 on timeout too, saying so. With `logs`, the tasks' output streams on stdout meanwhile
+    """Block until the job succeeds (0) or fails or is stopped (1, its failed tasks' last
+    lines shown); EXIT_TIMEOUT at the timeout, saying so and what to do about the job. With `logs`, the tasks' output streams on stdout meanwhile
     (from `since`, else each task's last 10 lines) and progress is printed as plain lines."""
     ctx = ctx.whole()  # with --target too, the job ends when the whole job does
     disp = display or Display(tty=False if logs else None)
@@ -237,9 +250,14 @@ def wait_job(
                 disp.update(st, _last_line_of_each(ctx, st) if disp.tty else {})
             if timeout is not None and disp.clock() - disp.start > timeout:
                 disp.say(f"Error: timed out after {timeout:g}s; the job is still {st.phase}")
-                return 1
+                for line in still_running(ctx.where):
+                    disp.say(line)
+                return EXIT_TIMEOUT
             time.sleep(interval)
             st = collect(ctx)
     except KeyboardInterrupt:
         disp.keep()
+        if not quiet:
+            for line in still_running(ctx.where):
+                disp.say(line)
         raise

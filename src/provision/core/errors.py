@@ -6,6 +6,9 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2  # plan --detailed-exitcode found changes
 EXIT_UNREACHABLE = 3  # one or more hosts unreachable; the others were handled
+# wait / apply --wait / logs -f / apply --queue gave up at --timeout: the job is neither
+# succeeded nor failed (a queued one was not applied). 124, as timeout(1) exits.
+EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130  # Ctrl-C, in every command (128 + SIGINT, as shells report it)
 
 

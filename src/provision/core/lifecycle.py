@@ -5,7 +5,7 @@ The one place that decides
   evaluator) and stop (the reverse);
 - how many automatic restarts a pool allows (rendered into the unit, counted by status);
 - what state a task is in, from what systemd and the task's .exits records say;
-- what phase the job is in (Pending, Running, Succeeded, Failed);
+- what phase the job is in (Pending, Running, Succeeded, Failed, Stopped);
 - what plan does with a task (start, restart, stop or nothing) and why.
 Enums, not free strings: their values are what users and --json see.
 """
@@ -49,11 +49,12 @@ class JobPhase(str, Enum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    STOPPED = "Stopped"  # `provision stop` ended it; `apply --rerun` starts it again
     UNKNOWN = "Unknown"
 
     @property
     def ended(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.STOPPED)
 
     def __str__(self) -> str:
         return self.value
@@ -104,6 +105,10 @@ START_ORDER: Mapping[str, int] = {"ps": 0, "reduction_server": 0, "chief": 1, "w
 LAST_PHASE = max(START_ORDER.values())
 # Pools whose tasks run until stopped; provision stops them when the job ends.
 LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
+
+
+# The end marker's phase that `provision stop` writes (jobend.stop_marker).
+STOP_PHASE = JobPhase.STOPPED.value
 
 
 def start_phase(role: str) -> int:
@@ -409,12 +414,29 @@ def _when(r: TaskRow) -> float:
     return r.ended_at if r.ended_at is not None else float("inf")
 
 
-def job_phase(success_policy: str, rows: Iterable[TaskRow]) -> tuple[JobPhase, str]:
+def job_phase(
+    success_policy: str, rows: Iterable[TaskRow], stopped: Mapping[str, object] | None = None
+) -> tuple[JobPhase, str]:
     """(phase, reason). Succeeded when the success policy holds (the chief exited 0; worker 0
     when there is no chief; every worker with `all_workers`) and no task had failed for good
     before that; Failed when one did first, or when every task ended without the policy
-    holding; Running while any task runs; Pending before that."""
-    rows = list(rows)
+    holding; Running while any task runs; Pending before that.
+
+    `stopped`: the end marker `provision stop` left on the hosts (STOP_PHASE). The job is
+    Stopped, unless it had already succeeded or failed before the stop (on the hosts' clock:
+    a worker that fails as its peers are stopped does not make the job Failed)."""
+    phase, why, when = _phase(success_policy, list(rows))
+    if stopped is None:
+        return phase, why
+    at = stopped.get("host_time")
+    if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) and isinstance(at, (int, float)) and when < at:
+        return phase, why
+    return JobPhase.STOPPED, str(stopped.get("reason") or "stopped")
+
+
+def _phase(success_policy: str, rows: list[TaskRow]) -> tuple[JobPhase, str, float]:
+    """job_phase without a stop, and when (host clock) the outcome was decided: inf when
+    it was not, or not by a recorded exit."""
     failed = sorted((r for r in rows if r.state is TaskState.FAILED), key=_when)
     chief = [r for r in rows if r.role == "chief"]
     workers = [r for r in rows if r.role == "worker"]
@@ -428,26 +450,29 @@ def job_phase(success_policy: str, rows: Iterable[TaskRow]) -> tuple[JobPhase, s
             success = (_when(lead), f"{lead.task} exited 0")
     # A task that fails after the job succeeded (a worker losing its peers as the chief
     # leaves, say) does not undo the success; one that failed first decides the outcome.
+    inf = float("inf")
     if failed and (success is None or _when(failed[0]) < success[0]):
         f = failed[0]
-        return JobPhase.FAILED, f"{f.task} on {f.host} failed: {f.detail}"
+        return JobPhase.FAILED, f"{f.task} on {f.host} failed: {f.detail}", _when(f)
     if success is not None:
-        return JobPhase.SUCCEEDED, success[1]
+        return JobPhase.SUCCEEDED, success[1], success[0]
     if any(r.state.live for r in rows):
-        return JobPhase.RUNNING, ""
+        return JobPhase.RUNNING, "", inf
     if rows and all(r.state is TaskState.PENDING for r in rows):
-        return JobPhase.PENDING, "not started"
+        return JobPhase.PENDING, "not started", inf
     if any(r.state is TaskState.UNKNOWN for r in rows):
-        return JobPhase.UNKNOWN, "some hosts are unreachable"
+        return JobPhase.UNKNOWN, "some hosts are unreachable", inf
     if any(r.state is TaskState.PENDING for r in rows):
-        return JobPhase.PENDING, ""
+        return JobPhase.PENDING, "", inf
     stopped = [r for r in rows if r.state is TaskState.STOPPED]
     if stopped:
-        return JobPhase.FAILED, (
+        return (
+            JobPhase.FAILED,
             f"every task ended without the success policy ({success_policy}) holding: "
-            f"{stopped[0].task} was {stopped[0].detail}"
+            f"{stopped[0].task} was {stopped[0].detail}",
+            inf,
         )
-    return JobPhase.FAILED, f"every task ended without the success policy ({success_policy}) holding"
+    return JobPhase.FAILED, f"every task ended without the success policy ({success_policy}) holding", inf
 
 
 # --------------------------------------------------------------------------- plan decision

@@ -68,6 +68,12 @@ class RestartPolicy:
     limit: int = 0
 
 
+# Seconds a stopped task has between SIGTERM and SIGKILL (Kubernetes' default), per pool.
+GRACE_PERIOD = 30
+# At most: the host agent's `systemctl stop` waits for it within one SSH round trip.
+MAX_GRACE_PERIOD = 300
+
+
 @dataclass(frozen=True)
 class Pool:
     role: str
@@ -82,6 +88,7 @@ class Pool:
     port: int | None = None
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     setup: Setup | None = None  # runs after the job's setup, on hosts with a task of this pool
+    grace_period: int = GRACE_PERIOD
 
     def eligible(self, host: Host) -> bool:
         if host.drain:

@@ -273,7 +273,8 @@ def _keep_original(job, path, created):
 def systemctl(verb, units, errors):
     if not units:
         return
-    code, _, err = run(["systemctl", verb, "--"] + list(units), timeout=120)
+    # A stop waits for the tasks' grace period (TimeoutStopSec=, MAX_GRACE_PERIOD at most).
+    code, _, err = run(["systemctl", verb, "--"] + list(units), timeout=420 if verb == "stop" else 120)
     # reset-failed complains about units that are not loaded (never started): harmless.
     if code != 0 and verb != "reset-failed":
         errors.append("systemctl %s %s: %s" % (verb, " ".join(units), err.strip() or "exit %d" % code))
@@ -321,14 +322,21 @@ def _through_links(files):
     ]
 
 
-def _remove(paths):
+def _remove(paths, job, errors=None):
+    """Unlink paths, but not those another job's manifest lists (the last job leaving them does)."""
     removed = 0
+    shared = ledger.other_owners(job, paths)
     for path in paths:
+        if path in shared:
+            continue
         try:
             os.unlink(path)
             removed += 1
         except FileNotFoundError:
             pass
+        except IsADirectoryError:
+            if errors is not None:
+                errors.append(path + ": is a directory, left in place")
     return removed
 
 
@@ -393,7 +401,7 @@ def op_write(req):
             written += 1
     except OSError as e:
         errors.append(_failed(e, f.path if f else ""))
-    removed = _remove(req.remove)
+    removed = _remove(req.remove, req.job)
     _after_write(req, errors)
     _record_dirs(job, [d for d in created if d != jd])
     if req.manifest and not errors:
@@ -458,7 +466,11 @@ def op_units(req):
             except OSError:
                 pass
     if req.lifecycle is not None and os.path.isdir(layout.job_dir(job)):
-        atomic_write(layout.lifecycle_path(job), json.dumps(req.lifecycle).encode(), 0o600, [])
+        # Stamped with the host's clock, the one its exit records use (job_phase compares).
+        marker = dict(req.lifecycle, host_time=time.time())
+        atomic_write(layout.lifecycle_path(job), json.dumps(marker).encode(), 0o600, [])
+    if req.hold:
+        ledger.hold(job, time.time())
     if req.lifecycle is not None:
         start_at_boot(job, False)  # the job ended: a boot starts nothing of it
     # A unit whose invocation link is there runs (systemd removes the link when the run
@@ -507,15 +519,7 @@ def op_destroy(req):
     units = _units_of(manifest, req.stop)
     start_at_boot(job, False)
     systemctl("stop", units, errors)
-    removed = 0
-    for path in manifest.get("files", {}):
-        try:
-            os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            errors.append(path + ": is a directory, left in place")
+    removed = _remove(list(manifest.get("files", {})), job, errors)
     _restore_originals(job, errors)
     dirs = read_json(layout.created_dirs_path(job))
     if isinstance(dirs, list):
@@ -607,6 +611,7 @@ OPS = {
     "batch": op_batch,
     "netcheck": lambda req: lazy("hostcheck").op_netcheck(req),
     "setup": op_setup,
+    "owners": lambda req: P.OwnersReport(ledger.other_owners(req.job, req.paths)),
 }
 
 

@@ -5,7 +5,10 @@ fast probe too. One JSON file per job under layout.LEDGER_DIR:
 
     {"job": J, "owner": {"lineage", "who", "host", "pid"}, "since": T0, "updated": T,
      "token": random, "gpus": [...], "gpu_uuids": [...], "ports": [...], "units": [...],
-     "started": bool}
+     "started": bool, "held": bool (stopped with --hold)}
+
+Also here: which jobs' manifests list a pushed path (other_owners): two jobs may push the
+same file, and it stays until the last of them leaves.
 
 Every change happens under one flock (layout.LEDGER_LOCK), so two applies racing for a GPU
 see each other: `reserve` is a compare-and-set against what the controller saw at plan time.
@@ -253,14 +256,29 @@ def renewing(job: str, every: float) -> Any:
 
 
 def mark_started(job: str, now: float) -> None:
-    """The job's units were started here: its entry is no longer a bare reservation."""
+    """The job's units were started here: its entry is no longer a bare reservation, nor
+    held by a stop (its units hold what it needs while they run, as any job's)."""
     path = layout.ledger_path(job)
     if not os.path.exists(path):
         return
     with _Locked():
         entry = read_entry(path)
-        if isinstance(entry, dict) and "_unreadable" not in entry and not entry.get("started"):
+        if isinstance(entry, dict) and "_unreadable" not in entry and (not entry.get("started") or entry.get("held")):
+            entry.pop("held", None)
             entry.update(started=True, updated=now, token=_token())
+            _write(job, entry)
+
+
+def hold(job: str, now: float) -> None:
+    """`provision stop --hold`: the job's entry keeps its GPUs and ports though its units
+    ended (tenancy.judge), until the next reserve() of the job replaces it."""
+    path = layout.ledger_path(job)
+    if not os.path.exists(path):
+        return
+    with _Locked():
+        entry = read_entry(path)
+        if isinstance(entry, dict) and "_unreadable" not in entry:
+            entry.update(held=True, updated=now, token=_token())
             _write(job, entry)
 
 
@@ -279,3 +297,30 @@ def release(job: str) -> None:
                     os.unlink(p) if p == layout.LEDGER_LOCK else os.rmdir(p)
                 except OSError:
                     pass
+
+
+# --------------------------------------------------------------------------- shared files
+
+
+def other_owners(job: str, paths: Any) -> dict[str, dict[str, str]]:
+    """path -> {other job: sha256 its manifest records} for the paths other jobs' manifests
+    list: two jobs may push the same bytes to one path, and the host keeps who uses it this
+    way (the last job to leave removes it)."""
+    wanted = set(paths)
+    out: dict[str, dict[str, str]] = {}
+    if not wanted:
+        return out
+    try:
+        jobs = sorted(os.listdir(layout.ETC))
+    except OSError:
+        return out
+    for other in jobs:
+        if other == job or not os.path.isfile(layout.manifest_path(other)):
+            continue
+        m = read_entry(layout.manifest_path(other))
+        files = m.get("files") if isinstance(m, dict) else None
+        if isinstance(files, dict):
+            for path in wanted.intersection(files):
+                rec = files[path]
+                out.setdefault(path, {})[other] = rec.get("sha256", "") if isinstance(rec, dict) else ""
+    return out

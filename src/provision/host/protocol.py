@@ -193,6 +193,7 @@ class UnitsRequest:
     lifecycle: dict[str, Any] | None = None
     report: list[str] = field(default_factory=list)
     manifest: str = ""  # base64: written once the units run with their new inputs
+    hold: bool = False  # the ledger entry keeps its GPUs and ports (`provision stop --hold`)
 
     op = "units"
 
@@ -296,9 +297,33 @@ class BatchReport:
     results: list[Any] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class OwnersRequest:
+    """Which other jobs' manifests on the host list these paths (files two jobs push)."""
+
+    job: str
+    paths: list[str] = field(default_factory=list)
+
+    op = "owners"
+
+
+@dataclass(frozen=True)
+class OwnersReport:
+    owners: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {job: sha256}
+
+
 REQUESTS = {
     c.op: c
-    for c in (ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, SetupRequest, BatchRequest, NetcheckRequest)
+    for c in (
+        ProbeRequest,
+        WriteRequest,
+        UnitsRequest,
+        DestroyRequest,
+        SetupRequest,
+        BatchRequest,
+        NetcheckRequest,
+        OwnersRequest,
+    )
 }
 REPORTS = {
     "probe": ProbeReport,
@@ -308,6 +333,7 @@ REPORTS = {
     "setup": SetupReport,
     "batch": BatchReport,
     "netcheck": NetcheckReport,
+    "owners": OwnersReport,
 }
 
 

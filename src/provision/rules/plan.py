@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import difflib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as with_fields
 from enum import Enum
@@ -32,7 +32,7 @@ from provision.core.lifecycle import (
 from provision.core.model import Host
 from provision.core.target import HostError, Target
 from provision.host import layout
-from provision.host.protocol import ProbeReport, Reservation
+from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.rules.facts import mismatches
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 
@@ -48,6 +48,20 @@ class FileAction(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+@dataclass(frozen=True)
+class OtherJob:
+    """Another job on the host whose manifest lists a path this job pushes: who, and the
+    content it recorded (the owners report)."""
+
+    job: str
+    sha256: str
+    who: str = "?"
+
+
+# host -> path -> the other jobs that list it (only paths plan asked about).
+Shared = Mapping[str, Mapping[str, Sequence[OtherJob]]]
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,7 @@ class HostPlan:
     warnings: list[str] = field(default_factory=list)  # worth knowing; the apply goes ahead
     setup: str | None = None  # why the setup runs here: "new", "changed", "forced"
     images: list[ImageChange] = field(default_factory=list)  # to ship or pull first (images.py)
+    shared: list[tuple[str, str]] = field(default_factory=list)  # (path, other job): same bytes, not written
 
     @property
     def changed(self) -> bool:
@@ -226,7 +241,9 @@ class Plan:
         failed = sorted(t.task for t in kept if t.reason is Reason.FAILED)
         ended = next((t.detail for t in kept if t.reason is Reason.JOB_ENDED and t.detail), "")
         if ended:
-            return f"the job {ended}" if ended in ("succeeded", "failed", "stopped") else f"the job ended ({ended})"
+            if ended == "stopped":
+                return "the job was stopped (provision stop)"
+            return f"the job {ended}" if ended in ("succeeded", "failed") else f"the job ended ({ended})"
         return f"{', '.join(failed)} failed" if failed else "every task exited 0"
 
     def to_json(self) -> dict[str, Any]:
@@ -251,6 +268,7 @@ class Plan:
                     "images": [i.to_json() for i in h.images],
                     "tasks": [t.to_json() for t in h.tasks],
                     "files": [f.to_json() for f in h.files],
+                    "shared_files": [{"path": p, "job": j} for p, j in h.shared],
                 }
                 for h in self.hosts
             },
@@ -288,8 +306,64 @@ def unified_diff(path: str, old: bytes | None, new: bytes, secret_values: Iterab
 # --------------------------------------------------------------------------- host plans
 
 
+def owners_wanted(hp: HostPlan) -> list[str]:
+    """Paths whose other owners plan must know to judge them: pushed files the host has
+    that this job did not write (another job's?), and this job's pushed files that change."""
+    own = {f.path for f in hp.files if f.kind is FileKind.FILE and f.action is FileAction.UPDATE}
+    foreign = [p.split(" ", 1)[0] for p in hp.problems if p.endswith(NOT_MANAGED)]
+    return sorted(own | set(foreign))
+
+
+NOT_MANAGED = (
+    "exists and is not managed by provision; set `replace: true` on its files: "
+    "entry to let provision replace it (the original is kept and put back by destroy)"
+)
+
+
+def _other_owner_problem(path: str, f: Any, a: FileInfo, rec: Any, others: Sequence[OtherJob]) -> str | None:
+    """The rule for a pushed path other jobs list too: the same bytes are shared (None);
+    different bytes are refused, naming the job that has the path (replace: true never takes
+    another job's file, and changing a shared file would change what the other job runs)."""
+    names = ", ".join(f"{o.job} ({o.who})" for o in others)
+    if rec is None:
+        if a.sha256 == f.sha256 and all(o.sha256 in ("", f.sha256) for o in others):
+            return None
+        return (
+            f"{path} belongs to job {names} with other content; two jobs may share a pushed file only "
+            "with the same bytes: give this job's files: entry another dest"
+        )
+    if rec.get("sha256") != f.sha256:
+        return (
+            f"{path} is shared with job {names}: changing it would change what that job runs; "
+            "give this job's files: entry another dest"
+        )
+    return None
+
+
+def _judged_as_shared(
+    hp: HostPlan, path: str, f: Any, a: FileInfo | None, rec: Any, others: Sequence[OtherJob] | None
+) -> bool:
+    """A pushed file other jobs list too: refused (a problem) or shared (noted); True when
+    that settles it."""
+    if not others or a is None or a.type != "file" or f.kind is not FileKind.FILE:
+        return False
+    why = _other_owner_problem(path, f, a, rec, others)
+    if why is not None:
+        hp.problems.append(why)
+        return True
+    if rec is None:
+        hp.shared.append((path, others[0].job))
+        return True
+    return False
+
+
 def _files_plan(
-    hp: HostPlan, bundle: HostBundle, report: ProbeReport, recorded: dict[str, Any], secrets: tuple[str, ...]
+    hp: HostPlan,
+    bundle: HostBundle,
+    report: ProbeReport,
+    recorded: dict[str, Any],
+    secrets: tuple[str, ...],
+    shared: Mapping[str, Sequence[OtherJob]],
 ) -> set[str]:
     """File changes of a host that keeps the job; returns the paths that change."""
     desired = bundle.file_map()
@@ -297,6 +371,8 @@ def _files_plan(
     for path, f in desired.items():
         a = report.files.get(path)
         rec = recorded.get(path)
+        if _judged_as_shared(hp, path, f, a, rec, shared.get(path)):
+            continue
         if a is None or a.type != "file":
             drift = rec is not None
             reason = "removed by hand" if drift else "new"
@@ -309,21 +385,11 @@ def _files_plan(
             # Not provision's: overwriting it would lose it for good (destroy deletes what
             # provision wrote). Only with replace: true, which keeps it aside for destroy.
             if not f.replace:
-                hp.problems.append(
-                    f"{path} exists and is not managed by provision; set `replace: true` on its files: "
-                    "entry to let provision replace it (the original is kept and put back by destroy)"
-                )
+                hp.problems.append(f"{path} {NOT_MANAGED}")
                 continue
             if a.sha256 != f.sha256 or a.mode != f.mode or a.uid != 0:
-                hp.files.append(
-                    FileChange(
-                        path,
-                        FileAction.UPDATE,
-                        f.kind,
-                        "replaces the host's own file (kept for destroy)",
-                        keep_original=True,
-                    )
-                )
+                why = "replaces the host's own file (kept for destroy)"
+                hp.files.append(FileChange(path, FileAction.UPDATE, f.kind, why, keep_original=True))
                 changed.add(path)
             continue
         if a.sha256 != f.sha256:
@@ -377,7 +443,9 @@ def plan_host(
     secrets: tuple[str, ...] = (),
     replace: set[str] | None = None,
     force_setup: bool = False,
+    shared: Mapping[str, Sequence[OtherJob]] | None = None,
 ) -> HostPlan:
+    """`shared`: pushed paths other jobs on the host list too (owners_wanted asks which)."""
     hp = HostPlan(name, target, bundle)
     if isinstance(report, HostError):
         hp.error = report
@@ -393,7 +461,7 @@ def plan_host(
         _all_leaves(hp, report, job, recorded, m_tasks)
         return hp
 
-    changed = _files_plan(hp, bundle, report, recorded, secrets)
+    changed = _files_plan(hp, bundle, report, recorded, secrets, shared or {})
     if bundle.setup is not None:
         hp.setup = setup_reason(bundle.setup.key, report.setup_key, force_setup)
     desired = bundle.file_map()

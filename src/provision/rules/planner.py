@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from provision.core.imagechange import ImageChange
 from provision.core.target import HostError, Target
 from provision.host.protocol import ProbeReport
-from provision.rules.plan import HostPlan, Plan, as_a_unit, plan_host
+from provision.rules.plan import HostPlan, Plan, Shared, as_a_unit, plan_host
 from provision.rules.preflight import Status, judge
 from provision.rules.tenancy import (
     Holder,
@@ -67,8 +67,10 @@ def make_plan(
     tenancy: Tenancy | None = None,
     warnings: Mapping[str, list[str]] | None = None,
     checks: Checks | None = None,
+    shared: Shared | None = None,
 ) -> Plan:
-    """The whole plan. `warnings`: per host, what other rules warn of (programs.py)."""
+    """The whole plan. `warnings`: per host, what other rules warn of (programs.py);
+    `shared`: per host, the pushed paths other jobs there list too (plan.owners_wanted)."""
     inv = rendered.inventory
     hosts = {h.name: h for h in inv.hosts}
     plans = [
@@ -82,6 +84,7 @@ def make_plan(
             secrets=rendered.secret_values,
             replace=replace,
             force_setup=force_setup,
+            shared=(shared or {}).get(name),
         )
         for name, target in targets.items()
     ]

@@ -12,7 +12,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from provision.core.explain import exit_words, reason
-from provision.core.lifecycle import JobPhase, TaskRow, TaskState, job_phase, restart_budget, restarts, task_state
+from provision.core.lifecycle import (
+    STOP_PHASE,
+    JobPhase,
+    TaskRow,
+    TaskState,
+    job_phase,
+    restart_budget,
+    restarts,
+    task_state,
+)
 from provision.core.model import Inventory
 from provision.host import layout
 from provision.host.protocol import ProbeReport
@@ -62,6 +71,7 @@ class JobStatus:
     # line each (left_behind): their tasks could run beside their replacements.
     left_behind: tuple[str, ...] = ()
     owner: str | None = None  # who applied the job, as the hosts' ledgers say
+    stopped: Mapping[str, Any] | None = None  # `provision stop`'s marker, when it stopped the job
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,8 +141,23 @@ def job_status(
                 ended_at,
             )
         )
-    phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
-    return JobStatus(inv.job, phase, _setup_reason(rows) or why, tuple(rows), tuple(sorted(unreachable)))
+    stopped = stop_marker(reports)
+    phase, why = job_phase(
+        inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
+    )
+    if stopped is None:
+        why = _setup_reason(rows) or why
+    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped)
+
+
+def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:
+    """The end marker `provision stop` wrote, as any reached host of the job has it (the
+    first host in name order, so every command reads the same one)."""
+    for _, rep in sorted(reports.items()):
+        lc = rep.lifecycle
+        if isinstance(lc, dict) and lc.get("phase") == STOP_PHASE:
+            return lc
+    return None
 
 
 def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:
@@ -189,7 +214,9 @@ def with_lines(inv: Inventory, st: JobStatus, lines: Mapping[str, Sequence[str]]
             rows.append(t)
             continue
         rows.append(replace(t, detail=reason(t.detail, t.exit_code, got), last_lines=tuple(got)))
-    phase, why = job_phase(inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows])
+    phase, why = job_phase(
+        inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], st.stopped
+    )
     if phase is not st.phase:  # the same rows: never happens; keep what was decided
         phase, why = st.phase, st.reason
     return replace(st, phase=phase, reason=why, tasks=tuple(rows))

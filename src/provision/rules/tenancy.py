@@ -8,6 +8,8 @@ place:
   (RESERVED);
 - an entry whose units have all ended (the job Succeeded, Failed or was stopped) holds
   nothing any more (ENDED): finished jobs release what they held; destroy removes the entry;
+- unless `provision stop --hold` kept it (HELD): the stopped job keeps its GPUs and ports
+  for its rerun, until that apply or destroy replaces the entry;
 - a reservation never started whose apply is gone (its process is dead, when it ran on this
   machine, or STALE_AFTER passed) is STALE: shown, and reclaimable;
 - a listening port that no provision job holds belongs to someone else (a notebook, a
@@ -45,11 +47,12 @@ class Hold(str, Enum):
     RUNNING = "running"
     RESERVED = "reserved"
     STALE = "stale"
+    HELD = "held"  # stopped with --hold
     ENDED = "ended"
 
     @property
     def holds(self) -> bool:
-        return self in (Hold.RUNNING, Hold.RESERVED)
+        return self in (Hold.RUNNING, Hold.RESERVED, Hold.HELD)
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,8 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
         for st in mine
     ):
         return Hold.RUNNING
+    if entry.get("held"):
+        return Hold.HELD
     if entry.get("started"):
         return Hold.ENDED
     owner = Owner.from_json(entry.get("owner"))
@@ -335,7 +340,7 @@ class HostView:
 def job_hold(hs: Iterable[Holder]) -> Hold:
     """A job's state across hosts: running anywhere wins, then reserved, then stale."""
     holds = {h.hold for h in hs}
-    for x in (Hold.RUNNING, Hold.RESERVED, Hold.STALE):
+    for x in (Hold.RUNNING, Hold.RESERVED, Hold.HELD, Hold.STALE):
         if x in holds:
             return x
     return Hold.ENDED

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import click
 
-from provision.core.lifecycle import TaskState, phases, stop_rank
+from provision.core.lifecycle import STOP_PHASE, TaskState, phases, stop_rank
 from provision.core.target import Target
 from provision.host import layout
 from provision.host.protocol import UnitsReport, UnitsRequest
@@ -129,12 +129,26 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def end_job(ctx: Context, st: JobStatus) -> list[str]:
+def look(ctx: Context) -> tuple[JobStatus, str | None]:
+    """The status as the hosts report it, changing nothing, and why this state may not
+    change the job (another state owns it), if so."""
+    st, _, foreign, _ = _status(ctx)
+    return st, foreign
+
+
+def stop_marker(ctx: Context) -> dict[str, str]:
+    """The end marker of `provision stop`: the job is Stopped (lifecycle.job_phase), and no
+    apply or boot starts it again until `apply --rerun`."""
+    return {"phase": STOP_PHASE, "reason": f"stopped by {ctx.owner.who} (provision stop)", "at": _now()}
+
+
+def end_job(ctx: Context, st: JobStatus, *, marker: dict[str, str] | None = None, hold: bool = False) -> list[str]:
     """Mark every reachable host, then stop what still runs in stop order (the start order
     reversed: evaluator, then chief and workers, then ps and reduction servers). Returns the
-    units stopped."""
+    units stopped. `marker`: the end marker (default: the job's phase and why); `hold`: the
+    hosts' ledger entries keep their GPUs and ports (`provision stop --hold`)."""
     job = ctx.inventory.job
-    marker = {
+    marker = marker or {
         "phase": st.phase.value,
         "reason": st.reason,
         "at": _now(),
@@ -153,7 +167,8 @@ def end_job(ctx: Context, st: JobStatus) -> list[str]:
         if not targets:
             continue
         requests = {
-            h: UnitsRequest(job, [["stop", batch.get(h, [])]], lifecycle=marker if first else None) for h in names
+            h: UnitsRequest(job, [["stop", batch.get(h, [])]], lifecycle=marker if first else None, hold=hold and first)
+            for h in names
         }
         res = run_step(ctx.session, Step.END, functools.partial(_send, ctx, requests), targets)
         for h in res.ok:

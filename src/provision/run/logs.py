@@ -25,7 +25,14 @@ from typing import Any, TextIO
 
 import click
 
-from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, ProvisionError
+from provision.core.errors import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    ProvisionError,
+)
 from provision.core.target import HostError, Target
 from provision.io.journal import (
     Entry,
@@ -587,7 +594,7 @@ class Follower:
             if end_at is not None and now >= end_at:
                 return (EXIT_OK if self.ended[0].phase.value == "Succeeded" else EXIT_ERROR), False
             if self.timeout is not None and not self.ended and now - began > self.timeout:
-                return EXIT_ERROR, True
+                return EXIT_TIMEOUT, True
             if self.out_path is not None and now - last_save > 2:
                 self.printer.flush()
                 save_cursors(self.out_path, self.sel.job, self.printer.cursors)

@@ -8,17 +8,20 @@ from collections.abc import Mapping
 
 from provision.core.errors import ProvisionError
 from provision.core.imagechange import ImageChange
-from provision.core.target import HostError
+from provision.core.target import HostError, Target
 from provision.host.protocol import (
+    OwnersReport,
+    OwnersRequest,
     ProbeReport,
     ProbeRequest,
 )
 from provision.io import images
-from provision.io.steps import GroupResult
-from provision.rules.plan import Plan
+from provision.io.ssh import call_agent
+from provision.io.steps import GroupResult, Step, run_step
+from provision.rules.plan import OtherJob, Plan, Shared, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
-from provision.rules.tenancy import held_for, holders
+from provision.rules.tenancy import Holder, held_for, holders
 from provision.run.context import (
     Ask,
     Context,
@@ -98,7 +101,7 @@ def build_plan(
     with_interfaces(ctx, reports)  # NCCL's and Gloo's interface, as the hosts report it
     shipping, image_errors, image_restarts = _image_changes(ctx, reports)
 
-    def plan_now() -> Plan:
+    def plan_now(shared: Shared | None = None) -> Plan:
         asked = {n: reports.get(n) for n in ctx.targets}
         return make_plan(
             ctx.rendered,
@@ -112,12 +115,12 @@ def build_plan(
             tenancy=Tenancy(ctx.owner, held_by, ctx.take_over),
             warnings=_program_warnings(ctx, asked),
             checks=Checks(timings) if checks else None,
+            shared=shared,
         )
 
     p = plan_now()
-    # A settled host that needs a change after all (a task ended, a file edited by hand):
-    # ask it again with the checks, the interface and the listening ports. Its tasks keep
-    # their places, so placement stands.
+    # A settled host that needs a change after all (a task ended, a file edited by hand): ask
+    # it again with the checks, the interface and the listening ports (placement stands).
     drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
     if drifted:
         quiet -= drifted
@@ -126,7 +129,31 @@ def build_plan(
         held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
         with_interfaces(ctx, reports)
         p = plan_now()
-    return p
+    shared = _other_owners(ctx, p, held_by)  # pushed files other jobs have too
+    return plan_now(shared) if shared else p
+
+
+def _other_owners(ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]]) -> Shared:
+    """host -> path -> the other jobs whose manifests there list it (and who applied them,
+    as the host's ledger says), for the paths plan must judge so (a variant of a job pushes
+    the same files): one more round trip, only to those hosts. A host that does not answer
+    is judged without it: plan then refuses what it cannot tell from a host's own file."""
+    wanted = {hp.name: owners_wanted(hp) for hp in p.hosts if hp.error is None}
+    wanted = {n: w for n, w in wanted.items() if w}
+    if not wanted:
+        return {}
+
+    def ask(t: Target) -> OwnersReport:
+        rep: OwnersReport = call_agent(ctx.session, t, OwnersRequest(ctx.inventory.job, wanted[t.name]))
+        return rep
+
+    res = run_step(ctx.session, Step.PROBE, ask, [ctx.targets[n] for n in sorted(wanted)])
+    out: dict[str, dict[str, list[OtherJob]]] = {}
+    for name, rep in res.ok.items():
+        who = {h.job: h.who for h in held_by.get(name, [])}
+        for path, jobs in rep.owners.items():
+            out.setdefault(name, {})[path] = [OtherJob(j, sha, who.get(j, "?")) for j, sha in sorted(jobs.items())]
+    return out
 
 
 def _program_warnings(ctx: Context, reports: Mapping[str, ProbeReport | HostError]) -> dict[str, list[str]]:

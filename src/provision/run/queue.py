@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from provision.core.errors import ProvisionError
+from provision.core.errors import EXIT_TIMEOUT, ProvisionError
 from provision.core.text import duration
 from provision.spec.placement import PlacementError
 
@@ -41,7 +41,7 @@ class Queue:
                 waited = duration(int(time.monotonic() - self.start))
                 if self.expired():
                     raise ProvisionError(
-                        f"--queue: gave up after {waited}: {e.message}", details=list(e.details)
+                        f"--queue: gave up after {waited}: {e.message}", details=list(e.details), exit_code=EXIT_TIMEOUT
                     ) from None
                 now = (e.message, tuple(e.details))
                 if now != said:

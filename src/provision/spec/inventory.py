@@ -20,7 +20,9 @@ import yaml
 from provision.core.encode import ENV_KEY, EXECUTABLE
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import (
+    GRACE_PERIOD,
     HOST_KEY_POLICIES,
+    MAX_GRACE_PERIOD,
     RESTART_POLICIES,
     ROLES,
     SUCCESS_POLICIES,
@@ -57,7 +59,19 @@ RESERVED_DIRS = layout.RESERVED_DIRS
 TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec", "setup")
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
-POOL_KEYS = ("replicas", "accelerators", "command", "image", "args", "env", "hosts", "port", "restart", "setup")
+POOL_KEYS = (
+    "replicas",
+    "accelerators",
+    "command",
+    "image",
+    "args",
+    "env",
+    "hosts",
+    "port",
+    "restart",
+    "setup",
+    "grace_period",
+)
 
 
 # --------------------------------------------------------------------------- YAML + lines
@@ -284,6 +298,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
     port = c.integer(m["port"], path + ("port",), 1024, 65535) if "port" in m else None
     restart = _restart(c, m.get("restart"), path + ("restart",))
     setup = _setup(c, m.get("setup"), path + ("setup",))
+    grace = c.integer(m.get("grace_period", GRACE_PERIOD), path + ("grace_period",), 1, MAX_GRACE_PERIOD)
     if replicas is None or accelerators is None:
         return None
     return Pool(
@@ -299,6 +314,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
         port=port,
         restart=restart,
         setup=setup,
+        grace_period=grace if grace is not None else GRACE_PERIOD,
     )
 
 

@@ -234,7 +234,7 @@ def _render_task(
         exec_stop=layout.exec_stop_command(inv.job, task.name),
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
-        stop_timeout=30,
+        stop_timeout=pool.grace_period,
         syslog_identifier=layout.log_identifier(inv.job, task.name),
         **systemd_restart(pool.restart),
     )
