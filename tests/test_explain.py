@@ -129,7 +129,10 @@ def test_systemd_lines_about_the_unit_are_labelled():
         idents,
         units,
     )
-    assert [e.text for e in got] == ["[systemd] Main process exited, code=exited, status=203/EXEC"]
+    assert [e.text for e in got] == [
+        "[systemd] Main process exited, code=exited, status=203/EXEC"
+        " [the program could not be started (exit status 203/EXEC)]"
+    ]
     # The program's own lines are not labelled; other units' lines are not shown.
     assert [
         e.text for e in J.parse_line(_entry(MESSAGE="hi", SYSLOG_IDENTIFIER="provision-j-chief-0"), "h1", idents, units)
@@ -284,3 +287,30 @@ def test_program_warnings(tmp_path):
     got = programs.warnings(inv, "h1", bundle, None, keyed, files, setup_pending=True)
     assert not any("no such file" in w or "not found" in w for w in got)
     assert any("without execute permission" in w for w in got)
+
+
+@pytest.mark.parametrize(
+    "line, note",
+    [
+        (
+            "Main process exited, code=exited, status=3/NOTIMPLEMENTED",
+            "[the program's exit code 3; systemd's name for it does not apply]",
+        ),
+        (
+            "Main process exited, code=exited, status=203/EXEC",
+            "[the program could not be started (exit status 203/EXEC)]",
+        ),
+        ("Main process exited, code=killed, status=9/KILL", "[killed by SIGKILL (out of memory, or killed by hand"),
+        ("Start request repeated too quickly.", "[systemd refused to start it again: it was started too often"),
+        ("Failed with result 'start-limit-hit'.", "[the pool's restart limit was reached]"),
+        ("Scheduled restart job, restart counter is at 2.", "[restart 2 of the pool's policy]"),
+        ("State 'stop-sigterm' timed out. Killing.", "[SIGTERM's grace period is over: SIGKILL]"),
+    ],
+)
+def test_systemd_words_are_translated(line, note):
+    assert E.systemd_words(line).startswith(line + " " + note)
+
+
+@pytest.mark.parametrize("line", ["Main process exited, code=exited, status=0/SUCCESS", "Deactivated successfully."])
+def test_plain_systemd_lines_stay_as_they_are(line):
+    assert E.systemd_words(line) == line

@@ -12,7 +12,7 @@ import pytest
 
 from provision.core.errors import ProvisionError
 from provision.io import journal as J
-from provision.run import logs as L
+from provision.run import logprinter as LP
 
 IDENTS = {"provision-j-chief-0": "chief-0", "provision-j-worker-0": "worker-0"}
 
@@ -163,8 +163,8 @@ def test_fetch_command_quotes_and_uses_cursor_or_tail():
     assert cmd.startswith("sh -c ")
     script = shlex.split(cmd)[2]
     parts = script.split("; ")
-    assert "date +%s%N" in parts[0]
-    chief = shlex.split(parts[1])
+    assert "date +%s%N" in parts[0] and "__provision_runs" in parts[1]  # the clock, the job's runs
+    chief = shlex.split(parts[2])
     assert chief[:2] == ["journalctl", "-o"] and "--all" in chief
     # The program's output, or systemd's notices and restarts of its unit (terms joined by +).
     assert chief[chief.index("--reverse") :] == [
@@ -180,7 +180,7 @@ def test_fetch_command_quotes_and_uses_cursor_or_tail():
         "MESSAGE_ID=5eb03494b6584870a536b337290809b3",
     ]
     assert chief[chief.index("--since") + 1] == "-10min"
-    worker = shlex.split(parts[3])
+    worker = shlex.split(parts[4])
     assert worker[worker.index("--after-cursor") + 1] == "s=abc;i=1f;b=x"
     assert "--reverse" not in worker  # with a cursor, --tail is applied on the controller
 
@@ -193,7 +193,8 @@ def test_fetch_command_runs_in_sh(tmp_path):
     out = subprocess.run(["sh", "-c", fake + script], capture_output=True, text=True, check=True).stdout
     lines = out.strip().splitlines()
     assert json.loads(lines[0])["__provision_now"] > 0
-    assert json.loads(lines[1]) == {"__provision_rc": 0, "__provision_task": "chief-0"}
+    assert json.loads(lines[1]) == {"__provision_runs": None}  # no runs.json on this machine
+    assert json.loads(lines[2]) == {"__provision_rc": 0, "__provision_task": "chief-0"}
     argv = (tmp_path / "argv").read_text().splitlines()
     assert argv[argv.index("--since") + 1] == "2024-05-01 12:00:00"
 
@@ -238,35 +239,35 @@ def test_since_empty_is_a_user_error():
 
 
 def test_cursor_file_round_trip_and_wrong_job(tmp_path):
-    assert L.load_cursors(tmp_path, "j") == {}
-    L.save_cursors(tmp_path, "j", {"h1": {"chief-0": "s=1"}})
-    assert L.load_cursors(tmp_path, "j") == {"h1": {"chief-0": "s=1"}}
+    assert LP.load_cursors(tmp_path, "j") == {}
+    LP.save_cursors(tmp_path, "j", {"h1": {"chief-0": "s=1"}})
+    assert LP.load_cursors(tmp_path, "j") == {"h1": {"chief-0": "s=1"}}
     with pytest.raises(ProvisionError, match="holds the logs of job 'j'"):
-        L.load_cursors(tmp_path, "other")
-    (tmp_path / L.CURSOR_FILE).write_text("{not json")
+        LP.load_cursors(tmp_path, "other")
+    (tmp_path / LP.CURSOR_FILE).write_text("{not json")
     with pytest.raises(ProvisionError, match="unreadable"):
-        L.load_cursors(tmp_path, "j")
+        LP.load_cursors(tmp_path, "j")
 
 
 def test_printer_prefix_and_files(tmp_path, capsys):
-    p = L.Printer(
+    p = LP.Printer(
         ["chief-0", "worker-10"], {"chief-0": "h1", "worker-10": "h2"}, out_dir=None, timestamps=False, color=False
     )
     p.write(J.Entry(1, "h1", "chief-0", "hello", "c1"))
     p.write(J.Entry(2, "h2", "worker-10", "world", "c2"))
     assert capsys.readouterr().out.splitlines() == ["chief-0@h1   | hello", "worker-10@h2 | world"]
     assert p.cursors == {"h1": {"chief-0": "c1"}, "h2": {"worker-10": "c2"}}
-    f = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=tmp_path, timestamps=False)
+    f = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=tmp_path, timestamps=False)
     f.write(J.Entry(1_700_000_000_000_000, "h1", "chief-0", "to file", "c"))
     f.close()
     assert (tmp_path / "chief-0.log").read_text() == "2023-11-14T22:13:20.000000Z h1 to file\n"
 
 
 def test_printer_colours_only_when_asked(capsys):
-    p = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=True)
+    p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=True)
     p.write(J.Entry(1, "h1", "chief-0", "x", ""))
     assert "\x1b[" in capsys.readouterr().out
-    p = L.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False)  # not a tty
+    p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False)  # not a tty
     p.write(J.Entry(1, "h1", "chief-0", "x", ""))
     assert "\x1b[" not in capsys.readouterr().out
 
@@ -275,8 +276,8 @@ def test_reader_going_away_is_not_an_error():
     """`provision logs INV | head -1`: no BrokenPipeError traceback, the printer stops."""
     code = (
         "import sys\n"
-        "from provision.io import journal as J\nfrom provision.run import logs as L\n"
-        "p = L.Printer(['t'], {'t': 'h'}, out_dir=None, timestamps=False)\n"
+        "from provision.io import journal as J\nfrom provision.run import logprinter as LP\n"
+        "p = LP.Printer(['t'], {'t': 'h'}, out_dir=None, timestamps=False)\n"
         "stopped = []\n"
         "p.on_pipe_closed = lambda: stopped.append(1)\n"
         "for i in range(200000):\n"
@@ -292,3 +293,48 @@ def test_reader_going_away_is_not_an_error():
     )
     assert r.stdout == "t@h | line 0\n"
     assert r.stderr == ""
+
+
+def test_a_line_marks_where_each_run_begins(capsys):
+    """Runs (core/runs.py): the first line shown of each run is preceded by its line."""
+    p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=False)
+    p.run_records = {
+        "h1": [{"run": 1, "at": 10.0, "by": "ana@lab"}, {"run": 2, "at": 20.0, "by": "ana@lab"}],
+        "h2": [{"run": 2, "at": 19.5, "by": "ana@lab"}, "junk"],
+    }
+    for ts, text in ((11, "a"), (12, "b"), (19.6, "c"), (25, "d")):
+        p.write(J.Entry(int(ts * 1e6), "h1", "chief-0", text, ""))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "── run 1, started 1970-01-01 00:00:10 UTC by ana@lab ──",
+        "chief-0@h1 | a",
+        "chief-0@h1 | b",
+        "── run 2, started 1970-01-01 00:00:19 UTC by ana@lab ──",  # the earliest host's time
+        "chief-0@h1 | c",
+        "chief-0@h1 | d",
+    ]
+    # After --tail or --since, only the crossings: the first line is not a run's first.
+    p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=False)
+    p.run_records, p.lead_boundary = (
+        {"h1": [{"run": 1, "at": 10.0, "by": "a"}, {"run": 2, "at": 20.0, "by": "a"}]},
+        False,
+    )
+    for ts in (12, 21):
+        p.write(J.Entry(int(ts * 1e6), "h1", "chief-0", "x", ""))
+    assert [l[:8] for l in capsys.readouterr().out.splitlines()] == ["chief-0@", "── run 2", "chief-0@"]
+
+
+def test_runs_rules():
+    from provision.core import runs as R
+
+    assert R.starts_run(starting=2, kept=2, running=2)  # everything restarts
+    assert R.starts_run(starting=1, kept=3, running=0)  # nothing ran: a start after an end
+    assert not R.starts_run(starting=1, kept=3, running=2)  # joins the run under way
+    assert not R.starts_run(starting=0, kept=3, running=0)
+    runs = R.merged([[{"run": 1, "at": 5}, {"run": 2, "at": 9}], None, {"_unreadable": "x"}])
+    assert [r.number for r in runs] == [1, 2] and R.next_number(runs) == 3 and R.next_number([]) == 1
+    assert R.pick(runs, 1, False) == (runs[0], runs[1])
+    assert R.pick(runs, None, True) == (runs[0], runs[1])
+    assert R.pick(runs, 2, False) == (runs[1], None)
+    assert "no such run; the job's runs are 1, 2" in str(R.pick(runs, 7, False))
+    assert "only one run" in str(R.pick(runs[:1], None, True))

@@ -189,6 +189,7 @@ def test_jobs_view_shapes():
             "state": "running",
             "since": "2027-01-15T06:00:00Z",
             "age_seconds": 7200,
+            "queued": None,
             "hosts": {"gpu-1": {"state": "running", "gpus": [0], "ports": [2222]}},
         }
     ]
@@ -254,6 +255,25 @@ def test_a_held_entry_holds_until_the_job_starts_again(ledger_dir):
     assert ledger.reserve(res("b", [0], [2300]), NOW) == ["GPU 0 taken by job a (me@here) since plan"]
     ledger.mark_started("a", NOW + 3)  # its rerun: its units hold what it needs from now on
     assert judge(ledger.read_all()["a"], {}, NOW + 4) is Hold.ENDED
+
+
+def test_a_queued_apply_is_marked_and_unmarked(ledger_dir):
+    me = {"lineage": "L-q", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
+    ledger.queue("q", me, "replica 0 does not fit", NOW)
+    e = ledger.read_all()["q"]
+    assert e["queued"] == {"since": NOW, "waiting_for": "replica 0 does not fit"} and e["gpus"] == []
+    assert judge(e, {}, NOW) is Hold.QUEUED and not Hold.QUEUED.holds
+    ledger.queue("q", me, "something else", NOW + 5)
+    assert ledger.read_all()["q"]["queued"] == {"since": NOW, "waiting_for": "something else"}  # since stays
+    hs = holders("h1", ProbeReport(ledger=ledger.read_all(), ledger_units={}, listening=[], now=NOW + 6), NOW + 6)
+    assert hs[0].queued == (NOW, "something else")
+    ledger.queue("q", me, None, NOW + 7)  # the wait ended: an entry that only held the mark goes
+    assert "q" not in ledger.read_all()
+    # A job with a real entry keeps it; only the mark comes and goes.
+    assert ledger.reserve(res("a", [0], [2222]), NOW) == []
+    ledger.queue("a", me, "grow", NOW)
+    ledger.queue("a", me, None, NOW)
+    assert "queued" not in ledger.read_all()["a"] and ledger.read_all()["a"]["gpus"] == [0]
 
 
 def test_release_leaves_nothing_once_empty(ledger_dir):
@@ -410,3 +430,25 @@ def test_the_owner_is_named_as_a_team_knows_them(tmp_path, monkeypatch):
     identity.cache_clear()
     assert identity("ws-3") == "Alice (ML platform)"
     identity.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "line, lo",
+    [
+        ("   0: 0B00007F:9C41 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 1234 1", True),  # 127.0.0.11
+        ("   1: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 1235 1", False),  # 0.0.0.0
+        ("   2: 00000000000000000000000001000000:0277 00000000000000000000000000000000:0000 0A 0 0 0 0 0 99 1", True),
+        ("   3: 00000000000000000000000000000000:08AE 00000000000000000000000000000000:0000 0A 0 0 0 0 0 98 1", False),
+        ("   4: 0000000000000000FFFF00000100007F:1F90 00000000000000000000000000000000:0000 0A 0 0 0 0 0 97 1", True),
+    ],
+)
+def test_loopback_listeners_are_the_hosts_own(line, lo):
+    assert ledger.proc_loopback(line) is lo
+
+
+def test_a_port_only_on_loopback_is_avoided_but_not_named():
+    assert ledger.local_only([(40000, True), (22, False), (8080, True), (8080, False)]) == [40000]
+    assert ledger.pair("40000 0 lo") == (40000, "0") and ledger.pair("40000 0 x") is None
+    held = held_for("j", [], [22, 40000, 5000], NOW, local=[40000])
+    assert 40000 in held.ports and 5000 in held.ports
+    assert held.by == ("port 5000 in use by processes provision did not start",)

@@ -116,7 +116,11 @@ def test_setup_builds_a_venv_from_pushed_wheels_and_the_task_imports_it(two, san
         },
     )
     try:
-        ok(cli("apply", "-y", "--wait", "--timeout", "240", inv, cwd=tmp_path, timeout=300))
+        # --wait --logs: the setup's output as it runs (issue 29, item 4), then the task's.
+        a = ok(cli("apply", "-y", "--wait", "--logs", "--timeout", "240", inv, cwd=tmp_path, timeout=300))
+        assert "setup@host-1 | Looking in links: /opt/hello/wheels" in a.stdout, a.stdout
+        assert "setup@host-1 | Successfully installed hello" in a.stdout, a.stdout
+        assert a.stdout.index("setup@host-1 |") < a.stdout.index("hello from the setup venv"), a.stdout
         out = ok(cli("logs", inv, cwd=tmp_path)).stdout
         assert f"hello from the setup venv {venv}" in out
     finally:
@@ -151,6 +155,13 @@ def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inv
         why = "setup failed: exit code 7 (provision logs --setup shows its output)"
         assert st["phase"] == "Pending" and st["reason"] == "setup failed on host-1, host-2: " + why[14:], st
         assert {t["detail"] for t in st["tasks"]} == {why}, st
+        # ... with the setup's last lines, in status and in wait, which ends (issue 29, item 4).
+        lines = st["setup_lines"]["host-1"]
+        assert "preparing the environment" in lines and lines[-1].endswith("it broke"), st
+        text = ok(cli("status", inv, cwd=tmp_path)).stdout
+        assert "setup@host-1 failed, last lines" in text and "  | it broke" in text, text
+        w = cli("wait", "--timeout", "60", inv, cwd=tmp_path)
+        assert w.returncode == 1 and "setup@host-2 failed, last lines" in w.stderr, w.stderr
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, first_output, ok
+from .clirun import cli, first_output, ok, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +101,7 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
         r = cli("apply", "-y", c, cwd=tmp_path)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "does not fit" in r.stderr and "held by job exp-a" in r.stderr and "held by job exp-b" in r.stderr
+        assert "`provision apply --queue` waits until it fits" in r.stderr  # issue 29, item 8
         assert "Traceback" not in r.stderr
         assert "exp-c" not in ledger(shared, "host-1")
 
@@ -115,11 +116,28 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
         )
         said = first_output(q)  # it says it waits (and what for) ...
         assert q.poll() is None, "the queued apply must wait"  # ... and waits
+        # `provision jobs` shows the queued apply: who, since when, what it waits for.
+        queued = wait_until(
+            lambda: next(
+                (
+                    j
+                    for j in json.loads(ok(cli("jobs", "--json", a, cwd=tmp_path)).stdout)["jobs"]
+                    if j["job"] == "exp-c"
+                ),
+                None,
+            ),
+            what="exp-c in provision jobs",
+        )
+        assert queued["state"] == "queued" and queued["owner"], queued
+        assert "does not fit" in queued["queued"]["waiting_for"] and queued["queued"]["since"], queued
+        assert "exp-c (" in ok(cli("jobs", a, cwd=tmp_path)).stdout
+        time.sleep(4)  # four more polls: the holders' ages change, what it waits for does not
         ok(cli("destroy", "-y", a, cwd=tmp_path))
         out, err = q.communicate(timeout=120)
         err = said + err
         assert q.returncode == 0, out + err
         assert "queued" in err and "exp-a" in err
+        assert err.count("queued (") == 1, err  # one line per change of what it waits for, not per poll
         assert status(c)["phase"] == "Running"
         assert set(ledger(shared, "host-1")) == {"exp-b", "exp-c", "exp-d"}
     finally:

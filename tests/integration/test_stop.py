@@ -112,6 +112,23 @@ def test_stop_keeps_files_and_logs_and_rerun_starts_again(sandbox3, sandbox_inve
         # Another operator's state may not stop it.
         ok(cli("apply", "-y", "--rerun", inv, cwd=tmp_path))
         _running(tmp_path, inv)
+
+        # Runs (issue 29, item 9): the rerun is run 2; logs mark where each run begins and
+        # show one run on request.
+        assert status(tmp_path, inv)["run"]["number"] == 2
+        assert "Run 2, started " in ok(cli("status", inv, cwd=tmp_path)).stdout
+        wait_until(lambda: ok(cli("logs", inv, cwd=tmp_path)).stdout.count("ps-0 started") == 2, what="run 2's lines")
+        logs = ok(cli("logs", inv, cwd=tmp_path)).stdout.splitlines()
+        marks = [l for l in logs if l.startswith("── run ")]
+        assert [m.split(",")[0] for m in marks] == ["── run 1", "── run 2"], logs
+        assert logs.index(marks[1]) > max(i for i, l in enumerate(logs) if "got TERM" in l), logs
+        one = ok(cli("logs", "--run", "1", inv, cwd=tmp_path)).stdout
+        assert "── run 1" in one and "got TERM" in one and "── run 2" not in one, one
+        assert ok(cli("logs", "--previous", inv, cwd=tmp_path)).stdout == one
+        two = ok(cli("logs", "--run", "2", inv, cwd=tmp_path)).stdout
+        assert "── run 2" in two and "got TERM" not in two and two.count("ps-0 started") == 1, two
+        bad = cli("logs", "--run", "7", inv, cwd=tmp_path)
+        assert bad.returncode == 1 and "no such run; the job's runs are 1, 2" in bad.stderr, bad.stderr
         other = cli("stop", "-y", "--state", tmp_path / "other.state.json", inv, cwd=tmp_path)
         assert other.returncode == 1 and "--take-over" in other.stderr, other.stderr
         assert status(tmp_path, inv)["phase"] == "Running"

@@ -32,7 +32,7 @@ from provision.run.destroy import destroy as engine_destroy
 from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
-from provision.run.queue import Queue
+from provision.run.queue import Queue, ledger_marks
 
 
 def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, question):
@@ -129,12 +129,17 @@ def check(inventory, state_path, targets, parallelism, verbose, as_json, skip_ne
     sys.exit(res.exit_code)
 
 
+def _setup_line(host: str, line: str) -> None:
+    click.echo(f"setup@{host} | {line}")  # as `provision logs --setup` prints it
+
+
 class _Applying:
     """apply's plan and apply steps with its flags; with --queue, planned until the job fits,
     and planned again when another apply took GPUs or ports first."""
 
-    def __init__(self, queue: Queue | None, **plan_flags: Any):
+    def __init__(self, queue: Queue | None, setup_lines: Callable[[str, str], None] | None = None, **plan_flags: Any):
         self.queue = queue
+        self.setup_lines = setup_lines  # --wait --logs: the setup's output as it runs
         self.flags = plan_flags
 
     def plan(self, ctx: Context) -> Plan:
@@ -144,10 +149,10 @@ class _Applying:
         return one() if self.queue is None else self.queue.plan(one)
 
     def apply(self, ctx: Context, p: Plan, progress: Callable[[str], None]) -> dict[str, HostOutcome]:
-        outcomes = apply_plan(ctx, p, progress)
+        outcomes = apply_plan(ctx, p, progress, self.setup_lines)
         while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
             progress("another apply took GPUs or ports first: planning again")
-            outcomes = apply_plan(ctx, self.plan(ctx), progress)
+            outcomes = apply_plan(ctx, self.plan(ctx), progress, self.setup_lines)
         return outcomes
 
 
@@ -199,12 +204,18 @@ def apply(
     """
 
     began = time.time()
-    q = Queue(timeout=timeout if queue else 0, progress=progress_line) if queue else None
-    how = _Applying(
-        q, replace=set(replace), rerun=rerun, partial=partial, force_setup=force_setup, checks=not skip_checks
-    )
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
     ctx.take_over = take_over
+    q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
+    how = _Applying(
+        q,
+        setup_lines=_setup_line if wait_after and stream_logs else None,
+        replace=set(replace),
+        rerun=rerun,
+        partial=partial,
+        force_setup=force_setup,
+        checks=not skip_checks,
+    )
     try:
         code = _change(
             ctx,

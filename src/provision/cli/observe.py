@@ -17,7 +17,7 @@ from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
 from provision.core.target import HostError
 from provision.rules.facts import mismatches, summary_row
-from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines
+from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
 from provision.run.jobend import collect
 from provision.run.logs import run_logs, run_setup_logs
@@ -55,6 +55,8 @@ def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
             click.echo("No provision jobs on these hosts.")
         else:
             for line in table(jobs_rows):
+                click.echo(line)
+            for line in queued_lines(views, now):
                 click.echo(line)
         click.echo()
         for line in table(host_rows):
@@ -180,8 +182,25 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
 )
 @click.option("--timestamps", is_flag=True, help="Start every line with its time (UTC).")
 @click.option("--setup", "setup_logs", is_flag=True, help="The output of the job's setup on each host instead.")
+@click.option(
+    "--run", "run_number", type=click.IntRange(1), metavar="N", help="Only run N of the job (status shows runs)."
+)
+@click.option("--previous", is_flag=True, help="Only the run before the latest (after a rerun: the one that ended).")
 def logs(
-    inventory, tasks, state_path, targets, parallelism, verbose, follow, since, tail, out_dir, timestamps, setup_logs
+    inventory,
+    tasks,
+    state_path,
+    targets,
+    parallelism,
+    verbose,
+    follow,
+    since,
+    tail,
+    out_dir,
+    timestamps,
+    setup_logs,
+    run_number,
+    previous,
 ):
     """The job's task output (journald) from all hosts, merged in time order.
 
@@ -202,6 +221,8 @@ def logs(
                 follow=follow,
                 out_dir=out_dir,
                 timestamps=timestamps,
+                run=run_number,
+                previous=previous,
             )
     finally:
         ctx.close()
@@ -211,11 +232,11 @@ def logs(
 @click.command()
 @click.argument("inventory", type=click.Path())
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
-@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 1).")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 124).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
 @click.option("--logs", "stream_logs", is_flag=True, help="Stream the tasks' output while waiting.")
 def wait(inventory, state_path, timeout, verbose, stream_logs):
-    """Block until the job succeeds (exit 0) or fails (exit 1), showing each task's progress."""
+    """Block until the job succeeds (exit 0) or fails or is stopped (exit 1), showing each task's progress."""
 
     ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False)
     try:

@@ -156,7 +156,7 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
             )
         )
     lines = table(rows)
-    out = [head, lines[0]]
+    out = [head, *([st.run.words().capitalize()] if st.run is not None else []), lines[0]]
     for t, line in zip(st.tasks, lines[1:]):
         color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)

@@ -170,8 +170,13 @@ class Display:
 
 
 def failed_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
-    """For each task with journal lines (it failed): a heading and its last lines."""
+    """For each task with journal lines (it failed): a heading and its last lines; the
+    same for each host whose setup failed."""
     out: list[str] = []
+    for host, lines in sorted(st.setup_lines.items()):
+        more = f" (all of them: provision logs --setup {inventory})" if inventory else ""
+        out.append(f"setup@{host} failed, last lines{more}:")
+        out += [f"  | {line}" for line in lines] or ["  (it printed nothing)"]
     for t in st.tasks:
         if not t.last_lines:
             continue
@@ -242,7 +247,7 @@ def wait_job(
         if logs:
             return _wait_with_logs(ctx, st, disp, quiet=quiet, since=since, timeout=timeout)
         while True:
-            if st.phase.ended:
+            if st.phase.ended or st.setup_failed:  # a failed setup: nothing starts until an apply
                 if not quiet:
                     disp.finish(st, ctx.where)
                 return 0 if st.phase is JobPhase.SUCCEEDED else 1

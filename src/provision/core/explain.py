@@ -168,6 +168,42 @@ _JOURNAL_REASONS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+# systemd's own words in a unit's journal, and what they mean for a task. systemd names
+# exit statuses after the LSB init-script conventions (3 is "NOTIMPLEMENTED"), which say
+# nothing about a training program: its code is its own.
+_STATUS = re.compile(r"status=(?P<code>\d+)/(?P<name>[A-Z_]+)")
+_SYSTEMD_WORDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"Start request repeated too quickly"),
+        "systemd refused to start it again: it was started too often in a row (the pool's restart limit)",
+    ),
+    (re.compile(r"Failed with result 'start-limit-hit'"), "the pool's restart limit was reached"),
+    (re.compile(r"Failed with result 'timeout'"), "it did not stop within its grace period, and was killed"),
+    (re.compile(r"Failed with result 'oom-kill'"), "killed by the kernel's out-of-memory killer"),
+    (re.compile(r"Scheduled restart job, restart counter is at (?P<n>\d+)"), "restart {n} of the pool's policy"),
+    (re.compile(r"State 'stop-sigterm' timed out\. Killing"), "SIGTERM's grace period is over: SIGKILL"),
+)
+
+
+def systemd_words(message: str) -> str:
+    """A systemd journal line with what it means appended in brackets, when systemd's
+    words say it poorly: `status=3/NOTIMPLEMENTED` is the program's exit code 3, "Start
+    request repeated too quickly" is the restart limit. Other lines are returned as is."""
+    notes = []
+    m = _STATUS.search(message)
+    if m and "code=exited" in message and m.group("code") != "0":
+        code = int(m.group("code"))
+        notes.append(systemd_exit(code) or f"the program's exit code {code}; systemd's name for it does not apply")
+    elif m and ("code=killed" in message or "code=dumped" in message):
+        notes.append(exit_words("dumped" if "code=dumped" in message else "killed", m.group("name")))
+    for rx, words in _SYSTEMD_WORDS:
+        hit = rx.search(message)
+        if hit:
+            notes.append(words.format(**hit.groupdict()))
+            break
+    return f"{message} [{'; '.join(notes)}]" if notes else message
+
+
 def strip_unit(message: str) -> str:
     """systemd's message about a unit without the leading 'provision-j-t.service: '."""
     return _UNIT_PREFIX.sub("", message, count=1)

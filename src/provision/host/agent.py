@@ -96,8 +96,7 @@ def read_exits(job, units):
 
 
 def reset_exits(job, units):
-    """A run started by provision counts its exits afresh (and its unit's gate takes the
-    start for provision's: no boot or run recorded)."""
+    """A run provision starts counts its exits afresh (its gate: no boot or run recorded)."""
     for u in units:
         task = layout.task_of_unit(job, u)
         for path in (
@@ -160,7 +159,7 @@ def op_probe(req):
     if req.cluster_address:
         interface = lazy("hostcheck").interface(req.cluster_address)
     boot_id = layout.boot_id()
-    held = held_units = listening = None
+    held = held_units = listening = local = None
     if req.tenancy:
         held = ledger.read_all()
         # Only units whose file is there: the shell probe shows the same ones.
@@ -170,7 +169,7 @@ def op_probe(req):
             held_units = unit_states(others, live=not req.clocks)
         for u in ledger.units_of(held, job):
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
-        listening = ledger.proc_listening() if req.listening else None
+        listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
@@ -187,6 +186,8 @@ def op_probe(req):
         checks=checks_out,
         interface=interface,
         setup_key=read_key(layout.setup_key_path(job)),
+        runs=read_json(layout.runs_path(job)),
+        listening_local=local,
     )
 
 
@@ -243,8 +244,7 @@ def _clean_tmp(dirs):
 
 
 def _record_dirs(job, created):
-    """Directories made for files: are named before anything else can fail, so destroy
-    removes them even when the write that made them did not finish."""
+    """Directories made for files, named before anything can fail (destroy removes them)."""
     if not created:
         return
     path = layout.created_dirs_path(job)
@@ -256,8 +256,7 @@ def _record_dirs(job, created):
 
 
 def _failed(e, path):
-    """One line for a failed file operation: the host path, then the system's words
-    ("/opt/big/data.bin: No space left on device")."""
+    """A failed file operation as 'PATH: the system's words' (No space left on device)."""
     return "%s: %s" % (e.filename or path, e.strerror or e)
 
 
@@ -312,8 +311,7 @@ def through_link(path, reserved=layout.RESERVED_DIRS):
 
 
 def _through_links(files):
-    """Refusals for files whose directory leads into provision's (or systemd's) own
-    directories through a link on this host."""
+    """Refusals for files whose directory leads into provision's own through a link here."""
     linked = [(f.path, r) for f in files for r in [through_link(f.path)] if r]
     return [
         "%s: its directory leads into %s through a symbolic link on this host; refused "
@@ -353,6 +351,9 @@ def _after_write(req, errors):
             os.unlink(layout.lifecycle_path(req.job))
         except FileNotFoundError:
             pass
+    if req.run:  # stamped with the host's clock, the one its journal uses
+        runs = layout.with_run(read_json(layout.runs_path(req.job)), req.run, time.time())
+        atomic_write(layout.runs_path(req.job), json.dumps(runs).encode(), 0o600, [])
 
 
 def op_write(req):
@@ -499,8 +500,7 @@ def _restore_originals(job, errors):
 
 
 def _units_of(manifest, stop):
-    """The units destroy stops: those asked, every task's, and the setup's (a setup still
-    running because its apply was interrupted ends too)."""
+    """The units destroy stops: those asked, every task's, and the setup's (an interrupted one)."""
     units = list(stop)
     units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
     setup = manifest.get("setup")
@@ -552,7 +552,7 @@ def read_key(path):
         with open(path) as f:
             return f.read().strip() or None
     except OSError:
-        return None
+        pass
 
 
 def op_setup(req):
@@ -612,12 +612,12 @@ OPS = {
     "netcheck": lambda req: lazy("hostcheck").op_netcheck(req),
     "setup": op_setup,
     "owners": lambda req: P.OwnersReport(ledger.other_owners(req.job, req.paths)),
+    "queue": lambda req: P.QueueReport(ledger.queue(req.job, req.owner, req.waiting, time.time())),
 }
 
 
 def untrusted(job):
-    """The first of provision's directories (the job's among them) that host/trust.py
-    refuses, in one line; None when every one passes."""
+    """The first of provision's directories (the job's too) that trust.py refuses, or None."""
     dirs = [layout.ETC, layout.VAR, layout.LEDGER_DIR, os.path.dirname(layout.AGENT_CACHE)]
     if job:
         dirs += [layout.job_dir(job), layout.state_dir(job)]

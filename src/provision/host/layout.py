@@ -324,6 +324,17 @@ def setup_unit_path(job: str) -> str:
     return SYSTEMD_DIR + "/" + setup_unit_name(job)
 
 
+def runs_path(job: str) -> str:
+    """The job's runs on this host (core/runs.py): [{"run", "at", "by"}, ...], last 100."""
+    return state_dir(job) + "/runs.json"
+
+
+def with_run(runs: object, run: dict[str, object], at: float) -> list[object]:
+    """A host's runs with `run` ({"run", "by"}) added at host time `at`: the last 100."""
+    kept: list[object] = [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    return [*kept, dict(run, at=at)][-100:]
+
+
 def setup_key_path(job: str) -> str:
     return state_dir(job) + "/setup.key"
 

@@ -5,7 +5,8 @@ fast probe too. One JSON file per job under layout.LEDGER_DIR:
 
     {"job": J, "owner": {"lineage", "who", "host", "pid"}, "since": T0, "updated": T,
      "token": random, "gpus": [...], "gpu_uuids": [...], "ports": [...], "units": [...],
-     "started": bool, "held": bool (stopped with --hold)}
+     "started": bool, "held": bool (stopped with --hold),
+     "queued": {"since", "waiting_for"} (an `apply --queue` waits)}
 
 Also here: which jobs' manifests list a pushed path (other_owners): two jobs may push the
 same file, and it stays until the last of them leaves.
@@ -96,11 +97,33 @@ def proc_pair(line: str) -> tuple[int, str] | None:
 
 
 def pair(line: str) -> tuple[int, str] | None:
-    """(port, inode) of a "PORT INODE" line, as the shell probe writes them (probe.sh)."""
+    """(port, inode) of a "PORT INODE [lo]" line, as the shell probe writes them (probe.sh)."""
     w = line.split()
-    if len(w) != 2 or not w[0].isdigit():
+    if len(w) not in (2, 3) or not w[0].isdigit() or (len(w) == 3 and w[2] != "lo"):
         return None
     return int(w[0]), w[1]
+
+
+# A /proc/net/tcp{,6} local address on loopback: 127.0.0.0/8 (little-endian hex: its last
+# byte is 7F), ::1, and ::ffff:127.x.x.x.
+_LO6 = "00000000000000000000000001000000"
+
+
+def proc_loopback(line: str) -> bool:
+    a = line.split()[1].rsplit(":", 1)[0] if len(line.split()) > 1 else ""
+    return (
+        (len(a) == 8 and a.endswith("7F"))
+        or a == _LO6
+        or (a.startswith("0000000000000000FFFF0000") and a.endswith("7F"))
+    )
+
+
+def local_only(lines: list[tuple[int, bool]]) -> list[int]:
+    """Ports whose every listener is on a loopback address, from (port, on loopback): the
+    host's own services (Docker's DNS on 127.0.0.11): placement avoids them, messages do
+    not name them as holders."""
+    public = {p for p, lo in lines if not lo}
+    return sorted({p for p, lo in lines if lo} - public)
 
 
 def listening(pairs: list[tuple[int, str]]) -> list[int]:
@@ -109,6 +132,7 @@ def listening(pairs: list[tuple[int, str]]) -> list[int]:
 
 
 _LISTEN: list[tuple[int, str]] | None = None
+_LOOPBACK: list[tuple[int, bool]] = []
 
 
 def listen_pairs() -> list[tuple[int, str]]:
@@ -120,7 +144,11 @@ def listen_pairs() -> list[tuple[int, str]]:
         for name in ("/proc/net/tcp", "/proc/net/tcp6"):
             try:
                 with open(name) as f:
-                    _LISTEN += [pr for line in f if (pr := proc_pair(line)) is not None]
+                    for line in f:
+                        pr = proc_pair(line)
+                        if pr is not None:
+                            _LISTEN.append(pr)
+                            _LOOPBACK.append((pr[0], proc_loopback(line)))
             except OSError:
                 pass
     return _LISTEN
@@ -128,6 +156,11 @@ def listen_pairs() -> list[tuple[int, str]]:
 
 def proc_listening() -> list[int]:
     return listening(listen_pairs())
+
+
+def proc_local_only() -> list[int]:
+    listen_pairs()
+    return local_only(_LOOPBACK)
 
 
 class _Locked:
@@ -280,6 +313,29 @@ def hold(job: str, now: float) -> None:
         if isinstance(entry, dict) and "_unreadable" not in entry:
             entry.update(held=True, updated=now, token=_token())
             _write(job, entry)
+
+
+def queue(job: str, owner: dict[str, Any], waiting: str | None, now: float) -> list[str]:
+    """`apply --queue`: mark the job's entry as waiting, and for what (an entry that holds
+    nothing when the job has none here), so `provision jobs` shows the queue; waiting None
+    takes the mark away (and an entry that only held it)."""
+    path = layout.ledger_path(job)
+    if waiting is None and not os.path.exists(path):
+        return []
+    with _Locked():
+        entry = read_entry(path)
+        if not isinstance(entry, dict) or "_unreadable" in entry:
+            if waiting is None or entry is not None:  # an unreadable entry is left as it is
+                return []
+            entry = {"job": job, "owner": owner, "since": now, "gpus": [], "ports": [], "units": [], "started": False}
+        if waiting is not None:
+            entry["queued"] = {"since": (entry.get("queued") or {}).get("since", now), "waiting_for": waiting}
+        elif entry.pop("queued", None) is not None and not (entry.get("units") or entry.get("gpus")):
+            os.unlink(path)
+            return []
+        entry.update(updated=now, token=_token())
+        _write(job, entry)
+    return []  # nothing to report: a failed write is the agent's fatal error
 
 
 def release(job: str) -> None:

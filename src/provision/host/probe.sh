@@ -9,7 +9,7 @@
 #   TPU    empty, or 1 to count /dev/accelN
 #   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN" (host/layout.py) for the host's
 #          ledger (every job's entry, every provision unit's state) and with LISTEN 1 the
-#          listening TCP sockets ("PORT INODE" lines, from ss or /proc/net/tcp and tcp6)
+#          listening TCP sockets ("PORT INODE [lo]" lines, from ss or /proc/net/tcp and tcp6)
 #   CLOCK  empty, 1 for the host's clock (date +%s.%N), or 2 for that and /proc/uptime (the
 #          seconds since boot, as systemd's monotonic timestamps count them on a host that
 #          has not been suspended)
@@ -72,7 +72,7 @@ if [ -n "$tpu" ]; then
     set -f
     echo @tpu $n
 fi
-# The listening TCP sockets as "PORT INODE" lines (ledger.listen_pairs), read once for the
+# The listening TCP sockets as "PORT INODE [lo]" lines (ledger.listen_pairs), read once for the
 # ledger and the port check. ss asks the kernel for listeners only (INODE 0: ss prints
 # inodes only with -e, which also resolves every socket's cgroup by walking the cgroup tree,
 # 70 ms on a host with many containers); /proc/net/tcp and tcp6 walk every bucket of the
@@ -95,7 +95,9 @@ if [ -n "$ports" ] || { [ -n "$tenancy" ] && [ "$scan" = 1 ]; }; then
                 case $w in *:*) if [ -z "$la" ]; then la=$w; fi ;; esac
             done
             if [ -n "$la" ]; then
-                listen="$listen${la##*:} 0$nl"
+                # " lo": on a loopback address (ledger.local_only: the host's own service)
+                case $la in 127.*|"[::1]:"*|"[::ffff:127."*) lo=" lo" ;; *) lo= ;; esac
+                listen="$listen${la##*:} 0$lo$nl"
                 case "$ports" in *" ${la##*:} "*) proc=1 ;; esac
             fi
         done <<EOF
@@ -106,7 +108,8 @@ EOF
         listen=
         out=$(grep -h -- " 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null </dev/null)
         while read -r sl la ra st q t r u to ino rest; do
-            if [ "$st" = 0A ]; then listen="$listen$((0x${la##*:})) $ino$nl"; fi
+            case ${la%:*} in ??????7F|00000000000000000000000001000000|0000000000000000FFFF0000??????7F) lo=" lo" ;; *) lo= ;; esac
+            if [ "$st" = 0A ]; then listen="$listen$((0x${la##*:})) $ino$lo$nl"; fi
         done <<EOF
 $out
 EOF
@@ -174,7 +177,7 @@ fi
 if [ -n "$ports" ]; then
     echo @sockets
     inodes=""
-    while read -r port ino; do
+    while read -r port ino _; do
         case "$ports" in *" $port "*)
             echo "$port $ino"
             case $ino in 0|""|*[!0-9]*) ;; *) inodes="$inodes $ino" ;; esac ;;

@@ -102,6 +102,9 @@ class ProbeReport:
     checks: dict[str, Any] | None = None
     interface: dict[str, Any] | None = None
     setup_key: str | None = None  # the key of the last setup that succeeded here
+    runs: list[Any] | None = None  # the job's runs here (core/runs.py), as recorded
+    # Listening ports whose every listener is on loopback: the host's own services.
+    listening_local: list[int] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -121,6 +124,8 @@ class ProbeReport:
             checks=self.checks,
             interface=self.interface,
             setup_key=self.setup_key,
+            runs=self.runs,
+            listening_local=self.listening_local,
         )
 
 
@@ -168,6 +173,7 @@ class WriteRequest:
     clear_lifecycle: bool = False
     manifest: str = ""  # base64
     reserve: Reservation | None = None  # first of all; on a conflict nothing is written
+    run: dict[str, Any] | None = None  # {"run", "by"}: this apply starts run N (core/runs.py)
 
     op = "write"
 
@@ -298,6 +304,23 @@ class BatchReport:
 
 
 @dataclass(frozen=True)
+class QueueRequest:
+    """Mark the job's ledger entry as waiting in `apply --queue` (waiting: for what), or
+    take the mark away (waiting None)."""
+
+    job: str
+    owner: dict[str, Any] = field(default_factory=dict)
+    waiting: str | None = None
+
+    op = "queue"
+
+
+@dataclass(frozen=True)
+class QueueReport:
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class OwnersRequest:
     """Which other jobs' manifests on the host list these paths (files two jobs push)."""
 
@@ -323,6 +346,7 @@ REQUESTS = {
         BatchRequest,
         NetcheckRequest,
         OwnersRequest,
+        QueueRequest,
     )
 }
 REPORTS = {
@@ -334,6 +358,7 @@ REPORTS = {
     "batch": BatchReport,
     "netcheck": NetcheckReport,
     "owners": OwnersReport,
+    "queue": QueueReport,
 }
 
 

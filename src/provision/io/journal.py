@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.core.errors import ProvisionError
-from provision.core.explain import SYSTEMD_LABEL, strip_unit
+from provision.core.explain import SYSTEMD_LABEL, strip_unit, systemd_words
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.io.ssh import Session
@@ -140,7 +140,10 @@ def parse_line(
     raw_cursor = entry.get("__CURSOR")
     cursor = raw_cursor if isinstance(raw_cursor, str) else ""
     if system:
-        return [Entry(ts, host, task, SYSTEMD_LABEL + strip_unit(text), cursor) for text in message_lines(entry)]
+        return [
+            Entry(ts, host, task, SYSTEMD_LABEL + systemd_words(strip_unit(text)), cursor)
+            for text in message_lines(entry)
+        ]
     return [Entry(ts, host, task, text, cursor) for text in message_lines(entry)]
 
 
@@ -208,13 +211,26 @@ def units_of(job: str, tasks: Iterable[str]) -> dict[str, str]:
     return {layout.unit_name(job, t): t for t in tasks}
 
 
+def runs_line(job: str) -> str:
+    """A shell command printing the job's runs on the host (core/runs.py) as one control
+    record: `{"__provision_runs": [...]}` (null when there are none)."""
+    path = shlex.quote(layout.runs_path(job))
+    return 'printf \'{"__provision_runs":%s}\\n\' "$(cat ' + path + ' 2>/dev/null || echo null)"'
+
+
 def fetch_command(
-    job: str, tasks: list[str], *, since: str | None, tail: int | None, cursors: dict[str, str] | None
+    job: str,
+    tasks: list[str],
+    *,
+    since: str | None,
+    tail: int | None,
+    cursors: dict[str, str] | None,
+    until: str | None = None,
 ) -> str:
     """One command for a host (`sh -c`, so a `sudo -n` prefix covers all of it): the host's
-    clock, then for each task its entries and journalctl's exit status (so a failure is
-    pinned on the task that had it)."""
-    parts = ['echo "{\\"__provision_now\\":$(date +%s%N)}"']
+    clock and the job's runs, then for each task its entries and journalctl's exit status
+    (so a failure is pinned on the task that had it)."""
+    parts = ['echo "{\\"__provision_now\\":$(date +%s%N)}"', runs_line(job)]
     for task in tasks:
         argv = [
             "journalctl",
@@ -228,6 +244,8 @@ def fetch_command(
         cursor = (cursors or {}).get(task)
         if since:
             argv += ["--since", since]
+        if until:
+            argv += ["--until", until]
         if cursor:
             argv += ["--after-cursor", cursor]
         elif tail is not None:
@@ -239,20 +257,41 @@ def fetch_command(
     return "sh -c " + shlex.quote("; ".join(parts))
 
 
-def stream_command(job: str, tasks: list[str], *, since: str | None) -> str:
+def stream_command(job: str, tasks: list[str], *, since: str | None, until: str | None = None) -> str:
     """One journalctl for all of a host's tasks (their matches ORed: one time-ordered
-    stream), for a fetch read as it arrives (run/logs: no --tail, no cursors); its
-    complaints on stdout too (they are not JSON), its exit status last."""
+    stream), for a fetch read as it arrives (run/logs: no --tail, no cursors); the job's
+    runs first, journalctl's complaints on stdout too (they are not JSON), its exit status
+    last."""
     argv = ["journalctl", "-o", "json", "--all", "--no-pager", "-q", f"--output-fields={FIELDS}"]
     if since:
         argv += ["--since", since]
+    if until:
+        argv += ["--until", until]
     argv += matches(job, tasks)
     script = (
         'echo "{\\"__provision_now\\":$(date +%s%N)}"; '
+        + runs_line(job)
+        + "; "
         + " ".join(shlex.quote(a) for a in argv)
         + ' 2>&1; echo "{\\"__provision_rc\\":$?}"'
     )
     return "sh -c " + shlex.quote(script)
+
+
+def setup_follow_command(job: str, since_epoch: int) -> str:
+    """The setup unit's output as it runs (`apply --wait --logs`), ended by closing the
+    channel as follow_command is."""
+    argv = ["journalctl", "-t", layout.setup_log_identifier(job), "-o", "cat", "--no-pager", "-q", "--follow"]
+    argv += ["--since", f"@{since_epoch}"]
+    return "sh -c " + shlex.quote(_until_stdin_closes(argv))
+
+
+def _until_stdin_closes(argv: list[str]) -> str:
+    return (
+        "exec 3<&0; " + " ".join(shlex.quote(a) for a in argv) + " </dev/null & j=$!; "
+        "(cat <&3 >/dev/null 2>&1; kill $j 2>/dev/null) >/dev/null 2>&1 & "
+        "wait $j"
+    )
 
 
 def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
@@ -274,12 +313,7 @@ def follow_command(job: str, tasks: list[str], since_epoch: int) -> str:
         f"@{since_epoch}",
         *matches(job, tasks),
     ]
-    script = (
-        "exec 3<&0; " + " ".join(shlex.quote(a) for a in argv) + " </dev/null & j=$!; "
-        "(cat <&3 >/dev/null 2>&1; kill $j 2>/dev/null) >/dev/null 2>&1 & "
-        "wait $j"
-    )
-    return "sh -c " + shlex.quote(script)
+    return "sh -c " + shlex.quote(_until_stdin_closes(argv))
 
 
 @dataclass
@@ -288,6 +322,7 @@ class HostLog:
     entries: list[Entry] = field(default_factory=list)
     now_us: int | None = None
     errors: list[str] = field(default_factory=list)
+    runs: Any = None  # the host's runs.json (core/runs.py parses it)
 
 
 def parse_fetch(
@@ -312,6 +347,8 @@ def parse_fetch(
                     out.now_us = int(got["__provision_now"]) // 1000
                 except (TypeError, ValueError):
                     pass
+            elif "__provision_runs" in got:
+                out.runs = got["__provision_runs"]
             elif got.get("__provision_rc") not in (0, None):
                 why = "; ".join(dict.fromkeys(err_lines)) or f"journalctl exited {got['__provision_rc']}"
                 out.errors.append(f"{got.get('__provision_task')}: {why}")
@@ -350,6 +387,18 @@ def last_lines(
         if not isinstance(r, HostError):
             out.update(r)
     return out
+
+
+def setup_last_lines(session: Session, targets: list[Target], job: str, n: int = 10) -> dict[str, tuple[str, ...]]:
+    """host -> the setup's last n lines there (hosts that do not answer are left out)."""
+    cmd = setup_command(job, n)
+
+    def one(t: Target) -> tuple[str, ...]:
+        res = session.run(t, cmd, timeout=60)
+        return tuple(terminal_text(x) for x in res.stdout.decode("utf-8", "replace").splitlines()[-n:])
+
+    got = session.map(one, targets)
+    return {h: v for h, v in got.items() if isinstance(v, tuple)}
 
 
 def setup_command(job: str, tail: int | None) -> str:

@@ -58,6 +58,7 @@ def _asked(req: ProbeRequest) -> tuple[list[str], list[str], list[str]]:
         layout.manifest_path(job),
         layout.lifecycle_path(job),
         layout.setup_key_path(job),
+        layout.runs_path(job),
         *(layout.exits_path(job, layout.task_of_unit(job, u)) for u in units),
     ]
     read = [p for p in files if p not in looked]
@@ -273,17 +274,18 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
     if text.startswith(b"@tpu "):
         facts["tpu_chips"] = int(text.split()[1])
         text = line()
-    listening = None
+    listening = local = None
     if req.tenancy and req.listening:
         if text != b"@listen":
             raise _Mismatch("no listen section")
-        pairs = []
+        pairs, lo = [], []
         while (text := line()) != b"@listen-end":
             pr = ledger.pair(text.decode("utf-8", "replace"))
             if pr is None:
                 raise _Mismatch("a listen line out of step")
             pairs.append(pr)
-        listening = ledger.listening(pairs)
+            lo.append((pr[0], text.endswith(b" lo")))
+        listening, local = ledger.listening(pairs), ledger.local_only(lo)
         text = line()
     text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
     if text != b"@stat":
@@ -387,11 +389,13 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
         ledger=held,
         ledger_units=held_units,
         listening=listening,
+        listening_local=local,
         now=now,
         now_monotonic_us=mono,
         checks=checks,
         interface=interface,
         setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,
+        runs=as_json(layout.runs_path(job)),
     )
 
 

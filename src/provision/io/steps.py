@@ -31,6 +31,7 @@ class Step(str, Enum):
     REMOVE = "remove the job"
     END = "end the job"
     NETWORK = "check the network"
+    QUEUE = "mark the queued apply"
 
     def __str__(self) -> str:
         return self.value

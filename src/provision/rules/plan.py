@@ -30,6 +30,7 @@ from provision.core.lifecycle import (
     whole_job,
 )
 from provision.core.model import Host
+from provision.core.runs import merged, next_number, starts_run
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
@@ -229,6 +230,16 @@ class Plan:
     def summary(self) -> str:
         a, c, d = self.counts()
         return f"Plan: {a} to add, {c} to change, {d} to destroy."
+
+    def new_run(self) -> int | None:
+        """The number of the run this plan starts, or None when its starts join the run
+        under way or it starts nothing (the rule: core/runs.py)."""
+        kept = [t for h in self.hosts if h.error is None for t in h.tasks if t.action is not Action.STOP]
+        starting = sum(1 for t in kept if t.action.starts)
+        running = sum(1 for t in kept if t.action is Action.NONE and t.reason is Reason.RUNNING)
+        if not starts_run(starting, len(kept), running):
+            return None
+        return next_number(merged(h.report.runs for h in self.hosts if h.report is not None))
 
     def finished(self) -> str | None:
         """How the job ended, in words, when every task plan looked at has finished (the

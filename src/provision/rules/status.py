@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provision.core.explain import exit_words, reason
@@ -23,6 +23,7 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
+from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.spec.placement import PlacedTask
@@ -72,6 +73,8 @@ class JobStatus:
     left_behind: tuple[str, ...] = ()
     owner: str | None = None  # who applied the job, as the hosts' ledgers say
     stopped: Mapping[str, Any] | None = None  # `provision stop`'s marker, when it stopped the job
+    run: Run | None = None  # the latest run (core/runs.py)
+    setup_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # host -> a failed setup's last lines
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,7 +86,16 @@ class JobStatus:
             "tasks": [t.to_json() for t in self.tasks],
             "left_behind": list(self.left_behind),
             "owner": self.owner,
+            "run": self.run.to_json() if self.run is not None else None,
+            "setup_lines": {h: list(v) for h, v in self.setup_lines.items()},
         }
+
+    @property
+    def setup_failed(self) -> list[str]:
+        """Hosts whose setup failed, holding back their tasks (none started there)."""
+        return sorted(
+            {t.host for t in self.tasks if t.state is TaskState.PENDING and t.detail.startswith(SETUP_FAILED)}
+        )
 
     def task(self, name: str) -> TaskStatus:
         for t in self.tasks:
@@ -147,7 +159,10 @@ def job_status(
     )
     if stopped is None:
         why = _setup_reason(rows) or why
-    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped)
+    runs = merged(rep.runs for rep in reports.values())
+    return JobStatus(
+        inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=runs[-1] if runs else None
+    )
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ class Hold(str, Enum):
     RESERVED = "reserved"
     STALE = "stale"
     HELD = "held"  # stopped with --hold
+    QUEUED = "queued"  # an `apply --queue` waits for room: holds nothing yet
     ENDED = "ended"
 
     @property
@@ -120,6 +121,7 @@ class Holder:
     hold: Hold
     token: str
     units: tuple[str, ...] = ()
+    queued: tuple[float, str] | None = None  # an `apply --queue` waits: since (host clock), for what
 
     @property
     def who(self) -> str:
@@ -184,15 +186,16 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
         return Hold.HELD
     if entry.get("started"):
         return Hold.ENDED
+    waiting = Hold.QUEUED if entry.get("queued") and not entry.get("gpus") else Hold.RESERVED
     owner = Owner.from_json(entry.get("owner"))
     updated = entry.get("updated")
     if owner and owner.host == socket.gethostname() and owner.pid:
         # An apply from this machine: its process says whether it is alive, whatever the
         # age (a setup may take an hour).
-        return Hold.RESERVED if _alive(owner.pid) else Hold.STALE
+        return waiting if _alive(owner.pid) else Hold.STALE
     if isinstance(updated, (int, float)) and now - updated > STALE_AFTER:
         return Hold.STALE
-    return Hold.RESERVED
+    return waiting
 
 
 def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Holder]:
@@ -221,9 +224,16 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 judge(e, units, host_now),
                 str(e.get("token", "")),
                 tuple(u for u in e.get("units") or [] if isinstance(u, str)),
+                _queued(e.get("queued"), host_now, skew),
             )
         )
     return out
+
+
+def _queued(q: Any, host_now: float, skew: float) -> tuple[float, str] | None:
+    if not isinstance(q, dict) or not isinstance(q.get("since"), (int, float)):
+        return None
+    return min(q["since"], host_now) - skew, str(q.get("waiting_for") or "room")
 
 
 def unreadable_entries(report: ProbeReport, but: str = "") -> list[str]:
@@ -245,9 +255,10 @@ def unreadable_problem(entries: list[str]) -> str:
     )
 
 
-def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float) -> Held:
+def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, local: Iterable[int] = ()) -> Held:
     """What placement of `job` may not use on a host: what other jobs hold, and ports that
-    something other than provision's jobs listens on."""
+    something other than provision's jobs listens on (`local`: those only on loopback, the
+    host's own services: avoided, not named as holders)."""
     gpus: set[int] = set()
     ports: set[int] = set()
     by = []
@@ -259,7 +270,7 @@ def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float) -
         by.append(h.describe(now))
     ours = {p for h in hs for p in h.ports}  # provision's tasks listen on their own ports
     foreign = set(listening) - ours
-    shown = sorted(p for p in foreign if p >= SHOWN_PORTS)
+    shown = sorted(p for p in foreign - set(local) if p >= SHOWN_PORTS)
     if shown:
         by.append(f"{_ports_words(shown)} in use by processes provision did not start")
     return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by))
@@ -340,7 +351,7 @@ class HostView:
 def job_hold(hs: Iterable[Holder]) -> Hold:
     """A job's state across hosts: running anywhere wins, then reserved, then stale."""
     holds = {h.hold for h in hs}
-    for x in (Hold.RUNNING, Hold.RESERVED, Hold.HELD, Hold.STALE):
+    for x in (Hold.RUNNING, Hold.RESERVED, Hold.HELD, Hold.QUEUED, Hold.STALE):
         if x in holds:
             return x
     return Hold.ENDED
@@ -359,6 +370,7 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
     for job, hs in sorted(by_job.items()):
         since = min((h.since for h in hs if h.since is not None), default=None)
         owner = next((h.owner for h in hs if h.owner is not None), None)
+        queued = min((h.queued for h in hs if h.queued is not None), default=None)
         jobs.append(
             {
                 "job": job,
@@ -367,6 +379,7 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
                 "state": job_hold(hs).value,
                 "since": iso(since),
                 "age_seconds": int(now - since) if since is not None else None,
+                "queued": {"since": iso(queued[0]), "waiting_for": queued[1]} if queued else None,
                 "hosts": {h.host: {"state": h.hold.value, "gpus": list(h.gpus), "ports": list(h.ports)} for h in hs},
             }
         )
@@ -403,6 +416,7 @@ def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
             f"{h.job}: {_span(h.gpus) or '-'} / {_span(h.ports) or '-'}"
             + ("" if h.hold.holds else f" ({h.hold.value})")
             for h in hv.holders
+            if h.hold is not Hold.QUEUED  # holds nothing: queued_lines says what it waits for
         ]
         if hv.foreign_ports:
             held.append(f"other processes: - / {_span(hv.foreign_ports)}")
@@ -411,8 +425,19 @@ def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
     return [jobs, rows]
 
 
+def queued_lines(hosts: list[HostView], now: float) -> list[str]:
+    """One line per queued apply: who, since when, what it waits for."""
+    out = []
+    for j in jobs_json(hosts, now)["jobs"]:
+        q = j["queued"]
+        if q is not None:
+            out.append(f"{j['job']} ({j['owner'] or 'unknown owner'}) is queued since {q['since']}: {q['waiting_for']}")
+    return out
+
+
 def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView:
     hs = holders(name, report, now)
     ours = {p for h in hs for p in h.ports}
-    foreign = tuple(p for p in sorted(set(report.listening or []) - ours) if p >= SHOWN_PORTS)
+    local = set(report.listening_local or [])  # the host's own services (held_for)
+    foreign = tuple(p for p in sorted(set(report.listening or []) - ours - local) if p >= SHOWN_PORTS)
     return HostView(name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)))

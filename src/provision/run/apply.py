@@ -13,7 +13,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from provision.core.lifecycle import needs_reset_failed, never_loaded, phases, start_failure, started_ok
@@ -34,7 +34,7 @@ from provision.host.protocol import (
     WriteRequest,
 )
 from provision.io import images
-from provision.io.journal import host_last_lines
+from provision.io.journal import host_last_lines, setup_follow_command, terminal_text
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules.plan import FileAction, HostPlan, Plan, TaskChange
@@ -136,6 +136,8 @@ class _Apply:
         self.first = first
         self._early: set[str] = set()  # hosts whose first phase started with the write
         self.lost: set[str] = set()  # hosts where another job's reservation won the race
+        self.setup_lines: Callable[[str, str], None] | None = None
+        self.run_number = plan.new_run()  # recorded on the hosts that start tasks (core/runs.py)
         self._lock = threading.Lock()
 
     def run(self) -> dict[str, HostOutcome]:
@@ -315,6 +317,9 @@ class _Apply:
             clear_lifecycle=bool(hp.starts()),
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
             reserve=hp.reserve,
+            run={"run": self.run_number, "by": self.ctx.owner.who}
+            if self.run_number is not None and hp.starts()
+            else None,
         )
 
     def _write(self, t: Target) -> None:
@@ -369,20 +374,50 @@ class _Apply:
                 self.progress(f"{t.name}: setup still running ({duration(int(time.monotonic() - started))})")
 
         threading.Thread(target=tick, daemon=True).start()
+        streaming, stop_stream = None, threading.Event()
+        if self.setup_lines is not None:
+            streaming = threading.Thread(target=self._stream_setup, args=(t, int(time.time()) - 2, stop_stream))
+            streaming.start()
         try:
             rep: SetupReport = call_agent(self.ctx.session, t, req, timeout=s.timeout + 240)
         finally:
             done.set()
+            if streaming is not None:  # its last lines are on their way: a second to arrive
+                time.sleep(1)
+                stop_stream.set()
+                streaming.join(timeout=5)
         if rep.errors:
             code = f"exit code {rep.exit_code}" if rep.exit_code is not None else "; ".join(rep.errors)
             tail = "".join(f"\n    {line}" for line in rep.lines) or " (it printed nothing)"
             raise HostError(t, f"setup failed ({code}); no task started here. Its last lines:{tail}")
         self.progress(f"{t.name}: setup done")
 
+    def _stream_setup(self, t: Target, since: int, done: threading.Event) -> None:
+        """`apply --wait --logs`: the setup's output as it runs, until it ends (best effort:
+        a stream that breaks leaves the progress lines, and `logs --setup` has it all)."""
+        show = self.setup_lines
+        assert show is not None
+
+        def on_line(raw: bytes) -> None:
+            show(t.name, terminal_text(raw.decode("utf-8", "replace")))
+
+        try:
+            self.ctx.session.stream(t, setup_follow_command(self.job, since), on_line, stop=done)
+        except Exception:  # noqa: BLE001 - only the view of the setup is lost, not the setup
+            pass
+
     def _start(self, t: Target, phase: int) -> None:
         self._started(t, phase, call_agent(self.ctx.session, t, self._start_request(t, phase)))
 
 
-def apply_plan(ctx: Context, plan: Plan, progress: Progress = lambda s: None) -> dict[str, HostOutcome]:
-    """Make it so. Hosts with errors in the plan are left alone; the rest converge."""
-    return _Apply(ctx, plan, progress).run()
+def apply_plan(
+    ctx: Context,
+    plan: Plan,
+    progress: Progress = lambda s: None,
+    setup_lines: Callable[[str, str], None] | None = None,
+) -> dict[str, HostOutcome]:
+    """Make it so. Hosts with errors in the plan are left alone; the rest converge.
+    `setup_lines(host, line)`: each line a setup prints, as it runs."""
+    a = _Apply(ctx, plan, progress)
+    a.setup_lines = setup_lines
+    return a.run()

@@ -24,7 +24,7 @@ from provision.core.lifecycle import STOP_PHASE, TaskState, phases, stop_rank
 from provision.core.target import Target
 from provision.host import layout
 from provision.host.protocol import UnitsReport, UnitsRequest
-from provision.io.journal import last_lines
+from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
 from provision.io.state import StateLock
 from provision.io.steps import Step, run_step
@@ -62,6 +62,9 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
     wanted = needs_lines(st)
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
         st = with_lines(ctx.inventory, st, last_lines(ctx.session, ctx.targets, ctx.inventory.job, wanted))
+    if st.setup_failed:  # and to hosts whose setup failed: its last lines
+        setup = setup_last_lines(ctx.session, [ctx.targets[h] for h in st.setup_failed], ctx.inventory.job)
+        st = dataclasses.replace(st, setup_lines=setup)
     job, me = ctx.inventory.job, ctx.owner
     foreign, owner = None, None
     for n, r in res.ok.items():

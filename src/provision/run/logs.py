@@ -11,17 +11,15 @@ written, so the next call appends only what is new.
 from __future__ import annotations
 
 import heapq
-import json
-import os
 import queue
+import shlex
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import click
 
@@ -33,6 +31,7 @@ from provision.core.errors import (
     EXIT_UNREACHABLE,
     ProvisionError,
 )
+from provision.core.runs import merged, pick
 from provision.core.target import HostError, Target
 from provision.io.journal import (
     Entry,
@@ -40,11 +39,11 @@ from provision.io.journal import (
     fetch_command,
     follow_command,
     identifier,
-    iso,
     merge,
     normalize_since,
     parse_fetch,
     parse_line,
+    runs_line,
     setup_command,
     stream_command,
     terminal_text,
@@ -54,124 +53,7 @@ from provision.io.steps import Step, run_step
 from provision.rules.status import JobStatus
 from provision.run.context import Context
 from provision.run.jobend import collect
-
-CURSOR_FILE = ".provision-logs.json"
-COLORS = (
-    "cyan",
-    "green",
-    "yellow",
-    "magenta",
-    "blue",
-    "bright_cyan",
-    "bright_green",
-    "bright_yellow",
-    "bright_magenta",
-    "bright_blue",
-    "red",
-    "bright_red",
-)
-
-
-# --------------------------------------------------------------------------- parsing (pure)
-
-
-# --------------------------------------------------------------------------- host commands
-
-
-# --------------------------------------------------------------------------- cursors (-o DIR)
-
-
-def load_cursors(out_dir: Path, job: str) -> dict[str, dict[str, str]]:
-    path = out_dir / CURSOR_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise ProvisionError(f"{path}: unreadable ({e}); delete it to fetch every line again") from None
-    if not isinstance(data, dict) or data.get("job") != job or not isinstance(data.get("cursors"), dict):
-        if isinstance(data, dict) and data.get("job") not in (None, job):
-            raise ProvisionError(
-                f"{out_dir}: holds the logs of job {data.get('job')!r}, not {job!r}; use another -o directory"
-            )
-        return {}
-    return {h: dict(c) for h, c in data["cursors"].items() if isinstance(c, dict)}
-
-
-def save_cursors(out_dir: Path, job: str, cursors: dict[str, dict[str, str]]) -> None:
-    path = out_dir / CURSOR_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"job": job, "cursors": cursors}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------- output
-
-
-class Printer:
-    """Writes entries: to the terminal with a `task@host` prefix (a colour per task on a
-    terminal only), or to DIR/<task>.log. Thread-safe (follow mode prints from threads)."""
-
-    def __init__(
-        self,
-        task_order: list[str],
-        hosts: dict[str, str],
-        *,
-        out_dir: Path | None,
-        timestamps: bool,
-        color: bool | None = None,
-    ):
-        self.lock = threading.Lock()
-        self.out_dir = out_dir
-        self.timestamps = timestamps
-        # It prints from the hosts' threads, which do not see click's context: NO_COLOR here.
-        self.color = False if color is None and os.environ.get("NO_COLOR") else color
-        self.colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(task_order)}
-        self.width = max((len(f"{t}@{hosts[t]}") for t in task_order), default=0)
-        self.files: dict[str, TextIO] = {}
-        self.counts: dict[str, int] = {}
-        self.cursors: dict[str, dict[str, str]] = {}
-        self.pipe_closed = False  # the reader went away (`provision logs … | head`)
-        self.on_pipe_closed: Callable[[], None] = lambda: None
-
-    def write(self, e: Entry) -> None:
-        with self.lock:
-            if self.pipe_closed:
-                return
-            self.counts[e.task] = self.counts.get(e.task, 0) + 1
-            if e.cursor:
-                self.cursors.setdefault(e.host, {})[e.task] = e.cursor
-            if self.out_dir is not None:
-                f = self.files.get(e.task)
-                if f is None:
-                    f = open(self.out_dir / f"{e.task}.log", "a", encoding="utf-8", errors="replace")
-                    self.files[e.task] = f
-                f.write(f"{iso(e.ts)} {e.host} {e.text}\n")
-                return
-            prefix = f"{e.task}@{e.host}".ljust(self.width)
-            prefix = click.style(prefix, fg=self.colors.get(e.task))
-            stamp = f"{iso(e.ts)} " if self.timestamps else ""
-            try:
-                click.echo(f"{stamp}{prefix} | {e.text}", color=self.color)
-            except BrokenPipeError:
-                self.pipe_closed = True
-                # Python would complain again when it flushes stdout at exit.
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                os.close(devnull)
-                self.on_pipe_closed()
-
-    def flush(self) -> None:
-        with self.lock:
-            for f in self.files.values():
-                f.flush()
-
-    def close(self) -> None:
-        with self.lock:
-            for f in self.files.values():
-                f.close()
-            self.files.clear()
-
+from provision.run.logprinter import Printer, load_cursors, save_cursors
 
 # --------------------------------------------------------------------------- the command
 
@@ -224,6 +106,8 @@ def run_logs(
     until_end: bool = True,
     on_status: Callable[[JobStatus], None] | None = None,
     timeout: float | None = None,
+    run: int | None = None,
+    previous: bool = False,
 ) -> int:
     """Print (or write) the job's logs; returns the exit code (0, or 3 when a host was
     unreachable: the others' logs were still shown). With `follow`, until the job ends
@@ -232,18 +116,20 @@ def run_logs(
     For `wait --logs`: `on_status` sees every status polled (it then says how the job
     ended) and `timeout` gives up after that many seconds (1)."""
     sel = Selection.of(ctx, tasks)
-    since_j = normalize_since(since)
+    since_j, until_j = _span(ctx, sel, since, run, previous, follow)
     if tail is not None and tail < 0:
         raise ProvisionError(f"--tail {tail}: expected a number >= 0")
     out_path, cursors = _output(out_dir, sel.job)
     printer = Printer(list(sel.host_of), sel.host_of, out_dir=out_path, timestamps=timestamps)
+    printer.lead_boundary = tail is None and since is None and not cursors
     stop = stop or threading.Event()
     printer.on_pipe_closed = stop.set
     printer.cursors = {h: dict(c) for h, c in cursors.items()}
     if tail is None and not cursors and not follow:
-        results = _stream(ctx, sel, since_j, printer, stop)  # any size, in bounded memory
+        results = _stream(ctx, sel, since_j, printer, stop, until_j)  # any size, in bounded memory
     else:
-        results = _fetch(ctx, sel, since_j, tail, cursors)
+        results = _fetch(ctx, sel, since_j, tail, cursors, until_j)
+        printer.run_records = {h: hl.runs for h, hl in results.items() if isinstance(hl, HostLog)}
         for entry in merge(hl.entries for hl in results.values() if isinstance(hl, HostLog)):
             printer.write(entry)
     logs = [r for r in results.values() if isinstance(r, HostLog)]
@@ -280,8 +166,36 @@ def _output(out_dir: str | None, job: str) -> tuple[Path | None, dict[str, dict[
     return out_path, load_cursors(out_path, job)
 
 
+def _span(
+    ctx: Context, sel: Selection, since: str | None, number: int | None, previous: bool, follow: bool
+) -> tuple[str | None, str | None]:
+    """journalctl's --since and --until: --since as given, or one run's (`--run N`,
+    `--previous`) from the hosts' runs (one round trip each)."""
+    if number is None and not previous:
+        return normalize_since(since), None
+    if since is not None or follow:
+        raise ProvisionError("--run and --previous show one whole run: not with --since or --follow")
+
+    def read(tg: Target) -> Any:
+        res = ctx.session.run(tg, "sh -c " + shlex.quote(runs_line(sel.job)), timeout=60)
+        got = parse_line(res.stdout, tg.name, {})
+        return got.get("__provision_runs") if isinstance(got, dict) else None
+
+    res = ctx.session.map(read, [ctx.targets[h] for h in sel.by_host])
+    picked = pick(merged(r for r in res.values() if not isinstance(r, HostError)), number, previous)
+    if isinstance(picked, str):
+        raise ProvisionError(picked)
+    first, after = picked
+    return f"@{first.started_at:.6f}", f"@{after.started_at:.6f}" if after is not None else None
+
+
 def _fetch(
-    ctx: Context, sel: Selection, since: str | None, tail: int | None, cursors: dict[str, dict[str, str]]
+    ctx: Context,
+    sel: Selection,
+    since: str | None,
+    tail: int | None,
+    cursors: dict[str, dict[str, str]],
+    until: str | None = None,
 ) -> dict[str, HostLog | HostError]:
     """Every host's entries at once (one round trip each), --tail applied per task."""
     # With a cursor, journalctl is asked from the cursor on and --tail is applied here.
@@ -290,7 +204,9 @@ def _fetch(
     }
 
     def fetch(tg: Target) -> HostLog:
-        cmd = fetch_command(sel.job, sel.by_host[tg.name], since=since, tail=tail, cursors=cursors.get(tg.name))
+        cmd = fetch_command(
+            sel.job, sel.by_host[tg.name], since=since, tail=tail, cursors=cursors.get(tg.name), until=until
+        )
         res = ctx.session.run(tg, cmd, timeout=300)
         hl = parse_fetch(tg.name, res.stdout, res.stderr, sel.idents, reversed_tasks[tg.name], sel.units)
         if tail is not None:
@@ -306,8 +222,20 @@ def _fetch(
 _DONE = object()
 
 
+def _control_record(got: dict[str, Any], hl: HostLog, printer: Printer, said: list[str], tasks: list[str]) -> None:
+    """A control record of stream_command's output: the host's clock, its runs (before
+    any line of the host), journalctl's exit status."""
+    if "__provision_now" in got:
+        hl.now_us = int(got["__provision_now"]) // 1000
+    elif "__provision_runs" in got:
+        printer.run_records[hl.host] = got["__provision_runs"]
+    elif got.get("__provision_rc") not in (0, None):
+        why = "; ".join(dict.fromkeys(said)) or f"journalctl exited {got['__provision_rc']}"
+        hl.errors.append(f"{','.join(tasks)}: {why}")
+
+
 def _stream(
-    ctx: Context, sel: Selection, since: str | None, printer: Printer, stop: threading.Event
+    ctx: Context, sel: Selection, since: str | None, printer: Printer, stop: threading.Event, until: str | None = None
 ) -> dict[str, HostLog | HostError]:
     """Every host's entries read as they arrive (one time-ordered journalctl per host) and
     printed in time order across hosts as they come: memory is bounded by the hosts'
@@ -323,17 +251,17 @@ def _stream(
             if isinstance(got, list):
                 for e in got:
                     queues[host].put(e)
-            elif isinstance(got, dict) and "__provision_now" in got:
-                hl.now_us = int(got["__provision_now"]) // 1000
-            elif isinstance(got, dict) and got.get("__provision_rc") not in (0, None):
-                why = "; ".join(dict.fromkeys(said)) or f"journalctl exited {got['__provision_rc']}"
-                hl.errors.append(f"{','.join(sel.by_host[host])}: {why}")
+            elif isinstance(got, dict):
+                _control_record(got, hl, printer, said, sel.by_host[host])
             elif got is None and raw.strip() and not raw.lstrip().startswith(b"{") and len(said) < 20:
                 said.append(raw.decode("utf-8", "replace").strip())  # journalctl's complaint
 
         try:
             ctx.session.stream(
-                ctx.targets[host], stream_command(sel.job, sel.by_host[host], since=since), on_line, stop=stop
+                ctx.targets[host],
+                stream_command(sel.job, sel.by_host[host], since=since, until=until),
+                on_line,
+                stop=stop,
             )
             results[host] = hl
         except HostError as e:

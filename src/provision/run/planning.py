@@ -58,7 +58,10 @@ def _place_around_others(
         return probe_request(ctx, n, ask.settled() if n in quiet else ask)
 
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
-    held = {n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now) for n, hs in held_by.items()}
+    held = {
+        n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now, reports.ok[n].listening_local or [])
+        for n, hs in held_by.items()
+    }
     placement = place(ctx.inventory, ctx.state.previous_placement(), held)
     if placement == ctx.rendered.placement:
         return reports, quiet

@@ -4,49 +4,92 @@ Waiting is re-planning: every POLL seconds the hosts are probed again (one round
 and as soon as placement finds room (another job ended or was destroyed) the plan goes
 ahead. Only "does not fit because other jobs hold it" is waited for; any other error ends
 the wait at once.
+
+A queued apply is visible: the job's ledger entry on each host says it waits, since when
+and for what (`provision jobs` shows it), rewritten only when what it waits for changes,
+and taken away when the wait ends, however it ends. Progress says the same, once per
+change (the holders' ages are not a change).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from provision.core.errors import EXIT_TIMEOUT, ProvisionError
+from provision.core.target import Target
 from provision.core.text import duration
+from provision.host.protocol import QueueReport, QueueRequest
+from provision.io.ssh import call_agent
+from provision.io.steps import Step, run_step
+from provision.run.context import Context
 from provision.spec.placement import PlacementError
 
 T = TypeVar("T")
 POLL = float(os.environ.get("PROVISION_QUEUE_POLL", 5))  # seconds between looks
 
 
+_AGE = re.compile(r"\b\d+[smhd]\b")  # "running 2h": an age, not a change of reason
+
+
 class Queue:
-    def __init__(self, timeout: float | None, progress: Callable[[str], None]):
+    def __init__(
+        self,
+        timeout: float | None,
+        progress: Callable[[str], None],
+        mark: Callable[[str | None], None] = lambda waiting: None,
+    ):
         self.start = time.monotonic()
         self.deadline = self.start + timeout if timeout else None
         self.progress = progress
+        self.mark = mark  # the hosts' ledger marks: what the apply waits for, or None
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def plan(self, make: Callable[[], T]) -> T:
         said = None
-        while True:
-            try:
-                return make()
-            except PlacementError as e:
-                if not e.held:
-                    raise
-                waited = duration(int(time.monotonic() - self.start))
-                if self.expired():
-                    raise ProvisionError(
-                        f"--queue: gave up after {waited}: {e.message}", details=list(e.details), exit_code=EXIT_TIMEOUT
-                    ) from None
-                now = (e.message, tuple(e.details))
-                if now != said:
-                    self.progress(f"queued ({waited} so far): {e.message}")
-                    for line in e.details:
-                        self.progress(f"  waiting for {line}")
-                    said = now
-                time.sleep(POLL if self.deadline is None else max(0.0, min(POLL, self.deadline - time.monotonic())))
+        try:
+            while True:
+                try:
+                    return make()
+                except PlacementError as e:
+                    if not e.held:
+                        raise
+                    waited = duration(int(time.monotonic() - self.start))
+                    if self.expired():
+                        raise ProvisionError(
+                            f"--queue: gave up after {waited}: {e.message}",
+                            details=list(e.details),
+                            exit_code=EXIT_TIMEOUT,
+                        ) from None
+                    now = _AGE.sub("", "; ".join((e.message, *e.details)))
+                    if now != said:
+                        self.progress(f"queued ({waited} so far): {e.message}")
+                        for line in e.details:
+                            self.progress(f"  waiting for {line}")
+                        self.mark("; ".join((e.message, *e.details)))
+                        said = now
+                    time.sleep(POLL if self.deadline is None else max(0.0, min(POLL, self.deadline - time.monotonic())))
+        finally:
+            if said is not None:
+                self.mark(None)
+
+
+def ledger_marks(ctx: Context) -> Callable[[str | None], None]:
+    """Queue's `mark` for ctx's job: the hosts' ledger entries say what the apply waits
+    for (best effort: a host that does not answer only misses the mark)."""
+
+    def mark(waiting: str | None) -> None:
+        req = QueueRequest(ctx.inventory.job, ctx.owner.to_json(), waiting)
+
+        def one(t: Target) -> QueueReport:
+            rep: QueueReport = call_agent(ctx.session, t, req)
+            return rep
+
+        run_step(ctx.session, Step.QUEUE, one, list(ctx.targets.values()))
+
+    return mark

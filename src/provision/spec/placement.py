@@ -226,5 +226,5 @@ def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping
         f"free on eligible hosts: {free}{more}"
     )
     if could:
-        reason += " (held by other jobs, below)"
+        reason += " (held by other jobs, below; `provision apply --queue` waits until it fits)"
     return PlacementError(pool.role, reason, held=could, details=by)
