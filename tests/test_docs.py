@@ -8,7 +8,33 @@
 - every command and option of the CLI is documented in docs/commands.md, each option in
   its command's section;
 - the example inventories in docs/inventory.md and the README validate, and the env file
-  quoted in docs/environment.md is what `provision render` writes.
+  quoted in docs/environment.md is what `provision render` writes;
+- docs/README.md lists every page of docs/; the contents lists of docs/inventory.md and
+  docs/import.md name every section; the command table of docs/commands.md names every
+  command; the README and docs/commands.md name, where they list the commands that take
+  `--json`, exactly those whose `--help` has it;
+- every command line of the examples is either run by a test or marked as not run
+  (issue 29, item 12), by these rules:
+
+  * A *command line* is a line of a fenced code block (``` or ~~~; indented code blocks may
+    not hold one) that, after its indentation and an optional `$ ` prompt, reads
+    `provision COMMAND ...`, COMMAND one of those `provision --help` lists (or `-`/`[`
+    for the synopsis of `provision` itself). In a block with `$ ` prompts (a transcript)
+    only the prompted lines are commands; the rest is output. Any other line starting
+    `provision ` is output, and must be words the CLI prints (`provision will perform the
+    following actions:`).
+  * Every block holding a command line carries a marker, an HTML comment on the line right
+    before its opening fence: `<!-- run: sandbox -->`, and
+    tests/integration/test_docs_examples.py runs each of its command lines on sandbox hosts
+    (how, in its docstring) and expects exit 0; or `<!-- not run: REASON -->`, REASON saying
+    why (`synopsis`; GPUs, a real image, many hosts).
+  * A run block holds only what the test runs: provision commands (two joined with `&&` at
+    most per line, no other shell operators), `export NAME=VALUE` lines (set for the
+    block's later lines), `#` comments and blank lines; and no synopsis: no `[optional]`
+    parts, `a|b`, `...` or placeholders in capitals (TASK, N, DIR) before a `--`.
+  * A marker marks a block with a command line, right before its fence, spelt as above.
+  * A file shown in a block whose first line is `# NAME` (`# hosts.yaml`) is the file
+    NAME the run lines use; two blocks showing the same NAME show the same text.
 
 No network, no hosts: these read files, the click command tree, and render locally.
 """
@@ -22,6 +48,8 @@ from urllib.parse import unquote
 
 import click
 import pytest
+
+import doclines
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -377,3 +405,148 @@ def test_environment_example_matches_render(tmp_path):
     assert len(quoted) > 10
     missing = [line for line in quoted if line not in rendered]
     assert not missing, f"not in the rendered {m.group(1)}:\n" + "\n".join(missing)
+
+
+# --------------------------------------------------------------------------- indexes and lists
+
+
+def test_docs_index_lists_every_page():
+    linked = {(DOCS / target.partition("#")[0]).resolve() for _, target in links(DOCS / "README.md")}
+    missing = [_rel(p) for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and p.resolve() not in linked]
+    assert not missing, f"docs/README.md does not link: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("name", ["inventory.md", "import.md"])
+def test_contents_list_names_every_section(name):
+    """The list at the top of the page (before its first section) links every section."""
+    path = DOCS / name
+    text = path.read_text(encoding="utf-8")
+    top = next(n for n, line in _prose_lines(text) if (m := HEADING.match(line)) and len(m.group(1)) == 2)
+    linked = {target[1:] for n, target in links(path) if n < top and target.startswith("#")}
+    sections = [h for level, h in headings(text) if level == 2]
+    missing = [h for h in sections if github_anchor(h) not in linked]
+    assert not missing, f"docs/{name}'s contents list does not link: " + ", ".join(missing)
+
+
+def _leaf_commands() -> list[tuple[tuple[str, ...], click.Command]]:
+    from provision.cli.app import main
+
+    return [(p, c) for p, c in _commands(main) if not isinstance(c, click.Group)]
+
+
+def test_command_table_names_every_command():
+    """The table at the top of docs/commands.md: a row per command, `provision NAME ...`;
+    a group's row names each of its commands (`provision sandbox up`, `down`, ...)."""
+    text = (DOCS / "commands.md").read_text(encoding="utf-8")
+    table = text[: text.index("\n## ")]
+    cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| [")]
+    spans = [[m.group(2).split() for m in CODE_SPAN.finditer(cell)] for cell in cells]
+    missing = []
+    for path, _ in _leaf_commands():
+        row = next((s for s in spans if s and s[0][:2] == ["provision", path[0]]), None)
+        if row is None or (len(path) > 1 and not any(path[-1] in words for words in row)):
+            missing.append("provision " + " ".join(path))
+    assert not missing, "not in the command table of docs/commands.md: " + ", ".join(missing)
+
+
+JSON_LIST = re.compile(r"`--json` \((?:for )?([^)]*)\)")
+
+
+@pytest.mark.parametrize("path", [README, DOCS / "commands.md"], ids=_rel)
+def test_json_list_is_the_commands_with_json(path):
+    """Where a page lists the commands that take `--json` ("`--json` (facts, plan, ...)"),
+    it lists exactly those whose options have it."""
+    truth = {" ".join(p) for p, c in _leaf_commands() if "--json" in _flags(c)}
+    m = JSON_LIST.search(path.read_text(encoding="utf-8"))
+    assert m, f"{_rel(path)} no longer lists the commands that take --json: update this test"
+    listed = set(re.findall(r"[a-z][a-z-]*", m.group(1))) - {"and"}
+    assert listed == truth, (
+        f"{_rel(path)}: missing {sorted(truth - listed)}, not taking --json {sorted(listed - truth)}"
+    )
+
+
+# --------------------------------------------------------------------------- command lines in examples
+
+
+@pytest.fixture(scope="module")
+def top_commands() -> set[str]:
+    return doclines.top_commands()
+
+
+def test_every_command_line_is_run_or_marked(top_commands):
+    problems = doclines.marking_problems(doclines.doc_files(), top_commands)
+    assert not problems, "command lines in the docs (rules: tests/test_docs.py's docstring):\n" + "\n".join(problems)
+
+
+def test_the_docs_run_some_lines_and_mark_others(top_commands):
+    """The rules hold something: lines to run, and lines marked with a reason."""
+    run = [
+        c
+        for p in doclines.doc_files()
+        for b in doclines.blocks(p)
+        if b.runs
+        for c in doclines.command_lines(b, top_commands)
+    ]
+    kept = [b for p in doclines.doc_files() for b in doclines.blocks(p) if b.marker and b.marker[0] == "not run"]
+    assert len(run) >= 20 and kept
+
+
+def test_marking_check_catches_each_mistake(tmp_path, top_commands):
+    md = tmp_path / "page.md"
+    md.write_text(
+        "```\nprovision status inv.yaml\n```\n"  # 1: no marker
+        "<!-- run: sandbox -->\n```\n$ provision status inv.yaml\nprovision will perform\n```\n"  # fine
+        "<!-- not run: synopsis -->\n```\nprovision logs [-f] INVENTORY\n```\n"  # fine
+        "<!-- run: sandbox -->\n```\nprovision logs INVENTORY TASK\n```\n"  # 15: a synopsis
+        "<!-- run: sandbox -->\n```\ncd /tmp\nprovision plan inv.yaml | less\n```\n"  # 19: cd, 20: a pipe
+        "<!-- run: sandbox -->\n```\nnothing here\n```\n"  # 22: marks nothing
+        "<!-- not run: -->\n```\nprovision plan inv.yaml\n```\n"  # 26: no reason
+        "<!-- run: laptop -->\n```\nprovision plan inv.yaml\n```\n"  # 30: unknown place
+        "<!-- run: sandbox -->\n\n```\nprovision plan inv.yaml\n```\n"  # 34: not right before; 37 unmarked
+        "<!-- runs here -->\n"  # 39: misspelt
+        "```\nprovision aply inv.yaml\n```\n"  # an unknown command: output, not a command line
+    )
+    problems = doclines.marking_problems([md], top_commands)
+    where = [int(p.split(":")[1]) for p in problems]
+    assert where == [22, 26, 30, 34, 39, 2, 15, 19, 20, 37], "\n".join(problems)
+
+
+def test_output_lines_are_what_provision_prints(top_commands):
+    """A `provision WORD ...` line that is not a command is output: its first words are
+    words the CLI prints (so a misspelt command is not taken for output)."""
+    source = "".join(p.read_text(encoding="utf-8") for p in (REPO / "src" / "provision" / "cli").glob("*.py"))
+    bad = [
+        f"{line.where}: {line.text}"
+        for p in doclines.doc_files()
+        for b in doclines.blocks(p)
+        for line in doclines.output_lines(b, top_commands)
+        if " ".join(line.text.split()[:2]) not in source
+    ]
+    assert not bad, "neither a provision command nor what provision prints:\n" + "\n".join(bad)
+
+
+INDENTED_COMMAND = re.compile(r"^(?: {4,}|\t)(?:\$ )?provision \S")
+
+
+def test_commands_are_shown_in_fenced_blocks():
+    bad = []
+    for path in doc_files():
+        prev = ""
+        for n, line in _prose_lines(path.read_text(encoding="utf-8")):
+            if INDENTED_COMMAND.match(line) and not prev.strip():
+                bad.append(f"{_rel(path)}:{n}: {line.strip()}")
+            prev = line
+    assert not bad, "an indented code block with a provision command (use a fenced one, marked):\n" + "\n".join(bad)
+
+
+def test_files_shown_twice_are_the_same():
+    shown: dict[str, tuple[str, str]] = {}
+    bad = []
+    for p in doclines.doc_files():
+        for b in doclines.blocks(p):
+            if (name := b.shows_file) is None:
+                continue
+            if name in shown and shown[name][1] != b.text:
+                bad.append(f"{b.where}: {name} differs from the one at {shown[name][0]}")
+            shown.setdefault(name, (b.where, b.text))
+    assert not bad, "\n".join(bad)

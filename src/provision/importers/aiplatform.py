@@ -263,7 +263,7 @@ def from_input(
                 note(
                     s_at / key,
                     value,
-                    f"provision does not stop a job after a time: `provision wait INVENTORY --timeout {timeout}` exits 1 after that long, then `provision destroy` stops it",
+                    f"provision does not stop a job after a time: `provision wait INVENTORY --timeout {timeout}` exits 124 after that long, then `provision destroy` stops it",
                 )
             )
         elif value:

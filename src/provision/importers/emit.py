@@ -107,7 +107,7 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
     if plan.timeout:
         out.comment(
             f"{plan.service} stopped this job after {plan.timeout} s; provision does not: "
-            f"`provision wait FILE --timeout {plan.timeout}` exits 1 after that long."
+            f"`provision wait FILE --timeout {plan.timeout}` exits 124 after that long."
         )
     out.add()
     out.add(f"job: {flow(plan.job)}")
@@ -129,7 +129,8 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
         out.add()
         out.comment(
             "setup: installs the Python packages the service installed, once per host before the tasks. "
-            "Uncomment it when your provision has `setup:`; until then run these commands on every host."
+            "Commented out so that nothing runs before you have read it: uncomment it, and apply runs it on "
+            "every host before the tasks start, and again only when it changes."
         )
         out.add("# setup:")
         out.add("#   commands:")

@@ -198,7 +198,7 @@ def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None,
                 note(
                     sched_at / key,
                     value,
-                    f"provision does not stop a job after a time: `provision wait INVENTORY --timeout {timeout}` exits 1 after that long, then `provision destroy` stops it",
+                    f"provision does not stop a job after a time: `provision wait INVENTORY --timeout {timeout}` exits 124 after that long, then `provision destroy` stops it",
                 )
             )
         elif key == "restartJobOnWorkerRestart":
