@@ -24,6 +24,7 @@ import pytest
 from provision.spec.clusterenv import job_cluster, task_env, uses_socket_ifname
 from provision.spec.inventory import load, parse
 from provision.spec.placement import place
+from provision.spec.tpu import is_tpu
 
 ROOT = Path(__file__).resolve().parent.parent
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))
@@ -219,7 +220,10 @@ def test_pytorch_and_jax_variables(inv):
         rank = int(env["RANK"])
         assert int(env["PET_NODE_RANK"]) == int(env["JAX_PROCESS_ID"]) == rank
         assert int(env["PET_NPROC_PER_NODE"]) == max(1, inv.pool(t.role).accelerators)
-        assert env["JAX_COORDINATOR_ADDRESS"] == master.address
+        if is_tpu(master):  # JAX's coordinator beside libtpu's port (spec/tpu.py)
+            assert env["JAX_COORDINATOR_ADDRESS"] == f"{master.host.cluster_address}:{master.port + 6}"
+        else:
+            assert env["JAX_COORDINATOR_ADDRESS"] == master.address
         ranks[t.name] = rank
     if world:
         assert sorted(ranks.values()) == list(range(world))

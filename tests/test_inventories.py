@@ -145,7 +145,8 @@ def test_tpu():
         env = _env(r, t.name)
         assert env["TPU_VISIBLE_CHIPS"] == "0,1,2,3"
         assert env["CUDA_VISIBLE_DEVICES"] == ""
-        assert env["JAX_COORDINATOR_ADDRESS"] == "192.0.2.41:2222"
+        assert env["JAX_COORDINATOR_ADDRESS"] == "192.0.2.41:8482"  # JAX's own default port
+        assert env["TPU_PROCESS_ADDRESSES"] == ",".join(f"192.0.2.4{i}:8476" for i in range(1, 5))
     assert sorted(_env(r, t.name)["JAX_PROCESS_ID"] for t in r.placement.tasks) == ["0", "1", "2", "3"]
     unit = next(f for f in r.hosts["tpu-2"].files if f.kind == "unit").data().decode()
     assert re.search(r"^RestartPreventExitStatus=1 2 3 .* 127$", unit, re.MULTILINE)  # ExitCode policy

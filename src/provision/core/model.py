@@ -19,6 +19,12 @@ RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 SUCCESS_POLICIES = ("chief", "all_workers")
 DEFAULT_PORT = 2222
+TPU_PROCESS_PORT = 8476  # libtpu's port: the default of a pool's tasks on TPU hosts (spec/tpu.py)
+
+
+def default_port(host: Host) -> int:
+    acc = host.accelerators
+    return TPU_PROCESS_PORT if acc is not None and acc.kind == "tpu" else DEFAULT_PORT
 
 
 @dataclass(frozen=True)

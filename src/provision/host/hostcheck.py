@@ -285,6 +285,39 @@ def _fds(inodes: set[str]) -> dict[str, list[int]]:
     return out
 
 
+def tpu_devices() -> list[str]:
+    """The host's TPU chip devices: /dev/accel* (TPU v4 and later) or /dev/vfio/N (v5e and
+    later through VFIO)."""
+    out = []
+    for d, keep in (("/dev", lambda n: n.startswith("accel")), ("/dev/vfio", lambda n: n.isdigit())):
+        try:
+            out += [d + "/" + n for n in sorted(os.listdir(d)) if keep(n)]
+        except OSError:
+            pass
+    return out
+
+
+def device_users(devices: list[str]) -> dict[str, list[int]]:
+    """device -> the pids that hold it open (every process's fds, as fuser reads them)."""
+    wanted = set(devices)
+    out: dict[str, list[int]] = {}
+    if not wanted:
+        return out
+    for pid in (n for n in os.listdir("/proc") if n.isdigit()):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target in wanted and int(pid) not in out.setdefault(target, []):
+                out[target].append(int(pid))
+    return out
+
+
 def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
     """The checks part of the agent's probe report. With "gpus", runs GPU_QUERY and fills
     `facts` with what hostfacts.gpu_facts would (the shell probe reads both from one run)."""
@@ -307,6 +340,10 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
             gpus["apps"] = parse_apps(aout) if acode == 0 else []
             pids += app_pids(gpus["apps"])
         out["gpus"] = gpus
+    users: dict[str, list[int]] = {}
+    if checks.get("tpu"):
+        users = device_users(tpu_devices())
+        pids += [p for ps in users.values() for p in ps]
     sockets: list[tuple[int, str]] = []
     if checks.get("ports"):
         sockets = sockets_of(ledger.listen_pairs(), checks["ports"])
@@ -322,6 +359,8 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
             a["owner"] = procs.get(a["pid"]) if isinstance(a.get("pid"), int) else None
     if checks.get("ports"):
         out["ports"] = port_owners(sockets, fds, procs)
+    if checks.get("tpu"):  # device -> who holds it open
+        out["tpu"] = {d: [procs.get(p) or {"pid": p} for p in ps] for d, ps in users.items()}
     if checks.get("disk"):
         free = {}
         for p in checks["disk"]:

@@ -26,7 +26,9 @@ from provision.rules.tenancy import (
     unreadable_entries,
     unreadable_problem,
 )
+from provision.spec.placement import Placement
 from provision.spec.render import Rendered
+from provision.spec.tpu import coordinator_ports
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def make_plan(
             )
     as_a_unit(plan, rendered, rerun=rerun, partial=partial)
     if tenancy is not None:
-        _fold_tenancy(plan, tenancy)
+        _fold_tenancy(plan, tenancy, rendered.placement)
     for hp in plan.hosts:
         if hp.name in images.errors and hp.error is None:
             e = images.errors[hp.name]
@@ -113,9 +115,12 @@ def make_plan(
     return plan
 
 
-def _fold_tenancy(plan: Plan, t: Tenancy) -> None:
-    """Ownership (refuse another state's job) and the ledger entry each host needs."""
+def _fold_tenancy(plan: Plan, t: Tenancy, placement: Placement | None = None) -> None:
+    """Ownership (refuse another state's job) and the ledger entry each host needs (a TPU
+    job's JAX coordinator port too: spec/tpu.py)."""
     job = plan.job
+    ranked = [*placement.by_role("chief"), *placement.by_role("worker")] if placement is not None else []
+    extra = coordinator_ports(ranked)
     for hp in plan.hosts:
         hs = t.held_by.get(hp.name)
         if hp.error is not None or hs is None or hp.report is None:
@@ -132,7 +137,8 @@ def _fold_tenancy(plan: Plan, t: Tenancy) -> None:
         if hp.bundle is not None:
             tasks = [u.task for u in hp.bundle.tasks]
             units = [u.unit for u in hp.bundle.tasks]
-            hp.reserve = reservation(job, tasks, units, hs, t.owner, gpu_uuids(hp.report))
+            more = [extra[hp.name]] if hp.name in extra else []
+            hp.reserve = reservation(job, tasks, units, hs, t.owner, gpu_uuids(hp.report), more)
 
 
 def _fold_checks(rendered: Rendered, plan: Plan, checks: Checks) -> None:

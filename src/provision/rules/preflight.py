@@ -68,6 +68,7 @@ ORDER = (
     "systemd",
     "gpus",
     "tpu",
+    "tpu processes",
     "gpu health",
     "gpu processes",
     "driver",
@@ -140,6 +141,9 @@ def request_fields(
             "ports": sorted({u.task.port for u in bundle.tasks}),
             "disk": disk_paths(inv),
         }
+        acc = host.accelerators
+        if acc is not None and acc.kind == "tpu" and acc.count:
+            out["checks"]["tpu"] = True  # who holds the chips (the agent answers: io/probe.py)
     return out
 
 
@@ -305,6 +309,27 @@ def _gpu_processes(
     return out
 
 
+def _tpu_users(name: str, hp: HostPlan, report: ProbeReport, job: str) -> list[Finding]:
+    """TPU chips held open by a process that neither this job nor another provision job
+    started (libtpu takes a host's chips whole: a second user fails to start)."""
+    users = (report.checks or {}).get("tpu")
+    if users is None or hp.bundle is None:
+        return []
+    own = _own_units(job, hp.bundle, report)
+    out = [
+        Finding(
+            name,
+            "tpu processes",
+            Status.FAIL,
+            f"TPU chip {dev} is busy: {describe_process(o)}, not started by provision",
+        )
+        for dev, owners in sorted(users.items())
+        for o in owners
+        if not (_mine(o, own, job) or _other_job(o, report, job))
+    ]
+    return out or [Finding(name, "tpu processes", Status.PASS, "none but provision's")]
+
+
 def _port_findings(name: str, hp: HostPlan, report: ProbeReport, job: str) -> list[Finding]:
     bundle = hp.bundle
     assert bundle is not None
@@ -468,6 +493,7 @@ def judge(
             out += [Finding(name, "tpu", Status.FAIL, p) for p in mine] or [
                 Finding(name, "tpu", Status.PASS, f"{chips} chip{'' if str(chips) == '1' else 's'}")
             ]
+            out += _tpu_users(name, hp, report, job)
         out += _port_findings(name, hp, report, job)
         out += _disk_findings(name, inv, hp, report)
         f = _interface_finding(name, inv, host, report, len(used))

@@ -295,11 +295,13 @@ def reservation(
     hs: list[Holder],
     me: Owner,
     gpu_uuids: Mapping[int, str],
+    more_ports: Iterable[int] = (),
 ) -> Reservation | None:
-    """What to write in the host's ledger for job's tasks there; None when it is there already."""
+    """What to write in the host's ledger for job's tasks there (and `more_ports` the job
+    listens on: a TPU job's JAX coordinator); None when it is there already."""
     own = next((h for h in hs if h.job == job), None)
     gpus = sorted({a for t in tasks for a in t.accelerators})
-    ports = sorted({t.port for t in tasks})
+    ports = sorted({t.port for t in tasks} | set(more_ports))
     if (
         own is not None
         and own.owner is not None

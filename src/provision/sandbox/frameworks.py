@@ -31,6 +31,8 @@ from ._util import Progress, file_lock, no_progress, tail
 FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "tensorflow": ("tensorflow-cpu==2.21.0",),
     "torch": ("torch==2.13.0", "numpy==2.4.6"),
+    # CPU jaxlib: what a TPU job's cluster detection reads can be checked without a TPU.
+    "jax": ("jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"),
 }
 HOST_ROOT = "/opt/provision-sandbox/frameworks"
 HOST_PYTHON = (3, 11)  # Debian bookworm's python3

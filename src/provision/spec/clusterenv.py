@@ -17,6 +17,7 @@ from provision.core.model import (
     Inventory,
 )
 from provision.spec.placement import PlacedTask, Placement
+from provision.spec.tpu import TPU_KEYS, TpuSlices, tpu_env, tpu_slices
 
 
 def _json(value: object) -> str:
@@ -37,6 +38,7 @@ class JobCluster:
     dmlc_root: PlacedTask | None
     n_workers: int
     n_ps: int
+    tpu: TpuSlices | None = None  # the processes on TPU hosts (spec/tpu.py)
 
 
 def job_cluster(inv: Inventory, placement: Placement) -> JobCluster:
@@ -65,6 +67,7 @@ def job_cluster(inv: Inventory, placement: Placement) -> JobCluster:
         dmlc_root=master,
         n_workers=len(workers),
         n_ps=len(placement.by_role("ps")),
+        tpu=tpu_slices([*chief, *workers]),
     )
 
 
@@ -199,6 +202,8 @@ def task_env(
     if acc is not None and acc.kind == "tpu":
         env.append(("TPU_VISIBLE_CHIPS", ",".join(map(str, task.accelerators))))
         env.append(("CUDA_VISIBLE_DEVICES", ""))
+        if jc.tpu is not None:  # the slice, as JAX's cluster detection and libtpu read it
+            env += tpu_env(task, jc.tpu, inv.job)
     else:
         uuids = (gpu_uuids or {}).get(task.host.name)
         if uuids and task.accelerators and max(task.accelerators) < len(uuids):
@@ -257,6 +262,7 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
         "TPU_VISIBLE_CHIPS",
+        *TPU_KEYS,
         "PROVISION_JOB",
         "PROVISION_TASK",
         "PROVISION_TASK_TYPE",

@@ -41,6 +41,7 @@ from provision.spec.address import split as split_address
 from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
+from provision.spec.tpu import tpu_slices
 from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
@@ -553,9 +554,14 @@ def _check_capacity(inv: Inventory, c: Checker) -> None:
     if c.problems:
         return
     try:
-        place(inv)
+        placement = place(inv)
     except PlacementError as e:
         c.add(("pools", e.role), e.reason)
+        return
+    try:  # a TPU slice JAX or libtpu could not take (spec/tpu.py)
+        tpu_slices([*placement.by_role("chief"), *placement.by_role("worker")])
+    except ProvisionError as e:
+        c.add(("pools",), e.message)
 
 
 def load(path: str | os.PathLike[str]) -> Inventory:

@@ -8,7 +8,7 @@ Rules, in one place:
   the managed services give each replica its own VM), then best fit on accelerators,
   then inventory order; tasks that need no accelerators (ps and reduction servers above
   all) prefer hosts without any, keeping accelerator hosts for the work that needs them;
-- ports: the pool's port (default 2222), or the next free one on a shared host;
+- ports: the pool's port (default 2222; 8476, libtpu's, on TPU hosts), or the next free one on a shared host;
 - `previous` (the placement recorded in state) is kept for every task whose slot is still
   valid, so growing or shrinking a pool never moves a task that already exists;
 - `held` (what other jobs hold on shared hosts, and ports something else listens on, as
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
-from provision.core.model import DEFAULT_PORT, ROLES, Host, Inventory, Pool
+from provision.core.model import ROLES, Host, Inventory, Pool, default_port
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def place(
         st = _best(heap, states, pool, key)
         if st is None:
             raise _no_fit(pool, index, states, held)
-        port = pool.port or DEFAULT_PORT
+        port = pool.port or default_port(st.host)
         while port in st.ports:
             port += 1
         if port > 65535:
@@ -181,7 +181,7 @@ def _kept(
     st = states.get(slot.host) if slot else None
     if slot is None or st is None or not pool.eligible(st.host):
         return None, None
-    base = pool.port or DEFAULT_PORT
+    base = pool.port or default_port(st.host)
     accs = tuple(slot.accelerators)
     if (
         len(accs) == pool.accelerators
