@@ -367,3 +367,42 @@ env: {job_env}
         if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") and v == "ib7"
     ]
     assert bool(took) is used
+
+
+def test_outputs_give_vertex_output_directories(tmp_path):
+    text = (ROOT / "inventories" / "single-gpu.yaml").read_text() + "\noutputs: /data/runs/\n"
+    (tmp_path / "inv.yaml").write_text(text)
+    inv = load(tmp_path / "inv.yaml")
+    assert inv.outputs == "/data/runs"
+    ((_, env),) = envs(inv)[1]
+    assert (env["AIP_MODEL_DIR"], env["AIP_CHECKPOINT_DIR"], env["AIP_TENSORBOARD_LOG_DIR"]) == (
+        "/data/runs/model/",
+        "/data/runs/checkpoints/",
+        "/data/runs/logs/",
+    )
+    from provision.spec.render import render
+
+    unit = next(f for b in render(inv).hosts.values() for f in b.files if f.kind == "unit").data().decode()
+    assert "ExecStartPre=/bin/mkdir -p -- /data/runs/model /data/runs/checkpoints /data/runs/logs" in unit
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("data/runs", "an absolute directory"),
+        ("/data/run s", "an absolute directory"),
+        ("/etc/provision/x", "inside /etc/provision"),
+        ("/var/lib/provision", "inside /var/lib/provision"),
+        ("/", "an absolute directory"),
+    ],
+)
+def test_outputs_refused(tmp_path, value, why):
+    import yaml as _yaml
+
+    from provision.core.errors import ProvisionError
+
+    doc = _yaml.safe_load((ROOT / "inventories" / "single-gpu.yaml").read_text())
+    doc["outputs"] = value
+    (tmp_path / "inv.yaml").write_text(_yaml.safe_dump(doc))
+    with pytest.raises(ProvisionError, match=why):
+        load(tmp_path / "inv.yaml")

@@ -150,6 +150,8 @@ class Inventory:
     # values only; a dict, so it takes no part in hashing or equality.
     job_spec: dict[str, object] | None = field(default=None, hash=False, compare=False)
     setup: Setup | None = None
+    # `outputs:` the base of Vertex's output directories on every host (AIP_MODEL_DIR ...).
+    outputs: str | None = None
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from provision.spec.clusterenv import OUTPUT_DIRS
+
 from .common import (
     JSON,
     JobPlan,
@@ -38,8 +40,6 @@ from .common import (
 
 ROLES = ("chief", "worker", "ps", "evaluator")  # by position; [2] may be reduction servers
 REDUCTION_SERVER = re.compile(r"(^|/)vertex-ai-restricted/training/reductionserver([:@]|$)")
-# Vertex AI sets these for a job with baseOutputDirectory (its custom-training docs).
-OUTPUT_DIRS = (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"), ("AIP_TENSORBOARD_LOG_DIR", "logs"))
 
 SPEC_KEYS = frozenset(
     {

@@ -107,7 +107,27 @@ def rank(task: PlacedTask, jc: JobCluster) -> int | None:
     return None
 
 
+def _device_env(
+    inv: Inventory, task: PlacedTask, jc: JobCluster, gpu_uuids: Mapping[str, list[str]] | None
+) -> list[tuple[str, str]]:
+    """Accelerators: exactly the devices placed on this task (and a TPU slice's variables)."""
+    acc = task.host.accelerators
+    if acc is not None and acc.kind == "tpu":
+        env = [("TPU_VISIBLE_CHIPS", ",".join(map(str, task.accelerators))), ("CUDA_VISIBLE_DEVICES", "")]
+        if jc.tpu is not None:  # the slice, as JAX's cluster detection and libtpu read it
+            env += tpu_env(task, jc.tpu, inv.job)
+        return env
+    uuids = (gpu_uuids or {}).get(task.host.name)
+    if uuids and task.accelerators and max(task.accelerators) < len(uuids):
+        devices = ",".join(uuids[i] for i in task.accelerators)
+    else:
+        devices = ",".join(map(str, task.accelerators))
+    return [("CUDA_VISIBLE_DEVICES", devices), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")]
+
+
 SOCKET_IFNAME_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# Vertex AI sets these for a job with a baseOutputDirectory: provision under `outputs:`.
+OUTPUT_DIRS = (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"), ("AIP_TENSORBOARD_LOG_DIR", "logs"))
 
 
 def _own_keys(inv: Inventory, role: str) -> set[str]:
@@ -197,21 +217,7 @@ def task_env(
             ("DMLC_NUM_SERVER", str(jc.n_ps)),
         ]
 
-    # Accelerators: exactly the devices placed on this task.
-    acc = task.host.accelerators
-    if acc is not None and acc.kind == "tpu":
-        env.append(("TPU_VISIBLE_CHIPS", ",".join(map(str, task.accelerators))))
-        env.append(("CUDA_VISIBLE_DEVICES", ""))
-        if jc.tpu is not None:  # the slice, as JAX's cluster detection and libtpu read it
-            env += tpu_env(task, jc.tpu, inv.job)
-    else:
-        uuids = (gpu_uuids or {}).get(task.host.name)
-        if uuids and task.accelerators and max(task.accelerators) < len(uuids):
-            devices = ",".join(uuids[i] for i in task.accelerators)
-        else:
-            devices = ",".join(map(str, task.accelerators))
-        env.append(("CUDA_VISIBLE_DEVICES", devices))
-        env.append(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
+    env += _device_env(inv, task, jc, gpu_uuids)
 
     # NCCL and Gloo talk on the interface that holds the host's cluster address (the host
     # reports it at plan time: checks.py), not on whichever one they would guess; the
@@ -221,6 +227,10 @@ def task_env(
     if socket_ifname:
         own = _own_keys(inv, task.role)
         env += [(k, socket_ifname) for k in SOCKET_IFNAME_KEYS if k not in own]
+
+    # Vertex AI's output directories (its baseOutputDirectory), under `outputs:`.
+    if inv.outputs is not None:
+        env += [(var, f"{inv.outputs}/{sub}/") for var, sub in OUTPUT_DIRS]
 
     env += list(inv.env)
     pool = inv.pool(task.role)

@@ -41,6 +41,7 @@ from provision.spec.address import split as split_address
 from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
+from provision.spec.pushed import normalize_dest
 from provision.spec.tpu import tpu_slices
 from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
@@ -57,7 +58,20 @@ JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]
 # Where provision keeps its own files; `files:` may not write there.
 RESERVED_DIRS = layout.RESERVED_DIRS
 
-TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec", "setup")
+TOP_KEYS = (
+    "job",
+    "ssh",
+    "hosts",
+    "pools",
+    "env",
+    "secret_env",
+    "files",
+    "tf_config",
+    "success",
+    "job_spec",
+    "setup",
+    "outputs",
+)
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
 POOL_KEYS = (
@@ -459,6 +473,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     c.keys(success_map, ("success",), ("policy",))
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
     job_spec = _job_spec(c, top.get("job_spec"))
+    outputs = _outputs(c, top.get("outputs"))
     setup = _setup(c, top.get("setup"), ("setup",))
     _setup_inputs(c, setup, ("setup",), files)
     for pool in pools:
@@ -488,11 +503,34 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         success=success,
         job_spec=job_spec,
         setup=setup,
+        outputs=outputs,
     )
     _check_capacity(inv, c)
     if c.problems:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     return inv
+
+
+OUTPUTS_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+/?$")
+
+
+def _outputs(c: Checker, value: Any) -> str | None:
+    """`outputs:` an absolute directory on the hosts (Vertex's baseOutputDirectory): plain
+    characters only (it goes into the unit), not provision's own directories."""
+    if value is None:
+        return None
+    s = c.string(value, ("outputs",), pattern=OUTPUTS_PATH, what="an absolute directory such as /data/runs")
+    if s is None:
+        return None
+    norm = normalize_dest(s)
+    if norm is None or norm == "/" or ".." in norm.split("/"):
+        c.add(("outputs",), f"expected an absolute directory such as /data/runs, got {s!r}")
+        return None
+    for d in (*layout.RESERVED_DIRS, layout.VAR):
+        if norm == d or norm.startswith(d + "/"):
+            c.add(("outputs",), f"{norm} is inside {d}, where provision keeps its own files")
+            return None
+    return norm
 
 
 def _job_spec(c: Checker, value: Any) -> dict[str, object] | None:
