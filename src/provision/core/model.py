@@ -150,6 +150,9 @@ class Inventory:
     # values only; a dict, so it takes no part in hashing or equality.
     job_spec: dict[str, object] | None = field(default=None, hash=False, compare=False)
     setup: Setup | None = None
+    # Where the job's state lives: "local" (beside the inventory) or a PostgreSQL URL
+    # without a password (spec/statebackend.py; PROVISION_STATE wins over it).
+    state: str = "local"
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

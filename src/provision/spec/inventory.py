@@ -41,6 +41,8 @@ from provision.spec.address import split as split_address
 from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
+from provision.spec.statebackend import LOCAL
+from provision.spec.statebackend import problem as state_problem
 from provision.spec.tpu import tpu_slices
 from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
@@ -57,7 +59,20 @@ JUMP_HOST = re.compile(r"^(?:([A-Za-z0-9._-]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]
 # Where provision keeps its own files; `files:` may not write there.
 RESERVED_DIRS = layout.RESERVED_DIRS
 
-TOP_KEYS = ("job", "ssh", "hosts", "pools", "env", "secret_env", "files", "tf_config", "success", "job_spec", "setup")
+TOP_KEYS = (
+    "job",
+    "ssh",
+    "hosts",
+    "pools",
+    "env",
+    "secret_env",
+    "files",
+    "tf_config",
+    "success",
+    "job_spec",
+    "setup",
+    "state",
+)
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
 POOL_KEYS = (
@@ -460,6 +475,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
     job_spec = _job_spec(c, top.get("job_spec"))
     setup = _setup(c, top.get("setup"), ("setup",))
+    state = _state(c, top.get("state", LOCAL))
     _setup_inputs(c, setup, ("setup",), files)
     for pool in pools:
         _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
@@ -488,11 +504,21 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         success=success,
         job_spec=job_spec,
         setup=setup,
+        state=state,
     )
     _check_capacity(inv, c)
     if c.problems:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     return inv
+
+
+def _state(c: Checker, value: Any) -> str:
+    """`state:` local, or a PostgreSQL URL without a password (spec/statebackend.py)."""
+    why = state_problem(value)
+    if why:
+        c.add(("state",), why)
+        return LOCAL
+    return str(value)
 
 
 def _job_spec(c: Checker, value: Any) -> dict[str, object] | None:
