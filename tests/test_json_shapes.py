@@ -230,6 +230,27 @@ def test_facts_json_shape_offline():
     check("facts", json.loads(json.dumps(facts_json({"gpu-1": {**row, "problems": []}}))))
 
 
+def test_state_show_json_shape_offline(tmp_path):
+    from provision.core.records import HostRecord, TaskRecord
+    from provision.io.state import LocalStore, State
+    from provision.io.stateops import show_json
+    from provision.spec.placement import Slot
+
+    store = LocalStore(tmp_path / "mnist.state.json")
+    st = State.load(store, "mnist")
+    st.set_placement({"chief-0": Slot("gpu-1", 2222, (0, 1))})
+    st.record_host("gpu-1", HostRecord("192.0.2.11", 22, tasks={"chief-0": TaskRecord("u", "k", 1)}))
+    st.note("ana@lab.example", "apply", "Apply complete! Resources: 9 added, 0 changed, 0 destroyed.")
+    lock = store.lock("apply").acquire()
+    try:
+        real = json.loads(json.dumps(show_json(store, State.load(store, "mnist"))))
+    finally:
+        lock.release()
+    assert real["lock"]["who"] and real["last_change"]["who"] == "ana@lab.example"
+    check("state show", {**real, "lock": None})  # documented unheld; its shape is said in words
+    assert set(real["lock"]) == {"id", "who", "pid", "machine", "operation", "created"}
+
+
 # --------------------------------------------------------------------------- from the commands (sandbox hosts)
 
 

@@ -203,7 +203,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -986,6 +986,33 @@ CASES: list[Case] = [
             (BASE[BASE.index("pools:\n") : BASE.index("env:")], "pools:\n  evaluator: {replicas: 1, " + CMD + "}\n"),
         ),
         fix="The job succeeds when its chief (or worker 0) exits 0; an evaluator alone never ends the job.",
+    ),
+    Case(
+        "state-scheme",
+        "state: neither local nor a PostgreSQL URL",
+        E(
+            "34: state: expected local or a postgresql:// URL (postgresql://USER@HOST:PORT/DATABASE), got a mysql:// URL"
+        ),
+        edits=(
+            ("success: {policy: chief}\n", "success: {policy: chief}\nstate: mysql://provision@db.internal/jobs\n"),
+        ),
+        fix="`local` (the default: a file beside the inventory) or a PostgreSQL URL the team shares.",
+    ),
+    Case(
+        "state-password",
+        "A password in the state URL",
+        E(
+            "34: state: a password in the URL is not accepted (it would be kept in clear): give it in PGPASSWORD "
+            "or ~/.pgpass, as for psql"
+        ),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nstate: postgresql://provision:s3cret@db.internal/jobs\n",
+            ),
+        ),
+        fix="Leave the password out of the URL: export PGPASSWORD, or add `db.internal:5432:jobs:provision:PASSWORD` "
+        "to ~/.pgpass (mode 0600). The URL is recorded on the hosts as the job's owner.",
     ),
     Case(
         "tf-config-chief-name",

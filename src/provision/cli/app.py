@@ -18,6 +18,7 @@ COMMANDS = {
     "validate": "provision.cli.offline:validate",
     "render": "provision.cli.offline:render",
     "force-unlock": "provision.cli.offline:force_unlock",
+    "state": "provision.cli.statecmd:state_group",
     "plan": "provision.cli.change:plan",
     "apply": "provision.cli.change:apply",
     "destroy": "provision.cli.change:destroy",

@@ -19,7 +19,7 @@ from provision.cli.common import (
     progress_line,
     report_unreachable,
 )
-from provision.cli.output import change_json, print_outcome, print_plan, stop_lines, stoppable, table
+from provision.cli.output import change_json, print_outcome, print_plan, stop_lines, stoppable, summary_line, table
 from provision.cli.progress import phase_line, wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
 from provision.core.lifecycle import TaskState
@@ -33,6 +33,17 @@ from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, ledger_marks
+
+
+def note_change(ctx: Context, operation: str, summary: str) -> None:
+    """Keep who changed what in the state's history (`provision state history`); a history
+    that cannot be written is a warning: the change itself is saved."""
+    try:
+        ctx.state.note(ctx.owner.who, operation, summary)
+    except ProvisionError as e:
+        click.echo(click.style(f"Warning: {e.message}", fg="yellow"), err=True)
+    except OSError as e:
+        click.echo(click.style(f"Warning: cannot add to the state's history: {e}", fg="yellow"), err=True)
 
 
 def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, question):
@@ -54,6 +65,7 @@ def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, questi
         if not auto_approve:
             confirm(operation, question)
         outcomes = execute(ctx, p, progress=progress_line)
+        note_change(ctx, operation, summary_line(p, outcomes, operation) or "")
     if as_json:
         click.echo(_json.dumps(change_json(p, outcomes), indent=1))
     else:
@@ -317,6 +329,7 @@ def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int
         marker = None if st.phase.ended else stop_marker(ctx)  # an ended job keeps its outcome
         stopped = [layout.task_of_unit(st.job, u) for u in end_job(ctx, st, marker=marker, hold=hold)]
         st, _ = look(ctx)
+        note_change(ctx, "stop", f"Stopped {len(stopped)} task{'s' if len(stopped) != 1 else ''}. {phase_line(st)}")
     if as_json:
         out = {"format_version": 1, "job": st.job, "stopped": stopped, "held": hold and bool(stopped)}
         click.echo(_json.dumps({**out, "status": st.to_json()}, indent=1))

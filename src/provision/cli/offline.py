@@ -1,4 +1,4 @@
-"""Commands that need no network: validate, render, force-unlock."""
+"""Commands that need no network: validate, render, force-unlock (a PostgreSQL state's lock: its database)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import click
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.text import plural
-from provision.io.state import State, default_state_path
-from provision.io.state import force_unlock as unlock
+from provision.io.state import State, default_state_path, open_store
 from provision.spec.inventory import load
 from provision.spec.localcheck import identity_problems, job_file_hint, secret_problems
 from provision.spec.placement import place
 from provision.spec.render import render as do_render
 from provision.spec.render import write_tree
+from provision.spec.statebackend import backend_of
 
 
 def _summary(inv, placement) -> str:
@@ -37,8 +37,11 @@ def _placement_table(placement) -> list[str]:
 
 
 def _previous(inventory: str, inv, state_path: str | None):
-    """The placement apply would keep: tasks that exist stay where they are (local read only)."""
+    """The placement apply would keep: tasks that exist stay where they are (a local state
+    only: these commands reach nothing, a database included)."""
 
+    if not backend_of(inv, inventory, state_path).local:
+        return None
     sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
     return State.load(sp, inv.job).previous_placement() if sp.exists() else None
 
@@ -112,9 +115,16 @@ def render(inventory: str, out: str, state_path: str | None) -> None:
 @click.argument("lock_id")
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
 def force_unlock(inventory, lock_id, state_path):
-    """Remove a lock left by an apply that died on another machine (LOCK_ID from the error)."""
+    """Remove a lock left by an apply that died on another machine (LOCK_ID from the error).
+
+    With a PostgreSQL state, end the database session that holds it."""
 
     inv = load(inventory)
+    backend = backend_of(inv, inventory, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
-    holder = unlock(sp, lock_id)
+    store = open_store(backend, sp, inv.job)
+    try:
+        holder = store.force_unlock(lock_id)
+    finally:
+        store.close()
     click.echo(f"Removed the lock: {holder.describe()}")

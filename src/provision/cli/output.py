@@ -103,16 +103,23 @@ def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome],
     failed = [o for o in outcomes.values() if o.error and not o.unreachable]
     for o in failed:
         click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
+    line = summary_line(plan, outcomes, operation)
+    if line is not None:
+        click.echo(click.style(f"\n{line}", bold=True))
+
+
+def summary_line(plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str) -> str | None:
+    """Terraform's closing line (None when nothing changed): printed, and kept in the
+    state's history (`provision state history`)."""
     if not plan.changed:
-        return
+        return None
     a, c, d = plan.counts()
-    whole = not failed and not any(o.unreachable for o in outcomes.values())
+    whole = not any((o.error and not o.unreachable) or o.unreachable for o in outcomes.values())
     if operation == "destroy":
         word = "Destroy complete!" if whole else "Destroy finished with errors."
-        click.echo(click.style(f"\n{word} Resources: {d} destroyed.", bold=True))
-    else:
-        word = "Apply complete!" if whole else "Apply finished with errors."
-        click.echo(click.style(f"\n{word} Resources: {a} added, {c} changed, {d} destroyed.", bold=True))
+        return f"{word} Resources: {d} destroyed."
+    word = "Apply complete!" if whole else "Apply finished with errors."
+    return f"{word} Resources: {a} added, {c} changed, {d} destroyed."
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:

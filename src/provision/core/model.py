@@ -152,6 +152,9 @@ class Inventory:
     setup: Setup | None = None
     # `outputs:` the base of Vertex's output directories on every host (AIP_MODEL_DIR ...).
     outputs: str | None = None
+    # Where the job's state lives: "local" (beside the inventory) or a PostgreSQL URL
+    # without a password (spec/statebackend.py; PROVISION_STATE wins over it).
+    state: str = "local"
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

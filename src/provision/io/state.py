@@ -13,6 +13,10 @@ pools must keep. Rules:
   inventory, a guessed secret value cannot be confirmed by re-rendering an env file.
 - The lock is taken before the state is read, so two applies cannot both start from the same
   serial; its content is written before it exists (link of a complete temp file).
+
+State reads and saves through a Store (io/statestore.py): LocalStore here is the file above;
+with `state:` or PROVISION_STATE naming a PostgreSQL URL, io/pgstate.py keeps the same
+document in a database the team shares (open_store picks it).
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
+from provision.io.statestore import MOVED_TO, Change, LockInfo, Store, history_path, locked_error, migrated_path
 from provision.spec.placement import Slot
+from provision.spec.statebackend import Backend
 
 FORMAT_VERSION = 2
 
@@ -103,8 +109,11 @@ class State:
         hosts: dict[str, HostRecord],
         placement: dict[str, Slot],
         original: bytes | None,
+        store: Store | None = None,
     ):
-        self.path = path
+        self.path = path  # the local file (with another backend: where it would be; known_hosts beside it)
+        self.store: Store = store or LocalStore(path)
+        self._stored: int | None = serial if original is not None else None  # the serial as stored
         self.lineage = lineage
         self.serial = serial
         self.job = job
@@ -117,27 +126,28 @@ class State:
         self._dirty = False
 
     @classmethod
-    def load(cls, path: Path, job: str) -> State:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return cls(path, lineage=str(uuid.uuid4()), serial=0, job=job, hosts={}, placement={}, original=None)
-        except OSError as e:
-            raise ProvisionError(f"{path}: cannot read the state: {e.strerror}") from None
+    def load(cls, where: Path | Store, job: str) -> State:
+        """The job's state from a local file (a path) or any store; a new one when there is none."""
+        store = where if isinstance(where, Store) else LocalStore(where)
+        path = store.local_path
+        raw = store.read()
+        if raw is None:
+            return cls(
+                path, lineage=str(uuid.uuid4()), serial=0, job=job, hosts={}, placement={}, original=None, store=store
+            )
+        where_ = store.where
         try:
             data = json.loads(raw)
         except ValueError as e:
-            raise ProvisionError(
-                f"{path}: state file unreadable ({e}); restore it from {path.name}.backup or move it away"
-            ) from None
+            raise ProvisionError(f"{where_}: {store.noun} unreadable ({e}); {store.unreadable_hint}") from None
         if not isinstance(data, dict) or data.get("format_version") not in (1, FORMAT_VERSION):
             version = data.get("format_version") if isinstance(data, dict) else "?"
             raise ProvisionError(
-                f"{path}: state format {version} is not {FORMAT_VERSION}; this provision cannot read it"
+                f"{where_}: state format {version} is not {FORMAT_VERSION}; this provision cannot read it"
             )
         if data.get("job") != job:
             raise ProvisionError(
-                f"{path}: state belongs to job {data.get('job')!r}, not {job!r}; use --state to point elsewhere"
+                f"{where_}: state belongs to job {data.get('job')!r}, not {job!r}; use --state to point elsewhere"
             )
         try:
             hosts = {str(n): HostRecord.from_json(h) for n, h in data.get("hosts", {}).items()}
@@ -153,11 +163,12 @@ class State:
                 hosts=hosts,
                 placement=placement,
                 original=raw,
+                store=store,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProvisionError(
-                f"{path}: state file has the wrong shape ({type(e).__name__}: {e}); restore it from "
-                f"{path.name}.backup or move it away (the next apply adopts what the hosts report)"
+                f"{where_}: {store.noun} has the wrong shape ({type(e).__name__}: {e}); {store.unreadable_hint} "
+                "(the next apply adopts what the hosts report)"
             ) from None
 
     @property
@@ -166,17 +177,25 @@ class State:
 
     @property
     def key_path(self) -> Path:
-        return self.path.with_name(self.path.name.removesuffix(".json") + ".key")
+        return key_path(self.path)
+
+    @property
+    def exists(self) -> bool:
+        """The backend has this job's state (it was read, or saved since)."""
+        return self._stored is not None
 
     def keyed(self, digest: str) -> str:
-        """A checksum as kept here: HMAC-SHA256 under this state's key."""
+        """A checksum as kept here: HMAC-SHA256 under this state's key (the backend's)."""
         if self._key is None:
-            try:
-                self._key = bytes.fromhex(self.key_path.read_text().strip())
-            except (OSError, ValueError):
-                self._key = secrets.token_bytes(32)
-                _write_atomic(self.key_path, self._key.hex().encode() + b"\n")
+            self._key = self.store.key()
         return "hmac-sha256:" + hmac.new(self._key, digest.encode(), hashlib.sha256).hexdigest()
+
+    def note(self, who: str, operation: str, summary: str) -> None:
+        """Add a change to the backend's history (`provision state history`)."""
+        self.store.record(Change(_now(), who, operation, self.serial, summary))
+
+    def close(self) -> None:
+        self.store.close()
 
     def previous_placement(self) -> dict[str, Slot]:
         return dict(self.placement)
@@ -248,29 +267,141 @@ class State:
 
     def _save(self) -> None:
         self._dirty = False
-        if self._original is not None:
-            _write_atomic(self.path.with_name(self.path.name + ".backup"), self._original)
-            self._original = None
         self.serial += 1
-        _write_atomic(self.path, (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode())
+        data = (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        try:
+            self.store.write(data, serial=self.serial, lineage=self.lineage, expect=self._stored, backup=self._original)
+        except BaseException:
+            self.serial -= 1  # not saved: the next save tries again from what is stored
+            self._dirty = True
+            raise
+        self._original = None
+        self._stored = self.serial
+
+
+# --------------------------------------------------------------------------- the local file
+
+
+def key_path(state_path: Path) -> Path:
+    return state_path.with_name(state_path.name.removesuffix(".json") + ".key")
+
+
+class LocalStore(Store):
+    """The state file beside the inventory (module docstring), its key, lock and history."""
+
+    def __init__(self, path: Path):
+        self.path = self.local_path = path
+        self.backend = Backend()
+        self.job = path.name.removesuffix(".state.json")
+        self.where = str(path)
+        self.noun = "state file"
+        self.unreadable_hint = f"restore it from {path.name}.backup or move it away"
+
+    @property
+    def owner_ref(self) -> str:
+        return str(Path(self.path).resolve())
+
+    def read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            moved = migrated_path(self.path)
+            if moved.exists():
+                last = next((c.summary for c in self.history(1) if c.summary.startswith(MOVED_TO)), "")
+                to = last.removeprefix(MOVED_TO).removesuffix(".") or "another backend"
+                raise ProvisionError(
+                    f"{self.path}: this job's state was moved to {to} by `provision state migrate` (the old file is "
+                    f"kept as {moved.name}); point `state:` in the inventory or PROVISION_STATE there, or move "
+                    f"{moved.name} away to start a new local state"
+                ) from None
+            return None
+        except OSError as e:
+            raise ProvisionError(f"{self.path}: cannot read the state: {e.strerror}") from None
+
+    def write(self, data: bytes, *, serial: int, lineage: str, expect: int | None, backup: bytes | None) -> None:
+        # The lock keeps others out: no compare-and-set (one rename, as it always was).
+        if backup is not None:
+            _write_atomic(self.path.with_name(self.path.name + ".backup"), backup)
+        _write_atomic(self.path, data)
+
+    def key(self) -> bytes:
+        kp = key_path(self.path)
+        try:
+            return bytes.fromhex(kp.read_text().strip())
+        except (OSError, ValueError):
+            key = secrets.token_bytes(32)
+            _write_atomic(kp, key.hex().encode() + b"\n")
+            return key
+
+    def lock(self, operation: str) -> StateLock:
+        return StateLock(self.path, operation)
+
+    def held(self) -> LockInfo | None:
+        return read_lock(lock_path(self.path))
+
+    def force_unlock(self, lock_id: str) -> LockInfo:
+        return force_unlock(self.path, lock_id)
+
+    def record(self, change: Change) -> None:
+        hp = history_path(self.path)
+        fd = os.open(hp, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps(change.to_json(), sort_keys=True) + "\n")
+
+    def history(self, n: int) -> list[Change]:
+        try:
+            lines = history_path(self.path).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise ProvisionError(f"{history_path(self.path)}: cannot read the history: {e.strerror}") from None
+        out: list[Change] = []
+        for line in reversed(lines):
+            if len(out) >= n:
+                break
+            try:
+                c = Change.from_json(json.loads(line))
+            except ValueError:
+                c = None
+            if c is not None:
+                out.append(c)
+        return out
+
+    def peek(self) -> tuple[bytes | None, str | None]:
+        try:
+            return self.path.read_bytes(), None
+        except FileNotFoundError:
+            return None, None
+        except OSError as e:
+            raise ProvisionError(f"{self.path}: cannot read the state: {e.strerror}") from None
+
+    def adopt(self, data: bytes, *, lineage: str, serial: int, key: bytes, history: list[Change]) -> None:
+        _write_atomic(key_path(self.path), key.hex().encode() + b"\n")
+        old, _ = self.peek()
+        if old is not None:
+            _write_atomic(self.path.with_name(self.path.name + ".backup"), old)
+        _write_atomic(self.path, data)
+        have = set(self.history(10**6))
+        for c in reversed(history):  # oldest first; what is here already is not repeated
+            if c not in have:
+                self.record(c)
+
+    def retire(self, to: str) -> None:
+        os.replace(self.path, migrated_path(self.path))
+
+
+def open_store(backend: Backend, state_path: Path, job: str) -> Store:
+    """The job's store in `backend`: the file at state_path, or the database (connected:
+    one line naming it when it cannot be reached)."""
+    if backend.local:
+        return LocalStore(state_path)
+    # Start-up: psycopg and the database code load only for a PostgreSQL state (~40 ms).
+    from provision.io.pgstate import PgStore
+
+    return PgStore(backend, job, state_path)
 
 
 # --------------------------------------------------------------------------- lock
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    id: str
-    who: str
-    pid: int
-    machine: str
-    operation: str
-    created: str
-
-    def describe(self) -> str:
-        return (
-            f"{self.operation} by {self.who} on {self.machine} (pid {self.pid}) since {self.created}, lock id {self.id}"
-        )
 
 
 def lock_path(state_path: Path) -> Path:
@@ -321,10 +452,7 @@ class StateLock:
     def acquire(self) -> StateLock:
         holder = self.try_acquire()
         if holder is not None:
-            raise ProvisionError(
-                f"state is locked: {holder.describe()}. Wait for it to finish; if it is gone, "
-                f"run `provision force-unlock INVENTORY {holder.id}`"
-            )
+            raise ProvisionError(locked_error(holder, server_frees=False))
         return self
 
     def release(self) -> None:

@@ -15,7 +15,8 @@ place:
 - a listening port that no provision job holds belongs to someone else (a notebook, a
   leftover server): it is held too;
 - the job's own entry names its owner: a different state (lineage) may not change the job
-  without --take-over, unless it is the same state file recreated on the same machine.
+  without --take-over, unless it is the same state file recreated on the same machine, or
+  the same shared backend (a team's database: everyone who uses it reads the same lineage).
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ class Owner:
     state: str  # the state file's absolute path
 
     @classmethod
-    def here(cls, lineage: str, state_path: Path) -> Owner:
+    def here(cls, lineage: str, state: Path | str) -> Owner:
+        """This run's owner. state: the state file (a path), or a shared backend's URL."""
         host = socket.gethostname()
-        return cls(lineage, identity(host), host, os.getpid(), str(Path(state_path).resolve()))
+        ref = state if isinstance(state, str) and "://" in state else str(Path(state).resolve())
+        return cls(lineage, identity(host), host, os.getpid(), ref)
 
     def to_json(self) -> dict[str, Any]:
         return {"lineage": self.lineage, "who": self.who, "host": self.host, "pid": self.pid, "state": self.state}
@@ -280,8 +283,8 @@ def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> s
     """Refuse to change a job another state applied (reading it is fine)."""
     if own is None or own.owner is None or own.owner.lineage == me.lineage or take_over:
         return None
-    if own.owner.host == me.host and own.owner.state == me.state:
-        return None  # this very state file, recreated (lost, moved away): adopt
+    if own.owner.state == me.state and (own.owner.host == me.host or "://" in me.state):
+        return None  # this very state file (or shared backend), recreated (lost, moved away): adopt
     return (
         f"job {job} here belongs to {own.owner.who} (another state: {own.owner.state or '?'}); "
         "nothing was changed. Run from that state, or add --take-over to make this state its owner"

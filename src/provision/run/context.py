@@ -30,7 +30,8 @@ from provision.host.protocol import (
 from provision.io.hostkeys import KnownHosts
 from provision.io.probe import probe_host
 from provision.io.ssh import Session, call_agent
-from provision.io.state import State, StateLock, default_state_path, writable_dir
+from provision.io.state import State, default_state_path, open_store, writable_dir
+from provision.io.statestore import Lock
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
@@ -40,6 +41,7 @@ from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.inventory import load
 from provision.spec.localcheck import identity_problems, secret_problems
 from provision.spec.render import FileKind, HostBundle, Rendered, render
+from provision.spec.statebackend import backend_of
 
 Progress = Callable[[str], None]
 Facts = Literal["none", "check", "all"]
@@ -54,7 +56,7 @@ class Context:
     rendered: Rendered
     where: str = ""  # the inventory's path as the user gave it (for messages)
     all_targets: dict[str, Target] = field(default_factory=dict)  # before --target
-    lock: StateLock | None = None
+    lock: Lock | None = None
     subset: bool = False  # --target: only some of the hosts
     secrets: dict[str, str] | None = None
     take_over: bool = False  # --take-over: this state becomes the owner of the job
@@ -63,7 +65,7 @@ class Context:
 
     @property
     def owner(self) -> Owner:
-        return Owner.here(self.state.lineage, self.state.path)
+        return Owner.here(self.state.lineage, self.state.store.owner_ref)
 
     def whole(self) -> Context:
         """The same job on every host, not only the --target ones (the same session: a
@@ -80,6 +82,7 @@ class Context:
     def close(self) -> None:
         self.session.close()
         self.release_lock()
+        self.state.close()
 
 
 def secrets_from_env(inv: Inventory, display: str | None = None) -> dict[str, str]:
@@ -116,11 +119,17 @@ def open_context(
     """Load, lock (when `operation` changes hosts: before the state is read, so no other
     run can save over what this one read), read the state, render."""
     inv = load(inventory_path)
+    backend = backend_of(inv, inventory_path, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
-    writable_dir(sp)
-    lock = StateLock(sp, operation).acquire() if operation else None
+    writable_dir(sp)  # the local state, or (with a database) the learnt host keys
+    store = open_store(backend, sp, inv.job)
     try:
-        state = State.load(sp, inv.job)
+        lock = store.lock(operation).acquire() if operation else None
+    except BaseException:
+        store.close()
+        raise
+    try:
+        state = State.load(sp if backend.local else store, inv.job)
         targets = {h.name: Target.from_host(h) for h in inv.hosts}
         for name, rec in state.hosts.items():
             targets.setdefault(name, target_of(name, rec))
@@ -140,6 +149,7 @@ def open_context(
     except BaseException:
         if lock is not None:
             lock.release()
+        store.close()
         raise
     session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
     return Context(

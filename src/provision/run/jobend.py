@@ -26,7 +26,6 @@ from provision.host import layout
 from provision.host.protocol import UnitsReport, UnitsRequest
 from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
-from provision.io.state import StateLock
 from provision.io.steps import Step, run_step
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
@@ -104,7 +103,7 @@ def collect(ctx: Context) -> JobStatus:
 def _locked(ctx: Context, why: str) -> Iterator[bool]:
     """The state's lock for a change status makes (an apply in progress owns the hosts:
     then nothing is changed, False)."""
-    lock = ctx.lock or StateLock(ctx.state.path, why)
+    lock = ctx.lock or ctx.state.store.lock(why)
     if lock is ctx.lock or lock.try_acquire() is None:
         try:
             yield True

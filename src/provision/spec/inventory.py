@@ -42,6 +42,8 @@ from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
 from provision.spec.placement import PlacementError, place
 from provision.spec.pushed import normalize_dest
+from provision.spec.statebackend import LOCAL
+from provision.spec.statebackend import problem as state_problem
 from provision.spec.tpu import tpu_slices
 from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
@@ -71,6 +73,7 @@ TOP_KEYS = (
     "job_spec",
     "setup",
     "outputs",
+    "state",
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
@@ -475,6 +478,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     job_spec = _job_spec(c, top.get("job_spec"))
     outputs = _outputs(c, top.get("outputs"))
     setup = _setup(c, top.get("setup"), ("setup",))
+    state = _state(c, top.get("state", LOCAL))
     _setup_inputs(c, setup, ("setup",), files)
     for pool in pools:
         _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
@@ -504,6 +508,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         job_spec=job_spec,
         setup=setup,
         outputs=outputs,
+        state=state,
     )
     _check_capacity(inv, c)
     if c.problems:
@@ -531,6 +536,15 @@ def _outputs(c: Checker, value: Any) -> str | None:
             c.add(("outputs",), f"{norm} is inside {d}, where provision keeps its own files")
             return None
     return norm
+
+
+def _state(c: Checker, value: Any) -> str:
+    """`state:` local, or a PostgreSQL URL without a password (spec/statebackend.py)."""
+    why = state_problem(value)
+    if why:
+        c.add(("state",), why)
+        return LOCAL
+    return str(value)
 
 
 def _job_spec(c: Checker, value: Any) -> dict[str, object] | None:
