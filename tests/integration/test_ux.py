@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .clirun import cli, first_output
+from .clirun import cli, first_output, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -240,3 +240,40 @@ def test_exec_runs_in_the_task_environment_and_passes_the_exit_code(sandbox3, sa
         assert r.returncode == 3 and len(r.stderr.splitlines()) == 1 and "host-2" in r.stderr, r.stderr
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_fetch_brings_the_chiefs_outputs_back_only_what_changed(sandbox3, sandbox_inventory, tmp_path):
+    """`outputs:` gives the task Vertex's AIP_* directories; `provision fetch` copies the
+    chief's back, then only what changed (issue 30, item 7)."""
+    inv = tmp_path / "inv.yaml"
+    write = (
+        'printf weights > "$AIP_MODEL_DIR/model.bin"; printf step1 > "$AIP_CHECKPOINT_DIR/ckpt-1"; '
+        'printf events > "$AIP_TENSORBOARD_LOG_DIR/events.out"; echo wrote; exec sleep 600'
+    )
+    sandbox_inventory(
+        sandbox3,
+        job="ux-fetch",
+        path=inv,
+        outputs="/data/ux-fetch",
+        pools={"chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", write]}},
+    )
+    out = tmp_path / "out"
+    try:
+        assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
+        wait_until(lambda: "wrote" in cli("logs", inv, cwd=tmp_path).stdout, what="the chief wrote its outputs")
+        r = cli("fetch", inv, "-o", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "chief-0@host-1:/data/ux-fetch: 3 of 3 files changed" in r.stderr, r.stderr
+        assert (out / "model" / "model.bin").read_text() == "weights"
+        assert (out / "checkpoints" / "ckpt-1").read_text() == "step1"
+        assert (out / "logs" / "events.out").read_text() == "events"
+        # Nothing changed: nothing sent. One file changed on the host: only that one.
+        r = cli("fetch", inv, "-o", out, cwd=tmp_path)
+        assert "0 of 3 files changed" in r.stderr, r.stderr
+        sandbox3.docker_exec("host-1", ["/bin/sh", "-c", "printf step2 > /data/ux-fetch/checkpoints/ckpt-2"])
+        r = cli("fetch", inv, "-o", out, cwd=tmp_path)
+        assert "1 of 4 files changed" in r.stderr and (out / "checkpoints" / "ckpt-2").read_text() == "step2"
+        assert not list(out.glob(".provision-fetch-*"))  # the transfer file is gone
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)
+        sandbox3.docker_exec("host-1", ["/bin/sh", "-c", "rm -rf /data/ux-fetch"])

@@ -267,6 +267,36 @@ class Session:
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
         return Result(status, out, b"".join(err_chunks))
 
+    def download(
+        self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
+    ) -> Result:
+        """Run a command whose stdout may be large (a tar of a model): each chunk goes to sink
+        as it arrives, never all of it in memory. Result.stdout is empty."""
+        conn = self.connect(target)
+        if not self.is_root(target):
+            command = "sudo -n " + command
+        try:
+            chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
+            chan.settimeout(timeout)  # between chunks: a stalled host, not a long transfer
+            chan.exec_command(command)
+            err_chunks: list[bytes] = []
+            reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
+            reader.start()
+            view = memoryview(stdin)
+            for i in range(0, len(view), _CHUNK):
+                chan.sendall(bytes(view[i : i + _CHUNK]))
+            chan.shutdown_write()
+            while data := chan.recv(1 << 20):
+                sink(data)
+            status = chan.recv_exit_status()
+            reader.join(timeout)
+            chan.close()
+        except TimeoutError:
+            raise HostError(target, f"no data for {timeout:g}s") from None
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
+        return Result(status, b"", b"".join(err_chunks))
+
     def stream(
         self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None
     ) -> int:
