@@ -32,7 +32,7 @@ COMMANDS = {
     "exec": "provision.cli.everyday:exec_cmd",
     "ssh": "provision.cli.everyday:ssh_cmd",
     "init": "provision.cli.everyday:init_cmd",
-    "fetch": "provision.cli.everyday:fetch_cmd",
+    "fetch": "provision.cli.fetchcmd:fetch_cmd",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }

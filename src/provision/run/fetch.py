@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.core.errors import ProvisionError
+from provision.core.target import Target
 from provision.core.text import duration
 from provision.io.ssh import Result
 from provision.run.context import Context, Progress
@@ -94,6 +95,15 @@ def fetch(ctx: Context, task_name: str | None, dest: Path, progress: Progress) -
     progress(f"{where}: {len(todo)} of {len(remote)} file{'s' if len(remote) != 1 else ''} changed ({_mb(total)})")
     if not todo:
         return 0, len(remote)
+    _transfer(ctx, target, base, where, todo, dest, progress)
+    return len(todo), len(remote)
+
+
+def _transfer(
+    ctx: Context, target: Target, base: str, where: str, todo: list[Remote], dest: Path, progress: Progress
+) -> None:
+    """One tar of `todo`, streamed into a file beside dest, then unpacked (data filter)."""
+    total = sum(r.size for r in todo)
     dest.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".provision-fetch-", suffix=".tar", dir=dest)
     tmp = Path(tmp_name)
@@ -128,4 +138,3 @@ def fetch(ctx: Context, task_name: str | None, dest: Path, progress: Progress) -
         if fd >= 0:
             os.close(fd)
         tmp.unlink(missing_ok=True)
-    return len(todo), len(remote)
