@@ -233,6 +233,31 @@ class Session:
         self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True
     ) -> Result:
         """Run one command; stdout and stderr collected; never raises for a non-zero exit."""
+        out: list[bytes] = []
+        status, err = self._exec(target, command, out.append, stdin, timeout, sudo, "command timed out after")
+        return Result(status, b"".join(out), err)
+
+    def download(
+        self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
+    ) -> Result:
+        """Run a command whose stdout may be large (a tar of a model): each chunk goes to sink
+        as it arrives, never all of it in memory. Result.stdout is empty."""
+        status, err = self._exec(target, command, sink, stdin, timeout, True, "no data for")
+        return Result(status, b"", err)
+
+    def _exec(
+        self,
+        target: Target,
+        command: str,
+        sink: Callable[[bytes], None],
+        stdin: bytes,
+        timeout: float | None,
+        sudo: bool,
+        timed_out: str,
+    ) -> tuple[int, bytes]:
+        """One command on a channel of the host's connection: stdin sent, stdout to sink as it
+        arrives (timeout: between chunks), stderr collected; (exit status, stderr). A lost
+        connection is dropped from the pool and raised as unreachable."""
         conn = self.connect(target)
         if sudo and not self.is_root(target):
             command = "sudo -n " + command
@@ -253,49 +278,20 @@ class Session:
             for i in range(0, len(view), _CHUNK):
                 chan.sendall(bytes(view[i : i + _CHUNK]))
             chan.shutdown_write()
-            out = chan.makefile("rb").read()
-            status = chan.recv_exit_status()
-            reader.join(timeout)
-            chan.close()
-        except TimeoutError:
-            raise HostError(target, f"command timed out after {timeout:g}s") from None
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            with self._lock:
-                if self._conns.get(target.name) is conn:
-                    del self._conns[target.name]
-            _close(conn)
-            raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
-        return Result(status, out, b"".join(err_chunks))
-
-    def download(
-        self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
-    ) -> Result:
-        """Run a command whose stdout may be large (a tar of a model): each chunk goes to sink
-        as it arrives, never all of it in memory. Result.stdout is empty."""
-        conn = self.connect(target)
-        if not self.is_root(target):
-            command = "sudo -n " + command
-        try:
-            chan = conn.client.get_transport().open_session(timeout=target.connect_timeout)
-            chan.settimeout(timeout)  # between chunks: a stalled host, not a long transfer
-            chan.exec_command(command)
-            err_chunks: list[bytes] = []
-            reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
-            reader.start()
-            view = memoryview(stdin)
-            for i in range(0, len(view), _CHUNK):
-                chan.sendall(bytes(view[i : i + _CHUNK]))
-            chan.shutdown_write()
             while data := chan.recv(1 << 20):
                 sink(data)
             status = chan.recv_exit_status()
             reader.join(timeout)
             chan.close()
         except TimeoutError:
-            raise HostError(target, f"no data for {timeout:g}s") from None
+            raise HostError(target, f"{timed_out} {timeout:g}s") from None
         except (OSError, EOFError, paramiko.SSHException) as e:
+            with self._lock:
+                if self._conns.get(target.name) is conn:
+                    del self._conns[target.name]
+            _close(conn)
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
-        return Result(status, b"", b"".join(err_chunks))
+        return status, b"".join(err_chunks)
 
     def stream(
         self, target: Target, command: str, on_line: Callable[[bytes], None], *, stop: threading.Event | None = None
