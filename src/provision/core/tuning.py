@@ -1,0 +1,203 @@
+"""A hyperparameter study (`tune:`) and its trials, as values. Pure.
+
+The inventory's `tune:` section becomes a `Tune` (spec/tunespec.py); each trial is a job of
+its own (spec/trial.py derives it); the study's record lives in Optuna's storage
+(run/study.py) and is read back as `TrialRow`s for the table, the JSON and the picture
+(cli/tuneview.py). Enums, not free strings: their values are what users and --json see.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+Value = str | int | float  # a parameter's value as the trial's code receives it
+
+
+class Goal(str, Enum):
+    MAXIMIZE = "maximize"
+    MINIMIZE = "minimize"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ParamType(str, Enum):
+    DOUBLE = "double"
+    INTEGER = "integer"
+    CATEGORICAL = "categorical"
+    DISCRETE = "discrete"  # numbers from a list, in increasing order (Vertex's DISCRETE)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Scale(str, Enum):
+    LINEAR = "linear"
+    LOG = "log"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Algorithm(str, Enum):
+    BAYESIAN = "bayesian"  # Optuna's TPE (Vertex's default, Vizier, is Bayesian too)
+    RANDOM = "random"
+    GRID = "grid"  # integer, categorical and discrete parameters only
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Measurement(str, Enum):
+    LAST = "last"  # the last value the trial reported (Vertex's LAST_MEASUREMENT)
+    BEST = "best"  # the best of its reports (BEST_MEASUREMENT)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EarlyStopping(str, Enum):
+    NONE = "none"
+    MEDIAN = "median"  # stop a trial whose intermediate value is worse than the median of the others' at that step
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialState(str, Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    STOPPED_EARLY = "stopped early"  # pruned by the median rule
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self is not TrialState.RUNNING
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DEFAULT_METRIC_TAG = "training/hptuning/metric"  # cloudml-hypertune's tag when none is given
+DEFAULT_MAX_FAILED = 3
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: ParamType
+    min: float | None = None  # double, integer
+    max: float | None = None
+    scale: Scale = Scale.LINEAR
+    values: tuple[Value, ...] = ()  # categorical (strings), discrete (numbers)
+    # Conditional: suggested only when the parent parameter took one of these values.
+    parent: str | None = None
+    parent_values: tuple[Value, ...] = ()
+
+    def grid(self) -> tuple[Value, ...]:
+        """The values a grid search walks through (integer, categorical, discrete)."""
+        if self.type is ParamType.INTEGER and self.min is not None and self.max is not None:
+            return tuple(range(int(self.min), int(self.max) + 1))
+        return self.values
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    goal: Goal
+    # Katib's stdout collector: a regular expression over the chief's log lines, with a group
+    # named `value` (or one group) and optionally a group named `step`.
+    regex: str | None = None
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.goal is Goal.MAXIMIZE else a < b
+
+
+@dataclass(frozen=True)
+class Tune:
+    metric: Metric
+    params: tuple[Param, ...]
+    max_trials: int
+    parallel_trials: int = 1
+    max_failed_trials: int = DEFAULT_MAX_FAILED
+    algorithm: Algorithm = Algorithm.BAYESIAN
+    early_stopping: EarlyStopping = EarlyStopping.NONE
+    measurement: Measurement = Measurement.LAST
+    storage: str | None = None  # None: a journal file beside the state; or a postgresql:// URL
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class Report:
+    """One line of a hypertune metric file, or one match in the chief's log."""
+
+    step: int
+    value: float
+    timestamp: float = 0.0
+
+
+def measured(reports: tuple[Report, ...] | list[Report], metric: Metric, which: Measurement) -> float | None:
+    """The trial's value: its last report, or its best (None: it reported nothing)."""
+    finite = [r for r in reports if math.isfinite(r.value)]
+    if not finite:
+        return None
+    if which is Measurement.LAST:
+        return finite[-1].value
+    pick = max if metric.goal is Goal.MAXIMIZE else min
+    return pick(r.value for r in finite)
+
+
+def format_value(v: Value) -> str:
+    """A parameter's value as `--NAME=VALUE` carries it: floats in their shortest exact form."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the table, the JSON and the picture show it."""
+
+    number: int  # from 1, as TF_CONFIG's task.trial
+    params: tuple[tuple[str, Value], ...]
+    state: TrialState
+    value: float | None = None  # the measurement that counts (tune.measurement)
+    steps: int | None = None  # the last global_step reported
+    seconds: float | None = None  # run time
+    why: str = ""  # why it ended, in words
+    job: str = ""  # the trial's job name on the hosts
+    retry_of: int | None = None  # a lost or failed trial's parameters run again
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "job": self.job,
+            "params": dict(self.params),
+            "state": self.state.value,
+            "value": self.value,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 3) if self.seconds is not None else None,
+            "why": self.why or None,
+            "retry_of": self.retry_of,
+        }
+
+
+def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRow | None:
+    """The best succeeded trial (ties: the earlier)."""
+    out: TrialRow | None = None
+    for r in rows:
+        if r.state is TrialState.SUCCEEDED and r.value is not None and (out is None or metric.better(r.value, out.value or 0.0)):
+            out = r
+    return out
+
+
+def trial_job(job: str, number: int) -> str:
+    """The trial's job name: the study's job and its number (a DNS label)."""
+    return f"{job}-t{number}"
