@@ -33,6 +33,7 @@ COMMANDS = {
     "ssh": "provision.cli.everyday:ssh_cmd",
     "init": "provision.cli.everyday:init_cmd",
     "fetch": "provision.cli.fetchcmd:fetch_cmd",
+    "tune": "provision.cli.tunecmd:tune_cmd",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }

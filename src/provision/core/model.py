@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.core.tuning import Tune
+
 # Pool roles in Vertex `workerPoolSpecs` order. The position is the workerpool number in
 # CLUSTER_SPEC (ps and reduction_server share workerpool2; validation forbids both).
 ROLES = ("chief", "worker", "ps", "reduction_server", "evaluator")
@@ -155,6 +157,8 @@ class Inventory:
     # Where the job's state lives: "local" (beside the inventory) or a PostgreSQL URL
     # without a password (spec/statebackend.py; PROVISION_STATE wins over it).
     state: str = "local"
+    # `tune:` a hyperparameter study over this job (core/tuning.py; `provision tune`).
+    tune: Tune | None = None
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

@@ -9,6 +9,7 @@ its own (spec/trial.py derives it); the study's record lives in Optuna's storage
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -152,6 +153,18 @@ def measured(reports: tuple[Report, ...] | list[Report], metric: Metric, which: 
     return pick(r.value for r in finite)
 
 
+def regex_problem(regex: str) -> str | None:
+    """Why a `metric.regex` cannot collect values (None: it can): it must compile and hold
+    a group named `value`, or exactly one group."""
+    try:
+        r = re.compile(regex)
+    except re.error as e:
+        return f"does not compile: {e}"
+    if "value" not in r.groupindex and r.groups != 1:
+        return "needs a group named value, such as val_loss=(?P<value>[0-9.eE+-]+)"
+    return None
+
+
 def format_value(v: Value) -> str:
     """A parameter's value as `--NAME=VALUE` carries it: floats in their shortest exact form."""
     if isinstance(v, bool):
@@ -193,7 +206,11 @@ def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRo
     """The best succeeded trial (ties: the earlier)."""
     out: TrialRow | None = None
     for r in rows:
-        if r.state is TrialState.SUCCEEDED and r.value is not None and (out is None or metric.better(r.value, out.value or 0.0)):
+        if (
+            r.state is TrialState.SUCCEEDED
+            and r.value is not None
+            and (out is None or metric.better(r.value, out.value or 0.0))
+        ):
             out = r
     return out
 

@@ -136,6 +136,12 @@ def run_path(job: str, task: str) -> str:
     return state_dir(job) + "/" + task + ".run"
 
 
+def metric_file(job: str, task: str) -> str:
+    """A trial's task reports its metric here (CLOUD_ML_HP_METRIC_FILE: cloudml-hypertune's
+    default, /tmp/hypertune/output.metrics, is shared by every job on a host)."""
+    return state_dir(job) + "/hypertune/" + task + ".metrics"
+
+
 def originals_dir(job: str) -> str:
     return state_dir(job) + "/originals"
 

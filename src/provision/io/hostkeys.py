@@ -57,7 +57,8 @@ class KnownHosts:
         with self.lock:
             self.keys.add(name, key.get_name(), key)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
+            # Its own temporary name: a study's trials each have a KnownHosts on one file.
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             self.keys.save(str(tmp))
             os.replace(tmp, self.path)
 

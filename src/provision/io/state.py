@@ -56,7 +56,7 @@ def writable_dir(state_path: Path) -> None:
     d = state_path.parent
     try:
         d.mkdir(parents=True, exist_ok=True)
-        probe = d / f".provision-write-check.{os.getpid()}"
+        probe = d / f".provision-write-check.{os.getpid()}.{threading.get_ident()}"  # a study opens trials side by side
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
         probe.unlink()

@@ -115,10 +115,12 @@ def open_context(
     verbose: bool = False,
     render_secrets: bool = True,
     operation: str | None = None,
+    loaded: Inventory | None = None,
 ) -> Context:
-    """Load, lock (when `operation` changes hosts: before the state is read, so no other
+    """Load (`loaded`: the job is given, made from the file's, as a study's trial is),
+    lock (when `operation` changes hosts: before the state is read, so no other
     run can save over what this one read), read the state, render."""
-    inv = load(inventory_path)
+    inv = loaded if loaded is not None else load(inventory_path)
     backend = backend_of(inv, inventory_path, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
     writable_dir(sp)  # the local state, or (with a database) the learnt host keys

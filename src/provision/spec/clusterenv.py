@@ -16,6 +16,7 @@ from provision.core.model import (
     WORKERPOOL,
     Inventory,
 )
+from provision.host import layout
 from provision.spec.placement import PlacedTask, Placement
 from provision.spec.tpu import TPU_KEYS, TpuSlices, tpu_env, tpu_slices
 
@@ -231,6 +232,13 @@ def task_env(
     # Vertex AI's output directories (its baseOutputDirectory), under `outputs:`.
     if inv.outputs is not None:
         env += [(var, f"{inv.outputs}/{sub}/") for var, sub in OUTPUT_DIRS]
+    # A trial of a study (`provision tune`): where cloudml-hypertune writes, read back by tune.
+    if inv.tune is not None and trial is not None:
+        env += [
+            ("CLOUD_ML_TRIAL_ID", trial),
+            ("CLOUD_ML_HP_METRIC_FILE", layout.metric_file(inv.job, task.name)),
+            ("CLOUD_ML_HP_METRIC_TAG", inv.tune.metric.name),
+        ]
 
     env += list(inv.env)
     pool = inv.pool(task.role)
@@ -277,5 +285,8 @@ RESERVED_ENV = frozenset(
         "PROVISION_TASK",
         "PROVISION_TASK_TYPE",
         "PROVISION_TASK_INDEX",
+        "CLOUD_ML_TRIAL_ID",
+        "CLOUD_ML_HP_METRIC_FILE",
+        "CLOUD_ML_HP_METRIC_TAG",
     }
 )

@@ -45,6 +45,7 @@ from provision.spec.pushed import normalize_dest
 from provision.spec.statebackend import LOCAL
 from provision.spec.statebackend import problem as state_problem
 from provision.spec.tpu import tpu_slices
+from provision.spec.tunespec import parse_tune
 from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
@@ -74,6 +75,7 @@ TOP_KEYS = (
     "setup",
     "outputs",
     "state",
+    "tune",
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
@@ -479,6 +481,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
     outputs = _outputs(c, top.get("outputs"))
     setup = _setup(c, top.get("setup"), ("setup",))
     state = _state(c, top.get("state", LOCAL))
+    tune = parse_tune(c, top.get("tune"), job)
     _setup_inputs(c, setup, ("setup",), files)
     for pool in pools:
         _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
@@ -509,6 +512,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:
         setup=setup,
         outputs=outputs,
         state=state,
+        tune=tune,
     )
     _check_capacity(inv, c)
     if c.problems:

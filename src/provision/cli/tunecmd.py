@@ -1,0 +1,205 @@
+"""`provision tune`: run (or resume) the inventory's `tune:` study, show it (`--status`,
+`--json`), or promote a trial to a plain inventory (`--promote best|N -o FILE`)."""
+
+from __future__ import annotations
+
+import json as _json
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from provision.cli.tuneview import draw_png, event_line, study_json, table_lines
+from provision.core.errors import ProvisionError
+from provision.core.model import Inventory
+from provision.core.tuning import TrialRow, TrialState, Tune, best
+from provision.spec.inventory import load
+from provision.spec.promote import promoted
+
+PICTURE = "study.png"
+
+
+class _Screen:
+    """One line per trial event; on a terminal also a live line (rewritten in place) with
+    the running trials' last steps and what a waiting trial waits for."""
+
+    def __init__(self, tune: Tune):
+        self.tune = tune
+        self.live = sys.stdout.isatty()
+        self.lock = threading.Lock()
+        self.shown = False
+        self.waiting: dict[int, str] = {}
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            self._clear()
+            click.echo(line)
+
+    def row(self, r: TrialRow) -> None:
+        self.say(event_line(r, self.tune))
+
+    def tick(self, rows: list[TrialRow]) -> None:
+        if not self.live:
+            return
+        running = [r for r in rows if r.state is TrialState.RUNNING]
+        parts = [
+            f"t{r.number}"
+            + (f" step {r.steps}" if r.steps is not None else "")
+            + (" (waiting: " + self.waiting[r.number] + ")" if r.number in self.waiting else "")
+            for r in running
+        ]
+        done = sum(r.state.ended for r in rows)
+        line = f"{done}/{self.tune.max_trials} ended; running: {', '.join(parts) or 'none'}"
+        with self.lock:
+            self._clear()
+            click.echo(line[:200], nl=False)
+            self.shown = True
+
+    def _clear(self) -> None:
+        if self.shown:
+            click.echo("\r\033[K", nl=False)
+            self.shown = False
+
+
+def _study_inventory(inventory: str) -> Inventory:
+    inv = load(inventory)
+    if inv.tune is None:
+        raise ProvisionError(f"{inventory}: no tune: section, so no study to run (see docs/tuning.md)")
+    return inv
+
+
+@click.command("tune")
+@click.argument("inventory", type=click.Path())
+@click.option("--status", "show", is_flag=True, help="Show the study's trials (from its storage; no host is asked).")
+@click.option("--json", "as_json", is_flag=True, help="With --status: the study as JSON.")
+@click.option("--promote", metavar="best|N", help="Write an inventory that runs this trial's arguments as a plain job.")
+@click.option("-o", "--output", "out", type=click.Path(), help="With --promote: the inventory file to write.")
+@click.option("--seed", type=int, default=None, help="Seed the search (the same seed asks the same first trials).")
+@click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between looks at the running trials.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
+def tune_cmd(inventory, show, as_json, promote, out, seed, poll, verbose):
+    """Run the inventory's hyperparameter study: each trial a job of its own on free GPUs,
+    at most `parallel_trials` at once, until `max_trials`. Run it again to resume: finished
+    trials are kept, running ones adopted."""
+
+    inv = _study_inventory(inventory)
+    assert inv.tune is not None
+    # Lazy: Optuna and SQLAlchemy take about a second to import (start-up of every other
+    # command stays as it was: only this one loads them).
+    from provision.run.tune import StudyLoop, open_work, study_dir
+
+    if as_json and not show:
+        raise ProvisionError("--json goes with --status")
+    if promote is not None or out is not None:
+        if promote is None or out is None:
+            raise ProvisionError("--promote and -o go together: --promote best -o best.yaml")
+        _promote(inventory, inv, promote, Path(out))
+        return
+    screen = _Screen(inv.tune)
+    work = open_work(inventory, inv, say=screen.say, poll=poll, verbose=verbose, seed=None if show else seed)
+    picture = study_dir(inventory, inv.job) / PICTURE
+    if show:
+        _show(inv, work.study, picture, as_json)
+        return
+    screen.waiting = work.waiting
+    _header(inventory, inv, work.study)
+    loop = StudyLoop(
+        work, _runner(), on_row=lambda r: _on_row(screen, r, inv, work.study, picture), on_tick=screen.tick
+    )
+    end = loop.run()
+    screen.say("")
+    rows = _rows(work.study, inv.job)
+    _draw(picture, rows, inv.tune)
+    for line in table_lines(rows, inv.tune):
+        click.echo(line)
+    click.echo(f"\n{end.why[0].upper()}{end.why[1:]}. Picture: {picture}")
+    sys.exit(end.code)
+
+
+def _runner():
+    from provision.run.study import Runner  # lazy with the rest of the study (start-up)
+
+    return Runner.here()
+
+
+def _rows(study, job: str) -> list[TrialRow]:
+    from provision.run.study import rows  # lazy with the rest of the study (start-up)
+
+    return rows(study, job)
+
+
+def _on_row(screen: _Screen, r: TrialRow, inv: Inventory, study, picture: Path) -> None:
+    screen.row(r)
+    if r.state.ended:
+        assert inv.tune is not None
+        _draw(picture, _rows(study, inv.job), inv.tune)
+
+
+def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:
+    try:
+        draw_png(picture, rows, tune)
+    except OSError as e:
+        click.echo(f"Warning: the study's picture could not be written to {picture}: {e}", err=True)
+
+
+def _header(where: str, inv: Inventory, study) -> None:
+    t = inv.tune
+    assert t is not None
+    names = ", ".join(p.name for p in t.params)
+    click.echo(
+        f"Study {inv.job}: {t.metric.goal.value} {t.metric.name} over {names}; {t.algorithm.value} search, "
+        f"{t.max_trials} trials, {t.parallel_trials} at once"
+        + (", median early stopping" if t.early_stopping.value == "median" else "")
+    )
+    rows = _rows(study, inv.job)
+    if rows:
+        ended = sum(r.state.ended for r in rows)
+        click.echo(f"Resuming: {ended} trial{'s' if ended != 1 else ''} ended, {len(rows) - ended} running.")
+
+
+def _show(inv: Inventory, study, picture: Path, as_json: bool) -> None:
+    assert inv.tune is not None
+    rows = _rows(study, inv.job)
+    if as_json:
+        doc = study_json(inv.job, inv.tune, rows, ended=None, picture=str(picture) if picture.exists() else None)
+        click.echo(_json.dumps(doc, indent=1))
+        return
+    if not rows:
+        click.echo(f"Study {inv.job}: no trials yet (`provision tune {inv.path}` starts it).")
+        return
+    for line in table_lines(rows, inv.tune):
+        click.echo(line)
+    if picture.exists():
+        click.echo(f"Picture: {picture}")
+
+
+def _promote(where: str, inv: Inventory, which: str, out: Path) -> None:
+    from provision.run.tune import open_work  # lazy with the rest of the study (start-up)
+
+    assert inv.tune is not None
+    work = open_work(where, inv, say=click.echo, poll=1.0, verbose=False)
+    rows = _rows(work.study, inv.job)
+    if which == "best":
+        row = best(rows, inv.tune.metric)
+        if row is None:
+            raise ProvisionError(f"study {inv.job}: no trial succeeded yet, so none is best")
+    else:
+        if not which.isdigit():
+            raise ProvisionError(f"--promote: expected best or a trial number, got {which!r}")
+        row = next((r for r in rows if r.number == int(which)), None)
+        if row is None:
+            raise ProvisionError(f"--promote: study {inv.job} has no trial {which} (it has {len(rows)})")
+    value = f"{inv.tune.metric.name}={row.value:.6g}" if row.value is not None else "no value"
+    text = promoted(
+        Path(where).read_text(encoding="utf-8"),
+        inv.tune,
+        dict(row.params),
+        number=row.number,
+        why=f"{row.state.value}, {value}",
+        src_dir=Path(where).resolve().parent,
+        out_dir=out.resolve().parent,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    click.echo(f"Wrote {out}: trial {row.number} ({value}) as job {inv.job}. Next: provision plan {out}")

@@ -1,0 +1,38 @@
+"""From study to job: the study's inventory with one trial's exact arguments and no `tune:`,
+ready for `provision plan` / `apply`. Pure (the file's text in, the new text out).
+
+The job keeps the study's name (the study itself never runs on the hosts, only its trials
+`<job>-t<N>` do); `files:` sources are rewritten relative to where the new file goes, so
+they still name the same files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provision.core.tuning import Tune, Value
+from provision.spec.trial import flags
+
+
+def promoted(
+    text: str, tune: Tune, params: Mapping[str, Value], *, number: int, why: str, src_dir: Path, out_dir: Path
+) -> str:
+    doc: dict[str, Any] = yaml.safe_load(text)
+    doc.pop("tune", None)
+    extra = list(flags(tune, params))
+    for pool in (doc.get("pools") or {}).values():
+        if not isinstance(pool, dict):
+            continue
+        key = "args" if "image" in pool else "command"
+        pool[key] = [*(pool.get(key) or []), *extra]
+    for f in doc.get("files") or []:
+        if isinstance(f, dict) and isinstance(f.get("src"), str) and not os.path.isabs(os.path.expanduser(f["src"])):
+            f["src"] = os.path.relpath((src_dir / f["src"]).resolve(), out_dir.resolve())
+    head = f"# Trial {number} of study {doc.get('job')}, promoted by `provision tune --promote`: {why}\n"
+    head += "# Its arguments: " + " ".join(extra) + "\n"
+    return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=1000)

@@ -1,0 +1,257 @@
+"""`provision tune` on sandbox hosts with fake GPUs: trials packed onto free GPUs (never two
+on one GPU: the ledger), a killed tune resumed with nothing lost or run twice, the median
+rule stopping a trial that is far behind, crashing and silent trials counted and the study
+stopped past max_failed_trials, and two tunes sharing one study in a real PostgreSQL.
+
+The trainer here is tests/fixtures/tune/trainer.py (stdlib, reports as cloudml-hypertune
+does); the real library and PyTorch run in test_tune_example.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .clirun import cli, ok, wait_until
+
+pytestmark = pytest.mark.integration
+
+TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
+HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs: 4 slots
+
+
+def _study(make, sb, tmp: Path, job: str, tune: dict, *, steps: int = 4, step_seconds: float = 0.4) -> Path:
+    shutil.copy(TRAINER, tmp / "trainer.py")
+    inv = tmp / "study.yaml"
+    make(
+        sb,
+        job=job,
+        path=inv,
+        hosts=HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={
+            "chief": {
+                "replicas": 1,
+                "accelerators": 1,
+                "command": ["python3", f"/opt/{job}/trainer.py", f"--steps={steps}", f"--step_seconds={step_seconds}"],
+            }
+        },
+        tune=tune,
+    )
+    return inv
+
+
+def _tune(*args, cwd: Path, env: dict | None = None, timeout: float = 600):
+    return cli("tune", "--poll", "0.3", *args, cwd=cwd, env=env, timeout=timeout)
+
+
+def _popen(inv: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "provision", "tune", "--poll", "0.3", str(inv)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _trials(inv: Path, cwd: Path, env: dict | None = None) -> dict:
+    return json.loads(ok(cli("tune", "--status", "--json", inv, cwd=cwd, env=env)).stdout)
+
+
+class GpuWatch:
+    """Polls `provision jobs --json` while a study runs: every trial job's GPUs per host."""
+
+    def __init__(self, inv: Path, cwd: Path, prefix: str):
+        self.inv, self.cwd, self.prefix = inv, cwd, prefix
+        self.overlaps: list[str] = []
+        self.most = 0
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            r = cli("jobs", "--json", self.inv, cwd=self.cwd)
+            if r.returncode == 0:
+                jobs = set()
+                for host, v in json.loads(r.stdout)["hosts"].items():
+                    seen: dict[int, str] = {}
+                    for job, held in v.get("held", {}).items():
+                        if not job.startswith(self.prefix + "-t"):
+                            continue
+                        jobs.add(job)
+                        for g in held.get("gpus", []):
+                            if g in seen:
+                                self.overlaps.append(f"{host} GPU {g}: {seen[g]} and {job}")
+                            seen[g] = job
+                self.most = max(self.most, len(jobs))
+            time.sleep(0.3)
+
+    def done(self):
+        self.stop.set()
+        self.t.join(timeout=30)
+
+
+def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_inventory, tmp_path):
+    job = "tpack"
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+        "algorithm": "random",
+        "max_trials": 8,
+        "parallel_trials": 4,
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=6, step_seconds=0.5)
+    watch = GpuWatch(inv, tmp_path, job)
+    p = _popen(inv, tmp_path)
+    try:
+        # Killed once some trials ended and others run: those run on, unattended.
+        wait_until(
+            lambda: (
+                sum(t["state"] != "running" for t in _trials(inv, tmp_path)["trials"]) >= 2
+                and any(t["state"] == "running" for t in _trials(inv, tmp_path)["trials"])
+            ),
+            timeout=240,
+            what="two trials ended and one running",
+        )
+        p.send_signal(signal.SIGKILL)
+        first = p.communicate(timeout=30)[0]
+        again = ok(_tune(inv, cwd=tmp_path, timeout=600))
+    finally:
+        watch.done()
+        if p.poll() is None:
+            p.kill()
+    doc = _trials(inv, tmp_path)
+    numbers = [t["number"] for t in doc["trials"]]
+    assert numbers == list(range(1, 9)), doc["trials"]
+    assert all(t["state"] == "succeeded" for t in doc["trials"]), doc["trials"]
+    assert "adopted" in again.stdout, again.stdout
+    # Each trial's task started once: its kept log has one start line, whoever followed it.
+    logs = tmp_path / ".provision" / f"{job}.tune"
+    for n in numbers:
+        text = (logs / f"trial-{n}" / "chief-0.log").read_text()
+        assert text.count("argv") == 1, (n, text)
+        assert f"trial {n} argv" in text or f"trial '{n}' argv" in text, text
+    # Never two trials on one GPU, at most parallel_trials at once.
+    assert not watch.overlaps, watch.overlaps
+    assert 2 <= watch.most <= 4, watch.most
+    # Finished trials are gone from the hosts; the best is the lowest quality asked.
+    j = json.loads(ok(cli("jobs", "--json", inv, cwd=tmp_path)).stdout)
+    assert not [k for v in j["hosts"].values() for k in v.get("held", {}) if k.startswith(job + "-t")]
+    best = doc["best"]
+    assert best["value"] == min(t["value"] for t in doc["trials"])
+    assert (logs / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "started" in first
+
+
+def _seed_with_last(values: list[float], last: float) -> int:
+    """A grid seed whose order asks `last` last (the order Optuna's GridSampler takes with
+    that seed, one trial at a time)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for seed in range(200):
+        s = optuna.create_study(sampler=optuna.samplers.GridSampler({"quality": values}, seed=seed))
+        order = []
+        for _ in values:
+            t = s.ask()
+            order.append(t.suggest_categorical("quality", values))
+            try:
+                s.tell(t, 1.0)
+            except RuntimeError:  # the grid's last point: it calls Study.stop (told all the same)
+                pass
+        if order[-1] == last:
+            return seed
+    raise AssertionError("no seed puts it last")
+
+
+def test_the_median_rule_stops_a_trial_far_behind(sandbox4, sandbox_inventory, tmp_path):
+    values = [1.0, 1.01, 1.02, 1.03, 50.0]
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "discrete", "values": values}},
+        "algorithm": "grid",
+        "max_trials": 5,
+        "parallel_trials": 1,
+        "early_stopping": "median",
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, "tmed", tune, steps=12, step_seconds=0.5)
+    r = ok(_tune("--seed", str(_seed_with_last(values, 50.0)), inv, cwd=tmp_path))
+    doc = _trials(inv, tmp_path)
+    bad = next(t for t in doc["trials"] if t["params"]["quality"] == 50.0)
+    assert bad["state"] == "stopped early", doc["trials"]
+    assert bad["steps"] is not None and bad["steps"] < 12, bad
+    assert "median" in bad["why"], bad
+    assert f"trial {bad['number']} stopped early" in r.stdout, r.stdout
+    # The others ran to their end, or were behind the median at some step too (1.03 after
+    # 1.0, 1.01, 1.02 is): never failed.
+    assert {t["state"] for t in doc["trials"]} <= {"succeeded", "stopped early"}, doc["trials"]
+
+
+def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_inventory, tmp_path):
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"mode": {"type": "categorical", "values": ["crash", "silent"]}},
+        "algorithm": "grid",
+        "max_trials": 2,
+        "parallel_trials": 1,
+        "max_failed_trials": 1,
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, "tcrash", tune, steps=3, step_seconds=0.2)
+    r = _tune(inv, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "RuntimeError: the trainer crashed on purpose at step 2" in out, out
+    assert "the study stopped: 2 trials failed, more than max_failed_trials (1)" in out.lower(), out
+    doc = _trials(inv, tmp_path)
+    why = {t["params"]["mode"]: t["why"] for t in doc["trials"]}
+    assert all(t["state"] == "failed" for t in doc["trials"]), doc["trials"]
+    assert "no loss reported" in why["silent"], why
+
+
+def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tmp_path, postgres):
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+        "algorithm": "random",
+        "max_trials": 8,
+        "parallel_trials": 4,
+        "storage": postgres.url(),
+    }
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    inv_a = _study(sandbox_inventory, sandbox4, a, "tpg", tune, steps=4, step_seconds=0.5)
+    inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=0.5)
+    env = postgres.env()
+    pa = _popen(inv_a, a, env)
+    time.sleep(1.0)  # b asks while a's first trials run
+    pb = _popen(inv_b, b, env)
+    out_a = pa.communicate(timeout=600)[0]
+    out_b = pb.communicate(timeout=600)[0]
+    assert pa.returncode == 0 and pb.returncode == 0, out_a + out_b
+
+    def started(out: str) -> list[int]:
+        return [
+            int(line.split()[1].rstrip(":"))
+            for line in out.splitlines()
+            if line.startswith("trial ") and " started" in line
+        ]
+
+    sa, sb_ = started(out_a), started(out_b)
+    assert sa and sb_, (out_a, out_b)
+    assert not set(sa) & set(sb_), (sa, sb_)
+    assert sorted(sa + sb_) == list(range(1, 9)), (sa, sb_)
+    doc = _trials(inv_a, a, env)
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8
