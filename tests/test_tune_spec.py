@@ -1,0 +1,193 @@
+"""`tune:` as the inventory parser reads it, a trial's inventory as a study derives it, and a
+promoted trial's inventory: pure, no hosts (the study on hosts: integration/test_tune.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision.core.errors import ValidationError
+from provision.core.tuning import (
+    Algorithm,
+    EarlyStopping,
+    Goal,
+    Measurement,
+    ParamType,
+    Report,
+    Scale,
+    TrialRow,
+    TrialState,
+    best,
+    measured,
+)
+from provision.spec.inventory import parse
+from provision.spec.promote import promoted
+from provision.spec.render import render
+from provision.spec.trial import trial_inventory
+
+BASE = """\
+job: sweep
+hosts:
+  - {name: a, address: 192.0.2.1, accelerators: {type: nvidia-tesla-t4, count: 2}}
+pools:
+  chief: {replicas: 1, accelerators: 1, command: [python3, /opt/t.py]}
+"""
+
+TUNE = """\
+tune:
+  metric: {name: val_loss, goal: minimize}
+  parameters:
+    learning_rate: {type: double, min: 1.0e-4, max: 1.0, scale: log}
+    batch_size: {type: discrete, values: [32, 64, 128]}
+    optimizer: {type: categorical, values: [adam, sgd]}
+    momentum: {type: double, min: 0, max: 0.99, when: {optimizer: [sgd]}}
+  max_trials: 12
+  parallel_trials: 4
+  early_stopping: median
+"""
+
+
+def _inv(tune: str = TUNE, base: str = BASE):
+    return parse(base + tune, Path("/x/study.yaml"), "study.yaml")
+
+
+def _problems(tune: str, base: str = BASE) -> list[str]:
+    with pytest.raises(ValidationError) as e:
+        _inv(tune, base)
+    return e.value.problems
+
+
+def test_a_tune_section_becomes_a_study():
+    t = _inv().tune
+    assert t is not None
+    assert (t.metric.name, t.metric.goal) == ("val_loss", Goal.MINIMIZE)
+    assert [p.name for p in t.params] == ["learning_rate", "batch_size", "optimizer", "momentum"]
+    lr, bs, opt, mom = t.params
+    assert (lr.type, lr.min, lr.max, lr.scale) == (ParamType.DOUBLE, 1e-4, 1.0, Scale.LOG)
+    assert bs.values == (32, 64, 128) and opt.values == ("adam", "sgd")
+    assert (mom.parent, mom.parent_values) == ("optimizer", ("sgd",))
+    assert (t.max_trials, t.parallel_trials, t.max_failed_trials) == (12, 4, 3)
+    assert (t.algorithm, t.early_stopping) == (Algorithm.BAYESIAN, EarlyStopping.MEDIAN)
+
+
+@pytest.mark.parametrize(
+    "tune, expected",
+    [
+        (
+            "tune: {metric: {name: l, goal: minimise}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2}",
+            "tune.metric.goal: expected one of maximize, minimize, got 'minimise' (did you mean 'minimize'?)",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 0, max: 1, scale: log}}, max_trials: 2}",
+            "tune.parameters.a.min: a log scale needs a positive range, got min 0",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 2, max: 1}}, max_trials: 2}",
+            "tune.parameters.a: min 2 is above max 1",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: discrete, values: [2, 1]}}, max_trials: 2}",
+            "tune.parameters.a.values: discrete values go in increasing order",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {'a b': {type: double, min: 0, max: 1}}, max_trials: 2}",
+            "a parameter name becomes --NAME=VALUE",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2, algorithm: grid}",
+            "tune.parameters.a: a grid search takes integer, discrete and categorical parameters, not double",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {m: {type: double, min: 0, max: 1, when: {opt: [sgd]}}}, max_trials: 2}",
+            "tune.parameters.m.when: no parameter named 'opt'",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize, regex: 'l=\\d+'}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2}",
+            "tune.metric.regex: needs a group named value",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2, storage: 'postgresql://u:secret@db/x'}",
+            "tune.storage: a password in the URL is not accepted",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: categorical, values: ['x; rm -rf /']}}, max_trials: 2}",
+            "tune.parameters.a.values[0]: expected a plain word",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {}, max_trials: 2}",
+            "tune.parameters: expected at least one parameter",
+        ),
+    ],
+)
+def test_bad_tune_sections_are_named_by_their_key_path(tune, expected):
+    problems = _problems(tune + "\n")
+    assert any(expected in p for p in problems), problems
+    assert all(p.startswith("study.yaml:") for p in problems), problems
+
+
+def test_a_trials_name_must_stay_a_dns_label():
+    base = BASE.replace("job: sweep", "job: " + "a" * 38)
+    problems = _problems(TUNE, base)
+    assert any("keep the job's name to at most 36 characters" in p for p in problems), problems
+
+
+def test_a_trial_is_the_study_with_its_arguments_and_number():
+    inv = _inv()
+    t = trial_inventory(inv, 3, {"learning_rate": 0.01, "batch_size": 64, "optimizer": "adam"})
+    assert t.job == "sweep-t3" and t.tf_config.trial == "3"
+    assert t.pools[0].command == ("python3", "/opt/t.py", "--learning_rate=0.01", "--batch_size=64", "--optimizer=adam")
+    env = next(f for f in render(t).hosts["a"].files if f.path.endswith("chief-0.env")).data().decode()
+    assert 'CLOUD_ML_TRIAL_ID="3"' in env and 'CLOUD_ML_HP_METRIC_TAG="val_loss"' in env
+    assert 'CLOUD_ML_HP_METRIC_FILE="/var/lib/provision/sweep-t3/hypertune/chief-0.metrics"' in env
+    assert '\\"trial\\":\\"3\\"' in env  # CLUSTER_SPEC's task.trial
+    # The study itself, applied as a plain job, has no trial and no metric file.
+    plain = next(f for f in render(inv).hosts["a"].files if f.path.endswith("chief-0.env")).data().decode()
+    assert "CLOUD_ML_" not in plain
+
+
+def test_an_image_pool_gets_the_arguments_after_its_args():
+    base = BASE.replace("command: [python3, /opt/t.py]", "image: reg.local/t:1, args: [--epochs, '3']")
+    t = trial_inventory(_inv(TUNE, base), 1, {"learning_rate": 0.5})
+    assert t.pools[0].args == ("--epochs", "3", "--learning_rate=0.5")
+
+
+def test_promote_writes_a_plain_inventory_with_the_trials_arguments(tmp_path):
+    src = tmp_path / "study"
+    src.mkdir()
+    text = BASE + "files:\n  - {src: train.py, dest: /opt/t.py}\n" + TUNE
+    inv = _inv(TUNE, BASE)
+    out = promoted(
+        text,
+        inv.tune,
+        {"learning_rate": 0.02, "optimizer": "sgd", "momentum": 0.9},
+        number=7,
+        why="succeeded",
+        src_dir=src,
+        out_dir=tmp_path / "elsewhere",
+    )
+    doc = yaml.safe_load(out)
+    assert "tune" not in doc and doc["job"] == "sweep"
+    assert doc["pools"]["chief"]["command"][-3:] == ["--learning_rate=0.02", "--optimizer=sgd", "--momentum=0.9"]
+    assert doc["files"][0]["src"] == "../study/train.py"
+    assert out.startswith("# Trial 7 of study sweep")
+    (src / "train.py").write_text("print(1)\n")
+    (tmp_path / "elsewhere").mkdir()
+    again = parse(out, tmp_path / "elsewhere" / "p.yaml", "p.yaml")  # a valid inventory, its file found
+    assert again.tune is None and again.files[0].src == (src / "train.py").resolve()
+
+
+def test_the_measurement_that_counts_and_the_best_trial():
+    reports = (Report(1, 0.9), Report(2, 0.3), Report(3, float("nan")), Report(4, 0.5))
+    metric = _inv().tune.metric
+    assert measured(reports, metric, Measurement.LAST) == 0.5
+    assert measured(reports, metric, Measurement.BEST) == 0.3
+    assert measured((), metric, Measurement.LAST) is None
+    rows = [
+        TrialRow(1, (), TrialState.SUCCEEDED, 0.4),
+        TrialRow(2, (), TrialState.STOPPED_EARLY, 0.1),
+        TrialRow(3, (), TrialState.SUCCEEDED, 0.2),
+        TrialRow(4, (), TrialState.FAILED, None),
+    ]
+    assert best(rows, metric).number == 3
