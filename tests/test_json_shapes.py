@@ -20,14 +20,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = REPO / "docs" / "commands.md"
+TUNING = REPO / "docs" / "tuning.md"  # `provision tune --status --json`
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
 # --------------------------------------------------------------------------- the documented examples
 
 
-def _section(name: str) -> str:
-    text = COMMANDS.read_text(encoding="utf-8")
+def _section(name: str, page: Path = COMMANDS) -> str:
+    text = page.read_text(encoding="utf-8")
     start = text.index(f"## `provision {name}`")
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else len(text)]
@@ -48,16 +49,16 @@ def lenient_json(text: str) -> Any:
     return json.loads(text)
 
 
-def documented(name: str) -> Any:
-    """The first ```json block of `provision NAME`'s section."""
-    m = re.search(r"```json\n(.*?)```", _section(name), re.S)
-    assert m, f"docs/commands.md: `provision {name}` has no ```json example"
+def documented(name: str, page: Path = COMMANDS) -> Any:
+    """The first ```json block of `provision NAME`'s section (in docs/commands.md, or `page`)."""
+    m = re.search(r"```json\n(.*?)```", _section(name, page), re.S)
+    assert m, f"docs/{page.name}: `provision {name}` has no ```json example"
     return lenient_json(m.group(1))
 
 
 # --------------------------------------------------------------------------- comparing shapes
 
-DYNAMIC = {"hosts", "outcome"}  # objects keyed by host name
+DYNAMIC = {"hosts", "outcome", "params"}  # objects keyed by host name, or by a study's parameter names
 
 
 def _kind(v: Any) -> str:
@@ -122,11 +123,12 @@ def style_problems(real: Any, path: str = "$") -> list[str]:
     return out
 
 
-def check(name: str, real: Any) -> None:
+def check(name: str, real: Any, page: Path = COMMANDS) -> None:
     assert isinstance(real, dict) and "format_version" in real, f"{name}: no format_version"
-    doc = documented(name)
+    doc = documented(name, page)
     problems = shape_problems(doc, real) + style_problems(real)
-    assert not problems, f"provision {name} --json vs docs/commands.md:\n" + "\n".join(problems)
+    shown = f"provision {name}" + ("" if name.endswith("--json") else " --json")
+    assert not problems, f"{shown} vs docs/{page.name}:\n" + "\n".join(problems)
 
 
 # --------------------------------------------------------------------------- the checker itself

@@ -1,0 +1,223 @@
+"""How a study is shown (cli/tuneview.py): the trials table, the --json document (against
+docs/tuning.md's example, as tests/test_json_shapes.py checks the others), the PNG and the
+progress lines. No hosts, no Optuna: rows as the engine would read them back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+
+from provision.cli.tuneview import best_so_far, compact, digits, draw_png, event_line, study_json, table_lines
+from provision.core.tuning import Goal, Metric, Param, ParamType, Scale, TrialRow, TrialState, Tune
+from test_json_shapes import TUNING, check, documented
+
+S = TrialState
+TUNE = Tune(
+    Metric("val_loss", Goal.MINIMIZE),
+    (
+        Param("learning_rate", ParamType.DOUBLE, 1e-5, 1e-1, Scale.LOG),
+        Param("batch_size", ParamType.DISCRETE, values=(32, 64, 128)),
+        Param("optimizer", ParamType.CATEGORICAL, values=("adam", "sgd")),
+        # Conditional: only the sgd trials have it.
+        Param("momentum", ParamType.DOUBLE, 0.0, 0.99, parent="optimizer", parent_values=("sgd",)),
+    ),
+    max_trials=12,
+    parallel_trials=4,
+)
+
+
+def _p(lr: float, bs: int, opt: str, momentum: float | None = None) -> tuple[tuple[str, float | int | str], ...]:
+    out: tuple[tuple[str, float | int | str], ...] = (("learning_rate", lr), ("batch_size", bs), ("optimizer", opt))
+    return out + ((("momentum", momentum),) if momentum is not None else ())
+
+
+ROWS = (
+    TrialRow(
+        1, _p(0.00031622776601683794, 64, "adam"), S.SUCCEEDED, 0.41234567, 1000, 754.2, "chief-0 exited 0", "mnist-t1"
+    ),
+    TrialRow(2, _p(0.01, 32, "sgd", 0.9), S.SUCCEEDED, 0.3312, 1000, 65.0, "chief-0 exited 0", "mnist-t2"),
+    TrialRow(
+        3, _p(0.05, 128, "sgd", 0.5), S.STOPPED_EARLY, 0.9, 30, 20.0, "worse than the median at step 30", "mnist-t3"
+    ),
+    TrialRow(4, _p(1e-5, 32, "adam"), S.FAILED, None, None, 3.0, "chief-0 exited 1", "mnist-t4"),
+    TrialRow(5, _p(0.002, 64, "adam"), S.SUCCEEDED, 0.2501, 1000, 60.0, "chief-0 exited 0", "mnist-t5"),
+    TrialRow(6, _p(1e-5, 32, "adam"), S.RUNNING, 0.5, 40, 12.0, "", "mnist-t6", retry_of=4),
+    TrialRow(7, _p(0.003, 64, "adam"), S.RUNNING, job="mnist-t7"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _plain(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def test_compact_values_and_digits():
+    assert [compact(v) for v in (0.00031622776601683794, 12.5, 1e-5, 64, "adam", True)] == [
+        "0.0003162",
+        "12.5",
+        "1e-05",
+        "64",
+        "adam",
+        "true",
+    ]
+    assert digits([0.1234, 0.5]) == 4
+    assert digits([0.12341, 0.12342]) == 5  # 4 digits would show them alike
+    assert digits([0.123401, 0.123402]) == 6  # and never more than 6
+    assert digits([]) == 4
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def test_table_lines():
+    lines = table_lines(ROWS, TUNE)
+    assert lines == [
+        "TRIAL           learning_rate  batch_size  optimizer  momentum  STATE          val_loss  STEP  TIME  WHY",
+        "1               0.0003162      64          adam                 succeeded      0.4123    1000  12m   chief-0 exited 0",
+        "2               0.01           32          sgd        0.9       succeeded      0.3312    1000  65s   chief-0 exited 0",
+        "3               0.05           128         sgd        0.5       stopped early  0.9       30    20s   worse than the median at step 30",
+        "4               1e-05          32          adam                 failed                         3s    chief-0 exited 1",
+        "5               0.002          64          adam                 succeeded      0.2501    1000  60s   chief-0 exited 0",
+        "6 (retry of 4)  1e-05          32          adam                 running        0.5       40    12s",
+        "7               0.003          64          adam                 running",
+        "",
+        "Best: trial 5, val_loss=0.2501 (--learning_rate=0.002 --batch_size=64 --optimizer=adam)",
+        "7 trials: 3 succeeded, 1 stopped early, 1 failed, 2 running (max_trials 12, parallel 4)",
+    ]
+
+
+def test_table_of_no_trials_and_of_a_maximized_metric():
+    assert table_lines((), TUNE)[-2:] == [
+        "Best: none yet",
+        "0 trials: 0 succeeded, 0 stopped early, 0 failed, 0 running (max_trials 12, parallel 4)",
+    ]
+    up = Tune(Metric("accuracy", Goal.MAXIMIZE), (), max_trials=1)
+    one = (TrialRow(1, (), S.SUCCEEDED, 0.91, 5, 1.0), TrialRow(2, (), S.SUCCEEDED, 0.9, 5, 1.0))
+    assert table_lines(one, up)[-2:] == [
+        "Best: trial 1, accuracy=0.91",
+        "2 trials: 2 succeeded, 0 stopped early, 0 failed, 0 running (max_trials 1, parallel 1)",
+    ]
+    # Values 4 digits would show alike get more.
+    close = (TrialRow(1, (), S.SUCCEEDED, 0.123451), TrialRow(2, (), S.SUCCEEDED, 0.123459))
+    assert "0.12345" in table_lines(close, up)[1] and "0.12346" in table_lines(close, up)[2]
+
+
+def test_table_colours_only_without_no_color(monkeypatch):
+    assert not any("\x1b[" in line for line in table_lines(ROWS, TUNE))
+    monkeypatch.delenv("NO_COLOR")
+    coloured = table_lines(ROWS, TUNE)
+    assert "\x1b[31m" in coloured[4]  # the failed trial in red
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert [click.unstyle(line) for line in coloured] == table_lines(ROWS, TUNE)
+
+
+# --------------------------------------------------------------------------- --json
+
+
+def test_study_json_has_the_documented_shape():
+    real = json.loads(json.dumps(study_json("mnist", TUNE, ROWS, ended=None, picture=".provision/mnist.tune.png")))
+    check("tune --status --json", real, TUNING)
+    assert real["best"]["number"] == 5 and real["trials"][3]["value"] is None
+    assert "momentum" not in real["trials"][0]["params"] and real["trials"][1]["params"]["momentum"] == 0.9
+    assert real["counts"] == {"succeeded": 3, "stopped early": 1, "failed": 1, "running": 2}
+    assert (real["ended"], real["picture"]) == (None, ".provision/mnist.tune.png")
+    ended = study_json("mnist", TUNE, (), ended="max_trials reached", picture=None)
+    check("tune --status --json", json.loads(json.dumps(ended)), TUNING)
+    assert ended["best"] is None and ended["trials"] == [] and ended["ended"] == "max_trials reached"
+
+
+def test_documented_study_keys_are_exactly_study_json_keys():
+    """Nothing elided at the top: every key of the document is documented, and only those."""
+    doc = documented("tune --status --json", TUNING)
+    assert set(doc) == set(study_json("j", TUNE, ROWS, ended=None, picture=None))
+    assert set(doc["trials"][0]) == set(ROWS[0].to_json())
+
+
+# --------------------------------------------------------------------------- progress lines
+
+
+def test_event_lines():
+    assert [event_line(r, TUNE) for r in ROWS] == [
+        "trial 1 succeeded: val_loss=0.412346 at step 1000 after 12m",
+        "trial 2 succeeded: val_loss=0.3312 at step 1000 after 65s",
+        "trial 3 stopped early at step 30: worse than the median at step 30",
+        "trial 4 failed: chief-0 exited 1",
+        "trial 5 succeeded: val_loss=0.2501 at step 1000 after 60s",
+        "trial 6 started (retry of trial 4): --learning_rate=1e-05 --batch_size=32 --optimizer=adam",
+        "trial 7 started: --learning_rate=0.003 --batch_size=64 --optimizer=adam",
+    ]
+    assert event_line(TrialRow(8, (), S.FAILED), TUNE) == "trial 8 failed"
+    assert event_line(TrialRow(9, (), S.STOPPED_EARLY, why="worse"), TUNE) == "trial 9 stopped early: worse"
+    assert event_line(TrialRow(10, (("optimizer", "sgd"),), S.RUNNING), TUNE) == "trial 10 started: --optimizer=sgd"
+
+
+# --------------------------------------------------------------------------- the picture
+
+
+def test_best_so_far_respects_the_goal():
+    assert best_so_far(ROWS, TUNE) == ([1, 2, 5], [0.41234567, 0.3312, 0.2501])
+    up = Tune(Metric("val_loss", Goal.MAXIMIZE), (), max_trials=9)
+    assert best_so_far(list(reversed(ROWS)), up) == ([1], [0.41234567])  # trial-number order, not the rows'
+
+
+def _read_png(path):
+    import matplotlib.image  # only to read the picture back
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = matplotlib.image.imread(str(path))
+    assert img.shape[0] > 0 and img.shape[1] > 0
+    return img
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [ROWS, (), ROWS[3:4], tuple(reversed(ROWS))],
+    ids=["all-states", "no-trials", "only-failed", "out-of-order"],
+)
+def test_png_is_written(tmp_path, rows):
+    path = tmp_path / "state" / "mnist.tune.png"
+    draw_png(path, rows, TUNE)
+    _read_png(path)
+    assert [p.name for p in path.parent.iterdir()] == ["mnist.tune.png"]  # no temp file left
+
+
+def test_png_of_one_log_and_one_categorical_parameter(tmp_path):
+    for params in (TUNE.params[:1], TUNE.params[2:3]):
+        tune = Tune(Metric("accuracy", Goal.MAXIMIZE), params, max_trials=3)
+        path = tmp_path / f"{params[0].name}.png"
+        draw_png(path, ROWS, tune, job="mnist")
+        small = _read_png(path)
+    big = tmp_path / "big.png"
+    draw_png(big, ROWS, TUNE)
+    assert _read_png(big).shape[0] > small.shape[0]  # a row of panels per 3 parameters
+
+
+def test_png_replaces_the_old_one_whole(tmp_path, monkeypatch):
+    path = tmp_path / "mnist.tune.png"
+    path.write_bytes(b"old")
+    draw_png(path, ROWS, TUNE)
+    _read_png(path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    from matplotlib.figure import Figure  # only to break it
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    with pytest.raises(RuntimeError):
+        draw_png(path, (), TUNE)
+    _read_png(path)  # the previous picture, untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["mnist.tune.png"]
+
+
+def test_importing_tuneview_does_not_import_matplotlib_or_optuna():
+    code = "import sys, provision.cli.tuneview; print(sorted(m for m in ('matplotlib', 'optuna') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
