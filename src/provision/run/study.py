@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
@@ -106,7 +106,7 @@ def pruner(tune: Tune) -> optuna.pruners.BasePruner:
 
 
 def open_study(tune: Tune, job: str, storage: optuna.storages.BaseStorage, seed: int | None = None) -> optuna.Study:
-    direction = "maximize" if tune.metric.goal is Goal.MAXIMIZE else "minimize"
+    direction: Literal["minimize", "maximize"] = "maximize" if tune.metric.goal is Goal.MAXIMIZE else "minimize"
     try:
         study = optuna.create_study(
             storage=storage,
@@ -144,8 +144,7 @@ def _suggest_one(trial: optuna.Trial, p: Param) -> Value:
         return trial.suggest_float(p.name, float(p.min or 0), float(p.max or 0), log=log)
     if p.type is ParamType.INTEGER:
         return trial.suggest_int(p.name, int(p.min or 0), int(p.max or 0), log=log)
-    value: Value = trial.suggest_categorical(p.name, list(p.values))
-    return value
+    return _plain(trial.suggest_categorical(p.name, list(p.values)))
 
 
 # --------------------------------------------------------------------------- who runs a trial

@@ -74,6 +74,10 @@ class TrialWork:
     poll: float = 1.0
     verbose: bool = False
     waiting: dict[int, str] = field(default_factory=dict)  # trial number -> why it waits for room
+    # One trial's apply or removal at a time: trials share the study's pushed files, and a
+    # removal (the last user takes a shared file away) racing another trial's plan of the
+    # same file would find it neither shared nor absent. Each takes a few round trips.
+    hosts_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def metric_task(inv: Inventory) -> str:
@@ -135,7 +139,7 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
                 steps=ended.steps,
             )
             _keep_logs(w, ctx, number)
-            _remove(ctx)
+            _remove(w, ctx)
         if ended.ending is Ending.FAILED and not ended.lines:
             ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(inv)}.log")
         return ended
@@ -166,24 +170,28 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
     while True:
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
-        try:
-            plan = build_plan(ctx, checks=True)
-        except PlacementError as e:
-            if not e.held:
-                return Ended(Ending.FAILED, e.message)
-            w.waiting[number] = e.reason
+        with w.hosts_lock:
+            try:
+                plan = build_plan(ctx, checks=True)
+            except PlacementError as e:
+                plan = None
+                if not e.held:
+                    return Ended(Ending.FAILED, e.message)
+                w.waiting[number] = e.reason
+            if plan is not None and not plan.problems:
+                outcomes = apply_plan(ctx, plan, lambda line: None)
+        if plan is None:
             beat(w.study, trial_id)
             time.sleep(w.poll)
             continue
         w.waiting.pop(number, None)
         if plan.problems:
             return Ended(Ending.FAILED, plan.problems[0])
-        outcomes = apply_plan(ctx, plan, lambda line: None)
         if any(o.lost_race for o in outcomes.values()):
             continue  # another trial took the GPUs first: plan again
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
         if errors:
-            _remove(ctx)
+            _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
         return None
 
@@ -279,10 +287,11 @@ def _keep_logs(w: TrialWork, ctx: Context, number: int) -> None:
         w.say(f"trial {number}: its logs could not be kept: {getattr(e, 'message', e)}")
 
 
-def _remove(ctx: Context) -> None:
+def _remove(w: TrialWork, ctx: Context) -> None:
     """destroy, as `provision destroy` does it, under the trial's lock."""
     if ctx.lock is None:
         ctx.lock = ctx.state.store.lock("destroy").acquire()
-    plan = destroy_plan(ctx)
-    if plan.changed:
-        destroy(ctx, plan)
+    with w.hosts_lock:
+        plan = destroy_plan(ctx)
+        if plan.changed:
+            destroy(ctx, plan)

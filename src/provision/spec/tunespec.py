@@ -85,7 +85,7 @@ def parse_tune(c: Checker, value: Any, job: str | None) -> Tune | None:
     return Tune(metric, tuple(params), max_trials, parallel, max_failed, algorithm, stopping, measurement, storage)
 
 
-def _enum(c: Checker, m: dict, path: KeyPath, key: str, kind: Any, default: Any) -> Any:
+def _enum(c: Checker, m: dict[str, Any], path: KeyPath, key: str, kind: Any, default: Any) -> Any:
     got = c.choice(m.get(key, default.value), path + (key,), tuple(e.value for e in kind))
     return kind(got) if got is not None else default
 
@@ -171,7 +171,13 @@ def _param(c: Checker, name: Any, value: Any, path: KeyPath) -> Param | None:
 
 
 def _ranged(
-    c: Checker, name: str, t: ParamType, m: dict, path: KeyPath, parent: str | None, parent_values: tuple[Value, ...]
+    c: Checker,
+    name: str,
+    t: ParamType,
+    m: dict[str, Any],
+    path: KeyPath,
+    parent: str | None,
+    parent_values: tuple[Value, ...],
 ) -> Param | None:
     if "values" in m:
         c.add(path + ("values",), f"a {t.value} parameter takes min and max; for a list of numbers use type: discrete")
@@ -218,7 +224,7 @@ def _values(c: Checker, t: ParamType, value: Any, path: KeyPath) -> tuple[Value,
     if len(set(out)) != len(out):
         c.add(path, "a value is listed twice")
         return ()
-    if t is ParamType.DISCRETE and sorted(out) != out:  # type: ignore[type-var]
+    if t is ParamType.DISCRETE and sorted(out) != out:
         c.add(path, "discrete values go in increasing order")
         return ()
     return tuple(out)

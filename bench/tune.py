@@ -1,0 +1,121 @@
+"""Benchmark: how tightly `provision tune` packs trials onto GPUs (issue 30).
+
+    python bench/tune.py [--trials 40] [--seconds 2] [--slots 4] [--poll 0.3]
+
+Starts a sandbox of 2 hosts with 2 fake GPUs each (4 slots), runs a random study of
+`--trials` trials of a `--seconds`-second job (tests/fixtures/tune/trainer.py, reporting as
+cloudml-hypertune does), at most `--slots` at once, and reports from the trials' kept logs
+(their first and last line, as the hosts' journals stamp them):
+- the hand-off: from a trial's last line to the first line of the next trial that started
+  after it (the freed GPU's next user), median and p95;
+- the study's wall time against the ideal, trials x seconds / slots.
+A benchmark, not a timed test: the numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from provision import sandbox
+from provision.sandbox.inventory import dump
+
+TRAINER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tune" / "trainer.py"
+
+
+def _stamp(line: str) -> float:
+    return dt.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+
+
+def spans(logs: Path) -> list[tuple[float, float]]:
+    out = []
+    for d in sorted(logs.glob("trial-*")):
+        lines = [ln for ln in (d / "chief-0.log").read_text().splitlines() if ln.strip() and "[systemd]" not in ln]
+        if lines:
+            out.append((_stamp(lines[0]), _stamp(lines[-1])))
+    return out
+
+
+def handoffs(sp: list[tuple[float, float]]) -> list[float]:
+    """Each trial's end to the start of the first unmatched trial that started after it."""
+    starts = sorted(s for s, _ in sp)
+    used: set[int] = set()
+    out = []
+    for _, end in sorted(sp, key=lambda x: x[1]):
+        nxt = next((i for i, s in enumerate(starts) if s >= end and i not in used), None)
+        if nxt is not None:
+            used.add(nxt)
+            out.append(starts[nxt] - end)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=40)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--poll", type=float, default=0.3)
+    args = ap.parse_args()
+    sb = sandbox.up(hosts=2, gpus_per_host=2, progress=lambda m: print(f"  {m}", file=sys.stderr))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-tune-"))
+    try:
+        shutil.copy(TRAINER, tmp / "trainer.py")
+        steps = 4
+        inv = sandbox.inventory_dict(
+            sb,
+            job="btune",
+            files=[{"src": "trainer.py", "dest": "/opt/btune/trainer.py"}],
+            pools={
+                "chief": {
+                    "replicas": 1,
+                    "accelerators": 1,
+                    "command": [
+                        "python3",
+                        "/opt/btune/trainer.py",
+                        f"--steps={steps}",
+                        f"--step_seconds={args.seconds / steps}",
+                    ],
+                }
+            },
+            tune={
+                "metric": {"name": "loss", "goal": "minimize"},
+                "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+                "algorithm": "random",
+                "max_trials": args.trials,
+                "parallel_trials": args.slots,
+            },
+        )
+        (tmp / "study.yaml").write_text(dump(inv, sb))
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "provision", "tune", "--poll", str(args.poll), "study.yaml"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
+        wall = time.monotonic() - t0
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            return 1
+        sp = spans(tmp / ".provision" / "btune.tune")
+        ho = sorted(handoffs(sp))
+        ideal = args.trials * args.seconds / args.slots
+        p95 = ho[min(len(ho) - 1, int(0.95 * len(ho)))] if ho else float("nan")
+        print(f"{len(sp)} trials of {args.seconds:g} s on {args.slots} slots (poll {args.poll:g} s)")
+        print(f"hand-off, trial end to the next start: median {statistics.median(ho):.2f} s, p95 {p95:.2f} s")
+        print(f"wall {wall:.1f} s, ideal {ideal:.1f} s: {100 * ideal / wall:.0f} % of the ideal")
+        return 0
+    finally:
+        sandbox.down(sb.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
