@@ -1,0 +1,128 @@
+"""A trial's reports, read from what its chief wrote. Pure: bytes and lines in, `Report`s out.
+
+Two collectors, as Katib has them:
+
+- the metric file cloudml-hypertune writes (`CLOUD_ML_HP_METRIC_FILE`): JSON lines,
+  `{"checkpoint_path": "", "global_step": "1000", "<tag>": "0.987", "timestamp": 1525851440.12,
+  "trial": "0"}`, every value a string but the timestamp. The library keeps the last 100
+  reports and rewrites the whole file at each one (`open(path, "w")`, not atomic), so a
+  reader may find it empty, or cut in the middle of a line: such a line is skipped, and a
+  read that finds fewer reports than the one before is a read during a rewrite (the caller
+  keeps the longer one, or reads again);
+- the chief's log lines, matched by `tune.metric.regex` (Katib's stdout collector): a
+  group named `value` (or the only group) holds the number, a group named `step` the step.
+
+Non-finite values ("nan", "inf") are kept as floats: `core.tuning.measured` skips them, and a
+trial that only ever reports NaN is one that measured nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from provision.core.tuning import DEFAULT_METRIC_TAG, Report
+
+VALUE_GROUP = "value"
+STEP_GROUP = "step"
+
+
+def _number(v: Any) -> float | None:
+    """A JSON value as a float: a number, or a string holding one ("0.98", "nan", "1e-3")."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _step(v: Any) -> int | None:
+    """A step as hypertune writes it ("1000"), or as some writers do ("1000.0", 1000)."""
+    x = _number(v)
+    if x is None or not math.isfinite(x):
+        return None
+    return int(x)
+
+
+def parse_metric_file(data: bytes, tag: str) -> tuple[Report, ...]:
+    """The reports for metric `tag` in a cloudml-hypertune metric file, in file order.
+
+    `tag` empty means the library's default, `training/hptuning/metric`. Skipped: lines that
+    are not a whole JSON object (a partial last line, garbage bytes), lines without the tag
+    (another metric's reports) and lines whose value or step is not a number. A line without
+    `global_step` is step 0, as the library writes a report given no step.
+    """
+    key = tag or DEFAULT_METRIC_TAG
+    out: list[Report] = []
+    for raw in data.split(b"\n"):
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and json.JSONDecodeError are both ValueErrors
+            continue
+        if not isinstance(obj, dict) or key not in obj:
+            continue
+        value = _number(obj[key])
+        step = _step(obj.get("global_step", "0"))
+        if value is None or step is None:
+            continue
+        stamp = _number(obj.get("timestamp"))
+        out.append(
+            Report(step=step, value=value, timestamp=stamp if stamp is not None and math.isfinite(stamp) else 0.0)
+        )
+    return tuple(out)
+
+
+def check_regex(regex: str) -> str | None:
+    """None when `regex` can collect a metric from log lines; else why not, in words."""
+    try:
+        pattern = re.compile(regex)
+    except re.error as e:
+        return f"does not compile: {e}"
+    names = pattern.groupindex
+    if pattern.groups == 0:
+        return "no group: add (?P<value>...) around the number, e.g. val_loss=(?P<value>\\S+)"
+    if VALUE_GROUP not in names:
+        if pattern.groups > 1:
+            return f"{pattern.groups} groups and none named value: name the number's group (?P<value>...)"
+        if STEP_GROUP in names:
+            return "its only group is step: add (?P<value>...) around the metric's number"
+    if pattern.search("") is not None:
+        return "matches an empty line, so every line: anchor it on the metric's name, e.g. val_loss=(?P<value>\\S+)"
+    return None
+
+
+def parse_log_lines(lines: Iterable[str], regex: str) -> tuple[Report, ...]:
+    """One report per log line `regex` matches (its first match in the line), in order.
+
+    The value is the group named `value`, or the only group; the step the group named
+    `step`, or, without one (or when it did not take part in the match), the report's index
+    (1, 2, ...). A match whose value or step is not a number is skipped. Raises ValueError
+    for a regex `check_regex` refuses.
+    """
+    reason = check_regex(regex)
+    if reason is not None:
+        raise ValueError(f"metric regex {regex!r}: {reason}")
+    pattern = re.compile(regex)
+    value_group: str | int = VALUE_GROUP if VALUE_GROUP in pattern.groupindex else 1
+    out: list[Report] = []
+    for line in lines:
+        m = pattern.search(line.rstrip("\r\n"))
+        if m is None:
+            continue
+        value = _number(m.group(value_group))
+        if value is None:
+            continue
+        step_text = m.group(STEP_GROUP) if STEP_GROUP in pattern.groupindex else None
+        step = len(out) + 1 if step_text is None else _step(step_text)
+        if step is None:
+            continue
+        out.append(Report(step=step, value=value))
+    return tuple(out)
