@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from provision.rules.metrics import parse_log_lines, parse_metric_file
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 STEPS = 20
@@ -568,3 +570,106 @@ def test_torch_labels_follow_cluster_spec():
     no_chief = job_envs({"worker": 2})  # worker 0 is rank 0 then
     assert mod.role_label(0, no_chief[("worker", 0)]) == "worker:0 rank 0"
     assert mod.role_label(0, {}) == "chief:0 rank 0"
+
+
+# ------------------------------------------------------- a tuning trial (tune_torch)
+
+TUNE = EXAMPLES / "tune_torch" / "train.py"
+LOG_REGEX = r"step=(?P<step>\d+) val_loss=(?P<value>\S+)"
+
+
+def trial_env(tmp_path: Path, name: str, trial: int | None = None, tag: str | None = None) -> dict[str, str]:
+    """The runner's environment without cluster variables, plus what a tuning job sets."""
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS and not k.startswith("CLOUD_ML_")}
+    env["CLOUD_ML_HP_METRIC_FILE"] = str(tmp_path / name / "output.metrics")
+    if trial is not None:
+        env["CLOUD_ML_TRIAL_ID"] = str(trial)
+        task = {"type": "chief", "index": 0, "trial": str(trial)}
+        env["TF_CONFIG"] = json.dumps({"cluster": {"chief": ["127.0.0.1:2222"]}, "task": task})
+    if tag is not None:
+        env["CLOUD_ML_HP_METRIC_TAG"] = tag
+    return env
+
+
+@needs_torch
+def test_tune_trial_loss_depends_on_the_learning_rate(tmp_path):
+    """Three trials at once (their time is mostly importing torch): a good learning rate, one
+    too small, and one that crashes; each reports through the real cloudml-hypertune."""
+    pytest.importorskip("hypertune", reason="pip install cloudml-hypertune==0.1.0.dev6 (the test extra)")
+    runs = {
+        # As provision passes parameters (--name=value), DISCRETE ones as floats.
+        "good": (["--learning_rate=0.1", "--batch_size=64.0"], trial_env(tmp_path, "good", trial=3)),
+        # As Vertex's docs show them (--name value), and another metric tag.
+        "small": (["--learning_rate", "0.0001"], trial_env(tmp_path, "small", trial=4, tag="loss")),
+        "crash": (["--learning_rate=0.1", "--report_every=2", "--crash_at_step=5"], trial_env(tmp_path, "crash")),
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(TUNE), "--steps=60", *args],
+            env=env,
+            cwd=tmp_path,  # any directory: the script finds nothing relative to it
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (args, env) in runs.items()
+    }
+    out = {}
+    for name, p in procs.items():
+        stdout, stderr = p.communicate(timeout=120)
+        out[name] = (p.returncode, stdout, stderr)
+
+    reports = {}
+    for name, tag in (("good", "val_loss"), ("small", "loss")):
+        rc, stdout, stderr = out[name]
+        assert rc == 0, (name, stdout, stderr)
+        data = Path(runs[name][1]["CLOUD_ML_HP_METRIC_FILE"]).read_bytes()
+        reports[name] = parse_metric_file(data, tag)
+        assert [r.step for r in reports[name]] == [20, 40, 60], data
+        # The log lines say the same (to the 6 decimals they print).
+        logged = parse_log_lines(stdout.splitlines(), LOG_REGEX)
+        assert [(r.step, r.value) for r in logged] == [(r.step, round(r.value, 6)) for r in reports[name]]
+    assert "trial 3 (TF_CONFIG task.trial), CLOUD_ML_TRIAL_ID 3, metric tag val_loss" in out["good"][1]
+    assert "batch_size=64 " in out["good"][1]
+    good, small = reports["good"][-1].value, reports["small"][-1].value
+    assert good < 0.15 and small > 1.0 and good < small / 10, (good, small)
+
+    rc, stdout, stderr = out["crash"]
+    assert rc == 1, (stdout, stderr)
+    assert "Traceback (most recent call last)" in stderr
+    assert "RuntimeError: crashing at step 5 as asked (--crash_at_step 5)" in stderr
+    data = Path(runs["crash"][1]["CLOUD_ML_HP_METRIC_FILE"]).read_bytes()
+    assert [r.step for r in parse_metric_file(data, "val_loss")] == [2, 4]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_tune_trial_diverging_reports_a_large_finite_value(tmp_path):
+    pytest.importorskip("hypertune", reason="pip install cloudml-hypertune==0.1.0.dev6 (the test extra)")
+    env = trial_env(tmp_path, "diverge")
+    r = subprocess.run(
+        [sys.executable, str(TUNE), "--learning_rate=1.0", "--steps=60"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert re.search(r"^diverged at step \d+: .*learning rate 1.0 too large", r.stdout, re.M), r.stdout
+    got = parse_metric_file(Path(env["CLOUD_ML_HP_METRIC_FILE"]).read_bytes(), "val_loss")
+    assert got and got[-1].value == 1e6 and got[-1].step < 60
+
+
+def test_tune_trial_arguments_and_environment():
+    mod = load(TUNE)
+    args = mod.parse_args(["--batch_size=256.0", "--learning_rate", "3e-2", "--steps", "10"])
+    assert (args.batch_size, args.learning_rate, args.steps) == (256, 0.03, 10)
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--batch_size=256.5"])
+    assert mod.read_env({}) == {"trial": None, "trial_id": None, "tag": "val_loss"}
+    tf_config = json.dumps({"cluster": {"chief": ["a:1"]}, "task": {"type": "chief", "index": 0, "trial": "7"}})
+    env = {"TF_CONFIG": tf_config, "CLOUD_ML_TRIAL_ID": "7", "CLOUD_ML_HP_METRIC_TAG": "mse"}
+    assert mod.read_env(env) == {"trial": "7", "trial_id": "7", "tag": "mse"}
+    with pytest.raises(mod.EnvError, match="TF_CONFIG is not valid JSON"):
+        mod.read_env({"TF_CONFIG": "{not json"})

@@ -27,13 +27,19 @@ from ._util import Progress, file_lock, no_progress, tail
 # name -> pip requirements. CPU builds: there are no GPUs on sandbox hosts. torch 2.13.0's
 # CPU wheel is found through pip's configured find-links on provision's machines. torch does
 # not depend on numpy, but `Tensor.numpy()` (and so most training scripts) needs it; the
-# version is the one tensorflow-cpu 2.21 brings, so both layers agree.
+# version is the one tensorflow-cpu 2.21 brings, so both layers agree. cloudml-hypertune is
+# how tuning trials report their metric (examples/tune_torch/train.py): one pure-Python
+# module with no dependencies, published as an sdist only (pip builds it).
 FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "tensorflow": ("tensorflow-cpu==2.21.0",),
-    "torch": ("torch==2.13.0", "numpy==2.4.6"),
+    "torch": ("torch==2.13.0", "numpy==2.4.6", "cloudml-hypertune==0.1.0.dev6"),
     # CPU jaxlib: what a TPU job's cluster detection reads can be checked without a TPU.
     "jax": ("jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"),
 }
+# Requirements with no wheel: pip refuses them under --only-binary, which a controller on
+# another Python needs; being pure Python without dependencies, they are built on the
+# controller in a second pip call with --no-deps (which pip allows with --python-version).
+SDIST_ONLY = frozenset({"cloudml-hypertune==0.1.0.dev6"})
 HOST_ROOT = "/opt/provision-sandbox/frameworks"
 HOST_PYTHON = (3, 11)  # Debian bookworm's python3
 
@@ -66,7 +72,22 @@ def ensure_framework(name: str, progress: Progress = no_progress) -> Path:
     return final
 
 
-def _pip_command(target: Path, reqs: tuple[str, ...]) -> list[str]:
+def _pip_commands(target: Path, reqs: tuple[str, ...]) -> list[list[str]]:
+    """The pip calls that install reqs into target: one, or on a controller that is not the
+    hosts' Python, one for the wheels and one for the sdist-only pure-Python packages."""
+    if not _cross():
+        return [_pip_command(target, reqs)]
+    wheels = tuple(r for r in reqs if r not in SDIST_ONLY)
+    pure = tuple(r for r in reqs if r in SDIST_ONLY)
+    cmds = [_pip_command(target, wheels)] if wheels else []
+    return cmds + ([_pip_command(target, pure, sdists=True)] if pure else [])
+
+
+def _cross() -> bool:
+    return sys.version_info[:2] != HOST_PYTHON or platform.machine() != "x86_64"
+
+
+def _pip_command(target: Path, reqs: tuple[str, ...], sdists: bool = False) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -80,7 +101,7 @@ def _pip_command(target: Path, reqs: tuple[str, ...]) -> list[str]:
         "--progress-bar",
         "off",
     ]
-    if sys.version_info[:2] != HOST_PYTHON or platform.machine() != "x86_64":
+    if _cross():
         # A controller on another Python must fetch wheels for the hosts' 3.11.
         cmd += [
             "--python-version",
@@ -89,7 +110,8 @@ def _pip_command(target: Path, reqs: tuple[str, ...]) -> list[str]:
             "cp",
             "--platform",
             "manylinux_2_36_x86_64",
-            "--only-binary=:all:",
+            # --no-deps: pure-Python sdists without dependencies (SDIST_ONLY), built here.
+            "--no-deps" if sdists else "--only-binary=:all:",
         ]
     return cmd + list(reqs)
 
@@ -105,11 +127,14 @@ def _install(name: str, final: Path, progress: Progress) -> None:
     progress(f"installing the {name} layer ({' '.join(reqs)}) once into {final}; log: {log_path}")
     t0 = time.monotonic()
     try:
-        cmd = _pip_command(tmp, reqs)
+        rc = 0
         with open(log_path, "w") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+            for cmd in _pip_commands(tmp, reqs):
+                log.write("$ " + " ".join(cmd) + "\n")
+                log.flush()
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+                if rc != 0:
+                    break
         if rc != 0:
             raise ProvisionError(
                 f"installing the {name} layer failed: pip exited {rc} "
