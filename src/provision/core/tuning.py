@@ -193,7 +193,11 @@ def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRo
     """The best succeeded trial (ties: the earlier)."""
     out: TrialRow | None = None
     for r in rows:
-        if r.state is TrialState.SUCCEEDED and r.value is not None and (out is None or metric.better(r.value, out.value or 0.0)):
+        if (
+            r.state is TrialState.SUCCEEDED
+            and r.value is not None
+            and (out is None or metric.better(r.value, out.value or 0.0))
+        ):
             out = r
     return out
 
