@@ -74,6 +74,9 @@ TOP_KEYS = (
     "setup",
     "outputs",
     "state",
+    # A hyperparameter study (issue 30): accepted here so that `provision import` can write it;
+    # its own checks come with its parser (spec/tunespec.py).
+    "tune",
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
