@@ -237,18 +237,19 @@ def test_reduction_server_on_other_gpus_warns(tmp_path: Path) -> None:
 
 def test_ai_platform_tf_config_example(tmp_path: Path, tf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job of AI Platform's TF_CONFIG example: runtime 2.1, a master, two workers and a
-    parameter server, first trial of a tuning job. Worker 0 sees what the page shows."""
+    parameter server, a tuning job. Worker 0 sees what the page shows but task.trial, which
+    `provision tune` sets for each trial (the study is tune:, tests/test_import_tuning.py)."""
     out, _, err = do_import(tmp_path, "ai-platform", str(FIXTURES / "census_hptuning.yaml"))
     assert "applied in part" in err
     inv = load(out)
     ti = yaml.safe_load((FIXTURES / "census_hptuning.yaml").read_text())["trainingInput"]
     assert inv.job_spec == ti and inv.job == "census-hptuning"
-    assert (inv.tf_config.chief_name, inv.tf_config.trial) == ("chief", "1")
-    docs = check_cluster(tf, monkeypatch, inv, ti, "1")
+    assert (inv.tf_config.chief_name, inv.tf_config.trial) == ("chief", None)
+    docs = check_cluster(tf, monkeypatch, inv, ti, None)
     worker0 = docs["worker-0"]
     # The page's example, with its addresses: the same keys, lengths and task.
     assert {k: len(v) for k, v in worker0["cluster"].items()} == {"chief": 1, "ps": 1, "worker": 2}
-    assert worker0["task"] == {"index": 0, "trial": "1", "type": "worker"}
+    assert worker0["task"] == {"index": 0, "type": "worker"}
     assert worker0["environment"] == "cloud" and worker0["job"] == ti
     cmd = (
         "/opt/venvs/census-hptuning/bin/python",
@@ -268,9 +269,11 @@ def test_ai_platform_tf_config_example(tmp_path: Path, tf: Any, monkeypatch: pyt
 
 
 def test_ai_platform_legacy_master(tmp_path: Path, tf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same job without runtime 2.1, useChiefInTfConfig or an evaluator: `master`."""
+    """The same job without runtime 2.1, useChiefInTfConfig or an evaluator: `master`. Its
+    third trial as a plain job: without hyperparameters, with --trial."""
     doc = yaml.safe_load((FIXTURES / "census_hptuning.yaml").read_text())
     del doc["trainingInput"]["runtimeVersion"]
+    del doc["trainingInput"]["hyperparameters"]
     (tmp_path / "job.json").write_text(json.dumps(doc))
     out, _, _ = do_import(tmp_path, "ai-platform", "job.json", "--trial", "3")
     inv = load(out)
@@ -517,10 +520,10 @@ labels: {team: ads}
         {"chief": {"replicas": 1}, "worker": {"replicas": 1}},
         spec_at=("trialJobSpec",),
         job="tune-lr",
-        trial="1",
         in_text=(
-            '#   - studySpec: {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}], "parame...',
-            "#   - maxTrialCount: 8\n#       one trial runs (see studySpec)\n",
+            "tf_config: {chief_name: chief}\n",
+            "tune:\n  metric: {name: accuracy, goal: maximize}\n  parameters:\n    lr: {type: double, min: 0.001, max: 0.1}\n",
+            "  max_trials: 8\n  parallel_trials: 2\n  early_stopping: none\n",
         ),
     ),
     Case(
@@ -877,7 +880,7 @@ ERRORS = [
         "vertex",
         "job.sh",
         "#!/bin/sh\ngcloud ai-platform jobs submit training x --config c.yaml\n",
-        "job.sh: neither a CustomJob / CustomJobSpec (JSON or YAML with workerPoolSpecs) nor a shell script with a `gcloud ai custom-jobs create` command",
+        "job.sh: neither a CustomJob / CustomJobSpec (JSON or YAML with workerPoolSpecs) nor a shell script with a `gcloud ai custom-jobs create` command (or `hp-tuning-jobs create`)",
     ),
     (
         "vertex",
@@ -1171,6 +1174,15 @@ EXAMPLES = [
             "tests/fixtures/import/census_hptuning.yaml",
             "--hosts",
             "tests/fixtures/import/hosts-cpu.yaml",
+        ],
+    ),
+    (
+        "vertex-hptuning.yaml",
+        [
+            "vertex",
+            "tests/fixtures/import/vertex_hptuning.json",
+            "--hosts",
+            "tests/fixtures/import/hosts-v100.yaml",
         ],
     ),
 ]

@@ -46,7 +46,8 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--job", help="Job name [default: the spec's displayName / jobId, else the file's name]."),
             click.option(
                 "--trial",
-                help="Hyperparameter trial id for TF_CONFIG's task.trial [default: '1' for a tuning job, else none].",
+                help="Trial id for TF_CONFIG's task.trial: one trial of a tuning job imported as a plain job "
+                "[default: none]. Refused for a tuning job: its study becomes tune:, and `provision tune` numbers the trials.",
             ),
             click.option("--force", is_flag=True, help="Overwrite OUT if it exists."),
         ]
@@ -62,8 +63,9 @@ def vertex_cmd(
 ) -> None:
     """A Vertex AI custom job as an inventory.
 
-    SPEC: a CustomJob or CustomJobSpec (JSON or YAML), gcloud's --config YAML, or a
-    shell script with a `gcloud [beta] ai custom-jobs create` command."""
+    SPEC: a CustomJob, CustomJobSpec or HyperparameterTuningJob (JSON or YAML), gcloud's
+    --config YAML, or a shell script with a `gcloud [beta] ai custom-jobs create` or
+    `hp-tuning-jobs create` command. A tuning job's study becomes the inventory's tune:."""
     _run("vertex", spec, hosts_file, output, job, trial, force)
 
 
@@ -74,7 +76,8 @@ def ai_platform_cmd(
 ) -> None:
     """An AI Platform Training job as an inventory.
 
-    SPEC: a TrainingInput, or a job with trainingInput (gcloud's config.yaml), JSON or YAML."""
+    SPEC: a TrainingInput, or a job with trainingInput (gcloud's config.yaml), JSON or YAML.
+    Its hyperparameters, if any, become the inventory's tune:."""
     _run("ai-platform", spec, hosts_file, output, job, trial, force)
 
 
@@ -119,8 +122,13 @@ def _run(
         )
     plan = result.plan
     counts = ", ".join(f"{p.role} {p.replicas}" for p in plan.pools)
+    study = ""
+    if plan.study is not None:
+        t = plan.study.tune
+        n = len(t.params)
+        study = f"tune: {n} parameter{'s' * (n != 1)}, up to {t.max_trials} trial{'s' * (t.max_trials != 1)}; "
     click.echo(
-        f"{'Wrote ' + str(output) if out_path is not None else 'Imported'}: job {plan.job} ({counts}); "
+        f"{'Wrote ' + str(output) if out_path is not None else 'Imported'}: job {plan.job} ({counts}); {study}"
         f"{len(plan.not_applied)} field{'' if len(plan.not_applied) == 1 else 's'} not applied, "
         f"{len(plan.partly)} applied in part: see the notes in the file.",
         err=True,

@@ -89,6 +89,12 @@ def import_job(
         plan = vertex.from_data(parsed.data, display, job=job, trial=trial, default_name=default_name)
     else:
         plan = _from_script(text, parsed.data, parsed.error, spec_path, display, job=job, trial=trial)
+    if plan.study is not None and trial is not None:
+        alone = "its trialJobSpec alone (a CustomJobSpec)" if service == "vertex" else "it without hyperparameters"
+        raise SpecError(
+            f"--trial: {display} is a hyperparameter tuning job: its study becomes tune:, and `provision tune` "
+            f"numbers each trial; for one trial as a plain job, import {alone} with --trial"
+        )
     warnings = _check_accelerators(plan, hosts)
     emitted: Emitted = emit(plan, hosts, command=command, out_dir=out_dir, warnings=warnings)
     return Result(
@@ -100,13 +106,24 @@ def _from_script(
     text: str, data: JSON, error: str | None, spec_path: Path, display: str, *, job: str | None, trial: str | None
 ) -> JobPlan:
     """Not a mapping: a shell script with the gcloud command, or a file that is neither."""
-    found = gcloud.find(text, display) if "custom-jobs" in text else None
+    found = gcloud.find(text, display) if "custom-jobs" in text or "hp-tuning-jobs" in text else None
     if found is None:
         if error is not None and "gcloud" not in text:  # a JSON or YAML file with a mistake: say where
             raise SpecError(error)
         raise SpecError(
             f"{display}: neither a CustomJob / CustomJobSpec (JSON or YAML with workerPoolSpecs) nor a shell "
-            "script with a `gcloud ai custom-jobs create` command"
+            "script with a `gcloud ai custom-jobs create` command (or `hp-tuning-jobs create`)"
+        )
+    if found.kind == "hp-tuning-jobs":
+        t = gcloud.parse_tuning(found, display, spec_path.resolve().parent)
+        return vertex.from_tuning_job(
+            t.data,
+            Where(t.source),
+            job=job,
+            default_name=spec_path.stem,
+            origin=f"a `gcloud ai hp-tuning-jobs create` command ({display}, line {t.line})",
+            notes=t.notes,
+            name_path="--display-name" if t.named_by_flag else "displayName",
         )
     g = gcloud.parse(found, display, spec_path.resolve().parent)
     src = vertex.Source(

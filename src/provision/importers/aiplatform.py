@@ -32,6 +32,7 @@ from .common import (
     strings,
     venv,
 )
+from .study import Notes, from_ai_platform
 
 INPUT_KEYS = frozenset(
     {
@@ -269,16 +270,12 @@ def from_input(
         elif value:
             notes.append(note(s_at / key, value, SCHEDULING_WHY.get(key, "not known to provision import")))
 
-    if ti.get("hyperparameters"):
-        partly.append(
-            note(
-                at / "hyperparameters",
-                ti["hyperparameters"],
-                "hyperparameter tuning: provision runs one trial as one job (TF_CONFIG's task.trial from --trial, default '1'); give that trial's parameters in args",
-            )
-        )
-        if trial is None:
-            trial = "1"
+    study = None
+    if ti.get("hyperparameters"):  # the search becomes tune:; `provision tune` numbers the trials
+        found = Notes()
+        study = from_ai_platform(ti["hyperparameters"], at / "hyperparameters", found)
+        notes += found.dropped
+        partly += found.changed
     if ti.get("pythonVersion"):
         partly.append(note(at / "pythonVersion", ti["pythonVersion"], "the setup block's venv uses the hosts' python3"))
     handled = {
@@ -315,6 +312,7 @@ def from_input(
         not_applied=tuple(notes),
         partly=tuple(partly),
         timeout=timeout,
+        study=study,
     )
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from provision.core.encode import ENV_KEY  # what a name in an env file may be
 from provision.core.errors import ProvisionError
+from provision.core.tuning import Tune
 
 # Variables provision sets itself; a spec may not set them.
 from provision.spec.clusterenv import RESERVED_ENV
@@ -283,6 +284,17 @@ class PoolPlan:
 
 
 @dataclass(frozen=True)
+class StudyPlan:
+    """A hyperparameter study as the inventory's `tune:` (study.py reads it, emit.py writes it)."""
+
+    tune: Tune
+    origin: str  # where in the spec: "studySpec", "trainingInput.hyperparameters"
+    # False when the service was left to decide how many failed trials end the study (0):
+    # `tune:` leaves max_failed_trials out and provision's default applies.
+    max_failed_given: bool = True
+
+
+@dataclass(frozen=True)
 class JobPlan:
     service: str  # "Vertex AI" | "AI Platform Training"
     origin: str  # what was read, for the header: "a CustomJob", "a gcloud command (line 3)"
@@ -299,6 +311,7 @@ class JobPlan:
     not_applied: tuple[Note, ...] = ()
     partly: tuple[Note, ...] = ()
     timeout: int | None = None  # the service's time limit, seconds: a `wait --timeout` hint
+    study: StudyPlan | None = None  # a tuning job's search: the inventory's `tune:`
 
 
 # --------------------------------------------------------------------------- shared mappings
@@ -438,6 +451,7 @@ OUTPUT_FIELDS = frozenset(
         "predictionOutput",
         "errorMessage",
         "jobPosition",
+        "trials",  # a tuning job's trials so far
     }
 )
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from .common import JSON, JobPlan, Note, PoolPlan, SpecLoader, host_accelerator_type
+from .common import JSON, JobPlan, Note, PoolPlan, SpecLoader, StudyPlan, host_accelerator_type
+from .study import as_mapping
 
 ROLE_ORDER = ("chief", "worker", "ps", "reduction_server", "evaluator")
 WIDTH = 96
@@ -102,7 +103,7 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
     out.comment(f"{plan.service} job imported by `{command}`, from {plan.origin}.")
     out.comment(
         "Check the pools, and the notes at the end: what was not applied and why, and what was applied "
-        "only in part. Then: provision validate FILE && provision apply FILE"
+        f"only in part. Then: provision validate FILE && provision {'tune' if plan.study else 'apply'} FILE"
     )
     if plan.timeout:
         out.comment(
@@ -120,11 +121,16 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
     _env_and_files(out, plan, out_dir)
     out.add()
     out.comment(plan.chief_why + ".")
-    if plan.trial is not None:
-        out.comment("trial: this is one trial of a hyperparameter tuning job; each trial is a job of its own.")
-    out.add(
-        f"tf_config: {{chief_name: {plan.chief_name}, trial: {flow(plan.trial) if plan.trial is not None else 'null'}}}"
-    )
+    if plan.study is not None:
+        # No trial here: `provision tune` runs each trial as a job of its own and numbers it.
+        out.add(f"tf_config: {{chief_name: {plan.chief_name}}}")
+        _tune(out, plan, plan.study)
+    else:
+        if plan.trial is not None:
+            out.comment("trial: this is one trial of a hyperparameter tuning job; each trial is a job of its own.")
+        out.add(
+            f"tf_config: {{chief_name: {plan.chief_name}, trial: {flow(plan.trial) if plan.trial is not None else 'null'}}}"
+        )
     if plan.setup:
         out.add()
         out.comment(
@@ -140,6 +146,24 @@ def emit(plan: JobPlan, hosts: Hosts | None, *, command: str, out_dir: Path, war
     _notes(out, "Applied in part:", plan.partly)
     _job_spec(out, plan)
     return Emitted(out.render(live=False), out.render(live=True))
+
+
+def _tune(out: _Lines, plan: JobPlan, study: StudyPlan) -> None:
+    """The study as `tune:`, one parameter a line (flow style, in the spec's order)."""
+    out.add()
+    out.comment(
+        f"tune: the search of the tuning job ({study.origin}). `provision tune FILE` runs it: each trial is "
+        "a job of its own, with TF_CONFIG's task.trial set and the trial's parameters given to every task "
+        f"as --NAME=VALUE arguments, as {plan.service} gave them."
+    )
+    out.add("tune:")
+    for key, value in as_mapping(study).items():
+        if isinstance(value, dict) and key == "parameters":
+            out.add(f"  {key}:")
+            for name, spec in value.items():
+                out.add(f"    {flow(name)}: {flow(spec)}")
+        else:
+            out.add(f"  {key}: {flow(value)}")
 
 
 def _env_and_files(out: _Lines, plan: JobPlan, out_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""A `gcloud [beta|alpha] ai custom-jobs create` command line, as found in a shell script.
+"""A `gcloud [beta|alpha] ai custom-jobs create` (or `hp-tuning-jobs create`) command line,
+as found in a shell script.
 
 The script is split into words the way a POSIX shell does it (quotes, backslash escapes
 and line continuations, comments, `;`/`&&`/`|` between commands), and `$NAME`/`${NAME}`
@@ -6,7 +7,9 @@ are taken from assignments earlier in the file (`NAME=value`, `export NAME=value
 from the environment. What the shell would have to run to know (`$(...)`, backquotes,
 `$1`) is refused where the command needs it, with its line.
 
-The flags become a CustomJobSpec, as gcloud would send it, for `vertex.from_spec`.
+The flags become a CustomJobSpec, as gcloud would send it, for `vertex.from_spec`; those of
+`hp-tuning-jobs create` go over its --config, a HyperparameterTuningJob, for
+`vertex.from_tuning_job`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .common import JSON, Note, SpecError, Where, integer, read_yaml_file
 from .vertex import LocalPackage
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-PATH_WORDS = ("ai", "custom-jobs", "create")
+KINDS = ("custom-jobs", "hp-tuning-jobs")  # `gcloud ai KIND create`
 
 
 @dataclass(frozen=True)
@@ -246,10 +249,11 @@ class Found:
     words: tuple[Word, ...]  # gcloud's arguments after the command path
     line: int
     variables: dict[str, str | None] = field(hash=False, compare=False)
+    kind: str = "custom-jobs"  # or "hp-tuning-jobs"
 
 
 def find(text: str, display: str) -> Found | None:
-    """The script's `gcloud ... ai custom-jobs create` command, with the variables set before it."""
+    """The script's `gcloud ... ai custom-jobs|hp-tuning-jobs create` command, with the variables set before it."""
     variables: dict[str, str | None] = {}
     found: list[Found] = []
     for cmd in split(text, display):
@@ -268,19 +272,19 @@ def find(text: str, display: str) -> Found | None:
         positional = [(i, w.literal()) for i, w in enumerate(rest) if not (w.literal() or "-").startswith("-")]
         names = [p for _, p in positional]
         for k in range(len(names) - 2):
-            if tuple(names[k : k + 3]) == PATH_WORDS:
+            if names[k] == "ai" and names[k + 1] in KINDS and names[k + 2] == "create":
                 # The command path; what comes before it are gcloud's own flags and their
                 # values (`--project p`), which stay for the flag parser.
                 first = k - 1 if k and names[k - 1] in ("beta", "alpha") else k
                 skip = {positional[j][0] for j in range(first, k + 3)}
-                found.append(
-                    Found(tuple(w for i, w in enumerate(rest) if i not in skip), words[0].line, dict(variables))
-                )
+                kept = tuple(w for i, w in enumerate(rest) if i not in skip)
+                found.append(Found(kept, words[0].line, dict(variables), str(names[k + 1])))
                 break
     if len(found) > 1:
         lines = ", ".join(str(f.line) for f in found)
+        kind = found[0].kind if len({f.kind for f in found}) == 1 else "custom-jobs / hp-tuning-jobs"
         raise SpecError(
-            f"{display}: {len(found)} `gcloud ai custom-jobs create` commands (lines {lines}): import one at a time (one per file)"
+            f"{display}: {len(found)} `gcloud ai {kind} create` commands (lines {lines}): import one at a time (one per file)"
         )
     return found[0] if found else None
 
@@ -403,12 +407,7 @@ def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
         elif name == "--worker-pool-spec":
             pools.append((value or "", w))
         elif name == "--config":
-            path = base_dir / (value or "")
-            config_source = str(Path(os.path.relpath(path)) if not Path(value or "").is_absolute() else path)
-            data = read_yaml_file(path, config_source)
-            if not isinstance(data, dict):
-                Where(config_source).fail("expected a CustomJobSpec (workerPoolSpecs: ...)")
-            config = data
+            config_source, config = _config(value, base_dir, "a CustomJobSpec (workerPoolSpecs: ...)")
         elif name == "--args":
             common_args = arg_list(value or "")
         elif name == "--command":
@@ -416,16 +415,7 @@ def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
         elif name == "--python-package-uris":
             package_uris = arg_list(value or "")
         else:
-            shown = value if value is not None else "(set)"
-            notes.append(
-                Note(
-                    name,
-                    shown,
-                    FLAG_WHY.get(
-                        name, "gcloud's own option" if name in GCLOUD_WIDE else "not known to provision import"
-                    ),
-                )
-            )
+            notes.append(_flag_note(name, value))
     if not pools and config is None:
         raise SpecError(f"{where}: the command has neither --worker-pool-spec nor --config: no worker pools to import")
 
@@ -437,6 +427,73 @@ def parse(found: Found, display: str, base_dir: Path) -> GcloudJob:
         config_source = where
     _every_pool(spec, common_args, common_command)
     return GcloudJob(found.line, display_name, spec, config_source, local, tuple(notes))
+
+
+def _config(value: str | None, base_dir: Path, what: str) -> tuple[str, dict[str, JSON]]:
+    """--config FILE (beside the script): the file as its errors name it, and its mapping."""
+    path = base_dir / (value or "")
+    source = str(Path(os.path.relpath(path)) if not Path(value or "").is_absolute() else path)
+    data = read_yaml_file(path, source)
+    if not isinstance(data, dict):
+        Where(source).fail(f"expected {what}")
+    return source, data
+
+
+def _flag_note(name: str, value: str | None) -> Note:
+    """A flag provision does not apply, with the reason."""
+    why = FLAG_WHY.get(name, "gcloud's own option" if name in GCLOUD_WIDE else "not known to provision import")
+    return Note(name, value if value is not None else "(set)", why)
+
+
+# --------------------------------------------------------------------------- hp-tuning-jobs create
+
+TRIAL_COUNTS = {"--max-trial-count": "maxTrialCount", "--parallel-trial-count": "parallelTrialCount"}
+ALGORITHM_FLAG = {
+    "algorithm-unspecified": "ALGORITHM_UNSPECIFIED",
+    "grid-search": "GRID_SEARCH",
+    "random-search": "RANDOM_SEARCH",
+}
+
+
+@dataclass(frozen=True)
+class TuningCommand:
+    """`gcloud ai hp-tuning-jobs create`: the HyperparameterTuningJob gcloud would send."""
+
+    line: int
+    data: dict[str, JSON] = field(hash=False, compare=False)
+    source: str = ""  # the --config file: errors in the job name it
+    named_by_flag: bool = False  # --display-name was given
+    notes: tuple[Note, ...] = ()
+
+
+def parse_tuning(found: Found, display: str, base_dir: Path) -> TuningCommand:
+    """--config (a HyperparameterTuningJob: studySpec, trialJobSpec, ...) with the flags over it."""
+    notes: list[Note] = []
+    where = f"{display}:{found.line}"
+    source, data = where, None
+    over: dict[str, JSON] = {}
+    algorithm = None
+    for name, value, w in _flags(found, display, notes):
+        at = Where(f"{display}:{w.line}", name)
+        if name == "--config":
+            source, data = _config(value, base_dir, "a HyperparameterTuningJob (studySpec, trialJobSpec, ...)")
+        elif name == "--display-name":
+            over["displayName"] = value or ""
+        elif name in TRIAL_COUNTS:
+            over[TRIAL_COUNTS[name]] = integer(value or "", at, lo=1)
+        elif name == "--algorithm":
+            algorithm = ALGORITHM_FLAG.get(value or "")
+            if algorithm is None:
+                at.fail(f"expected one of {', '.join(ALGORITHM_FLAG)}, got {value!r}")
+        else:
+            notes.append(_flag_note(name, value))
+    if data is None:
+        raise SpecError(f"{where}: the command has no --config: gcloud reads the study and the trial job from it")
+    data = {**data, **over}
+    study = data.get("studySpec")
+    if algorithm is not None and isinstance(study, dict):
+        data["studySpec"] = {**study, "algorithm": algorithm}
+    return TuningCommand(found.line, data, source, "displayName" in over, tuple(notes))
 
 
 GCLOUD_WIDE = frozenset(

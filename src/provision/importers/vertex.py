@@ -16,9 +16,11 @@ from provision.spec.clusterenv import OUTPUT_DIRS
 
 from .common import (
     JSON,
+    OUTPUT_FIELDS,
     JobPlan,
     Note,
     PoolPlan,
+    StudyPlan,
     Where,
     boolean,
     check_json,
@@ -37,6 +39,7 @@ from .common import (
     strings,
     venv,
 )
+from .study import Notes, from_vertex
 
 ROLES = ("chief", "worker", "ps", "evaluator")  # by position; [2] may be reduction servers
 REDUCTION_SERVER = re.compile(r"(^|/)vertex-ai-restricted/training/reductionserver([:@]|$)")
@@ -76,8 +79,11 @@ TUNING_KEYS = frozenset(
         "maxFailedTrialCount",
         "labels",
         "encryptionSpec",
-        "trials",
     }
+)
+# What the study (study.py) and the trial job read; the rest is named in the notes.
+TUNING_HANDLED = frozenset(
+    {"displayName", "trialJobSpec", "studySpec", "maxTrialCount", "parallelTrialCount", "maxFailedTrialCount"}
 )
 SCHEDULING_WHY = {
     "disableRetries": "provision never retries a whole job; a pool's `restart:` retries its tasks",
@@ -103,11 +109,12 @@ class Source:
 
     origin: str  # for the header: "a CustomJob", "a `gcloud ai custom-jobs create` command (line 3)"
     name: str | None  # displayName, if any
-    trial: str | None  # --trial, or "1" for a tuning job
+    trial: str | None  # --trial (none for a tuning job: `provision tune` numbers its trials)
     notes: tuple[Note, ...] = ()  # not applied, found around the spec
     partly: tuple[Note, ...] = ()
     local: dict[int, LocalPackage] = field(default_factory=dict, hash=False, compare=False)
     name_path: str = "displayName"  # where the name was, for the note when it changes
+    study: StudyPlan | None = None  # a tuning job's search
 
 
 def from_data(data: JSON, display: str, *, job: str | None, trial: str | None, default_name: str) -> JobPlan:
@@ -119,42 +126,49 @@ def from_data(data: JSON, display: str, *, job: str | None, trial: str | None, d
         )
     if "trainingInput" in data:
         top.fail("this is an AI Platform Training job (trainingInput): use `provision import ai-platform`")
-    notes: list[Note] = []
-    partly: list[Note] = []
-    if "jobSpec" in data or "trialJobSpec" in data:
-        tuning = "trialJobSpec" in data
-        unknown = check_keys(data, top, TUNING_KEYS if tuning else JOB_KEYS)
-        for key, value in data.items():
-            if key in ("jobSpec", "trialJobSpec", "displayName") or not value:
-                continue
-            if key == "studySpec":
-                partly.append(
-                    note(
-                        top / key,
-                        value,
-                        "hyperparameter tuning: provision runs one trial as one job "
-                        "(TF_CONFIG's task.trial from --trial, default '1'); give that trial's parameters in args",
-                    )
-                )
-            elif key in ("maxTrialCount", "parallelTrialCount", "maxFailedTrialCount"):
-                partly.append(note(top / key, value, "one trial runs (see studySpec)"))
-            else:
-                notes.append(note(top / key, value, None if key not in unknown else "not known to provision import"))
-        key = "trialJobSpec" if tuning else "jobSpec"
-        spec = mapping(data[key], top / key)
+    if "trialJobSpec" in data or "studySpec" in data:
+        return from_tuning_job(data, top, job=job, default_name=default_name)
+    if "jobSpec" in data:
+        unknown = check_keys(data, top, JOB_KEYS)
+        notes = [
+            note(top / key, value, "not known to provision import" if key in unknown else None)
+            for key, value in data.items()
+            if key not in ("jobSpec", "displayName") and value
+        ]
+        spec = mapping(data["jobSpec"], top / "jobSpec")
         name = string(data["displayName"], top / "displayName") if "displayName" in data else None
-        src = Source(
-            "a HyperparameterTuningJob" if tuning else "a CustomJob",
-            name,
-            trial if trial is not None else ("1" if tuning else None),
-            tuple(notes),
-            tuple(partly),
-        )
-        return from_spec(spec, top / key, src, job=job, default_name=default_name)
+        src = Source("a CustomJob", name, trial, tuple(notes))
+        return from_spec(spec, top / "jobSpec", src, job=job, default_name=default_name)
     if "workerPoolSpecs" in data:
         return from_spec(data, top, Source("a CustomJobSpec", None, trial), job=job, default_name=default_name)
     keys = ", ".join(str(k) if str(k).isprintable() else repr(k) for k in list(data)[:6]) or "none"
     top.fail(f"expected a CustomJob (jobSpec.workerPoolSpecs) or a CustomJobSpec (workerPoolSpecs); keys found: {keys}")
+
+
+def from_tuning_job(
+    data: dict[str, JSON],
+    top: Where,
+    *,
+    job: str | None,
+    default_name: str,
+    origin: str = "a HyperparameterTuningJob",
+    notes: tuple[Note, ...] = (),
+    name_path: str = "displayName",
+) -> JobPlan:
+    """A HyperparameterTuningJob: its trialJobSpec is the job, as for a CustomJob; its study
+    becomes `tune:`, and `provision tune` numbers the trials (no task.trial here)."""
+    unknown = check_keys(data, top, TUNING_KEYS | OUTPUT_FIELDS)
+    found = Notes(list(notes))
+    for key, value in data.items():
+        if key not in TUNING_HANDLED and value:
+            found.dropped.append(note(top / key, value, "not known to provision import" if key in unknown else None))
+    if "trialJobSpec" not in data:
+        top.fail("missing 'trialJobSpec' (the CustomJobSpec every trial runs)")
+    study = from_vertex(data, top, found)
+    spec = mapping(data["trialJobSpec"], top / "trialJobSpec")
+    name = string(data["displayName"], top / "displayName") if "displayName" in data else None
+    src = Source(origin, name, None, tuple(found.dropped), tuple(found.changed), name_path=name_path, study=study)
+    return from_spec(spec, top / "trialJobSpec", src, job=job, default_name=default_name)
 
 
 def _what(value: JSON) -> str:
@@ -269,6 +283,7 @@ def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None,
         not_applied=tuple(notes),
         partly=tuple(partly),
         timeout=timeout,
+        study=src.study,
     )
 
 
