@@ -105,7 +105,7 @@ def test_a_tune_section_becomes_a_study():
         ),
         (
             "tune: {metric: {name: l, goal: minimize, regex: 'l=\\d+'}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2}",
-            "tune.metric.regex: needs a group named value",
+            "tune.metric.regex: no group: add (?P<value>...)",
         ),
         (
             "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2, storage: 'postgresql://u:secret@db/x'}",

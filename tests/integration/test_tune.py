@@ -29,7 +29,7 @@ TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.p
 HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs: 4 slots
 
 
-def _study(make, sb, tmp: Path, job: str, tune: dict, *, steps: int = 4, step_seconds: float = 0.4) -> Path:
+def _study(make, sb, tmp: Path, job: str, tune: dict, *, steps: int = 4, step_seconds: float = 0.4, **extra) -> Path:
     shutil.copy(TRAINER, tmp / "trainer.py")
     inv = tmp / "study.yaml"
     make(
@@ -46,6 +46,7 @@ def _study(make, sb, tmp: Path, job: str, tune: dict, *, steps: int = 4, step_se
             }
         },
         tune=tune,
+        **extra,
     )
     return inv
 
@@ -112,7 +113,7 @@ def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_
         "max_trials": 8,
         "parallel_trials": 4,
     }
-    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=6, step_seconds=0.5)
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=6, step_seconds=0.5, outputs=f"/data/{job}")
     watch = GpuWatch(inv, tmp_path, job)
     p = _popen(inv, tmp_path)
     try:
@@ -153,6 +154,11 @@ def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_
     assert best["value"] == min(t["value"] for t in doc["trials"])
     assert (logs / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "started" in first
+    # A trial's own output directory (outputs/N/model/) back from the host it ran on, after
+    # the trial is gone from the hosts.
+    n = doc["trials"][2]
+    ok(cli("fetch", inv, "--trial", n["number"], "-o", tmp_path / "t3", cwd=tmp_path))
+    assert (tmp_path / "t3" / "model" / "model.txt").read_text() == f"quality {n['params']['quality']}\n"
 
 
 def _seed_with_last(values: list[float], last: float) -> int:
@@ -255,3 +261,72 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     assert sorted(sa + sb_) == list(range(1, 9)), (sa, sb_)
     doc = _trials(inv_a, a, env)
     assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8
+
+
+VERTEX_STUDY = {
+    "displayName": "imported",
+    "maxTrialCount": 3,
+    "parallelTrialCount": 2,
+    "maxFailedTrialCount": 1,
+    "studySpec": {
+        "metrics": [{"metricId": "loss", "goal": "MINIMIZE"}],
+        "parameters": [
+            {
+                "parameterId": "quality",
+                "doubleValueSpec": {"minValue": 0.1, "maxValue": 2.0},
+                "scaleType": "UNIT_LOG_SCALE",
+            }
+        ],
+        "algorithm": "RANDOM_SEARCH",
+    },
+    "trialJobSpec": {
+        "workerPoolSpecs": [
+            {
+                "machineSpec": {"machineType": "n1-standard-4"},
+                "replicaCount": "1",
+                "containerSpec": {"imageUri": "gcr.io/p/t:1"},
+            }
+        ]
+    },
+}
+AIP_STUDY = {
+    "jobId": "imported",
+    "trainingInput": {
+        "scaleTier": "BASIC",
+        "masterConfig": {"imageUri": "gcr.io/p/t:1"},
+        "hyperparameters": {
+            "goal": "MINIMIZE",
+            "hyperparameterMetricTag": "loss",
+            "maxTrials": 3,
+            "maxParallelTrials": 2,
+            "params": [
+                {
+                    "parameterName": "quality",
+                    "type": "DOUBLE",
+                    "minValue": 0.1,
+                    "maxValue": 2.0,
+                    "scaleType": "UNIT_LOG_SCALE",
+                }
+            ],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("service, spec", [("vertex", VERTEX_STUDY), ("ai-platform", AIP_STUDY)])
+def test_an_imported_tuning_job_runs(sandbox4, sandbox_inventory, tmp_path, service, spec):
+    """The study part of a Vertex HyperparameterTuningJob / an AI Platform TrainingInput, as
+    `provision import` writes it, runs as it is (the trial's pools: this file's trainer)."""
+    import yaml
+
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    ok(cli("import", service, "spec.json", "-o", "imported.yaml", cwd=tmp_path))
+    imported = yaml.safe_load((tmp_path / "imported.yaml").read_text())
+    tune = imported["tune"]
+    assert tune["max_trials"] == 3 and tune["parallel_trials"] == 2, tune
+    job = "timp-" + service.split("-")[0][:3]
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=2, step_seconds=0.3)
+    ok(_tune(inv, cwd=tmp_path))
+    doc = _trials(inv, tmp_path)
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 3, doc["trials"]
+    assert all(0.1 <= t["params"]["quality"] <= 2.0 for t in doc["trials"])

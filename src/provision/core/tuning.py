@@ -153,15 +153,26 @@ def measured(reports: tuple[Report, ...] | list[Report], metric: Metric, which: 
     return pick(r.value for r in finite)
 
 
+VALUE_GROUP, STEP_GROUP = "value", "step"  # a metric regex's named groups
+
+
 def regex_problem(regex: str) -> str | None:
-    """Why a `metric.regex` cannot collect values (None: it can): it must compile and hold
-    a group named `value`, or exactly one group."""
+    """None when `regex` (`tune.metric.regex`) can collect a metric from log lines; else why
+    not, in words. The one rule: validation and the log collector (rules/metrics.py) use it."""
     try:
-        r = re.compile(regex)
+        pattern = re.compile(regex)
     except re.error as e:
         return f"does not compile: {e}"
-    if "value" not in r.groupindex and r.groups != 1:
-        return "needs a group named value, such as val_loss=(?P<value>[0-9.eE+-]+)"
+    names = pattern.groupindex
+    if pattern.groups == 0:
+        return "no group: add (?P<value>...) around the number, e.g. val_loss=(?P<value>\\S+)"
+    if VALUE_GROUP not in names:
+        if pattern.groups > 1:
+            return f"{pattern.groups} groups and none named value: name the number's group (?P<value>...)"
+        if STEP_GROUP in names:
+            return "its only group is step: add (?P<value>...) around the metric's number"
+    if pattern.search("") is not None:
+        return "matches an empty line, so every line: anchor it on the metric's name, e.g. val_loss=(?P<value>\\S+)"
     return None
 
 

@@ -24,10 +24,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from provision.core.tuning import DEFAULT_METRIC_TAG, Report
-
-VALUE_GROUP = "value"
-STEP_GROUP = "step"
+from provision.core.tuning import DEFAULT_METRIC_TAG, STEP_GROUP, VALUE_GROUP, Report, regex_problem
 
 
 def _number(v: Any) -> float | None:
@@ -80,23 +77,7 @@ def parse_metric_file(data: bytes, tag: str) -> tuple[Report, ...]:
     return tuple(out)
 
 
-def check_regex(regex: str) -> str | None:
-    """None when `regex` can collect a metric from log lines; else why not, in words."""
-    try:
-        pattern = re.compile(regex)
-    except re.error as e:
-        return f"does not compile: {e}"
-    names = pattern.groupindex
-    if pattern.groups == 0:
-        return "no group: add (?P<value>...) around the number, e.g. val_loss=(?P<value>\\S+)"
-    if VALUE_GROUP not in names:
-        if pattern.groups > 1:
-            return f"{pattern.groups} groups and none named value: name the number's group (?P<value>...)"
-        if STEP_GROUP in names:
-            return "its only group is step: add (?P<value>...) around the metric's number"
-    if pattern.search("") is not None:
-        return "matches an empty line, so every line: anchor it on the metric's name, e.g. val_loss=(?P<value>\\S+)"
-    return None
+check_regex = regex_problem  # the rule is core's: validation checks the same
 
 
 def parse_log_lines(lines: Iterable[str], regex: str) -> tuple[Report, ...]:

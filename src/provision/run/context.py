@@ -62,6 +62,7 @@ class Context:
     take_over: bool = False  # --take-over: this state becomes the owner of the job
     # host → NCCL's and Gloo's interface that `rendered` was rendered with (checks.py).
     ifnames: dict[str, str] = field(default_factory=dict)
+    own_session: bool = True  # False: another Context's (a study's trials share one); not closed here
 
     @property
     def owner(self) -> Owner:
@@ -80,7 +81,8 @@ class Context:
             self.lock = None
 
     def close(self) -> None:
-        self.session.close()
+        if self.own_session:
+            self.session.close()
         self.release_lock()
         self.state.close()
 
@@ -116,8 +118,10 @@ def open_context(
     render_secrets: bool = True,
     operation: str | None = None,
     loaded: Inventory | None = None,
+    session: Session | None = None,
 ) -> Context:
-    """Load (`loaded`: the job is given, made from the file's, as a study's trial is),
+    """Load (`loaded`: the job is given, made from the file's, as a study's trial is;
+    `session`: connections shared with other contexts, as a study's trials share them),
     lock (when `operation` changes hosts: before the state is read, so no other
     run can save over what this one read), read the state, render."""
     inv = loaded if loaded is not None else load(inventory_path)
@@ -153,10 +157,13 @@ def open_context(
             lock.release()
         store.close()
         raise
-    session = Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
-    return Context(
+    own = session is None
+    session = session or Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
+    ctx = Context(
         inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, ifnames=ifnames
     )
+    ctx.own_session = own
+    return ctx
 
 
 def cached_ifnames(inv: Inventory, state: State) -> dict[str, str]:

@@ -65,9 +65,12 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def fetch(ctx: Context, task_name: str | None, dest: Path, progress: Progress) -> tuple[int, int]:
+def fetch(
+    ctx: Context, task_name: str | None, dest: Path, progress: Progress, *, ran_on: dict[str, str] | None = None
+) -> tuple[int, int]:
     """Copy the task's output directory (default: the chief, else worker 0) into dest;
-    returns (files fetched, files there)."""
+    returns (files fetched, files there). ran_on: task -> the host it ran on, when that is
+    known better than placement says (a study's trial, removed since)."""
     inv = ctx.inventory
     if inv.outputs is None:
         raise ProvisionError(f"job {inv.job} has no `outputs:` directory: nothing to fetch (inventory key `outputs`)")
@@ -76,9 +79,10 @@ def fetch(ctx: Context, task_name: str | None, dest: Path, progress: Progress) -
     task = next((t for t in tasks if t.name == task_name), None) if task_name else next(iter(ranked), None)
     if task is None:
         raise ProvisionError(f"no task named {task_name} in job {inv.job}" if task_name else "the job has no chief")
-    target = ctx.all_targets.get(task.host.name) or ctx.targets[task.host.name]
+    host = (ran_on or {}).get(task.name, task.host.name)
+    target = ctx.all_targets.get(host) or ctx.targets[host]
     base = inv.outputs
-    where = f"{task.name}@{task.host.name}:{base}"
+    where = f"{task.name}@{host}:{base}"
     listing = ctx.session.run(
         target,
         "sh -c "

@@ -211,6 +211,19 @@ def orphans(study: optuna.Study, me: Runner) -> list[FrozenTrial]:
     return out
 
 
+def leftovers(study: optuna.Study, me: Runner) -> list[FrozenTrial]:
+    """Trials told by a runner that died before removing them from the hosts."""
+    now = time.time()
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(OptunaState.COMPLETE, OptunaState.PRUNED, OptunaState.FAIL)):
+        ua = t.user_attrs
+        if ua.get("phase") != "ended" or ua.get("removed") or ua.get("surplus"):
+            continue
+        if not runner_alive(str(ua.get("runner", "")), float(ua.get("heartbeat", 0) or 0), now, me):
+            out.append(t)
+    return out
+
+
 # --------------------------------------------------------------------------- reading it back
 
 
@@ -249,3 +262,12 @@ def _float(v: Any) -> float | None:
 
 def params_of(t: FrozenTrial) -> Mapping[str, Value]:
     return {k: _plain(v) for k, v in t.params.items()}
+
+
+def trial_record(study: optuna.Study, number: int) -> tuple[dict[str, Value], dict[str, str]] | None:
+    """Trial `number`'s parameters and where its tasks ran (None: no such trial)."""
+    for t in study.get_trials(deepcopy=False):
+        if t.number + 1 == number and not t.user_attrs.get("surplus"):
+            hosts = t.user_attrs.get("hosts")
+            return dict(params_of(t)), dict(hosts) if isinstance(hosts, dict) else {}
+    return None

@@ -29,12 +29,13 @@ from provision.core.target import HostError, Target
 from provision.core.tuning import Report, Tune, Value, measured
 from provision.host import layout
 from provision.io.journal import host_last_lines
+from provision.io.ssh import Session
 from provision.rules.metrics import parse_log_lines, parse_metric_file
 from provision.rules.status import JobStatus
 from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
 from provision.run.destroy import destroy, destroy_plan
-from provision.run.jobend import collect, end_job
+from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.study import beat
@@ -78,6 +79,13 @@ class TrialWork:
     # removal (the last user takes a shared file away) racing another trial's plan of the
     # same file would find it neither shared nor absent. Each takes a few round trips.
     hosts_lock: threading.Lock = field(default_factory=threading.Lock)
+    # The study's connections: every trial's context uses them (no new SSH handshake per
+    # trial, and one known_hosts writer).
+    session: Session | None = None
+    # Called by a trial's thread as soon as its job has ended (before its logs are kept and
+    # it is removed: its GPUs are free from then on, ENDED in the ledger): the loop tells
+    # Optuna and starts the next trial meanwhile.
+    on_ended: Callable[[int, int, dict[str, Value], Ended], None] = lambda trial_id, number, params, ended: None
 
 
 def metric_task(inv: Inventory) -> str:
@@ -112,7 +120,7 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
     inv = trial_inventory(w.inv, number, params)
     attrs = w.study._storage.get_trial(trial_id).user_attrs if adopt else {}
     try:
-        ctx = open_context(w.where, loaded=inv, verbose=w.verbose, operation="apply")
+        ctx = open_context(w.where, loaded=inv, verbose=w.verbose, operation="apply", session=w.session)
     except ProvisionError as e:
         return Ended(Ending.FAILED, e.message)
     try:
@@ -123,23 +131,29 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
                 failed = _start(w, ctx, trial_id, number)
                 if failed is not None:
                     return failed
-                beat(w.study, trial_id, phase=RUNNING)
+                # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
+                hosts = {t.name: t.host.name for t in ctx.rendered.placement.tasks}
+                beat(w.study, trial_id, phase=RUNNING, hosts=hosts)
             ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
             ended = _follow(w, ctx, trial_id, number)
-        if ended.ending is not Ending.LEFT_RUNNING:
-            # Recorded before its logs are kept and it is removed: a tune killed in between
-            # leaves the outcome for the next one.
-            beat(
-                w.study,
-                trial_id,
-                phase=ENDED,
-                ending=ended.ending.value,
-                why=ended.why,
-                value=ended.value,
-                steps=ended.steps,
-            )
-            _keep_logs(w, ctx, number)
-            _remove(w, ctx)
+        if ended.ending is Ending.LEFT_RUNNING:
+            return ended
+        # Recorded before its logs are kept and it is removed: a tune killed in between
+        # leaves the outcome, and the removal, for the next one.
+        beat(
+            w.study,
+            trial_id,
+            phase=ENDED,
+            ending=ended.ending.value,
+            why=ended.why,
+            value=ended.value,
+            steps=ended.steps,
+        )
+        if ended.ending is not Ending.FAILED:
+            w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
+        _keep_logs(w, ctx, number)
+        _remove(w, ctx)
+        beat(w.study, trial_id, removed=True)
         if ended.ending is Ending.FAILED and not ended.lines:
             ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(inv)}.log")
         return ended
@@ -203,7 +217,9 @@ def _follow(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended:
     reports: tuple[Report, ...] = ()
     seen = False  # the job was found on its hosts at least once
     while True:
-        st = collect(ctx)
+        # Read-only: an ended trial's leftovers are stopped by its removal, not here (two
+        # round trips fewer between its end and the next trial's start on its GPUs).
+        st, _ = look(ctx)
         if any(t.detail != "not applied" for t in st.tasks):
             seen = True
         elif not seen:

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,8 @@ from optuna.trial import TrialState as OptunaState
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED
 from provision.core.model import Inventory
 from provision.core.tuning import Algorithm, TrialRow, TrialState, Tune, Value
+from provision.io.hostkeys import KnownHosts
+from provision.io.ssh import Session
 from provision.io.state import default_state_path
 from provision.run import study as st
 from provision.run.trialrun import Ended, Ending, TrialWork, run_trial
@@ -55,6 +57,9 @@ class StudyLoop:
         self.pool = ThreadPoolExecutor(max_workers=work.tune.parallel_trials + 8, thread_name_prefix="trial")
         self.mine: dict[Future[Ended], tuple[int, int, dict[str, Value]]] = {}  # -> (trial id, number, params)
         self.lock = threading.Lock()
+        self.told: set[int] = set()  # trials told (their threads may still be removing them)
+        self.wake = threading.Event()  # a trial ended: look again now, not at the next poll
+        work.on_ended = self._ended
 
     # -- the loop
 
@@ -72,6 +77,8 @@ class StudyLoop:
             )
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            if self.w.session is not None and not self.mine:
+                self.w.session.close()
 
     def _loop(self) -> StudyEnd:
         tune, study = self.w.tune, self.w.study
@@ -97,8 +104,9 @@ class StudyLoop:
                     time.sleep(self.w.poll)
                     self._adopt()
                     continue
-            done, _ = wait(list(self.mine), timeout=self.w.poll, return_when=FIRST_COMPLETED)
-            for f in done:
+            self.wake.wait(timeout=self.w.poll)
+            self.wake.clear()
+            for f in [f for f in self.mine if f.done()]:
                 self._finish(f)
             self.on_tick(st.rows(study, self.w.inv.job))
 
@@ -115,7 +123,7 @@ class StudyLoop:
 
     def _start_more(self, rows: list[TrialRow], cap: int) -> None:
         tune, study = self.w.tune, self.w.study
-        while len(self.mine) < tune.parallel_trials and self._running_anywhere() < tune.parallel_trials:
+        while self._busy() < tune.parallel_trials and self._running_anywhere() < tune.parallel_trials:
             if len(rows) >= cap:
                 return
             trial = study.ask()
@@ -130,6 +138,9 @@ class StudyLoop:
             rows = st.rows(study, self.w.inv.job)
 
     def _adopt(self) -> None:
+        for t in st.leftovers(self.w.study, self.me):
+            self.told.add(t.number + 1)
+            self._submit(t._trial_id, t.number + 1, dict(st.params_of(t)), adopt=True, retry_of=None)
         for t in st.orphans(self.w.study, self.me):
             self.w.say(f"trial {t.number + 1}: its runner ({t.user_attrs.get('runner', 'unknown')}) is gone: adopted")
             self._submit(
@@ -160,7 +171,22 @@ class StudyLoop:
             ended = Ended(Ending.FAILED, f"provision: {type(e).__name__}: {e}")
         if ended.ending is Ending.LEFT_RUNNING:
             return
-        self._tell(trial_id, number, params, ended)
+        self._ended(trial_id, number, params, ended)
+
+    def _ended(self, trial_id: int, number: int, params: dict[str, Value], ended: Ended) -> None:
+        """Told once, from the trial's thread as soon as its job ended or from its future."""
+        with self.lock:
+            if number in self.told:
+                return
+            self.told.add(number)
+            if self.w.study._storage.get_trial(trial_id).state is not OptunaState.RUNNING:
+                return  # a dead runner's trial, told before it was removed: only removed now
+            self._tell(trial_id, number, params, ended)
+        self.wake.set()
+
+    def _busy(self) -> int:
+        """This runner's trials that hold GPUs (not yet told)."""
+        return sum(1 for _, n, _ in self.mine.values() if n not in self.told)
 
     def _tell(self, trial_id: int, number: int, params: dict[str, Value], ended: Ended) -> None:
         study, s = self.w.study, self.w.study._storage
@@ -220,6 +246,7 @@ def open_work(
         say=say,
         poll=poll,
         verbose=verbose,
+        session=Session(KnownHosts(base.parent / "known_hosts"), verbose=verbose),
     )
 
 
