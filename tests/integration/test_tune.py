@@ -260,7 +260,7 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     assert not set(sa) & set(sb_), (sa, sb_)
     assert sorted(sa + sb_) == list(range(1, 9)), (sa, sb_)
     doc = _trials(inv_a, a, env)
-    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8, json.dumps([(t["number"], t["state"], t["why"]) for t in doc["trials"]])
 
 
 VERTEX_STUDY = {

@@ -320,24 +320,6 @@ def _through_links(files):
     ]
 
 
-def _remove(paths, job, errors=None):
-    """Unlink paths, but not those another job's manifest lists (the last job leaving them does)."""
-    removed = 0
-    shared = ledger.other_owners(job, paths)
-    for path in paths:
-        if path in shared:
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            if errors is not None:
-                errors.append(path + ": is a directory, left in place")
-    return removed
-
-
 def _after_write(req, errors):
     """What systemd must hear once the files are in place, and the end marker cleared."""
     if req.daemon_reload:
@@ -382,6 +364,9 @@ def op_write(req):
     # every file provision put here named in it (destroy and the next plan find them all).
     if req.manifest_pending:
         atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest_pending), 0o600, created)
+    gone = ledger.missing(req.expect)  # shared files, not written: their other job may have left
+    if gone:
+        return P.WriteReport(0, 0, ["%s: removed by the job it was shared with" % p for p in gone], conflict=True)
     systemctl("stop", req.stop, errors)
     # Every directory the files need, made and recorded before any file is written: a write
     # that then fails (no space left, a kill) leaves no directory that destroy does not know.
@@ -402,11 +387,16 @@ def op_write(req):
             written += 1
     except OSError as e:
         errors.append(_failed(e, f.path if f else ""))
-    removed = _remove(req.remove, req.job)
+    removed = ledger.remove_unowned(req.job, req.remove)
     _after_write(req, errors)
     _record_dirs(job, [d for d in created if d != jd])
     if req.manifest and not errors:
         atomic_write(layout.manifest_path(job), base64.b64decode(req.manifest), 0o600, [])
+    _fsync_dirs(dirs)
+    return P.WriteReport(written, removed, errors)
+
+
+def _fsync_dirs(dirs):
     for d in sorted(dirs):
         try:
             fd = os.open(d, os.O_RDONLY)
@@ -414,7 +404,6 @@ def op_write(req):
             os.close(fd)
         except OSError:
             pass
-    return P.WriteReport(written, removed, errors)
 
 
 def start_at_boot(job, on, errors=None):
@@ -519,7 +508,7 @@ def op_destroy(req):
     units = _units_of(manifest, req.stop)
     start_at_boot(job, False)
     systemctl("stop", units, errors)
-    removed = _remove(list(manifest.get("files", {})), job, errors)
+    removed = ledger.remove_unowned(job, list(manifest.get("files", {})), errors)
     _restore_originals(job, errors)
     dirs = read_json(layout.created_dirs_path(job))
     if isinstance(dirs, list):

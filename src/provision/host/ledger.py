@@ -188,6 +188,14 @@ class _Locked:
         os.close(self.fd)  # closing releases the flock
 
 
+class _Unlocked:
+    def __enter__(self) -> _Unlocked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 def _write(job: str, entry: dict[str, Any]) -> None:
     path = layout.ledger_path(job)
     tmp = path + layout.TMP_SUFFIX
@@ -380,3 +388,37 @@ def other_owners(job: str, paths: Any) -> dict[str, dict[str, str]]:
                 rec = files[path]
                 out.setdefault(path, {})[other] = rec.get("sha256", "") if isinstance(rec, dict) else ""
     return out
+
+
+def remove_unowned(job: str, paths: Any, errors: list[str] | None = None) -> int:
+    """Unlink paths no other job's manifest lists (the last job leaving a shared file removes
+    it). Under the ledger's lock: an apply counting on a file another job pushed checks it is
+    still there under the same lock (missing), so one of the two sees the other."""
+    removed = 0
+    if not paths:
+        return removed
+    # No ledger yet: no apply here has reached its write (reserve makes it), so none counts on
+    # these files yet; its own check (missing) comes later and sees them gone.
+    with _Locked() if os.path.isdir(layout.LEDGER_DIR) else _Unlocked():
+        shared = other_owners(job, paths)
+        for path in paths:
+            if path in shared:
+                continue
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                if errors is not None:
+                    errors.append(path + ": is a directory, left in place")
+    return removed
+
+
+def missing(paths: Any) -> list[str]:
+    """Of the shared files an apply did not write (its manifest, written first, lists them),
+    those gone: the job that pushed them left meanwhile (remove_unowned)."""
+    if not paths:
+        return []
+    with _Locked():
+        return [p for p in paths if not os.path.lexists(p)]

@@ -317,6 +317,7 @@ class _Apply:
             clear_lifecycle=bool(hp.starts()),
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
             reserve=hp.reserve,
+            expect=[path for path, _ in hp.shared],
             run={"run": self.run_number, "by": self.ctx.owner.who}
             if self.run_number is not None and hp.starts()
             else None,

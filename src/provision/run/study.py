@@ -211,13 +211,20 @@ def orphans(study: optuna.Study, me: Runner) -> list[FrozenTrial]:
     return out
 
 
+def mark_removed(study: optuna.Study, number: int) -> None:
+    """The trial is gone from the hosts. A study attribute: a told trial's own attributes
+    cannot change any more."""
+    study.set_user_attr(f"removed-{number}", True)
+
+
 def leftovers(study: optuna.Study, me: Runner) -> list[FrozenTrial]:
     """Trials told by a runner that died before removing them from the hosts."""
     now = time.time()
     out = []
+    removed = study.user_attrs
     for t in study.get_trials(deepcopy=False, states=(OptunaState.COMPLETE, OptunaState.PRUNED, OptunaState.FAIL)):
         ua = t.user_attrs
-        if ua.get("phase") != "ended" or ua.get("removed") or ua.get("surplus"):
+        if ua.get("phase") != "ended" or removed.get(f"removed-{t.number + 1}") or ua.get("surplus"):
             continue
         if not runner_alive(str(ua.get("runner", "")), float(ua.get("heartbeat", 0) or 0), now, me):
             out.append(t)

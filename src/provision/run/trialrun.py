@@ -38,7 +38,7 @@ from provision.run.destroy import destroy, destroy_plan
 from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
-from provision.run.study import beat
+from provision.run.study import beat, mark_removed
 from provision.spec.placement import PlacementError
 from provision.spec.trial import trial_inventory
 
@@ -118,7 +118,9 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
     started (apply converges whatever part got onto the hosts), running (followed), or ended
     (its outcome recorded: only the logs and the removal were left)."""
     inv = trial_inventory(w.inv, number, params)
-    attrs = w.study._storage.get_trial(trial_id).user_attrs if adopt else {}
+    frozen = w.study._storage.get_trial(trial_id) if adopt else None
+    attrs = frozen.user_attrs if frozen is not None else {}
+    told = frozen is not None and frozen.state is not OptunaState.RUNNING  # only its removal was left
     try:
         ctx = open_context(w.where, loaded=inv, verbose=w.verbose, operation="apply", session=w.session)
     except ProvisionError as e:
@@ -140,20 +142,21 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
             return ended
         # Recorded before its logs are kept and it is removed: a tune killed in between
         # leaves the outcome, and the removal, for the next one.
-        beat(
-            w.study,
-            trial_id,
-            phase=ENDED,
-            ending=ended.ending.value,
-            why=ended.why,
-            value=ended.value,
-            steps=ended.steps,
-        )
-        if ended.ending is not Ending.FAILED:
+        if not told:
+            beat(
+                w.study,
+                trial_id,
+                phase=ENDED,
+                ending=ended.ending.value,
+                why=ended.why,
+                value=ended.value,
+                steps=ended.steps,
+            )
+        if ended.ending is not Ending.FAILED and not told:
             w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
         _keep_logs(w, ctx, number)
         _remove(w, ctx)
-        beat(w.study, trial_id, removed=True)
+        mark_removed(w.study, number)
         if ended.ending is Ending.FAILED and not ended.lines:
             ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(inv)}.log")
         return ended
@@ -180,7 +183,9 @@ def _recorded(attrs: dict[str, object]) -> Ended:
 
 def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | None:
     """Plan until the trial fits beside the other jobs (each poll one round trip per host),
-    then apply. None: started."""
+    then apply. None: started. A plan with a problem is made once more before the trial
+    fails: another runner's trial leaving a shared file may have been half-way."""
+    second_look = True
     while True:
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
@@ -199,6 +204,10 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
             time.sleep(w.poll)
             continue
         w.waiting.pop(number, None)
+        if plan.problems and second_look:
+            second_look = False
+            time.sleep(w.poll)
+            continue
         if plan.problems:
             return Ended(Ending.FAILED, plan.problems[0])
         if any(o.lost_race for o in outcomes.values()):

@@ -149,7 +149,8 @@ class StudyLoop:
 
     def _submit(self, trial_id: int, number: int, params: dict[str, Value], *, adopt: bool, retry_of: object) -> None:
         job = f"{self.w.inv.job}-t{number}"
-        st.claim(self.w.study, trial_id, self.me, job)
+        if number not in self.told:  # a told trial's attributes are final: only its removal is left
+            st.claim(self.w.study, trial_id, self.me, job)
         if not adopt:
             self.on_row(
                 TrialRow(
