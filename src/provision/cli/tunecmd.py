@@ -6,6 +6,7 @@ from __future__ import annotations
 import json as _json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -104,12 +105,17 @@ def tune_cmd(inventory, show, as_json, promote, out, seed, poll, verbose):
         return
     screen.waiting = work.waiting
     _header(inventory, inv, work.study)
-    loop = StudyLoop(
-        work, _runner(), on_row=lambda r: _on_row(screen, r, inv, work.study, picture), on_tick=screen.tick
-    )
+    pic = _Picture(picture, inv.tune)
+
+    def tick(rows: list[TrialRow]) -> None:
+        screen.tick(rows)
+        pic.maybe(rows)
+
+    loop = StudyLoop(work, _runner(), on_row=screen.row, on_tick=tick)
     end = loop.run()
     screen.say("")
     rows = _rows(work.study, inv.job)
+    pic.wait()
     _draw(picture, rows, inv.tune)
     for line in table_lines(rows, inv.tune):
         click.echo(line)
@@ -129,11 +135,30 @@ def _rows(study, job: str) -> list[TrialRow]:
     return rows(study, job)
 
 
-def _on_row(screen: _Screen, r: TrialRow, inv: Inventory, study, picture: Path) -> None:
-    screen.row(r)
-    if r.state.ended:
-        assert inv.tune is not None
-        _draw(picture, _rows(study, inv.job), inv.tune)
+class _Picture:
+    """The study's PNG, redrawn while it runs when trials ended since, at most every few
+    seconds, on a thread of its own: drawing takes a good part of a second, which no trial's
+    start should wait for."""
+
+    EVERY = 5.0
+
+    def __init__(self, path: Path, tune: Tune):
+        self.path, self.tune = path, tune
+        self.drawn, self.at = -1, 0.0
+        self.thread: threading.Thread | None = None
+
+    def maybe(self, rows: list[TrialRow]) -> None:
+        ended = sum(r.state.ended for r in rows)
+        busy = self.thread is not None and self.thread.is_alive()
+        if ended == self.drawn or busy or time.monotonic() - self.at < self.EVERY:
+            return
+        self.drawn, self.at = ended, time.monotonic()
+        self.thread = threading.Thread(target=_draw, args=(self.path, rows, self.tune), daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
 
 
 def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:

@@ -11,7 +11,9 @@ is an ordinary job (its own ledger entries, so two trials never share a GPU or a
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from provision.io.journal import host_last_lines
 from provision.io.ssh import Session
 from provision.rules.metrics import parse_log_lines, parse_metric_file
 from provision.rules.status import JobStatus
-from provision.run.apply import apply_plan
+from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
 from provision.run.destroy import destroy, destroy_plan
 from provision.run.jobend import end_job, look
@@ -41,6 +43,13 @@ from provision.run.planning import build_plan
 from provision.run.study import beat, mark_removed
 from provision.spec.placement import PlacementError
 from provision.spec.trial import trial_inventory
+
+TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
+
+
+def _trace(number: int, what: str) -> None:
+    if TRACE:
+        print(f"{time.time():.3f} trial {number}: {what}", file=sys.stderr, flush=True)
 
 
 class Ending(str, Enum):
@@ -75,10 +84,10 @@ class TrialWork:
     poll: float = 1.0
     verbose: bool = False
     waiting: dict[int, str] = field(default_factory=dict)  # trial number -> why it waits for room
-    # One trial's apply or removal at a time: trials share the study's pushed files, and a
-    # removal (the last user takes a shared file away) racing another trial's plan of the
-    # same file would find it neither shared nor absent. Each takes a few round trips.
-    hosts_lock: threading.Lock = field(default_factory=threading.Lock)
+    # One trial placed and started at a time by this runner: trials started together would
+    # all be placed on the same free GPU (placement is deterministic) and all but one lose
+    # the reservation and plan again; one after the other, each sees the last one's.
+    starting: threading.Lock = field(default_factory=threading.Lock)
     # The study's connections: every trial's context uses them (no new SSH handshake per
     # trial, and one known_hosts writer).
     session: Session | None = None
@@ -122,7 +131,9 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
     attrs = frozen.user_attrs if frozen is not None else {}
     told = frozen is not None and frozen.state is not OptunaState.RUNNING  # only its removal was left
     try:
+        _trace(number, "opening")
         ctx = open_context(w.where, loaded=inv, verbose=w.verbose, operation="apply", session=w.session)
+        _trace(number, "opened")
     except ProvisionError as e:
         return Ended(Ending.FAILED, e.message)
     try:
@@ -154,8 +165,11 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
             )
         if ended.ending is not Ending.FAILED and not told:
             w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
+        _trace(number, "told")
         _keep_logs(w, ctx, number)
+        _trace(number, "logs kept")
         _remove(w, ctx)
+        _trace(number, "removed")
         mark_removed(w.study, number)
         if ended.ending is Ending.FAILED and not ended.lines:
             ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(inv)}.log")
@@ -186,12 +200,18 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
     then apply. None: started. A plan with a problem is made once more before the trial
     fails: another runner's trial leaving a shared file may have been half-way."""
     second_look = True
+    outcomes: dict[str, HostOutcome] = {}
     while True:
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
-        with w.hosts_lock:
+        # Trials share the study's pushed files: a trial leaving takes a shared file away
+        # only when no other job's manifest lists it, and an apply counting on it finds it
+        # gone under the same lock on the host (a conflict: planned again, below).
+        with w.starting:
+            _trace(number, "planning")
             try:
                 plan = build_plan(ctx, checks=True)
+                _trace(number, "planned")
             except PlacementError as e:
                 plan = None
                 if not e.held:
@@ -210,6 +230,7 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
             continue
         if plan.problems:
             return Ended(Ending.FAILED, plan.problems[0])
+        _trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
             continue  # another trial took the GPUs first: plan again
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
@@ -244,6 +265,7 @@ def _follow(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended:
                 trial.report(r.value, r.step)
         beat(w.study, trial_id, steps=last.step if last else None, value=last.value if last else None)
         if st.phase.ended:
+            _trace(number, "ended")
             return _ending(w, st, reports)
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
@@ -316,7 +338,6 @@ def _remove(w: TrialWork, ctx: Context) -> None:
     """destroy, as `provision destroy` does it, under the trial's lock."""
     if ctx.lock is None:
         ctx.lock = ctx.state.store.lock("destroy").acquire()
-    with w.hosts_lock:
-        plan = destroy_plan(ctx)
-        if plan.changed:
-            destroy(ctx, plan)
+    plan = destroy_plan(ctx)
+    if plan.changed:
+        destroy(ctx, plan)

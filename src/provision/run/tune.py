@@ -25,7 +25,7 @@ from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
 from provision.run import study as st
-from provision.run.trialrun import Ended, Ending, TrialWork, run_trial
+from provision.run.trialrun import Ended, Ending, TrialWork, _trace, run_trial
 from provision.spec.statebackend import backend_of
 
 
@@ -161,6 +161,7 @@ class StudyLoop:
                     retry_of=retry_of if isinstance(retry_of, int) else None,
                 )
             )
+        _trace(number, "submitted")
         f = self.pool.submit(run_trial, self.w, trial_id, number, params, adopt=adopt)
         self.mine[f] = (trial_id, number, params)
 
