@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .clirun import cli, ok, wait_until
 
@@ -203,6 +204,14 @@ def test_the_median_rule_stops_a_trial_far_behind(sandbox4, sandbox_inventory, t
     # The others ran to their end, or were behind the median at some step too (1.03 after
     # 1.0, 1.01, 1.02 is): never failed.
     assert {t["state"] for t in doc["trials"]} <= {"succeeded", "stopped early"}, doc["trials"]
+    # The best trial as a plain job: its arguments, no tune:, and plan takes it.
+    out = ok(_tune("--promote", "best", "-o", tmp_path / "promoted" / "best.yaml", inv, cwd=tmp_path))
+    assert f"trial {doc['best']['number']}" in out.stdout
+    promoted = yaml.safe_load((tmp_path / "promoted" / "best.yaml").read_text())
+    assert "tune" not in promoted
+    assert promoted["pools"]["chief"]["command"][-1] == f"--quality={doc['best']['params']['quality']}"
+    plan = cli("plan", "--detailed-exitcode", tmp_path / "promoted" / "best.yaml", cwd=tmp_path)
+    assert plan.returncode == 2, plan.stdout + plan.stderr
 
 
 def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_inventory, tmp_path):
@@ -260,7 +269,9 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     assert not set(sa) & set(sb_), (sa, sb_)
     assert sorted(sa + sb_) == list(range(1, 9)), (sa, sb_)
     doc = _trials(inv_a, a, env)
-    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8, json.dumps([(t["number"], t["state"], t["why"]) for t in doc["trials"]])
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 8, json.dumps(
+        [(t["number"], t["state"], t["why"]) for t in doc["trials"]]
+    )
 
 
 VERTEX_STUDY = {
@@ -317,8 +328,6 @@ AIP_STUDY = {
 def test_an_imported_tuning_job_runs(sandbox4, sandbox_inventory, tmp_path, service, spec):
     """The study part of a Vertex HyperparameterTuningJob / an AI Platform TrainingInput, as
     `provision import` writes it, runs as it is (the trial's pools: this file's trainer)."""
-    import yaml
-
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     ok(cli("import", service, "spec.json", "-o", "imported.yaml", cwd=tmp_path))
     imported = yaml.safe_load((tmp_path / "imported.yaml").read_text())

@@ -151,29 +151,7 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
             ended = _follow(w, ctx, trial_id, number)
         if ended.ending is Ending.LEFT_RUNNING:
             return ended
-        # Recorded before its logs are kept and it is removed: a tune killed in between
-        # leaves the outcome, and the removal, for the next one.
-        if not told:
-            beat(
-                w.study,
-                trial_id,
-                phase=ENDED,
-                ending=ended.ending.value,
-                why=ended.why,
-                value=ended.value,
-                steps=ended.steps,
-            )
-        if ended.ending is not Ending.FAILED and not told:
-            w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
-        _trace(number, "told")
-        _keep_logs(w, ctx, number)
-        _trace(number, "logs kept")
-        _remove(w, ctx)
-        _trace(number, "removed")
-        mark_removed(w.study, number)
-        if ended.ending is Ending.FAILED and not ended.lines:
-            ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(inv)}.log")
-        return ended
+        return _wind_up(w, ctx, trial_id, number, params, ended, told=told)
     except HostError as e:
         return Ended(Ending.FAILED, f"{e.target.where}: {e.message}")
     except ProvisionError as e:
@@ -193,6 +171,36 @@ def _recorded(attrs: dict[str, object]) -> Ended:
         float(value) if isinstance(value, (int, float)) else None,
         steps if isinstance(steps, int) else None,
     )
+
+
+def _wind_up(
+    w: TrialWork, ctx: Context, trial_id: int, number: int, params: dict[str, Value], ended: Ended, *, told: bool
+) -> Ended:
+    """An ended trial: its outcome recorded and told (its GPUs are free from then on), its
+    logs kept, and it removed from the hosts. `told`: a dead runner told it already."""
+    if not told:
+        # Recorded before its logs are kept and it is removed: a tune killed in between
+        # leaves the outcome, and the removal, for the next one.
+        beat(
+            w.study,
+            trial_id,
+            phase=ENDED,
+            ending=ended.ending.value,
+            why=ended.why,
+            value=ended.value,
+            steps=ended.steps,
+        )
+        if ended.ending is not Ending.FAILED:
+            w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
+    _trace(number, "told")
+    _keep_logs(w, ctx, number)
+    _trace(number, "logs kept")
+    _remove(w, ctx)
+    _trace(number, "removed")
+    mark_removed(w.study, number)
+    if ended.ending is Ending.FAILED and not ended.lines:
+        ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(ctx.inventory)}.log")
+    return ended
 
 
 def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | None:
