@@ -91,6 +91,9 @@ class TrialWork:
     # The study's connections: every trial's context uses them (no new SSH handshake per
     # trial, and one known_hosts writer).
     session: Session | None = None
+    # A local state: each trial's state file goes in the study's directory (beside its logs),
+    # not beside the inventory. A database state keeps a row per trial, as for any job.
+    local_state: bool = True
     # Called by a trial's thread as soon as its job has ended (before its logs are kept and
     # it is removed: its GPUs are free from then on, ENDED in the ledger): the loop tells
     # Optuna and starts the next trial meanwhile.
@@ -132,7 +135,10 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
     told = frozen is not None and frozen.state is not OptunaState.RUNNING  # only its removal was left
     try:
         _trace(number, "opening")
-        ctx = open_context(w.where, loaded=inv, verbose=w.verbose, operation="apply", session=w.session)
+        state = str(w.logs_dir / f"{inv.job}.state.json") if w.local_state else None
+        ctx = open_context(
+            w.where, state_path=state, loaded=inv, verbose=w.verbose, operation="apply", session=w.session
+        )
         _trace(number, "opened")
     except ProvisionError as e:
         return Ended(Ending.FAILED, e.message)

@@ -249,6 +249,7 @@ def open_work(
         poll=poll,
         verbose=verbose,
         session=Session(KnownHosts(base.parent / "known_hosts"), verbose=verbose),
+        local_state=backend.local,
     )
 
 
