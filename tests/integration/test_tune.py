@@ -247,8 +247,10 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    inv_a = _study(sandbox_inventory, sandbox4, a, "tpg", tune, steps=4, step_seconds=0.5)
-    inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=0.5)
+    # 4 s trials: b is on the study before a's first ones end; from then on each runs its
+    # share (parallel_trials split between the two).
+    inv_a = _study(sandbox_inventory, sandbox4, a, "tpg", tune, steps=4, step_seconds=1.0)
+    inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=1.0)
     env = postgres.env()
     pa = _popen(inv_a, a, env)
     time.sleep(1.0)  # b asks while a's first trials run

@@ -184,6 +184,29 @@ def runner_alive(runner_id: str, heartbeat: float, now: float, me: Runner) -> bo
     return now - heartbeat < STALE
 
 
+PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
+
+
+def announce(study: optuna.Study, me: Runner, *, leaving: bool = False) -> None:
+    """This runner is on the study (every few seconds), so the others leave it its share."""
+    study.set_user_attr(PRESENCE + me.id, 0.0 if leaving else time.time())
+
+
+def runners(study: optuna.Study, me: Runner) -> int:
+    """Runners on the study now, this one included."""
+    now = time.time()
+    others = [
+        k[len(PRESENCE) :]
+        for k, at in study.user_attrs.items()
+        if k.startswith(PRESENCE)
+        and k != PRESENCE + me.id
+        and isinstance(at, (int, float))
+        and at > 0
+        and runner_alive(k[len(PRESENCE) :], float(at), now, me)
+    ]
+    return 1 + len(others)
+
+
 def claim(study: optuna.Study, trial_id: int, me: Runner, job: str) -> None:
     s = study._storage
     s.set_trial_user_attr(trial_id, "runner", me.id)

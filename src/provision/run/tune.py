@@ -28,6 +28,8 @@ from provision.run import study as st
 from provision.run.trialrun import Ended, Ending, TrialWork, _trace, run_trial
 from provision.spec.statebackend import backend_of
 
+ANNOUNCE_EVERY = 3.0  # seconds between a runner's "still here" on the study
+
 
 @dataclass(frozen=True)
 class StudyEnd:
@@ -60,6 +62,7 @@ class StudyLoop:
         self.told: set[int] = set()  # trials told (their threads may still be removing them)
         self.wake = threading.Event()  # a trial ended: look again now, not at the next poll
         work.on_ended = self._ended
+        self.announced, self.others = -ANNOUNCE_EVERY, 1  # when this runner last said it is here; runners seen
 
     # -- the loop
 
@@ -77,6 +80,8 @@ class StudyLoop:
             )
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            if not self.mine:
+                st.announce(self.w.study, self.me, leaving=True)
             if self.w.session is not None and not self.mine:
                 self.w.session.close()
 
@@ -121,9 +126,19 @@ class StudyLoop:
                 n += 1
         return n
 
+    def _share(self) -> int:
+        """How many trials this runner runs at once: parallel_trials split among the runners
+        on the study (two teammates' tunes each take half), said again every few seconds."""
+        now = time.monotonic()
+        if now - self.announced >= ANNOUNCE_EVERY:
+            st.announce(self.w.study, self.me)
+            self.announced = now
+            self.others = st.runners(self.w.study, self.me)
+        return max(1, math.ceil(self.w.tune.parallel_trials / self.others))
+
     def _start_more(self, rows: list[TrialRow], cap: int) -> None:
         tune, study = self.w.tune, self.w.study
-        while self._busy() < tune.parallel_trials and self._running_anywhere() < tune.parallel_trials:
+        while self._busy() < self._share() and self._running_anywhere() < tune.parallel_trials:
             if len(rows) >= cap:
                 return
             trial = study.ask()
