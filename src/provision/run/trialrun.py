@@ -47,7 +47,7 @@ from provision.spec.trial import trial_inventory
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
 
 
-def _trace(number: int, what: str) -> None:
+def trace(number: int, what: str) -> None:
     if TRACE:
         print(f"{time.time():.3f} trial {number}: {what}", file=sys.stderr, flush=True)
 
@@ -134,12 +134,12 @@ def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value]
     attrs = frozen.user_attrs if frozen is not None else {}
     told = frozen is not None and frozen.state is not OptunaState.RUNNING  # only its removal was left
     try:
-        _trace(number, "opening")
+        trace(number, "opening")
         state = str(w.logs_dir / f"{inv.job}.state.json") if w.local_state else None
         ctx = open_context(
             w.where, state_path=state, loaded=inv, verbose=w.verbose, operation="apply", session=w.session
         )
-        _trace(number, "opened")
+        trace(number, "opened")
     except ProvisionError as e:
         return Ended(Ending.FAILED, e.message)
     try:
@@ -198,11 +198,11 @@ def _wind_up(
         )
         if ended.ending is not Ending.FAILED:
             w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
-    _trace(number, "told")
+    trace(number, "told")
     _keep_logs(w, ctx, number)
-    _trace(number, "logs kept")
+    trace(number, "logs kept")
     _remove(w, ctx)
-    _trace(number, "removed")
+    trace(number, "removed")
     mark_removed(w.study, number)
     if ended.ending is Ending.FAILED and not ended.lines:
         ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(ctx.inventory)}.log")
@@ -222,10 +222,10 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again, below).
         with w.starting:
-            _trace(number, "planning")
+            trace(number, "planning")
             try:
                 plan = build_plan(ctx, checks=True)
-                _trace(number, "planned")
+                trace(number, "planned")
             except PlacementError as e:
                 plan = None
                 if not e.held:
@@ -244,7 +244,7 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
             continue
         if plan.problems:
             return Ended(Ending.FAILED, plan.problems[0])
-        _trace(number, "applied")
+        trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
             continue  # another trial took the GPUs first: plan again
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
@@ -279,7 +279,7 @@ def _follow(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended:
                 trial.report(r.value, r.step)
         beat(w.study, trial_id, steps=last.step if last else None, value=last.value if last else None)
         if st.phase.ended:
-            _trace(number, "ended")
+            trace(number, "ended")
             return _ending(w, st, reports)
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted")

@@ -25,7 +25,7 @@ from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
 from provision.run import study as st
-from provision.run.trialrun import Ended, Ending, TrialWork, _trace, run_trial
+from provision.run.trialrun import Ended, Ending, TrialWork, run_trial, trace
 from provision.spec.statebackend import backend_of
 
 ANNOUNCE_EVERY = 3.0  # seconds between a runner's "still here" on the study
@@ -89,13 +89,13 @@ class StudyLoop:
         tune, study = self.w.tune, self.w.study
         cap = trial_cap(tune)
         while True:
-            rows = st.rows(study, self.w.inv.job)
+            rows = st.rows(study, self.w.inv.job)  # once per look: with PostgreSQL, a query
+            self.on_tick(rows)
             failed = sum(r.state is TrialState.FAILED for r in rows)
             stopping = failed > tune.max_failed_trials
             if not stopping:
                 self._start_more(rows, cap)
-            if not self.mine:
-                rows = st.rows(study, self.w.inv.job)
+            if not self.mine:  # nothing was started above: `rows` is still the study
                 if stopping:
                     return StudyEnd(
                         EXIT_ERROR,
@@ -105,7 +105,6 @@ class StudyLoop:
                     return StudyEnd(0, f"the study ended: {cap} trials")
                 if any(r.state is TrialState.RUNNING for r in rows):
                     # Another runner's trials: wait for them (or for their runner to die).
-                    self.on_tick(rows)
                     time.sleep(self.w.poll)
                     self._adopt()
                     continue
@@ -113,7 +112,6 @@ class StudyLoop:
             self.wake.clear()
             for f in [f for f in self.mine if f.done()]:
                 self._finish(f)
-            self.on_tick(st.rows(study, self.w.inv.job))
 
     def _running_anywhere(self) -> int:
         now = time.time()
@@ -176,7 +174,7 @@ class StudyLoop:
                     retry_of=retry_of if isinstance(retry_of, int) else None,
                 )
             )
-        _trace(number, "submitted")
+        trace(number, "submitted")
         f = self.pool.submit(run_trial, self.w, trial_id, number, params, adopt=adopt)
         self.mine[f] = (trial_id, number, params)
 
