@@ -47,12 +47,11 @@ def _trial(inventory: str, number: int) -> tuple[Inventory, dict[str, str]]:
     inv = load(inventory)
     if inv.tune is None:
         raise ProvisionError(f"--trial: {inventory} has no tune: section")
-    # Lazy: Optuna takes about a second to import (start-up of a plain fetch stays as it was).
-    from provision.run.study import trial_record
-    from provision.run.tune import open_work  # (start-up, as above)
+    # Local: Optuna takes about a second to import (start-up of a plain fetch stays as it was).
+    from provision.run.tune import existing_study
 
-    work = open_work(inventory, inv, say=click.echo, poll=1.0, verbose=False)
-    got = trial_record(work.study, number)
+    study = existing_study(inventory, inv)
+    got = study.record_of(number) if study is not None else None
     if got is None:
         raise ProvisionError(f"--trial {number}: study {inv.job} has no such trial")
     params, ran_on = got

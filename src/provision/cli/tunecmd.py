@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +18,9 @@ from provision.core.model import Inventory
 from provision.core.tuning import TrialRow, TrialState, Tune, best
 from provision.spec.inventory import load
 from provision.spec.promote import promoted
+
+if TYPE_CHECKING:  # the study's modules import Optuna: loaded only when a study is opened (below)
+    from provision.io.study import Study
 
 PICTURE = "study.png"
 
@@ -30,7 +34,6 @@ class _Screen:
         self.live = sys.stdout.isatty()
         self.lock = threading.Lock()
         self.shown = False
-        self.waiting: dict[int, str] = {}
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -40,14 +43,14 @@ class _Screen:
     def row(self, r: TrialRow) -> None:
         self.say(event_line(r, self.tune))
 
-    def tick(self, rows: list[TrialRow]) -> None:
+    def tick(self, rows: list[TrialRow], waiting: dict[int, str]) -> None:
         if not self.live:
             return
         running = [r for r in rows if r.state is TrialState.RUNNING]
         parts = [
             f"t{r.number}"
             + (f" step {r.steps}" if r.steps is not None else "")
-            + (" (waiting: " + self.waiting[r.number] + ")" if r.number in self.waiting else "")
+            + (" (waiting: " + waiting[r.number] + ")" if r.number in waiting else "")
             for r in running
         ]
         done = sum(r.state.ended for r in rows)
@@ -79,60 +82,58 @@ def _study_inventory(inventory: str) -> Inventory:
 @click.option("--seed", type=int, default=None, help="Seed the search (the same seed asks the same first trials).")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between looks at the running trials.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
-def tune_cmd(inventory, show, as_json, promote, out, seed, poll, verbose):
+def tune_cmd(
+    inventory: str,
+    show: bool,
+    as_json: bool,
+    promote: str | None,
+    out: str | None,
+    seed: int | None,
+    poll: float,
+    verbose: bool,
+) -> None:
     """Run the inventory's hyperparameter study: each trial a job of its own on free GPUs,
     at most `parallel_trials` at once, until `max_trials`. Run it again to resume: finished
     trials are kept, running ones adopted."""
 
     inv = _study_inventory(inventory)
     assert inv.tune is not None
-    # Lazy: Optuna and SQLAlchemy take about a second to import (start-up of every other
+    # Local: Optuna and SQLAlchemy take about a second to import (start-up of every other
     # command stays as it was: only this one loads them).
-    from provision.run.tune import StudyLoop, open_work, study_dir
+    from provision.io.study import Runner
+    from provision.run.tune import StudyLoop, existing_study, open_work, study_dir  # (start-up, as above)
 
     if as_json and not show:
         raise ProvisionError("--json goes with --status")
+    picture = study_dir(inventory, inv.job) / PICTURE
     if promote is not None or out is not None:
         if promote is None or out is None:
             raise ProvisionError("--promote and -o go together: --promote best -o best.yaml")
-        _promote(inventory, inv, promote, Path(out))
+        _promote(inventory, inv, existing_study(inventory, inv), promote, Path(out))
+        return
+    if show:
+        _show(inv, existing_study(inventory, inv), picture, as_json)
         return
     screen = _Screen(inv.tune)
-    work = open_work(inventory, inv, say=screen.say, poll=poll, verbose=verbose, seed=None if show else seed)
-    picture = study_dir(inventory, inv.job) / PICTURE
-    if show:
-        _show(inv, work.study, picture, as_json)
-        return
-    screen.waiting = work.waiting
-    _header(inventory, inv, work.study)
+    work, study = open_work(inventory, inv, say=screen.say, poll=poll, verbose=verbose, seed=seed)
+    _header(inv, study)
     pic = _Picture(picture, inv.tune)
+    loop: StudyLoop | None = None
 
     def tick(rows: list[TrialRow]) -> None:
-        screen.tick(rows)
+        screen.tick(rows, loop.waiting if loop is not None else {})
         pic.maybe(rows)
 
-    loop = StudyLoop(work, _runner(), on_row=screen.row, on_tick=tick)
+    loop = StudyLoop(work, study, Runner.here(), on_row=screen.row, on_tick=tick)
     end = loop.run()
     screen.say("")
-    rows = _rows(work.study, inv.job)
+    rows = study.rows()
     pic.wait()
     _draw(picture, rows, inv.tune)
     for line in table_lines(rows, inv.tune):
         click.echo(line)
     click.echo(f"\n{end.why[0].upper()}{end.why[1:]}. Picture: {picture}")
     sys.exit(end.code)
-
-
-def _runner():
-    from provision.run.study import Runner  # lazy with the rest of the study (start-up)
-
-    return Runner.here()
-
-
-def _rows(study, job: str) -> list[TrialRow]:
-    from provision.run.study import rows  # lazy with the rest of the study (start-up)
-
-    return rows(study, job)
 
 
 class _Picture:
@@ -168,7 +169,7 @@ def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:
         click.echo(f"Warning: the study's picture could not be written to {picture}: {e}", err=True)
 
 
-def _header(where: str, inv: Inventory, study) -> None:
+def _header(inv: Inventory, study: Study) -> None:
     t = inv.tune
     assert t is not None
     names = ", ".join(p.name for p in t.params)
@@ -177,15 +178,15 @@ def _header(where: str, inv: Inventory, study) -> None:
         f"{t.max_trials} trials, {t.parallel_trials} at once"
         + (", median early stopping" if t.early_stopping.value == "median" else "")
     )
-    rows = _rows(study, inv.job)
+    rows = study.rows()
     if rows:
         ended = sum(r.state.ended for r in rows)
         click.echo(f"Resuming: {ended} trial{'s' if ended != 1 else ''} ended, {len(rows) - ended} running.")
 
 
-def _show(inv: Inventory, study, picture: Path, as_json: bool) -> None:
+def _show(inv: Inventory, study: Study | None, picture: Path, as_json: bool) -> None:
     assert inv.tune is not None
-    rows = _rows(study, inv.job)
+    rows = study.rows() if study is not None else []
     if as_json:
         doc = study_json(inv.job, inv.tune, rows, ended=None, picture=str(picture) if picture.exists() else None)
         click.echo(_json.dumps(doc, indent=1))
@@ -199,12 +200,9 @@ def _show(inv: Inventory, study, picture: Path, as_json: bool) -> None:
         click.echo(f"Picture: {picture}")
 
 
-def _promote(where: str, inv: Inventory, which: str, out: Path) -> None:
-    from provision.run.tune import open_work  # lazy with the rest of the study (start-up)
-
+def _promote(where: str, inv: Inventory, study: Study | None, which: str, out: Path) -> None:
     assert inv.tune is not None
-    work = open_work(where, inv, say=click.echo, poll=1.0, verbose=False)
-    rows = _rows(work.study, inv.job)
+    rows = study.rows() if study is not None else []
     if which == "best":
         row = best(rows, inv.tune.metric)
         if row is None:

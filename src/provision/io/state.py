@@ -40,6 +40,7 @@ from typing import Any
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
 from provision.io.statestore import MOVED_TO, Change, LockInfo, Store, history_path, locked_error, migrated_path
+from provision.rules.liveness import process_alive
 from provision.spec.placement import Slot
 from provision.spec.statebackend import Backend
 
@@ -482,15 +483,8 @@ def read_lock(path: Path) -> LockInfo | None:
 
 
 def _stale(info: LockInfo) -> bool:
-    if info.machine != socket.gethostname():
-        return False
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    """A lock whose holder is gone (a lock file never beats: only a holder on this machine can be judged)."""
+    return not process_alive(info.machine, info.pid, None, 0.0, None)
 
 
 def force_unlock(state_path: Path, lock_id: str) -> LockInfo:

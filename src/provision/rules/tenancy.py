@@ -36,6 +36,7 @@ from typing import Any
 from provision.core.text import duration
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
+from provision.rules.liveness import process_alive
 from provision.spec.placement import Held, PlacedTask
 
 STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
@@ -166,16 +167,6 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(sorted(x for x in v if isinstance(x, int))) if isinstance(v, list) else ()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: float) -> Hold:
     """The hold rule (module docstring) for one entry, given its units' states."""
     mine = [units.get(u, {}) for u in entry.get("units") or []]
@@ -192,13 +183,15 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
     waiting = Hold.QUEUED if entry.get("queued") and not entry.get("gpus") else Hold.RESERVED
     owner = Owner.from_json(entry.get("owner"))
     updated = entry.get("updated")
-    if owner and owner.host == socket.gethostname() and owner.pid:
-        # An apply from this machine: its process says whether it is alive, whatever the
-        # age (a setup may take an hour).
-        return waiting if _alive(owner.pid) else Hold.STALE
-    if isinstance(updated, (int, float)) and now - updated > STALE_AFTER:
-        return Hold.STALE
-    return waiting
+    # The apply that reserved it: its pid on this machine, else its last word on the host's clock.
+    alive = process_alive(
+        owner.host if owner else "",
+        owner.pid if owner else None,
+        float(updated) if isinstance(updated, (int, float)) else None,
+        now,
+        STALE_AFTER,
+    )
+    return waiting if alive else Hold.STALE
 
 
 def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Holder]:

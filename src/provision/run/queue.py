@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -35,17 +36,28 @@ POLL = float(os.environ.get("PROVISION_QUEUE_POLL", 5))  # seconds between looks
 _AGE = re.compile(r"\b\d+[smhd]\b")  # "running 2h": an age, not a change of reason
 
 
+class Stopped(Exception):
+    """The wait was called off (`stop` was set: a study's Ctrl-C)."""
+
+
 class Queue:
     def __init__(
         self,
         timeout: float | None,
         progress: Callable[[str], None],
         mark: Callable[[str | None], None] = lambda waiting: None,
+        *,
+        poll: float | None = None,
+        stop: threading.Event | None = None,
+        waiting: Callable[[str | None], None] = lambda why: None,
     ):
         self.start = time.monotonic()
         self.deadline = self.start + timeout if timeout else None
         self.progress = progress
         self.mark = mark  # the hosts' ledger marks: what the apply waits for, or None
+        self.poll = POLL if poll is None else poll
+        self.stop = stop or threading.Event()  # set: the wait ends at once (Stopped)
+        self.waiting = waiting  # what it waits for now, in one line (None: no longer)
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -72,11 +84,15 @@ class Queue:
                         for line in e.details:
                             self.progress(f"  waiting for {line}")
                         self.mark("; ".join((e.message, *e.details)))
+                        self.waiting(e.message)
                         said = now
-                    time.sleep(POLL if self.deadline is None else max(0.0, min(POLL, self.deadline - time.monotonic())))
+                    left = self.poll if self.deadline is None else self.deadline - time.monotonic()
+                    if self.stop.wait(max(0.0, min(self.poll, left))):
+                        raise Stopped() from None
         finally:
             if said is not None:
                 self.mark(None)
+                self.waiting(None)
 
 
 def ledger_marks(ctx: Context) -> Callable[[str | None], None]:

@@ -1,8 +1,12 @@
-"""One trial's life on the hosts: placed and started as a job of its own, followed (its
-status and its metric file, one poll at a time; intermediate values told to the pruner),
-stopped early when the median rule says so, its logs kept on the controller, and removed
-from the hosts when it ends. A trial whose runner died is adopted the same way, from
-"followed" on.
+"""One trial's life on the hosts, on a thread of its own: placed and started as a job of its
+own (waiting for room as `apply --queue` does, marked in the hosts' ledgers), followed (its
+status and its metric file, one poll at a time), stopped early when the study loop says so,
+its logs kept on the controller, and removed from the hosts when it ends. A trial whose
+runner died is adopted the same way, from where that runner got.
+
+The worker never touches the study: it posts what happened (`Started`, `Reported`,
+`JobEnded`, `Removed`) to the study loop (run/tune.py), which alone asks, tells and decides,
+and answers through the trial's `Handle` (recorded, stop early).
 
 Every step is the same code `apply`, `status`, `stop`, `logs -o` and `destroy` run: a trial
 is an ordinary job (its own ledger entries, so two trials never share a GPU or a port).
@@ -18,21 +22,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-
-import optuna
-from optuna.trial import TrialState as OptunaState
 
 from provision.core.errors import ProvisionError
 from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.target import HostError, Target
+from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Report, Tune, Value, measured
 from provision.host import layout
 from provision.io.journal import host_last_lines
 from provision.io.ssh import Session
 from provision.rules.metrics import parse_log_lines, parse_metric_file
+from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
@@ -40,7 +42,7 @@ from provision.run.destroy import destroy, destroy_plan
 from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
-from provision.run.study import beat, mark_removed
+from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.spec.placement import PlacementError
 from provision.spec.trial import trial_inventory
 
@@ -52,38 +54,80 @@ def trace(number: int, what: str) -> None:
         print(f"{time.time():.3f} trial {number}: {what}", file=sys.stderr, flush=True)
 
 
-class Ending(str, Enum):
-    SUCCEEDED = "succeeded"
-    STOPPED_EARLY = "stopped early"
-    FAILED = "failed"
-    LOST = "lost"  # adopted, but not on its hosts any more: failed, and run again
-    LEFT_RUNNING = "left running"  # tune was interrupted: the trial runs on, for the next tune
+# --------------------------------------------------------------------------- what a worker posts
+
+
+@dataclass(frozen=True)
+class Started:
+    """The trial's job is on its hosts (where each task runs: for `fetch --trial`)."""
+
+    number: int
+    hosts: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The trial waits for room (None: it no longer does)."""
+
+    number: int
+    why: str | None
+
+
+@dataclass(frozen=True)
+class Reported:
+    """Every report the trial's metric has so far."""
+
+    number: int
+    reports: tuple[Report, ...]
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """The trial's job ended (its GPUs are free from now): record and tell it."""
+
+    number: int
+    ended: Ended
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The worker is done: the trial is gone from the hosts (or, `left`, runs on for the next tune)."""
+
+    number: int
+    ended: Ended
+    left: bool = False
+
+
+Post = Started | Waiting | Reported | JobEnded | Removed
 
 
 @dataclass
-class Ended:
-    ending: Ending
-    why: str
-    value: float | None = None
-    steps: int | None = None
-    lines: tuple[str, ...] = ()  # a failed task's last lines (its traceback)
+class Handle:
+    """One trial as its worker and the loop share it. The loop answers through it."""
+
+    number: int
+    params: dict[str, Value]
+    phase: str = ""  # how far a dead runner got: "", "running" or "ended"
+    told: bool = False  # adopted after its outcome was told: only its removal is left
+    recorded: Ended | None = None  # phase "ended": the outcome that runner recorded
+    adopt: bool = False
+    stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
+    told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
 
 
 @dataclass
 class TrialWork:
-    """What a trial's thread needs: the study's inventory, file and record, and how to say
-    what happens."""
+    """What a trial's thread needs: the study's inventory and how to say what happens."""
 
     where: str  # the inventory's path, as the user gave it
     inv: Inventory  # the study's, as loaded once
     tune: Tune
-    study: optuna.Study
     logs_dir: Path  # the study's directory beside the state: trial-N/<task>.log
     stop: threading.Event  # set by Ctrl-C: leave the trials running
     say: Callable[[str], None]
+    post: Callable[[Post], None] = lambda event: None  # to the study loop
     poll: float = 1.0
     verbose: bool = False
-    waiting: dict[int, str] = field(default_factory=dict)  # trial number -> why it waits for room
     # One trial placed and started at a time by this runner: trials started together would
     # all be placed on the same free GPU (placement is deterministic) and all but one lose
     # the reservation and plan again; one after the other, each sees the last one's.
@@ -94,10 +138,6 @@ class TrialWork:
     # A local state: each trial's state file goes in the study's directory (beside its logs),
     # not beside the inventory. A database state keeps a row per trial, as for any job.
     local_state: bool = True
-    # Called by a trial's thread as soon as its job has ended (before its logs are kept and
-    # it is removed: its GPUs are free from then on, ENDED in the ledger): the loop tells
-    # Optuna and starts the next trial meanwhile.
-    on_ended: Callable[[int, int, dict[str, Value], Ended], None] = lambda trial_id, number, params, ended: None
 
 
 def metric_task(inv: Inventory) -> str:
@@ -122,125 +162,122 @@ def read_reports(ctx: Context, task: str, tune: Tune) -> tuple[Report, ...]:
     return parse_metric_file(res.stdout, tune.metric.name)
 
 
-def run_trial(w: TrialWork, trial_id: int, number: int, params: dict[str, Value], *, adopt: bool) -> Ended:
-    """Start (or adopt) the trial, follow it to its end, keep its logs, remove it. Raises
-    nothing a user caused: every failure is an Ended.
-
-    An adopted trial goes on from where its runner was (the `phase` it recorded): not yet
-    started (apply converges whatever part got onto the hosts), running (followed), or ended
-    (its outcome recorded: only the logs and the removal were left)."""
-    inv = trial_inventory(w.inv, number, params)
-    frozen = w.study._storage.get_trial(trial_id) if adopt else None
-    attrs = frozen.user_attrs if frozen is not None else {}
-    told = frozen is not None and frozen.state is not OptunaState.RUNNING  # only its removal was left
+def run_trial(w: TrialWork, h: Handle) -> None:
+    """The worker: start (or adopt) the trial, follow it to its end, post that, keep its
+    logs, remove it, post that. Raises nothing: a bug fails the trial with its words."""
+    ended: Ended | None = None
+    posted = h.told  # a told trial's outcome is in the study already
     try:
-        trace(number, "opening")
+        ended, posted = _run(w, h, posted)
+    except Exception as e:  # a bug, not the user's: the trial fails with it, the study goes on
+        ended = Ended(Ending.FAILED, f"provision: {type(e).__name__}: {e}")
+    finally:
+        if ended is None:  # KeyboardInterrupt or the like: the trial runs on
+            ended = Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+        left = ended.ending is Ending.LEFT_RUNNING
+        if not posted and not left:
+            w.post(JobEnded(h.number, ended))
+        w.post(Removed(h.number, ended, left=left))
+
+
+def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
+    """The trial's life; returns how it ended and whether that was posted already."""
+    inv = trial_inventory(w.inv, h.number, h.params)
+    try:
+        trace(h.number, "opening")
         state = str(w.logs_dir / f"{inv.job}.state.json") if w.local_state else None
         ctx = open_context(
             w.where, state_path=state, loaded=inv, verbose=w.verbose, operation="apply", session=w.session
         )
-        trace(number, "opened")
+        trace(h.number, "opened")
     except ProvisionError as e:
-        return Ended(Ending.FAILED, e.message)
+        return Ended(Ending.FAILED, e.message), posted
     try:
-        if attrs.get("phase") == ENDED:
-            ended = _recorded(attrs)
+        if h.phase == ENDED and h.recorded is not None:
+            ended = h.recorded
         else:
-            if attrs.get("phase") != RUNNING:
-                failed = _start(w, ctx, trial_id, number)
+            if h.phase != RUNNING:
+                failed = _start(w, ctx, h.number)
                 if failed is not None:
-                    return failed
+                    return failed, posted
                 # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
-                hosts = {t.name: t.host.name for t in ctx.rendered.placement.tasks}
-                beat(w.study, trial_id, phase=RUNNING, hosts=hosts)
+                w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
             ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
-            ended = _follow(w, ctx, trial_id, number)
+            ended = _follow(w, ctx, h)
         if ended.ending is Ending.LEFT_RUNNING:
-            return ended
-        return _wind_up(w, ctx, trial_id, number, params, ended, told=told)
+            return ended, posted
+        return _wind_up(w, ctx, h, ended, posted)
     except HostError as e:
-        return Ended(Ending.FAILED, f"{e.target.where}: {e.message}")
+        return Ended(Ending.FAILED, f"{e.target.where}: {e.message}"), posted
     except ProvisionError as e:
-        return Ended(Ending.FAILED, e.message)
+        return Ended(Ending.FAILED, e.message), posted
     finally:
         ctx.close()
 
 
-RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
+RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (io/study.py records it)
 
 
-def _recorded(attrs: dict[str, object]) -> Ended:
-    value, steps = attrs.get("value"), attrs.get("steps")
-    return Ended(
-        Ending(str(attrs.get("ending"))),
-        str(attrs.get("why", "")),
-        float(value) if isinstance(value, (int, float)) else None,
-        steps if isinstance(steps, int) else None,
+def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) -> tuple[Ended, bool]:
+    """An ended trial: told (its GPUs are free from then on; a failure once its log's last
+    lines are kept, for its why), its logs kept, and it removed from the hosts. The removal
+    waits until the loop has recorded the outcome: a tune killed in between leaves the
+    outcome, and the removal, for the next one."""
+    if not posted and ended.ending is not Ending.FAILED:
+        w.post(JobEnded(h.number, ended))
+        posted = True
+    trace(h.number, "told")
+    _keep_logs(w, ctx, h.number)
+    trace(h.number, "logs kept")
+    if ended.ending is Ending.FAILED and not ended.lines:
+        ended = _with_kept_lines(ended, w.logs_dir / f"trial-{h.number}" / f"{metric_task(ctx.inventory)}.log")
+    if not posted:
+        w.post(JobEnded(h.number, ended))
+        posted = True
+    while not h.told and not h.told_event.wait(w.poll):
+        if w.stop.is_set():
+            return Ended(Ending.LEFT_RUNNING, "tune was interrupted"), posted
+    _remove(w, ctx)
+    trace(h.number, "removed")
+    return ended, posted
+
+
+def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
+    """Wait until the trial fits beside the other jobs, as `apply --queue` waits (each look
+    one round trip per host; the hosts' ledgers say it waits, so `provision jobs` shows
+    it), then apply. None: started. A plan with a problem is made once more before the
+    trial fails: another runner's trial leaving a shared file may have been half-way."""
+    queue = Queue(
+        None,
+        lambda line: None,
+        ledger_marks(ctx),
+        poll=w.poll,
+        stop=w.stop,
+        waiting=lambda why: w.post(Waiting(number, why)),
     )
 
-
-def _wind_up(
-    w: TrialWork, ctx: Context, trial_id: int, number: int, params: dict[str, Value], ended: Ended, *, told: bool
-) -> Ended:
-    """An ended trial: its outcome recorded and told (its GPUs are free from then on), its
-    logs kept, and it removed from the hosts. `told`: a dead runner told it already."""
-    if not told:
-        # Recorded before its logs are kept and it is removed: a tune killed in between
-        # leaves the outcome, and the removal, for the next one.
-        beat(
-            w.study,
-            trial_id,
-            phase=ENDED,
-            ending=ended.ending.value,
-            why=ended.why,
-            value=ended.value,
-            steps=ended.steps,
-        )
-        if ended.ending is not Ending.FAILED:
-            w.on_ended(trial_id, number, params, ended)  # a failure waits for its log's last lines
-    trace(number, "told")
-    _keep_logs(w, ctx, number)
-    trace(number, "logs kept")
-    _remove(w, ctx)
-    trace(number, "removed")
-    mark_removed(w.study, number)
-    if ended.ending is Ending.FAILED and not ended.lines:
-        ended = _with_kept_lines(ended, w.logs_dir / f"trial-{number}" / f"{metric_task(ctx.inventory)}.log")
-    return ended
-
-
-def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | None:
-    """Plan until the trial fits beside the other jobs (each poll one round trip per host),
-    then apply. None: started. A plan with a problem is made once more before the trial
-    fails: another runner's trial leaving a shared file may have been half-way."""
-    second_look = True
-    outcomes: dict[str, HostOutcome] = {}
-    while True:
-        if w.stop.is_set():
-            return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
+    def attempt() -> tuple[Plan, dict[str, HostOutcome]]:
         # Trials share the study's pushed files: a trial leaving takes a shared file away
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again, below).
         with w.starting:
             trace(number, "planning")
-            try:
-                plan = build_plan(ctx, checks=True)
-                trace(number, "planned")
-            except PlacementError as e:
-                plan = None
-                if not e.held:
-                    return Ended(Ending.FAILED, e.message)
-                w.waiting[number] = e.reason
-            if plan is not None and not plan.problems:
-                outcomes = apply_plan(ctx, plan, lambda line: None)
-        if plan is None:
-            beat(w.study, trial_id)
-            time.sleep(w.poll)
-            continue
-        w.waiting.pop(number, None)
+            plan = build_plan(ctx, checks=True)
+            trace(number, "planned")
+            return plan, ({} if plan.problems else apply_plan(ctx, plan, lambda line: None))
+
+    second_look = True
+    while True:
+        try:
+            plan, outcomes = queue.plan(attempt)
+        except Stopped:
+            return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
+        except PlacementError as e:
+            return Ended(Ending.FAILED, e.message)
         if plan.problems and second_look:
             second_look = False
-            time.sleep(w.poll)
+            if w.stop.wait(w.poll):
+                return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
             continue
         if plan.problems:
             return Ended(Ending.FAILED, plan.problems[0])
@@ -254,10 +291,10 @@ def _start(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended | No
         return None
 
 
-def _follow(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended:
+def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
+    """Poll the trial's status and metric until its job ends, posting its reports; the loop
+    may say to stop it early (the median rule)."""
     task = metric_task(ctx.inventory)
-    trial = optuna.Trial(w.study, trial_id)
-    told: set[int] = set()
     reports: tuple[Report, ...] = ()
     seen = False  # the job was found on its hosts at least once
     while True:
@@ -272,22 +309,19 @@ def _follow(w: TrialWork, ctx: Context, trial_id: int, number: int) -> Ended:
             reports = read_reports(ctx, task, w.tune) or reports
         except HostError:
             pass  # a host that does not answer now may at the next poll; status says so
-        last = reports[-1] if reports else None
-        for r in reports:
-            if r.step not in told and not st.phase.ended:
-                told.add(r.step)
-                trial.report(r.value, r.step)
-        beat(w.study, trial_id, steps=last.step if last else None, value=last.value if last else None)
         if st.phase.ended:
-            trace(number, "ended")
+            trace(h.number, "ended")
             return _ending(w, st, reports)
+        if reports:
+            w.post(Reported(h.number, reports))
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
-        if told and trial.should_prune():
+        if h.stop_early is not None:
             end_job(ctx, st)
-            why = _median_words(w, last) if last else "the median rule"
-            return Ended(Ending.STOPPED_EARLY, why, last.value if last else None, last.step if last else None)
-        time.sleep(w.poll)
+            last = reports[-1] if reports else None
+            return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
+        if w.stop.wait(w.poll):
+            return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
 
 
 def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:
@@ -323,22 +357,6 @@ def _with_kept_lines(ended: Ended, log: Path) -> Ended:
     if not own:
         return ended
     return dataclasses.replace(ended, lines=tuple(own[-10:]), why=f"{ended.why} ({own[-1].strip()})")
-
-
-def _median_words(w: TrialWork, last: Report) -> str:
-    """Why the median rule stopped it, with the numbers."""
-    others = []
-    for t in w.study.get_trials(deepcopy=False, states=(OptunaState.COMPLETE, OptunaState.PRUNED)):
-        v = t.intermediate_values.get(last.step)
-        if v is not None:
-            others.append(v)
-    name = w.tune.metric.name
-    if not others:
-        return f"{name}={last.value:.4g} at step {last.step}: the median rule"
-    others.sort()
-    mid = len(others) // 2
-    median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-    return f"{name}={last.value:.4g} at step {last.step}, worse than the median {median:.4g} of {len(others)} earlier trials there"
 
 
 def _keep_logs(w: TrialWork, ctx: Context, number: int) -> None:

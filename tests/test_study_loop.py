@@ -1,0 +1,269 @@
+"""The study loop (run/tune.py) on Optuna's in-memory storage with a fake trial worker: who
+asks, tells and decides, without hosts (the study on hosts: integration/test_tune.py)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.core.errors import EXIT_INTERRUPTED
+from provision.core.trialend import Ended, Ending
+from provision.core.tuning import (
+    Algorithm,
+    EarlyStopping,
+    Goal,
+    Metric,
+    Param,
+    ParamType,
+    Report,
+    TrialRow,
+    TrialState,
+    Tune,
+)
+from provision.io.study import Runner, Study, memory_study
+from provision.run.trialrun import Handle, JobEnded, Removed, Reported, Started, TrialWork
+from provision.run.tune import StudyLoop
+from provision.spec.inventory import parse
+
+INV = """\
+job: sweep
+hosts:
+  - {name: a, address: 192.0.2.1, accelerators: {type: nvidia-tesla-t4, count: 4}}
+pools:
+  chief: {replicas: 1, accelerators: 1, command: [python3, /opt/t.py]}
+"""
+
+LR = Param("lr", ParamType.DOUBLE, 0.0, 1.0)
+
+
+def _tune(**kw: object) -> Tune:
+    base: dict[str, object] = {
+        "metric": Metric("loss", Goal.MINIMIZE),
+        "params": (LR,),
+        "max_trials": 6,
+        "parallel_trials": 2,
+    }
+    return Tune(**{**base, **kw})  # type: ignore[arg-type]
+
+
+Worker = Callable[[TrialWork, Handle], None]
+
+
+def _loop(
+    tmp_path: Path, tune: Tune, worker: Worker, study: Study | None = None, poll: float = 0.05
+) -> tuple[StudyLoop, Study, list[TrialRow]]:
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    study = study or memory_study(tune, inv.job, seed=1)
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"),
+        inv=inv,
+        tune=tune,
+        logs_dir=tmp_path,
+        stop=threading.Event(),
+        say=lambda line: None,
+        poll=poll,
+    )
+    rows: list[TrialRow] = []
+    return StudyLoop(work, study, Runner.here(), on_row=rows.append, run=worker), study, rows
+
+
+def _succeeds(value: Callable[[Handle], float] = lambda h: float(h.params["lr"])) -> Worker:
+    """A worker whose trial reports two steps and succeeds, posting its end twice (as a
+    worker that saw its job end and then failed in its wind-up would)."""
+
+    def work(w: TrialWork, h: Handle) -> None:
+        w.post(Started(h.number, {"chief-0": "a"}))
+        v = value(h)
+        w.post(Reported(h.number, (Report(0, v), Report(1, v))))
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", v, 1)))
+        w.post(JobEnded(h.number, Ended(Ending.FAILED, "told again from another thread")))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", v, 1)))
+
+    return work
+
+
+def test_each_trial_is_told_once_whatever_posts_its_end(tmp_path: Path) -> None:
+    loop, study, rows = _loop(tmp_path, _tune(), _succeeds())
+    tells: list[int] = []
+    tell = study.tell
+    study.tell = lambda n, e: tells.append(n) or tell(n, e)  # type: ignore[method-assign]
+    end = loop.run()
+    assert end.code == 0, end.why
+    assert sorted(tells) == [1, 2, 3, 4, 5, 6]
+    final = study.rows()
+    assert len(final) == 6 and all(r.state is TrialState.SUCCEEDED for r in final)
+    assert all(study.study.user_attrs.get(f"removed-{n}") for n in range(1, 7))
+    assert [r.number for r in rows if r.state is TrialState.RUNNING] == [1, 2, 3, 4, 5, 6]
+
+
+def test_at_most_parallel_trials_hold_gpus_and_the_next_starts_before_the_last_is_removed(tmp_path: Path) -> None:
+    holding: set[int] = set()
+    most = 0
+    gates: dict[int, threading.Event] = {}
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def work(w: TrialWork, h: Handle) -> None:
+        nonlocal most
+        with lock:
+            holding.add(h.number)
+            most = max(most, len(holding))
+            started.append(h.number)
+            gates[h.number] = threading.Event()
+        time.sleep(0.05)
+        with lock:
+            holding.discard(h.number)
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0)))
+        assert h.told_event.wait(5)
+        if h.number == 1:
+            # The early hand-off: trial 1's GPU went to the next trial while 1 is still
+            # being removed (its logs kept, its files taken away).
+            assert _until(lambda: len(started) >= 3), "no trial started on trial 1's GPU before its removal"
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0)))
+
+    loop, study, _ = _loop(tmp_path, _tune(max_trials=8, parallel_trials=2), work)
+    assert loop.run().code == 0
+    assert most <= 2
+    assert len(study.rows()) == 8
+
+
+def test_ctrl_c_during_a_wait_returns_within_a_second(tmp_path: Path) -> None:
+    def forever(w: TrialWork, h: Handle) -> None:
+        w.stop.wait(30)
+        w.post(Removed(h.number, Ended(Ending.LEFT_RUNNING, "tune was interrupted"), left=True))
+
+    loop, study, _ = _loop(tmp_path, _tune(), forever, poll=10.0)  # a poll far longer than the bound
+    main = threading.get_ident()
+    sent: list[float] = []
+
+    def ctrl_c() -> None:
+        sent.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGINT)
+
+    timer = threading.Timer(0.5, ctrl_c)
+    timer.start()
+    end = loop.run()
+    took = time.monotonic() - sent[0]
+    assert end.code == EXIT_INTERRUPTED and "2 trials still run" in end.why
+    assert took < 1.0, f"Ctrl-C took {took:.2f} s"
+    assert loop.w.stop.is_set()
+    assert [r.state for r in study.rows()] == [TrialState.RUNNING, TrialState.RUNNING]  # left running
+
+
+def _dead_runner() -> Runner:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return Runner(socket.gethostname(), p.pid, "dead")
+
+
+def test_a_dead_runners_trials_are_adopted_where_it_left_them(tmp_path: Path) -> None:
+    tune = _tune(max_trials=3, parallel_trials=3)
+    study = memory_study(tune, "sweep", seed=1)
+    dead = _dead_runner()
+    # Trial 1: running on the hosts; trial 2: its job ended and was recorded, not told;
+    # trial 3: told, but not yet removed from the hosts.
+    for n in (1, 2, 3):
+        asked = study.ask(3)
+        assert asked is not None and asked.number == n
+        study.claim(n, dead, f"sweep-t{n}")
+    study.beat(1, phase="running")
+    study.beat(2, phase="ended", ending="succeeded", why="", value=0.5, steps=3)
+    assert study.tell(3, Ended(Ending.SUCCEEDED, "", 0.25, 3))
+    seen: dict[int, Handle] = {}
+
+    def work(w: TrialWork, h: Handle) -> None:
+        seen[h.number] = h
+        ended = h.recorded or Ended(Ending.SUCCEEDED, "", 0.75, 4)
+        if not h.told:
+            w.post(JobEnded(h.number, ended))
+            assert h.told_event.wait(5)
+        w.post(Removed(h.number, ended))
+
+    loop, study, _ = _loop(tmp_path, tune, work, study=study)
+    end = loop.run()
+    assert end.code == 0, end.why
+    assert sorted(seen) == [1, 2, 3] and all(h.adopt for h in seen.values())
+    assert (seen[1].phase, seen[2].phase, seen[3].told) == ("running", "ended", True)
+    assert [(r.number, r.state, r.value) for r in study.rows()] == [
+        (1, TrialState.SUCCEEDED, 0.75),
+        (2, TrialState.SUCCEEDED, 0.5),
+        (3, TrialState.SUCCEEDED, 0.25),
+    ]
+    assert all(study.study.user_attrs.get(f"removed-{n}") for n in (1, 2, 3))
+
+
+def test_a_live_runners_trials_are_not_adopted(tmp_path: Path) -> None:
+    tune = _tune(max_trials=1)
+    study = memory_study(tune, "sweep", seed=1)
+    other = Runner("another-machine", 4242, "x")
+    assert study.ask(1) is not None
+    study.claim(1, other, "sweep-t1")  # its heartbeat is now, on the storage's clock
+    assert study.abandoned(Runner.here()) == []
+    study.beat(1)
+    study.offset = 61.0  # the storage's clock a minute on: no heartbeat since
+    assert [t.number for t in study.abandoned(Runner.here())] == [1]
+
+
+def test_a_grid_ends_when_the_sampler_has_no_point_left(tmp_path: Path) -> None:
+    grid = (
+        Param("depth", ParamType.INTEGER, 1, 2),
+        Param("act", ParamType.CATEGORICAL, values=("relu", "tanh")),
+    )
+    tune = _tune(params=grid, algorithm=Algorithm.GRID, max_trials=50, parallel_trials=3)
+    loop, study, _ = _loop(tmp_path, tune, _succeeds(lambda h: float(h.params["depth"])))
+    end = loop.run()
+    assert end.code == 0, end.why
+    points = sorted((r.params[0][1], r.params[1][1]) for r in study.rows())
+    assert points == [(1, "relu"), (1, "tanh"), (2, "relu"), (2, "tanh")]
+
+
+def test_the_median_rule_decides_in_the_loop_and_the_worker_stops_the_trial(tmp_path: Path) -> None:
+    tune = _tune(max_trials=6, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+
+    def work(w: TrialWork, h: Handle) -> None:
+        behind = h.number == 6  # the last trial is far behind: it waits for the loop's word
+        value = 10.0 if behind else 1.0
+        for step in range(5):
+            w.post(Reported(h.number, tuple(Report(s, value) for s in range(step + 1))))
+            if behind and _until(lambda: h.stop_early is not None, 2.0):
+                ended = Ended(Ending.STOPPED_EARLY, h.stop_early or "", value, step)
+                break
+        else:
+            ended = Ended(Ending.SUCCEEDED, "", value, 4)
+        w.post(JobEnded(h.number, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, ended))
+
+    loop, study, _ = _loop(tmp_path, tune, work)
+    assert loop.run().code == 0
+    rows = study.rows()
+    assert [r.state for r in rows[:5]] == [TrialState.SUCCEEDED] * 5
+    assert rows[5].state is TrialState.STOPPED_EARLY
+    assert "worse than the median 1 of 5 earlier trials" in rows[5].why
+
+
+def test_past_max_failed_trials_the_study_stops_with_why(tmp_path: Path) -> None:
+    def fails(w: TrialWork, h: Handle) -> None:
+        w.post(JobEnded(h.number, Ended(Ending.FAILED, "exit 1")))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.FAILED, "exit 1")))
+
+    loop, study, _ = _loop(tmp_path, _tune(max_trials=10, parallel_trials=1, max_failed_trials=2), fails)
+    end = loop.run()
+    assert end.code == 1 and "3 trials failed, more than max_failed_trials (2)" in end.why
+    assert len(study.rows()) == 3
+
+
+def _until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
