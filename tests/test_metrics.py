@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import hypertune
 import pytest
 
-from provision.core.tuning import Goal, Measurement, Metric, Report, measured
+from provision.core.tuning import MAX_MATCHED_LINE, Goal, Measurement, Metric, Report, measured
 from provision.rules.metrics import check_regex, parse_log_lines, parse_metric_file
 
 
@@ -150,7 +151,35 @@ REGEX_CASES = [
     (r"(\d+) (\S+)", "2 groups and none named value"),
     (r"step=(?P<step>\d+)", "its only group is step"),
     (r"(?P<value>[0-9.]*)", "matches an empty line"),
+    (r"(?P<v>a)\1 (?P<value>\S+)", "no backreferences or lookarounds"),
+    (r"loss=(?=\d)(?P<value>\S+)", "no backreferences or lookarounds"),
 ]
+
+
+def test_a_nested_quantifier_on_a_long_line_is_matched_in_linear_time():
+    """Found by the fault round (issue 38): Python's re took for ever on this, tune hung."""
+    regex = r"loss=(?P<value>(\d+)+)$"
+    assert check_regex(regex) is None
+    start = time.monotonic()
+    assert parse_log_lines(["loss=" + "1" * 40 + "x"] * 1000, regex) == ()
+    parse_log_lines(["loss=" + "7" * 50_000 + "x"] * 50, regex)  # cut at MAX_MATCHED_LINE, then matched
+    assert time.monotonic() - start < 1.0
+
+
+def test_only_a_lines_first_characters_are_matched_and_steps_go_on_after_earlier_lines():
+    regex = r"val_loss=(?P<value>\S+)"
+    assert parse_log_lines(["x" * MAX_MATCHED_LINE + " val_loss=0.5"], regex) == ()
+    assert parse_log_lines(["val_loss=0.5", "val_loss=0.25"], regex, before=7) == (
+        Report(step=8, value=0.5),
+        Report(step=9, value=0.25),
+    )
+
+
+def test_steps_no_storage_keeps_are_skipped():
+    data = b"".join(
+        json.dumps({"val_loss": "0.5", "global_step": step}).encode() + b"\n" for step in ("-3", "1e300", "4")
+    )
+    assert parse_metric_file(data, "val_loss") == (Report(step=4, value=0.5),)
 
 
 @pytest.mark.parametrize("regex,reason", REGEX_CASES)

@@ -11,7 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.core.errors import EXIT_INTERRUPTED
+import pytest
+import sqlalchemy
+
+from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import (
     Algorithm,
@@ -21,11 +24,12 @@ from provision.core.tuning import (
     Param,
     ParamType,
     Report,
+    Scale,
     TrialRow,
     TrialState,
     Tune,
 )
-from provision.io.study import Runner, Study, memory_study
+from provision.io.study import Runner, Study, load_study, memory_study, open_study
 from provision.run.trialrun import Handle, JobEnded, Removed, Reported, Started, TrialWork
 from provision.run.tune import StudyLoop
 from provision.spec.inventory import parse
@@ -267,3 +271,66 @@ def _until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return cond()
+
+
+def _journal_study(tmp_path: Path, tune: Tune) -> Study:
+    return open_study(tune, "sweep", None, tmp_path / "sweep.tune" / "study.journal", seed=1)
+
+
+def test_a_resumed_study_refuses_a_changed_search_space_in_one_line(tmp_path: Path) -> None:
+    tune = _tune(params=(Param("lr", ParamType.DOUBLE, 0.0001, 1.0, scale=Scale.LOG),))
+    study = _journal_study(tmp_path, tune)
+    asked = study.ask(6)
+    assert asked is not None
+    study.tell(asked.number, Ended(Ending.SUCCEEDED, "", 0.5, 1))
+    assert _journal_study(tmp_path, tune).rows()  # the same space: resumed
+    narrowed = _tune(params=(Param("lr", ParamType.DOUBLE, 0.001, 1.0, scale=Scale.LOG),))
+    with pytest.raises(ProvisionError) as e:
+        _journal_study(tmp_path, narrowed)
+    assert "lr was double 0.0001..1 (log), now double 0.001..1 (log)" in e.value.message
+    assert "its 1 trials were asked in the old space" in e.value.message
+    retyped = _tune(params=(Param("lr", ParamType.CATEGORICAL, values=("a", "b")),))
+    with pytest.raises(ProvisionError) as e:
+        _journal_study(tmp_path, retyped)
+    assert "now values ['a', 'b']" in e.value.message and "\n" not in e.value.message
+
+
+def test_read_only_commands_create_nothing(tmp_path: Path) -> None:
+    journal = tmp_path / "sweep.tune" / "study.journal"
+    assert load_study(_tune(), "sweep", None, journal) is None
+    assert not (tmp_path / "sweep.tune").exists()
+
+
+def test_an_unknown_journal_record_is_one_line(tmp_path: Path) -> None:
+    study = _journal_study(tmp_path, _tune())
+    assert study.ask(6) is not None
+    journal = tmp_path / "sweep.tune" / "study.journal"
+    with journal.open("a") as f:
+        f.write('{"op_code": 99, "worker_id": "from-the-future"}\n')
+    with pytest.raises(ProvisionError) as e:
+        _journal_study(tmp_path, _tune())
+    assert "the study's journal cannot be read (a record this Optuna does not know)" in e.value.message
+
+
+def test_a_storage_that_stops_answering_ends_the_runner_in_one_line(tmp_path: Path) -> None:
+    def work(w: TrialWork, h: Handle) -> None:
+        w.stop.wait(30)
+        w.post(Removed(h.number, Ended(Ending.LEFT_RUNNING, ""), left=True))
+
+    loop, study, _ = _loop(tmp_path, _tune(), work)
+    calls = 0
+    get_trials = study.study.get_trials
+
+    def flaky(*a: object, **kw: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls > 6:
+            raise sqlalchemy.exc.OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return get_trials(*a, **kw)  # type: ignore[arg-type]
+
+    study.study.get_trials = flaky  # type: ignore[method-assign]
+    end = loop.run()
+    assert end.code == 1
+    assert end.why.startswith("the study's storage stopped answering: ")
+    assert "the trials run on" in end.why and "again once it answers adopts them" in end.why
+    assert loop.w.stop.is_set()

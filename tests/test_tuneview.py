@@ -11,7 +11,16 @@ import sys
 import click
 import pytest
 
-from provision.cli.tuneview import best_so_far, compact, digits, draw_png, event_line, study_json, table_lines
+from provision.cli.tuneview import (
+    _off_the_chart,
+    best_so_far,
+    compact,
+    digits,
+    draw_png,
+    event_line,
+    study_json,
+    table_lines,
+)
 from provision.core.tuning import Goal, Metric, Param, ParamType, Scale, TrialRow, TrialState, Tune
 from test_json_shapes import TUNING, check, documented
 
@@ -221,3 +230,18 @@ def test_importing_tuneview_does_not_import_matplotlib_or_optuna():
     code = "import sys, provision.cli.tuneview; print(sorted(m for m in ('matplotlib', 'optuna') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_png_of_extreme_values_is_drawn_and_says_so(tmp_path):
+    """Issue 38: trials reporting 1.7e308 and 0 made every later `provision tune` end in a
+    drawing traceback."""
+    tune = Tune(Metric("loss", Goal.MINIMIZE), (Param("lr", ParamType.DOUBLE, 0.0, 1.0),), 4)
+    rows = [
+        TrialRow(1, (("lr", 0.1),), TrialState.SUCCEEDED, 1.7e308, job="j-t1"),
+        TrialRow(2, (("lr", 0.2),), TrialState.SUCCEEDED, 0.0, job="j-t2"),
+        TrialRow(3, (("lr", 0.3),), TrialState.STOPPED_EARLY, -1e200, job="j-t3"),
+    ]
+    out = tmp_path / "study.png"
+    draw_png(out, rows, tune)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _off_the_chart(rows) == 2

@@ -235,6 +235,32 @@ def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_in
     assert "no loss reported" in why["silent"], why
 
 
+def test_a_metric_file_the_host_makes_hostile_fails_its_trial_in_one_line(sandbox4, sandbox_inventory, tmp_path):
+    """Issue 38: a metric file linked to /dev/zero grew tune to 23.9 GB; a hard link to
+    another job's file was believed. Each is now refused without reading past a cap."""
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"mode": {"type": "categorical", "values": ["zero", "hardlink", "huge"]}},
+        "algorithm": "grid",
+        "max_trials": 3,
+        "parallel_trials": 3,
+        "max_failed_trials": 3,
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, "thostile", tune, steps=20, step_seconds=0.5)
+    r = _tune(inv, cwd=tmp_path, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "Traceback" not in out, out
+    doc = _trials(inv, tmp_path)
+    why = {t["params"]["mode"]: t["why"] for t in doc["trials"]}
+    assert sorted(why) == ["hardlink", "huge", "zero"] and all(t["state"] == "failed" for t in doc["trials"]), doc
+    assert "metric file on host-" in why["zero"] and "is a symbolic link" in why["zero"], why
+    assert "is a hard link (2 names)" in why["hardlink"], why
+    assert "over the cap of 1048576" in why["huge"], why
+    # Refused while the trainer still ran (20 steps of 0.5 s): its job was stopped, not waited for.
+    assert all(t["seconds"] < 9 for t in doc["trials"]), doc["trials"]
+
+
 def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tmp_path, postgres):
     tune = {
         "metric": {"name": "loss", "goal": "minimize"},

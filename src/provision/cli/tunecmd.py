@@ -100,7 +100,7 @@ def tune_cmd(
     assert inv.tune is not None
     # Local: Optuna and SQLAlchemy take about a second to import (start-up of every other
     # command stays as it was: only this one loads them).
-    from provision.io.study import Runner
+    from provision.io.study import Runner, StudyUnavailable
     from provision.run.tune import StudyLoop, existing_study, open_work, study_dir  # (start-up, as above)
 
     if as_json and not show:
@@ -127,8 +127,12 @@ def tune_cmd(
     loop = StudyLoop(work, study, Runner.here(), on_row=screen.row, on_tick=tick)
     end = loop.run()
     screen.say("")
-    rows = study.rows()
     pic.wait()
+    try:
+        rows = study.rows()
+    except StudyUnavailable:
+        click.echo(f"{end.why[0].upper()}{end.why[1:]}.")  # the table would read the storage that is gone
+        sys.exit(end.code)
     _draw(picture, rows, inv.tune)
     for line in table_lines(rows, inv.tune):
         click.echo(line)
@@ -165,8 +169,8 @@ class _Picture:
 def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:
     try:
         draw_png(picture, rows, tune)
-    except OSError as e:
-        click.echo(f"Warning: the study's picture could not be written to {picture}: {e}", err=True)
+    except Exception as e:  # the picture never decides the study's exit code: a warning, the study goes on
+        click.echo(f"Warning: the study's picture could not be written to {picture}: {type(e).__name__}: {e}", err=True)
 
 
 def _header(inv: Inventory, study: Study) -> None:

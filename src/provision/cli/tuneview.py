@@ -7,6 +7,7 @@ matplotlib is imported inside draw_png only: the CLI's other commands must not p
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -176,7 +177,9 @@ def draw_png(path: Path, rows: Sequence[TrialRow], tune: Tune, *, job: str | Non
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(1 + prows, cols, height_ratios=[1.3] + [1.0] * prows)
     job = job if job is not None else _job_of(rows, path)
-    fig.suptitle(f"{job}: {tune.metric.name} ({tune.metric.goal.value})")
+    off = _off_the_chart(rows)
+    clipped = f"; {off} value{'s' if off != 1 else ''} beyond ±{DRAWN_LIMIT:g} drawn at it" if off else ""
+    fig.suptitle(f"{job}: {tune.metric.name} ({tune.metric.goal.value}){clipped}")
     top = fig.add_subplot(grid[0, :])
     _metric_panel(top, rows, tune)
     if rows:
@@ -217,6 +220,7 @@ def _metric_panel(ax: Axes, rows: Sequence[TrialRow], tune: Tune) -> None:
             failed, [0.03] * len(failed), transform=ax.get_xaxis_transform(), zorder=3, **STYLE[TrialState.FAILED]
         )
     xs, ys = best_so_far(rows, tune)
+    ys = [max(-DRAWN_LIMIT, min(DRAWN_LIMIT, y)) for y in ys]
     if xs:
         ax.step([*xs, max(r.number for r in rows)], [*ys, ys[-1]], where="post", color="tab:green", label="best so far")
     ax.grid(alpha=0.3)
@@ -254,9 +258,21 @@ def _param_panel(ax: Axes, p: Param, rows: Sequence[TrialRow], tune: Tune) -> No
     _scatter(ax, xs)
 
 
+DRAWN_LIMIT = 1e100  # values past ± this are drawn at it (matplotlib's axis arithmetic overflows near 1e308)
+
+
 def _valued(rows: Sequence[TrialRow]) -> list[tuple[TrialRow, float]]:
-    """The rows with a value (a failed trial has none), and it."""
-    return [(r, r.value) for r in rows if r.value is not None]
+    """The rows with a finite value (a failed trial has none), and it, clipped to what an
+    axis can hold."""
+    return [
+        (r, max(-DRAWN_LIMIT, min(DRAWN_LIMIT, r.value)))
+        for r in rows
+        if r.value is not None and math.isfinite(r.value)
+    ]
+
+
+def _off_the_chart(rows: Sequence[TrialRow]) -> int:
+    return sum(1 for r in rows if r.value is not None and math.isfinite(r.value) and abs(r.value) > DRAWN_LIMIT)
 
 
 def _scatter(ax: Axes, points: Sequence[tuple[float, float, TrialState]]) -> None:

@@ -9,10 +9,11 @@ its own (spec/trial.py derives it); the study's record lives in Optuna's storage
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+import re2
 
 Value = str | int | float  # a parameter's value as the trial's code receives it
 
@@ -156,13 +157,27 @@ def measured(reports: tuple[Report, ...] | list[Report], metric: Metric, which: 
 VALUE_GROUP, STEP_GROUP = "value", "step"  # a metric regex's named groups
 
 
+MAX_MATCHED_LINE = 4096  # characters of a log line the metric regex looks at
+
+
+def metric_pattern(regex: str) -> Any:
+    """`tune.metric.regex` compiled by RE2: linear in the line's length whatever the
+    pattern (Python's `re` backtracks: a nested quantifier and a line of 40 digits hung
+    `tune`). Raises re2.error. RE2 knows no backreferences or lookarounds, which a metric's
+    number does not need."""
+    options = re2.Options()
+    options.log_errors = False  # the error comes back as the exception, not on stderr
+    return re2.compile(regex, options)
+
+
 def regex_problem(regex: str) -> str | None:
     """None when `regex` (`tune.metric.regex`) can collect a metric from log lines; else why
     not, in words. The one rule: validation and the log collector (rules/metrics.py) use it."""
     try:
-        pattern = re.compile(regex)
-    except re.error as e:
-        return f"does not compile: {e}"
+        pattern = metric_pattern(regex)
+    except re2.error as e:
+        why = e.args[0].decode("utf-8", "replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        return f"does not compile: {why} (RE2 syntax, matched in linear time: no backreferences or lookarounds)"
     names = pattern.groupindex
     if pattern.groups == 0:
         return "no group: add (?P<value>...) around the number, e.g. val_loss=(?P<value>\\S+)"

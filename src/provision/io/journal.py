@@ -375,6 +375,27 @@ def host_last_lines(session: Session, target: Target, job: str, tasks: list[str]
     return out
 
 
+def host_lines_after(
+    session: Session, target: Target, job: str, task: str, cursor: str | None, *, first: int = 20000
+) -> tuple[list[str], str | None]:
+    """One task's journal lines after `cursor` (None: its last `first` lines), oldest first,
+    and the cursor to go on from: a follower reads each line once. Raises HostError."""
+    cmd = fetch_command(
+        job, [task], since=None, tail=None if cursor else first, cursors={task: cursor} if cursor else None
+    )
+    res = session.run(target, cmd, timeout=60)
+    hl = parse_fetch(
+        target.name,
+        res.stdout,
+        res.stderr,
+        {identifier(job, task): task},
+        set() if cursor else {task},
+        units_of(job, [task]),
+    )
+    entries = [e for e in hl.entries if e.task == task]
+    return [e.text for e in entries], (entries[-1].cursor if entries else cursor)
+
+
 def last_lines(
     session: Session, targets: Mapping[str, Target], job: str, wanted: dict[str, list[str]], n: int = 10
 ) -> dict[str, list[str]]:

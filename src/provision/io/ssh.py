@@ -278,8 +278,12 @@ class Session:
             for i in range(0, len(view), _CHUNK):
                 chan.sendall(bytes(view[i : i + _CHUNK]))
             chan.shutdown_write()
-            while data := chan.recv(1 << 20):
-                sink(data)
+            try:
+                while data := chan.recv(1 << 20):
+                    sink(data)
+            except BaseException:
+                chan.close()  # the sink refused more (a bound on what a host may send): the stream ends here
+                raise
             status = chan.recv_exit_status()
             reader.join(timeout)
             chan.close()

@@ -23,13 +23,15 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import wraps
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import optuna
 import sqlalchemy
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial
@@ -59,6 +61,27 @@ STALE = 60.0  # seconds (storage clock) without a heartbeat after which another 
 MEDIAN_STARTUP = 3  # trials that must end before the median rule stops anyone
 PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class StudyUnavailable(ProvisionError):
+    """The study's storage stopped answering (a database stopped, a journal unreadable)."""
+
+
+def _storage_errors(f: Callable[P, R]) -> Callable[P, R]:
+    """A storage that stops answering is said in one line (StudyUnavailable), not a traceback."""
+
+    @wraps(f)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return f(*args, **kwargs)
+        except (sqlalchemy.exc.SQLAlchemyError, OSError) as e:
+            raise StudyUnavailable(f"the study's storage stopped answering: {_first_line(e)}") from None
+
+    return call
+
 
 _STATES = {
     OptunaState.RUNNING: TrialState.RUNNING,
@@ -182,11 +205,13 @@ class Study:
 
     # -- asking
 
+    @_storage_errors
     def exhausted(self) -> bool:
         """A grid whose every point has run or runs (the sampler says so)."""
         sampler = self.study.sampler
         return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study)
 
+    @_storage_errors
     def ask(self, cap: int) -> Asked | None:
         """The next trial, or None when another runner asked the last one first."""
         trial = self.study.ask()
@@ -200,6 +225,7 @@ class Study:
         retry_of = trial.user_attrs.get("retry_of")
         return Asked(number, _suggest(trial, self.tune), retry_of if isinstance(retry_of, int) else None)
 
+    @_storage_errors
     def retry(self, params: Mapping[str, Value], of: int) -> None:
         """A lost trial's parameters run again as the next trial asked."""
         self.study.enqueue_trial(dict(params), user_attrs={"retry_of": of}, skip_if_exists=False)
@@ -217,22 +243,27 @@ class Study:
         for k, v in attrs.items():
             self.study._storage.set_trial_user_attr(tid, k, v)
 
+    @_storage_errors
     def claim(self, number: int, me: Runner, job: str) -> None:
         self._set(number, {"runner": me.id, "heartbeat": self.now(), "job": job})
 
+    @_storage_errors
     def beat(self, number: int, **attrs: Any) -> None:
         """The trial's runner is alive (and what it learnt: phase, hosts, steps, value)."""
         self._set(number, {"heartbeat": self.now(), **attrs})
 
+    @_storage_errors
     def report(self, number: int, value: float, step: int) -> None:
         if step < 0:
             return  # not a step Optuna's pruners know (a host's file says what it likes)
         self.study._storage.set_trial_intermediate_value(self._id(number), step, value)
 
+    @_storage_errors
     def should_prune(self, number: int) -> bool:
         trial = self.study._storage.get_trial(self._id(number))
         return self.study.pruner.prune(self.study, trial)
 
+    @_storage_errors
     def values_at(self, step: int) -> list[float]:
         """Other ended trials' values at `step` (the numbers the median rule looked at)."""
         out = []
@@ -242,9 +273,11 @@ class Study:
                 out.append(v)
         return out
 
+    @_storage_errors
     def is_running(self, number: int) -> bool:
         return self.study._storage.get_trial(self._id(number)).state is OptunaState.RUNNING
 
+    @_storage_errors
     def tell(self, number: int, ended: Ended) -> bool:
         """Record how the trial ended and tell the search. False: another runner (a racing
         adopter) told it first; theirs stands."""
@@ -272,6 +305,7 @@ class Study:
             return False
         return True
 
+    @_storage_errors
     def mark_removed(self, number: int) -> None:
         """The trial is gone from the hosts. A study attribute: a told trial's own
         attributes cannot change any more."""
@@ -285,10 +319,12 @@ class Study:
         r = Runner.parse(runner_id)
         return process_alive(r.host, r.pid, beat_at, now, STALE)
 
+    @_storage_errors
     def announce(self, me: Runner, *, leaving: bool = False) -> None:
         """This runner is on the study (every few seconds), so the others leave it its share."""
         self.study.set_user_attr(PRESENCE + me.id, 0.0 if leaving else self.now())
 
+    @_storage_errors
     def runners(self, me: Runner) -> int:
         """Runners on the study now, this one included."""
         now = self.now()
@@ -303,6 +339,7 @@ class Study:
         ]
         return 1 + len(others)
 
+    @_storage_errors
     def running_anywhere(self, me: Runner) -> int:
         """Trials that hold GPUs now, over every live runner."""
         now = self.now()
@@ -312,6 +349,7 @@ class Study:
             if not t.user_attrs.get("surplus") and self._alive(*_runner_of(t), me, now)
         )
 
+    @_storage_errors
     def abandoned(self, me: Runner) -> list[TrialInfo]:
         """Trials whose runner is gone: running ones (a killed or interrupted `tune`), and
         told ones it did not remove from the hosts."""
@@ -344,6 +382,7 @@ class Study:
 
     # -- reading it back
 
+    @_storage_errors
     def rows(self) -> list[TrialRow]:
         """Every trial of the study (surplus asks of racing runners left out), by number."""
         out = []
@@ -368,6 +407,7 @@ class Study:
             )
         return sorted(out, key=lambda r: r.number)
 
+    @_storage_errors
     def record_of(self, number: int) -> tuple[dict[str, Value], dict[str, str]] | None:
         """Trial `number`'s parameters and where its tasks ran (None: no such trial)."""
         for t in self.study.get_trials(deepcopy=False):
@@ -405,8 +445,15 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
             return None
         if create:
             journal.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # The open(2)-based lock: the symlink one leaves a link behind when tune is killed.
-        return JournalStorage(JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal))))
+        try:
+            # The open(2)-based lock: the symlink one leaves a link behind when tune is killed.
+            return JournalStorage(JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal))))
+        except Exception as e:  # Optuna asserts on a record it does not know: say which file, not a traceback
+            why = "a record this Optuna does not know" if isinstance(e, AssertionError) else _first_line(e)
+            raise ProvisionError(
+                f"{journal}: the study's journal cannot be read ({why}): written by another version of Optuna, "
+                "or damaged; move it away to start the study anew"
+            ) from None
     try:
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, skip_table_creation=not create)
     except Exception as e:  # SQLAlchemy's and the driver's errors alike: say where, not a traceback
@@ -443,6 +490,7 @@ def open_study(tune: Tune, job: str, url: str | None, journal: Path, seed: int |
     except Exception as e:
         raise ProvisionError(f"the study {job}: {_first_line(e)}") from None
     _same_direction(study, job, tune)
+    _same_space(study, job, tune)
     return Study(tune, job, study, _offset(storage))
 
 
@@ -473,6 +521,46 @@ def load_study(tune: Tune, job: str, url: str | None, journal: Path) -> Study | 
             return None  # a database where no study was ever made (no tables)
         raise ProvisionError(f"the study {job}: {_first_line(e)}") from None
     return Study(tune, job, study)
+
+
+def _distribution(p: Param) -> BaseDistribution:
+    log = p.scale is Scale.LOG
+    if p.type is ParamType.DOUBLE:
+        return FloatDistribution(float(p.min or 0), float(p.max or 0), log=log)
+    if p.type is ParamType.INTEGER:
+        return IntDistribution(int(p.min or 0), int(p.max or 0), log=log)
+    return CategoricalDistribution(list(p.values))
+
+
+def _words(d: BaseDistribution) -> str:
+    if isinstance(d, FloatDistribution | IntDistribution):
+        kind = "double" if isinstance(d, FloatDistribution) else "integer"
+        return f"{kind} {d.low:g}..{d.high:g}{' (log)' if d.log else ''}"
+    if isinstance(d, CategoricalDistribution):
+        return f"values {list(d.choices)}"
+    return type(d).__name__
+
+
+def _same_space(study: optuna.Study, job: str, tune: Tune) -> None:
+    """A resumed study searches the space its trials were asked in: Optuna cannot mix two
+    distributions of one parameter, and a best trial outside the declared space would be
+    named without a word. A change is refused, saying what changed."""
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus") and t.distributions]
+    if not trials:
+        return
+    then: dict[str, BaseDistribution] = {}
+    for t in trials:
+        for name, d in t.distributions.items():
+            then.setdefault(name, d)
+    now = {p.name: _distribution(p) for p in tune.params}
+    changes = [f"{n} was {_words(d)}, now {_words(now[n])}" for n, d in then.items() if n in now and now[n] != d]
+    changes += [f"{n} was {_words(d)}, now gone" for n, d in then.items() if n not in now]
+    if changes:
+        raise ProvisionError(
+            f"tune.parameters changed since study {job} began ({'; '.join(changes)}): its {len(trials)} trials were "
+            "asked in the old space. Put the old parameters back to resume it, or start a new study "
+            "(another `job:` name)"
+        )
 
 
 def _same_direction(study: optuna.Study, job: str, tune: Tune) -> None:

@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from provision.core.tuning import DEFAULT_METRIC_TAG, STEP_GROUP, VALUE_GROUP, Report, regex_problem
+from provision.core.tuning import (
+    DEFAULT_METRIC_TAG,
+    MAX_MATCHED_LINE,
+    STEP_GROUP,
+    VALUE_GROUP,
+    Report,
+    metric_pattern,
+    regex_problem,
+)
 
 
 def _number(v: Any) -> float | None:
@@ -41,10 +49,14 @@ def _number(v: Any) -> float | None:
     return None
 
 
+MAX_STEP = 2**31 - 1  # a step the study's storage keeps (PostgreSQL's integer column)
+
+
 def _step(v: Any) -> int | None:
-    """A step as hypertune writes it ("1000"), or as some writers do ("1000.0", 1000)."""
+    """A step as hypertune writes it ("1000"), or as some writers do ("1000.0", 1000);
+    None for one no storage keeps (negative, or past MAX_STEP)."""
     x = _number(v)
-    if x is None or not math.isfinite(x):
+    if x is None or not math.isfinite(x) or not 0 <= x <= MAX_STEP:
         return None
     return int(x)
 
@@ -80,30 +92,81 @@ def parse_metric_file(data: bytes, tag: str) -> tuple[Report, ...]:
 check_regex = regex_problem  # the rule is core's: validation checks the same
 
 
-def parse_log_lines(lines: Iterable[str], regex: str) -> tuple[Report, ...]:
+def parse_log_lines(lines: Iterable[str], regex: str, *, before: int = 0) -> tuple[Report, ...]:
     """One report per log line `regex` matches (its first match in the line), in order.
 
     The value is the group named `value`, or the only group; the step the group named
     `step`, or, without one (or when it did not take part in the match), the report's index
-    (1, 2, ...). A match whose value or step is not a number is skipped. Raises ValueError
+    (1, 2, ...; `before`: reports found in earlier lines, for a reader that follows the
+    log). Only a line's first MAX_MATCHED_LINE characters are looked at (RE2: linear time
+    in those). A match whose value or step is not a number is skipped. Raises ValueError
     for a regex `check_regex` refuses.
     """
     reason = check_regex(regex)
     if reason is not None:
         raise ValueError(f"metric regex {regex!r}: {reason}")
-    pattern = re.compile(regex)
+    pattern = metric_pattern(regex)
     value_group: str | int = VALUE_GROUP if VALUE_GROUP in pattern.groupindex else 1
     out: list[Report] = []
     for line in lines:
-        m = pattern.search(line.rstrip("\r\n"))
+        m = pattern.search(line[:MAX_MATCHED_LINE].rstrip("\r\n"))
         if m is None:
             continue
         value = _number(m.group(value_group))
         if value is None:
             continue
         step_text = m.group(STEP_GROUP) if STEP_GROUP in pattern.groupindex else None
-        step = len(out) + 1 if step_text is None else _step(step_text)
+        step = before + len(out) + 1 if step_text is None else _step(step_text)
         if step is None:
             continue
         out.append(Report(step=step, value=value))
     return tuple(out)
+
+
+# --------------------------------------------------------------------------- reading the file
+
+METRIC_FILE_CAP = 1 << 20  # bytes; cloudml-hypertune keeps 100 reports (~15 KB)
+
+# Run on the host by its python3 (the agent's): the file is opened without following a link
+# (O_NOFOLLOW), must be a regular file with one name (not a hard link to another job's file)
+# and at most `cap` bytes, and no more than that is sent. Exit 3: refused, why on stderr.
+_READ_METRIC = """\
+import errno, os, stat, sys
+path, cap = sys.argv[1], int(sys.argv[2])
+def no(why):
+    sys.stderr.write(why)
+    sys.exit(3)
+try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+except OSError as e:
+    if e.errno == errno.ENOENT:
+        sys.exit(0)
+    no("a symbolic link" if e.errno == errno.ELOOP else e.strerror or "cannot be opened")
+st = os.fstat(fd)
+if not stat.S_ISREG(st.st_mode):
+    no("not a regular file")
+if st.st_nlink != 1:
+    no("a hard link (%d names)" % st.st_nlink)
+if st.st_size > cap:
+    no("%d bytes, over the cap of %d" % (st.st_size, cap))
+data = os.read(fd, cap + 1)
+if len(data) > cap:
+    no("over the cap of %d bytes" % cap)
+sys.stdout.buffer.write(data)
+"""
+
+
+def metric_read_command(path: str, cap: int = METRIC_FILE_CAP) -> str:
+    """The command that reads a trial's metric file on its host (see _READ_METRIC)."""
+    return " ".join(shlex.quote(a) for a in ("python3", "-c", _READ_METRIC, path, str(cap)))
+
+
+def metric_read_problem(exit_status: int, stderr: bytes, size: int, cap: int = METRIC_FILE_CAP) -> str | None:
+    """Why the read's answer is not believed (None: it is): the host refused the file, or
+    sent more than the cap whatever it said."""
+    if size > cap:
+        return f"the host sent more than {cap} bytes"
+    if exit_status == 0:
+        return None
+    why = stderr.decode("utf-8", "replace").strip().splitlines()
+    return (why[-1][:200] if why else "") or f"the read exited {exit_status}"

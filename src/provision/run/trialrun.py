@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 import sys
 import threading
 import time
@@ -31,9 +30,15 @@ from provision.core.target import HostError, Target
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Report, Tune, Value, measured
 from provision.host import layout
-from provision.io.journal import host_last_lines
+from provision.io.journal import host_lines_after
 from provision.io.ssh import Session
-from provision.rules.metrics import parse_log_lines, parse_metric_file
+from provision.rules.metrics import (
+    METRIC_FILE_CAP,
+    metric_read_command,
+    metric_read_problem,
+    parse_log_lines,
+    parse_metric_file,
+)
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
 from provision.run.apply import HostOutcome, apply_plan
@@ -146,20 +151,44 @@ def metric_task(inv: Inventory) -> str:
     return "chief-0" if "chief" in roles else f"{roles[0]}-0" if roles else "chief-0"
 
 
-def read_reports(ctx: Context, task: str, tune: Tune) -> tuple[Report, ...]:
-    """The metric so far: the task's hypertune file (one round trip to its host), or with
-    `metric.regex` its log lines."""
-    placed = {t.name: t for t in ctx.rendered.placement.tasks}
-    t = placed.get(task)
-    if t is None:
-        return ()
-    target: Target = ctx.targets[t.host.name]
-    if tune.metric.regex:
-        lines = host_last_lines(ctx.session, target, ctx.inventory.job, [task], n=20000).get(task, [])
-        return parse_log_lines(lines, tune.metric.regex)
-    path = layout.metric_file(ctx.inventory.job, task)
-    res = ctx.session.run(target, f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=60)
-    return parse_metric_file(res.stdout, tune.metric.name)
+class MetricRefused(Exception):
+    """The trial's metric file is not believed (a link, too large, ...): the trial fails."""
+
+
+@dataclass
+class MetricReader:
+    """The metric so far, one round trip to the task's host per read: its hypertune file
+    (bounded, never through a link: rules/metrics.py), or with `metric.regex` its log lines
+    since the last read (a journal cursor)."""
+
+    tune: Tune
+    task: str
+    cursor: str | None = None
+    found: tuple[Report, ...] = ()  # the regex's reports so far
+
+    def read(self, ctx: Context) -> tuple[Report, ...]:
+        placed = {t.name: t for t in ctx.rendered.placement.tasks}
+        t = placed.get(self.task)
+        if t is None:
+            return ()
+        target: Target = ctx.targets[t.host.name]
+        if self.tune.metric.regex:
+            lines, self.cursor = host_lines_after(ctx.session, target, ctx.inventory.job, self.task, self.cursor)
+            self.found += parse_log_lines(lines, self.tune.metric.regex, before=len(self.found))
+            return self.found
+        path = layout.metric_file(ctx.inventory.job, self.task)
+        got = bytearray()
+
+        def sink(data: bytes) -> None:
+            got.extend(data)
+            if len(got) > METRIC_FILE_CAP:
+                raise MetricRefused(f"the host sent more than {METRIC_FILE_CAP} bytes")
+
+        res = ctx.session.download(target, metric_read_command(path), sink, timeout=60)
+        problem = metric_read_problem(res.exit_status, res.stderr, len(got))
+        if problem is not None:
+            raise MetricRefused(f"{self.task}'s metric file on {t.host.name} ({path}) is {problem}")
+        return parse_metric_file(bytes(got), self.tune.metric.name)
 
 
 def run_trial(w: TrialWork, h: Handle) -> None:
@@ -294,7 +323,7 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
 def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
     """Poll the trial's status and metric until its job ends, posting its reports; the loop
     may say to stop it early (the median rule)."""
-    task = metric_task(ctx.inventory)
+    reader = MetricReader(w.tune, metric_task(ctx.inventory))
     reports: tuple[Report, ...] = ()
     seen = False  # the job was found on its hosts at least once
     while True:
@@ -306,9 +335,12 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
         elif not seen:
             return Ended(Ending.LOST, "not on its hosts any more (removed while no tune followed it)")
         try:
-            reports = read_reports(ctx, task, w.tune) or reports
+            reports = reader.read(ctx) or reports
         except HostError:
             pass  # a host that does not answer now may at the next poll; status says so
+        except MetricRefused as e:
+            end_job(ctx, st)
+            return Ended(Ending.FAILED, str(e))
         if st.phase.ended:
             trace(h.number, "ended")
             return _ending(w, st, reports)

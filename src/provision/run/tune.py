@@ -29,7 +29,16 @@ from provision.core.tuning import Algorithm, Report, TrialRow, TrialState, Tune,
 from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
-from provision.io.study import Runner, Study, TrialInfo, journal_path, load_study, open_study, storage_url
+from provision.io.study import (
+    Runner,
+    Study,
+    StudyUnavailable,
+    TrialInfo,
+    journal_path,
+    load_study,
+    open_study,
+    storage_url,
+)
 from provision.run.trialrun import (
     Handle,
     JobEnded,
@@ -110,10 +119,20 @@ class StudyLoop:
                 f"interrupted: {n} trial{'s' if n != 1 else ''} still run{'s' if n == 1 else ''} on the hosts; "
                 f"`provision tune {self.w.where}` again adopts {'them' if n != 1 else 'it'} and goes on",
             )
+        except StudyUnavailable as e:
+            self.w.stop.set()
+            return StudyEnd(
+                EXIT_ERROR,
+                f"{e.message}; the trials run on: `provision tune {self.w.where}` again once it answers "
+                "adopts them and goes on",
+            )
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
             if not self.mine.handles:
-                self.study.announce(self.me, leaving=True)
+                try:
+                    self.study.announce(self.me, leaving=True)
+                except StudyUnavailable:
+                    pass  # said above: the storage is gone
                 if self.w.session is not None:
                     self.w.session.close()
 
