@@ -697,3 +697,14 @@ def test_sandbox_hosts_that_dial_each_other_get_room_in_the_neighbour_table(tmp_
     for k, v in after.items():
         assert int((tmp_path / k).read_text()) == v
     assert bool(said) == (after != {k: before[k] for k in after})
+
+
+def test_sizes_are_never_rounded_down_to_nothing():
+    assert [checks._mib(n) for n in (0, 1, 300, 4096, 5 << 20, 3 << 30)] == [
+        "0 bytes",
+        "1 byte",
+        "300 bytes",
+        "4 KiB",
+        "5 MiB",
+        "3.0 GiB",
+    ]

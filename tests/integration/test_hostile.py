@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from .clirun import cli
+from .clirun import cli, ok
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +178,34 @@ def test_a_destination_through_a_link_into_provisions_files_is_refused(sb1, sand
         on_host(sb1, "rm -f /opt/hostile-link; rm -rf /opt/hostile-ok")
         write(None)
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_the_disk_check_counts_a_nested_destinations_files_once(sb1, sandbox_inventory, tmp_path):
+    """Issue 38.17: files under a destination nested in another were counted for both, so an
+    apply that fits was refused; small sizes were shown as "0 MiB"."""
+    code, out = on_host(sb1, "mkdir -p /mnt/nest && mount -t tmpfs -o size=3m tmpfs /mnt/nest")
+    assert code == 0, f"cannot mount a tmpfs in the sandbox host: {out}"
+    try:
+        (tmp_path / "tree" / "data").mkdir(parents=True)
+        (tmp_path / "tree" / "data" / "x.bin").write_bytes(os.urandom(1700 << 10))
+        (tmp_path / "y.bin").write_bytes(b"y" * 300)
+        inv = tmp_path / "inv.yaml"
+        sandbox_inventory(
+            sb1,
+            job="nested",
+            pools={"chief": {"replicas": 1, "command": LONG}},
+            path=inv,
+            files=[
+                {"src": "tree/", "dest": "/mnt/nest/job/"},
+                {"src": "y.bin", "dest": "/mnt/nest/job/data/y.bin"},
+            ],
+        )
+        r = cli("check", inv, cwd=tmp_path)
+        out = r.stdout + r.stderr
+        assert "): files: need" not in out, out  # 1.7 MB of 3 MB fits (counted twice it was 3.4 MB: refused)
+        disk = [ln for ln in out.splitlines() if "free on /mnt/nest" in ln]
+        assert disk and all(" 0 MiB" not in ln for ln in disk), out
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        ok(cli("destroy", "-y", inv, cwd=tmp_path))
+    finally:
+        on_host(sb1, "umount /mnt/nest")

@@ -261,6 +261,48 @@ def test_a_metric_file_the_host_makes_hostile_fails_its_trial_in_one_line(sandbo
     assert all(t["seconds"] < 9 for t in doc["trials"]), doc["trials"]
 
 
+def test_a_trial_waiting_for_gpus_is_a_queued_apply_that_jobs_shows(sandbox4, sandbox_inventory, tmp_path):
+    """Issue 37: a trial waiting for room waits as `apply --queue` does, its ledger mark
+    on the hosts saying what for, so `provision jobs` lists it."""
+    blocker = tmp_path / "blocker.yaml"
+    sandbox_inventory(
+        sandbox4,
+        job="tblock",
+        path=blocker,
+        hosts=HOSTS,
+        pools={
+            "chief": {"replicas": 1, "accelerators": 1, "command": ["sleep", "600"]},
+            "worker": {"replicas": 3, "accelerators": 1, "command": ["sleep", "600"]},
+        },
+    )
+    ok(cli("apply", "-y", blocker, cwd=tmp_path))
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+        "max_trials": 1,
+        "parallel_trials": 1,
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, "twait", tune, steps=2, step_seconds=0.2)
+    p = _popen(inv, tmp_path)
+    try:
+
+        def queued() -> dict | None:
+            r = cli("jobs", "--json", inv, cwd=tmp_path)
+            jobs = {j["job"]: j for j in json.loads(r.stdout)["jobs"]} if r.returncode == 0 else {}
+            j = jobs.get("twait-t1")
+            return j if j and j["state"] == "queued" and j["queued"] else None
+
+        wait_until(queued, timeout=120, what="trial 1 listed as queued by provision jobs")
+        assert "GPU" in (queued() or {})["queued"]["waiting_for"]
+        ok(cli("destroy", "-y", blocker, cwd=tmp_path))
+        out = p.communicate(timeout=300)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert [t["state"] for t in _trials(inv, tmp_path)["trials"]] == ["succeeded"]
+
+
 def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tmp_path, postgres):
     tune = {
         "metric": {"name": "loss", "goal": "minimize"},

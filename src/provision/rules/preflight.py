@@ -181,8 +181,14 @@ def gpu_model_problem(declared: str, names: list[str], memory_mib: list[int | No
 
 
 def _mib(n: int) -> str:
-    gib = n / 2**30
-    return f"{gib:.1f} GiB" if gib >= 1 else f"{n / 2**20:.0f} MiB"
+    """A size in words, never rounded down to nothing ("0 MiB free ... need 0 MiB")."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.0f} MiB"
+    if n >= 2**10:
+        return f"{n / 2**10:.0f} KiB"
+    return f"{n} byte{'s' if n != 1 else ''}"
 
 
 def _own_units(job: str, bundle: HostBundle, report: ProbeReport) -> set[str]:
@@ -384,24 +390,39 @@ def _disk_findings(name: str, inv: Inventory, hp: HostPlan, report: ProbeReport)
         if f.kind is FileKind.FILE and f.action is not FileAction.DELETE and f.path in desired
     ]
     out = []
-    seen: dict[str, int] = {}  # file system (nearest existing directory) → bytes needed
+    # Each file counted once, under the nearest existing directory of the longest `files:`
+    # destination holding it (a destination nested in another is not counted twice).
+    paths: dict[str, set[str]] = {}  # nearest existing directory -> files written under it
     where: dict[str, list[str]] = {}
-    for spec in inv.files:
-        dest = posixpath.normpath(spec.dest if spec.is_dir or spec.dest.endswith("/") else posixpath.dirname(spec.dest))
+    counted: set[str] = set()
+    dests = sorted(
+        {
+            posixpath.normpath(s.dest if s.is_dir or s.dest.endswith("/") else posixpath.dirname(s.dest))
+            for s in inv.files
+        },
+        key=len,
+        reverse=True,
+    )
+    for dest in dests:
         d = dest
         while d not in free and d != "/":
             d = posixpath.dirname(d)
         if d not in free:
             continue
-        need = sum(_file_size(f) for f in writes if f.path == dest or f.path.startswith(dest.rstrip("/") + "/"))
-        seen[d] = seen.get(d, 0) + need
         where.setdefault(d, []).append(dest)
+        mine = {f.path for f in writes if f.path == dest or f.path.startswith(dest.rstrip("/") + "/")} - counted
+        paths.setdefault(d, set()).update(mine)
+        counted |= mine
+    by_path = {f.path: f for f in writes}
+    seen = {d: sum(_file_size(by_path[p]) for p in ps) for d, ps in paths.items()}
     for d, need in seen.items():
         have = int(free[d])
-        dests = ", ".join(where[d])
+        dests_of = ", ".join(sorted(where[d]))
         if have < need:
             out.append(
-                Finding(name, "disk", Status.FAIL, f"{_mib(have)} free on {d} (for {dests}): files: need {_mib(need)}")
+                Finding(
+                    name, "disk", Status.FAIL, f"{_mib(have)} free on {d} (for {dests_of}): files: need {_mib(need)}"
+                )
             )
         elif have < need + DISK_MARGIN:
             out.append(
@@ -409,12 +430,12 @@ def _disk_findings(name: str, inv: Inventory, hp: HostPlan, report: ProbeReport)
                     name,
                     "disk",
                     Status.WARN,
-                    f"only {_mib(have)} free on {d} (for {dests}); files: need {_mib(need)}, "
+                    f"only {_mib(have)} free on {d} (for {dests_of}); files: need {_mib(need)}, "
                     f"and the job will want room beyond them",
                 )
             )
         else:
-            out.append(Finding(name, "disk", Status.PASS, f"{_mib(have)} free on {d} (for {dests})"))
+            out.append(Finding(name, "disk", Status.PASS, f"{_mib(have)} free on {d} (for {dests_of})"))
     return out
 
 
