@@ -357,6 +357,13 @@ CASES: list[Case] = [
         fix="Host names are unique; they name the host in every message and in `--target`.",
     ),
     Case(
+        "same-machine",
+        "Two host entries for one machine",
+        E("16: hosts[2].address: 192.0.2.11 port 22 is hosts[0] again: one entry per machine"),
+        edits=(("    address: 192.0.2.21\n", "    address: 192.0.2.11:22\n"),),
+        fix="One entry per machine (its address and SSH port, however written): two entries would hand its GPUs and ports out twice.",
+    ),
+    Case(
         "host-name",
         "Host name with invalid characters",
         E("15: hosts[2].name: expected a host name (letters, digits, '.', '_', '-'), got 'cpu 1'"),

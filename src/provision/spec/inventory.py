@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -179,6 +180,7 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
         return []
     hosts: list[Host] = []
     seen: dict[str, int] = {}
+    machines: dict[tuple[str, int], int] = {}  # (address, SSH port) -> the first hosts[i] there
     for i, raw in enumerate(value):
         hp = path + (i,)
         m = c.mapping(raw, hp)
@@ -214,6 +216,15 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
                     f"{show_value(m['port'])} contradicts the port in address {show_value(m['address'])}",
                 )
             ssh = dataclasses.replace(ssh, port=address_port)
+        if address is not None:
+            machine = (_same_address(address), ssh.port)
+            if machine in machines:
+                # Two entries for one machine: its GPUs and ports would be handed out twice.
+                c.add(
+                    hp + ("address",),
+                    f"{address} port {ssh.port} is hosts[{machines[machine]}] again: one entry per machine",
+                )
+            machines.setdefault(machine, i)
         acc = _accelerators(c, m["accelerators"], hp + ("accelerators",)) if "accelerators" in m else None
         labels = _labels(c, m.get("labels"), hp + ("labels",))
         drain = m.get("drain", False)
@@ -222,6 +233,14 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
         if name is not None and address is not None and cluster is not None:
             hosts.append(Host(name, address, ssh, cluster, acc, labels, drain is True))
     return hosts
+
+
+def _same_address(address: str) -> str:
+    """An address as compared with the others: an IP literal in its one form, a name lower-cased."""
+    try:
+        return str(ipaddress.ip_address(address.strip("[]")))
+    except ValueError:
+        return address.lower().rstrip(".")
 
 
 def _address(c: Checker, value: Any, path: KeyPath) -> tuple[str | None, int | None]:
