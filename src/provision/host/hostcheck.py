@@ -288,8 +288,12 @@ def _fds(inodes: set[str]) -> dict[str, list[int]]:
 def tpu_devices() -> list[str]:
     """The host's TPU chip devices: /dev/accel* (TPU v4 and later) or /dev/vfio/N (v5e and
     later through VFIO)."""
-    out = []
-    for d, keep in (("/dev", lambda n: n.startswith("accel")), ("/dev/vfio", lambda n: n.isdigit())):
+    out: list[str] = []
+    where: list[tuple[str, Callable[[str], bool]]] = [
+        ("/dev", lambda n: n.startswith("accel")),
+        ("/dev/vfio", lambda n: n.isdigit()),
+    ]
+    for d, keep in where:
         try:
             out += [d + "/" + n for n in sorted(os.listdir(d)) if keep(n)]
         except OSError:

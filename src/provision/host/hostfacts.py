@@ -1,6 +1,8 @@
 """What a host is: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd (the agent's
 `facts`; the shell probe reads the same and io/probe.py parses it into the same report)."""
 
+from __future__ import annotations
+
 import os
 import sys
 
@@ -8,10 +10,11 @@ from .hostlib import run
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing (and the re, collections, enum it imports) cost every request ~6 ms
+    from collections.abc import Collection
     from typing import Any
 
 
-def facts(only=None):
+def facts(only: Collection[str] | None = None) -> dict[str, Any]:
     """What the host reports (`provision facts`). With `only` (plan and apply), just what
     they check: systemd as PID 1 and the groups named, "gpus" and/or "tpu", so hosts that
     declare no accelerators run no nvidia-smi on every plan."""
@@ -28,7 +31,7 @@ def facts(only=None):
         "cpus": os.cpu_count(),
         "python": "%d.%d.%d" % sys.version_info[:3],
     }
-    osr = {}
+    osr: dict[str, str] = {}
     try:
         with open("/etc/os-release") as f:
             for line in f:
@@ -57,11 +60,11 @@ NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--forma
 NVIDIA_SMI_TIMEOUT = 20
 
 
-def gpu_facts():
+def gpu_facts() -> dict[str, Any]:
     return gpu_report(*run(list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT))
 
 
-def gpu_report(code, so, se):
+def gpu_report(code: int, so: str, se: str) -> dict[str, Any]:
     """nvidia-smi's answer as facts (the controller's fast probe reads it with this too)."""
     gpus = []
     out: dict[str, Any] = {}
@@ -84,7 +87,7 @@ def gpu_report(code, so, se):
     return out
 
 
-def tpu_chips():
+def tpu_chips() -> int:
     try:
         return len([d for d in os.listdir("/dev") if d.startswith("accel") and d[5:].isdigit()])
     except OSError:

@@ -217,12 +217,12 @@ def _hosts(c: Checker, value: Any, base: SSHSettings) -> list[Host]:
                 )
             ssh = dataclasses.replace(ssh, port=address_port)
         if address is not None:
-            machine = (_same_address(address), ssh.port)
+            machine = (_same_address(address), ssh.port or 22)
             if machine in machines:
                 # Two entries for one machine: its GPUs and ports would be handed out twice.
                 c.add(
                     hp + ("address",),
-                    f"{address} port {ssh.port} is hosts[{machines[machine]}] again: one entry per machine",
+                    f"{address} port {machine[1]} is hosts[{machines[machine]}] again: one entry per machine",
                 )
             machines.setdefault(machine, i)
         acc = _accelerators(c, m["accelerators"], hp + ("accelerators",)) if "accelerators" in m else None
