@@ -301,6 +301,9 @@ def test_a_trial_waiting_for_gpus_is_a_queued_apply_that_jobs_shows(sandbox4, sa
             p.kill()
     assert p.returncode == 0, out
     assert [t["state"] for t in _trials(inv, tmp_path)["trials"]] == ["succeeded"]
+    # It says what it waits for, and "started" only once its job is on the hosts.
+    assert "trial 1 waits for room: " in out and "trial 1 started" in out, out
+    assert out.index("trial 1 waits for room") < out.index("trial 1 started"), out
 
 
 def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tmp_path, postgres):

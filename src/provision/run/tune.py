@@ -76,6 +76,7 @@ class _Mine:
     handles: dict[int, Handle] = field(default_factory=dict)  # number -> handle, until its worker is done
     told_steps: dict[int, set[int]] = field(default_factory=dict)
     progress: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last (steps, value) written
+    asked: dict[int, TrialRow] = field(default_factory=dict)  # asked, not yet on the hosts: its "started" line
 
     def holding(self) -> int:
         """Trials that hold GPUs (not yet told)."""
@@ -205,8 +206,9 @@ class StudyLoop:
             return False
         job = trial_job(self.w.inv.job, asked.number)
         self.study.claim(asked.number, self.me, job)
-        self.on_row(
-            TrialRow(asked.number, tuple(asked.params.items()), TrialState.RUNNING, job=job, retry_of=asked.retry_of)
+        # Said when its job is on the hosts (Started), not while it still waits for room.
+        self.mine.asked[asked.number] = TrialRow(
+            asked.number, tuple(asked.params.items()), TrialState.RUNNING, job=job, retry_of=asked.retry_of
         )
         self._submit(Handle(asked.number, asked.params))
         return True
@@ -232,17 +234,22 @@ class StudyLoop:
             return
         if isinstance(post, Started):
             self.study.beat(post.number, phase="running", hosts=post.hosts)
+            row = self.mine.asked.pop(post.number, None)
+            if row is not None:
+                self.on_row(row)
         elif isinstance(post, Waiting):
             if post.why is None:
                 self.waiting.pop(post.number, None)
             else:
                 self.waiting[post.number] = post.why
+                self.w.say(f"trial {post.number} waits for room: {post.why}")
         elif isinstance(post, Reported):
             self._reported(h, post.reports)
         elif isinstance(post, JobEnded):
             self._ended(h, post.ended)
         elif isinstance(post, Removed):
             del self.mine.handles[post.number]
+            self.mine.asked.pop(post.number, None)
             self.waiting.pop(post.number, None)
             if not post.left:
                 self.study.mark_removed(post.number)
