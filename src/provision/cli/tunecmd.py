@@ -80,7 +80,13 @@ def _study_inventory(inventory: str) -> Inventory:
 @click.option("--promote", metavar="best|N", help="Write an inventory that runs this trial's arguments as a plain job.")
 @click.option("-o", "--output", "out", type=click.Path(), help="With --promote: the inventory file to write.")
 @click.option("--seed", type=int, default=None, help="Seed the search (the same seed asks the same first trials).")
-@click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between looks at the running trials.")
+@click.option(
+    "--poll",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks at the running trials (at least 0.05).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
 def tune_cmd(
     inventory: str,

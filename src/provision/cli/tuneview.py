@@ -224,7 +224,8 @@ def _metric_panel(ax: Axes, rows: Sequence[TrialRow], tune: Tune) -> None:
     if xs:
         ax.step([*xs, max(r.number for r in rows)], [*ys, ys[-1]], where="post", color="tab:green", label="best so far")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    if ax.get_legend_handles_labels()[0]:  # only failed trials: nothing to name (matplotlib warns on stderr)
+        ax.legend(fontsize="small", loc="best")
 
 
 def best_so_far(rows: Sequence[TrialRow], tune: Tune) -> tuple[list[int], list[float]]:

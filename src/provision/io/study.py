@@ -183,6 +183,13 @@ def _direction(tune: Tune) -> Literal["minimize", "maximize"]:
 
 
 def _first_line(e: BaseException) -> str:
+    """The words of the error that started it (SQLAlchemy wraps the driver's: "connection
+    refused" is the cause of "an exception is raised during the commit")."""
+    while True:
+        inner = e.__cause__ or e.__context__
+        if inner is None or isinstance(inner, AssertionError):
+            break
+        e = inner
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
@@ -448,6 +455,8 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
         try:
             # The open(2)-based lock: the symlink one leaves a link behind when tune is killed.
             return JournalStorage(JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal))))
+        except OSError as e:
+            raise ProvisionError(f"{journal}: the study's journal cannot be opened: {e.strerror}") from None
         except Exception as e:  # Optuna asserts on a record it does not know: say which file, not a traceback
             why = "a record this Optuna does not know" if isinstance(e, AssertionError) else _first_line(e)
             raise ProvisionError(
