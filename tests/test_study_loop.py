@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -249,7 +250,144 @@ def test_the_median_rule_decides_in_the_loop_and_the_worker_stops_the_trial(tmp_
     rows = study.rows()
     assert [r.state for r in rows[:5]] == [TrialState.SUCCEEDED] * 5
     assert rows[5].state is TrialState.STOPPED_EARLY
-    assert "worse than the median 1 of 5 earlier trials" in rows[5].why
+    assert rows[5].why == "best loss 10, median of 5 completed trials' running averages to step 0: 1"
+
+
+def _stepwise(value: Callable[[Handle], float], steps: int = 10) -> tuple[Worker, Callable[[StudyLoop], None]]:
+    """A worker whose trial reports `steps` steps one at a time, each after the loop has
+    looked at the one before (so an early stop lands at the step that decided), and a hook
+    that makes the loop say when it has."""
+    looked: dict[int, int] = {}
+
+    def hook(loop: StudyLoop) -> None:
+        reported = loop._reported
+
+        def and_say(h: Handle, reports: tuple[Report, ...]) -> None:
+            reported(h, reports)
+            looked[h.number] = reports[-1].step
+
+        loop._reported = and_say  # type: ignore[method-assign]
+
+    def work(w: TrialWork, h: Handle) -> None:
+        v = value(h)
+        ended = Ended(Ending.SUCCEEDED, "", v, steps - 1)
+        for step in range(steps):
+            w.post(Reported(h.number, tuple(Report(s, v) for s in range(step + 1))))
+            assert _until(partial(_is, looked, h.number, step))
+            if h.stop_early is not None:
+                ended = Ended(Ending.STOPPED_EARLY, h.stop_early, v, step)
+                break
+        w.post(JobEnded(h.number, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, ended))
+
+    return work, hook
+
+
+def _is(looked: dict[int, int], number: int, step: int) -> bool:
+    return looked.get(number) == step
+
+
+def _rungs(study: Study, number: int) -> list[int]:
+    t = study.study.get_trials(deepcopy=False)[number - 1]
+    return sorted(int(k.rsplit("_", 1)[1]) for k in t.system_attrs if k.startswith("completed_rung_"))
+
+
+def test_the_median_rule_counts_completed_trials_only(tmp_path: Path) -> None:
+    # Trial 2 is stopped at step 0 (3.0 against trial 1's 1.0); trial 3 (2.0) then meets the
+    # median of trial 1 alone, not of 1 and the stopped 2: stopped at step 0 too, by 1.0.
+    values = {1: 1.0, 2: 3.0, 3: 2.0}
+    work, hook = _stepwise(lambda h: values[h.number], steps=3)
+    tune = _tune(max_trials=3, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
+    assert loop.run().code == 0
+    rows = study.rows()
+    assert [r.state for r in rows] == [TrialState.SUCCEEDED, TrialState.STOPPED_EARLY, TrialState.STOPPED_EARLY]
+    assert rows[2].why == "best loss 2, median of 1 completed trial's running average to step 0: 1"
+    assert rows[2].steps == 0
+
+
+def test_asha_stops_a_trial_at_a_rung_and_says_which(tmp_path: Path) -> None:
+    # Trial 1 completes (asha's rungs start from its length); trial 2 (5.0) is alone at rung
+    # 0 and goes on; trial 3 (10.0) is not in the best quarter of {5, 10} at rung 0.
+    values = {1: 1.0, 2: 5.0, 3: 10.0, 4: 0.5}
+    work, hook = _stepwise(lambda h: values[h.number])
+    tune = _tune(max_trials=4, parallel_trials=1, early_stopping=EarlyStopping.ASHA)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
+    assert loop.run().code == 0
+    rows = study.rows()
+    assert [r.state for r in rows] == [
+        TrialState.SUCCEEDED,
+        TrialState.SUCCEEDED,
+        TrialState.STOPPED_EARLY,
+        TrialState.SUCCEEDED,
+    ]
+    assert rows[2].why == "asha at rung 0, step 1: loss 10, not in the best 1/4 of the 2 trials there (the cut: 5)"
+    assert _rungs(study, 3) == [0]  # the rung Optuna recorded is the one said
+    assert _rungs(study, 2) == [0, 1] and _rungs(study, 4) == [0, 1]  # promoted at steps 1 and 4
+
+
+def test_hyperband_stops_trials_at_the_rungs_optuna_recorded(tmp_path: Path) -> None:
+    # Each trial worse than the one before: in each bracket, a trial after the first is
+    # not among the best third at its first rung.
+    work, hook = _stepwise(lambda h: float(h.number))
+    tune = _tune(max_trials=9, parallel_trials=1, early_stopping=EarlyStopping.HYPERBAND)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
+    assert loop.run().code == 0
+    stopped = [r for r in study.rows() if r.state is TrialState.STOPPED_EARLY]
+    assert stopped, [(r.number, r.state, r.why) for r in study.rows()]
+    for r in stopped:
+        rung = _rungs(study, r.number)[-1]
+        assert r.why.startswith(f"hyperband at rung {rung} of bracket "), r.why
+        assert f"loss {r.number}, not in the best 1/3 of the " in r.why
+    # Brackets start stopping at different rungs: bracket 1's first rung is at step 3.
+    assert any("of bracket 1, step 3:" in r.why for r in stopped), [r.why for r in stopped]
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.BAYESIAN, Algorithm.RANDOM])
+def test_a_finite_space_runs_no_point_twice_while_unseen_ones_remain(tmp_path: Path, algorithm: Algorithm) -> None:
+    values = (1.0, 2.0, 3.0, 4.0)
+    tune = _tune(
+        params=(Param("quality", ParamType.DISCRETE, values=values),),
+        algorithm=algorithm,
+        max_trials=4,
+        parallel_trials=4,
+    )
+    started: list[float] = []
+    lock = threading.Lock()
+
+    def work(w: TrialWork, h: Handle) -> None:
+        with lock:
+            started.append(float(h.params["quality"]))
+        assert _until(lambda: len(started) == 4)  # all four in flight at once
+        ended = Ended(Ending.SUCCEEDED, "", float(h.params["quality"]), 0)
+        w.post(JobEnded(h.number, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, ended))
+
+    for seed in range(5):
+        loop, study, _ = _loop(tmp_path, tune, work, study=memory_study(tune, "sweep", seed=seed))
+        started.clear()
+        assert loop.run().code == 0
+        assert sorted(started) == list(values), f"seed {seed}"
+
+
+def test_a_finite_space_past_its_size_runs_every_point_before_any_again(tmp_path: Path) -> None:
+    opt = Param("opt", ParamType.CATEGORICAL, values=("adam", "sgd"))
+    momentum = Param("momentum", ParamType.DISCRETE, values=(0.0, 0.9), parent="opt", parent_values=("sgd",))
+    tune = _tune(params=(opt, momentum), max_trials=5, parallel_trials=2)
+    loop, study, _ = _loop(tmp_path, tune, _succeeds(lambda h: 1.0))
+    assert loop.run().code == 0
+    points = [r.params for r in study.rows()]
+    assert sorted(points[:3]) == [
+        (("opt", "adam"),),
+        (("opt", "sgd"), ("momentum", 0.0)),
+        (("opt", "sgd"), ("momentum", 0.9)),
+    ]
+    assert len(points) == 5
 
 
 def test_past_max_failed_trials_the_study_stops_with_why(tmp_path: Path) -> None:

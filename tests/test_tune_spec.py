@@ -119,12 +119,22 @@ def test_a_tune_section_becomes_a_study():
             "tune: {metric: {name: l, goal: minimize}, parameters: {}, max_trials: 2}",
             "tune.parameters: expected at least one parameter",
         ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: double, min: 0, max: 1}}, max_trials: 2, early_stopping: hyperbnd}",
+            "tune.early_stopping: expected one of none, median, hyperband, asha, got 'hyperbnd'",
+        ),
     ],
 )
 def test_bad_tune_sections_are_named_by_their_key_path(tune, expected):
     problems = _problems(tune + "\n")
     assert any(expected in p for p in problems), problems
     assert all(p.startswith("study.yaml:") for p in problems), problems
+
+
+@pytest.mark.parametrize("rule", ["none", "median", "hyperband", "asha"])
+def test_each_early_stopping_rule_is_parsed(rule):
+    t = _inv(TUNE.replace("early_stopping: median", f"early_stopping: {rule}")).tune
+    assert t is not None and t.early_stopping is EarlyStopping(rule)
 
 
 def test_a_trials_name_must_stay_a_dns_label():

@@ -15,7 +15,8 @@ import click
 from provision.cli.tuneview import draw_png, event_line, study_json, table_lines
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
-from provision.core.tuning import TrialRow, TrialState, Tune, best
+from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best
+from provision.rules.space import grid_size, space_size
 from provision.spec.inventory import load
 from provision.spec.promote import promoted
 
@@ -179,6 +180,22 @@ def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:
         click.echo(f"Warning: the study's picture could not be written to {picture}: {type(e).__name__}: {e}", err=True)
 
 
+def space_line(t: Tune) -> str | None:
+    """What a study of more trials than its space has points does (None: it has room)."""
+    if t.algorithm is Algorithm.GRID:
+        size = grid_size(t.params)
+        if size < t.max_trials:
+            return f"The grid has {size} points: the study runs {size} trials, not max_trials ({t.max_trials})."
+        return None
+    n = space_size(t.params, t.max_trials)
+    if n is None or n >= t.max_trials:
+        return None
+    return (
+        f"The search space has {n} points, fewer than max_trials ({t.max_trials}): "
+        "each point runs once before any runs again."
+    )
+
+
 def _header(inv: Inventory, study: Study) -> None:
     t = inv.tune
     assert t is not None
@@ -186,8 +203,11 @@ def _header(inv: Inventory, study: Study) -> None:
     click.echo(
         f"Study {inv.job}: {t.metric.goal.value} {t.metric.name} over {names}; {t.algorithm.value} search, "
         f"{t.max_trials} trials, {t.parallel_trials} at once"
-        + (", median early stopping" if t.early_stopping.value == "median" else "")
+        + (f", {t.early_stopping} early stopping" if t.early_stopping is not EarlyStopping.NONE else "")
     )
+    room = space_line(t)
+    if room:
+        click.echo(room)
     rows = study.rows()
     if rows:
         ended = sum(r.state.ended for r in rows)

@@ -63,7 +63,11 @@ class Measurement(str, Enum):
 
 class EarlyStopping(str, Enum):
     NONE = "none"
-    MEDIAN = "median"  # stop a trial whose intermediate value is worse than the median of the others' at that step
+    # Vertex's median rule: a trial whose best value so far is worse than the median of the
+    # completed trials' running averages up to its step (rules/stopping.py).
+    MEDIAN = "median"
+    HYPERBAND = "hyperband"  # Optuna's HyperbandPruner
+    ASHA = "asha"  # Optuna's SuccessiveHalvingPruner (asynchronous successive halving)
 
     def __str__(self) -> str:
         return self.value
@@ -72,7 +76,7 @@ class EarlyStopping(str, Enum):
 class TrialState(str, Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
-    STOPPED_EARLY = "stopped early"  # pruned by the median rule
+    STOPPED_EARLY = "stopped early"  # by the early-stopping rule (tune.early_stopping)
     FAILED = "failed"
 
     @property

@@ -381,7 +381,7 @@ def _vertex_stopping(spec: dict[str, JSON], at: Where, notes: Notes) -> EarlySto
                 note(
                     at / key,
                     spec[key] if spec[key] is not None else {},
-                    "early_stopping: median, the closest rule provision has: a trial stops when its value is worse than the median of the others' at the same step",
+                    "early_stopping: median, the closest rule provision has: a trial stops when its best value so far is worse than the median of the completed trials' running averages up to its step",
                 )
             )
     return rule

@@ -1,6 +1,7 @@
 """The study's record in Optuna's storage: the one module that touches Optuna.
 
-Optuna does the search (TPE, random, grid samplers) and the median rule (MedianPruner); its
+Optuna does the search (TPE, random, grid samplers; io/samplers.py keeps a finite space
+from repeats) and early stopping (its pruners; io/pruners.py has Vertex's median rule); its
 storage keeps the study: a journal file beside the state by default (one file, appended
 to; Optuna's maintainers advise against SQLite under concurrent writers or on network
 filesystems), or PostgreSQL for a team (`tune.storage`, else the state's own database),
@@ -41,7 +42,6 @@ from provision.core.errors import ProvisionError
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import (
     Algorithm,
-    EarlyStopping,
     Goal,
     Param,
     ParamType,
@@ -52,13 +52,15 @@ from provision.core.tuning import (
     Value,
     trial_job,
 )
+from provision.io.pruners import last_call, pruner
+from provision.io.samplers import unseen
 from provision.rules.liveness import process_alive
+from provision.rules.stopping import Call
 
 # Optuna logs every trial at INFO on stderr: provision says what happened itself.
 optuna.logging.set_verbosity(logging.WARNING)
 
 STALE = 60.0  # seconds (storage clock) without a heartbeat after which another runner's trial is adopted
-MEDIAN_STARTUP = 3  # trials that must end before the median rule stops anyone
 PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
 
@@ -164,18 +166,20 @@ class _Grid(optuna.samplers.GridSampler):
 
 
 def _sampler(tune: Tune, seed: int | None) -> optuna.samplers.BaseSampler:
-    if tune.algorithm is Algorithm.RANDOM:
-        return optuna.samplers.RandomSampler(seed=seed)
     if tune.algorithm is Algorithm.GRID:
         return _Grid({p.name: list(p.grid()) for p in tune.params}, seed=seed)
-    # constant_liar: parallel trials do not all get the same suggestion while others run.
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    base: optuna.samplers.BaseSampler
+    if tune.algorithm is Algorithm.RANDOM:
+        base = optuna.samplers.RandomSampler(seed=seed)
+    else:
+        # constant_liar: parallel trials do not all get the same suggestion while others run.
+        base = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    # A finite space: no point twice while unseen ones remain (io/samplers.py).
+    return unseen(base, tune.params, {p.name: _distribution(p) for p in tune.params}, seed)
 
 
 def _pruner(tune: Tune) -> optuna.pruners.BasePruner:
-    if tune.early_stopping is EarlyStopping.MEDIAN:
-        return optuna.pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP)
-    return optuna.pruners.NopPruner()
+    return pruner(tune.early_stopping)
 
 
 def _direction(tune: Tune) -> Literal["minimize", "maximize"]:
@@ -270,15 +274,10 @@ class Study:
         trial = self.study._storage.get_trial(self._id(number))
         return self.study.pruner.prune(self.study, trial)
 
-    @_storage_errors
-    def values_at(self, step: int) -> list[float]:
-        """Other ended trials' values at `step` (the numbers the median rule looked at)."""
-        out = []
-        for t in self.study.get_trials(deepcopy=False, states=(OptunaState.COMPLETE, OptunaState.PRUNED)):
-            v = t.intermediate_values.get(step)
-            if v is not None:
-                out.append(v)
-        return out
+    def stop_call(self) -> Call | None:
+        """The numbers of the pruner's last decision (`should_prune` just before, on this
+        thread): what a stopped trial's `why` says."""
+        return last_call(self.study.pruner)
 
     @_storage_errors
     def is_running(self, number: int) -> bool:

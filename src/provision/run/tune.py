@@ -39,6 +39,7 @@ from provision.io.study import (
     open_study,
     storage_url,
 )
+from provision.rules.stopping import words as stop_words
 from provision.run.trialrun import (
     Handle,
     JobEnded,
@@ -269,14 +270,12 @@ class StudyLoop:
             h.stop_early = self._median_words(last)
 
     def _median_words(self, last: Report) -> str:
-        """Why the median rule stopped it, with the numbers."""
-        others = sorted(self.study.values_at(last.step))
-        name = self.w.tune.metric.name
-        if not others:
-            return f"{name}={last.value:.4g} at step {last.step}: the median rule"
-        mid = len(others) // 2
-        median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-        return f"{name}={last.value:.4g} at step {last.step}, worse than the median {median:.4g} of {len(others)} earlier trials there"
+        """Why the early-stopping rule stopped it, with the numbers that decided (the
+        pruner's, asked just before)."""
+        call = self.study.stop_call()
+        if call is None:
+            return f"{self.w.tune.early_stopping} early stopping at step {last.step}"
+        return stop_words(call, self.w.tune.metric.name)
 
     def _ended(self, h: Handle, ended: Ended) -> None:
         """The trial's job ended: told once, whatever posted it."""
