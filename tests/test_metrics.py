@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import time
 
 import hypertune
 import pytest
 
 from provision.core.tuning import MAX_MATCHED_LINE, Goal, Measurement, Metric, Report, measured
-from provision.rules.metrics import check_regex, parse_log_lines, parse_metric_file
+from provision.rules.metrics import (
+    check_regex,
+    metric_read_command,
+    metric_read_problem,
+    parse_log_lines,
+    parse_metric_file,
+)
 
 
 def rows(reports: tuple[Report, ...]) -> list[tuple[int, str, float]]:
@@ -269,3 +276,29 @@ def test_real_hypertune_file_cut_mid_line(metric_file, cut):
     # -1 cuts only the newline: the last line is whole, and read.
     assert [r.step for r in got] == ([1, 2, 3] if cut == -1 else [1, 2])
     assert not any(math.isnan(r.value) for r in got)
+
+
+def test_the_metric_file_read_refuses_what_a_host_may_plant(tmp_path):
+    """The read run on the host (here: locally, by sh as there), issue 38.4 and 38.18."""
+    good = tmp_path / "good"
+    good.write_text('{"loss": "0.5", "global_step": "3"}\n')
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    other = tmp_path / "other"
+    other.write_text("x\n")
+    (tmp_path / "hard").hardlink_to(other)
+    (tmp_path / "big").write_bytes(b"\n" * 2_000_000)
+    (tmp_path / "dir").mkdir()
+    expected = {
+        "good": None,
+        "missing": None,
+        "zero": "a symbolic link",
+        "hard": "a hard link (2 names)",
+        "big": "2000000 bytes, over the cap of 1048576",
+        "dir": "not a regular file",
+    }
+    for name, why in expected.items():
+        r = subprocess.run(metric_read_command(str(tmp_path / name)), shell=True, capture_output=True, timeout=10)
+        assert metric_read_problem(r.returncode, r.stderr, len(r.stdout)) == why, name
+    r = subprocess.run(metric_read_command(str(good)), shell=True, capture_output=True, timeout=10)
+    assert parse_metric_file(r.stdout, "loss") == (Report(step=3, value=0.5),)
+    assert metric_read_problem(0, b"", 1_048_577) == "the host sent more than 1048576 bytes"

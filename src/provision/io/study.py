@@ -287,13 +287,13 @@ class Study:
     def tell(self, number: int, ended: Ended) -> bool:
         """Record how the trial ended and tell the search. False: another runner (a racing
         adopter) told it first; theirs stands."""
+        # Only what is there: each attribute is one write (with a journal, an fsync).
+        said: dict[str, Any] = {"why": ended.why, "value": ended.value, "steps": ended.steps}
         self.beat(
             number,
             phase=ENDED,
             ending=ended.ending.value,
-            why=ended.why,
-            value=ended.value,
-            steps=ended.steps,
+            **{k: v for k, v in said.items() if v not in (None, "")},
             **({"lines": list(ended.lines)[-20:]} if ended.lines else {}),
         )
         if not self.is_running(number):

@@ -25,7 +25,7 @@ from pathlib import Path
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.trialend import Ended, Ending
-from provision.core.tuning import Algorithm, Report, TrialRow, TrialState, Tune, trial_job
+from provision.core.tuning import Algorithm, EarlyStopping, Report, TrialRow, TrialState, Tune, trial_job
 from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
@@ -76,7 +76,8 @@ class _Mine:
 
     handles: dict[int, Handle] = field(default_factory=dict)  # number -> handle, until its worker is done
     told_steps: dict[int, set[int]] = field(default_factory=dict)
-    progress: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last (steps, value) written
+    progress: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last (steps, value) seen
+    written: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last progress written
     asked: dict[int, TrialRow] = field(default_factory=dict)  # asked, not yet on the hosts: its "started" line
 
     def holding(self) -> int:
@@ -185,7 +186,12 @@ class StudyLoop:
         self.study.announce(self.me)
         for number, h in self.mine.handles.items():
             if not h.told and not h.told_event.is_set():
-                self.study.beat(number)
+                progress = self.mine.progress.get(number)
+                if progress is not None and progress != self.mine.written.get(number):
+                    self.mine.written[number] = progress
+                    self.study.beat(number, steps=progress[0], value=progress[1])
+                else:
+                    self.study.beat(number)
         self.others = self.study.runners(self.me)
         for info in self.study.abandoned(self.me):
             if info.number not in self.mine.handles:
@@ -256,16 +262,18 @@ class StudyLoop:
                 self.study.mark_removed(post.number)
 
     def _reported(self, h: Handle, reports: tuple[Report, ...]) -> None:
-        """New steps go to the pruner; it may stop the trial (its worker ends the job)."""
+        """New steps go to the pruner (with early stopping); it may stop the trial (its
+        worker ends the job). The last step and value are written with the next heartbeat:
+        each write is an fsync of the journal, and the live line can wait a beat."""
+        last = reports[-1]
+        self.mine.progress[h.number] = (last.step, last.value)
+        if self.w.tune.early_stopping is EarlyStopping.NONE:
+            return
         told = self.mine.told_steps.setdefault(h.number, set())
         new = [r for r in reports if r.step not in told]
         for r in new:
             told.add(r.step)
             self.study.report(h.number, r.value, r.step)
-        last = reports[-1]
-        if self.mine.progress.get(h.number) != (last.step, last.value):
-            self.mine.progress[h.number] = (last.step, last.value)
-            self.study.beat(h.number, steps=last.step, value=last.value)
         if new and h.stop_early is None and self.study.should_prune(h.number):
             h.stop_early = self._median_words(last)
 
