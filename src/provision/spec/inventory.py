@@ -103,7 +103,7 @@ POOL_KEYS = (
 # --------------------------------------------------------------------------- sections
 
 
-def _ssh(c: Checker, value: dict, path: KeyPath, base: SSHSettings) -> SSHSettings:
+def _ssh(c: Checker, value: dict[str, Any], path: KeyPath, base: SSHSettings) -> SSHSettings:
     kw: dict[str, Any] = {}
     if "user" in value:
         kw["user"] = c.string(
