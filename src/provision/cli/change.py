@@ -351,7 +351,7 @@ def stop(
     sys.exit(code)
 
 
-def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:
+def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:  # noqa: C901  stop's dialogue as the user reads it: what to stop, ask, end, report, the unreachable hosts
     if ctx.lock is not None and ctx.lock.notice:
         click.echo(f"Note: {ctx.lock.notice}", err=True)
     st, foreign = look(ctx)

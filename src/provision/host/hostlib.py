@@ -139,7 +139,7 @@ def read_json(path):
         return {"_unreadable": str(e)}
 
 
-def run(argv, timeout=60):
+def run(argv, timeout=60):  # noqa: C901  posix_spawn's pipes, timeout and clean-up in one place (subprocess costs a probe more)
     """(exit code, stdout, stderr) of argv: subprocess.run with pipes and a timeout, done
     with posix_spawn (Python 3.8+), because importing subprocess costs more CPU than a
     probe's own work."""

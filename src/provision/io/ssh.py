@@ -166,7 +166,7 @@ class Session:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay *= 2
 
-    def _failed(self, target: Target, conn: Connection, e: Exception, deadline: float) -> str:
+    def _failed(self, target: Target, conn: Connection, e: Exception, deadline: float) -> str:  # noqa: C901  one branch per way an SSH handshake fails, each its own message
         """Why a handshake failed: raises the HostError that ends the dial, or returns the
         reason to show if the retries run out (refused: sshd may be starting)."""
         late = time.monotonic() >= deadline - 0.05

@@ -459,7 +459,7 @@ def reboot(
 # --------------------------------------------------------------------------- down / load / list
 
 
-def down(
+def down(  # noqa: C901  containers, then networks, then the key dir, each with the Docker errors it may give
     name: str | None = None, *, client: docker.DockerClient | None = None, progress: Progress = no_progress
 ) -> DownResult:
     """Remove a sandbox's containers, network and key dir; found by label and metadata."""

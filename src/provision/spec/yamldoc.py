@@ -28,7 +28,7 @@ class Doc:
 MAX_NODES = 1_000_000  # YAML values after alias expansion; a 1,000-host inventory has ~20,000
 
 
-def compose(text: str, problems: list[tuple[KeyPath, str, int | None]]) -> Doc:
+def compose(text: str, problems: list[tuple[KeyPath, str, int | None]]) -> Doc:  # noqa: C901  its nested builders: one branch per YAML node kind and per bound
     # The C loader when PyYAML has it: a 1,000-host inventory must load in well under a second.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     lines: dict[KeyPath, int] = {}
