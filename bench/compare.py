@@ -796,7 +796,7 @@ class Bench:
         limit = self.args.ansible_runs
         return tuple(t for t in self.tools if t != "ansible" or limit is None or i < limit)
 
-    def run(self) -> Figures:
+    def run(self) -> Figures:  # noqa: C901  one step after another of a comparison run, each optional by its flag
         a = self.args
         fig = self.fig
         fig.load.append(load_avg())
@@ -888,7 +888,7 @@ def fmt_s(xs: list[float]) -> str:
     return f"{m:.2f} ({lo:.2f}–{hi:.2f})"
 
 
-def table(fig: Figures, tools: tuple[str, ...]) -> list[str]:
+def table(fig: Figures, tools: tuple[str, ...]) -> list[str]:  # noqa: C901  one row per figure of the table, each optional by the tools compared
     floor = statistics.median(fig.floor)
     head = ["figure (s: median (min–max))"] + list(tools)
     if "pyinfra" in tools:
@@ -959,7 +959,7 @@ GROWTH = (32, 128, 4.5)  # the figure at 128 hosts at most 4.5x the one at 32
 RSS_MIB = 200
 
 
-def targets(figs: dict[int, Figures], tools) -> list[str]:
+def targets(figs: dict[int, Figures], tools) -> list[str]:  # noqa: C901  one check per target of issue 17, in its order
     """Issue 17's targets, checked on this run's medians."""
     out = []
 

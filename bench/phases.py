@@ -139,7 +139,7 @@ class Prober:
         self.known = paramiko.HostKeys(str(sb.known_hosts_path))
         self.probe_cmd, self.probe_parse = probe_cmd, probe_parse
 
-    def once(self, h, *, kex=None, cipher=None, host_key=None, nodelay=False, probe=True, cpu=None) -> dict:
+    def once(self, h, *, kex=None, cipher=None, host_key=None, nodelay=False, probe=True, cpu=None) -> dict:  # noqa: C901  one timed phase of a connection after another, each optional by its flag
         """One fresh connection through every phase: {phase: (wall, controller cpu, host cpu)}
         (CPU only when cpu= gives the host's counter: sequential runs), plus what was agreed."""
         marks: list[tuple[str, float, float, float]] = []
@@ -230,7 +230,7 @@ def med(runs: list[dict], phase: str, i: int) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901  flags, then one optional measurement after another
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "sandbox", nargs="?", help="sandbox name or an inventory of its hosts (default: the default sandbox)"

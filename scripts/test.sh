@@ -9,8 +9,8 @@ cd "$ROOT"
 # --timeout: a hung SSH call or host must fail its test, not eat CI's 90 minutes; a first
 # run builds the host image and the TensorFlow layer inside a test, hence 15 minutes.
 # pytest's own exit code is kept: 5 (no tests collected) fails the run like any error.
-# Lint and types first (seconds): ruff for style and bugs, mypy strict on the pure core,
-# the rules and the host protocol (pyproject.toml says which modules).
+# Lint and types first (seconds): ruff for style and bugs, mypy strict on every module but
+# the few pyproject.toml's overrides name.
 "${PYTHON:-python3}" -m ruff check src tests bench
 "${PYTHON:-python3}" -m ruff format --check src tests bench
 "${PYTHON:-python3}" -m mypy

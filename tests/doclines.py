@@ -204,7 +204,7 @@ def synopsis_words(argv: list[str]) -> list[str]:
     return [w for w in words[1:] if any(c in w for c in "[]|") or "..." in w or PLACEHOLDER.match(w)]
 
 
-def marking_problems(paths: list[Path], commands: set[str]) -> list[str]:
+def marking_problems(paths: list[Path], commands: set[str]) -> list[str]:  # noqa: C901  one branch per marking rule of the docs
     """Every way the pages break the marking rules (tests/test_docs.py's docstring), one
     line each: a command line in a block without a marker, a marker that marks nothing or
     is misspelt, a run block holding a synopsis or a line the test would not run."""

@@ -80,7 +80,7 @@ COMMENTS = "#;"
 SHELL_NEED_ESCAPE = '"\\`$'
 
 
-def parse_env_file(text: str) -> list[tuple[str, str]]:
+def parse_env_file(text: str) -> list[tuple[str, str]]:  # noqa: C901  a port of systemd's parse_env_file_internal, one state per branch as in its C
     """Port of systemd parse_env_file_internal(); returns (key, value) in file order."""
     out: list[tuple[str, str]] = []
     state = "PRE_KEY"
@@ -271,7 +271,7 @@ def _cunescape(s: str, i: int) -> tuple[str, int]:
     raise ExecSyntaxError(f"invalid escape \\{c}")
 
 
-def _words(line: str) -> list[str]:
+def _words(line: str) -> list[str]:  # noqa: C901  a port of systemd's extract_first_word, branch by branch as in its C
     """extract_first_word(EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE) repeatedly, with
     config_parse_exec()'s checks for `;` and `\\;` before each word."""
     words: list[str] = []

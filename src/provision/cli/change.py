@@ -46,7 +46,16 @@ def note_change(ctx: Context, operation: str, summary: str) -> None:
         click.echo(click.style(f"Warning: cannot add to the state's history: {e}", fg="yellow"), err=True)
 
 
-def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, question):
+def _change(
+    ctx: Context,
+    *,
+    operation: str,
+    auto_approve: bool,
+    as_json: bool,
+    make_plan: Callable[[Context], Plan],
+    execute: Callable[..., dict[str, HostOutcome]],
+    question: str,
+) -> int:
     """apply and destroy on an opened (and locked) Context: plan, show, confirm, execute,
     report; returns the exit code. The caller closes the Context."""
     if ctx.lock is not None and ctx.lock.notice:
@@ -60,7 +69,7 @@ def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, questi
             report_unreachable(p)
             e.exit_code = EXIT_UNREACHABLE
         raise e
-    outcomes = {}
+    outcomes: dict[str, HostOutcome] = {}
     if p.changed:
         if not auto_approve:
             confirm(operation, question)
@@ -87,7 +96,17 @@ def _change(ctx, *, operation, auto_approve, as_json, make_plan, execute, questi
 @click.option(
     "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
 )
-def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed_exitcode, replace, skip_checks):
+def plan(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    as_json: bool,
+    detailed_exitcode: bool,
+    replace: tuple[str, ...],
+    skip_checks: bool,
+) -> None:
     """Show what apply would change on the hosts, drift included. Changes nothing."""
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose)
@@ -113,7 +132,15 @@ def plan(inventory, state_path, targets, parallelism, verbose, as_json, detailed
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--skip-network", is_flag=True, help="Only the per-host checks: no listeners, no connections.")
-def check(inventory, state_path, targets, parallelism, verbose, as_json, skip_network):
+def check(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    as_json: bool,
+    skip_network: bool,
+) -> None:
     """Pre-flight: GPUs healthy and as declared, the job's ports free, clocks, disk, and every
     task able to reach the addresses it will dial. Changes nothing.
 
@@ -192,24 +219,24 @@ class _Applying:
     "--skip-checks", is_flag=True, help="Leave out the pre-flight checks (GPUs, ports, clock, disk: `provision check`)."
 )
 def apply(
-    inventory,
-    state_path,
-    targets,
-    parallelism,
-    verbose,
-    auto_approve,
-    as_json,
-    replace,
-    wait_after,
-    timeout,
-    queue,
-    take_over,
-    rerun,
-    partial,
-    stream_logs,
-    force_setup,
-    skip_checks,
-):
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    auto_approve: bool,
+    as_json: bool,
+    replace: tuple[str, ...],
+    wait_after: bool,
+    timeout: float | None,
+    queue: bool,
+    take_over: bool,
+    rerun: bool,
+    partial: bool,
+    stream_logs: bool,
+    force_setup: bool,
+    skip_checks: bool,
+) -> None:
     """Make the hosts match INVENTORY: plan, ask, then write files and start tasks.
 
     A second apply with nothing changed does nothing.
@@ -258,7 +285,17 @@ def apply(
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and outcome as JSON.")
 @click.option("--take-over", is_flag=True, help="Destroy a job that another state (operator) applied.")
 @click.option("--remove-images", is_flag=True, help="Also remove the container pools' images from the hosts.")
-def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, take_over, remove_images):
+def destroy(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    auto_approve: bool,
+    as_json: bool,
+    take_over: bool,
+    remove_images: bool,
+) -> None:
     """Stop the job's tasks (reverse start order) and remove everything provision put on the hosts."""
 
     do_destroy = functools.partial(engine_destroy, remove_images=remove_images)
@@ -289,7 +326,17 @@ def destroy(inventory, state_path, targets, parallelism, verbose, auto_approve, 
     "--hold", is_flag=True, help="Keep the job's GPUs and ports reserved for its rerun (default: free them for others)."
 )
 @click.option("--take-over", is_flag=True, help="Stop a job that another state (operator) applied.")
-def stop(inventory, state_path, targets, parallelism, verbose, auto_approve, as_json, hold, take_over):
+def stop(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    auto_approve: bool,
+    as_json: bool,
+    hold: bool,
+    take_over: bool,
+) -> None:
     """End the job's tasks (evaluator first, ps last; SIGTERM, then SIGKILL after the pool's
     grace_period) and keep its files, logs and state. `apply --rerun` starts it again."""
 
@@ -304,7 +351,7 @@ def stop(inventory, state_path, targets, parallelism, verbose, auto_approve, as_
     sys.exit(code)
 
 
-def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:
+def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:  # noqa: C901  stop's dialogue as the user reads it: what to stop, ask, end, report, the unreachable hosts
     if ctx.lock is not None and ctx.lock.notice:
         click.echo(f"Note: {ctx.lock.notice}", err=True)
     st, foreign = look(ctx)

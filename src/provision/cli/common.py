@@ -4,15 +4,23 @@ confirmation prompt, the exit code, the unreachable hosts' lines."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from provision.core.errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError, no_color
-from provision.run.context import open_context
+from provision.run.context import Context, open_context
 from provision.run.remote import complete_tasks as complete_tasks  # re-exported: TASK completion
 
+if TYPE_CHECKING:  # types only: `status` and `logs` need not load apply's code
+    from provision.rules.plan import Plan
+    from provision.run.apply import HostOutcome
 
-def host_options(fn):
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def host_options(fn: F) -> F:
     """Flags every command that talks to hosts shares (interface.md, Common flags)."""
     opts = [
         click.option(
@@ -39,8 +47,16 @@ def progress_line(line: str) -> None:
     click.echo(click.style("  ... ", dim=True) + line, err=True, color=False if no_color() else None)
 
 
-def open_ctx(inventory, state_path, targets, parallelism, verbose, *, render_secrets=True, operation=None):
-
+def open_ctx(
+    inventory: str,
+    state_path: str | None,
+    targets: Iterable[str],
+    parallelism: int | None,
+    verbose: bool,
+    *,
+    render_secrets: bool = True,
+    operation: str | None = None,
+) -> Context:
     return open_context(
         inventory,
         state_path=state_path,
@@ -52,8 +68,7 @@ def open_ctx(inventory, state_path, targets, parallelism, verbose, *, render_sec
     )
 
 
-def exit_code(plan, outcomes=None) -> int:
-
+def exit_code(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = None) -> int:
     unreachable = bool(plan.unreachable) or any(o.unreachable for o in (outcomes or {}).values())
     if unreachable:
         return EXIT_UNREACHABLE
@@ -71,12 +86,12 @@ def confirm(verb: str, question: str) -> None:
         sys.exit(1)
 
 
-def report_unreachable(plan, outcomes=None) -> None:
+def report_unreachable(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = None) -> None:
     """One line per unreachable host with its reason; past 10 hosts, a count per reason."""
-    why = {h.name: h.error.message for h in plan.unreachable}
+    why = {h.name: h.error.message for h in plan.unreachable if h.error is not None}
     for o in (outcomes or {}).values():
         if o.unreachable:
-            why.setdefault(o.name, o.error)
+            why.setdefault(o.name, o.error or "unreachable")  # an unreachable host always has its error
     if not why:
         return
     if len(why) <= 10:

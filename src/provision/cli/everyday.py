@@ -7,7 +7,9 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,7 +26,7 @@ from provision.spec.address import split as address_split
 from provision.spec.inventory import DNS_LABEL, HOST_NAME
 
 
-def _words(command) -> list[str]:
+def _words(command: Sequence[str]) -> list[str]:
     """The command's words (click keeps the `--` that separates them)."""
     words = list(command)
     return words[1:] if words[:1] == ["--"] else words
@@ -39,17 +41,17 @@ def _words(command) -> list[str]:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND...")
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
-def exec_cmd(inventory, task, command, state_path, verbose):
+def exec_cmd(inventory: str, task: str, command: tuple[str, ...], state_path: str | None, verbose: bool) -> None:
     """Run COMMAND on TASK's host with the task's environment; its output and exit code.
 
     The words after `--` are run as given (no shell), as root, with every variable of the
     task's environment file set (TF_CONFIG, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...).
     """
 
-    command = _words(command)
+    words = _words(command)
     ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False)
     try:
-        code = run_exec(ctx, task, command)
+        code = run_exec(ctx, task, words)
     finally:
         ctx.close()
     sys.exit(code)
@@ -61,13 +63,13 @@ def exec_cmd(inventory, task, command, state_path, verbose):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND...]")
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
 @click.option("--print", "print_only", is_flag=True, help="Print the ssh command line instead of running it.")
-def ssh_cmd(inventory, task, command, state_path, print_only):
+def ssh_cmd(inventory: str, task: str, command: tuple[str, ...], state_path: str | None, print_only: bool) -> None:
     """An interactive shell on TASK's host, in the task's environment (OpenSSH's ssh).
 
     With `-- COMMAND...`, that command instead of a shell, in the task's environment, its
     words passed as given (as `provision exec` does; no remote shell re-reads them).
     """
-    command = _words(command)
+    words = _words(command)
     ctx = open_context(inventory, state_path=state_path, render_secrets=False)
     ctx.close()  # nothing to ask the hosts: the placement and the known hosts are enough
     tasks = {t.name: t for t in ctx.rendered.placement.tasks}
@@ -76,11 +78,11 @@ def ssh_cmd(inventory, task, command, state_path, print_only):
     target = Target.from_host(tasks[task].host)
     env_file = layout.env_path(ctx.inventory.job, task)
     sudo = (target.user or "root") != "root"
-    if command:  # one string the remote shell reads back into exactly these words
-        remote = [("sudo -n " if sudo else "") + exec_script(env_file, command)]
+    if words:  # one string the remote shell reads back into exactly these words
+        remote = [("sudo -n " if sudo else "") + exec_script(env_file, words)]
     else:
         remote = [shell_command(env_file, sudo=sudo)]
-    argv = ssh_argv(target, ctx.state.known_hosts_path, remote=remote, tty=not command)
+    argv = ssh_argv(target, ctx.state.known_hosts_path, remote=remote, tty=not words)
     if print_only:
         click.echo(" ".join(shlex.quote(a) for a in argv))
         return
@@ -159,7 +161,7 @@ def init_text(
     user: str | None,
     port: int | None,
     identity_file: str | None,
-    facts: dict[str, dict] | None = None,
+    facts: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """The commented inventory `provision init` writes (facts: host name -> its facts)."""
     ssh = []
@@ -211,7 +213,16 @@ def init_text(
 @click.option("-i", "--identity-file", "identity_file", help="SSH private key.")
 @click.option("--facts", "read_facts", is_flag=True, help="Connect to the hosts and fill in their accelerators.")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
-def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
+def init_cmd(
+    hosts: tuple[str, ...],
+    out: str,
+    job: str,
+    user: str | None,
+    port: int | None,
+    identity_file: str | None,
+    read_facts: bool,
+    force: bool,
+) -> None:
     """Write a commented inventory for HOSTS (NAME=ADDRESS, or ADDRESS named host-1, ...)."""
 
     path = Path(out)
@@ -229,7 +240,9 @@ def init_cmd(hosts, out, job, user, port, identity_file, read_facts, force):
     click.echo(f"  provision validate {out}")
 
 
-def _facts(hosts, user, port, identity_file, path: Path) -> dict[str, dict]:
+def _facts(
+    hosts: Sequence[str], user: str | None, port: int | None, identity_file: str | None, path: Path
+) -> dict[str, dict[str, Any]]:
     """Each host's facts, asked in parallel over SSH (host keys learnt beside the inventory)."""
 
     targets = []
@@ -237,7 +250,7 @@ def _facts(hosts, user, port, identity_file, path: Path) -> dict[str, dict]:
         name, address, host_port = _host_entry(spec, i)
         targets.append(Target(name, address, host_port or port, user, identity_file, None, 10.0, "accept-new"))
     known = KnownHosts(path.resolve().parent / ".provision" / "known_hosts")
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     with Session(known) as session:
         res = session.map(lambda t: call_agent(session, t, ProbeRequest("init", files=False, facts=ALL_FACTS)), targets)
     for name, r in res.items():

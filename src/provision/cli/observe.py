@@ -27,7 +27,14 @@ from provision.run.logs import run_logs, run_setup_logs
 @click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs and hosts as JSON.")
-def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
+def jobs(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    as_json: bool,
+) -> None:
     """Every provision job on INVENTORY's hosts: owner, state, since; GPUs and ports held, and free.
 
     Reads only: works from anyone's machine, whoever applied the jobs.
@@ -69,7 +76,14 @@ def jobs(inventory, state_path, targets, parallelism, verbose, as_json):
 @click.argument("inventory", type=click.Path())
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
-def facts(inventory, state_path, targets, parallelism, verbose, as_json):
+def facts(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    as_json: bool,
+) -> None:
     """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
@@ -129,7 +143,15 @@ def facts(inventory, state_path, targets, parallelism, verbose, as_json):
 @click.option(
     "--watch", is_flag=True, help="Refresh every 2 seconds until the job ends or Ctrl-C (in place on a terminal)."
 )
-def status(inventory, state_path, targets, parallelism, verbose, as_json, watch):
+def status(
+    inventory: str,
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    as_json: bool,
+    watch: bool,
+) -> None:
     """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
 
     disp = Display(sys.stdout)
@@ -187,21 +209,21 @@ def status(inventory, state_path, targets, parallelism, verbose, as_json, watch)
 )
 @click.option("--previous", is_flag=True, help="Only the run before the latest (after a rerun: the one that ended).")
 def logs(
-    inventory,
-    tasks,
-    state_path,
-    targets,
-    parallelism,
-    verbose,
-    follow,
-    since,
-    tail,
-    out_dir,
-    timestamps,
-    setup_logs,
-    run_number,
-    previous,
-):
+    inventory: str,
+    tasks: tuple[str, ...],
+    state_path: str | None,
+    targets: tuple[str, ...],
+    parallelism: int | None,
+    verbose: bool,
+    follow: bool,
+    since: str | None,
+    tail: int | None,
+    out_dir: str | None,
+    timestamps: bool,
+    setup_logs: bool,
+    run_number: int | None,
+    previous: bool,
+) -> None:
     """The job's task output (journald) from all hosts, merged in time order.
 
     Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
@@ -235,7 +257,7 @@ def logs(
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit 124).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
 @click.option("--logs", "stream_logs", is_flag=True, help="Stream the tasks' output while waiting.")
-def wait(inventory, state_path, timeout, verbose, stream_logs):
+def wait(inventory: str, state_path: str | None, timeout: float | None, verbose: bool, stream_logs: bool) -> None:
     """Block until the job succeeds (exit 0) or fails or is stopped (exit 1), showing each task's progress."""
 
     ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False)

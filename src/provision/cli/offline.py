@@ -8,17 +8,18 @@ from pathlib import Path
 import click
 
 from provision.core.errors import ProvisionError, ValidationError
+from provision.core.model import Inventory
 from provision.core.text import plural
 from provision.io.state import State, default_state_path, open_store
 from provision.spec.inventory import load
 from provision.spec.localcheck import identity_problems, job_file_hint, secret_problems
-from provision.spec.placement import place
+from provision.spec.placement import Placement, Slot, place
 from provision.spec.render import render as do_render
 from provision.spec.render import write_tree
 from provision.spec.statebackend import backend_of
 
 
-def _summary(inv, placement) -> str:
+def _summary(inv: Inventory, placement: Placement) -> str:
     counts = ", ".join(f"{p.role} {p.replicas}" for p in inv.pools if p.replicas)
     accs = sum(len(t.accelerators) for t in placement.tasks)
     hosts = len({t.host.name for t in placement.tasks})
@@ -28,7 +29,7 @@ def _summary(inv, placement) -> str:
     )
 
 
-def _placement_table(placement) -> list[str]:
+def _placement_table(placement: Placement) -> list[str]:
     rows = [("TASK", "HOST", "ADDRESS", "ACCELERATORS")]
     for t in placement.tasks:
         rows.append((t.name, t.host.name, t.address, ",".join(map(str, t.accelerators)) or "-"))
@@ -36,7 +37,7 @@ def _placement_table(placement) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def _previous(inventory: str, inv, state_path: str | None):
+def _previous(inventory: str, inv: Inventory, state_path: str | None) -> dict[str, Slot] | None:
     """The placement apply would keep: tasks that exist stay where they are (a local state
     only: these commands reach nothing, a database included)."""
 
@@ -114,7 +115,7 @@ def render(inventory: str, out: str, state_path: str | None) -> None:
 @click.argument("inventory", type=click.Path())
 @click.argument("lock_id")
 @click.option("--state", "state_path", type=click.Path(), help="State file.")
-def force_unlock(inventory, lock_id, state_path):
+def force_unlock(inventory: str, lock_id: str, state_path: str | None) -> None:
     """Remove a lock left by an apply that died on another machine (LOCK_ID from the error).
 
     With a PostgreSQL state, end the database session that holds it."""

@@ -225,7 +225,7 @@ def _last_line_of_each(ctx: Context, st: JobStatus) -> dict[str, str]:
     return {k: v[-1] for k, v in lines.items() if v}
 
 
-def wait_job(
+def wait_job(  # noqa: C901  the wait loop with each of its exits (ended, timed out, Ctrl-C) in one place
     ctx: Context,
     *,
     timeout: float | None = None,

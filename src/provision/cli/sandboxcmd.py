@@ -6,11 +6,14 @@ import datetime
 import signal
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import click
 
 from provision import sandbox as sandboxes
 from provision.core.errors import ProvisionError
+from provision.sandbox.hosts import Sandbox
 from provision.sandbox.inventory import HEADER
 
 
@@ -78,7 +81,18 @@ def sandbox() -> None:
     type=click.IntRange(10, 3600),
     help="Seconds to wait for the hosts to boot.",
 )
-def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, force, timeout) -> None:
+def up_cmd(
+    hosts: int,
+    gpus_per_host: int,
+    with_: tuple[str, ...],
+    name: str,
+    output: Path | None,
+    job: str,
+    from_file: Path | None,
+    ssh_port: int | None,
+    force: bool,
+    timeout: int,
+) -> None:
     """Start HOSTS local hosts and write an inventory for them."""
 
     sandboxes.validate_name(name)
@@ -120,8 +134,12 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, 
     else:
         sandboxes.write_inventory(sb, path, job=job, pools=sandboxes.example_pools(sb))
     _refresh_known_hosts(path, sb)
-    inv = path.resolve()
-    click.echo(f"Sandbox {name!r} is up ({time.monotonic() - t0:.1f} s):")
+    _say_up(sb, path.resolve(), time.monotonic() - t0)
+
+
+def _say_up(sb: Sandbox, inv: Path, took: float) -> None:
+    """The sandbox's hosts, its inventory, and what to run next."""
+    click.echo(f"Sandbox {sb.name!r} is up ({took:.1f} s):")
     for h in sb.hosts:
         extra = f", {h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus else ""
         click.echo(f"  {h.name:<8} 127.0.0.1:{h.ssh_port:<6} cluster address {h.cluster_address}{extra}")
@@ -130,10 +148,10 @@ def up_cmd(hosts, gpus_per_host, with_, name, output, job, from_file, ssh_port, 
     click.echo(f"  provision validate {inv}")
     click.echo(f"  provision apply {inv}")
     click.echo(f"  {' '.join(sb.ssh_command(sb.hosts[0]))}")
-    click.echo(f"  provision sandbox down --name {name}")
+    click.echo(f"  provision sandbox down --name {sb.name}")
 
 
-def _refresh_known_hosts(inventory: Path, sb) -> None:
+def _refresh_known_hosts(inventory: Path, sb: Sandbox) -> None:
     """Replace stale keys for this sandbox's addresses in the known_hosts that `apply` keeps
     beside its state (default place, `.provision/known_hosts`).
 
@@ -152,7 +170,7 @@ def _refresh_known_hosts(inventory: Path, sb) -> None:
     path.write_text("\n".join(kept + ours) + "\n")
 
 
-def job_from_file(path: Path, job: str | None = None) -> dict:
+def job_from_file(path: Path, job: str | None = None) -> dict[str, Any]:
     """`write_inventory` arguments for the job in PATH (an inventory without hosts/ssh):
     its keys as they are, `files:` sources made absolute (they are relative to PATH)."""
     import yaml
@@ -173,14 +191,14 @@ def job_from_file(path: Path, job: str | None = None) -> dict:
     return data
 
 
-def _raise_interrupt(signum, frame):  # noqa: ARG001
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
     raise KeyboardInterrupt
 
 
 @sandbox.command("down")
 @click.option("--name", default="sandbox", show_default=True, help="Sandbox to remove.")
 @click.option("--all", "all_", is_flag=True, help="Remove every sandbox.")
-def down_cmd(name, all_) -> None:
+def down_cmd(name: str, all_: bool) -> None:
     """Remove a sandbox's containers, network and SSH key."""
     names = [s.name for s in sandboxes.list_sandboxes()] if all_ else [name]
     if all_ and not names:
@@ -214,7 +232,7 @@ def down_cmd(name, all_) -> None:
     type=click.IntRange(5, 3600),
     help="Seconds to wait for the host to answer again.",
 )
-def reboot_cmd(name, host, timeout) -> None:
+def reboot_cmd(name: str, host: str, timeout: int) -> None:
     """Restart HOST (host-2, 2, or its container name) of sandbox NAME: a real systemd
     shutdown and boot, same SSH port and host key. Returns once it answers over SSH and
     systemd is running."""
@@ -244,7 +262,7 @@ def list_cmd() -> None:
 
 @sandbox.command("image")
 @click.option("--rebuild", is_flag=True, help="Build again even if the image exists.")
-def image_cmd(rebuild) -> None:
+def image_cmd(rebuild: bool) -> None:
     """Build the host image now (otherwise the first `up` does)."""
     tag = sandboxes.ensure_image(progress=_progress, rebuild=rebuild)
     click.echo(f"Host image: {tag}")

@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import json as _json
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
 from provision.core.errors import ProvisionError
+from provision.core.model import Inventory
 from provision.io.state import State, default_state_path, open_store
 from provision.io.stateops import change_line, history_json, migrate, show_json, show_lines
+from provision.io.statestore import Store
 from provision.rules.tenancy import identity
 from provision.spec.inventory import load
 from provision.spec.statebackend import ENV, LOCAL, Backend, backend_of, chosen, problem
 
+F = TypeVar("F", bound=Callable[..., object])
 
-def _state_option(fn):
+
+def _state_option(fn: F) -> F:
     return click.option(
         "--state",
         "state_path",
@@ -28,11 +34,11 @@ def _state_option(fn):
 
 
 @click.group("state")
-def state_group():
+def state_group() -> None:
     """The job's state in its backend: show it, its history, move it to another backend."""
 
 
-def _open(inventory, state_path):
+def _open(inventory: str, state_path: str | None) -> tuple[Inventory, Store]:
     inv = load(inventory)
     backend = backend_of(inv, inventory, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
@@ -43,7 +49,7 @@ def _open(inventory, state_path):
 @click.argument("inventory", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
 @_state_option
-def show(inventory, as_json, state_path):
+def show(inventory: str, as_json: bool, state_path: str | None) -> None:
     """Where the job's state is, its lineage and serial, its hosts, its lock and last change."""
     inv, store = _open(inventory, state_path)
     try:
@@ -62,7 +68,7 @@ def show(inventory, as_json, state_path):
 @click.option("-n", "number", type=click.IntRange(1, 100000), default=10, show_default=True, help="How many changes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
 @_state_option
-def history(inventory, number, as_json, state_path):
+def history(inventory: str, number: int, as_json: bool, state_path: str | None) -> None:
     """The last changes made to the job through its state: who, when, which command, its summary line."""
     inv, store = _open(inventory, state_path)
     try:
@@ -82,7 +88,7 @@ def history(inventory, number, as_json, state_path):
 @click.argument("inventory", type=click.Path())
 @click.option("--to", "to", required=True, metavar="URL|local", help="Where to move the state.")
 @_state_option
-def migrate_cmd(inventory, to, state_path):
+def migrate_cmd(inventory: str, to: str, state_path: str | None) -> None:
     """Move the job's state to another backend, keeping its lineage and serial."""
     inv = load(inventory)
     why = problem(to)

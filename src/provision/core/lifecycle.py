@@ -434,7 +434,7 @@ def job_phase(
     return JobPhase.STOPPED, str(stopped.get("reason") or "stopped")
 
 
-def _phase(success_policy: str, rows: list[TaskRow]) -> tuple[JobPhase, str, float]:
+def _phase(success_policy: str, rows: list[TaskRow]) -> tuple[JobPhase, str, float]:  # noqa: C901  the phase rules in the order they apply, one return per phase
     """job_phase without a stop, and when (host clock) the outcome was decided: inf when
     it was not, or not by a recorded exit."""
     failed = sorted((r for r in rows if r.state is TaskState.FAILED), key=_when)

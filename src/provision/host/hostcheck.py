@@ -322,7 +322,7 @@ def device_users(devices: list[str]) -> dict[str, list[int]]:
     return out
 
 
-def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
+def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:  # noqa: C901  one branch per check the probe may be asked for (gpus, tpu, ports, ...)
     """The checks part of the agent's probe report. With "gpus", runs GPU_QUERY and fills
     `facts` with what hostfacts.gpu_facts would (the shell probe reads both from one run)."""
     out: dict[str, Any] = {}
@@ -475,7 +475,7 @@ TIMED_OUT = "timed out: a firewall?"
 IN_FLIGHT = 8
 
 
-def op_netcheck(req: Any) -> Any:
+def op_netcheck(req: Any) -> Any:  # noqa: C901  one select loop serving listeners and dialers, on the host, stdlib only
     """Listen on req.listen, reach every address of req.dial, until every dial is settled and
     every expected connection came in and closed, or req.window seconds passed.
 

@@ -149,7 +149,7 @@ def read_json(path: str) -> Any:
         return {"_unreadable": str(e)}
 
 
-def run(argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+def run(argv: list[str], timeout: float = 60) -> tuple[int, str, str]:  # noqa: C901  posix_spawn's pipes, timeout and clean-up in one place (subprocess costs a probe more)
     """(exit code, stdout, stderr) of argv: subprocess.run with pipes and a timeout, done
     with posix_spawn (Python 3.8+), because importing subprocess costs more CPU than a
     probe's own work."""

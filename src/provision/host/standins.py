@@ -31,8 +31,8 @@ def _constant(value: Any) -> Callable[[], Any]:
     return lambda: value
 
 
-def dataclass(cls: Any = None, *, frozen: bool = False) -> Any:
-    def wrap(cls: Any) -> Any:
+def dataclass(cls: Any = None, *, frozen: bool = False) -> Any:  # noqa: C901  a stand-in for the stdlib's dataclass, as cheap to import: its options in one place
+    def wrap(cls: Any) -> Any:  # noqa: C901  (the class builder of dataclass above: one branch per option)
         names = list(cls.__dict__.get("__annotations__", {}))
         defaults: dict[str, Callable[[], Any]] = {}
         for n in names:

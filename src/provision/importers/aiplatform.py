@@ -136,7 +136,7 @@ def from_data(data: JSON, display: str, *, job: str | None, trial: str | None, d
     )
 
 
-def from_input(
+def from_input(  # noqa: C901  one branch per field of AI Platform's TrainingInput
     ti: dict[str, JSON], at: Where, notes: list[Note], *, job: str, named: str | None, explicit: bool, trial: str | None
 ) -> JobPlan:
     check_json(ti, at)
@@ -321,7 +321,7 @@ def _image(ti: dict[str, JSON], at: Where, config_key: str) -> str | None:
     return string(cfg["imageUri"], at / config_key / "imageUri") if cfg.get("imageUri") else None
 
 
-def _pool(
+def _pool(  # noqa: C901  one branch per field of a ReplicaConfig
     ti: dict[str, JSON],
     at: Where,
     role: str,

@@ -78,7 +78,7 @@ class _Splitter:
         if not self.in_word:
             self.in_word, self.word_line = True, self.line
 
-    def run(self) -> list[Command]:
+    def run(self) -> list[Command]:  # noqa: C901  a shell tokenizer: one branch per kind of character
         s = self.s
         while self.i < len(s):
             c = s[self.i]
@@ -529,7 +529,7 @@ def _machine(keys: dict[str, str], at: Where) -> dict[str, JSON]:
     return machine
 
 
-def _pool(
+def _pool(  # noqa: C901  one branch per key of a --worker-pool-spec flag
     k: int, value: str, w: Word, display: str, base_dir: Path, package_uris: list[str], local: dict[int, LocalPackage]
 ) -> dict[str, JSON]:
     """One --worker-pool-spec flag → a WorkerPoolSpec; `local` gets its local package, if any."""

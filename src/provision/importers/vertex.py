@@ -177,7 +177,7 @@ def _what(value: JSON) -> str:
     return repr(value)
 
 
-def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None, default_name: str) -> JobPlan:
+def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None, default_name: str) -> JobPlan:  # noqa: C901  one branch per field of Vertex's CustomJobSpec
     """A CustomJobSpec (at `at`) → JobPlan."""
     check_json(spec, at)
     unknown = check_keys(spec, at, SPEC_KEYS)
@@ -287,7 +287,7 @@ def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None,
     )
 
 
-def _pool(
+def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
     i: int, raw: JSON, at: Where, job: str, local: LocalPackage | None
 ) -> tuple[PoolPlan, list[Note], list[Note], tuple[str, ...], list[tuple[str, str]]]:
     """One workerPoolSpecs entry → the pool, its notes, setup commands and pushed files."""

@@ -99,6 +99,21 @@ class Entry:
     cursor: str
 
 
+def _task_of(
+    entry: dict[str, Any], tasks_by_ident: dict[str, str], tasks_by_unit: dict[str, str] | None
+) -> tuple[str | None, bool]:
+    """(the task an entry is about or None, whether it is systemd's message about its unit)."""
+    ident = entry.get("SYSLOG_IDENTIFIER")
+    if isinstance(ident, list):  # repeated or binary: take the first printable one
+        ident = _text(ident[0]) if ident and not isinstance(ident[0], int) else _text(ident)
+    task = tasks_by_ident.get(ident) if isinstance(ident, str) else None
+    if task is None and tasks_by_unit:
+        unit = entry.get("UNIT")
+        task = tasks_by_unit.get(unit) if isinstance(unit, str) else None
+        return task, task is not None
+    return task, False
+
+
 def parse_line(
     line: bytes | str, host: str, tasks_by_ident: dict[str, str], tasks_by_unit: dict[str, str] | None = None
 ) -> list[Entry] | dict[str, Any] | None:
@@ -122,15 +137,7 @@ def parse_line(
         return None
     if any(k.startswith("__provision_") for k in entry):
         return entry
-    ident = entry.get("SYSLOG_IDENTIFIER")
-    if isinstance(ident, list):  # repeated or binary: take the first printable one
-        ident = _text(ident[0]) if ident and not isinstance(ident[0], int) else _text(ident)
-    task = tasks_by_ident.get(ident) if isinstance(ident, str) else None
-    system = False
-    if task is None and tasks_by_unit:
-        unit = entry.get("UNIT")
-        task = tasks_by_unit.get(unit) if isinstance(unit, str) else None
-        system = task is not None
+    task, system = _task_of(entry, tasks_by_ident, tasks_by_unit)
     if task is None:
         return None
     try:
@@ -325,6 +332,20 @@ class HostLog:
     runs: Any = None  # the host's runs.json (core/runs.py parses it)
 
 
+def _control(out: HostLog, record: dict[str, Any], err_lines: list[str]) -> None:
+    """A control record of the fetch's (the host's clock, its runs, a journalctl that failed) into out."""
+    if "__provision_now" in record:
+        try:
+            out.now_us = int(record["__provision_now"]) // 1000
+        except (TypeError, ValueError):
+            pass
+    elif "__provision_runs" in record:
+        out.runs = record["__provision_runs"]
+    elif record.get("__provision_rc") not in (0, None):
+        why = "; ".join(dict.fromkeys(err_lines)) or f"journalctl exited {record['__provision_rc']}"
+        out.errors.append(f"{record.get('__provision_task')}: {why}")
+
+
 def parse_fetch(
     host: str,
     stdout: bytes,
@@ -342,16 +363,7 @@ def parse_fetch(
         if got is None:
             continue
         if isinstance(got, dict):
-            if "__provision_now" in got:
-                try:
-                    out.now_us = int(got["__provision_now"]) // 1000
-                except (TypeError, ValueError):
-                    pass
-            elif "__provision_runs" in got:
-                out.runs = got["__provision_runs"]
-            elif got.get("__provision_rc") not in (0, None):
-                why = "; ".join(dict.fromkeys(err_lines)) or f"journalctl exited {got['__provision_rc']}"
-                out.errors.append(f"{got.get('__provision_task')}: {why}")
+            _control(out, got, err_lines)
             continue
         for e in got:
             per_task.setdefault(e.task, []).append(e)

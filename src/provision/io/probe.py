@@ -138,7 +138,7 @@ def _section(line: Callable[[], bytes], end: bytes) -> list[str]:
     return out
 
 
-def _checks(
+def _checks(  # noqa: C901  one branch per section of probe.sh's answer, in its order
     line: Callable[[], bytes], text: bytes, req: ProbeRequest, gpu_text: str | None, facts: dict[str, Any]
 ) -> tuple[bytes, float | None, int | None, dict[str, Any] | None, dict[str, Any] | None]:
     """The clocks', checks' and interface's sections (probe.sh), read as the agent reads the
@@ -240,7 +240,7 @@ def _checks(
     return text, now, mono, (out if req.checks is not None else None), interface
 
 
-def parse(out: bytes, req: ProbeRequest) -> ProbeReport:
+def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one branch per section of probe.sh's answer, in its order
     """The agent's probe report from the script's output (for `command(req)`); _Mismatch if
     it does not add up."""
     listed, units, paths = _asked(req)

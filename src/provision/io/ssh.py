@@ -74,7 +74,7 @@ class Session:
         # Open connections, least recently used first. At most `parallelism` stay open: a new
         # one past that closes the least recently used idle one (reopened later if needed), so
         # sockets and paramiko transport threads are bounded by parallelism, not by host count.
-        self._conns: OrderedDict[str, Any] = OrderedDict()
+        self._conns: OrderedDict[str, Connection] = OrderedDict()
         self._holders: dict[int, str] = {}  # thread ident -> the host whose connection it uses
         self._dialling = 0  # connections being opened now (counted against parallelism too)
         self._users: dict[str, str | None] = {}
@@ -112,11 +112,11 @@ class Session:
             self._users[target.name] = conn.user
         return conn
 
-    def _make_room(self, name: str) -> list[Any]:
+    def _make_room(self, name: str) -> list[Connection]:
         """Take out of the pool, least recently used first, idle connections (no thread uses
         them) until one more fits within parallelism, and count that one as being opened; the
         caller closes what comes back."""
-        out: list[Any] = []
+        out: list[Connection] = []
         with self._lock:
             self._dialling += 1
             if len(self._conns) + self._dialling <= self.parallelism:
@@ -166,7 +166,7 @@ class Session:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay *= 2
 
-    def _failed(self, target: Target, conn: Connection, e: Exception, deadline: float) -> str:
+    def _failed(self, target: Target, conn: Connection, e: Exception, deadline: float) -> str:  # noqa: C901  one branch per way an SSH handshake fails, each its own message
         """Why a handshake failed: raises the HostError that ends the dial, or returns the
         reason to show if the retries run out (refused: sshd may be starting)."""
         late = time.monotonic() >= deadline - 0.05

@@ -92,7 +92,7 @@ class NetworkPlan:
     taken: set[tuple[str, int]] = field(default_factory=set)  # (host, port) something else holds
 
 
-def network_plan(inv: Inventory, plan: Plan, placement: Placement) -> NetworkPlan:
+def network_plan(inv: Inventory, plan: Plan, placement: Placement) -> NetworkPlan:  # noqa: C901  listeners, dialers and expected connections worked out in one pass over the hosts
     """Per host: the ports to listen on, the addresses to dial, and how many connections to
     wait for. Hosts that did not answer the probe take no part; a port something else holds
     is neither listened on nor dialed (the ports check says who holds it)."""

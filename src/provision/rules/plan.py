@@ -368,7 +368,7 @@ def _judged_as_shared(
     return False
 
 
-def _files_plan(
+def _files_plan(  # noqa: C901  one branch per state a file can be found in on the host
     hp: HostPlan,
     bundle: HostBundle,
     report: ProbeReport,

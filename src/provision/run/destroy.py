@@ -41,7 +41,7 @@ def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:
     return report
 
 
-def destroy(
+def destroy(  # noqa: C901  destroy's steps in order (stop by phase, remove, images, forget)
     ctx: Context, plan: Plan, progress: Progress = lambda s: None, *, remove_images: bool = False
 ) -> dict[str, HostOutcome]:
     """Stop tasks in reverse start order across hosts, then remove every file (and, with

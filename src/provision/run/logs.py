@@ -234,7 +234,7 @@ def _control_record(got: dict[str, Any], hl: HostLog, printer: Printer, said: li
         hl.errors.append(f"{','.join(tasks)}: {why}")
 
 
-def _stream(
+def _stream(  # noqa: C901  its reader threads and the merge that prints in time order belong together
     ctx: Context, sel: Selection, since: str | None, printer: Printer, stop: threading.Event, until: str | None = None
 ) -> dict[str, HostLog | HostError]:
     """Every host's entries read as they arrive (one time-ordered journalctl per host) and

@@ -64,7 +64,7 @@ def exec_script(env_file: str, argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None, stderr: Any = None) -> int:
+def run_exec(ctx: Context, task: str, argv: Sequence[str], *, stdout: Any = None, stderr: Any = None) -> int:  # noqa: C901  the channel's pump and the exit code's meanings in one place
     """Run argv on the task's host in its environment; stream its output; its exit code."""
 
     if not argv:

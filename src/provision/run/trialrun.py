@@ -346,14 +346,22 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
             return _ending(w, st, reports)
         if reports:
             w.post(Reported(h.number, reports))
-        if w.stop.is_set():
-            return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
-        if h.stop_early is not None:
-            end_job(ctx, st)
-            last = reports[-1] if reports else None
-            return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
-        if w.stop.wait(w.poll):
-            return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+        ended = _told_to_end(w, ctx, h, st, reports)
+        if ended is not None:
+            return ended
+
+
+def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended | None:
+    """Between two polls: Ctrl-C (the trial runs on), or the loop's word to stop it early."""
+    if w.stop.is_set():
+        return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+    if h.stop_early is not None:
+        end_job(ctx, st)
+        last = reports[-1] if reports else None
+        return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
+    if w.stop.wait(w.poll):
+        return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+    return None
 
 
 def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:

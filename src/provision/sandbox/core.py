@@ -21,13 +21,15 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
 import docker.types
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from docker.models.containers import Container
+from docker.models.networks import Network
 
 from provision.core.errors import ProvisionError
 from provision.sandbox.boot import wait_ready
@@ -57,6 +59,8 @@ _CGROUP_MOUNT = {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}}
 _TMPFS = {"/run": "", "/run/lock": "", "/tmp": ""}
 _INOTIFY = {"max_user_instances": 8192, "max_user_watches": 1048576}
 _INOTIFY_NEEDED_PAST = 12  # hosts; each systemd uses a handful of inotify instances
+
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- data
@@ -95,8 +99,8 @@ def _host_files(pubkey: bytes, gpus: int) -> bytes:
     return buf.getvalue()
 
 
-def _labelled(client: docker.DockerClient, name: str | None = None):
-    flt = {"label": f"{LABEL}={name}" if name else LABEL}
+def _labelled(client: docker.DockerClient, name: str | None = None) -> tuple[list[Container], list[Network]]:
+    flt: dict[str, str | list[str] | bool] = {"label": f"{LABEL}={name}" if name else LABEL}
     return (client.containers.list(all=True, filters=flt), client.networks.list(filters=flt))
 
 
@@ -289,7 +293,7 @@ def _up(
     return sb
 
 
-def _gather(futures: list[Future]) -> list:
+def _gather(futures: list[Future[T]]) -> list[T]:
     """Results in submission order; the first failure is raised at once."""
     for f in as_completed(futures):
         f.result()
@@ -336,7 +340,7 @@ def _start_host(
     sb: Sandbox,
     h: SandboxHost,
     image: str,
-    volumes: dict,
+    volumes: dict[str, dict[str, str]],
     pubkey: bytes,
     port: int | None,
     cancel: threading.Event,
@@ -367,7 +371,10 @@ def _start_host(
             c.put_archive("/", _host_files(pubkey, h.gpus))
             c.start()
             c.reload()
-            h.ssh_port = int(c.ports["22/tcp"][0]["HostPort"])
+            bound = c.ports["22/tcp"]
+            if not bound:  # published above: Docker lists it once the container runs
+                raise ProvisionError(f"{h.container}: Docker did not publish its SSH port")
+            h.ssh_port = int(bound[0]["HostPort"])
             return
         except docker.errors.APIError as e:
             if port is None and _port_taken(e) and attempt < _PORT_TRIES:
@@ -452,7 +459,7 @@ def reboot(
 # --------------------------------------------------------------------------- down / load / list
 
 
-def down(
+def down(  # noqa: C901  containers, then networks, then the key dir, each with the Docker errors it may give
     name: str | None = None, *, client: docker.DockerClient | None = None, progress: Progress = no_progress
 ) -> DownResult:
     """Remove a sandbox's containers, network and key dir; found by label and metadata."""
@@ -461,7 +468,7 @@ def down(
     client = client or engine.client()
     containers, _ = _labelled(client, name)
 
-    def remove(c) -> None:
+    def remove(c: Container) -> None:
         try:
             c.remove(force=True, v=True)
         except docker.errors.NotFound:
@@ -484,7 +491,7 @@ def down(
             pass
         except docker.errors.APIError as e:
             if _stale(e):
-                result.stale_networks.append(n.name)
+                result.stale_networks.append(n.name or n.short_id)  # listed networks have names
             else:
                 result.errors.append(f"network {n.name}: {e}")
     sdir = sandbox_dir(name)
@@ -501,7 +508,7 @@ def _stale(e: docker.errors.APIError) -> bool:
     return "active endpoints" in str(e)
 
 
-def _leftover_removed(n) -> bool:
+def _leftover_removed(n: Network) -> bool:
     """A network of a sandbox with no containers left: removed now, or stale (see below)."""
     try:
         _remove_network(n, wait=0)
@@ -512,7 +519,7 @@ def _leftover_removed(n) -> bool:
     return True
 
 
-def _remove_network(n, wait: float = 5.0) -> None:
+def _remove_network(n: Network, wait: float = 5.0) -> None:
     """Remove a network whose containers were just removed. The engine can still list their
     endpoints for a moment ("has active endpoints", seen with 32 containers at once): those
     are disconnected and the removal tried again, for up to `wait` seconds."""

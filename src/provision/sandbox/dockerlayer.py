@@ -129,7 +129,7 @@ def _remove_old(client: docker.DockerClient, keep: str) -> None:
     """Layers of older host images: dropped when no container uses them."""
     try:
         for img in client.images.list(name=IMAGE_REPO):
-            if keep not in img.tags:
+            if keep not in img.tags and img.id is not None:  # (a listed image has its id)
                 try:
                     client.images.remove(img.id)
                 except docker.errors.APIError:

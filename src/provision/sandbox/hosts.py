@@ -7,17 +7,21 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import docker
 import docker.errors
 import docker.types
 import paramiko
+from docker.models.containers import Container
 
 from provision.core.errors import ProvisionError
 
 from . import engine
 from ._util import write_private
+
+if TYPE_CHECKING:
+    import fabric  # the real import is connection()'s: only tests use it
 
 DEFAULT_NAME = "sandbox"
 
@@ -98,7 +102,7 @@ class Sandbox:
             f"{self.user}@{h.ssh_host}",
         ]
 
-    def connection(self, host: SandboxHost | str | int, **kwargs: Any):
+    def connection(self, host: SandboxHost | str | int, **kwargs: Any) -> fabric.Connection:
         """A fabric.Connection to the host, with the sandbox key and known host keys.
 
         Unknown or changed host keys are refused (the sandbox recorded each host's key
@@ -127,7 +131,7 @@ class Sandbox:
             conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         return conn
 
-    def container(self, host: SandboxHost | str | int, client: docker.DockerClient | None = None):
+    def container(self, host: SandboxHost | str | int, client: docker.DockerClient | None = None) -> Container:
         """The docker SDK Container object of a host (for fault injection in tests)."""
         return (client or engine.client()).containers.get(self._h(host).container)
 
@@ -136,7 +140,8 @@ class Sandbox:
     ) -> tuple[int, str]:
         """Run a command in the host through Docker, bypassing SSH: (exit code, output)."""
         res = self.container(host, client).exec_run(cmd)
-        return res.exit_code, res.output.decode(errors="replace")
+        # Neither streamed nor detached: the exit code is there and the output is bytes.
+        return cast(int, res.exit_code), cast(bytes, res.output).decode(errors="replace")
 
     # -- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

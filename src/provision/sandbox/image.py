@@ -352,7 +352,7 @@ def _remove_old_images(client: docker.DockerClient, keep: str) -> None:
     """Older recipes' images are 350 MB each: drop those no container uses."""
     try:
         for img in client.images.list(name=IMAGE_REPO):
-            if keep in img.tags:
+            if keep in img.tags or img.id is None:  # (a listed image has its id)
                 continue
             try:
                 client.images.remove(img.id, noprune=False)

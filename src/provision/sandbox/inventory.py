@@ -16,7 +16,7 @@ from .hosts import ACCELERATOR_TYPE, Sandbox
 HEADER = "# provision sandbox inventory"
 
 
-def host_entries(sandbox: Sandbox) -> list[dict]:
+def host_entries(sandbox: Sandbox) -> list[dict[str, Any]]:
     out = []
     for h in sandbox.hosts:
         entry: dict[str, Any] = {
@@ -31,12 +31,12 @@ def host_entries(sandbox: Sandbox) -> list[dict]:
     return out
 
 
-def example_pools(sandbox: Sandbox, command: list[str] | None = None) -> dict:
+def example_pools(sandbox: Sandbox, command: list[str] | None = None) -> dict[str, Any]:
     """A small job that runs anywhere: a chief and one worker per remaining host, each
     printing its TF_CONFIG and sleeping a little."""
     command = command or ["/bin/sh", "-c", "echo $TF_CONFIG; sleep 5"]
     gpus = sandbox.gpus_per_host
-    pools: dict[str, dict] = {"chief": {"replicas": 1, "command": list(command)}}
+    pools: dict[str, dict[str, Any]] = {"chief": {"replicas": 1, "command": list(command)}}
     if len(sandbox.hosts) > 1:
         pools["worker"] = {"replicas": len(sandbox.hosts) - 1, "command": list(command)}
     if gpus:
@@ -48,12 +48,12 @@ def example_pools(sandbox: Sandbox, command: list[str] | None = None) -> dict:
 def inventory_dict(
     sandbox: Sandbox,
     job: str = "demo",
-    pools: dict | None = None,
+    pools: dict[str, Any] | None = None,
     *,
     hosts: list[str] | None = None,
-    ssh: dict | None = None,
+    ssh: dict[str, Any] | None = None,
     **extra: Any,
-) -> dict:
+) -> dict[str, Any]:
     """An inventory for the sandbox's hosts (all, or those named in `hosts`).
 
     `pools` goes in as given (deep-copied); `extra` adds other top-level keys (env, files,
@@ -81,7 +81,7 @@ def inventory_dict(
     return inv
 
 
-def dump(inv: dict, sandbox: Sandbox | None = None) -> str:
+def dump(inv: dict[str, Any], sandbox: Sandbox | None = None) -> str:
     lines = [HEADER]
     if sandbox is not None:
         lines += [
@@ -98,7 +98,7 @@ def write_inventory(
     sandbox: Sandbox,
     path: str | Path,
     job: str = "demo",
-    pools: dict | None = None,
+    pools: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> Path:
     """Write `inventory_dict(...)` as YAML to `path`; returns the path."""

@@ -143,7 +143,7 @@ def uses_socket_ifname(inv: Inventory) -> bool:
     return any(not set(SOCKET_IFNAME_KEYS) <= _own_keys(inv, p.role) for p in inv.pools)
 
 
-def task_env(
+def task_env(  # noqa: C901  one branch per variable family provision sets (docs/environment.md)
     inv: Inventory,
     task: PlacedTask,
     jc: JobCluster,

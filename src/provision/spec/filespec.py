@@ -24,7 +24,7 @@ def reserved_dir(dest: str) -> str | None:
 MAX_TREE_PROBLEMS = 10  # per files: entry; the rest are counted
 
 
-def check_files(c: Checker, value: Any, base_dir: Path) -> list[FileSpec]:
+def check_files(c: Checker, value: Any, base_dir: Path) -> list[FileSpec]:  # noqa: C901  every rule of a files: entry, in the order a user fixes them
     """`files:` entries. Destinations are normalised (`//`, `/./`, `..`, a trailing `/`)
     before any check; a directory's tree is walked (pushed.walk_spec, as render walks it)
     so that links out of it, dangling links and loops are reported here, not at apply."""

@@ -113,7 +113,7 @@ class _HostState:
         self.version = 0
 
 
-def place(
+def place(  # noqa: C901  the placement rule's two passes (keep, then place) share its state
     inv: Inventory, previous: Mapping[str, Slot] | None = None, held: Mapping[str, Held] | None = None
 ) -> Placement:
     held = held or {}

@@ -165,7 +165,7 @@ def _entry(
     return real, st
 
 
-def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], list[Problem]]:
+def walk_spec(src: Path, dest: str, is_dir: bool) -> tuple[list[PushedFile], list[Problem]]:  # noqa: C901  a directory walk with every rule of what may be pushed (links, loops, types)
     """Every file one `files:` entry pushes, sorted by destination, and every problem.
 
     `src` is the entry's resolved source, `dest` its normalised destination (the file's

@@ -113,7 +113,7 @@ def _metric(c: Checker, value: Any, path: KeyPath) -> Metric | None:
     return Metric(name, Goal(goal), regex)
 
 
-def _params(c: Checker, value: Any, path: KeyPath) -> list[Param]:
+def _params(c: Checker, value: Any, path: KeyPath) -> list[Param]:  # noqa: C901  one check per key of a parameter
     m = c.mapping(value, path)
     if m is None:
         return []

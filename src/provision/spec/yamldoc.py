@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -28,7 +28,7 @@ class Doc:
 MAX_NODES = 1_000_000  # YAML values after alias expansion; a 1,000-host inventory has ~20,000
 
 
-def compose(text: str, problems: list[tuple[KeyPath, str, int | None]]) -> Doc:
+def compose(text: str, problems: list[tuple[KeyPath, str, int | None]]) -> Doc:  # noqa: C901  its nested builders: one branch per YAML node kind and per bound
     # The C loader when PyYAML has it: a 1,000-host inventory must load in well under a second.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     lines: dict[KeyPath, int] = {}
@@ -134,7 +134,9 @@ class Checker:
                 return None
             path = path[:-1]
 
-    def keys(self, value: dict, path: KeyPath, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    def keys(
+        self, value: dict[str, Any], path: KeyPath, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+    ) -> None:
         for key in value:
             if key not in allowed:
                 hint = difflib.get_close_matches(key, allowed, n=1)
@@ -144,7 +146,7 @@ class Checker:
             if key not in value:
                 self.add(path, f"missing required key '{key}'")
 
-    def mapping(self, value: Any, path: KeyPath) -> dict | None:
+    def mapping(self, value: Any, path: KeyPath) -> dict[str, Any] | None:
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -152,7 +154,9 @@ class Checker:
             return None
         return value
 
-    def string(self, value: Any, path: KeyPath, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
+    def string(
+        self, value: Any, path: KeyPath, *, pattern: re.Pattern[str] | None = None, what: str = ""
+    ) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             self.add(path, f"expected a string, got {show_value(value)}")
             return None
@@ -189,10 +193,10 @@ class Checker:
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             self.add(path, f"expected one of {', '.join(choices)}, got {show_value(value)}{extra}")
             return None
-        return value
+        return cast(str, value)  # equal to one of the choices
 
     def strings(
-        self, value: Any, path: KeyPath, *, pattern: re.Pattern | None = None, what: str = ""
+        self, value: Any, path: KeyPath, *, pattern: re.Pattern[str] | None = None, what: str = ""
     ) -> list[str] | None:
         if not isinstance(value, list):
             self.add(path, f"expected a list of strings, got {show_value(value)}")
