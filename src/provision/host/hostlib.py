@@ -100,7 +100,7 @@ def _sha256():
             return __import__(name).sha256()
         except (ImportError, AttributeError):
             pass
-    import hashlib
+    import hashlib  # only where the C cores are missing (OpenSSL's import time)
 
     return hashlib.sha256()
 
@@ -204,7 +204,7 @@ def timed_out(program, timeout):
 
 
 def _run_subprocess(argv, timeout):
-    import subprocess
+    import subprocess  # only without posix_spawnp (Python < 3.8): its import time
 
     try:
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
