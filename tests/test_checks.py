@@ -409,9 +409,9 @@ def test_failures_refuse_the_apply_and_warnings_are_shown(tmp_path):
     h1, h2, h3 = p.hosts
     assert any("port 2222 (chief-0) is taken by nc (pid 133)" in x for x in h1.problems)
     assert len(h1.problems) == 1  # the port is said once, though two checks see it
-    assert h2.problems == [] and any(w.startswith("h2: GPU 1: row remapping pending") for w in h2.warnings)
-    assert h3.problems == []
-    assert make_plan(render(inv), targets, reports).hosts[0].problems == []  # checks only when asked
+    assert h2.problems == () and any(w.startswith("h2: GPU 1: row remapping pending") for w in h2.warnings)
+    assert h3.problems == ()
+    assert make_plan(render(inv), targets, reports).hosts[0].problems == ()  # checks only when asked
 
 
 def test_an_unreachable_host_is_one_line(tmp_path):
