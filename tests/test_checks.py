@@ -10,6 +10,7 @@ import pytest
 from provision.core.target import HostError, Target
 from provision.host import hostcheck, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
+from provision.host.taskenv import parse_env
 from provision.rules import network
 from provision.rules import preflight as checks
 from provision.rules.planner import Checks, make_plan
@@ -520,9 +521,7 @@ def test_a_failure_is_one_line_naming_both_ends(tmp_path):
 
 
 def env_of(rendered, host, task):
-    from provision.rules.plan import parse_env
-
-    return parse_env(rendered.hosts[host].file_map()[f"/etc/provision/j/{task}.env"].data().decode())
+    return dict(parse_env(rendered.hosts[host].file_map()[f"/etc/provision/j/{task}.env"].data().decode()))
 
 
 def test_the_interface_goes_into_every_task_env_unless_the_inventory_sets_it(tmp_path):

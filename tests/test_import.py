@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from provision.cli.app import main
-from provision.rules.plan import parse_env
+from provision.host.taskenv import parse_env
 from provision.spec.inventory import load, parse
 from provision.spec.placement import place
 from provision.spec.render import render
@@ -72,7 +72,7 @@ def task_envs(inv: Any) -> dict[str, dict[str, str]]:
     for bundle in render(inv).hosts.values():
         files = {f.path: f for f in bundle.files}
         for unit in bundle.tasks:
-            out[unit.task.name] = parse_env(files[unit.env_path].data().decode())
+            out[unit.task.name] = dict(parse_env(files[unit.env_path].data().decode()))
     return out
 
 

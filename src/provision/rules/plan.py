@@ -34,6 +34,7 @@ from provision.core.runs import merged, next_number, starts_run
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
+from provision.host.taskenv import parse_env
 from provision.rules.facts import mismatches
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 
@@ -536,39 +537,17 @@ def setup_reason(want: str, have: str | None, force: bool) -> str | None:
     return "changed" if have != want else None
 
 
-def parse_env(text: str) -> dict[str, str]:
-    """Read back an env file as provision writes it (display only; systemd parses the real one)."""
-    out: dict[str, str] = {}
-    i, n = 0, len(text)
-    while i < n:
-        if text[i] in "\n \t":
-            i += 1
-            continue
-        if text[i] == "#":
-            i = text.find("\n", i)
-            i = n if i < 0 else i + 1
-            continue
-        eq = text.find('="', i)
-        if eq < 0:
-            break
-        key, i, buf = text[i:eq], eq + 2, []
-        while i < n and text[i] != '"':
-            if text[i] == "\\" and i + 1 < n:
-                i += 1
-            buf.append(text[i])
-            i += 1
-        out[key] = "".join(buf)
-        i += 1
-    return out
-
-
 def env_diff(path: str, old: bytes, new: bytes, secrets: tuple[str, ...] = ()) -> str | None:
     """Per variable; JSON values (TF_CONFIG, CLUSTER_SPEC) diffed as indented JSON; a
-    variable whose old or new value is a secret is shown masked."""
+    variable whose old or new value is a secret is shown masked. The files read as the
+    task's exec reads them (host/taskenv.py); an old file that is not provision's any more
+    (edited by hand) is shown as a text diff."""
     try:
-        a, b = parse_env(old.decode("utf-8")), parse_env(new.decode("utf-8"))
+        a, b = dict(parse_env(old.decode("utf-8"))), dict(parse_env(new.decode("utf-8")))
     except UnicodeDecodeError:
         return None
+    except ValueError:
+        return unified_diff(path, old, new, secrets)
     lines = []
     for key in list(dict.fromkeys([*a, *b])):
         va, vb = a.get(key), b.get(key)
