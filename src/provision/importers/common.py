@@ -22,6 +22,7 @@ from provision.core.tuning import Tune
 
 # Variables provision sets itself; a spec may not set them.
 from provision.spec.clusterenv import RESERVED_ENV
+from provision.spec.yamldoc import SYNTAX_ERRORS, syntax_error
 from provision.spec.yamldoc import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
@@ -218,10 +219,8 @@ def parse_structured(text: str, display: str) -> Parsed:
     if text.lstrip().startswith(("{", "[")):
         try:
             return Parsed(json.loads(text))
-        except json.JSONDecodeError as e:
-            return Parsed(None, f"{display}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})")
-        except RecursionError:
-            return Parsed(None, f"{display}: invalid JSON: nested too deeply")
+        except SYNTAX_ERRORS as e:
+            return Parsed(None, syntax_error(display, e, "JSON"))
     loader = SpecLoader(text)  # a SafeLoader (without timestamps)
     try:
         node = loader.get_single_node()
@@ -231,13 +230,8 @@ def parse_structured(text: str, display: str) -> Parsed:
                 f"{display}: more than {MAX_SPEC_VALUES} values once its aliases are expanded (an alias bomb?): refused",
             )
         return Parsed(loader.construct_document(node) if node is not None else None)
-    except RecursionError:
-        return Parsed(None, f"{display}: invalid YAML: nested too deeply")
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{display}:{mark.line + 1}" if mark is not None else display
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        return Parsed(None, f"{where}: invalid YAML: {problem}")
+    except SYNTAX_ERRORS as e:
+        return Parsed(None, syntax_error(display, e))
     finally:
         loader.dispose()
 
