@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as with_fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from provision.core.encode import env_escape
@@ -39,7 +39,7 @@ from provision.rules.facts import mismatches
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 
 
-class FileAction(str, Enum):
+class FileAction(StrEnum):
     CREATE = "create"
     UPDATE = "update"
     DELETE = "delete"
@@ -47,9 +47,6 @@ class FileAction(str, Enum):
     @property
     def symbol(self) -> str:
         return {"create": "+", "update": "~", "delete": "-"}[self.value]
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
