@@ -1022,6 +1022,12 @@ ERRORS = [
     (
         "ai-platform",
         "t.yaml",
+        "scaleTier: CUSTOM\nmasterType: n1-standard-4\nmasterConfig: {acceleratorConfig: {type: NVIDIA_TESLA_T4}}\npythonModule: m\n",
+        "t.yaml: masterConfig.acceleratorConfig.count: missing or 0, but type is NVIDIA_TESLA_T4",
+    ),
+    (
+        "ai-platform",
+        "t.yaml",
         "scaleTier: CUSTOM\nmasterType: n1-standard-4\n",
         "t.yaml: (top level): neither masterConfig.imageUri (a custom container) nor pythonModule (a training package): what does this job run?",
     ),

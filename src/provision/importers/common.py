@@ -374,6 +374,17 @@ def venv(job: str) -> str:
     return f"/opt/venvs/{job}"
 
 
+def module_command(job: str, module: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """`python -m MODULE ARGS` with the job's venv (the setup block makes it): how a pool
+    the service ran as a Python package runs here."""
+    return (f"{venv(job)}/bin/python", "-m", module, *args)
+
+
+def hosts_python(job: str) -> str:
+    """The pool comment's second half for such a pool: where it runs here."""
+    return f"here the hosts' Python runs it in {venv(job)}, made by the setup block below"
+
+
 def install_commands(job: str, packages: tuple[str, ...], requirements: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Setup commands: a venv, then the packages the service installed (gs:// ones copied first)."""
     v = venv(job)
@@ -459,6 +470,30 @@ def why(key: str) -> str:
 def note(at: Where, value: JSON, reason: str | None = None) -> Note:
     key = at.path.rsplit(".", 1)[-1].split("[", 1)[0]
     return Note(at.path, value_text(value), reason or why(key))
+
+
+def accelerators(spec: dict[str, JSON], at: Where, count_key: str, type_key: str) -> tuple[int, str | None]:
+    """A pool's accelerators, (count, the service's type name or None), from the keys that
+    hold them (AI Platform's acceleratorConfig: count, type; Vertex's machineSpec:
+    acceleratorCount, acceleratorType): an unspecified type is none; a type needs a count."""
+    kind = string(spec[type_key], at / type_key) if type_key in spec else None
+    if kind == "ACCELERATOR_TYPE_UNSPECIFIED":
+        kind = None
+    count = integer(spec[count_key], at / count_key) if count_key in spec else 0
+    if kind and not count:
+        (at / count_key).fail(f"missing or 0, but {type_key} is {kind}")
+    return count, kind
+
+
+def entry_note(at: Where, entry: tuple[str, ...], service: str) -> Note:
+    """A container's own command (AI Platform's containerCommand, Vertex's command): what
+    provision makes of it (args, first)."""
+    return note(
+        at,
+        list(entry),
+        "put first in args: provision runs `docker run IMAGE ARGS`, which replaces the image's CMD; "
+        f"{service} replaced its ENTRYPOINT too (the same when the image has none)",
+    )
 
 
 def read_yaml_file(path: Path, display: str) -> JSON:
