@@ -1,9 +1,10 @@
 """The house's rules, read from the source's AST (no tool installed by hand):
 
 - packages by layer: a module imports only from its own package and the layers below it;
-- no import circle between provision's modules;
-- no `import` of a provision module inside a function, except a lazy import whose comment
-  names the start-up time it saves (or one that keeps host/ code off the controller's path);
+- no import circle between provision's modules, counting the imports inside functions too
+  (a function-local import hides a circle from Python, not from the design);
+- every import inside a function says why on its line or the line before; one of a
+  provision module names the start-up time it saves (else it belongs at the top);
 - size: at most 6 modules at the package's top, none over 650 lines, at most 10 functions
   over 60 lines.
 
@@ -78,15 +79,45 @@ def _resolve(mod: str, node: ast.ImportFrom, is_package: bool, known: set[str]) 
 
 
 def _comment(lines: list[str], lineno: int) -> str:
+    """The comment on the line or the line before: that line's own comment, or the block of
+    comment lines right above it. Imports written one after the other share one comment."""
     text = []
-    line = lines[lineno - 1]
-    if "#" in line:
-        text.append(line.split("#", 1)[1])
-    i = lineno - 2
+    i = lineno - 1
+    while True:
+        if "#" in lines[i]:
+            text.append(lines[i].split("#", 1)[1])
+        above = lines[i - 1].strip() if i else ""
+        if not above.startswith(("import ", "from ")):
+            break
+        i -= 1
+    i -= 1
     while i >= 0 and lines[i].strip().startswith("#"):
         text.append(lines[i].strip()[1:])
         i -= 1
-    return " ".join(text)
+    if i >= 0 and not text and "#" in lines[i]:
+        text.append(lines[i].split("#", 1)[1])  # the line before: `if big:  # why`
+    return " ".join(t.strip() for t in text if t.strip())
+
+
+def _local_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the import statements inside a function (at any depth)."""
+    out: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return out
+
+
+def local_imports() -> Iterator[tuple[str, int, str]]:
+    """Every import statement inside a function, of any module: (module, line, comment)."""
+    for mod, path in modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        local = _local_nodes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) in local:
+                yield mod, node.lineno, _comment(lines, node.lineno)
 
 
 def imports() -> Iterator[Import]:
@@ -95,10 +126,7 @@ def imports() -> Iterator[Import]:
         source = path.read_text()
         lines = source.splitlines()
         tree = ast.parse(source)
-        local_nodes = set()
-        for fn in ast.walk(tree):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                local_nodes.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        local_nodes = _local_nodes(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith("provision")]
@@ -161,14 +189,21 @@ def find_circles(graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_import_circles():
     graph: dict[str, set[str]] = {}
-    for imp in imports():
-        if not imp.local:
-            graph.setdefault(imp.module, set()).add(imp.target)
+    for imp in imports():  # local ones too: Python does not see their circle, the design does
+        graph.setdefault(imp.module, set()).add(imp.target)
     circles = find_circles(graph)
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 
-def test_local_imports_say_why():
+def test_every_local_import_has_a_comment():
+    silent = [f"{mod}:{line}" for mod, line, comment in local_imports() if not comment]
+    assert not silent, (
+        "an import inside a function says why on its line or the line before "
+        "(start-up time, a module the host may lack, ...):\n" + "\n".join(silent)
+    )
+
+
+def test_local_imports_of_provision_say_why():
     unexplained = [
         f"{imp.module}:{imp.line} imports {imp.target} inside a function"
         for imp in imports()

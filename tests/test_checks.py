@@ -10,6 +10,7 @@ import pytest
 from provision.core.target import HostError, Target
 from provision.host import hostcheck, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
+from provision.host.taskenv import parse_env
 from provision.rules import network
 from provision.rules import preflight as checks
 from provision.rules.planner import Checks, make_plan
@@ -409,9 +410,9 @@ def test_failures_refuse_the_apply_and_warnings_are_shown(tmp_path):
     h1, h2, h3 = p.hosts
     assert any("port 2222 (chief-0) is taken by nc (pid 133)" in x for x in h1.problems)
     assert len(h1.problems) == 1  # the port is said once, though two checks see it
-    assert h2.problems == [] and any(w.startswith("h2: GPU 1: row remapping pending") for w in h2.warnings)
-    assert h3.problems == []
-    assert make_plan(render(inv), targets, reports).hosts[0].problems == []  # checks only when asked
+    assert h2.problems == () and any(w.startswith("h2: GPU 1: row remapping pending") for w in h2.warnings)
+    assert h3.problems == ()
+    assert make_plan(render(inv), targets, reports).hosts[0].problems == ()  # checks only when asked
 
 
 def test_an_unreachable_host_is_one_line(tmp_path):
@@ -520,9 +521,7 @@ def test_a_failure_is_one_line_naming_both_ends(tmp_path):
 
 
 def env_of(rendered, host, task):
-    from provision.rules.plan import parse_env
-
-    return parse_env(rendered.hosts[host].file_map()[f"/etc/provision/j/{task}.env"].data().decode())
+    return dict(parse_env(rendered.hosts[host].file_map()[f"/etc/provision/j/{task}.env"].data().decode()))
 
 
 def test_the_interface_goes_into_every_task_env_unless_the_inventory_sets_it(tmp_path):

@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from provision.cli.app import main
-from provision.rules.plan import parse_env
+from provision.host.taskenv import parse_env
 from provision.spec.inventory import load, parse
 from provision.spec.placement import place
 from provision.spec.render import render
@@ -72,7 +72,7 @@ def task_envs(inv: Any) -> dict[str, dict[str, str]]:
     for bundle in render(inv).hosts.values():
         files = {f.path: f for f in bundle.files}
         for unit in bundle.tasks:
-            out[unit.task.name] = parse_env(files[unit.env_path].data().decode())
+            out[unit.task.name] = dict(parse_env(files[unit.env_path].data().decode()))
     return out
 
 
@@ -1018,6 +1018,12 @@ ERRORS = [
         "t.yaml",
         "scaleTier: CUSTOM\nmasterType: n1-standard-4\nmasterConfig: {imageUri: a/b, containerArgs: [x]}\nargs: [y]\n",
         "t.yaml: masterConfig.containerArgs: AI Platform takes containerArgs or trainingInput.args, not both",
+    ),
+    (
+        "ai-platform",
+        "t.yaml",
+        "scaleTier: CUSTOM\nmasterType: n1-standard-4\nmasterConfig: {acceleratorConfig: {type: NVIDIA_TESLA_T4}}\npythonModule: m\n",
+        "t.yaml: masterConfig.acceleratorConfig.count: missing or 0, but type is NVIDIA_TESLA_T4",
     ),
     (
         "ai-platform",

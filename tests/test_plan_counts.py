@@ -5,7 +5,7 @@ destroy", and `--json` carries the same numbers. Plans built without hosts, as a
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, fields, replace
 
 import click
 import pytest
@@ -74,16 +74,16 @@ def with_setup(tmp_path) -> Plan:
 def with_ledger_and_image(tmp_path) -> Plan:
     """What build_plan adds: the ledger entry and the images to ship."""
     p = first_apply(tmp_path)
-    p.hosts[0].reserve = Reservation("counts", gpus=[0, 1], ports=[2222])
-    p.hosts[0].images = [ImageChange("trainer:1", "ship", 2_000_000, "sha256:a")]
-    return p
+    reserve = Reservation("counts", gpus=[0, 1], ports=[2222])
+    images = (ImageChange("trainer:1", "ship", 2_000_000, "sha256:a"),)
+    return replace(p, hosts=(replace(p.hosts[0], reserve=reserve, images=images), *p.hosts[1:]))
 
 
 def with_ledger_entry_changed(tmp_path) -> Plan:
     """This job's entry is there already (its lineage seen at plan time): it changes."""
     p = first_apply(tmp_path)
-    p.hosts[0].reserve = Reservation("counts", gpus=[0, 1], ports=[2222], expect_lineage="lineage-1")
-    return p
+    reserve = Reservation("counts", gpus=[0, 1], ports=[2222], expect_lineage="lineage-1")
+    return replace(p, hosts=(replace(p.hosts[0], reserve=reserve), *p.hosts[1:]))
 
 
 def change(tmp_path) -> Plan:
@@ -125,7 +125,7 @@ def destroy(tmp_path) -> Plan:
     """As engine.destroy_plan builds it: every host loses the job."""
     r = rendered(tmp_path)
     ts = targets(r)
-    return Plan("counts", [plan_host(n, t, None, None, applied(r, n), job="counts") for n, t in ts.items()])
+    return Plan("counts", tuple(plan_host(n, t, None, None, applied(r, n), job="counts") for n, t in ts.items()))
 
 
 SUMMARY = re.compile(r"^Plan: (\d+) to add, (\d+) to change, (\d+) to destroy\.$")
@@ -163,3 +163,15 @@ def test_the_summary_counts_the_lines_the_plan_shows(tmp_path, build, destroying
     assert said == shown(plan, destroying), lines
     assert plan.to_json()["summary"] == dict(zip(("add", "change", "destroy"), said))
     assert said == expected, lines
+
+
+def test_a_plan_is_data(tmp_path):
+    """Plan and HostPlan are frozen and hold tuples: nothing edits a plan once made."""
+    p = first_apply(tmp_path)
+    with pytest.raises(FrozenInstanceError):
+        p.hosts[0].problems = ("x",)  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        p.hosts = ()  # type: ignore[misc]
+    for hp in p.hosts:
+        for f in fields(hp):
+            assert not isinstance(getattr(hp, f.name), (list, dict, set)), f.name

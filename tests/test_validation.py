@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from provision.core.errors import ProvisionError, ValidationError
+from provision.importers.common import parse_structured
 from provision.spec.inventory import load, parse
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation-errors.md"
@@ -1262,3 +1263,13 @@ def test_env_names_with_a_newline_are_refused(tmp_path: Path, key: str) -> None:
     doc["secret_env"] = [key]
     with pytest.raises(ValidationError):
         parse(yaml.safe_dump(doc), tmp_path / NAME)
+
+
+def test_yaml_nested_too_deeply_is_a_yaml_error_not_a_traceback(tmp_path):
+    """The inventory's reader and the importers' say it in the same words (yamldoc.syntax_error)."""
+    deep = "[" * 5000 + "]" * 5000
+    with pytest.raises(ValidationError) as e:
+        parse(f"job: x\nhosts: {deep}\n", tmp_path / "inv.yaml", "inv.yaml")
+    assert e.value.problems == ["inv.yaml: invalid YAML: nested too deeply"]
+    assert parse_structured(f"a: {deep}\n", "spec.yaml").error == "spec.yaml: invalid YAML: nested too deeply"
+    assert parse_structured(deep, "spec.json").error == "spec.json: invalid JSON: nested too deeply"

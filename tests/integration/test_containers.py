@@ -16,7 +16,7 @@ import time
 import pytest
 
 from provision import sandbox
-from provision.rules.plan import parse_env
+from provision.host.taskenv import parse_env
 from provision.sandbox import dockerlayer, engine
 
 from .clirun import cli, sh, wait_until
@@ -122,7 +122,7 @@ def test_container_job_on_a_real_engine(docker_hosts, test_image, tmp_path):
     chief_ctr = f"provision-{job}-chief-0"
     wait_until(lambda: "chief up" in cli("logs", inv, cwd=tmp_path).stdout, what="chief up")
     seen = container_environ(sb, chief_host, chief_ctr)
-    env_file = parse_env(sh(sb, chief_host, f"cat /etc/provision/{job}/chief-0.env"))
+    env_file = dict(parse_env(sh(sb, chief_host, f"cat /etc/provision/{job}/chief-0.env")))
     assert seen["HOSTILE"] == HOSTILE
     assert seen["DOLLAR"] == "$$ $1 %% \\$ `x`" and seen["EMPTY"] == ""
     assert seen["PEER"] == h1.cluster_address

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.rules.plan import parse_env
+from provision.host.taskenv import parse_env
 
 from .clirun import cli, sh
 
@@ -85,7 +85,7 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
         props = unit_props(sandbox4, slot["host"], unit)
         assert props["ActiveState"] == "active", (task, props)
         env = proc_environ(sandbox4, slot["host"], props["MainPID"])
-        rendered = parse_env((out / slot["host"] / f"etc/provision/{job_name}/{task}.env").read_text())
+        rendered = dict(parse_env((out / slot["host"] / f"etc/provision/{job_name}/{task}.env").read_text()))
         for k, v in rendered.items():
             assert env.get(k) == v, (task, k)
         assert env["HOSTILE"] == 'a "b" $c `d` \\e %f #g\nline2'

@@ -20,7 +20,7 @@ import pytest
 
 from provision import sandbox
 from provision.cli.sandboxcmd import job_from_file
-from provision.rules.plan import parse_env
+from provision.host.taskenv import parse_env
 
 from .clirun import cli, sh
 
@@ -183,7 +183,7 @@ def test_container_pool_runs_docker_with_exact_words_and_env(gpu_host, tmp_path)
         assert [c["argv"][1:] for c in calls[:1]] == [["rm", "-f", f"provision-{job}-chief-0"]]
         run = calls[1]["argv"]
         env_file = sh(sb, "host-1", f"cat /etc/provision/{job}/chief-0.env")
-        env = parse_env(env_file)
+        env = dict(parse_env(env_file))
         keys = list(env)
         expected = [
             "/usr/bin/docker",

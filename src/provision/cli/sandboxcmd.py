@@ -173,7 +173,7 @@ def _refresh_known_hosts(inventory: Path, sb: Sandbox) -> None:
 def job_from_file(path: Path, job: str | None = None) -> dict[str, Any]:
     """`write_inventory` arguments for the job in PATH (an inventory without hosts/ssh):
     its keys as they are, `files:` sources made absolute (they are relative to PATH)."""
-    import yaml
+    import yaml  # local for no start-up time: sandbox.inventory has loaded PyYAML already
 
     try:
         data = yaml.safe_load(Path(path).read_text())

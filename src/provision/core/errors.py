@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2  # plan --detailed-exitcode found changes
@@ -36,6 +38,4 @@ class ValidationError(ProvisionError):
 def no_color() -> bool:
     """NO_COLOR set to anything but an empty string: no ANSI colours (https://no-color.org).
     Here, not in progress.py, so that the CLI's start does not load the status code."""
-    import os
-
     return bool(os.environ.get("NO_COLOR"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import NamedTuple, TypedDict
 
 from provision.core.explain import exit_words, reason
@@ -23,7 +23,7 @@ from provision.core.model import RestartPolicy
 from provision.host import layout
 
 
-class TaskState(str, Enum):
+class TaskState(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -40,11 +40,8 @@ class TaskState(str, Enum):
     def ended(self) -> bool:
         return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class JobPhase(str, Enum):
+class JobPhase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -56,11 +53,8 @@ class JobPhase(str, Enum):
     def ended(self) -> bool:
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.STOPPED)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Action(str, Enum):
+class Action(StrEnum):
     """What plan does with a task; the value is what --json shows."""
 
     START = "start"
@@ -72,11 +66,8 @@ class Action(str, Enum):
     def starts(self) -> bool:
         return self in (Action.START, Action.RESTART)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why plan decided a task's Action (like Terraform's ResourceInstanceChangeActionReason)."""
 
     NEW = "new task"
@@ -92,9 +83,6 @@ class Reason(str, Enum):
     LEFT = "no longer in the inventory"
     WITH_JOB = "restarts with the job"
     RERUN = "rerun requested"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # --------------------------------------------------------------------------- orders
@@ -181,14 +169,11 @@ def _restart_due_sh(policy: RestartPolicy) -> str:
 # --------------------------------------------------------------------------- reboots
 
 
-class RebootAction(str, Enum):
+class RebootAction(StrEnum):
     """What a task whose run a reboot ended does once its host is back."""
 
     RESTART = "restart"  # starts again by itself, counted as a restart against the limit
     FAIL = "fail"  # stays down: Failed, "host rebooted"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def on_reboot(policy: RestartPolicy) -> RebootAction:

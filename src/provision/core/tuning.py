@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import re2
@@ -18,50 +18,35 @@ import re2
 Value = str | int | float  # a parameter's value as the trial's code receives it
 
 
-class Goal(str, Enum):
+class Goal(StrEnum):
     MAXIMIZE = "maximize"
     MINIMIZE = "minimize"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ParamType(str, Enum):
+class ParamType(StrEnum):
     DOUBLE = "double"
     INTEGER = "integer"
     CATEGORICAL = "categorical"
     DISCRETE = "discrete"  # numbers from a list, in increasing order (Vertex's DISCRETE)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Scale(str, Enum):
+class Scale(StrEnum):
     LINEAR = "linear"
     LOG = "log"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Algorithm(str, Enum):
+class Algorithm(StrEnum):
     BAYESIAN = "bayesian"  # Optuna's TPE (Vertex's default, Vizier, is Bayesian too)
     RANDOM = "random"
     GRID = "grid"  # integer, categorical and discrete parameters only
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Measurement(str, Enum):
+class Measurement(StrEnum):
     LAST = "last"  # the last value the trial reported (Vertex's LAST_MEASUREMENT)
     BEST = "best"  # the best of its reports (BEST_MEASUREMENT)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class EarlyStopping(str, Enum):
+class EarlyStopping(StrEnum):
     NONE = "none"
     # Vertex's median rule: a trial whose best value so far is worse than the median of the
     # completed trials' running averages up to its step (rules/stopping.py).
@@ -69,11 +54,8 @@ class EarlyStopping(str, Enum):
     HYPERBAND = "hyperband"  # Optuna's HyperbandPruner
     ASHA = "asha"  # Optuna's SuccessiveHalvingPruner (asynchronous successive halving)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TrialState(str, Enum):
+class TrialState(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     STOPPED_EARLY = "stopped early"  # by the early-stopping rule (tune.early_stopping)
@@ -82,9 +64,6 @@ class TrialState(str, Enum):
     @property
     def ended(self) -> bool:
         return self is not TrialState.RUNNING
-
-    def __str__(self) -> str:
-        return self.value
 
 
 DEFAULT_METRIC_TAG = "training/hptuning/metric"  # cloudml-hypertune's tag when none is given

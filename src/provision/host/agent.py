@@ -130,7 +130,7 @@ def file_info(path: str, want_sha: str | None, content_max: int, look: bool = Fa
         return None
     except OSError as e:
         return P.FileInfo("error", error=str(e))
-    import stat as S
+    import stat as S  # lazy: the other requests do not pay its import time
 
     if S.S_ISLNK(st.st_mode):
         return P.FileInfo("symlink")

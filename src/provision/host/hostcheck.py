@@ -408,7 +408,7 @@ _WORDS = {
 
 
 def _why(err: int) -> str:
-    import errno
+    import errno  # lazy: only a failure is explained (import time)
 
     return _WORDS.get(errno.errorcode.get(err, ""), os.strerror(err))
 
@@ -417,7 +417,7 @@ def _socket_module() -> Any:
     """The C module under `socket`: the same calls, without the ~8 ms of a host's CPU that
     importing socket.py costs (its enums), more than a network check's own work. Its sockets
     have _accept() (a file descriptor) where socket.py's have accept()."""
-    import _socket
+    import _socket  # not socket.py: its import time (see above)
 
     return _socket
 
@@ -483,7 +483,7 @@ def op_netcheck(req: Any) -> Any:  # noqa: C901  one select loop serving listene
     starts this at about the same time); an attempt with no answer within req.timeout is a
     failure (packets dropped: a firewall). Connections this check accepts are closed once
     the dialer closed its end, so the job's port is left without a TIME_WAIT of ours."""
-    import errno
+    import errno  # lazy: only this check pays their import time
     import select
 
     socket = _socket_module()

@@ -110,7 +110,7 @@ def _sha256() -> HASH:
             return h
         except (ImportError, AttributeError):
             pass
-    import hashlib
+    import hashlib  # only where the C cores are missing (OpenSSL's import time)
 
     return hashlib.sha256()
 
@@ -214,7 +214,7 @@ def timed_out(program: str, timeout: float) -> str:
 
 
 def _run_subprocess(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    import subprocess
+    import subprocess  # only without posix_spawnp (Python < 3.8): its import time
 
     try:
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)

@@ -36,7 +36,7 @@ JSON: Any = None  # the agent sets its cheap json stand-in here; else the real m
 def _json() -> Any:
     global JSON
     if JSON is None:
-        import json
+        import json  # no stand-in set: the module, at first use (import time)
 
         JSON = json
     return JSON
@@ -167,7 +167,7 @@ class _Locked:
     """flock on the ledger's lock file for the duration of a with block."""
 
     def __enter__(self) -> _Locked:
-        import fcntl
+        import fcntl  # lazy: only requests that lock the ledger pay its import time
 
         while True:
             os.makedirs(layout.LEDGER_DIR, 0o755, exist_ok=True)

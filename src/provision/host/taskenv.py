@@ -3,6 +3,9 @@ and this file to the host as one `python3 -S -c` program): provision writes the 
 `KEY="value"` with \ \" \$ \` escaped, as systemd's EnvironmentFile= reads it; it is never
 sourced by a shell, and it is opened without following a link, in a directory
 host/trust.py passes. Stdlib only.
+
+parse_env is provision's one reader of such files: plan's env diff (rules/plan.py) reads
+the host's old file with it too.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ _UNESCAPE = {"\\": "\\", '"': '"', "$": "$", "`": "`"}
 
 def parse_env(text: str) -> list[tuple[str, str]]:
     """KEY="value" entries as provision writes them (core/encode.env_assignment), in order;
-    comment and blank lines skipped. Anything else is refused (ValueError): a file that is
-    not provision's is not guessed at."""
+    comment and blank lines skipped. Inside the quotes as systemd reads them: a backslash
+    before \\ " $ ` is dropped, before a newline both go (a continued line), before any
+    other character it stays. Anything else is refused (ValueError): a file that is not
+    provision's is not guessed at."""
     out = []
     i, n = 0, len(text)
     while i < n:
@@ -67,6 +72,9 @@ def parse_env(text: str) -> list[tuple[str, str]]:
             ch = text[j]
             if ch == "\\" and j + 1 < n and text[j + 1] in _UNESCAPE:
                 value.append(text[j + 1])
+                j += 2
+                continue
+            if ch == "\\" and j + 1 < n and text[j + 1] == "\n":
                 j += 2
                 continue
             if ch == '"':

@@ -18,15 +18,19 @@ from .common import (
     Note,
     PoolPlan,
     Where,
+    accelerators,
     boolean,
     check_json,
     check_keys,
     duration,
+    entry_note,
+    hosts_python,
     install_commands,
     integer,
     job_name,
     mapping,
     merge_setup,
+    module_command,
     note,
     string,
     strings,
@@ -348,19 +352,14 @@ def _pool(  # noqa: C901  one branch per field of a ReplicaConfig
     comments = [f"{config_key} ({what}): {machine or 'machine type not given'}"]
     a_at = c_at / "acceleratorConfig"
     acc = mapping(cfg.get("acceleratorConfig"), a_at)
-    accelerators = integer(acc["count"], a_at / "count") if "count" in acc else 0
-    acc_type = string(acc["type"], a_at / "type") if "type" in acc else None
-    if acc_type == "ACCELERATOR_TYPE_UNSPECIFIED":
-        acc_type = None
-    if acc_type and not accelerators:
-        (a_at / "count").fail(f"missing or 0, but type is {acc_type}")
+    count, acc_type = accelerators(acc, a_at, "count", "type")
     if not acc and machine in LEGACY_ACCELERATORS:
-        accelerators, acc_type = LEGACY_ACCELERATORS[machine]
+        count, acc_type = LEGACY_ACCELERATORS[machine]
         partly.append(
             note(
                 at / type_key,
                 machine,
-                f"this legacy machine type came with {accelerators} x {acc_type}: accelerators {accelerators}; for its CPUs and memory, pick the hosts",
+                f"this legacy machine type came with {count} x {acc_type}: accelerators {count}; for its CPUs and memory, pick the hosts",
             )
         )
     elif machine:
@@ -383,36 +382,29 @@ def _pool(  # noqa: C901  one branch per field of a ReplicaConfig
             "set, but the job runs no container (no imageUri)"
         )
     if entry:
-        partly.append(
-            note(
-                c_at / "containerCommand",
-                list(entry),
-                "put first in args: provision runs `docker run IMAGE ARGS`, which replaces the image's CMD; AI Platform replaced its ENTRYPOINT too (the same when the image has none)",
-            )
-        )
+        partly.append(entry_note(c_at / "containerCommand", entry, "AI Platform"))
 
     if image is not None:
         return PoolPlan(
             role,
             config_key,
             replicas,
-            accelerators,
+            count,
             acc_type,
             image=image,
             args=entry + (container_args or args),
             comments=tuple(comments),
         )
     comments.append(
-        f"AI Platform ran `python -m {python_module}` with the training packages installed; here the "
-        f"hosts' Python runs it in {venv(job)}, made by the setup block below"
+        f"AI Platform ran `python -m {python_module}` with the training packages installed; {hosts_python(job)}"
     )
     return PoolPlan(
         role,
         config_key,
         replicas,
-        accelerators,
+        count,
         acc_type,
-        command=(f"{venv(job)}/bin/python", "-m", str(python_module), *args),
+        command=module_command(job, str(python_module), args),
         comments=tuple(comments),
     )
 

@@ -22,6 +22,7 @@ from provision.core.tuning import Tune
 
 # Variables provision sets itself; a spec may not set them.
 from provision.spec.clusterenv import RESERVED_ENV
+from provision.spec.yamldoc import SYNTAX_ERRORS, syntax_error
 from provision.spec.yamldoc import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
@@ -218,10 +219,8 @@ def parse_structured(text: str, display: str) -> Parsed:
     if text.lstrip().startswith(("{", "[")):
         try:
             return Parsed(json.loads(text))
-        except json.JSONDecodeError as e:
-            return Parsed(None, f"{display}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})")
-        except RecursionError:
-            return Parsed(None, f"{display}: invalid JSON: nested too deeply")
+        except SYNTAX_ERRORS as e:
+            return Parsed(None, syntax_error(display, e, "JSON"))
     loader = SpecLoader(text)  # a SafeLoader (without timestamps)
     try:
         node = loader.get_single_node()
@@ -231,13 +230,8 @@ def parse_structured(text: str, display: str) -> Parsed:
                 f"{display}: more than {MAX_SPEC_VALUES} values once its aliases are expanded (an alias bomb?): refused",
             )
         return Parsed(loader.construct_document(node) if node is not None else None)
-    except RecursionError:
-        return Parsed(None, f"{display}: invalid YAML: nested too deeply")
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{display}:{mark.line + 1}" if mark is not None else display
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        return Parsed(None, f"{where}: invalid YAML: {problem}")
+    except SYNTAX_ERRORS as e:
+        return Parsed(None, syntax_error(display, e))
     finally:
         loader.dispose()
 
@@ -380,6 +374,17 @@ def venv(job: str) -> str:
     return f"/opt/venvs/{job}"
 
 
+def module_command(job: str, module: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """`python -m MODULE ARGS` with the job's venv (the setup block makes it): how a pool
+    the service ran as a Python package runs here."""
+    return (f"{venv(job)}/bin/python", "-m", module, *args)
+
+
+def hosts_python(job: str) -> str:
+    """The pool comment's second half for such a pool: where it runs here."""
+    return f"here the hosts' Python runs it in {venv(job)}, made by the setup block below"
+
+
 def install_commands(job: str, packages: tuple[str, ...], requirements: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Setup commands: a venv, then the packages the service installed (gs:// ones copied first)."""
     v = venv(job)
@@ -465,6 +470,30 @@ def why(key: str) -> str:
 def note(at: Where, value: JSON, reason: str | None = None) -> Note:
     key = at.path.rsplit(".", 1)[-1].split("[", 1)[0]
     return Note(at.path, value_text(value), reason or why(key))
+
+
+def accelerators(spec: dict[str, JSON], at: Where, count_key: str, type_key: str) -> tuple[int, str | None]:
+    """A pool's accelerators, (count, the service's type name or None), from the keys that
+    hold them (AI Platform's acceleratorConfig: count, type; Vertex's machineSpec:
+    acceleratorCount, acceleratorType): an unspecified type is none; a type needs a count."""
+    kind = string(spec[type_key], at / type_key) if type_key in spec else None
+    if kind == "ACCELERATOR_TYPE_UNSPECIFIED":
+        kind = None
+    count = integer(spec[count_key], at / count_key) if count_key in spec else 0
+    if kind and not count:
+        (at / count_key).fail(f"missing or 0, but {type_key} is {kind}")
+    return count, kind
+
+
+def entry_note(at: Where, entry: tuple[str, ...], service: str) -> Note:
+    """A container's own command (AI Platform's containerCommand, Vertex's command): what
+    provision makes of it (args, first)."""
+    return note(
+        at,
+        list(entry),
+        "put first in args: provision runs `docker run IMAGE ARGS`, which replaces the image's CMD; "
+        f"{service} replaced its ENTRYPOINT too (the same when the image has none)",
+    )
 
 
 def read_yaml_file(path: Path, display: str) -> JSON:

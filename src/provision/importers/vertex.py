@@ -22,18 +22,22 @@ from .common import (
     PoolPlan,
     StudyPlan,
     Where,
+    accelerators,
     boolean,
     check_json,
     check_keys,
     duration,
+    entry_note,
     env_list,
     framework_requirement,
+    hosts_python,
     install_commands,
     integer,
     items,
     job_name,
     mapping,
     merge_setup,
+    module_command,
     note,
     string,
     strings,
@@ -322,17 +326,12 @@ def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
     ms_at = at / "machineSpec"
     ms = mapping(m.get("machineSpec"), ms_at)
     ms_unknown = check_keys(ms, ms_at, MACHINE_KEYS)
-    acc_type = string(ms["acceleratorType"], ms_at / "acceleratorType") if "acceleratorType" in ms else None
-    if acc_type == "ACCELERATOR_TYPE_UNSPECIFIED":
-        acc_type = None
-    accelerators = integer(ms["acceleratorCount"], ms_at / "acceleratorCount") if "acceleratorCount" in ms else 0
-    if acc_type and not accelerators:
-        (ms_at / "acceleratorCount").fail(f"missing or 0, but acceleratorType is {acc_type}")
+    count, acc_type = accelerators(ms, ms_at, "acceleratorCount", "acceleratorType")
     for key, value in ms.items():
         if key not in ("acceleratorType", "acceleratorCount") and value:
             notes.append(note(ms_at / key, value, "not known to provision import" if key in ms_unknown else None))
     machine = str(ms.get("machineType") or "machine type not given")
-    shape = f"{machine} with {accelerators} x {acc_type}" if accelerators else str(machine)
+    shape = f"{machine} with {count} x {acc_type}" if count else str(machine)
 
     has_container, has_python = "containerSpec" in m, "pythonPackageSpec" in m
     if has_container == has_python:
@@ -357,13 +356,7 @@ def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
         args = entry + strings(c.get("args"), c_at / "args")
         env = env_list(c.get("env"), c_at / "env")
         if entry:
-            partly.append(
-                note(
-                    c_at / "command",
-                    list(entry),
-                    "put first in args: provision runs `docker run IMAGE ARGS`, which replaces the image's CMD; Vertex AI replaced its ENTRYPOINT too (the same when the image has none)",
-                )
-            )
+            partly.append(entry_note(c_at / "command", entry, "Vertex AI"))
         if i == 2 and REDUCTION_SERVER.search(image):
             role, what = "reduction_server", "reduction servers"
             comments.append(
@@ -391,7 +384,7 @@ def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
             command = (
                 (python, f"{dest}/{local.script}", *py_args)
                 if local.script
-                else (python, "-m", str(local.module), *py_args)
+                else module_command(job, str(local.module), py_args)
             )
             env = (("PYTHONPATH", dest), *env)  # `python -m` finds the package as in gcloud's image
             reqs = ((framework,) if framework else ()) + local.requirements
@@ -409,11 +402,10 @@ def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
             if "pythonModule" not in p:
                 p_at.fail("missing 'pythonModule'")
             module = string(p["pythonModule"], p_at / "pythonModule")
-            command = (python, "-m", module, *py_args)
+            command = module_command(job, module, py_args)
             setup = install_commands(job, packages, (framework,) if framework else ())
             comments.append(
-                f"Vertex AI ran `python -m {module}` in {executor} with the packages installed; "
-                f"here the hosts' Python runs it in {venv(job)}, made by the setup block below"
+                f"Vertex AI ran `python -m {module}` in {executor} with the packages installed; {hosts_python(job)}"
             )
         why = (
             f"not run: the module runs with the hosts' Python; the setup block installs {framework} as this image had"
@@ -428,7 +420,7 @@ def _pool(  # noqa: C901  one branch per field of Vertex's WorkerPoolSpec
             role,
             f"workerPoolSpecs[{i}]",
             replicas,
-            accelerators,
+            count,
             acc_type,
             image,
             command,

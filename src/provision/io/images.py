@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from provision.core.errors import ProvisionError
 from provision.core.imagechange import ImageChange, human
@@ -225,7 +225,7 @@ class _Quarters:
 
 def ship(
     session: Session,
-    changes: dict[str, list[ImageChange]],
+    changes: Mapping[str, Sequence[ImageChange]],
     targets: dict[str, Target],
     progress: Progress = lambda s: None,
 ) -> GroupResult[None]:

@@ -39,8 +39,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from provision.core.errors import ProvisionError
-from provision.io.state import FORMAT_VERSION
-from provision.io.statestore import Change, LockInfo, Store, locked_error
+from provision.io.statestore import FORMAT_VERSION, Change, LockInfo, Store, locked_error
 from provision.rules.tenancy import identity
 from provision.spec.statebackend import Backend
 

@@ -39,12 +39,19 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
-from provision.io.statestore import MOVED_TO, Change, LockInfo, Store, history_path, locked_error, migrated_path
+from provision.io.statestore import (
+    FORMAT_VERSION,
+    MOVED_TO,
+    Change,
+    LockInfo,
+    Store,
+    history_path,
+    locked_error,
+    migrated_path,
+)
 from provision.rules.liveness import process_alive
 from provision.spec.placement import Slot
 from provision.spec.statebackend import Backend
-
-FORMAT_VERSION = 2
 
 
 def default_state_path(inventory_path: Path, job: str) -> Path:

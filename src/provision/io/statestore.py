@@ -18,6 +18,9 @@ from typing import Any, Protocol
 
 from provision.spec.statebackend import Backend
 
+# The state document's format, the same in every backend (the file's JSON, the database's
+# column): io/state.py reads 1 and 2 and writes 2.
+FORMAT_VERSION = 2
 MOVED_TO = "Moved to "  # the summary `state migrate` leaves in the old place's history
 
 

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 from provision.core.target import HostError, Target
@@ -21,7 +21,7 @@ from provision.io.ssh import Session
 T = TypeVar("T")
 
 
-class Step(str, Enum):
+class Step(StrEnum):
     PROBE = "probe"
     SHIP = "ship images"
     WRITE = "write files"
@@ -32,9 +32,6 @@ class Step(str, Enum):
     END = "end the job"
     NETWORK = "check the network"
     QUEUE = "mark the queued apply"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as with_fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from provision.core.encode import env_escape
@@ -34,11 +34,12 @@ from provision.core.runs import merged, next_number, starts_run
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
+from provision.host.taskenv import parse_env
 from provision.rules.facts import mismatches
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
 
 
-class FileAction(str, Enum):
+class FileAction(StrEnum):
     CREATE = "create"
     UPDATE = "update"
     DELETE = "delete"
@@ -46,9 +47,6 @@ class FileAction(str, Enum):
     @property
     def symbol(self) -> str:
         return {"create": "+", "update": "~", "delete": "-"}[self.value]
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -128,21 +126,25 @@ class Shown:
     item: str | ImageChange | Reservation | TaskChange | FileChange  # str: why the setup runs
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostPlan:
+    """What apply does on one host, and why not. Data once made: the planner's later rules
+    (rules/planner.py) make new values with dataclasses.replace, and nothing edits a plan
+    apply was given (Terraform's rule)."""
+
     name: str
     target: Target
     bundle: HostBundle | None  # None: nothing of the job belongs here any more
     error: HostError | None = None
-    problems: list[str] = field(default_factory=list)  # refuse the apply: nothing changes anywhere
-    files: list[FileChange] = field(default_factory=list)
-    tasks: list[TaskChange] = field(default_factory=list)
+    problems: tuple[str, ...] = ()  # refuse the apply: nothing changes anywhere
+    files: tuple[FileChange, ...] = ()
+    tasks: tuple[TaskChange, ...] = ()
     report: ProbeReport | None = None
     reserve: Reservation | None = None  # the host's ledger entry to write (tenancy.py)
-    warnings: list[str] = field(default_factory=list)  # worth knowing; the apply goes ahead
+    warnings: tuple[str, ...] = ()  # worth knowing; the apply goes ahead
     setup: str | None = None  # why the setup runs here: "new", "changed", "forced"
-    images: list[ImageChange] = field(default_factory=list)  # to ship or pull first (images.py)
-    shared: list[tuple[str, str]] = field(default_factory=list)  # (path, other job): same bytes, not written
+    images: tuple[ImageChange, ...] = ()  # to ship or pull first (images.py)
+    shared: tuple[tuple[str, str], ...] = ()  # (path, other job): same bytes, not written
 
     @property
     def changed(self) -> bool:
@@ -198,10 +200,10 @@ class HostPlan:
         return symbols.count("+"), symbols.count("~"), symbols.count("-")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     job: str
-    hosts: list[HostPlan]
+    hosts: tuple[HostPlan, ...]
 
     @property
     def unreachable(self) -> list[HostPlan]:
@@ -271,8 +273,8 @@ class Plan:
                     "address": h.target.where,
                     "error": h.error.message if h.error else None,
                     "unreachable": bool(h.error and h.error.unreachable),
-                    "problems": h.problems,
-                    "warnings": h.warnings,
+                    "problems": list(h.problems),
+                    "warnings": list(h.warnings),
                     "remove_all": h.bundle is None,
                     "reserve": {"gpus": h.reserve.gpus, "ports": h.reserve.ports} if h.reserve else None,
                     "setup": {"run": True, "why": h.setup} if h.setup else None,
@@ -351,8 +353,30 @@ def _other_owner_problem(path: str, f: Any, a: FileInfo, rec: Any, others: Seque
     return None
 
 
+@dataclass
+class _Draft:
+    """A host's plan while plan_host makes it (HostPlan itself is frozen)."""
+
+    problems: list[str] = field(default_factory=list)
+    files: list[FileChange] = field(default_factory=list)
+    tasks: list[TaskChange] = field(default_factory=list)
+    shared: list[tuple[str, str]] = field(default_factory=list)
+
+    def host_plan(self, name: str, target: Target, bundle: HostBundle | None, **more: Any) -> HostPlan:
+        return HostPlan(
+            name,
+            target,
+            bundle,
+            problems=tuple(self.problems),
+            files=tuple(self.files),
+            tasks=tuple(self.tasks),
+            shared=tuple(self.shared),
+            **more,
+        )
+
+
 def _judged_as_shared(
-    hp: HostPlan, path: str, f: Any, a: FileInfo | None, rec: Any, others: Sequence[OtherJob] | None
+    hp: _Draft, path: str, f: Any, a: FileInfo | None, rec: Any, others: Sequence[OtherJob] | None
 ) -> bool:
     """A pushed file other jobs list too: refused (a problem) or shared (noted); True when
     that settles it."""
@@ -369,7 +393,7 @@ def _judged_as_shared(
 
 
 def _files_plan(  # noqa: C901  one branch per state a file can be found in on the host
-    hp: HostPlan,
+    hp: _Draft,
     bundle: HostBundle,
     report: ProbeReport,
     recorded: dict[str, Any],
@@ -430,7 +454,7 @@ def _leaving(name: str, rec: dict[str, Any]) -> TaskChange:
     return TaskChange(name, rec.get("unit", ""), Action.STOP, Reason.LEFT, "", int(rec.get("phase", 0)))
 
 
-def _all_leaves(hp: HostPlan, report: ProbeReport, job: str, recorded: dict[str, Any], m_tasks: dict[str, Any]) -> None:
+def _all_leaves(hp: _Draft, report: ProbeReport, job: str, recorded: dict[str, Any], m_tasks: dict[str, Any]) -> None:
     """The job leaves this host: its tasks stop (in stop order), its files and manifest go."""
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         hp.tasks.append(_leaving(t, mt))
@@ -457,11 +481,9 @@ def plan_host(
     shared: Mapping[str, Sequence[OtherJob]] | None = None,
 ) -> HostPlan:
     """`shared`: pushed paths other jobs on the host list too (owners_wanted asks which)."""
-    hp = HostPlan(name, target, bundle)
     if isinstance(report, HostError):
-        hp.error = report
-        return hp
-    hp.report = report
+        return HostPlan(name, target, bundle, error=report)
+    hp = _Draft()
     if host is not None and bundle is not None and report.facts is not None:
         hp.problems = mismatches(host, report.facts)
     manifest = report.readable_manifest()
@@ -470,11 +492,10 @@ def plan_host(
 
     if bundle is None:  # everything of the job goes
         _all_leaves(hp, report, job, recorded, m_tasks)
-        return hp
+        return hp.host_plan(name, target, bundle, report=report)
 
     changed = _files_plan(hp, bundle, report, recorded, secrets, shared or {})
-    if bundle.setup is not None:
-        hp.setup = setup_reason(bundle.setup.key, report.setup_key, force_setup)
+    setup = setup_reason(bundle.setup.key, report.setup_key, force_setup) if bundle.setup is not None else None
     desired = bundle.file_map()
     replace = replace or set()
     pushed_changed = sorted(p for p in changed if desired[p].kind is FileKind.FILE)
@@ -501,7 +522,7 @@ def plan_host(
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         if t not in names:
             hp.tasks.append(_leaving(t, mt))
-    return hp
+    return hp.host_plan(name, target, bundle, report=report, setup=setup)
 
 
 def setup_reason(want: str, have: str | None, force: bool) -> str | None:
@@ -513,39 +534,17 @@ def setup_reason(want: str, have: str | None, force: bool) -> str | None:
     return "changed" if have != want else None
 
 
-def parse_env(text: str) -> dict[str, str]:
-    """Read back an env file as provision writes it (display only; systemd parses the real one)."""
-    out: dict[str, str] = {}
-    i, n = 0, len(text)
-    while i < n:
-        if text[i] in "\n \t":
-            i += 1
-            continue
-        if text[i] == "#":
-            i = text.find("\n", i)
-            i = n if i < 0 else i + 1
-            continue
-        eq = text.find('="', i)
-        if eq < 0:
-            break
-        key, i, buf = text[i:eq], eq + 2, []
-        while i < n and text[i] != '"':
-            if text[i] == "\\" and i + 1 < n:
-                i += 1
-            buf.append(text[i])
-            i += 1
-        out[key] = "".join(buf)
-        i += 1
-    return out
-
-
 def env_diff(path: str, old: bytes, new: bytes, secrets: tuple[str, ...] = ()) -> str | None:
     """Per variable; JSON values (TF_CONFIG, CLUSTER_SPEC) diffed as indented JSON; a
-    variable whose old or new value is a secret is shown masked."""
+    variable whose old or new value is a secret is shown masked. The files read as the
+    task's exec reads them (host/taskenv.py); an old file that is not provision's any more
+    (edited by hand) is shown as a text diff."""
     try:
-        a, b = parse_env(old.decode("utf-8")), parse_env(new.decode("utf-8"))
+        a, b = dict(parse_env(old.decode("utf-8"))), dict(parse_env(new.decode("utf-8")))
     except UnicodeDecodeError:
         return None
+    except ValueError:
+        return unified_diff(path, old, new, secrets)
     lines = []
     for key in list(dict.fromkeys([*a, *b])):
         va, vb = a.get(key), b.get(key)
@@ -589,18 +588,12 @@ def _diff(f: RenderedFile, old: bytes | None, secrets: tuple[str, ...]) -> str |
     return unified_diff(f.path, old, f.data(), secrets)
 
 
-def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> None:
+def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> Plan:
     """The job as one unit (lifecycle.whole_job): a synchronous job restarts together, and
     never in part while one of its hosts cannot be reached (unless partial); rerun starts
-    a finished job again, whole."""
-    job_tasks = [
-        (hp, i, t)
-        for hp in plan.hosts
-        if hp.error is None
-        for i, t in enumerate(hp.tasks)
-        if t.action is not Action.STOP
-    ]
-    decisions = {t.task: Decision(t.action, t.reason, t.detail, t.drift, t.new) for _, _, t in job_tasks}
+    a finished job again, whole. The plan with those decisions."""
+    job_tasks = [t for hp in plan.hosts if hp.error is None for t in hp.tasks if t.action is not Action.STOP]
+    decisions = {t.task: Decision(t.action, t.reason, t.detail, t.drift, t.new) for t in job_tasks}
     if rerun and not finished(decisions):
         live = sorted(t for t, d in decisions.items() if not (d.action is Action.NONE and d.reason in FINISHED_REASONS))
         raise ProvisionError(
@@ -609,16 +602,22 @@ def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> 
         )
     sync = synchronous(p.role for p in rendered.inventory.pools if p.replicas)
     whole = whole_job(decisions, sync=sync, rerun=rerun)
-    for hp, i, t in job_tasks:
-        d = whole[t.task]
-        if d != decisions[t.task]:
-            hp.tasks[i] = with_fields(t, action=d.action, reason=d.reason, detail=d.detail)
-    down = sorted(hp.name for hp in plan.hosts if hp.error is not None and hp.name in rendered.hosts)
-    restarting = [hp for hp in plan.hosts if hp.error is None and any(t.action.starts and not t.new for t in hp.tasks)]
+
+    def job_wide(t: TaskChange) -> TaskChange:
+        d = whole.get(t.task) if t.action is not Action.STOP else None
+        if d is None or d == decisions[t.task]:
+            return t
+        return with_fields(t, action=d.action, reason=d.reason, detail=d.detail)
+
+    hosts = [
+        with_fields(hp, tasks=tuple(job_wide(t) for t in hp.tasks)) if hp.error is None else hp for hp in plan.hosts
+    ]
+    down = sorted(hp.name for hp in hosts if hp.error is not None and hp.name in rendered.hosts)
+    restarting = {hp.name for hp in hosts if hp.error is None and any(t.action.starts and not t.new for t in hp.tasks)}
     if sync and down and restarting and not partial:
         why = (
             f"job {plan.job} runs its tasks together, and {', '.join(down)} cannot be reached: restarting only "
             "the others would leave them waiting for the rest (use --partial to do it anyway)"
         )
-        for hp in restarting:
-            hp.problems.append(why)
+        hosts = [with_fields(hp, problems=(*hp.problems, why)) if hp.name in restarting else hp for hp in hosts]
+    return with_fields(plan, hosts=tuple(hosts))

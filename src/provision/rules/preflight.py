@@ -33,7 +33,7 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from provision.core.model import Host, Inventory
@@ -80,14 +80,11 @@ ORDER = (
 )
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

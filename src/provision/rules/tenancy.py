@@ -29,7 +29,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
 SHOWN_PORTS = 1024
 
 
-class Hold(str, Enum):
+class Hold(StrEnum):
     RUNNING = "running"
     RESERVED = "reserved"
     STALE = "stale"

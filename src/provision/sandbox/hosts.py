@@ -107,7 +107,7 @@ class Sandbox:
 
         Unknown or changed host keys are refused (the sandbox recorded each host's key
         when it came up); ~/.ssh/config is not read; `run` does not forward stdin."""
-        import fabric
+        import fabric  # lazy: fabric's import time (invoke, its tasks) only for who connects
 
         h = self._h(host)
         connect_kwargs = {

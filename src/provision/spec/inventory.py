@@ -16,8 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provision.core.encode import ENV_KEY, EXECUTABLE
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import (
@@ -47,7 +45,7 @@ from provision.spec.statebackend import LOCAL
 from provision.spec.statebackend import problem as state_problem
 from provision.spec.tpu import tpu_slices
 from provision.spec.tunespec import parse_tune
-from provision.spec.yamldoc import Checker, KeyPath, compose, show_value
+from provision.spec.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
@@ -440,11 +438,8 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # no
     yaml_problems: list[tuple[KeyPath, str, int | None]] = []
     try:
         doc = compose(text, yaml_problems)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{display}:{mark.line + 1}" if mark else display
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValidationError([f"{where}: invalid YAML: {problem}"]) from None
+    except SYNTAX_ERRORS as e:  # a RecursionError too: a document nested too deeply
+        raise ValidationError([syntax_error(display, e)]) from None
     c = Checker(doc, display)
     for p, msg, line in yaml_problems:
         c.add(p, msg, line)

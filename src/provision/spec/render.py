@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,13 @@ MANIFEST_VERSION = 1
 SECRET_MASK = "(sensitive value)"
 
 
-class FileKind(str, Enum):
+class FileKind(StrEnum):
     ENV = "env"
     UNIT = "unit"
     TARGET = "target"
     MANIFEST = "manifest"
     SETUP = "setup"  # the setup's script and env file
     FILE = "file"  # the inventory's files:
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ a YAML bomb is refused, not expanded."""
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from typing import Any, cast
 
@@ -224,3 +225,20 @@ class Checker:
             if ok and s is not None:
                 out.append((key, s))
         return tuple(out)
+
+
+def syntax_error(display: str, e: Exception, lang: str = "YAML") -> str:
+    """`FILE:LINE: invalid YAML: what` (or JSON): the one wording of a document that does
+    not parse, for every reader of YAML or JSON (the inventory, the importers' specs). `e`:
+    one of SYNTAX_ERRORS; a RecursionError is a document nested too deeply to read."""
+    if isinstance(e, RecursionError):
+        return f"{display}: invalid {lang}: nested too deeply"
+    if isinstance(e, json.JSONDecodeError):
+        return f"{display}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})"
+    mark = getattr(e, "problem_mark", None)
+    where = f"{display}:{mark.line + 1}" if mark is not None else display
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return f"{where}: invalid {lang}: {problem}"
+
+
+SYNTAX_ERRORS = (yaml.YAMLError, json.JSONDecodeError, RecursionError)  # what syntax_error words
