@@ -284,25 +284,12 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
     )
-
-    def attempt() -> tuple[Plan, dict[str, HostOutcome]]:
-        # Trials share the study's pushed files: a trial leaving takes a shared file away
-        # only when no other job's manifest lists it, and an apply counting on it finds it
-        # gone under the same lock on the host (a conflict: planned again, below).
-        with w.starting:
-            trace(number, "planning")
-            plan = build_plan(ctx, checks=True)
-            trace(number, "planned")
-            return plan, ({} if plan.problems else apply_plan(ctx, plan, lambda line: None))
-
     second_look = True
     while True:
-        try:
-            plan, outcomes = queue.plan(attempt)
-        except Stopped:
-            return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
-        except PlacementError as e:
-            return Ended(Ending.FAILED, e.message)
+        done = _placed_and_applied(w, ctx, number, queue)
+        if isinstance(done, Ended):
+            return done
+        plan, outcomes = done
         if plan.problems and second_look:
             second_look = False
             if w.stop.wait(w.poll):
@@ -318,6 +305,43 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
             _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
         return None
+
+
+def _placed_and_applied(
+    w: TrialWork, ctx: Context, number: int, queue: Queue
+) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
+    """One plan (waited for as the queue waits) and its apply, under `starting` from the
+    plan that worked to the end of its apply: this runner's trials are placed one after
+    another, each seeing the last one's reservation."""
+    held = False
+
+    def attempt() -> Plan:
+        # Trials share the study's pushed files: a trial leaving takes a shared file away
+        # only when no other job's manifest lists it, and an apply counting on it finds it
+        # gone under the same lock on the host (a conflict: planned again by the caller).
+        nonlocal held
+        w.starting.acquire()
+        held = True
+        try:
+            trace(number, "planning")
+            plan = build_plan(ctx, checks=True)
+            trace(number, "planned")
+            return plan
+        except BaseException:
+            held = False
+            w.starting.release()  # the queue waits without it
+            raise
+
+    try:
+        plan = queue.plan(attempt)  # the hosts' queue marks are gone before the apply writes
+        return plan, ({} if plan.problems else apply_plan(ctx, plan, lambda line: None))
+    except Stopped:
+        return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
+    except PlacementError as e:
+        return Ended(Ending.FAILED, e.message)
+    finally:
+        if held:
+            w.starting.release()
 
 
 def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
