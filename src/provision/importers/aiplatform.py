@@ -213,7 +213,8 @@ def from_input(
         )
     if master_image is None and python_module is None:
         at.fail(
-            "neither masterConfig.imageUri (a custom container) nor pythonModule (a training package): what does this job run?"
+            "neither masterConfig.imageUri (a custom container) nor pythonModule (a training package): what does this job run? "
+            "(When a `gcloud ai-platform jobs submit training --config` command says it, import the script with the command.)"
         )
 
     pools: list[PoolPlan] = []
