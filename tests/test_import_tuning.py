@@ -787,3 +787,26 @@ def test_import_vertex_points_an_ai_platform_script_to_ai_platform(tmp_path: Pat
         "Error: train.sh:4: `gcloud ai-platform jobs submit training` submits an AI Platform Training job: "
         "use `provision import ai-platform`\n"
     )
+
+
+def test_ai_platform_script_packages(tmp_path: Path) -> None:
+    """--packages: a gs:// one copied and installed as packageUris are; a local one, which
+    gcloud uploaded, pushed with files: and installed; --staging-bucket named."""
+    aip_project(
+        tmp_path,
+        "gcloud ai-platform jobs submit training pk --module-name trainer.task --runtime-version 1.15 \\\n"
+        "  --packages dist/extra-0.1.tar.gz,gs://b/dep-1.0.tar.gz --staging-bucket gs://b --config hptuning_config.yaml\n",
+    )
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "extra-0.1.tar.gz").write_bytes(b"x")
+    doc, text, _ = imported(tmp_path, "ai-platform", "train.sh")
+    assert doc["files"] == [{"src": "dist/extra-0.1.tar.gz", "dest": "/opt/pk/packages/extra-0.1.tar.gz"}]
+    assert "env" not in doc["pools"]["chief"]
+    assert doc["job_spec"]["packageUris"] == ["gs://b/dep-1.0.tar.gz"]
+    setup = [line.strip("# -") for line in text.splitlines() if line.startswith("#     - ")]
+    assert setup[-2:] == [
+        "/opt/venvs/pk/bin/pip install /opt/venvs/pk/packages/dep-1.0.tar.gz",
+        "/opt/venvs/pk/bin/pip install /opt/pk/packages/extra-0.1.tar.gz",
+    ]
+    in_notes(text, "--staging-bucket: gs://b", "where gcloud uploaded the packages", "Not applied, and why:")
+    in_notes(text, "--packages: extra-0.1.tar.gz", "pushes them to /opt/pk/packages/", "Applied in part:")
