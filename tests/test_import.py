@@ -880,6 +880,12 @@ ERRORS = [
         "vertex",
         "job.sh",
         "#!/bin/sh\ngcloud ai-platform jobs submit training x --config c.yaml\n",
+        "job.sh:2: `gcloud ai-platform jobs submit training` submits an AI Platform Training job: use `provision import ai-platform`",
+    ),
+    (
+        "vertex",
+        "job.sh",
+        "#!/bin/sh\ngcloud ai-platform jobs list\n",
         "job.sh: neither a CustomJob / CustomJobSpec (JSON or YAML with workerPoolSpecs) nor a shell script with a `gcloud ai custom-jobs create` command (or `hp-tuning-jobs create`)",
     ),
     (

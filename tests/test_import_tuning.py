@@ -517,3 +517,296 @@ def test_bad_study_one_line(service: str, name: str, text: str, message: str, tm
     assert code == 1
     assert err == f"Error: {message}\n"
     assert out == "" and not (tmp_path / "out.yaml").exists()
+
+
+# --------------------------------------------------------------------------- AI Platform gcloud scripts
+
+# AI Platform Training's tuning examples: a hptuning_config.yaml (a Job: trainingInput with
+# the study) and the gcloud command that says what runs. A real config's hidden_units are
+# whole strings with spaces.
+HPTUNING_CONFIG = """\
+trainingInput:
+  hyperparameters:
+    goal: MAXIMIZE
+    hyperparameterMetricTag: accuracy
+    maxTrials: 6
+    maxParallelTrials: 2
+    enableTrialEarlyStopping: True
+    params:
+    - parameterName: batch_size
+      type: DISCRETE
+      discreteValues: [64, 128, 256]
+    - parameterName: hidden_units
+      type: CATEGORICAL
+      categoricalValues: ['1024 512 256', '512 256 128', '256 128 64']
+    - parameterName: learning_rate
+      type: DOUBLE
+      minValue: 0.0001
+      maxValue: 0.1
+      scaleType: UNIT_LOG_SCALE
+"""
+AIP_SCRIPT_TUNE = {
+    "metric": {"name": "accuracy", "goal": "maximize"},
+    "parameters": {
+        "batch_size": {"type": "discrete", "values": [64, 128, 256]},
+        "hidden_units": {"type": "categorical", "values": ["1024 512 256", "512 256 128", "256 128 64"]},
+        "learning_rate": {"type": "double", "min": 0.0001, "max": 0.1, "scale": "log"},
+    },
+    "algorithm": "bayesian",
+    "max_trials": 6,
+    "parallel_trials": 2,
+    "early_stopping": "median",
+    "measurement": "last",
+}
+PY = "/opt/venvs/census/bin/python"
+
+
+def aip_project(tmp: Path, script: str, *, setup_py: bool = True) -> None:
+    """A trainer package as the examples lay it out: trainer/ (and setup.py) beside the script."""
+    (tmp / "trainer").mkdir()
+    (tmp / "trainer" / "__init__.py").write_text("")
+    (tmp / "trainer" / "task.py").write_text("import sys\nprint(sys.argv)\n")
+    if setup_py:
+        (tmp / "setup.py").write_text("from setuptools import setup\nsetup(name='trainer', packages=['trainer'])\n")
+    (tmp / "hptuning_config.yaml").write_text(HPTUNING_CONFIG)
+    (tmp / "train.sh").write_text(script)
+
+
+AIP_SCRIPTS = [
+    (  # the AI Platform examples' form: JOB from a variable, flags with spaces, user args after --
+        "ai-platform, --config, args after --",
+        """#!/bin/bash
+JOB_NAME=census
+REGION=us-central1
+gcloud ai-platform jobs submit training $JOB_NAME \\
+  --module-name trainer.task \\
+  --package-path trainer/ \\
+  --region $REGION \\
+  --scale-tier basic \\
+  --runtime-version 2.11 \\
+  --python-version 3.7 \\
+  --config hptuning_config.yaml \\
+  -- \\
+  --batch_size=128 --train-steps 1000
+""",
+        {"chief": 1},
+        (PY, "-m", "trainer.task", "--batch_size=128", "--train-steps", "1000"),
+        True,
+    ),
+    (
+        "ai-platform, --config, no args",
+        "gcloud ai-platform jobs submit training census --module-name=trainer.task --package-path=trainer "
+        "--config=hptuning_config.yaml --runtime-version=2.11\n",
+        {"chief": 1},
+        (PY, "-m", "trainer.task"),
+        True,
+    ),
+    (  # the older command group, beta, and a job dir
+        "ml-engine, --config, args after --",
+        """gcloud beta ml-engine jobs submit training census \\
+    --job-dir gs://bucket/census --module-name trainer.task --package-path ./trainer \\
+    --config hptuning_config.yaml --runtime-version 2.11 --stream-logs \\
+    -- --hidden_units='64 32' --epochs 3
+""",
+        {"chief": 1},
+        (PY, "-m", "trainer.task", "--hidden_units=64 32", "--epochs", "3", "--job-dir", "gs://bucket/census"),
+        True,
+    ),
+    (
+        "ml-engine, --config, no args",
+        "gcloud ml-engine jobs submit training census --module-name trainer.task --package-path trainer "
+        "--config hptuning_config.yaml --runtime-version 2.11\n",
+        {"chief": 1},
+        (PY, "-m", "trainer.task"),
+        False,
+    ),
+    (  # CUSTOM from flags: the TrainingInput importer's pools
+        "ai-platform, custom tier from flags",
+        """gcloud ai-platform jobs submit training census --config hptuning_config.yaml \\
+  --module-name trainer.task --package-path trainer --runtime-version 2.11 \\
+  --scale-tier custom --master-machine-type n1-standard-8 \\
+  --master-accelerator count=2,type=nvidia-tesla-v100 \\
+  --worker-machine-type n1-standard-8 --worker-count 2 --worker-accelerator type=nvidia-tesla-v100 \\
+  --parameter-server-machine-type n1-highmem-8 --parameter-server-count 1 \\
+  -- --batch_size 128
+""",
+        {"chief": 1, "worker": 2, "ps": 1},
+        (PY, "-m", "trainer.task", "--batch_size", "128"),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("script,pools,command,setup_py", [a[1:] for a in AIP_SCRIPTS], ids=[a[0] for a in AIP_SCRIPTS])
+def test_ai_platform_gcloud_script(
+    script: str, pools: dict[str, int], command: tuple[str, ...], setup_py: bool, tmp_path: Path
+) -> None:
+    """`gcloud ai-platform|ml-engine jobs submit training` with --config: the study from the
+    config, what runs from the flags, the user arguments after `--` kept; the package pushed
+    with files:, PYTHONPATH its parent, setup.py (when there) installed by the setup block."""
+    aip_project(tmp_path, script, setup_py=setup_py)
+    doc, text, err = imported(tmp_path, "ai-platform", "train.sh")
+    assert doc["tune"] == AIP_SCRIPT_TUNE
+    assert doc["job"] == "census"
+    assert {role: p["replicas"] for role, p in doc["pools"].items()} == pools
+    for p in doc["pools"].values():
+        assert tuple(p["command"]) == command
+        assert p["env"] == {"PYTHONPATH": "/opt/census"}
+    want_files = [{"src": "trainer/", "dest": "/opt/census/trainer/"}]
+    if setup_py:
+        want_files.append({"src": "setup.py", "dest": "/opt/census/setup.py"})
+    assert doc["files"] == want_files
+    setup = [line.strip("# -") for line in text.splitlines() if line.startswith("#     - ")]
+    assert setup[0] == "python3 -m venv /opt/venvs/census"
+    assert "/opt/venvs/census/bin/pip install 'tensorflow~=2.11.0'" in setup
+    assert ("/opt/venvs/census/bin/pip install /opt/census" in setup) == setup_py
+    assert doc["job_spec"]["pythonModule"] == "trainer.task"
+    assert doc["job_spec"]["hyperparameters"]["maxTrials"] == 6
+    assert doc["job_spec"].get("args", []) == list(command[3:]) or "--job-dir" in command
+    assert "jobs submit training` command (train.sh, line" in " ".join(text.splitlines()[:2])
+    in_notes(text, "--package-path: trainer/", "files: pushes it to /opt/census/trainer/", "Applied in part:")
+    assert "Traceback" not in err
+
+
+def test_ai_platform_gcloud_script_details(tmp_path: Path) -> None:
+    """gcloud's flag spellings: JOB only the shell can work out (a date in it), --flag=value,
+    accelerators and the chief rule, a container job, notes named by their flags."""
+    aip_project(
+        tmp_path,
+        """JOB_NAME=census_$(date +%Y%m%d_%H%M%S)
+gcloud --project=p ai-platform jobs submit training "$JOB_NAME" --config=hptuning_config.yaml \\
+  --scale-tier=CUSTOM --master-machine-type=n1-standard-4 --master-image-uri=gcr.io/p/t:1 \\
+  --use-chief-in-tf-config=true --region=us-central1 --labels=team=a -- --batch_size=32
+""",
+    )
+    doc, text, _ = imported(tmp_path, "ai-platform", "train.sh")
+    assert doc["job"] == "train"  # the script's name: JOB needs the shell
+    assert doc["pools"]["chief"]["image"] == "gcr.io/p/t:1"
+    assert doc["pools"]["chief"]["args"] == ["--batch_size=32"]
+    assert doc["tf_config"] == {"chief_name": "chief"}
+    assert "files" not in doc and "setup:" not in text
+    in_notes(text, "JOB: ${JOB_NAME}", "only the shell can work out the whole name: job train", "Applied in part:")
+    in_notes(text, "--region: us-central1", "your hosts are where they are", "Not applied, and why:")
+    in_notes(text, "--labels: team=a", "Google Cloud resource labels", "Not applied, and why:")
+    in_notes(text, "--project: p", "the Google Cloud project the job ran in", "Not applied, and why:")
+    in_notes(
+        text, "--master-machine-type: n1-standard-4", "the hosts you list are the machines", "Not applied, and why:"
+    )
+
+
+def test_a_trial_of_an_imported_script_replaces_its_flags(tmp_path: Path) -> None:
+    """A trial's parameters replace the same flags of the user arguments (batch_size given
+    as 128 after `--`): the trainer sees the trial's value once; a categorical value with
+    spaces is one argument."""
+    from provision.spec.inventory import parse
+    from provision.spec.trial import trial_inventory
+
+    aip_project(tmp_path, AIP_SCRIPTS[0][1])
+    copy(tmp_path, "hosts-cpu.yaml")
+    imported(tmp_path, "ai-platform", "train.sh", "--hosts", "hosts-cpu.yaml")
+    inv = parse((tmp_path / "out.yaml").read_text(), tmp_path / "out.yaml", "out.yaml")
+    t = trial_inventory(inv, 2, {"batch_size": 64, "hidden_units": "1024 512 256", "learning_rate": 0.01})
+    assert t.pools[0].command == (
+        PY,
+        "-m",
+        "trainer.task",
+        "--batch_size=64",
+        "--train-steps",
+        "1000",
+        "--hidden_units=1024 512 256",
+        "--learning_rate=0.01",
+    )
+
+
+AIP_SCRIPT_ERRORS = [
+    (
+        "gcloud ai-platform jobs submit training --module-name trainer.task --package-path trainer\n",
+        "train.sh:1: the command has no JOB (gcloud's first argument: the job's name)",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --config hptuning_config.yaml\n",
+        "train.sh:1: the command has neither --module-name (with --package-path) nor --master-image-uri, and "
+        "hptuning_config.yaml neither trainingInput.pythonModule nor masterConfig.imageUri: what does this job run?",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name trainer.task\n",
+        "train.sh:1: --module-name without --package-path or --packages: where is the module's code?",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name m --package-path nowhere\n",
+        "train.sh:1: --package-path: no such directory: nowhere (looked beside the script and in the current directory)",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name m --package-path trainer \\\n  --scale-tier huge\n",
+        "train.sh:2: --scale-tier: expected one of custom, basic, basic-gpu, basic-tpu, standard-1, premium-1, got 'huge'",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name m --package-path trainer --worker-count many\n",
+        "train.sh:1: --worker-count: expected an integer, got 'many'",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name m --package-path trainer --master-accelerator count=2\n",
+        "train.sh:1: --master-accelerator: missing type= (such as type=nvidia-tesla-v100), got 'count=2'",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --module-name m --package-path trainer --config bare.yaml\n",
+        "bare.yaml: (top level): gcloud's --config is a Job: put these keys under trainingInput:",
+    ),
+    (
+        "gcloud ai custom-jobs create --region=r --worker-pool-spec=machine-type=a,container-image-uri=b\n",
+        "train.sh:1: `gcloud ai custom-jobs create` is a Vertex AI job: use `provision import vertex`",
+    ),
+    (
+        "gcloud storage ls gs://bucket\n",
+        "train.sh: neither a TrainingInput / job with trainingInput (JSON or YAML) nor a shell script with a "
+        "`gcloud ai-platform jobs submit training` command",
+    ),
+    (
+        "gcloud ai-platform jobs submit training a --module-name m --package-path trainer\n"
+        "gcloud ml-engine jobs submit training b --module-name m --package-path trainer\n",
+        "train.sh: 2 `gcloud ... training` commands (lines 1, 2): import one at a time (one per file)",
+    ),
+]
+
+
+@pytest.mark.parametrize("script,message", AIP_SCRIPT_ERRORS, ids=[str(i) for i in range(len(AIP_SCRIPT_ERRORS))])
+def test_bad_ai_platform_script_one_line(script: str, message: str, tmp_path: Path) -> None:
+    aip_project(tmp_path, script)
+    (tmp_path / "bare.yaml").write_text("scaleTier: BASIC\npythonModule: m\n")
+    code, out, err = run("import", "ai-platform", "train.sh", "-o", "out.yaml", cwd=tmp_path)
+    assert code == 1, err
+    assert err.startswith(f"Error: {message}"), err
+    assert len(err.splitlines()) == 1 and out == "" and not (tmp_path / "out.yaml").exists()
+
+
+def test_import_vertex_points_an_ai_platform_script_to_ai_platform(tmp_path: Path) -> None:
+    aip_project(tmp_path, AIP_SCRIPTS[0][1])
+    code, _, err = run("import", "vertex", "train.sh", cwd=tmp_path)
+    assert code == 1
+    assert err == (
+        "Error: train.sh:4: `gcloud ai-platform jobs submit training` submits an AI Platform Training job: "
+        "use `provision import ai-platform`\n"
+    )
+
+
+def test_ai_platform_script_packages(tmp_path: Path) -> None:
+    """--packages: a gs:// one copied and installed as packageUris are; a local one, which
+    gcloud uploaded, pushed with files: and installed; --staging-bucket named."""
+    aip_project(
+        tmp_path,
+        "gcloud ai-platform jobs submit training pk --module-name trainer.task --runtime-version 1.15 \\\n"
+        "  --packages dist/extra-0.1.tar.gz,gs://b/dep-1.0.tar.gz --staging-bucket gs://b --config hptuning_config.yaml\n",
+    )
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "extra-0.1.tar.gz").write_bytes(b"x")
+    doc, text, _ = imported(tmp_path, "ai-platform", "train.sh")
+    assert doc["files"] == [{"src": "dist/extra-0.1.tar.gz", "dest": "/opt/pk/packages/extra-0.1.tar.gz"}]
+    assert "env" not in doc["pools"]["chief"]
+    assert doc["job_spec"]["packageUris"] == ["gs://b/dep-1.0.tar.gz"]
+    setup = [line.strip("# -") for line in text.splitlines() if line.startswith("#     - ")]
+    assert setup[-2:] == [
+        "/opt/venvs/pk/bin/pip install /opt/venvs/pk/packages/dep-1.0.tar.gz",
+        "/opt/venvs/pk/bin/pip install /opt/pk/packages/extra-0.1.tar.gz",
+    ]
+    in_notes(text, "--staging-bucket: gs://b", "where gcloud uploaded the packages", "Not applied, and why:")
+    in_notes(text, "--packages: extra-0.1.tar.gz", "pushes them to /opt/pk/packages/", "Applied in part:")

@@ -3,6 +3,7 @@ promoted trial's inventory: pure, no hosts (the study on hosts: integration/test
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,12 @@ from provision.core.tuning import (
 from provision.spec.inventory import parse
 from provision.spec.promote import promoted
 from provision.spec.render import render
-from provision.spec.trial import trial_inventory
+from provision.spec.trial import trial_inventory, with_flags
+
+_spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
+_ports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ports)  # type: ignore[union-attr]
+parse_env_file, parse_exec = _ports.parse_env_file, _ports.parse_exec
 
 BASE = """\
 job: sweep
@@ -112,8 +118,14 @@ def test_a_tune_section_becomes_a_study():
             "tune.storage: a password in the URL is not accepted",
         ),
         (
-            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: categorical, values: ['x; rm -rf /']}}, max_trials: 2}",
-            "tune.parameters.a.values[0]: expected a plain word",
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: categorical, values: [[1, 2]]}}, max_trials: 2}",
+            "tune.parameters.a.values[0]: expected a string, got a list",
+        ),
+        (
+            "tune: {metric: {name: l, goal: minimize}, parameters: {a: {type: categorical, values: ['a\\0b']}}, max_trials: 2}".replace(
+                "'a\\0b'", '"a\\0b"'
+            ),
+            "tune.parameters.a.values[0]: NUL bytes are not allowed",
         ),
         (
             "tune: {metric: {name: l, goal: minimize}, parameters: {}, max_trials: 2}",
@@ -201,3 +213,93 @@ def test_the_measurement_that_counts_and_the_best_trial():
         TrialRow(4, (), TrialState.FAILED, None),
     ]
     assert best(rows, metric).number == 3
+
+
+@pytest.mark.parametrize(
+    "argv, extra, want",
+    [
+        (["--epochs=3"], ["--batch_size=64"], ["--epochs=3", "--batch_size=64"]),
+        # The flag the command has already: replaced where it is, never given twice.
+        (["--batch_size=128", "--epochs=3"], ["--batch_size=64"], ["--batch_size=64", "--epochs=3"]),
+        (["--batch_size", "128", "--epochs=3"], ["--batch_size=64"], ["--batch_size=64", "--epochs=3"]),
+        (["--batch_size", "--epochs=3"], ["--batch_size=64"], ["--batch_size=64", "--epochs=3"]),
+        (["--batch_size", "-1"], ["--batch_size=64"], ["--batch_size=64"]),
+        (["--lr=1", "x", "--lr=2"], ["--lr=0.5", "--bs=8"], ["--lr=0.5", "x", "--lr=0.5", "--bs=8"]),
+        # A longer name that starts the same is another flag.
+        (["--batch_size_eval=9"], ["--batch_size=64"], ["--batch_size_eval=9", "--batch_size=64"]),
+        (["--hidden_units=1 2"], ["--hidden_units=1024 512 256"], ["--hidden_units=1024 512 256"]),
+        ([], ["--a=1"], ["--a=1"]),
+    ],
+)
+def test_a_trials_flags_replace_the_same_flags(argv, extra, want):
+    assert with_flags(argv, extra) == tuple(want)
+
+
+def test_a_trial_replaces_a_flag_its_command_has():
+    base = BASE.replace("command: [python3, /opt/t.py]", "command: [python3, -m, trainer.task, --batch_size=128, --x]")
+    t = trial_inventory(_inv(TUNE, base), 2, {"learning_rate": 0.5, "batch_size": 32, "optimizer": "adam"})
+    assert t.pools[0].command == (
+        "python3",
+        "-m",
+        "trainer.task",
+        "--batch_size=32",
+        "--x",
+        "--learning_rate=0.5",
+        "--optimizer=adam",
+    )
+
+
+HOSTILE_CATEGORIES = [
+    "1024 512 256",  # a real AI Platform config's hidden_units
+    "it's",
+    'say "hi"',
+    "$HOME",
+    "${PATH}",
+    "100%",
+    "%h %n",
+    ";",
+    "x; rm -rf /",
+    "back\\slash\\",
+    "tab\there",
+    "`id`",
+    "--flag",
+    "",
+    "ünïcode ✓",
+]
+
+
+def _yaml_str(s: str) -> str:
+    return (
+        yaml.safe_dump(s, default_style='"', width=1 << 30, allow_unicode=True).removesuffix("\n").removesuffix("\n...")
+    )
+
+
+@pytest.mark.parametrize("image", [False, True], ids=["command", "image"])
+def test_a_categorical_value_is_any_text_and_reaches_the_trial_as_one_argument(image):
+    """Each value is one argv element as systemd reads ExecStart= back (its parser's port in
+    test_encode.py): no shell word splitting, no `$`/`%` expansion, quotes and backslashes kept."""
+    values = ", ".join(_yaml_str(v) for v in HOSTILE_CATEGORIES)
+    tune = TUNE.replace(
+        "optimizer: {type: categorical, values: [adam, sgd]}", f"optimizer: {{type: categorical, values: [{values}]}}"
+    )
+    tune = tune.replace("when: {optimizer: [sgd]}", f"when: {{optimizer: [{_yaml_str(';')}]}}")
+    base = BASE
+    if image:
+        base = BASE.replace("command: [python3, /opt/t.py]", "image: reg.local/t:1, args: [--epochs, '3']")
+    inv = _inv(tune, base)
+    opt = next(p for p in inv.tune.params if p.name == "optimizer")
+    assert opt.values == tuple(HOSTILE_CATEGORIES)
+    for n, value in enumerate(HOSTILE_CATEGORIES, 1):
+        t = trial_inventory(inv, n, {"learning_rate": 0.01, "optimizer": value})
+        files = {f.path: f for f in render(t).hosts["a"].files}
+        unit = files[f"/etc/systemd/system/provision-sweep-t{n}-chief-0.service"].data().decode()
+        (line,) = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")]
+        argv = parse_exec(line[len("ExecStart=") :])
+        assert argv[-2:] == ["--learning_rate=0.01", f"--optimizer={value}"], (value, line)
+        head = ["/usr/bin/docker"] if image else ["python3", "/opt/t.py"]
+        assert argv[: len(head)] == head
+        if image:
+            assert argv[-4:-2] == ["--epochs", "3"] and "reg.local/t:1" in argv
+        env = dict(parse_env_file(files[f"/etc/provision/sweep-t{n}/chief-0.env"].data().decode()))
+        assert env["CLOUD_ML_TRIAL_ID"] == str(n) and env["CLOUD_ML_HP_METRIC_TAG"] == "val_loss"
+        assert not any(value and value in v for k, v in env.items() if len(value) > 3 and k != "CLUSTER_SPEC"), env

@@ -412,3 +412,55 @@ def test_an_imported_tuning_job_runs(sandbox4, sandbox_inventory, tmp_path, serv
     doc = _trials(inv, tmp_path)
     assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 3, doc["trials"]
     assert all(0.1 <= t["params"]["quality"] <= 2.0 for t in doc["trials"])
+
+
+def test_a_categorical_value_with_spaces_is_one_argument_of_the_trial(sandbox4, sandbox_inventory, tmp_path):
+    """Issue 39 item 7: an AI Platform config's `hidden_units: '1024 512 256'` reaches the
+    trainer as ONE argument, `--hidden_units=1024 512 256`, replacing the one its command
+    had; quotes, `$`, `%`, `;` and backslashes arrive as written (no shell, no expansion)."""
+    import ast
+
+    values = ["1024 512 256", 'it\'s "$HOME"; 100% \\n']
+    job = "tcat"
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    inv = tmp_path / "study.yaml"
+    sandbox_inventory(
+        sandbox4,
+        job=job,
+        path=inv,
+        hosts=HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={
+            "chief": {
+                "replicas": 1,
+                "accelerators": 1,
+                "command": [
+                    "python3",
+                    f"/opt/{job}/trainer.py",
+                    "--steps=2",
+                    "--step_seconds=0.2",
+                    "--hidden_units=64 32",
+                ],
+            }
+        },
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"hidden_units": {"type": "categorical", "values": values}},
+            "algorithm": "grid",
+            "max_trials": 2,
+            "parallel_trials": 2,
+        },
+    )
+    ok(_tune(inv, cwd=tmp_path))
+    doc = _trials(inv, tmp_path)
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 2, doc["trials"]
+    assert sorted(t["params"]["hidden_units"] for t in doc["trials"]) == sorted(values)
+    logs = tmp_path / ".provision" / f"{job}.tune"
+    for t in doc["trials"]:
+        text = (logs / f"trial-{t['number']}" / "chief-0.log").read_text()
+        line = next(ln for ln in text.splitlines() if " argv [" in ln)
+        argv = ast.literal_eval(line[line.index(" argv [") + len(" argv ") :])
+        assert argv == ["--steps=2", "--step_seconds=0.2", f"--hidden_units={t['params']['hidden_units']}"], (
+            line,
+            argv,
+        )

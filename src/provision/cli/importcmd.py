@@ -76,8 +76,9 @@ def ai_platform_cmd(
 ) -> None:
     """An AI Platform Training job as an inventory.
 
-    SPEC: a TrainingInput, or a job with trainingInput (gcloud's config.yaml), JSON or YAML.
-    Its hyperparameters, if any, become the inventory's tune:."""
+    SPEC: a TrainingInput, or a job with trainingInput (gcloud's config.yaml), JSON or YAML,
+    or a shell script with a `gcloud [beta] ai-platform jobs submit training` (or `ml-engine`)
+    command, its --config beside it. Its hyperparameters, if any, become the inventory's tune:."""
     _run("ai-platform", spec, hosts_file, output, job, trial, force)
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import aiplatform, gcloud, vertex
+from . import aipgcloud, aiplatform, gcloud, vertex
 from .common import (
     JSON,
     JobPlan,
@@ -81,7 +81,9 @@ def import_job(
     text = read_text(spec_path, display)
     default_name = spec_path.stem
     parsed = parse_structured(text, display)
-    if service == "ai-platform":
+    if service == "ai-platform" and not isinstance(parsed.data, dict) and "gcloud" in text:
+        plan = _from_aip_script(text, spec_path, display, job=job, trial=trial)
+    elif service == "ai-platform":
         if parsed.error is not None:
             raise SpecError(parsed.error)
         plan = aiplatform.from_data(parsed.data, display, job=job, trial=trial, default_name=default_name)
@@ -107,6 +109,11 @@ def _from_script(
 ) -> JobPlan:
     """Not a mapping: a shell script with the gcloud command, or a file that is neither."""
     found = gcloud.find(text, display) if "custom-jobs" in text or "hp-tuning-jobs" in text else None
+    if found is None and "jobs" in text and (aip := gcloud.find(text, display)) is not None:
+        raise SpecError(
+            f"{display}:{aip.line}: `{gcloud.command_text(aip.kind)}` submits an AI Platform Training job: "
+            "use `provision import ai-platform`"
+        )
     if found is None:
         if error is not None and "gcloud" not in text:  # a JSON or YAML file with a mistake: say where
             raise SpecError(error)
@@ -136,6 +143,22 @@ def _from_script(
     )
     at = Where(g.spec_source)
     return vertex.from_spec(g.spec, at, src, job=job, default_name=spec_path.stem)
+
+
+def _from_aip_script(text: str, spec_path: Path, display: str, *, job: str | None, trial: str | None) -> JobPlan:
+    """A shell script with `gcloud ai-platform|ml-engine jobs submit training` (aipgcloud.py)."""
+    found = gcloud.find(text, display)
+    if found is not None and found.kind not in gcloud.AIP_GROUPS:
+        raise SpecError(
+            f"{display}:{found.line}: `{gcloud.command_text(found.kind)}` is a Vertex AI job: use `provision import vertex`"
+        )
+    if found is None:
+        raise SpecError(
+            f"{display}: neither a TrainingInput / job with trainingInput (JSON or YAML) nor a shell script "
+            "with a `gcloud ai-platform jobs submit training` command (or `ml-engine jobs submit training`)"
+        )
+    cmd = aipgcloud.parse(found, display, spec_path.resolve().parent, spec_path.stem)
+    return aipgcloud.to_plan(cmd, display, job=job, trial=trial, default_name=spec_path.stem)
 
 
 def _check_accelerators(plan: JobPlan, hosts: Hosts | None) -> dict[str, list[str]]:

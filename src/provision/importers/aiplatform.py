@@ -217,7 +217,8 @@ def from_input(  # noqa: C901  one branch per field of AI Platform's TrainingInp
         )
     if master_image is None and python_module is None:
         at.fail(
-            "neither masterConfig.imageUri (a custom container) nor pythonModule (a training package): what does this job run?"
+            "neither masterConfig.imageUri (a custom container) nor pythonModule (a training package): what does this job run? "
+            "(When a `gcloud ai-platform jobs submit training --config` command says it, import the script with the command.)"
         )
 
     pools: list[PoolPlan] = []

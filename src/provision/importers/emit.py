@@ -176,12 +176,13 @@ def _env_and_files(out: _Lines, plan: JobPlan, out_dir: Path) -> None:
             out.add(f"  {k}: {flow(v)}")
     if plan.files:
         out.add()
-        out.comment("The local package gcloud built into an image, pushed to every host that runs a task:")
+        out.comment("The local code gcloud packaged for the service, pushed to every host that runs a task:")
         out.add("files:")
         for src, dest in plan.files:
             rel = os.path.relpath(src, out_dir)
             shown = src if rel.startswith("../../..") else rel
-            out.add(f"  - {{src: {flow(shown + '/')}, dest: {flow(dest + '/')}}}")
+            slash = "/" if os.path.isdir(src) else ""  # a directory, or one file (a setup.py, a tarball)
+            out.add(f"  - {{src: {flow(shown + slash)}, dest: {flow(dest + slash)}}}")
 
 
 def _job_spec(out: _Lines, plan: JobPlan) -> None:

@@ -249,11 +249,12 @@ class Found:
     words: tuple[Word, ...]  # gcloud's arguments after the command path
     line: int
     variables: dict[str, str | None] = field(hash=False, compare=False)
-    kind: str = "custom-jobs"  # or "hp-tuning-jobs"
+    kind: str = "custom-jobs"  # or "hp-tuning-jobs"; "ai-platform" or "ml-engine" (jobs submit training)
 
 
 def find(text: str, display: str) -> Found | None:
-    """The script's `gcloud ... ai custom-jobs|hp-tuning-jobs create` command, with the variables set before it."""
+    """The script's `gcloud ... ai custom-jobs|hp-tuning-jobs create` (or `ai-platform|ml-engine
+    jobs submit training`) command, with the variables set before it."""
     variables: dict[str, str | None] = {}
     found: list[Found] = []
     for cmd in split(text, display):
@@ -271,22 +272,42 @@ def find(text: str, display: str) -> Found | None:
         rest = words[1:]
         positional = [(i, w.literal()) for i, w in enumerate(rest) if not (w.literal() or "-").startswith("-")]
         names = [p for _, p in positional]
-        for k in range(len(names) - 2):
-            if names[k] == "ai" and names[k + 1] in KINDS and names[k + 2] == "create":
-                # The command path; what comes before it are gcloud's own flags and their
-                # values (`--project p`), which stay for the flag parser.
-                first = k - 1 if k and names[k - 1] in ("beta", "alpha") else k
-                skip = {positional[j][0] for j in range(first, k + 3)}
-                kept = tuple(w for i, w in enumerate(rest) if i not in skip)
-                found.append(Found(kept, words[0].line, dict(variables), str(names[k + 1])))
-                break
+        for k in range(len(names)):
+            if names[k] == "ai" and k + 2 < len(names) and names[k + 1] in KINDS and names[k + 2] == "create":
+                kind, length = str(names[k + 1]), 3
+            elif names[k] in AIP_GROUPS and names[k + 1 : k + 4] == ["jobs", "submit", "training"]:
+                kind, length = str(names[k]), 4  # AI Platform Training (aipgcloud.py reads it)
+            else:
+                continue
+            # The command path; what comes before it are gcloud's own flags and their
+            # values (`--project p`), which stay for the flag parser.
+            first = k - 1 if k and names[k - 1] in ("beta", "alpha") else k
+            skip = {positional[j][0] for j in range(first, k + length)}
+            kept = tuple(w for i, w in enumerate(rest) if i not in skip)
+            found.append(Found(kept, words[0].line, dict(variables), kind))
+            break
     if len(found) > 1:
         lines = ", ".join(str(f.line) for f in found)
-        kind = found[0].kind if len({f.kind for f in found}) == 1 else "custom-jobs / hp-tuning-jobs"
+        kinds = {f.kind for f in found}
+        what = (
+            command_text(found[0].kind)
+            if len(kinds) == 1
+            else "gcloud ai custom-jobs / hp-tuning-jobs create"
+            if kinds <= set(KINDS)
+            else "gcloud ... training"
+        )
         raise SpecError(
-            f"{display}: {len(found)} `gcloud ai {kind} create` commands (lines {lines}): import one at a time (one per file)"
+            f"{display}: {len(found)} `{what}` commands (lines {lines}): import one at a time (one per file)"
         )
     return found[0] if found else None
+
+
+AIP_GROUPS = ("ai-platform", "ml-engine")  # `gcloud GROUP jobs submit training`: AI Platform Training
+
+
+def command_text(kind: str) -> str:
+    """The command path of a Found's kind, as the user wrote it."""
+    return f"gcloud {kind} jobs submit training" if kind in AIP_GROUPS else f"gcloud ai {kind} create"
 
 
 # --------------------------------------------------------------------------- flags → CustomJobSpec

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from provision.core.tuning import Tune, Value
-from provision.spec.trial import flags
+from provision.spec.trial import flags, with_flags
 
 
 def promoted(
@@ -28,8 +28,11 @@ def promoted(
     for pool in (doc.get("pools") or {}).values():
         if not isinstance(pool, dict):
             continue
-        key = "args" if "image" in pool else "command"
-        pool[key] = [*(pool.get(key) or []), *extra]
+        if "image" in pool:
+            pool["args"] = list(with_flags(pool.get("args") or [], extra))
+        else:  # as the trial ran: a flag the command has is replaced, not given twice
+            command = pool.get("command") or []
+            pool["command"] = [*command[:1], *with_flags(command[1:], extra)]
     for f in doc.get("files") or []:
         if isinstance(f, dict) and isinstance(f.get("src"), str) and not os.path.isabs(os.path.expanduser(f["src"])):
             f["src"] = os.path.relpath((src_dir / f["src"]).resolve(), out_dir.resolve())
