@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +54,8 @@ def digits(values: Sequence[float]) -> int:
 
 
 def _flags(row: TrialRow) -> str:
-    return " ".join(f"--{name}={format_value(v)}" for name, v in row.params)
+    """The trial's arguments as a shell would need them (a value with a space is one argument)."""
+    return " ".join(shlex.quote(f"--{name}={format_value(v)}") for name, v in row.params)
 
 
 def counts(rows: Sequence[TrialRow]) -> dict[str, int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import aiplatform
-from .common import JSON, JobPlan, Note, SpecError, Where, integer, job_name, mapping, merge_setup, venv
+from .common import JSON, JobPlan, Note, PoolPlan, SpecError, Where, integer, job_name, mapping, merge_setup, venv
 from .gcloud import Found, Word, _config, _flag_note, _local_dir, arg_list, command_text, expand
 
 BOOLEAN_FLAGS = frozenset({"--async", "--stream-logs", "--enable-web-access", "--quiet", "-q", "--help", "--log-http"})
@@ -136,7 +136,7 @@ class _Request:
         self.ti[key] = cfg
         return cfg
 
-    def flag(self, name: str, value: str | None, at: Where) -> None:
+    def flag(self, name: str, value: str | None, at: Where) -> None:  # noqa: C901  one branch per kind of gcloud flag
         if name in STRING_FIELDS:
             self.set(STRING_FIELDS[name], _given(value, at), name)
         elif name in COUNT_FIELDS:
@@ -258,31 +258,19 @@ def _job(w: Word | None, found: Found, display: str, default_name: str) -> tuple
         return (literal if job_name(literal) != "imported" else default_name), _shown(w)
 
 
-def to_plan(cmd: AipCommand, display: str, *, job: str | None, trial: str | None, default_name: str) -> JobPlan:
-    """The Job through aiplatform.from_data, then what gcloud did besides: the package
-    pushed, PYTHONPATH, its installs in the setup block; notes named by the flags."""
-    plan = aiplatform.from_data(cmd.data, cmd.source, job=job, trial=trial, default_name=default_name)
-    by_flag = {f"trainingInput.{key}": flag for key, flag in cmd.flags.items()}
-
-    def renamed(n: Note) -> Note:
-        if n.path == "jobId":
-            if cmd.job_word is not None:
-                return Note("JOB", cmd.job_word, f"only the shell can work out the whole name: job {plan.job}")
-            return replace(n, path="JOB")
-        for path, flag in by_flag.items():
-            if n.path == path or n.path.startswith(path + ".") or n.path.startswith(path + "["):
-                return replace(n, path=flag + n.path[len(path) :])
-        return n
-
-    partly = [renamed(n) for n in plan.partly]
-    if cmd.job_word is not None and not any(n.path == "JOB" for n in partly):
-        partly.append(Note("JOB", cmd.job_word, f"only the shell can work out the whole name: job {plan.job}"))
-    notes = [renamed(n) for n in plan.not_applied] + list(cmd.notes)
-    files: list[tuple[str, str]] = list(plan.files)
-    installs: list[str] = []
+def _with_package(
+    cmd: AipCommand,
+    plan: JobPlan,
+    root: str,
+    runs_module: bool,
+    files: list[tuple[str, str]],
+    installs: list[str],
+    partly: list[Note],
+    notes: list[Note],
+) -> tuple[PoolPlan, ...]:
+    """--package-path: pushed with files: (and a setup.py beside it installed), PYTHONPATH
+    on every pool that runs the module; the lists given are added to."""
     pools = plan.pools
-    root = f"/opt/{plan.job}"
-    runs_module = any(not p.image for p in plan.pools)
     if cmd.package is not None and runs_module:
         dest = f"{root}/{cmd.package.name}"
         files.append((str(cmd.package), dest))
@@ -318,6 +306,34 @@ def to_plan(cmd: AipCommand, display: str, *, job: str | None, trial: str | None
         notes.append(
             Note("--package-path", cmd.package.name + "/", "the job runs containers (--master-image-uri): not used")
         )
+    return pools
+
+
+def to_plan(cmd: AipCommand, display: str, *, job: str | None, trial: str | None, default_name: str) -> JobPlan:
+    """The Job through aiplatform.from_data, then what gcloud did besides: the package
+    pushed, PYTHONPATH, its installs in the setup block; notes named by the flags."""
+    plan = aiplatform.from_data(cmd.data, cmd.source, job=job, trial=trial, default_name=default_name)
+    by_flag = {f"trainingInput.{key}": flag for key, flag in cmd.flags.items()}
+
+    def renamed(n: Note) -> Note:
+        if n.path == "jobId":
+            if cmd.job_word is not None:
+                return Note("JOB", cmd.job_word, f"only the shell can work out the whole name: job {plan.job}")
+            return replace(n, path="JOB")
+        for path, flag in by_flag.items():
+            if n.path == path or n.path.startswith(path + ".") or n.path.startswith(path + "["):
+                return replace(n, path=flag + n.path[len(path) :])
+        return n
+
+    partly = [renamed(n) for n in plan.partly]
+    if cmd.job_word is not None and not any(n.path == "JOB" for n in partly):
+        partly.append(Note("JOB", cmd.job_word, f"only the shell can work out the whole name: job {plan.job}"))
+    notes = [renamed(n) for n in plan.not_applied] + list(cmd.notes)
+    files: list[tuple[str, str]] = list(plan.files)
+    installs: list[str] = []
+    root = f"/opt/{plan.job}"
+    runs_module = any(not p.image for p in plan.pools)
+    pools = _with_package(cmd, plan, root, runs_module, files, installs, partly, notes)
     for t in cmd.tarballs if runs_module else ():
         files.append((str(t), f"{root}/packages/{t.name}"))
         installs.append(f"{root}/packages/{t.name}")
