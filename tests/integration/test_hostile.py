@@ -12,6 +12,10 @@ import subprocess
 import pytest
 import yaml
 
+from provision.core.target import HostError
+from provision.io.ssh import STDERR_KEPT
+from provision.run.context import open_context
+
 from .clirun import cli, ok
 
 pytestmark = pytest.mark.integration
@@ -209,3 +213,20 @@ def test_the_disk_check_counts_a_nested_destinations_files_once(sb1, sandbox_inv
         ok(cli("destroy", "-y", inv, cwd=tmp_path))
     finally:
         on_host(sb1, "umount /mnt/nest")
+
+
+def test_a_host_that_answers_without_end_is_cut_off(sb1, sandbox_inventory, tmp_path):
+    """What a host sends back is bounded: an answer past its caller's limit is refused in
+    one line, and a command's stderr is kept to 1 MiB however much the host writes."""
+    inv = tmp_path / "inv.yaml"
+    sandbox_inventory(sb1, job="endless", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv)
+    ctx = open_context(str(inv))
+    try:
+        target = ctx.targets["host-1"]
+        with pytest.raises(HostError) as e:
+            ctx.session.run(target, "head -c 3000000 /dev/zero; sleep 30", limit=1 << 20)
+        assert "sent more than 1048576 bytes in answer to one command" in e.value.message
+        r = ctx.session.run(target, "head -c 5000000 /dev/zero >&2; echo done")
+        assert r.stdout == b"done\n" and len(r.stderr) == STDERR_KEPT
+    finally:
+        ctx.close()

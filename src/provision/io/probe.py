@@ -29,7 +29,7 @@ from typing import Any
 from provision.core.target import Target
 from provision.host import agent, hostcheck, hostfacts, hostlib, layout, ledger
 from provision.host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
-from provision.io.ssh import Session, call_agent
+from provision.io.ssh import ANSWER_LIMIT, Session, call_agent
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9/._@:+=,-]*$")
 _SAFE_UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
@@ -407,7 +407,7 @@ def probe_host(session: Session, target: Target, req: ProbeRequest, *, timeout: 
     agent, which also words the errors."""
     cmd = command(req)
     if cmd is not None:
-        res = session.run(target, cmd, timeout=timeout)
+        res = session.run(target, cmd, timeout=timeout, limit=ANSWER_LIMIT)
         if res.exit_status == 0:
             try:
                 return parse(res.stdout, req)

@@ -47,6 +47,27 @@ class Result:
     stderr: bytes
 
 
+ANSWER_LIMIT = 64 << 20  # bytes: the agent's and the probe's answers are kilobytes
+
+
+class _TooMuch(Exception):
+    """A host's answer went past the bound its caller set."""
+
+
+STDERR_KEPT = 1 << 20  # bytes of a command's stderr kept (the rest is read and dropped)
+
+
+def _read_stderr(chan: paramiko.Channel, into: list[bytes]) -> None:
+    """A command's stderr, at most STDERR_KEPT bytes of it: a host that writes without end
+    fills neither the controller's memory nor the channel's window."""
+    f = chan.makefile_stderr("rb")
+    kept = 0
+    while chunk := f.read(1 << 16):
+        if kept < STDERR_KEPT:
+            into.append(chunk[: STDERR_KEPT - kept])
+            kept += len(chunk)
+
+
 # --------------------------------------------------------------------------- connections
 
 
@@ -230,11 +251,32 @@ class Session:
     # -- run
 
     def run(
-        self, target: Target, command: str, *, stdin: bytes = b"", timeout: float | None = 600, sudo: bool = True
+        self,
+        target: Target,
+        command: str,
+        *,
+        stdin: bytes = b"",
+        timeout: float | None = 600,
+        sudo: bool = True,
+        limit: int | None = None,
     ) -> Result:
-        """Run one command; stdout and stderr collected; never raises for a non-zero exit."""
+        """Run one command; stdout and stderr collected; never raises for a non-zero exit.
+        `limit`: at most this many bytes of stdout are believed (what a host sends back is
+        untrusted: a larger answer is a HostError, not the controller's memory)."""
         out: list[bytes] = []
-        status, err = self._exec(target, command, out.append, stdin, timeout, sudo, "command timed out after")
+        size = 0
+
+        def keep(data: bytes) -> None:
+            nonlocal size
+            size += len(data)
+            if limit is not None and size > limit:
+                raise _TooMuch()
+            out.append(data)
+
+        try:
+            status, err = self._exec(target, command, keep, stdin, timeout, sudo, "command timed out after")
+        except _TooMuch:
+            raise HostError(target, f"sent more than {limit} bytes in answer to one command: refused") from None
         return Result(status, b"".join(out), err)
 
     def download(
@@ -270,7 +312,7 @@ class Session:
             chan.settimeout(timeout)
             chan.exec_command(command)
             err_chunks: list[bytes] = []
-            reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
+            reader = threading.Thread(target=_read_stderr, args=(chan, err_chunks), daemon=True)
             reader.start()
             # In slices: paramiko's sendall re-slices what is left after every packet, which
             # for one large bytes object is quadratic (a 40 MB push took 22 s).
@@ -358,7 +400,7 @@ def call_agent(session: Session, target: Target, request: Any, *, timeout: float
     """One request (host/protocol.py) to the agent on the host: one SSH round trip. Returns
     the request's report type."""
     stdin = bundle.payload() + json.dumps(P.to_wire(request)).encode()
-    res = session.run(target, bundle.boot_command(), stdin=stdin, timeout=timeout)
+    res = session.run(target, bundle.boot_command(), stdin=stdin, timeout=timeout, limit=ANSWER_LIMIT)
     if res.exit_status != 0:
         err = res.stderr.decode("utf-8", "replace").strip().splitlines()
         if res.exit_status == 127:
