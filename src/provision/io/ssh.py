@@ -38,6 +38,7 @@ logging.getLogger("paramiko").propagate = False
 
 T = TypeVar("T")
 _CHUNK = 1 << 18
+STDERR_KEPT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,20 @@ def fd_safe_parallelism() -> int:
 
 def _timed_out(target: Target, stage: str) -> str:
     return f"timed out during {stage} (connect_timeout {target.connect_timeout:g}s): is the host hung or overloaded?"
+
+
+def _read_stderr(chan: paramiko.Channel, into: list[bytes]) -> None:
+    """A command's stderr, its first STDERR_KEPT bytes kept and the rest read and dropped
+    (a host that streams it endlessly cannot fill the controller's memory)."""
+    f = chan.makefile_stderr("rb")
+    kept = 0
+    try:
+        while chunk := f.read(1 << 16):
+            if kept < STDERR_KEPT:
+                into.append(chunk[: STDERR_KEPT - kept])
+                kept += len(into[-1])
+    except (OSError, EOFError, paramiko.SSHException):
+        pass  # the channel closed or timed out: the command's own reader says so
 
 
 def _close(conn: Connection) -> None:
@@ -241,7 +256,9 @@ class Session:
         self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
     ) -> Result:
         """Run a command whose stdout may be large (a tar of a model): each chunk goes to sink
-        as it arrives, never all of it in memory. Result.stdout is empty."""
+        as it arrives, never all of it in memory. Result.stdout is empty. The sink may raise
+        to stop reading: the channel is closed and its exception raised as it was (an
+        OSError of the sink's own is not taken for a lost connection)."""
         status, err = self._exec(target, command, sink, stdin, timeout, True, "no data for")
         return Result(status, b"", err)
 
@@ -256,9 +273,12 @@ class Session:
         timed_out: str,
     ) -> tuple[int, bytes]:
         """One command on a channel of the host's connection: stdin sent, stdout to sink as it
-        arrives (timeout: between chunks), stderr collected; (exit status, stderr). A lost
-        connection is dropped from the pool and raised as unreachable."""
+        arrives (timeout: between chunks), stderr collected (its first STDERR_KEPT bytes: a
+        host's complaint, not a stream); (exit status, stderr). A lost connection is dropped
+        from the pool and raised as unreachable; what the sink raises, raised as it was."""
         conn = self.connect(target)
+        sink_failed: BaseException | None = None
+        status = -1
         if sudo and not self.is_root(target):
             command = "sudo -n " + command
         if self.verbose:
@@ -270,7 +290,7 @@ class Session:
             chan.settimeout(timeout)
             chan.exec_command(command)
             err_chunks: list[bytes] = []
-            reader = threading.Thread(target=lambda: err_chunks.append(chan.makefile_stderr("rb").read()), daemon=True)
+            reader = threading.Thread(target=_read_stderr, args=(chan, err_chunks), daemon=True)
             reader.start()
             # In slices: paramiko's sendall re-slices what is left after every packet, which
             # for one large bytes object is quadratic (a 40 MB push took 22 s).
@@ -279,9 +299,14 @@ class Session:
                 chan.sendall(bytes(view[i : i + _CHUNK]))
             chan.shutdown_write()
             while data := chan.recv(1 << 20):
-                sink(data)
-            status = chan.recv_exit_status()
-            reader.join(timeout)
+                try:
+                    sink(data)
+                except BaseException as e:  # the caller's own failure (or Ctrl-C), not the host's
+                    sink_failed = e
+                    break
+            if sink_failed is None:
+                status = chan.recv_exit_status()
+                reader.join(timeout)
             chan.close()
         except TimeoutError:
             raise HostError(target, f"{timed_out} {timeout:g}s") from None
@@ -291,6 +316,8 @@ class Session:
                     del self._conns[target.name]
             _close(conn)
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
+        if sink_failed is not None:
+            raise sink_failed
         return status, b"".join(err_chunks)
 
     def stream(
