@@ -197,15 +197,20 @@ class TarStream:
         self._left = 0  # data or padding bytes to come
 
     def feed(self, data: bytes) -> list[Event]:
-        self.got += len(data)
-        if self.got > self.limit:
+        over = self.got + len(data) > self.limit
+        view = memoryview(data)[: max(0, self.limit - self.got)] if over else memoryview(data)
+        self.got += len(view)
+        events = self._parse(view)  # a bad member within the bound is named before the bound
+        if over:
             raise Refused(
                 None,
                 f"the host sent more than the {self.limit} bytes its listing leaves room for "
                 f"({plural(len(self.announced), 'file')} of {sum(self.announced.values())} bytes)",
             )
+        return events
+
+    def _parse(self, view: memoryview) -> list[Event]:
         events: list[Event] = []
-        view = memoryview(data)
         i = 0
         while i < len(view) and self._state != "end":
             if self._state in ("data", "pad"):
