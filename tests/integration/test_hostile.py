@@ -1,13 +1,19 @@
 """Hostile conditions on a real sandbox host (issue 18.5, 18.9): a disk that fills up in
 the middle of a push, and a destination aimed at provision's own env file while a secret
-is set. What validation refuses offline is in tests/test_pushed_files.py and
-tests/test_validation.py; here the whole CLI runs against a host."""
+is set. Issue 38: a host whose tar producer sends `provision fetch` crafted streams. What
+validation refuses offline is in tests/test_pushed_files.py and tests/test_validation.py
+(and fetch's stream rules in tests/test_fetch.py); here the whole CLI runs against a host."""
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import secrets
+import shlex
 import subprocess
+import sys
+import tarfile
 
 import pytest
 import yaml
@@ -16,7 +22,7 @@ from provision.core.target import HostError
 from provision.io.ssh import STDERR_KEPT
 from provision.run.context import open_context
 
-from .clirun import cli, ok
+from .clirun import cli, ok, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +236,177 @@ def test_a_host_that_answers_without_end_is_cut_off(sb1, sandbox_inventory, tmp_
         assert r.stdout == b"done\n" and len(r.stderr) == STDERR_KEPT
     finally:
         ctx.close()
+
+
+# -- fetch: what a host sends back is untrusted (issue 38, items 1, 6, 7 and the one-line errors)
+
+FETCHED = "/data/hostile-fetch"
+PRODUCER = "/usr/local/bin/tar"  # before /usr/bin on root's and sudo's PATH: fetch runs this
+CRAFTED = "/opt/hostile-fetch.tar"
+
+
+def _tar(*entries: tuple[str, bytes, bytes, str]) -> bytes:
+    """(name, kind, data, link) entries as a GNU tar, crafted in memory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, kind, data, link in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mtime = kind, link, 1700000000
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            if kind == tarfile.CHRTYPE:
+                info.devmajor, info.devminor = 1, 5
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    return buf.getvalue()
+
+
+def _file(name: str, data: bytes) -> tuple[str, bytes, bytes, str]:
+    return name, tarfile.REGTYPE, data, ""
+
+
+def _chain() -> list[tuple[str, bytes, bytes, str]]:
+    """CVE-2025-4517's shape: directories and links whose resolved path outgrows PATH_MAX,
+    a link through them out of the destination, a file written through it."""
+    entries, path, step = [], "", "d" * 200
+    for i in range(16):
+        entries += [(path + step, tarfile.DIRTYPE, b"", ""), (path + "l" * (i + 1), tarfile.SYMTYPE, b"", step)]
+        path += "l" * (i + 1) + "/"
+    return [*entries, ("escape", tarfile.SYMTYPE, b"", path + "../" * 20), _file("escape/owned", b"pwned")]
+
+
+GOOD = _file("model/a.pt", b"weights")
+CRAFTED_STREAMS = {
+    "dotdot": (_tar(GOOD, _file("../../../evil", b"xx")), "", "../../../evil: `..` in its path"),
+    "device": (_tar(GOOD, ("model/b.pt", tarfile.CHRTYPE, b"", "")), "", "model/b.pt: a character device"),
+    "absolute-link": (
+        _tar(GOOD, ("model/b.pt", tarfile.SYMTYPE, b"", "/etc")),
+        "",
+        "model/b.pt: a symbolic link to /etc",
+    ),
+    "hard-link": (
+        _tar(GOOD, ("model/b.pt", tarfile.LNKTYPE, b"", "/etc/shadow")),
+        "",
+        "model/b.pt: a hard link to /etc/shadow",
+    ),
+    "link-chain": (_tar(GOOD, *_chain()), "", "a long name of 202 bytes, longer than any the listing announced"),
+    "oversize": (  # a header for 10 MB, then the 10 MB: refused at the header
+        _tar(_file("model/a.pt", b"w" * 10_000_000))[:512],
+        "exec head -c 10000000 /dev/zero",
+        "model/a.pt: 10000000 bytes where the listing announced 7",
+    ),
+    "endless": (_tar(GOOD, _file("model/b.pt", b"bb")), "exec cat /dev/zero", "the host sent more than the "),
+    "truncated": (
+        _tar(GOOD, _file("model/b.pt", b"bb"))[:515],
+        "",
+        "model/a.pt: the stream ended 4 bytes before the end of this file",
+    ),
+}
+
+
+@pytest.fixture
+def fetch_inv(sb1, sandbox_inventory, tmp_path):
+    """A job whose outputs: directory on host-1 holds model/a.pt (7 bytes) and model/b.pt
+    (2): its listing. Nothing needs applying: fetch lists and tars the directory."""
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG}}
+    sandbox_inventory(sb1, job="hostile-fetch", pools=pools, path=inv, outputs=FETCHED)
+    code, out = on_host(
+        sb1, f"mkdir -p {FETCHED}/model && printf weights > {FETCHED}/model/a.pt && printf bb > {FETCHED}/model/b.pt"
+    )
+    assert code == 0, out
+    yield inv
+    on_host(sb1, f"rm -f {PRODUCER} {CRAFTED}; rm -rf {FETCHED}")
+
+
+def _plant(sb, crafted: bytes, then: str = "") -> None:
+    """A tar producer on the host that ignores what fetch asks for and sends `crafted`."""
+    script = f"#!/bin/sh\ncat >/dev/null\ncat {CRAFTED}\n{then}\n"
+    code, out = on_host(
+        sb,
+        f"echo {base64.b64encode(crafted).decode()} | base64 -d > {CRAFTED} && "
+        f"printf %s {shlex.quote(script)} > {PRODUCER} && chmod 755 {PRODUCER}",
+    )
+    assert code == 0, out
+
+
+def _one_error_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1, r.stderr
+    assert not [ln for ln in r.stderr.splitlines() if not ln.startswith(("Error:", "  ..."))], r.stderr
+    return errors[0]
+
+
+def _everything(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("case", list(CRAFTED_STREAMS))
+def test_a_crafted_tar_from_the_host_writes_nothing_and_is_one_line(sb1, fetch_inv, tmp_path, case):
+    """Issue 38.1, 38.6: the host's tar producer sends a crafted stream. fetch refuses it in
+    one line naming the host and the member, exit 1; nothing lands outside -o, and nothing
+    of that fetch inside it either (model/a.pt came first and was good: not placed)."""
+    crafted, then, problem = CRAFTED_STREAMS[case]
+    _plant(sb1, crafted, then)
+    out = tmp_path / "deep" / "er" / "out"
+    before = _everything(tmp_path)
+    r = cli("fetch", fetch_inv, "-o", out, cwd=tmp_path, timeout=120)
+    line = _one_error_line(r)
+    assert line.startswith(f"Error: chief-0@host-1:{FETCHED}: "), line
+    assert problem in line and line.endswith("nothing fetched"), line
+    after = _everything(tmp_path)
+    assert after - before <= {"deep", "deep/er", "deep/er/out", ".provision"} | {
+        p for p in after if p.startswith(".provision/")
+    }, sorted(after - before)
+    assert not list(out.iterdir()), "nothing of the fetch is left in -o"
+
+
+def test_something_local_in_the_way_is_one_line(sb1, fetch_inv, tmp_path):
+    """-o/model is a file where the host has a directory: one line, exit 1, before the
+    transfer (the host's real tar)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model").write_text("mine")
+    line = _one_error_line(cli("fetch", fetch_inv, "-o", out, cwd=tmp_path))
+    assert f"{out}/model is a file, where chief-0@host-1:{FETCHED} has a directory" in line, line
+    assert (out / "model").read_text() == "mine"
+    (out / "model").unlink()
+    ok(cli("fetch", fetch_inv, "-o", out, cwd=tmp_path))
+    assert (out / "model" / "a.pt").read_text() == "weights"
+
+
+def test_what_a_killed_fetch_left_the_next_one_removes(sb1, fetch_inv, tmp_path):
+    """Issue 38.7: a fetch killed (SIGKILL) mid-transfer leaves its work directory in -o;
+    the next fetch removes it (and an earlier version's partial .provision-fetch-*.tar)."""
+    code, msg = on_host(sb1, f"head -c 8000000 /dev/urandom > {FETCHED}/model/big.bin")
+    assert code == 0, msg
+    # The real tar, but only its first 2 MB now: the rest never comes.
+    script = (
+        '#!/bin/sh\n/usr/bin/tar "$@" > /tmp/hostile-full.tar\nhead -c 2000000 /tmp/hostile-full.tar\nexec sleep 120\n'
+    )
+    assert on_host(sb1, f"printf %s {shlex.quote(script)} > {PRODUCER} && chmod 755 {PRODUCER}")[0] == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".provision-fetch-old.tar").write_bytes(b"x" * 1000)  # what 0.x left
+    p = subprocess.Popen(
+        [sys.executable, "-m", "provision", "fetch", str(fetch_inv), "-o", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: any(f.stat().st_size > 1_000_000 for f in out.glob(".provision-fetch-*/model/*")),
+            what="the fetch has written part of big.bin",
+            timeout=60,
+        )
+    finally:
+        p.kill()
+        p.wait()
+    assert list(out.glob(".provision-fetch-*/model/big.bin")), "the killed fetch left its work"
+    assert not (out / "model").exists(), "nothing of it was placed"
+    on_host(sb1, f"rm -f {PRODUCER}")
+    r = ok(cli("fetch", fetch_inv, "-o", out, cwd=tmp_path))
+    assert "3 of 3 files changed" in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model"]
+    assert (out / "model" / "big.bin").stat().st_size == 8000000

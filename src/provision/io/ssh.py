@@ -38,6 +38,7 @@ logging.getLogger("paramiko").propagate = False
 
 T = TypeVar("T")
 _CHUNK = 1 << 18
+STDERR_KEPT = 1 << 20  # bytes of a command's stderr kept (the rest is read and dropped)
 
 
 @dataclass(frozen=True)
@@ -54,20 +55,6 @@ class _TooMuch(Exception):
     """A host's answer went past the bound its caller set."""
 
 
-STDERR_KEPT = 1 << 20  # bytes of a command's stderr kept (the rest is read and dropped)
-
-
-def _read_stderr(chan: paramiko.Channel, into: list[bytes]) -> None:
-    """A command's stderr, at most STDERR_KEPT bytes of it: a host that writes without end
-    fills neither the controller's memory nor the channel's window."""
-    f = chan.makefile_stderr("rb")
-    kept = 0
-    while chunk := f.read(1 << 16):
-        if kept < STDERR_KEPT:
-            into.append(chunk[: STDERR_KEPT - kept])
-            kept += len(chunk)
-
-
 # --------------------------------------------------------------------------- connections
 
 
@@ -79,6 +66,20 @@ def fd_safe_parallelism() -> int:
 
 def _timed_out(target: Target, stage: str) -> str:
     return f"timed out during {stage} (connect_timeout {target.connect_timeout:g}s): is the host hung or overloaded?"
+
+
+def _read_stderr(chan: paramiko.Channel, into: list[bytes]) -> None:
+    """A command's stderr, its first STDERR_KEPT bytes kept and the rest read and dropped
+    (a host that streams it endlessly cannot fill the controller's memory)."""
+    f = chan.makefile_stderr("rb")
+    kept = 0
+    try:
+        while chunk := f.read(1 << 16):
+            if kept < STDERR_KEPT:
+                into.append(chunk[: STDERR_KEPT - kept])
+                kept += len(into[-1])
+    except (OSError, EOFError, paramiko.SSHException):
+        pass  # the channel closed or timed out: the command's own reader says so
 
 
 def _close(conn: Connection) -> None:
@@ -283,11 +284,13 @@ class Session:
         self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
     ) -> Result:
         """Run a command whose stdout may be large (a tar of a model): each chunk goes to sink
-        as it arrives, never all of it in memory. Result.stdout is empty."""
+        as it arrives, never all of it in memory. Result.stdout is empty. The sink may raise
+        to stop reading: the channel is closed and its exception raised as it was (an
+        OSError of the sink's own is not taken for a lost connection)."""
         status, err = self._exec(target, command, sink, stdin, timeout, True, "no data for")
         return Result(status, b"", err)
 
-    def _exec(
+    def _exec(  # noqa: C901  one channel's life: send, receive, the sink's own failure apart from the host's, close
         self,
         target: Target,
         command: str,
@@ -298,9 +301,12 @@ class Session:
         timed_out: str,
     ) -> tuple[int, bytes]:
         """One command on a channel of the host's connection: stdin sent, stdout to sink as it
-        arrives (timeout: between chunks), stderr collected; (exit status, stderr). A lost
-        connection is dropped from the pool and raised as unreachable."""
+        arrives (timeout: between chunks), stderr collected (its first STDERR_KEPT bytes: a
+        host's complaint, not a stream); (exit status, stderr). A lost connection is dropped
+        from the pool and raised as unreachable; what the sink raises, raised as it was."""
         conn = self.connect(target)
+        sink_failed: BaseException | None = None
+        status = -1
         if sudo and not self.is_root(target):
             command = "sudo -n " + command
         if self.verbose:
@@ -320,14 +326,15 @@ class Session:
             for i in range(0, len(view), _CHUNK):
                 chan.sendall(bytes(view[i : i + _CHUNK]))
             chan.shutdown_write()
-            try:
-                while data := chan.recv(1 << 20):
+            while data := chan.recv(1 << 20):
+                try:
                     sink(data)
-            except BaseException:
-                chan.close()  # the sink refused more (a bound on what a host may send): the stream ends here
-                raise
-            status = chan.recv_exit_status()
-            reader.join(timeout)
+                except BaseException as e:  # the caller's own failure (or Ctrl-C), not the host's
+                    sink_failed = e
+                    break
+            if sink_failed is None:
+                status = chan.recv_exit_status()
+                reader.join(timeout)
             chan.close()
         except TimeoutError:
             raise HostError(target, f"{timed_out} {timeout:g}s") from None
@@ -337,6 +344,8 @@ class Session:
                     del self._conns[target.name]
             _close(conn)
             raise HostError(target, f"connection lost: {e or type(e).__name__}", unreachable=True) from None
+        if sink_failed is not None:
+            raise sink_failed
         return status, b"".join(err_chunks)
 
     def stream(

@@ -3,48 +3,58 @@ what changed.
 
 Two round trips to the task's host: a listing (`find`: path, size, modification time of
 every file under the directory), then one tar of the files whose size or time differ from
-the local copy, read as it arrives into a temporary file beside the destination (never
-all in memory: a model may be gigabytes) and unpacked with tarfile's "data" filter, which
-refuses absolute paths, `..` and links leading out of the destination. Times are kept, so
-the next fetch finds the files unchanged.
+the local copy. What the host sends is not trusted (issue 38): the stream is checked as it
+arrives (rules/fetchtar.py: regular files of the listing at their announced sizes, bytes
+bounded by the listing) and unpacked into a private directory inside the destination, never
+all in memory (a model may be gigabytes) and never through a link; only when the whole
+stream is in are the files moved into place, so a refused member leaves nothing of that
+fetch behind. Times are kept, so the next fetch finds the files unchanged.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
-import tarfile
+import shutil
+import stat
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from provision.core.errors import ProvisionError
 from provision.core.target import Target
 from provision.core.text import duration
 from provision.io.ssh import Result
+from provision.rules.fetchtar import (
+    RESERVED,
+    End,
+    Event,
+    Member,
+    Refused,
+    Remote,
+    TarStream,
+    listing_problem,
+    parse_listing,
+    shown,
+)
 from provision.run.context import Context, Progress
 
+__all__ = ["Remote", "changed", "fetch", "parse_listing", "transfer"]
 
-@dataclass(frozen=True)
-class Remote:
-    path: str  # relative to the output directory
-    size: int
-    mtime: int
+LISTING_MAX = 64 << 20  # bytes of a host's listing (about 800,000 files)
+STDERR_SHOWN = 400  # characters of tar's complaint in a message
 
 
-def parse_listing(out: bytes) -> list[Remote]:
-    """`find -printf '%P\\0%s\\0%T@\\0'` output as Remotes (a file whose name holds a
-    newline or anything else survives: NUL separates)."""
-    words = out.split(b"\0")
-    got = []
-    for i in range(0, len(words) - 2, 3):
-        name, size, mtime = words[i : i + 3]
-        try:
-            got.append(Remote(name.decode("utf-8", "surrogateescape"), int(size), int(float(mtime))))
-        except ValueError:
-            continue
-    return got
+class Downloader(Protocol):
+    """What fetch needs of io/ssh.py's Session (tests give a stand-in)."""
+
+    def download(
+        self, target: Target, command: str, sink: Callable[[bytes], None], *, stdin: bytes = b"", timeout: float = 600
+    ) -> Result: ...
 
 
 def changed(remote: list[Remote], dest: Path) -> list[Remote]:
@@ -65,6 +75,11 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def _local(path: Path, e: OSError) -> ProvisionError:
+    """An error on the controller's side: one line, exit 1 (never "host unreachable")."""
+    return ProvisionError(f"{path}: {e.strerror or e}")
+
+
 def fetch(
     ctx: Context, task_name: str | None, dest: Path, progress: Progress, *, ran_on: dict[str, str] | None = None
 ) -> tuple[int, int]:
@@ -83,62 +98,258 @@ def fetch(
     target = ctx.all_targets.get(host) or ctx.targets[host]
     base = inv.outputs
     where = f"{task.name}@{host}:{base}"
-    listing = ctx.session.run(
-        target,
-        "sh -c "
-        + shlex.quote(
-            f"cd -- {shlex.quote(base)} 2>/dev/null || exit 0; find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'"
-        ),
-        timeout=300,
-    )
-    if listing.exit_status != 0:
-        raise ProvisionError(f"{where}: cannot list it: {listing.stderr.decode(errors='replace').strip()}")
-    remote = parse_listing(listing.stdout)
-    todo = changed(remote, dest)
-    total = sum(r.size for r in todo)
-    progress(f"{where}: {len(todo)} of {len(remote)} file{'s' if len(remote) != 1 else ''} changed ({_mb(total)})")
-    if not todo:
-        return 0, len(remote)
-    _transfer(ctx, target, base, where, todo, dest, progress)
+    with claimed(dest):
+        remote = listing(ctx.session, target, base, where)
+        todo = changed(remote, dest)
+        total = sum(r.size for r in todo)
+        progress(f"{where}: {len(todo)} of {len(remote)} file{'s' if len(remote) != 1 else ''} changed ({_mb(total)})")
+        if todo:
+            transfer(ctx.session, target, base, where, todo, dest, progress)
     return len(todo), len(remote)
 
 
-def _transfer(
-    ctx: Context, target: Target, base: str, where: str, todo: list[Remote], dest: Path, progress: Progress
-) -> None:
-    """One tar of `todo`, streamed into a file beside dest, then unpacked (data filter)."""
-    total = sum(r.size for r in todo)
-    dest.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".provision-fetch-", suffix=".tar", dir=dest)
-    tmp = Path(tmp_name)
+def listing(session: Downloader, target: Target, base: str, where: str) -> list[Remote]:
+    """The host's files under base (read with a bound: a listing is data from the host)."""
+    cmd = "sh -c " + shlex.quote(
+        f"cd -- {shlex.quote(base)} 2>/dev/null || exit 0; find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'"
+    )
+    chunks: list[bytes] = []
+    got = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal got
+        got += len(chunk)
+        if got > LISTING_MAX:
+            raise ProvisionError(f"{where}: its listing is over {LISTING_MAX >> 20} MiB: refused")
+        chunks.append(chunk)
+
+    res = session.download(target, cmd, sink, timeout=300)
+    if res.exit_status != 0:
+        raise ProvisionError(f"{where}: cannot list it: {_one_line(res.stderr)}")
+    remote = parse_listing(b"".join(chunks))
+    problem = listing_problem(remote)
+    if problem is not None:
+        raise ProvisionError(f"{where}: {problem} (in its listing): nothing fetched")
+    return remote
+
+
+def _one_line(err: bytes) -> str:
+    text = "; ".join(ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip())
+    return shown(text) if len(text) <= STDERR_SHOWN else shown(text[: STDERR_SHOWN - 3]) + "..."
+
+
+@contextmanager
+def claimed(dest: Path) -> Iterator[None]:
+    """dest made if missing and held for this fetch (a lock on the directory itself); what
+    a fetch killed earlier left there (.provision-fetch-*) removed."""
     try:
-        got = [0]
+        dest.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileExistsError, NotADirectoryError):
+        raise ProvisionError(f"{dest}: not a directory (-o names where the files go)") from None
+    except OSError as e:
+        raise _local(dest, e) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ProvisionError(f"{dest}: another provision fetch is writing into it: wait for it to end") from None
+        _clear(dest)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clear(dest: Path) -> None:
+    """Remove what a killed fetch left: its work directory (or an earlier version's partial
+    .provision-fetch-*.tar). Never followed: a link is removed as a link."""
+    try:
+        names = [n for n in os.listdir(dest) if n.startswith(RESERVED)]
+    except OSError as e:
+        raise _local(dest, e) from None
+    for name in names:
+        path = dest / name
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ProvisionError(f"{path}: cannot remove what an earlier fetch left: {e.strerror or e}") from None
+
+
+def transfer(
+    session: Downloader, target: Target, base: str, where: str, todo: list[Remote], dest: Path, progress: Progress
+) -> None:
+    """One tar of `todo`, checked as it arrives and unpacked into a private directory in
+    dest (claimed), then moved into place once all of it is in."""
+    announced = {r.path: r.size for r in todo}
+    total = sum(announced.values())
+    _check_room(dest, announced, where)
+    stream = TarStream(announced)
+    try:
+        work = Path(tempfile.mkdtemp(prefix=RESERVED, dir=dest))
+    except OSError as e:
+        raise _local(dest, e) from None
+    writer = _Writer(work, dest)
+    try:
         began = last = time.monotonic()
 
         def sink(chunk: bytes) -> None:
             nonlocal last
-            os.write(fd, chunk)
-            got[0] += len(chunk)
+            try:
+                events = stream.feed(chunk)
+            except Refused as e:
+                raise ProvisionError(f"{where}: {e}: nothing fetched") from None
+            writer.take(events)
             if time.monotonic() - last >= 2:
                 last = time.monotonic()
-                progress(f"{where}: {_mb(got[0])} of about {_mb(total)}")
+                progress(f"{where}: {_mb(stream.got)} of about {_mb(total)}")
 
         names = b"\0".join(r.path.encode("utf-8", "surrogateescape") for r in todo) + b"\0"
-        cmd = "tar -C " + shlex.quote(base) + " --null -T - -cf -"
-        res: Result = ctx.session.download(target, cmd, sink, stdin=names)
-        os.close(fd)
-        fd = -1
+        cmd = "tar -C " + shlex.quote(base) + " --format=gnu --null -T - -cf -"
+        res = session.download(target, cmd, sink, stdin=names)
         if res.exit_status != 0:
-            raise ProvisionError(
-                f"{where}: tar exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}"
-            )
-        with tarfile.open(tmp) as tar:
-            tar.extractall(dest, filter="data")
+            raise ProvisionError(f"{where}: tar exited {res.exit_status}: {_one_line(res.stderr)}: nothing fetched")
+        try:
+            stream.close()
+        except Refused as e:
+            raise ProvisionError(f"{where}: {e}: nothing fetched") from None
+        writer.close()
+        _check_room(dest, announced, where)
+        _place(work, dest, announced)
         progress(
-            f"{where}: fetched {len(todo)} file{'s' if len(todo) != 1 else ''} ({_mb(got[0])}) in "
+            f"{where}: fetched {len(todo)} file{'s' if len(todo) != 1 else ''} ({_mb(stream.got)}) in "
             f"{duration(int(time.monotonic() - began)) or '0s'}"
         )
     finally:
-        if fd >= 0:
-            os.close(fd)
-        tmp.unlink(missing_ok=True)
+        writer.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _Writer:
+    """The stream's files written below a fresh private directory (only this fetch writes
+    there): directories made as it goes, each file created anew, never through a link."""
+
+    def __init__(self, root: Path, dest: Path):
+        self.root = root
+        self.dest = dest  # for messages: where the file is going
+        self._fd = -1
+        self._member: Member | None = None
+        self._dirs: set[str] = set()
+
+    def take(self, events: Iterable[Event]) -> None:
+        for ev in events:
+            try:
+                if isinstance(ev, Member):
+                    self._open(ev)
+                elif isinstance(ev, End):
+                    self._finish(ev.member)
+                else:
+                    view = ev
+                    while view:
+                        view = view[os.write(self._fd, view) :]
+            except OSError as e:
+                name = self._member.name if self._member else ev.member.name if isinstance(ev, End) else ""
+                raise _local(self.dest / name, e) from None
+
+    def _open(self, m: Member) -> None:
+        self._member = m
+        parts = m.name.split("/")
+        for i in range(1, len(parts)):
+            rel = "/".join(parts[:i])
+            if rel in self._dirs:
+                continue
+            try:
+                os.mkdir(self.root / rel, 0o700)
+            except FileExistsError:
+                pass
+            if not stat.S_ISDIR(os.lstat(self.root / rel).st_mode):
+                raise ProvisionError(f"{self.dest / rel}: the fetch has a file where {shown(m.name)} needs a directory")
+            self._dirs.add(rel)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd = os.open(self.root / m.name, flags, 0o600)
+
+    def _finish(self, m: Member) -> None:
+        os.fchmod(self._fd, m.mode)
+        os.utime(self._fd, (m.mtime, m.mtime))
+        os.close(self._fd)
+        self._fd = -1
+        self._member = None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _check_room(dest: Path, announced: dict[str, int], where: str) -> None:  # noqa: C901  one branch per thing in the way, each its own words
+    """Nothing local in the way of the files: every directory on their way a real one (or
+    missing), no directory where a file goes. Checked before the transfer and again before
+    the move."""
+    seen: dict[str, bool] = {}  # directory below dest -> it exists
+    for name in announced:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            rel = "/".join(parts[:i])
+            if rel in seen:
+                if not seen[rel]:
+                    break
+                continue
+            path = dest / rel
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                seen[rel] = False
+                break
+            except OSError as e:
+                raise _local(path, e) from None
+            if stat.S_ISLNK(mode):
+                raise ProvisionError(
+                    f"{path} is a symbolic link: fetch writes only into real directories "
+                    f"({where}/{shown(name)} goes below it)"
+                )
+            if not stat.S_ISDIR(mode):
+                raise ProvisionError(
+                    f"{path} is a file, where {where} has a directory ({shown(name)} goes below it): "
+                    "move it away or fetch into another -o"
+                )
+            seen[rel] = True
+        else:
+            path = dest / name
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise _local(path, e) from None
+            if stat.S_ISDIR(mode):
+                raise ProvisionError(f"{path} is a directory, where {where} has a file: move it away")
+
+
+def _place(work: Path, dest: Path, announced: dict[str, int]) -> None:
+    """Move the fetched files from the work directory into dest (the same filesystem: a
+    rename each; one that was a link is replaced, never followed)."""
+    made: set[str] = set()
+    for name in announced:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            rel = "/".join(parts[:i])
+            if rel in made:
+                continue
+            path = dest / rel
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise _local(path, e) from None
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise ProvisionError(f"{path}: not a directory (it changed during the fetch)")
+            made.add(rel)
+        try:
+            os.replace(work / name, dest / name)
+        except OSError as e:
+            raise _local(dest / name, e) from None
