@@ -22,6 +22,7 @@ from pathlib import Path
 from provision.core.errors import ProvisionError
 from provision.core.target import Target
 from provision.core.text import duration
+from provision.host import outdirs
 from provision.io.ssh import Result
 from provision.run.context import Context, Progress
 
@@ -85,10 +86,7 @@ def fetch(
     where = f"{task.name}@{host}:{base}"
     listing = ctx.session.run(
         target,
-        "sh -c "
-        + shlex.quote(
-            f"cd -- {shlex.quote(base)} 2>/dev/null || exit 0; find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'"
-        ),
+        "sh -c " + shlex.quote(f"{outdirs.read_prefix(base)}find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'"),
         timeout=300,
     )
     if listing.exit_status != 0:
@@ -124,7 +122,8 @@ def _transfer(
                 progress(f"{where}: {_mb(got[0])} of about {_mb(total)}")
 
         names = b"\0".join(r.path.encode("utf-8", "surrogateescape") for r in todo) + b"\0"
-        cmd = "tar -C " + shlex.quote(base) + " --null -T - -cf -"
+        # In the directory read_prefix checked (host/outdirs.py): never through a link to root's files.
+        cmd = "sh -c " + shlex.quote(outdirs.read_prefix(base) + "exec tar --null -T - -cf -")
         res: Result = ctx.session.download(target, cmd, sink, stdin=names)
         os.close(fd)
         fd = -1
