@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import marshal
+import os
+import stat
 import subprocess
 
 import pytest
@@ -189,3 +191,59 @@ def test_a_request_imports_no_heavy_standard_module(tmp_path):
     imported = {m.group(1) for m in re.finditer(r"\|\s+(\S+)\s*$", r.stderr.decode(), re.M)}
     # ("dataclasses" is there: host/standins.py under that name.)
     assert not imported & {"typing", "re", "enum", "collections", "json", "subprocess"}, imported
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("how", ["owned by a user", "group-writable", "a link", "two links"])
+def test_a_planted_file_in_a_cache_given_back_to_root_is_not_loaded(tmp_path, how):
+    """Issue 38 item 3: a user who owned the cache directory replaced its files; an
+    administrator gave the directory back to root; the files are checked one by one (a
+    regular file of one link, root's, only root may write) and a planted one is replaced."""
+    cache = tmp_path / "agent"
+    net = protocol.to_wire(protocol.NetcheckRequest(job="bundle-test", timeout=1.0, window=1.0))
+    run_with_cache(cache, net)
+    (kept,) = [p for p in cache.iterdir() if p.name.startswith("provision.host.hostcheck-")]
+    fake = "def op_netcheck(req):\n    from provision.host import protocol as P\n    return P.NetcheckReport(seconds=42.0)\n"
+    planted = marshal.dumps(compile(fake, "fake", "exec"))
+    kept.unlink()
+    if how == "a link":
+        (tmp_path / "elsewhere").write_bytes(planted)
+        kept.symlink_to(tmp_path / "elsewhere")
+    elif how == "two links":
+        (tmp_path / "elsewhere").write_bytes(planted)
+        os.link(tmp_path / "elsewhere", kept)
+    else:
+        kept.write_bytes(planted)
+        if how == "owned by a user":
+            os.chown(kept, 4242, 4242)
+        else:
+            kept.chmod(0o664)
+    assert json.loads(run_with_cache(cache, net).stdout)["seconds"] != 42.0
+    st = kept.lstat()  # compiled again, in place of the planted one
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1 and kept.read_bytes() != planted
+    if how in ("a link", "two links"):
+        assert (tmp_path / "elsewhere").read_bytes() == planted  # never written through
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_link_planted_where_the_cache_writes_is_not_written_through(tmp_path):
+    """The temporary name a compiled module is written to first: a link a user left there
+    is removed, not followed (root would have written wherever it led)."""
+    cache = tmp_path / "agent"
+    net = protocol.to_wire(protocol.NetcheckRequest(job="bundle-test", timeout=1.0, window=1.0))
+    run_with_cache(cache, net)
+    (kept,) = [p for p in cache.iterdir() if p.name.startswith("provision.host.hostcheck-")]
+    kept.unlink()
+    victim = tmp_path / "shadow"
+    victim.write_text("root's\n")
+    boot = bundle.boot_command(str(cache)).split(" -c ", 1)[1].strip("'")
+    subprocess.run(
+        ["python3", "-S", "-c", boot],
+        input=bundle.payload(str(cache)) + json.dumps(net).encode(),
+        capture_output=True,
+        check=True,
+        # In the child before python3 starts: the pid it will have names the temporary file.
+        preexec_fn=lambda: (cache / f"{kept.name}.{os.getpid()}").symlink_to(victim),
+    )
+    assert victim.read_text() == "root's\n"
+    assert kept.is_file() and not kept.is_symlink()

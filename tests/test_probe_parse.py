@@ -36,11 +36,16 @@ def req(**kw) -> ProbeRequest:
 
 
 def output(
-    files: dict[str, bytes], *, sha_count=None, content_cut=0, units="Id=%s\nActiveState=active\n" % UNIT
+    files: dict[str, bytes],
+    *,
+    sha_count=None,
+    content_cut=0,
+    units="Id=%s\nActiveState=active\n" % UNIT,
+    dropins: tuple[str, ...] = (),
 ) -> bytes:
     r = req()
     _, _, paths = probe._asked(r)
-    lines = [b"@probe 1", b"@systemd", b"@stat"]
+    lines = [b"@probe 1", b"@systemd", b"@dropins", *(d.encode() for d in dropins), b"@stat"]
     regular = [p for p in paths if p in files]
     for p in regular:
         lines.append(f"{len(files[p])} 8180 0 {p}".encode())  # 0x8180: a regular file, 0600
@@ -145,3 +150,37 @@ def test_the_script_runs_under_a_posix_shell(tmp_path):
     rep = probe.parse(out, r)
     assert rep.files[str(f)].sha256 == hashlib.sha256(b"A=1\n").hexdigest()
     assert rep.manifest is None and rep.units == {}
+
+
+def test_drop_ins_are_listed_as_the_agent_lists_them(tmp_path, monkeypatch):
+    """Issue 38 item 10: every drop-in of a provision-*.d directory in systemd's unit paths,
+    found by the script's glob as by the agent (hidden names and other units' left out)."""
+    from provision.host import hostlib, layout
+
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    monkeypatch.setattr(layout, "DROPIN_BASES", (str(etc), str(run), str(tmp_path / "none")))
+    for d, names in {
+        etc / f"{UNIT}.d": ["override.conf", "10-x.conf", ".hidden.conf", "notes.txt"],
+        etc / "provision-.service.d": ["all.conf"],
+        etc / "other.service.d": ["other.conf"],
+        run / f"{UNIT}.d": ["50-ExecStart.conf"],
+    }.items():
+        d.mkdir(parents=True)
+        for n in names:
+            (d / n).write_text("[Service]\nExecStart=\nExecStart=/bin/evil\n")
+    r = ProbeRequest(JOB, content_max=100)
+    out = subprocess.run(["sh", "-c", probe.command(r)], capture_output=True, check=True).stdout
+    got = probe.parse(out, r).dropins
+    assert got == hostlib.dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX)
+    assert got == sorted(
+        [
+            f"{etc}/{UNIT}.d/10-x.conf",
+            f"{etc}/{UNIT}.d/override.conf",
+            f"{etc}/provision-.service.d/all.conf",
+            f"{run}/{UNIT}.d/50-ExecStart.conf",
+        ]
+    )
+    assert all(layout.dropin_applies(p, UNIT) for p in got)
+    # A name the script's lines cannot carry: the agent answers.
+    with pytest.raises(probe._Mismatch):
+        parse(output({}, dropins=(f"{etc}/{UNIT}.d/a",)))  # the first line of "a<newline>b.conf"

@@ -17,7 +17,7 @@ import time
 from . import layout, ledger, trust
 from . import protocol as P
 from .hostfacts import facts
-from .hostlib import base64, json, read_json, run, sha256_file
+from .hostlib import base64, dropins, json, read_json, run, sha256_file
 
 # mypy reads the guarded imports (it takes any TYPE_CHECKING as true); hosts never import typing
 # (~6 ms of their CPU per request), and annotations stay unevaluated (__future__, Python 3.7+).
@@ -70,9 +70,7 @@ def unit_states(units: Iterable[str], known_only: bool = False, live: bool = Fal
     running = [u for u in units if os.path.islink(layout.INVOCATION_PREFIX + u)] if live else []
     rest = [u for u in units if u not in running]
     shown = [u for u in rest if any(os.path.lexists(p) for p in layout.unit_known_paths(u))] if known_only else rest
-    out = ""
-    if shown:
-        code, out, err = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + shown)
+    out = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + shown)[1] if shown else ""
     states = parse_unit_states(out, rest)
     states.update((u, running_state(u)) for u in running)
     return states
@@ -199,6 +197,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         setup_key=read_key(layout.setup_key_path(job)),
         runs=read_json(layout.runs_path(job)),
         listening_local=local,
+        dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX),
     )
 
 
@@ -352,10 +351,10 @@ def _after_write(req: P.WriteRequest, errors: list[str]) -> None:
 def op_write(req: P.WriteRequest) -> P.WriteReport:  # noqa: C901  a write's steps on the host in their order (links, reservation, manifest, directories, files); stdlib only
     job = req.job
     # Before anything else is written or reserved: a file that would land in provision's
-    # (or systemd's) own directories through a link refuses the whole write here.
-    linked = _through_links(req.files)
-    if linked:
-        return P.WriteReport(0, 0, linked)
+    # (or systemd's) own directories through a link, or outputs: others could redirect (host/outdirs.py), refuse it all.
+    refused = _through_links(req.files) + (lazy("outdirs").refusals(req.outputs) if req.outputs else [])
+    if refused:
+        return P.WriteReport(0, 0, refused)
     if req.reserve is not None:
         # Before anything else: a reservation that lost a race writes nothing on the host.
         lost = ledger.reserve(req.reserve, time.time())

@@ -24,7 +24,7 @@ PACKAGE = "provision.host"
 MODULES = ("trust", "layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
 # Sent along too, but imported only by the requests that use it (agent.lazy): compiling
 # hostcheck cost every network check ~6 ms of a host's CPU.
-LAZY = ("hostcheck",)
+LAZY = ("hostcheck", "outdirs")
 STANDINS = {"dataclasses": "standins"}
 
 # Compiling the modules is most of what starting the agent costs a host (~10 ms of its
@@ -46,19 +46,30 @@ def _trusted():
     except OSError:
         return False
     return trust.problem(C) is None
+# A file in the cache is loaded only when it is a regular file of one link, owned by this
+# user, that only it may write: the directory's owner and mode may have been fixed after
+# someone else replaced its files (a file that fails is compiled again and replaced).
+def _mine(fd):
+    st = os.fstat(fd)
+    return st.st_mode & 0o170022 == 0o100000 and st.st_uid == os.geteuid() and st.st_nlink == 1
 def _code(name, src, key):
     p = "%%s/%%s-%%s.%%s" %% (C, name, key, sys.implementation.cache_tag)
     if T:
         try:
-            with os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
-                return marshal.load(f)
+            with os.fdopen(os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+                if _mine(f.fileno()):
+                    return marshal.load(f)
         except (OSError, ValueError, EOFError, TypeError):
             pass
     code = compile(src, "<provision %%s>" %% name, "exec")
     if T:
         try:
             tmp = "%%s.%%d" %% (p, os.getpid())
-            with open(tmp, "wb") as f:
+            try:
+                os.unlink(tmp)  # whatever is there (a link someone left): never written through
+            except FileNotFoundError:
+                pass
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
                 marshal.dump(code, f)
             os.replace(tmp, p)
             for e in os.listdir(C):

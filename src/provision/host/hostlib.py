@@ -223,3 +223,25 @@ def _run_subprocess(argv: list[str], timeout: float) -> tuple[int, str, str]:
         return 127, "", argv[0] + ": not found"
     except subprocess.TimeoutExpired:
         return 124, "", timed_out(argv[0], timeout)
+
+
+def dropins(bases: Any, prefix: str, suffix: str) -> list[str]:
+    """Every BASE/PREFIX*.d/*SUFFIX file of the bases (layout.DROPIN_BASES), sorted, as
+    probe.sh's glob finds them: hidden names left out, a base whose top is a link skipped."""
+    out = []
+    for b in bases:
+        if os.path.islink("/" + b.split("/")[1]):
+            continue
+        try:
+            names = os.listdir(b)
+        except OSError:
+            continue
+        for d in names:
+            if not (d.startswith(prefix) and d.endswith(".d")):
+                continue
+            try:
+                confs = os.listdir(b + "/" + d)
+            except OSError:
+                continue
+            out += [b + "/" + d + "/" + c for c in confs if c.endswith(suffix) and not c.startswith(".")]
+    return sorted(out)

@@ -81,6 +81,53 @@ def unit_known_paths(unit: str) -> tuple[str, str]:
     return SYSTEMD_DIR + "/" + unit, INVOCATION_PREFIX + unit
 
 
+# Where systemd reads drop-ins (UNIT.d/*.conf) of a system unit: every directory of its unit
+# search path (systemd.unit(5)). provision writes none, so any that applies to one of its
+# units is drift: it can replace ExecStart= while the unit file stays as provision wrote it.
+# A base whose top directory is a link (/lib on a merged-/usr host) is the same files again.
+DROPIN_BASES = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+    SYSTEMD_DIR,
+    "/etc/systemd/system.attached",
+    "/run/systemd/system",
+    "/run/systemd/system.attached",
+    "/run/systemd/generator",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+    "/run/systemd/generator.late",
+)
+DROPIN_DIRS = PREFIX + "*.d"  # what the probes look for in each base: drop-in directories named provision-...
+DROPIN_SUFFIX = ".conf"
+
+
+def dropin_unit(path: str) -> str | None:
+    """The unit name (or prefix, ending in "-.TYPE") a drop-in file's directory names, when
+    path is BASE/provision-*.d/NAME.conf for a base of DROPIN_BASES; None otherwise."""
+    base, _, rest = path.rpartition("/")
+    base, _, d = base.rpartition("/")
+    if base not in DROPIN_BASES or not d.startswith(PREFIX) or not d.endswith(".d") or "/" in rest:
+        return None
+    if rest.startswith(".") or not rest.endswith(DROPIN_SUFFIX) or len(rest) == len(DROPIN_SUFFIX):
+        return None
+    return d[:-2]
+
+
+def dropin_applies(path: str, unit: str) -> bool:
+    """Whether systemd reads the drop-in at path for unit: its directory is UNIT.d, or a
+    prefix of the name up to a dash (provision-J-.service.d for provision-J-chief-0.service)."""
+    named = dropin_unit(path)
+    if named is None:
+        return False
+    if named == unit:
+        return True
+    head, dot, kind = named.rpartition(".")
+    return bool(dot) and head.endswith("-") and unit.endswith("." + kind) and unit.startswith(head)
+
+
 def unit_path(job: str, task: str) -> str:
     return SYSTEMD_DIR + "/" + unit_name(job, task)
 

@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -25,6 +25,8 @@
 #          tasks about to start run (ProbeRequest.programs)
 #   KNOWN  "SYSTEMD_DIR INVOCATION_PREFIX" (layout.unit_known_paths): a unit is shown only
 #          when its file or its running invocation is there
+#   DROPINS "GLOB BASE..." (layout.DROPIN_DIRS, DROPIN_BASES): every BASE/GLOB/*.conf file,
+#          the drop-ins systemd reads for provision's units (none are provision's: drift)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -47,7 +49,9 @@ resolve=${11}
 look=${12}
 udir=${13%% *}
 invoc=${13#* }
-shift 13
+dglob=${14%% *}
+dbases=${14#* }
+shift 14
 nl="
 "
 gcode=""
@@ -248,6 +252,20 @@ if [ -n "$resolve" ]; then
     echo
     echo @resolve-end
 fi
+# Drop-ins: a base whose top directory is a link (/lib on a merged-/usr host) is skipped,
+# as the agent does (hostlib.dropins): the same files again.
+echo @dropins
+set +f
+for b in $dbases; do
+    t=${b#/}
+    t=/${t%%/*}
+    if [ ! -h "$t" ]; then
+        for f in $b/$dglob/*.conf; do
+            if [ -e "$f" ] || [ -h "$f" ]; then echo "$f"; fi
+        done
+    fi
+done
+set -f
 echo @stat
 if [ $# -gt 0 ] || [ -n "$look" ]; then stat -c "%s %f %u %n" -- "$@" $look 2>/dev/null </dev/null; fi
 # Regular files only (never a fifo someone left in the way): moved behind the others.

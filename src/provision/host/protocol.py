@@ -105,6 +105,9 @@ class ProbeReport:
     runs: list[Any] | None = None  # the job's runs here (core/runs.py), as recorded
     # Listening ports whose every listener is on loopback: the host's own services.
     listening_local: list[int] | None = None
+    # Every drop-in file of a provision-*.d directory systemd reads (layout.DROPIN_BASES),
+    # sorted: plan picks those of the job's units (layout.dropin_applies). None: not read.
+    dropins: list[str] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -126,6 +129,7 @@ class ProbeReport:
             setup_key=self.setup_key,
             runs=self.runs,
             listening_local=self.listening_local,
+            dropins=self.dropins,
         )
 
 
@@ -177,6 +181,9 @@ class WriteRequest:
     # Pushed files the plan found shared with another job (same bytes), so not sent: still
     # there after the pending manifest names them, or a conflict (the other job left: plan again).
     expect: list[str] = field(default_factory=list)
+    # outputs: directories the host's units make and its tasks write as root (host/outdirs.py
+    # checks them first: a refusal writes nothing).
+    outputs: list[str] = field(default_factory=list)
 
     op = "write"
 

@@ -96,6 +96,7 @@ def command(req: ProbeRequest) -> str | None:
         *checks,
         " ".join(looked),
         " ".join(layout.unit_known_paths("")),  # the two prefixes: SYSTEMD_DIR/, INVOCATION_PREFIX
+        " ".join((layout.DROPIN_DIRS, *layout.DROPIN_BASES)),
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
@@ -290,8 +291,14 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         listening, local = ledger.listening(pairs), ledger.local_only(lo)
         text = line()
     text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
-    if text != b"@stat":
-        raise _Mismatch("no stat section")
+    if text != b"@dropins":
+        raise _Mismatch("no dropins section")
+    dropins = []
+    while (text := line()) != b"@stat":
+        name = text.decode("utf-8", "surrogateescape")
+        if layout.dropin_unit(name) is None:  # a name with a newline, say: the agent lists them
+            raise _Mismatch(f"a drop-in out of step: {name!r}")
+        dropins.append(name)
     stats: dict[str, tuple[int, int, int]] = {}
     while True:
         text = line()
@@ -398,6 +405,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         interface=interface,
         setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,
         runs=as_json(layout.runs_path(job)),
+        dropins=sorted(dropins),
     )
 
 

@@ -450,6 +450,22 @@ def _files_plan(  # noqa: C901  one branch per state a file can be found in on t
     return changed
 
 
+DROPIN = "a drop-in provision did not write: it changes what {} runs"
+
+
+def _dropins_plan(hp: _Draft, job: str, bundle: HostBundle, report: ProbeReport) -> dict[str, list[str]]:
+    """Drop-ins systemd reads for the job's units (the probe lists them; provision writes
+    none): each is drift, removed by apply (then daemon-reload, and its task restarts).
+    Returns unit -> the drop-ins that apply to it."""
+    units = [u.unit for u in bundle.tasks] + [layout.target_name(job)]
+    units += [layout.setup_unit_name(job)] if bundle.setup is not None else []
+    of = {u: [p for p in report.dropins or [] if layout.dropin_applies(p, u)] for u in units}
+    for path in sorted({p for paths in of.values() for p in paths}):
+        unit = next(u for u in units if path in of[u])
+        hp.files.append(FileChange(path, FileAction.DELETE, FileKind.UNIT, DROPIN.format(unit), drift=True))
+    return of
+
+
 def _leaving(name: str, rec: dict[str, Any]) -> TaskChange:
     return TaskChange(name, rec.get("unit", ""), Action.STOP, Reason.LEFT, "", int(rec.get("phase", 0)))
 
@@ -495,6 +511,7 @@ def plan_host(
         return hp.host_plan(name, target, bundle, report=report)
 
     changed = _files_plan(hp, bundle, report, recorded, secrets, shared or {})
+    dropins = _dropins_plan(hp, job, bundle, report)
     setup = setup_reason(bundle.setup.key, report.setup_key, force_setup) if bundle.setup is not None else None
     desired = bundle.file_map()
     replace = replace or set()
@@ -506,6 +523,7 @@ def plan_host(
         inputs_changed = mt is not None and mt.get("inputs") != u.inputs
         # Inputs changed: name everything that changed; otherwise only what drifted.
         why = own + pushed_changed if inputs_changed else [p for p in own if p in drift_paths]
+        why += dropins[u.unit]
         d = decide(
             u.task.name,
             mt is not None,

@@ -44,6 +44,7 @@ from provision.run.context import (
     Progress,
     kept,
 )
+from provision.spec.clusterenv import output_dirs
 from provision.spec.render import FileKind, manifest_bytes
 
 SETUP_TICK = float(os.environ.get("PROVISION_SETUP_TICK", 30))  # seconds between "setup still running" lines
@@ -318,6 +319,7 @@ class _Apply:
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
             reserve=hp.reserve,
             expect=[path for path, _ in hp.shared],
+            outputs=output_dirs(self.ctx.inventory),
             run={"run": self.run_number, "by": self.ctx.owner.who}
             if self.run_number is not None and hp.starts()
             else None,

@@ -28,6 +28,7 @@ from typing import Protocol
 from provision.core.errors import ProvisionError
 from provision.core.target import Target
 from provision.core.text import duration
+from provision.host import outdirs
 from provision.io.ssh import Result
 from provision.rules.fetchtar import (
     RESERVED,
@@ -110,9 +111,8 @@ def fetch(
 
 def listing(session: Downloader, target: Target, base: str, where: str) -> list[Remote]:
     """The host's files under base (read with a bound: a listing is data from the host)."""
-    cmd = "sh -c " + shlex.quote(
-        f"cd -- {shlex.quote(base)} 2>/dev/null || exit 0; find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'"
-    )
+    # In the directory read_prefix checked (host/outdirs.py): every component root's, no link.
+    cmd = "sh -c " + shlex.quote(f"{outdirs.read_prefix(base)}find . -xdev -type f -printf '%P\\0%s\\0%T@\\0'")
     chunks: list[bytes] = []
     got = 0
 
@@ -209,7 +209,8 @@ def transfer(
                 progress(f"{where}: {_mb(stream.got)} of about {_mb(total)}")
 
         names = b"\0".join(r.path.encode("utf-8", "surrogateescape") for r in todo) + b"\0"
-        cmd = "tar -C " + shlex.quote(base) + " --format=gnu --null -T - -cf -"
+        # In the directory read_prefix checked (host/outdirs.py): never through a link to root's files.
+        cmd = "sh -c " + shlex.quote(outdirs.read_prefix(base) + "exec tar --format=gnu --null -T - -cf -")
         res = session.download(target, cmd, sink, stdin=names)
         if res.exit_status != 0:
             raise ProvisionError(f"{where}: tar exited {res.exit_status}: {_one_line(res.stderr)}: nothing fetched")

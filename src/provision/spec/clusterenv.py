@@ -131,6 +131,11 @@ SOCKET_IFNAME_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 OUTPUT_DIRS = (("AIP_MODEL_DIR", "model"), ("AIP_CHECKPOINT_DIR", "checkpoints"), ("AIP_TENSORBOARD_LOG_DIR", "logs"))
 
 
+def output_dirs(inv: Inventory) -> list[str]:
+    """The directories a task's unit makes under `outputs:` (host/outdirs.py checks them)."""
+    return [f"{inv.outputs}/{sub}" for _, sub in OUTPUT_DIRS] if inv.outputs else []
+
+
 def _own_keys(inv: Inventory, role: str) -> set[str]:
     """The env keys the inventory sets for a pool's tasks (job env and the pool's own)."""
     pool = inv.pool(role)

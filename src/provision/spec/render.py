@@ -23,8 +23,8 @@ from provision.core import encode
 from provision.core.errors import ProvisionError
 from provision.core.lifecycle import LONG_LIVED, boot_gate, restart_budget, start_phase, systemd_restart
 from provision.core.model import FileSpec, Host, Inventory, Pool
-from provision.host import layout
-from provision.spec.clusterenv import OUTPUT_DIRS, JobCluster, job_cluster, task_env
+from provision.host import layout, outdirs
+from provision.spec.clusterenv import JobCluster, job_cluster, output_dirs, task_env
 from provision.spec.placement import PlacedTask, Placement, Slot, place
 from provision.spec.pushed import walk_spec
 
@@ -232,7 +232,7 @@ def _render_task(
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
         stop_timeout=pool.grace_period,
-        output_dirs=" ".join(f"{inv.outputs}/{sub}" for _, sub in OUTPUT_DIRS) if inv.outputs else "",
+        output_guard=outdirs.unit_command(output_dirs(inv)) if inv.outputs else "",
         syslog_identifier=layout.log_identifier(inv.job, task.name),
         **systemd_restart(pool.restart),
     )
