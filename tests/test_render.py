@@ -18,7 +18,7 @@ import yaml
 
 from provision.spec.clusterenv import job_cluster, task_env
 from provision.spec.inventory import parse
-from provision.spec.render import render, write_tree
+from provision.spec.render import earlier_units, render, write_tree
 
 _spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
 _ports = importlib.util.module_from_spec(_spec)
@@ -344,3 +344,16 @@ def test_a_setup_runs_again_for_its_inputs_not_for_the_code(tmp_path):
     assert key() == first  # the code changed: setup does not run again
     (tmp_path / "job" / "requirements.txt").write_text("numpy\ntorch\n")
     assert all(key()[h] != first[h] for h in first)  # its input changed: it does
+
+
+def test_a_unit_as_the_previous_release_rendered_it_is_accepted(tmp_path):
+    """Issue 38.19: the outputs guard changed the task unit's text; a host whose manifest
+    recorded the previous release's inputs runs the same task, so it is not restarted."""
+    text = BASE + "outputs: /data/run\n"
+    r = render(inv_from(text, tmp_path))
+    units = [u for b in r.hosts.values() for u in b.tasks]
+    assert units and all(len(u.accepted) == 1 and u.accepted[0] != u.inputs for u in units)
+    unit = next(f for b in r.hosts.values() for f in b.files if f.path == units[0].unit_path)
+    earlier = earlier_units(inv_from(text, tmp_path), unit.data().decode())
+    assert "ExecStartPre=/bin/mkdir -p -- /data/run/model /data/run/checkpoints /data/run/logs\n" in earlier[0]
+    assert all(not b.tasks[0].accepted for b in render(inv_from(BASE, tmp_path)).hosts.values())

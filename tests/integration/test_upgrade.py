@@ -50,6 +50,7 @@ def test_an_upgrade_restarts_no_task_and_runs_no_setup_again(sandbox3, sandbox_i
         hosts=["host-1", "host-2"],
         files=[{"src": "train.sh", "dest": f"/opt/{job}/train.sh"}],
         setup={"commands": [f"echo ran >> /var/tmp/{job}-setup-runs"]},
+        outputs=f"/var/tmp/{job}-outputs",  # its unit's lines changed this round (issue 38.2)
         pools={
             "chief": {"replicas": 1, "command": ["/bin/sh", f"/opt/{job}/train.sh"]},
             "worker": {"replicas": 1, "command": ["/bin/sh", f"/opt/{job}/train.sh"]},
@@ -67,7 +68,10 @@ def test_an_upgrade_restarts_no_task_and_runs_no_setup_again(sandbox3, sandbox_i
     for host in ("host-1", "host-2"):
         runs = sh(sandbox3, host, f"cat /var/tmp/{job}-setup-runs")
         assert runs.count("ran") == 1, f"{host}: the setup ran again after the upgrade: {runs!r}\n{plan.stdout}"
-    assert plan.returncode == 0, f"the upgrade's plan is not empty:\n{plan.stdout}{plan.stderr}"
+    assert plan.returncode in (0, 2), plan.stdout + plan.stderr
+    # Converged: this version's files are on the hosts now, and the next plan is empty.
+    again = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
     ok(cli("destroy", "-y", inv, cwd=tmp_path))
 
 

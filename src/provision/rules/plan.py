@@ -520,7 +520,9 @@ def plan_host(
     for u in bundle.tasks:
         own = [p for p in (u.env_path, u.unit_path) if p in changed]
         mt = m_tasks.get(u.task.name)
-        inputs_changed = mt is not None and mt.get("inputs") != u.inputs
+        # A host whose record matches what an earlier provision rendered runs the same:
+        # its files are rewritten, the task is not restarted (an upgrade keeps training).
+        inputs_changed = mt is not None and mt.get("inputs") not in (u.inputs, *u.accepted)
         # Inputs changed: name everything that changed; otherwise only what drifted.
         why = own + pushed_changed if inputs_changed else [p for p in own if p in drift_paths]
         why += dropins[u.unit]

@@ -69,6 +69,10 @@ class TaskUnit:
     long_lived: bool
     inputs: str  # sha256 of everything whose change must restart the task
     restart_limit: int | None = None  # the pool's budget (lifecycle.restart_budget): when a task is Failed
+    # The same inputs as an earlier provision rendered them: a host that recorded one of
+    # these runs what this version would; its files are rewritten without a restart (an
+    # upgrade must not restart training: tests/integration/test_upgrade.py).
+    accepted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,28 @@ def _render_task(
     return env_text, unit_text, secret_keys
 
 
-def _task_unit(inv: Inventory, t: PlacedTask, inputs: str) -> TaskUnit:
+# provision before the outputs guard (issue 38.2) made them with mkdir: that unit's lines.
+_OUTPUTS_GUARD = (
+    "# `outputs:` Vertex's output directories, made before the task writes into them, each\n"
+    "# directory on the way checked (root's, no link, only root may write: host/outdirs.py).\n"
+    "ExecStartPre={guard}\n"
+)
+_OUTPUTS_MKDIR = (
+    "# `outputs:` Vertex's output directories, made before the task writes into them.\n"
+    "ExecStartPre=/bin/mkdir -p -- {dirs}\n"
+)
+
+
+def earlier_units(inv: Inventory, unit_text: str) -> list[str]:
+    """The task's unit as earlier versions of provision rendered it, where they differ."""
+    if not inv.outputs:
+        return []
+    dirs = output_dirs(inv)
+    new = _OUTPUTS_GUARD.format(guard=outdirs.unit_command(dirs))
+    return [unit_text.replace(new, _OUTPUTS_MKDIR.format(dirs=" ".join(dirs)))] if new in unit_text else []
+
+
+def _task_unit(inv: Inventory, t: PlacedTask, inputs: str, accepted: tuple[str, ...] = ()) -> TaskUnit:
     pool = inv.pool(t.role)
     budget = restart_budget(pool.restart) if pool is not None else None
     unit, unit_path, env_path = (
@@ -248,7 +273,7 @@ def _task_unit(inv: Inventory, t: PlacedTask, inputs: str) -> TaskUnit:
         layout.unit_path(inv.job, t.name),
         layout.env_path(inv.job, t.name),
     )
-    return TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs, budget)
+    return TaskUnit(t, unit, unit_path, env_path, start_phase(t.role), t.role in LONG_LIVED, inputs, budget, accepted)
 
 
 def render(
@@ -290,15 +315,16 @@ def render(
             env_path = layout.env_path(inv.job, t.name)
             unit_path = layout.unit_path(inv.job, t.name)
             env_sha, unit_sha = _sha(env_b), _sha(unit_b)
+            earlier = [_sha(u.encode()) for u in earlier_units(inv, unit_text)]
             files.append(RenderedFile(env_path, env_sha, 0o600, FileKind.ENV, env_b, secret=bool(secret_keys)))
             files.append(RenderedFile(unit_path, unit_sha, 0o644, FileKind.UNIT, unit_b))
             # CLUSTER_SPEC's `job` (the whole job's description) is informational: a change
             # to another pool's command rewrites this file but does not restart this task.
             env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
-            inputs = _sha(f"{env_inputs}\n{unit_sha}\n{shared_digest}".encode())
+            digests = [_sha(f"{env_inputs}\n{sha}\n{shared_digest}".encode()) for sha in (unit_sha, *earlier)]
             if setup is not None:  # a changed setup restarts the host's tasks
-                inputs = _sha(f"{inputs}\n{setup.key}".encode())
-            units.append(_task_unit(inv, t, inputs))
+                digests = [_sha(f"{d}\n{setup.key}".encode()) for d in digests]
+            units.append(_task_unit(inv, t, digests[0], tuple(digests[1:])))
         target_b = _target(j, inv.job, host.name, tasks, units)
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
         manifest = _manifest(inv.job, host.name, units, files, setup)
