@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from .clirun import cli
+from clirun import cli
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .clirun import cli, first_output, wait_until
+from clirun import cli, first_output, wait_until
 
 pytestmark = pytest.mark.integration
 
