@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from clirun import cli, run
 from provision.cli.app import main
 
 GOOD = """\
@@ -56,24 +56,6 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / "good.yaml").write_text(GOOD)
     (tmp_path / "bad.yaml").write_text(BAD)
     return tmp_path
-
-
-def run(*args: str, cwd: Path) -> tuple[int, str, str]:
-    """The CLI in-process, from `cwd`, with stdout and stderr apart."""
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(old)
-    return r.exit_code, r.stdout, r.stderr
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The installed console script, as a user runs it."""
-    exe = shutil.which("provision")
-    cmd = [exe] if exe else [sys.executable, "-c", "from provision.cli.app import main; main()"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 
 
 # --------------------------------------------------------------------------- validate
@@ -277,8 +259,7 @@ def test_render_unwritable_output_one_line(project):
 
 def _console(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """provision as its console script runs it (cli.app.run: no interpreter teardown)."""
-    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    return cli(*args, cwd=cwd, env={"COLUMNS": "80", "NO_COLOR": "1"})
 
 
 def test_the_console_script_keeps_exit_codes_and_every_byte_it_printed(tmp_path):

@@ -388,6 +388,25 @@ def test_readme_first_inventory_is_valid(tmp_path):
     _validate_example(blocks[0], tmp_path)
 
 
+def test_readme_first_inventory_fits_sandbox_hosts():
+    """The README's run lines apply its first inventory, as written, to sandbox hosts
+    (tests/integration/test_docs_examples.py): its GPU type must pass apply's pre-flight
+    against what their nvidia-smi stand-in reports, or a reader's first apply fails."""
+    import yaml
+
+    from provision.rules.preflight import gpu_model_problem
+
+    stand_in = (REPO / "src/provision/hostimage/rootfs/usr/bin/nvidia-smi").read_text(encoding="utf-8")
+    name = re.search(r'^GPU_NAME = "(.+)"$', stand_in, re.M)
+    memory = re.search(r"^MEMORY_MIB = (\d+)$", stand_in, re.M)
+    assert name and memory, "the nvidia-smi stand-in no longer sets GPU_NAME and MEMORY_MIB: update this test"
+    text = next(b for b in _yaml_blocks(README.read_text(encoding="utf-8")) if b.startswith("# inventory.yaml"))
+    types = [h["accelerators"]["type"] for h in yaml.safe_load(text)["hosts"] if h.get("accelerators")]
+    assert types, "README.md's first inventory declares no GPUs"
+    for t in types:
+        assert gpu_model_problem(t, [name[1]], [int(memory[1])]) is None, (t, name[1])
+
+
 def test_environment_example_matches_render(tmp_path):
     """The env file quoted in docs/environment.md is what `provision render` writes for the
     example inventory (lines shortened with '...' in the page are skipped)."""

@@ -13,16 +13,14 @@ Platform's page (census_hptuning.yaml). Then a table of specs, every error a use
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from provision.cli.app import main
+from clirun import run
 from provision.host.taskenv import parse_env
 from provision.spec.inventory import load, parse
 from provision.spec.placement import place
@@ -43,17 +41,6 @@ hosts:
   - {name: cpu-2, address: 192.0.2.22}
   - {name: cpu-3, address: 192.0.2.23}
 """
-
-
-def run(*args: str, cwd: Path) -> tuple[int, str, str]:
-    """The CLI in-process, from `cwd`, with stdout and stderr apart."""
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(old)
-    return r.exit_code, r.stdout, r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +249,7 @@ def test_ai_platform_tf_config_example(tmp_path: Path, tf: Any, monkeypatch: pyt
         "--job-dir",
         "gs://example-bucket/census/job",
     )
-    assert all(p.command == cmd for p in inv.pools)  # AI Platform ran the same program everywhere
+    assert inv.pools and all(p.command == cmd for p in inv.pools)  # AI Platform ran the same program everywhere
     text = out.read_text()
     assert "#     - /opt/venvs/census-hptuning/bin/pip install 'tensorflow~=2.1.0'\n" in text
     assert "# runtime version 2.1 (2.1 or later): AI Platform named the master `chief`.\n" in text

@@ -11,31 +11,18 @@ mistakes a study can hold, each one line naming the file and the key path.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from provision.cli.app import main
+from clirun import run
 from provision.core.tuning import Algorithm, EarlyStopping, Goal, Measurement, ParamType, Scale
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "import"
-
-
-def run(*args: str, cwd: Path) -> tuple[int, str, str]:
-    """The CLI in-process, from `cwd`, with stdout and stderr apart."""
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(old)
-    return r.exit_code, r.stdout, r.stderr
 
 
 def imported(tmp: Path, service: str, spec: str, *extra: str) -> tuple[dict[str, Any], str, str]:
@@ -70,7 +57,7 @@ def check_schema(tune: dict[str, Any]) -> None:
         elif t is ParamType.DISCRETE:
             assert p["values"] == sorted(set(p["values"])) and "scale" not in p
         else:
-            assert all(isinstance(v, str) for v in p["values"]) and "scale" not in p
+            assert p["values"] and all(isinstance(v, str) for v in p["values"]) and "scale" not in p
         for parent in p.get("when", {}):
             assert parent in names[:i], name  # a conditional parameter comes after its parent
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from clirun import cli
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = REPO / "docs" / "commands.md"
@@ -256,12 +256,6 @@ def test_state_show_json_shape_offline(tmp_path):
 # --------------------------------------------------------------------------- from the commands (sandbox hosts)
 
 
-def _cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-
-
 @pytest.mark.integration
 def test_json_shapes_of_real_commands(sandbox_factory, sandbox_inventory, tmp_path):
     sb = sandbox_factory(hosts=2)
@@ -277,22 +271,22 @@ def test_json_shapes_of_real_commands(sandbox_factory, sandbox_inventory, tmp_pa
                 "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "sleep 2; exit 3"]},
             },
         )
-        plan = _cli("plan", "--json", inv, cwd=tmp_path)
+        plan = cli("plan", "--json", inv, cwd=tmp_path)
         assert plan.returncode == 0, plan.stderr
         check("plan", json.loads(plan.stdout))
-        apply = _cli("apply", "-y", "--json", inv, cwd=tmp_path)
+        apply = cli("apply", "-y", "--json", inv, cwd=tmp_path)
         assert apply.returncode == 0, apply.stderr
         check("apply", json.loads(apply.stdout))
-        _cli("wait", "--timeout", "60", inv, cwd=tmp_path)
-        status = _cli("status", "--json", inv, cwd=tmp_path)
+        cli("wait", "--timeout", "60", inv, cwd=tmp_path)
+        status = cli("status", "--json", inv, cwd=tmp_path)
         assert status.returncode == 0, status.stderr
         real = json.loads(status.stdout)
         check("status", real)
         worker = next(t for t in real["tasks"] if t["task"] == "worker-0")
         assert worker["exit_code"] == 3 and worker["last_lines"] and isinstance(worker["since_seconds"], int)
-        facts = _cli("facts", "--json", inv, cwd=tmp_path)
+        facts = cli("facts", "--json", inv, cwd=tmp_path)
         assert facts.returncode == 0, facts.stderr
         check("facts", json.loads(facts.stdout))
-        assert _cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
+        assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
     finally:
         sandbox_factory.down(sb)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
+from clirun import wait_until
 from provision.core.errors import ProvisionError
 from provision.io import journal as J
 from provision.run import logprinter as LP
@@ -199,6 +201,27 @@ def test_fetch_command_runs_in_sh(tmp_path):
     assert argv[argv.index("--since") + 1] == "2024-05-01 12:00:00"
 
 
+def descendants(pid: int) -> list[str]:
+    """The command lines of pid's children, their children, and so on (read from /proc)."""
+    procs: dict[int, tuple[int, str]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            argv = Path(f"/proc/{d}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        procs[int(d)] = (ppid, " ".join(a.decode(errors="replace") for a in argv.split(b"\0") if a))
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, cmd) in procs.items():
+            if ppid == parent:
+                out.append(cmd)
+                todo.append(child)
+    return out
+
+
 def test_follow_command_kills_journalctl_when_the_channel_closes():
     script = shlex.split(J.follow_command("j", ["chief-0", "worker-0"], 1700000000))[2]
     assert "--follow" in script and "--since @1700000000" in script
@@ -209,7 +232,10 @@ def test_follow_command_kills_journalctl_when_the_channel_closes():
     # With journalctl replaced by a long sleep: closing stdin ends the whole command.
     fake = "journalctl() { exec sleep 30; }; " + script
     p = subprocess.Popen(["sh", "-c", fake], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    time.sleep(1)
+    # Both running: the stand-in journalctl and the watcher of stdin (its `cat`).
+    wait_until(
+        lambda: {"sleep 30", "cat"} <= set(descendants(p.pid)), 10, 0.05, what="journalctl and the watcher to start"
+    )
     assert p.poll() is None  # follows while the channel (stdin) is open
     p.stdin.close()
     assert p.wait(timeout=10) != 0  # the sleep was killed, well before its 30 s

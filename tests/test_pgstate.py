@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from clirun import wait_until
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
 from provision.io.state import State, open_store
@@ -89,10 +89,7 @@ def test_the_lock_is_held_until_its_holder_dies(stores, postgres):
             s.lock("apply").acquire()
         p.kill()  # SIGKILL: no release; the server sees the connection close
         p.wait(10)
-        end = time.monotonic() + 10
-        while s.held() is not None and time.monotonic() < end:
-            time.sleep(0.1)
-        assert s.held() is None
+        wait_until(lambda: s.held() is None, 10, 0.1, what="the server to drop the dead holder's lock")
         lock = s.lock("apply").acquire()
         assert lock.notice and "ended without releasing it" in lock.notice
         lock.release()

@@ -234,7 +234,7 @@ def test_growth_without_previous_can_move_tasks():
     before = place(old).slots()
     assert place(grown).slots()["ps-1"] != before["ps-1"]
     kept = place(grown, before).slots()
-    assert all(kept[name] == slot for name, slot in before.items())
+    assert before and all(kept[name] == slot for name, slot in before.items())
 
 
 def test_shrink_with_previous_keeps_the_rest():

@@ -170,7 +170,7 @@ def test_layout_modes_and_manifest(tmp_path):
             want_mode = {"env": 0o600, "manifest": 0o600, "unit": 0o644, "target": 0o644}[f.kind]
             assert f.mode == want_mode, path
         target = files["/etc/systemd/system/provision-rtest.target"].data().decode()
-        assert all(t.task.name in target for t in b.tasks)
+        assert b.tasks and all(t.task.name in target for t in b.tasks)
         manifest = json.loads(files["/etc/provision/rtest/manifest.json"].data())
         assert manifest["job"] == "rtest" and manifest["host"] == name
         assert set(manifest["tasks"]) == {u.task.name for u in b.tasks}
@@ -252,13 +252,13 @@ def test_restart_inputs(tmp_path):
     # the job's env: every task
     job_env = BASE.replace("NCCL_DEBUG: WARN", "NCCL_DEBUG: INFO")
     changed = _inputs(render(inv_from(job_env + files, tmp_path)))
-    assert all(base[k] != changed[k] for k in base)
+    assert base and all(base[k] != changed[k] for k in base)
 
     # a pushed file's content: every task
     (tmp_path / "train.py").write_text("v2\n")
     os.utime(tmp_path / "train.py", ns=(1, 1))
     changed = _inputs(render(inv_from(BASE + files, tmp_path)))
-    assert all(base[k] != changed[k] for k in base)
+    assert base and all(base[k] != changed[k] for k in base)
 
 
 def test_render_with_previous_keeps_slots(tmp_path):
@@ -272,7 +272,8 @@ def test_render_with_previous_keeps_slots(tmp_path):
     )
     second = render(grown, previous=first.placement.slots())
     now = second.placement.slots()
-    assert all(now[k] == v for k, v in first.placement.slots().items())
+    before = first.placement.slots()
+    assert before and all(now[k] == v for k, v in before.items())
 
 
 def test_unit_has_no_unescaped_specifiers_or_variables(tmp_path):
@@ -318,9 +319,11 @@ def test_a_setup_is_bounded_by_its_timeout(tmp_path):
     r = render(inv_from(text, tmp_path))
     units = [f for b in r.hosts.values() for f in b.files if f.path.endswith("setup.service")]
     assert units and all(b"TimeoutStartSec=600\n" in f.data() for f in units)
-    assert all(b.setup is not None and b.setup.timeout == 600 for b in r.hosts.values() if b.setup)
+    setups = [b.setup for b in r.hosts.values() if b.setup]
+    assert setups and all(s.timeout == 600 for s in setups)
     default = render(inv_from(BASE + "setup: {commands: [apt-get update]}\n", tmp_path))
-    assert all(b.setup.timeout == 3600 for b in default.hosts.values() if b.setup)
+    setups = [b.setup for b in default.hosts.values() if b.setup]
+    assert setups and all(s.timeout == 3600 for s in setups)
 
 
 def test_a_setup_runs_again_for_its_inputs_not_for_the_code(tmp_path):

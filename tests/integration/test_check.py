@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, sh
+from clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,10 @@ import time
 
 import pytest
 
+from clirun import cli, sh, wait_until
 from provision import sandbox
 from provision.host.taskenv import parse_env
 from provision.sandbox import dockerlayer, engine
-
-from .clirun import cli, sh, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,18 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from clirun import cli, sh, unit_props, wait_until
 from provision.host.taskenv import parse_env
-
-from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 
 LONG = ["/bin/sh", "-c", "echo started $PROVISION_TASK; exec sleep 600"]
-
-
-def unit_props(sb, host: str, unit: str) -> dict:
-    out = sh(sb, host, f"systemctl show -p ActiveState,MainPID,InvocationID {unit}")
-    return dict(line.split("=", 1) for line in out.strip().splitlines() if "=" in line)
 
 
 def proc_environ(sb, host: str, pid: str) -> dict:
@@ -81,8 +75,7 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     assert cli("render", inv, "-o", out, cwd=tmp_path).returncode == 0
     seen = 0
     for task, slot in placement(tmp_path, inv).items():
-        unit = f"provision-{job_name}-{task}.service"
-        props = unit_props(sandbox4, slot["host"], unit)
+        props = unit_props(sandbox4, slot["host"], job_name, task)
         assert props["ActiveState"] == "active", (task, props)
         env = proc_environ(sandbox4, slot["host"], props["MainPID"])
         rendered = dict(parse_env((out / slot["host"] / f"etc/provision/{job_name}/{task}.env").read_text()))
@@ -140,7 +133,7 @@ def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tm
 
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert unit_props(sandbox4, w1_host, f"provision-{job_name}-worker-1.service")["ActiveState"] == "active"
+    assert unit_props(sandbox4, w1_host, job_name, "worker-1")["ActiveState"] == "active"
     text = sh(sandbox4, chief_host, f"cat {env_file}")
     assert 'PROVISION_TASK="chief-0"' in text
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
@@ -155,13 +148,13 @@ def test_unit_file_removed_under_a_running_task_restarts_it(sandbox4, sandbox_in
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
     host = placement(tmp_path, inv)["chief-0"]["host"]
     unit = f"provision-{job_name}-chief-0.service"
-    before = unit_props(sandbox4, host, unit)
+    before = unit_props(sandbox4, host, job_name, "chief-0")
     sh(sandbox4, host, f"rm /etc/systemd/system/{unit} && systemctl daemon-reload")
     load = sh(sandbox4, host, f"systemctl show -p LoadState,ActiveState {unit}")
     assert "LoadState=not-found" in load and "ActiveState=active" in load, load
     r = cli("apply", "-y", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    after = unit_props(sandbox4, host, unit)
+    after = unit_props(sandbox4, host, job_name, "chief-0")
     assert after["ActiveState"] == "active" and after["InvocationID"] != before["InvocationID"]
     assert sh(sandbox4, host, f"test -f /etc/systemd/system/{unit}").code == 0
     assert "No changes" in cli("plan", inv, cwd=tmp_path).stdout
@@ -178,7 +171,7 @@ def test_changing_worker_command_restarts_only_workers(sandbox4, sandbox_invento
     sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
     assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
     slots = placement(tmp_path, inv)
-    before = {t: unit_props(sandbox4, s["host"], f"provision-{job_name}-{t}.service") for t, s in slots.items()}
+    before = {t: unit_props(sandbox4, s["host"], job_name, t) for t, s in slots.items()}
 
     pools["worker"]["command"] = ["/bin/sh", "-c", "echo changed; exec sleep 600"]
     sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
@@ -186,7 +179,7 @@ def test_changing_worker_command_restarts_only_workers(sandbox4, sandbox_invento
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task worker-0: restart" in r.stdout
     assert "task chief-0" not in r.stdout and "task ps-0" not in r.stdout
-    after = {t: unit_props(sandbox4, s["host"], f"provision-{job_name}-{t}.service") for t, s in slots.items()}
+    after = {t: unit_props(sandbox4, s["host"], job_name, t) for t, s in slots.items()}
     assert after["worker-0"]["MainPID"] != before["worker-0"]["MainPID"]
     for t in ("chief-0", "ps-0"):
         assert after[t]["InvocationID"] == before[t]["InvocationID"], t
@@ -326,10 +319,7 @@ def test_second_concurrent_apply_is_refused(sandbox4, sandbox_inventory, job_nam
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while not lock.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert lock.exists()
+        wait_until(lock.exists, 20, 0.02, what=f"the first apply to take the lock ({lock})")
         r = cli("apply", "-y", inv, cwd=tmp_path)
         assert r.returncode == 1
         holder = json.loads(lock.read_text())
@@ -408,7 +398,7 @@ def test_secrets_reach_the_task_but_are_never_printed(sandbox4, sandbox_inventor
     r = cli("apply", "-y", inv, cwd=tmp_path, env={"API_TOKEN": secret})
     assert r.returncode == 0, r.stdout + r.stderr
     host = placement(tmp_path, inv)["chief-0"]["host"]
-    props = unit_props(sandbox4, host, f"provision-{job_name}-chief-0.service")
+    props = unit_props(sandbox4, host, job_name, "chief-0")
     assert proc_environ(sandbox4, host, props["MainPID"])["API_TOKEN"] == secret
     r = cli("plan", inv, cwd=tmp_path, env={"API_TOKEN": secret + "-rotated"})
     assert "API_TOKEN=(sensitive value)" in r.stdout

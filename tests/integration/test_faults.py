@@ -13,9 +13,8 @@ import time
 
 import pytest
 
+from clirun import cli, sh
 from provision import sandbox
-
-from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,10 @@ import tarfile
 import pytest
 import yaml
 
+from clirun import cli, ok, wait_until
 from provision.core.target import HostError
 from provision.io.ssh import STDERR_KEPT
 from provision.run.context import open_context
-
-from .clirun import cli, ok, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from clirun import cli, sh
 from provision import sandbox
 from provision.cli.sandboxcmd import job_from_file
 from provision.host.taskenv import parse_env
-
-from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 

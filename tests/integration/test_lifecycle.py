@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .clirun import cli, rows, sh, status, wait_until
+from clirun import cli, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -272,9 +272,11 @@ def test_files_sent_once_by_hash_and_changed_code_restarts_tasks(sandbox3, sandb
     assert sh(sandbox3, "host-3", "ls /opt/lc-files 2>&1").startswith("ls: cannot access")  # no task there
     stamp = lambda h: sh(sandbox3, h, "stat -c '%i %Y %y' /opt/lc-files/train.py /opt/lc-files/pkg/data.txt")
     inv_id = lambda h, t: sh(sandbox3, h, f"systemctl show -p InvocationID --value provision-{job}-{t}.service").strip()
+    for h in ("host-1", "host-2"):  # an mtime of 2001: a rewrite would show in it
+        sh(sandbox3, h, "touch -m -d @1000000000 /opt/lc-files/train.py /opt/lc-files/pkg/data.txt", check=True)
     before = {h: stamp(h) for h in ("host-1", "host-2")}
+    assert [before[h].count(" 1000000000 ") for h in before] == [2, 2], before  # both files, both hosts
     ids = {"chief-0": inv_id("host-1", "chief-0"), "worker-0": inv_id("host-2", "worker-0")}
-    time.sleep(1.1)  # a rewrite would show in the mtime
     # Unchanged: plan compares sha256, nothing is sent, nothing restarts.
     p = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -11,7 +11,7 @@ import threading
 import pytest
 import yaml
 
-from .clirun import cli, sh, wait_until
+from clirun import cli, sh, wait_until
 
 pytestmark = pytest.mark.integration
 

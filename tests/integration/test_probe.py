@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from clirun import cli, sh
 from provision.host.protocol import ProbeRequest, to_wire
 from provision.io import probe as fast_probe
 from provision.run import context as engine
-
-from .clirun import cli, sh
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from clirun import cli, rows, sh, status, unit_props, wait_until
 from provision import sandbox
 from provision.host import layout
-
-from .clirun import cli, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +29,6 @@ LONG = ["/bin/sh", "-c", "exec sleep 600"]
 
 def exits(sb, host: str, job: str, task: str) -> list[list[str]]:
     return layout.parse_exits(sh(sb, host, f"cat {layout.exits_path(job, task)} 2>/dev/null"))
-
-
-def unit_props(sb, host: str, job: str, task: str) -> dict[str, str]:
-    out = sh(sb, host, f"systemctl show -p ActiveState,SubState,InvocationID {layout.unit_name(job, task)}")
-    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
 
 
 def boot_of(sb, host: str) -> str:

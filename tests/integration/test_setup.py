@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, ok, sh
+from clirun import cli, ok, sh
 
 pytestmark = pytest.mark.integration
 
@@ -173,9 +173,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
     import subprocess
     import sys
 
+    from clirun import sh, wait_until
     from provision.host import layout
-
-    from .clirun import sh, wait_until
 
     inv = tmp_path / "inv.yaml"
     sandbox_inventory(
@@ -211,7 +210,7 @@ def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(
     import sys
     import time
 
-    from .clirun import first_output
+    from clirun import output_until
 
     pools = {"chief": {"replicas": 1, "command": LONG}}
     inv = tmp_path / "inv.yaml"
@@ -233,11 +232,7 @@ def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(
             text=True,
             env={**os.environ, "PROVISION_SETUP_TICK": "1"},
         )
-        seen = first_output(p)
-        deadline = time.monotonic() + 120
-        while "setup running" not in seen and time.monotonic() < deadline:
-            seen += first_output(p)
-        assert "setup running" in seen, seen
+        output_until(p, "setup running", 120)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=20)  # one Ctrl-C, no second
         assert p.returncode == 130 and "Interrupted" in err, (p.returncode, out, err)

@@ -10,12 +10,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from .clirun import cli, first_output, ok, wait_until
+from clirun import cli, first_output, ok, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +43,8 @@ def write(sb, make, d: Path, job: str, pools: dict, **extra) -> Path:
     return inv
 
 
-def status(inv: Path) -> dict:
-    return json.loads(ok(cli("status", "--json", inv, cwd=inv.parent)).stdout)
-
-
 def slots(inv: Path) -> dict[str, tuple[str, list[int], str]]:
-    return {t["task"]: (t["host"], t["gpus"], t["address"]) for t in status(inv)["tasks"]}
+    return {t["task"]: (t["host"], t["gpus"], t["address"]) for t in status(inv.parent, inv)["tasks"]}
 
 
 def ledger(sb, host: str) -> dict[str, dict]:
@@ -57,6 +52,12 @@ def ledger(sb, host: str) -> dict[str, dict]:
         host, ["/bin/sh", "-c", "for f in /var/lib/provision/.ledger/*.json; do [ -f $f ] && cat $f && echo; done"]
     )
     return {e["job"]: e for e in (json.loads(line) for line in out.splitlines() if line.strip())}
+
+
+def age(inv: Path, job: str) -> int:
+    """A job's age in seconds, as `provision jobs --json` shows it."""
+    view = json.loads(ok(cli("jobs", "--json", inv, cwd=inv.parent)).stdout)
+    return next(j["age_seconds"] for j in view["jobs"] if j["job"] == job)
 
 
 def destroy(*invs: Path, take_over: bool = False) -> None:
@@ -80,7 +81,7 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
             assert sa[task][0] == sb_[task][0]  # same host (one replica per host)...
             assert not set(sa[task][1]) & set(sb_[task][1])  # ...other GPUs
             assert sa[task][2] != sb_[task][2]  # ...and another port
-        assert status(a)["phase"] == "Running" and status(b)["phase"] == "Running"
+        assert status(a.parent, a)["phase"] == "Running" and status(b.parent, b)["phase"] == "Running"
         # A job without GPUs (the third, on one host) still fits: ports only.
         ok(cli("apply", "-y", d, cwd=tmp_path))
         assert slots(d)["chief-0"][2].endswith(":2224")
@@ -95,7 +96,7 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
             "exp-b": "running",
             "exp-d": "running",
         }
-        assert all(h["free_gpus"] == [] for h in view["hosts"].values())
+        assert view["hosts"] and all(h["free_gpus"] == [] for h in view["hosts"].values())
         assert all(isinstance(j["age_seconds"], int) and j["owner"] for j in view["jobs"])
 
         # A third GPU job does not fit: refused, naming the holders; nothing written.
@@ -132,7 +133,9 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
         assert queued["state"] == "queued" and queued["owner"], queued
         assert "does not fit" in queued["queued"]["waiting_for"] and queued["queued"]["since"], queued
         assert "exp-c (" in ok(cli("jobs", a, cwd=tmp_path)).stdout
-        time.sleep(4)  # four more polls: the holders' ages change, what it waits for does not
+        # Four more polls (one a second): the holders' ages change, what it waits for does not.
+        then = age(a, "exp-a")
+        wait_until(lambda: age(a, "exp-a") >= then + 4, 60, what="exp-a's age to move on by 4 s")
         ok(cli("destroy", "-y", a, cwd=tmp_path))
         out, err = q.communicate(timeout=120)
         err = said + err
@@ -150,7 +153,7 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
             else:
                 cur = None
         assert blocks and all(a != b for a, b in zip(blocks, blocks[1:])), err
-        assert status(c)["phase"] == "Running"
+        assert status(c.parent, c)["phase"] == "Running"
         assert set(ledger(shared, "host-1")) == {"exp-b", "exp-c", "exp-d"}
     finally:
         destroy(a, b, c, d)
@@ -166,15 +169,12 @@ def test_a_foreign_listener_moves_the_port(shared, sandbox_inventory, tmp_path):
         shared, sandbox_inventory, tmp_path, "squat", {"chief": {"replicas": 1, "command": LONG}}, hosts=["host-1"]
     )
     try:
-        for _ in range(50):  # the server is listening
-            if (
-                shared.docker_exec(
-                    "host-1", ["/bin/sh", "-c", "grep -q ' 0A ' /proc/net/tcp && grep -qi ':08AE ' /proc/net/tcp"]
-                )[0]
-                == 0
-            ):
-                break
-            time.sleep(0.1)
+        wait_until(
+            lambda: sh(shared, "host-1", "grep -q ' 0A ' /proc/net/tcp && grep -qi ':08AE ' /proc/net/tcp").code == 0,
+            30,
+            0.1,
+            what="the squatter to listen on port 2222",
+        )
         ok(cli("apply", "-y", inv, cwd=tmp_path))
         assert slots(inv)["chief-0"][2].endswith(":2223")
         r = ok(cli("jobs", inv, cwd=tmp_path))
@@ -192,8 +192,8 @@ def test_another_state_is_refused_until_take_over(shared, sandbox_inventory, tmp
         ok(cli("apply", "-y", a, cwd=alice, env={"PROVISION_OWNER": "alice@example.com"}))
         # The owner as the team knows her (issue 29, item 10): jobs, status, refusals.
         assert "alice@example.com" in ok(cli("jobs", a, cwd=alice)).stdout
-        assert status(a)["owner"] == "alice@example.com"
-        before = {t["task"] for t in status(a)["tasks"]}
+        assert status(a.parent, a)["owner"] == "alice@example.com"
+        before = {t["task"] for t in status(a.parent, a)["tasks"]}
         env_before = shared.docker_exec("host-1", "cat /etc/provision/owned/chief-0.env")[1]
         for verb in ("plan", "apply", "destroy"):
             r = cli(verb, *(["-y"] if verb != "plan" else []), b, cwd=bob)
@@ -202,10 +202,10 @@ def test_another_state_is_refused_until_take_over(shared, sandbox_inventory, tmp
             assert "Traceback" not in r.stderr
         # Nothing changed on the hosts: same env file, tasks never restarted.
         assert shared.docker_exec("host-1", "cat /etc/provision/owned/chief-0.env")[1] == env_before
-        assert status(a)["phase"] == "Running"
-        assert {t["task"] for t in status(a)["tasks"]} == before
+        assert status(a.parent, a)["phase"] == "Running"
+        assert {t["task"] for t in status(a.parent, a)["tasks"]} == before
         # Reading works from anyone's state.
-        assert status(b)["phase"] == "Running"
+        assert status(b.parent, b)["phase"] == "Running"
 
         ok(cli("apply", "-y", "--take-over", b, cwd=bob))
         assert 'V="2"' in shared.docker_exec("host-1", "cat /etc/provision/owned/chief-0.env")[1]
@@ -249,7 +249,7 @@ def test_two_applies_racing_for_the_same_gpus(shared, sandbox_inventory, tmp_pat
                 if inv not in winners:
                     assert inv.stem not in entries, f"{host}: the loser {inv.stem} still holds {entries}"
         for inv in winners:
-            assert status(inv)["phase"] == "Running"
+            assert status(inv.parent, inv)["phase"] == "Running"
     finally:
         destroy(x, y)
 
@@ -284,11 +284,13 @@ def test_a_killed_apply_leaves_a_stale_reservation_that_is_reclaimed(shared, san
             text=True,
             env={**os.environ, "PROVISION_TEST_PAUSE": "START:60"},
         )
-        for _ in range(300):
-            if "killed" in ledger(shared, "host-1"):
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
+        # Reserved on both hosts: it is paused before starting (PROVISION_TEST_PAUSE).
+        wait_until(
+            lambda: all("killed" in ledger(shared, h) for h in ("host-1", "host-2")),
+            30,
+            0.1,
+            what="the apply to reserve on both hosts",
+        )
         p.send_signal(signal.SIGKILL)
         p.wait()
         held = ledger(shared, "host-1")
@@ -337,7 +339,7 @@ def test_drain_moves_tasks_away_and_the_job_still_succeeds(shared, sandbox_inven
         )
         assert "No such file" in out and "provision-drain" not in out.replace("/etc/provision/drain", "")
         ok(cli("wait", "--timeout", "60", inv, cwd=tmp_path))
-        assert status(inv)["phase"] == "Succeeded"
+        assert status(inv.parent, inv)["phase"] == "Succeeded"
     finally:
         destroy(inv)
 
@@ -404,8 +406,8 @@ def test_rerun_starts_a_finished_job_again(shared, sandbox_inventory, tmp_path):
         assert "No changes" in ok(cli("apply", "-y", inv, cwd=tmp_path)).stdout  # a finished job stays finished
         acts = task_actions(json.loads(ok(cli("apply", "-y", "--rerun", "--json", inv, cwd=tmp_path)).stdout)["plan"])
         assert acts == {"chief-0": ("restart", "rerun requested"), "worker-0": ("restart", "rerun requested")}
-        st = status(inv)
-        assert st["phase"] in ("Running", "Succeeded") and all(t["restarts"] == 0 for t in st["tasks"])
+        st = status(inv.parent, inv)
+        assert st["phase"] in ("Running", "Succeeded") and st["tasks"] and all(t["restarts"] == 0 for t in st["tasks"])
         ok(cli("wait", "--timeout", "60", inv, cwd=tmp_path))
     finally:
         destroy(inv)
@@ -461,7 +463,7 @@ def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_i
             {"path": dest, "job": "variant-a"}
         ]
         ok(cli("apply", "-y", b, cwd=b.parent))
-        assert status(a)["phase"] == status(b)["phase"] == "Running"
+        assert status(a.parent, a)["phase"] == status(b.parent, b)["phase"] == "Running"
 
         # b's own edit would change what a runs: refused, and so is replace: true.
         code.write_text("print('v2')\n")
@@ -475,7 +477,7 @@ def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_i
         # Destroying one keeps the file for the other; the last one removes it.
         code.write_text("print('v1')\n")
         destroy(a)
-        assert "v1" in on_host() and status(b)["phase"] == "Running"
+        assert "v1" in on_host() and status(b.parent, b)["phase"] == "Running"
         # A third job with other bytes is refused, naming the job that has the path.
         code.write_text("print('v3')\n")
         c = write(shared, sandbox_inventory, tmp_path / "c", "variant-c", one, files=[{**files[0], "replace": True}])

@@ -14,9 +14,8 @@ import time
 
 import pytest
 
+from clirun import cli, first_output, ok, rows, sh, status, wait_until
 from provision.core.errors import EXIT_TIMEOUT
-
-from .clirun import cli, first_output, ok, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clirun import wait_until
 from provision.spec.clusterenv import job_cluster, task_env
 from provision.spec.inventory import parse
 from provision.spec.render import render
@@ -135,11 +136,10 @@ def installed(sandbox4, rendered_job):
         _sh(c, f"rm -f /run/provision-test/{inv.job}-{u.task.name}.json")
         r = _sh(c, f"systemctl start {u.unit}")
         assert r.ok, r.stderr
-    deadline = time.time() + 60
     for u in bundle.tasks:
-        while _sh(c, f"systemctl is-active -q {u.unit}").ok:
-            assert time.time() < deadline, f"{u.unit} still running"
-            time.sleep(0.2)
+        wait_until(
+            lambda unit=u.unit: not _sh(c, f"systemctl is-active -q {unit}").ok, 60, 0.2, what=f"{u.unit} to end"
+        )
     yield c
     units = " ".join(u.unit for u in bundle.tasks)
     _sh(c, f"systemctl stop {units} provision-{inv.job}.target; systemctl reset-failed {units}")

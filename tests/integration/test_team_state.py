@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, ok, wait_until
+from clirun import cli, ok, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clirun import cli, ok, sh, wait_until
 from provision.sandbox.inventory import dump
 from provision.spec.inventory import load
 from provision.spec.render import render
-
-from .clirun import cli, ok, sh, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .clirun import cli, ok, sh
+from clirun import cli, ok, sh
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .clirun import cli, ok, wait_until
+from clirun import cli, ok, output_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -231,7 +231,7 @@ def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_in
     assert "the study stopped: 2 trials failed, more than max_failed_trials (1)" in out.lower(), out
     doc = _trials(inv, tmp_path)
     why = {t["params"]["mode"]: t["why"] for t in doc["trials"]}
-    assert all(t["state"] == "failed" for t in doc["trials"]), doc["trials"]
+    assert doc["trials"] and all(t["state"] == "failed" for t in doc["trials"]), doc["trials"]
     assert "no loss reported" in why["silent"], why
 
 
@@ -324,9 +324,9 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=1.0)
     env = postgres.env()
     pa = _popen(inv_a, a, env)
-    time.sleep(1.0)  # b asks while a's first trials run
+    early_a = output_until(pa, "trial 1 started", 120)  # b asks while a's first trials run
     pb = _popen(inv_b, b, env)
-    out_a = pa.communicate(timeout=600)[0]
+    out_a = early_a + pa.communicate(timeout=600)[0]
     out_b = pb.communicate(timeout=600)[0]
     assert pa.returncode == 0 and pb.returncode == 0, out_a + out_b
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .clirun import cli, ok
+from clirun import cli, ok
+
 from .test_tune import HOSTS, GpuWatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

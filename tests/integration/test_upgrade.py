@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .clirun import cli, ok, sh, status, wait_until
+from clirun import cli, ok, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .clirun import cli, first_output, wait_until
+from clirun import cli, first_output, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -99,10 +99,11 @@ def test_follow_prints_the_tail_then_new_lines_in_time_order_and_ends_with_the_j
     )
     try:
         assert cli("apply", "-y", inv, cwd=tmp_path).returncode == 0
-        deadline = time.monotonic() + 30
-        while "step 5 of worker-1" not in cli("logs", inv, cwd=tmp_path).stdout:
-            assert time.monotonic() < deadline, "the job printed nothing"
-            time.sleep(0.5)
+        wait_until(
+            lambda: "step 5 of worker-1" in cli("logs", inv, cwd=tmp_path).stdout,
+            30,
+            what="worker-1's step 5 in the logs",
+        )
         t0 = time.monotonic()
         f = cli("logs", "-f", "--tail", "3", "--timestamps", inv, cwd=tmp_path, timeout=120)
         took = time.monotonic() - t0

@@ -1,11 +1,15 @@
-"""The integration tests' helpers, one per job:
+"""The tests' helpers, one per job (unit tests and tests/integration/ alike: `from clirun
+import cli, wait_until`; tests/ is on the path, as tests/conftest.py's directory):
 
+run("validate", "inv.yaml", cwd=tmp)      # the CLI in-process: (exit code, stdout, stderr)
 cli("apply", "-y", inv, cwd=tmp)          # the CLI as a user runs it: a fresh process
 ok(cli(...))                              # ... checked to exit 0
 status(tmp, inv), rows(st)                # `status --json`, its tasks by name
 sh(sb, "host-1", "systemctl is-active x") # a shell command on a sandbox host (as root)
 sh(sb, "host-1", "test -f /x", check=True)
+unit_props(sb, "host-1", job, "chief-0")  # a task's systemd unit: ActiveState, MainPID, ...
 wait_until(lambda: ..., what="...")       # poll for a condition; never sleep-then-assert
+first_output(p), output_until(p, "text")  # what a CLI started with Popen printed so far
 """
 
 from __future__ import annotations
@@ -17,6 +21,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def run(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """The CLI in-process (click's runner), from `cwd`, with stdout and stderr apart; an
+    exception the CLI lets out is raised, not turned into an exit code."""
+    from click.testing import CliRunner
+
+    from provision.cli.app import main
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return r.exit_code, r.stdout, r.stderr
 
 
 def cli(*args, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -65,6 +85,15 @@ def status(tmp: Path, inv: Path) -> dict:
     return json.loads(r.stdout)
 
 
+def unit_props(sb, host: str, job: str, task: str) -> dict[str, str]:
+    """A task's systemd unit on a sandbox host: ActiveState, SubState, MainPID and
+    InvocationID (empty when it is not running) as `systemctl show` gives them."""
+    from provision.host import layout
+
+    out = sh(sb, host, f"systemctl show -p ActiveState,SubState,MainPID,InvocationID {layout.unit_name(job, task)}")
+    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+
+
 def rows(st: dict) -> dict[str, dict]:
     """A status's tasks by name."""
     return {t["task"]: t for t in st["tasks"]}
@@ -94,3 +123,24 @@ def first_output(p: subprocess.Popen, timeout: float = 60) -> str:
         if ready:
             return os.read(ready[0].fileno(), 65536).decode(errors="replace")
     raise AssertionError(f"printed nothing within {timeout}s")
+
+
+def output_until(p: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    """Wait until a CLI started with its output in pipes (stderr=STDOUT: one stream) has
+    printed `text`; all it printed until then. The rest stays in the pipes for
+    p.communicate(): the whole output is this plus what that returns."""
+    streams = [s for s in (p.stdout, p.stderr) if s is not None]
+    got = b""
+    end = time.monotonic() + timeout
+    while streams and time.monotonic() < end:
+        ready, _, _ = select.select(streams, [], [], 0.2)
+        for s in ready:
+            chunk = os.read(s.fileno(), 65536)
+            got += chunk
+            if not chunk:  # closed: the process is ending
+                streams.remove(s)
+        if text in got.decode(errors="replace"):
+            return got.decode(errors="replace")
+    seen = got.decode(errors="replace")
+    why = f"ended (exit {p.wait()})" if not streams else f"went on for {timeout}s"
+    raise AssertionError(f"{why} without printing {text!r}; it printed:\n{seen}")
