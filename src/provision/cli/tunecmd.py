@@ -218,7 +218,9 @@ def _show(inv: Inventory, study: Study | None, picture: Path, as_json: bool) -> 
     assert inv.tune is not None
     rows = study.rows() if study is not None else []
     if as_json:
-        doc = study_json(inv.job, inv.tune, rows, ended=None, picture=str(picture) if picture.exists() else None)
+        running = any(r.state is TrialState.RUNNING for r in rows)
+        ended = study.ended(len(rows)) if study is not None and not running else None
+        doc = study_json(inv.job, inv.tune, rows, ended=ended, picture=str(picture) if picture.exists() else None)
         click.echo(_json.dumps(doc, indent=1))
         return
     if not rows:
