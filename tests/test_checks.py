@@ -833,3 +833,16 @@ def test_the_host_answers_whether_a_python_imports_a_module(tmp_path):
     }
     missing = hostcheck.python_imports("python3", None, "no_such_module_here")
     assert missing["ok"] is False and missing["error"] == "ModuleNotFoundError: No module named 'no_such_module_here'"
+
+
+def test_an_inventory_that_brings_hypertune_says_so(tmp_path):
+    inv = parse(
+        STUDY + "setup: {commands: ['pip install /opt/wheels/cloudml_hypertune-0.1.0.dev6-py3-none-any.whl']}\n",
+        tmp_path / "i.yaml",
+    )
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    found = checks.judge(inv, make_plan(render(inv), targets, {n: report() for n in targets}))
+    ok, seen = has(
+        found, "h1", "hypertune", Status.PASS, "cloudml-hypertune: setup: installs it (pip install /opt/wheels/"
+    )
+    assert ok, seen

@@ -59,8 +59,14 @@ def pythons(inv: Inventory, bundle: HostBundle) -> list[list[str | None]]:
 
 
 def judge(answers: Any, inv: Inventory) -> list[tuple[bool, str]]:
-    """(ok, in words) per python the host was asked about."""
-    if not isinstance(answers, list) or inv.tune is None:
+    """(ok, in words) per python the host was asked about; when none was asked because the
+    inventory brings the library itself, that."""
+    if inv.tune is None:
+        return []
+    if answers is None and inv.tune.metric.regex is None and inv.tf_config.trial is None:
+        brought = brings_hypertune(inv)
+        return [(True, f"cloudml-hypertune: {brought}")] if brought else []
+    if not isinstance(answers, list):
         return []
     out = []
     for a in answers:
