@@ -846,3 +846,20 @@ def test_an_inventory_that_brings_hypertune_says_so(tmp_path):
         found, "h1", "hypertune", Status.PASS, "cloudml-hypertune: setup: installs it (pip install /opt/wheels/"
     )
     assert ok, seen
+
+
+def test_a_pushed_directory_holding_the_package_brings_it(tmp_path):
+    """The air-gapped way of docs/tuning.md: pip install --target pylibs/, pushed, on PYTHONPATH."""
+    (tmp_path / "pylibs" / "hypertune").mkdir(parents=True)
+    (tmp_path / "pylibs" / "hypertune" / "__init__.py").write_text("")
+    text = STUDY + "files: [{src: pylibs/, dest: /opt/study/pylibs/}]\nenv: {PYTHONPATH: /opt/study/pylibs}\n"
+    inv = parse(text, tmp_path / "i.yaml")
+    assert (
+        "hypertune" not in checks.request_fields(inv, inv.hosts[0], render(inv).hosts["h1"], [], checks=True)["checks"]
+    )
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    found = checks.judge(inv, make_plan(render(inv), targets, {n: report() for n in targets}))
+    ok, seen = has(
+        found, "h1", "hypertune", Status.PASS, "cloudml-hypertune: files: pushes pylibs/hypertune/ to /opt/study/pylibs"
+    )
+    assert ok, seen

@@ -33,6 +33,10 @@ def brings_hypertune(inv: Inventory) -> str | None:
     for f in inv.files:
         if "hypertune" in f.src.name.lower():
             return f"files: pushes {f.src.name} to {f.dest}"
+        # A directory holding the package (pip install --target DIR), for PYTHONPATH: read
+        # here, as plan reads the files it pushes.
+        if f.is_dir and (f.src / "hypertune" / "__init__.py").is_file():
+            return f"files: pushes {f.src.name}/hypertune/ to {f.dest}"
     return None
 
 
