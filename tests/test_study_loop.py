@@ -513,6 +513,8 @@ def test_the_study_says_it_ended_and_a_succeeded_trial_why(tmp_path: Path) -> No
     assert doc["ended"] == "the study ended: 3 trials"
     assert [t["why"] for t in doc["trials"]] == ["chief-0 exited 0"] * 3  # type: ignore[union-attr]
     assert study.ended(3) == end.why and study.ended(4) is None  # a resumed study with a 4th trial goes on
+    table = CliRunner().invoke(main, ["tune", "--status", str(where)], catch_exceptions=False).stdout
+    assert table.rstrip().endswith("The study ended: 3 trials.")
 
 
 def test_a_succeeded_trials_why_is_how_its_job_succeeded(tmp_path: Path) -> None:
