@@ -707,3 +707,158 @@ def test_sizes_are_never_rounded_down_to_nothing():
         "5 MiB",
         "3.0 GiB",
     ]
+
+
+# --------------------------------------------------------------------------- hypertune (a study's trials)
+
+STUDY = (
+    INVENTORY
+    + """tune:
+  metric: {name: val_loss, goal: minimize}
+  parameters: {lr: {type: double, min: 0.001, max: 0.1}}
+  max_trials: 4
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "extra, want",
+    [
+        ("", [["python3", None]]),
+        ("env: {PYTHONPATH: /opt/libs}\n", [["python3", "/opt/libs"]]),
+        # Read from the log: no hypertune needed.
+        ("", None),
+        ("setup: {commands: ['pip install cloudml-hypertune']}\n", None),
+    ],
+    ids=["bare", "pythonpath", "regex", "setup-installs-it"],
+)
+def test_a_study_asks_whether_its_python_imports_hypertune(tmp_path, extra, want, request):
+    text = STUDY + extra
+    if request.node.callspec.id == "regex":
+        text = text.replace("goal: minimize}", "goal: minimize, regex: 'val_loss=(?P<value>[0-9.]+)'}")
+    inv = parse(text, tmp_path / "inventory.yaml")
+    bundle = render(inv).hosts["h1"]
+    got = checks.request_fields(inv, inv.hosts[0], bundle, ["gpus"], checks=True)["checks"]
+    assert got.get("hypertune") == want
+    # Not for a plain job, nor for a trial of `provision tune` (its start would pay for it).
+    plain = parse(INVENTORY, tmp_path / "inventory.yaml")
+    assert (
+        "hypertune"
+        not in checks.request_fields(plain, plain.hosts[0], render(plain).hosts["h1"], [], checks=True)["checks"]
+    )
+
+
+def test_an_image_pool_and_a_non_python_command_are_not_asked(tmp_path):
+    text = STUDY.replace("command: [python3, train.py]}", "command: [torchrun, train.py]}", 1).replace(
+        "worker: {replicas: 2, accelerators: 1, command: [python3, train.py]}",
+        "worker: {replicas: 2, accelerators: 1, image: 'reg/t:1'}",
+    )
+    inv = parse(text, tmp_path / "inventory.yaml")
+    for h in ("h1", "h2"):
+        assert (
+            "hypertune" not in checks.request_fields(inv, inv.hosts[0], render(inv).hosts[h], [], checks=True)["checks"]
+        )
+
+
+def test_a_trial_is_not_asked(tmp_path):
+    from provision.spec.trial import trial_inventory
+
+    inv = trial_inventory(parse(STUDY, tmp_path / "inventory.yaml"), 2, {"lr": 0.01})
+    assert (
+        "hypertune" not in checks.request_fields(inv, inv.hosts[0], render(inv).hosts["h1"], [], checks=True)["checks"]
+    )
+
+
+@pytest.mark.parametrize(
+    "answer, status, text",
+    [
+        (
+            {"python": "python3", "pythonpath": None, "ok": True, "file": "/usr/lib/python3/hypertune/__init__.py"},
+            Status.PASS,
+            "python3 imports hypertune: /usr/lib/python3/hypertune/__init__.py",
+        ),
+        (
+            {
+                "python": "python3",
+                "pythonpath": None,
+                "ok": False,
+                "error": "ModuleNotFoundError: No module named 'hypertune'",
+            },
+            Status.FAIL,
+            "python3 cannot import hypertune (ModuleNotFoundError: No module named 'hypertune'): the trials report "
+            "val_loss through cloudml-hypertune (`import hypertune`): install it in setup: (`pip install "
+            "cloudml-hypertune`); a host with no package index: push its wheel with files: and install that in setup:",
+        ),
+        (
+            {
+                "python": "/opt/venv/bin/python",
+                "pythonpath": "/opt/libs",
+                "ok": False,
+                "error": "/opt/venv/bin/python: not found",
+            },
+            Status.FAIL,
+            "/opt/venv/bin/python (PYTHONPATH=/opt/libs) cannot import hypertune (/opt/venv/bin/python: not found)",
+        ),
+    ],
+    ids=["imports", "missing", "no-python"],
+)
+def test_hypertune_is_judged_with_the_fix(tmp_path, answer, status, text):
+    inv = parse(STUDY, tmp_path / "inventory.yaml")
+    rendered = render(inv)
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    r = report()
+    r.checks["hypertune"] = [answer]
+    p = make_plan(rendered, targets, {n: r if n == "h1" else report() for n in targets})
+    found = checks.judge(inv, p)
+    ok, seen = has(found, "h1", "hypertune", status, text)
+    assert ok, seen
+
+
+def test_the_host_answers_whether_a_python_imports_a_module(tmp_path):
+    (tmp_path / "hypertune").mkdir()
+    (tmp_path / "hypertune" / "__init__.py").write_text("")
+    got = hostcheck.probe_checks({"hypertune": [["python3", str(tmp_path)], ["no-such-python3", None]]}, None)
+    assert got["hypertune"][0] == {
+        "python": "python3",
+        "pythonpath": str(tmp_path),
+        "ok": True,
+        "file": str(tmp_path / "hypertune" / "__init__.py"),
+    }
+    assert got["hypertune"][1] == {
+        "python": "no-such-python3",
+        "pythonpath": None,
+        "ok": False,
+        "error": "no-such-python3: not found",
+    }
+    missing = hostcheck.python_imports("python3", None, "no_such_module_here")
+    assert missing["ok"] is False and missing["error"] == "ModuleNotFoundError: No module named 'no_such_module_here'"
+
+
+def test_an_inventory_that_brings_hypertune_says_so(tmp_path):
+    inv = parse(
+        STUDY + "setup: {commands: ['pip install /opt/wheels/cloudml_hypertune-0.1.0.dev6-py3-none-any.whl']}\n",
+        tmp_path / "i.yaml",
+    )
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    found = checks.judge(inv, make_plan(render(inv), targets, {n: report() for n in targets}))
+    ok, seen = has(
+        found, "h1", "hypertune", Status.PASS, "cloudml-hypertune: setup: installs it (pip install /opt/wheels/"
+    )
+    assert ok, seen
+
+
+def test_a_pushed_directory_holding_the_package_brings_it(tmp_path):
+    """The air-gapped way of docs/tuning.md: pip install --target pylibs/, pushed, on PYTHONPATH."""
+    (tmp_path / "pylibs" / "hypertune").mkdir(parents=True)
+    (tmp_path / "pylibs" / "hypertune" / "__init__.py").write_text("")
+    text = STUDY + "files: [{src: pylibs/, dest: /opt/study/pylibs/}]\nenv: {PYTHONPATH: /opt/study/pylibs}\n"
+    inv = parse(text, tmp_path / "i.yaml")
+    assert (
+        "hypertune" not in checks.request_fields(inv, inv.hosts[0], render(inv).hosts["h1"], [], checks=True)["checks"]
+    )
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    found = checks.judge(inv, make_plan(render(inv), targets, {n: report() for n in targets}))
+    ok, seen = has(
+        found, "h1", "hypertune", Status.PASS, "cloudml-hypertune: files: pushes pylibs/hypertune/ to /opt/study/pylibs"
+    )
+    assert ok, seen

@@ -289,6 +289,40 @@ def test_vertex_study_fields(
         assert "max_failed_trials" not in doc["tune"] and "maxFailedTrialCount" not in text
 
 
+@pytest.mark.parametrize(
+    "prefix,outputs,why",
+    [
+        ("/data/runs/", "/data/runs", "outputs: /data/runs: AIP_MODEL_DIR, AIP_CHECKPOINT_DIR"),
+        ("gs://b/hpt", "/data/t", "trial N gets AIP_MODEL_DIR=/data/t/N/model/"),
+    ],
+)
+def test_a_tuning_jobs_base_output_directory_is_outputs(prefix: str, outputs: str, why: str, tmp_path: Path) -> None:
+    """Issue 39 item 4: baseOutputDirectory is `outputs:`, so trial N writes BASE/N/model/
+    as on Vertex; never one fixed AIP_MODEL_DIR that every trial would overwrite."""
+    job = json.loads(vertex_job({}))
+    job["trialJobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": prefix}
+    (tmp_path / "t.json").write_text(json.dumps(job))
+    doc, text, _ = imported(tmp_path, "vertex", "t.json")
+    assert doc["outputs"] == outputs
+    assert "AIP_MODEL_DIR" not in (doc.get("env") or {})
+    in_notes(text, "trialJobSpec.baseOutputDirectory", why, "Applied in part:")
+
+
+def test_a_plain_jobs_gs_base_output_directory_stays_the_env_vertex_sets(tmp_path: Path) -> None:
+    """One job (no study): a gs:// base is the three variables as Vertex sets them (the
+    trainer writes to Cloud Storage); a directory on the hosts is `outputs:`."""
+    job = json.loads(vertex_job({}))
+    spec = job["trialJobSpec"]
+    for prefix, env, outputs in (("gs://b/x", {"AIP_MODEL_DIR": "gs://b/x/model/"}, None), ("/data/x", {}, "/data/x")):
+        spec["baseOutputDirectory"] = {"outputUriPrefix": prefix}
+        (tmp_path / "c.json").write_text(json.dumps({"displayName": "c", "jobSpec": spec}))
+        code, _, err = run("import", "vertex", "c.json", "-o", "c.yaml", "--force", cwd=tmp_path)
+        assert code == 0, err
+        doc = yaml.safe_load((tmp_path / "c.yaml").read_text())
+        assert doc.get("outputs") == outputs
+        assert {k: v for k, v in (doc.get("env") or {}).items() if k == "AIP_MODEL_DIR"} == env
+
+
 # --------------------------------------------------------------------------- --trial
 
 

@@ -472,3 +472,56 @@ def test_a_storage_that_stops_answering_ends_the_runner_in_one_line(tmp_path: Pa
     assert end.why.startswith("the study's storage stopped answering: ")
     assert "the trials run on" in end.why and "again once it answers adopts them" in end.why
     assert loop.w.stop.is_set()
+
+
+def test_the_study_says_it_ended_and_a_succeeded_trial_why(tmp_path: Path) -> None:
+    """Issue 39 item 5: `tune --status --json` has `ended` once the loop ended the study
+    (null before, and again while a resumed study with max_trials raised runs on)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from provision.cli.app import main
+    from provision.io.state import default_state_path
+    from provision.io.study import journal_path
+
+    text = INV + (
+        "tune:\n  metric: {name: loss, goal: minimize}\n  parameters: {lr: {type: double, min: 0.0, max: 1.0}}\n"
+        "  max_trials: 3\n"
+    )
+    where = tmp_path / "study.yaml"
+    where.write_text(text)
+    tune = _tune(max_trials=3, parallel_trials=1)
+    study = open_study(tune, "sweep", None, journal_path(default_state_path(where, "sweep"), "sweep"), seed=1)
+
+    def status() -> dict[str, object]:
+        r = CliRunner().invoke(main, ["tune", "--status", "--json", str(where)], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return dict(json.loads(r.stdout))
+
+    def work(w: TrialWork, h: Handle) -> None:
+        w.post(Started(h.number, {"chief-0": "a"}))
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.5, 1)))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.5, 1)))
+
+    assert study.ended(0) is None
+    loop, study, _ = _loop(tmp_path, tune, work, study=study)
+    end = loop.run()
+    assert end.code == 0 and end.why == "the study ended: 3 trials"
+    doc = status()
+    assert doc["ended"] == "the study ended: 3 trials"
+    assert [t["why"] for t in doc["trials"]] == ["chief-0 exited 0"] * 3  # type: ignore[union-attr]
+    assert study.ended(3) == end.why and study.ended(4) is None  # a resumed study with a 4th trial goes on
+    table = CliRunner().invoke(main, ["tune", "--status", str(where)], catch_exceptions=False).stdout
+    assert table.rstrip().endswith("The study ended: 3 trials.")
+
+
+def test_a_succeeded_trials_why_is_how_its_job_succeeded(tmp_path: Path) -> None:
+    from provision.core.lifecycle import JobPhase
+    from provision.rules.status import JobStatus
+    from provision.run.trialrun import _ending
+
+    loop, _, _ = _loop(tmp_path, _tune(), _succeeds())
+    st = JobStatus("sweep-t1", JobPhase.SUCCEEDED, "chief-0 exited 0", ())
+    assert _ending(loop.w, st, (Report(1, 0.5),)) == Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.5, 1)

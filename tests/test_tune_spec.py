@@ -200,6 +200,35 @@ def test_promote_writes_a_plain_inventory_with_the_trials_arguments(tmp_path):
     assert again.tune is None and again.files[0].src == (src / "train.py").resolve()
 
 
+def _model_dirs(inv) -> dict[str, str]:
+    env = next(f for f in render(inv).hosts["a"].files if f.path.endswith("chief-0.env")).data().decode()
+    return dict(line.split("=", 1) for line in env.splitlines() if line.startswith("AIP_"))
+
+
+def test_each_trial_has_its_own_outputs_and_the_promoted_job_the_trials(tmp_path):
+    """Issue 39 item 4: outputs: BASE gives trial N BASE/N/ (model, checkpoints, logs), as
+    Vertex does; the promoted inventory's outputs are that trial's, not every trial's base."""
+    base = BASE + "outputs: /data/runs\n"
+    inv = _inv(TUNE, base)
+    dirs = {n: _model_dirs(trial_inventory(inv, n, {"learning_rate": 0.01})) for n in (1, 2, 12)}
+    assert dirs[2] == {
+        "AIP_MODEL_DIR": '"/data/runs/2/model/"',
+        "AIP_CHECKPOINT_DIR": '"/data/runs/2/checkpoints/"',
+        "AIP_TENSORBOARD_LOG_DIR": '"/data/runs/2/logs/"',
+    }
+    assert len({d["AIP_MODEL_DIR"] for d in dirs.values()}) == 3
+    out = promoted(
+        base + TUNE, inv.tune, {"learning_rate": 0.01}, number=12, why="succeeded", src_dir=tmp_path, out_dir=tmp_path
+    )
+    doc = yaml.safe_load(out)
+    assert doc["outputs"] == "/data/runs/12"
+    assert _model_dirs(parse(out, tmp_path / "p.yaml", "p.yaml")) == dirs[12]
+    # No outputs: none in the promoted one either.
+    assert "outputs" not in yaml.safe_load(
+        promoted(BASE + TUNE, inv.tune, {}, number=3, why="succeeded", src_dir=tmp_path, out_dir=tmp_path)
+    )
+
+
 def test_the_measurement_that_counts_and_the_best_trial():
     reports = (Report(1, 0.9), Report(2, 0.3), Report(3, float("nan")), Report(4, 0.5))
     metric = _inv().tune.metric

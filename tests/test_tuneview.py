@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -18,6 +19,8 @@ from provision.cli.tuneview import (
     digits,
     draw_png,
     event_line,
+    figure,
+    log_scale,
     study_json,
     table_lines,
 )
@@ -245,3 +248,61 @@ def test_png_of_extreme_values_is_drawn_and_says_so(tmp_path):
     draw_png(out, rows, tune)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _off_the_chart(rows) == 2
+
+
+def test_the_metric_axis_is_log_when_positive_values_span_decades():
+    assert log_scale([3.1, 0.0093, 0.0099])
+    assert not log_scale([0.25, 0.41, 0.9])  # within a decade: linear reads better
+    assert not log_scale([-1.0, 3.0, 300.0]) and not log_scale([0.0, 3.0])  # not all positive
+    assert not log_scale([])
+
+
+def _texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def test_png_marks_the_best_trial_and_where_stopped_trials_stopped():
+    """Issue 39 item 5: 0.0093 and 0.0099 both sat on 0 on a linear axis up to 3.1; the best
+    trial is marked and named; a stopped trial says its step; the best-so-far line moves."""
+    tune = Tune(Metric("val_loss", Goal.MINIMIZE), (Param("lr", ParamType.DOUBLE, 1e-4, 1.0, Scale.LOG),), 6)
+    rows = [
+        TrialRow(1, (("lr", 0.5),), S.SUCCEEDED, 3.1, 20, 5.0, "chief-0 exited 0", "j-t1"),
+        TrialRow(2, (("lr", 0.01),), S.SUCCEEDED, 0.0099, 20, 5.0, "chief-0 exited 0", "j-t2"),
+        TrialRow(3, (("lr", 0.3),), S.STOPPED_EARLY, 2.0, 8, 2.0, "best val_loss 2 ...", "j-t3"),
+        TrialRow(4, (("lr", 0.02),), S.SUCCEEDED, 0.0093, 20, 5.0, "chief-0 exited 0", "j-t4"),
+        TrialRow(5, (("lr", 0.1),), S.FAILED, None, None, 1.0, "chief-0 exited 1", "j-t5"),
+    ]
+    fig = figure(rows, tune, job="j")
+    top, panel = fig.axes[0], fig.axes[1]
+    assert top.get_yscale() == "log" and panel.get_yscale() == "log"
+    assert "best: trial 4, val_loss 0.0093" in _texts(top)
+    assert "step 8" in _texts(top)
+    line = next(ln for ln in top.get_lines() if ln.get_label() == "best so far")
+    assert len(set(line.get_ydata())) == 3  # 3.1, then 0.0099, then 0.0093
+    linear = figure([TrialRow(1, (("lr", 0.5),), S.SUCCEEDED, 0.4, job="j-t1")], tune, job="j")
+    assert linear.axes[0].get_yscale() == "linear"
+
+
+def test_no_matplotlib_warning_reaches_the_terminal(tmp_path):
+    """A second runner joining drew a study with no labelled artist: "No artists with labels
+    found" on stderr among the trials' lines. Drawn in a fresh interpreter (matplotlib warns
+    once per place), with every warning shown: stderr stays empty, and a warning matplotlib
+    raises from inside draw_png is not shown either."""
+    code = (
+        "import sys, warnings; from pathlib import Path; sys.path[:0] = [sys.argv[1], sys.argv[2]];"
+        "warnings.simplefilter('always');"
+        "import test_tuneview as t; import provision.cli.tuneview as v;"
+        "[v.draw_png(Path(sys.argv[3]) / f'{i}.png', rows, t.TUNE) for i, rows in "
+        "enumerate([t.ROWS, (), t.ROWS[3:4], t.ROWS[5:], t.ROWS[6:]])];"
+        # A legend of nothing drawn by tuneview's own code: what matplotlib warned about.
+        "exec('def _metric_panel(ax, rows, tune): ax.legend()', v.__dict__);"
+        "v.draw_png(Path(sys.argv[3]) / 'x.png', t.ROWS, t.TUNE)"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(Path(__file__).parent), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import cli, ok, output_until, wait_until
+from clirun import cli, ok, output_until, sh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -464,3 +464,94 @@ def test_a_categorical_value_with_spaces_is_one_argument_of_the_trial(sandbox4, 
             line,
             argv,
         )
+
+
+def test_an_imported_vertex_studys_trials_each_have_their_own_outputs(sandbox4, sandbox_inventory, tmp_path):
+    """Issue 39 item 4: the tuning job's baseOutputDirectory (gs://, as Vertex users have it)
+    gave every trial one AIP_MODEL_DIR, each overwriting the others' model, and `fetch
+    --trial N` found no outputs:. Now trial N writes BASE/N/model/ as on Vertex; fetch
+    --trial N brings back trial N's files only; the promoted inventory's outputs are its."""
+    job = "tout"
+    spec = json.loads(json.dumps(VERTEX_STUDY))
+    spec["displayName"] = job
+    spec["trialJobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": "gs://example-bucket/hpt/"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    ok(cli("import", "vertex", "spec.json", "-o", "imported.yaml", cwd=tmp_path))
+    imported = yaml.safe_load((tmp_path / "imported.yaml").read_text())
+    base = imported["outputs"]
+    assert base == f"/data/{job}" and "AIP_MODEL_DIR" not in (imported.get("env") or {}), imported
+    for h in HOSTS:
+        sh(sandbox4, h, f"rm -rf {base}")
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, imported["tune"], steps=2, step_seconds=0.3, outputs=base)
+    ok(_tune(inv, cwd=tmp_path))
+    doc = _trials(inv, tmp_path)
+    assert [t["state"] for t in doc["trials"]] == ["succeeded"] * 3, doc["trials"]
+    assert doc["ended"] == "the study ended: 3 trials", doc
+    assert all(t["why"] == "chief-0 exited 0" for t in doc["trials"]), doc["trials"]
+    # On the hosts: one model per trial, under its own number.
+    found = {}
+    for h in HOSTS:
+        out = sh(sandbox4, h, f'cd {base} 2>/dev/null && for f in */model/model.txt; do echo "$f $(cat $f)"; done')
+        for line in out.splitlines():
+            if line.endswith("model/model.txt"):  # the glob matched nothing
+                continue
+            path, text = line.split(" ", 1)
+            found[int(path.split("/")[0])] = text
+    quality = {t["number"]: t["params"]["quality"] for t in doc["trials"]}
+    assert found == {n: f"quality {q}" for n, q in quality.items()}, (found, quality)
+    for n, q in quality.items():
+        got = tmp_path / f"t{n}"
+        ok(cli("fetch", inv, "--trial", n, "-o", got, cwd=tmp_path))
+        assert (got / "model" / "model.txt").read_text() == f"quality {q}\n"
+        files = [str(f.relative_to(got)) for f in got.rglob("*") if f.is_file()]
+        assert files == ["model/model.txt"], files  # its own only: no other trial's directory
+    ok(cli("tune", inv, "--promote", "2", "-o", tmp_path / "best.yaml", cwd=tmp_path))
+    promoted = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert promoted["outputs"] == f"{base}/2", promoted
+
+
+def test_check_says_a_study_host_has_no_hypertune_and_how_to_bring_it(sandbox4, sandbox_inventory, tmp_path):
+    """Issue 39 item 6: a bare host's python has no cloudml-hypertune (the sandbox hosts' has
+    it only with the torch layer): `provision check` of the study says so, with the fix,
+    before any trial fails with 'No module named hypertune'; with the library on the
+    task's PYTHONPATH, it passes."""
+    job = "thyp"
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+        "max_trials": 2,
+    }
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune)
+
+    def check() -> tuple[int, list[tuple[str, str, str]]]:
+        r = cli("check", "--json", "--skip-network", inv, cwd=tmp_path)
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+        data = json.loads(r.stdout)
+        return r.returncode, [
+            (h, c["status"], c["detail"])
+            for h, v in data["hosts"].items()
+            for c in v["checks"]
+            if c["check"] == "hypertune"
+        ]
+
+    code, found = check()
+    assert code == 1 and found, found
+    for _, status, detail in found:
+        assert status == "fail", found
+        assert detail.startswith("python3 cannot import hypertune (ModuleNotFoundError: No module named 'hypertune')")
+        assert "pip install cloudml-hypertune" in detail and "PYTHONPATH" in detail and "metric.regex" in detail
+    # The library on the task's PYTHONPATH (as an air-gapped host gets it: pushed, see
+    # docs/tuning.md): the check passes.
+    lib = f"/opt/{job}-lib"
+    for h in HOSTS:
+        sh(sandbox4, h, f"mkdir -p {lib}/hypertune && : > {lib}/hypertune/__init__.py", check=True)
+    _study(sandbox_inventory, sandbox4, tmp_path, job, tune, env={"PYTHONPATH": lib})
+    try:
+        code, found = check()
+        assert [s for _, s, _ in found] == ["pass"] * len(found) and found, found
+        assert all(
+            d == f"python3 (PYTHONPATH={lib}) imports hypertune: {lib}/hypertune/__init__.py" for _, _, d in found
+        )
+    finally:
+        for h in HOSTS:
+            sh(sandbox4, h, f"rm -rf {lib}")

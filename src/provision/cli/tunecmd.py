@@ -217,8 +217,10 @@ def _header(inv: Inventory, study: Study) -> None:
 def _show(inv: Inventory, study: Study | None, picture: Path, as_json: bool) -> None:
     assert inv.tune is not None
     rows = study.rows() if study is not None else []
+    running = any(r.state is TrialState.RUNNING for r in rows)
+    ended = study.ended(len(rows)) if study is not None and rows and not running else None
     if as_json:
-        doc = study_json(inv.job, inv.tune, rows, ended=None, picture=str(picture) if picture.exists() else None)
+        doc = study_json(inv.job, inv.tune, rows, ended=ended, picture=str(picture) if picture.exists() else None)
         click.echo(_json.dumps(doc, indent=1))
         return
     if not rows:
@@ -226,6 +228,8 @@ def _show(inv: Inventory, study: Study | None, picture: Path, as_json: bool) -> 
         return
     for line in table_lines(rows, inv.tune):
         click.echo(line)
+    if ended is not None:
+        click.echo(f"\n{ended[0].upper()}{ended[1:]}.")
     if picture.exists():
         click.echo(f"Picture: {picture}")
 

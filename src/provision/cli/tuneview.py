@@ -7,10 +7,12 @@ matplotlib is imported inside draw_png only: the CLI's other commands must not p
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shlex
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState,
 
 if TYPE_CHECKING:  # types only: the real import is draw_png's (heavy, tune only)
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # The order counts are given in (the table's last line, the JSON's "counts").
 COUNTED = (TrialState.SUCCEEDED, TrialState.STOPPED_EARLY, TrialState.FAILED, TrialState.RUNNING)
@@ -166,6 +169,42 @@ def draw_png(path: Path, rows: Sequence[TrialRow], tune: Tune, *, job: str | Non
     """The study as a PNG: the metric per trial with the best so far, then the metric against
     each parameter. Written whole or not at all (a temp file renamed over `path`). `job`
     (the title's) defaults to the study's job the trials' job names start with."""
+    _quiet_matplotlib()
+    fig = figure(rows, tune, job=job if job is not None else _job_of(rows, path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _quiet_matplotlib() -> None:
+    """matplotlib's warnings are about the drawing, not the study: none reaches the terminal
+    (a line like "No artists with labels found" among the trials' lines). Its warn_external
+    names the first caller outside matplotlib, this module; the rest log. Process-wide
+    filters, not catch_warnings: the picture is drawn on a thread of its own."""
+    warnings.filterwarnings("ignore", module=r"provision\.cli\.tuneview")
+    warnings.filterwarnings("ignore", module=r"matplotlib(\.|$)")
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
+
+
+def log_scale(values: Sequence[float]) -> bool:
+    """The metric axis is logarithmic when every value is positive and the largest is
+    LOG_RATIO times the smallest or more: on a linear axis up to 3.1, 0.0093 and 0.0099 both
+    sit on 0."""
+    finite = [v for v in values if math.isfinite(v)]
+    return bool(finite) and min(finite) > 0 and max(finite) >= LOG_RATIO * min(finite)
+
+
+LOG_RATIO = 30.0
+
+
+def figure(rows: Sequence[TrialRow], tune: Tune, *, job: str) -> Figure:
+    """The picture as a matplotlib Figure (draw_png writes it)."""
     # Lazy: matplotlib costs ~0.5 s of import time and only `provision tune` draws; the
     # object-oriented Figure with the Agg canvas needs no pyplot, so no global backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -178,7 +217,6 @@ def draw_png(path: Path, rows: Sequence[TrialRow], tune: Tune, *, job: str | Non
     fig = Figure(figsize=(max(6.4, 4.2 * cols), 3.6 + 3.0 * prows), layout="constrained")
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(1 + prows, cols, height_ratios=[1.3] + [1.0] * prows)
-    job = job if job is not None else _job_of(rows, path)
     off = _off_the_chart(rows)
     clipped = f"; {off} value{'s' if off != 1 else ''} beyond ±{DRAWN_LIMIT:g} drawn at it" if off else ""
     fig.suptitle(f"{job}: {tune.metric.name} ({tune.metric.goal.value}){clipped}")
@@ -186,17 +224,10 @@ def draw_png(path: Path, rows: Sequence[TrialRow], tune: Tune, *, job: str | Non
     _metric_panel(top, rows, tune)
     if rows:
         top.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers
+    log = log_scale([y for _, y in _valued(rows)])
     for i, p in enumerate(tune.params if rows else ()):
-        _param_panel(fig.add_subplot(grid[1 + i // cols, i % cols]), p, rows, tune)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        _param_panel(fig.add_subplot(grid[1 + i // cols, i % cols]), p, rows, tune, log=log)
+    return fig
 
 
 def _job_of(rows: Sequence[TrialRow], path: Path) -> str:
@@ -215,7 +246,21 @@ def _metric_panel(ax: Axes, rows: Sequence[TrialRow], tune: Tune) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    _scatter(ax, [(float(r.number), y, r.state) for r, y in _valued(rows)])
+    valued = _valued(rows)
+    if log_scale([y for _, y in valued]):
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{tune.metric.name} (log)")
+    _scatter(ax, [(float(r.number), y, r.state) for r, y in valued])
+    for r, y in valued:  # a stopped trial says at which step: its value is the one it had there
+        if r.state is TrialState.STOPPED_EARLY and r.steps is not None:
+            ax.annotate(
+                f"step {r.steps}",
+                (r.number, y),
+                xytext=(4, -10),
+                textcoords="offset points",
+                fontsize="x-small",
+                color=STYLE[TrialState.STOPPED_EARLY]["color"],
+            )
     failed = [r.number for r in rows if r.state is TrialState.FAILED]
     if failed:  # no value: at the bottom of the panel (x in data, y in axes coordinates)
         ax.scatter(
@@ -224,10 +269,25 @@ def _metric_panel(ax: Axes, rows: Sequence[TrialRow], tune: Tune) -> None:
     xs, ys = best_so_far(rows, tune)
     ys = [max(-DRAWN_LIMIT, min(DRAWN_LIMIT, y)) for y in ys]
     if xs:
-        ax.step([*xs, max(r.number for r in rows)], [*ys, ys[-1]], where="post", color="tab:green", label="best so far")
+        ax.step(
+            [*xs, max(r.number for r in rows)],
+            [*ys, ys[-1]],
+            where="post",
+            color="tab:green",
+            label="best so far",
+            zorder=2,
+        )
+    top = best(tuple(rows), tune.metric)
+    if top is not None and top.value is not None and math.isfinite(top.value):
+        y = max(-DRAWN_LIMIT, min(DRAWN_LIMIT, top.value))
+        name = f"best: trial {top.number}, {tune.metric.name} {top.value:.{digits([y for _, y in valued])}g}"
+        ax.scatter([top.number], [y], marker="*", s=220, color="tab:green", edgecolors="black", zorder=4, label="best")
+        ax.annotate(
+            name, (top.number, y), xytext=(6, 8), textcoords="offset points", fontsize="small", color="darkgreen"
+        )
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # only failed trials: nothing to name (matplotlib warns on stderr)
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
 
 
 def best_so_far(rows: Sequence[TrialRow], tune: Tune) -> tuple[list[int], list[float]]:
@@ -241,11 +301,14 @@ def best_so_far(rows: Sequence[TrialRow], tune: Tune) -> tuple[list[int], list[f
     return xs, ys
 
 
-def _param_panel(ax: Axes, p: Param, rows: Sequence[TrialRow], tune: Tune) -> None:
-    """The metric against one parameter: a log axis for scale log, categories at positions."""
+def _param_panel(ax: Axes, p: Param, rows: Sequence[TrialRow], tune: Tune, *, log: bool = False) -> None:
+    """The metric against one parameter: a log axis for scale log, categories at positions;
+    the metric's axis as the top panel's (`log`)."""
     pts = [(dict(r.params)[p.name], y, r.state) for r, y in _valued(rows) if p.name in dict(r.params)]
     ax.set_xlabel(p.name + (" (log)" if p.scale is Scale.LOG else ""))
-    ax.set_ylabel(tune.metric.name)
+    ax.set_ylabel(tune.metric.name + (" (log)" if log else ""))
+    if log:
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     if p.type is ParamType.CATEGORICAL:
         known = [str(v) for v in p.values]

@@ -14,6 +14,8 @@ Probe checks (ProbeRequest.checks, a dict):
     ports        the job's ports here: who listens on each (pid, command, systemd unit, or
                  the PROVISION_JOB/PROVISION_TASK of a container task's process)
     disk         paths: free bytes of the file system holding each one that exists
+    hypertune    [[python, PYTHONPATH or None], ...]: whether each imports cloudml-hypertune
+                 (a study's trials report through it); the agent answers (io/probe.py)
     clock        the host's clock (the report's `now`)
 """
 
@@ -374,6 +376,29 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
                 continue
             free[p] = st.f_bavail * st.f_frsize
         out["disk"] = free
+    if checks.get("hypertune"):
+        out["hypertune"] = [python_imports(str(py), pp, "hypertune") for py, pp in checks["hypertune"]]
+    return out
+
+
+IMPORT_TIMEOUT = 20  # seconds: a python's start and one import, on a loaded host
+
+
+def python_imports(python: str, pythonpath: str | None, module: str) -> dict[str, Any]:
+    """Whether `python` imports `module` (ok, the file it came from, or the error's last
+    line), with the task's PYTHONPATH (none: unset, as a task's unit has it)."""
+    env = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else ["env", "-u", "PYTHONPATH"]
+    code, so, se = run([*env, python, "-c", f"import {module}; print({module}.__file__)"], timeout=IMPORT_TIMEOUT)
+    out: dict[str, Any] = {"python": python, "pythonpath": pythonpath, "ok": code == 0}
+    if code == 0:
+        out["file"] = so.strip()
+    elif code == 124:
+        out["error"] = timed_out(python, IMPORT_TIMEOUT)
+    elif code == 127:  # env's "No such file or directory"
+        out["error"] = f"{python}: not found"
+    else:
+        lines = [ln for ln in se.strip().splitlines() if ln.strip()]
+        out["error"] = lines[-1].strip() if lines else f"exit {code}"
     return out
 
 

@@ -300,6 +300,7 @@ class JobPlan:
     chief_why: str = ""
     trial: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # every task
+    outputs: str | None = None  # `outputs:` (baseOutputDirectory as a directory on the hosts)
     files: tuple[tuple[str, str], ...] = ()  # (local path, absolute host path)
     setup: tuple[str, ...] = ()  # commands for the (commented) setup block
     not_applied: tuple[Note, ...] = ()

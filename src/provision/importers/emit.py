@@ -168,6 +168,14 @@ def _tune(out: _Lines, plan: JobPlan, study: StudyPlan) -> None:
 
 def _env_and_files(out: _Lines, plan: JobPlan, out_dir: Path) -> None:
     """The env every task had, and the local package gcloud built, as files: to push."""
+    if plan.outputs:
+        out.add()
+        out.comment(
+            "outputs: the base of AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR on the hosts"
+            + (" (trial N's: outputs/N/, as Vertex AI gives each trial its own)" if plan.study else "")
+            + "; `provision fetch` brings it back."
+        )
+        out.add(f"outputs: {flow(plan.outputs)}")
     if plan.env:
         out.add()
         out.comment("Every task (as the service set them):")

@@ -46,6 +46,8 @@ from .common import (
 from .study import Notes, from_vertex
 
 ROLES = ("chief", "worker", "ps", "evaluator")  # by position; [2] may be reduction servers
+# baseOutputDirectory naming a directory on the hosts (as the inventory's `outputs:` takes it).
+LOCAL_DIR = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
 REDUCTION_SERVER = re.compile(r"(^|/)vertex-ai-restricted/training/reductionserver([:@]|$)")
 
 SPEC_KEYS = frozenset(
@@ -239,19 +241,14 @@ def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None,
             )
 
     env: list[tuple[str, str]] = []
+    outputs: str | None = None
     for key, value in spec.items():
         if key == "baseOutputDirectory":
             bo_at = at / key
             prefix = string(mapping(value, bo_at).get("outputUriPrefix", ""), bo_at / "outputUriPrefix").rstrip("/")
             if prefix:
-                env += [(var, f"{prefix}/{sub}/") for var, sub in OUTPUT_DIRS]
-                partly.append(
-                    note(
-                        bo_at,
-                        value,
-                        "set as AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, as Vertex AI does; gs:// paths need Cloud Storage credentials on the hosts (secret_env), or change them to local paths",
-                    )
-                )
+                outputs, env, why = _outputs(prefix, name, study=src.study is not None)
+                partly.append(note(bo_at, value, why))
         elif key not in ("workerPoolSpecs", "scheduling") and value:
             notes.append(note(at / key, value, "not known to provision import" if key in unknown else None))
 
@@ -282,12 +279,44 @@ def from_spec(spec: dict[str, JSON], at: Where, src: Source, *, job: str | None,
         chief_why="Vertex AI names the primary replica `chief` in TF_CONFIG",
         trial=src.trial,
         env=tuple(env),
+        outputs=outputs,
         files=tuple(files),
         setup=merge_setup(*setups),
         not_applied=tuple(notes),
         partly=tuple(partly),
         timeout=timeout,
         study=src.study,
+    )
+
+
+def _outputs(prefix: str, job: str, *, study: bool) -> tuple[str | None, list[tuple[str, str]], str]:
+    """baseOutputDirectory's prefix → `outputs:`, or the env Vertex sets, and the note.
+
+    A directory on the hosts is `outputs:` (AIP_MODEL_DIR and the rest under it; a trial's
+    under BASE/N/, as Vertex gives trial N). A gs:// prefix: the three variables as they are
+    for one job; a study's trials would share them and overwrite one another's model, so a
+    study gets a directory on the hosts instead, and the note says so."""
+    if LOCAL_DIR.match(prefix) and ".." not in prefix.split("/"):
+        each = " (trial N's under BASE/N/, as Vertex gives it)" if study else ""
+        return (
+            prefix,
+            [],
+            f"outputs: {prefix}: AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under it{each}, as Vertex AI sets them",
+        )
+    if study:
+        local = f"/data/{job}"
+        return (
+            local,
+            [],
+            f"outputs: {local}, a directory on the hosts: trial N gets AIP_MODEL_DIR={local}/N/model/ (and checkpoints/, logs/) "
+            f"as Vertex gave it {prefix}/N/model/, and `provision fetch FILE --trial N` brings it back; "
+            "one fixed gs:// path would be every trial's, each overwriting the others' model",
+        )
+    env = [(var, f"{prefix}/{sub}/") for var, sub in OUTPUT_DIRS]
+    return (
+        None,
+        env,
+        "set as AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, as Vertex AI does; gs:// paths need Cloud Storage credentials on the hosts (secret_env), or change them to local paths",
     )
 
 

@@ -110,7 +110,7 @@ def _gpu_timeout(req: ProbeRequest) -> int:
 def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
     """The script's CLOCK APPS PORTS DISK RESOLVE words for req (None: the agent's)."""
     c = req.checks or {}
-    if c.get("tpu"):  # who holds the TPU chips: only the agent reads every process's fds
+    if c.get("tpu") or c.get("hypertune"):  # who holds the TPU chips (every process's fds); a python's import
         return None
     gpus = bool(c.get("gpus")) and "gpus" in facts
     disk = list(c.get("disk") or [])

@@ -62,6 +62,7 @@ optuna.logging.set_verbosity(logging.WARNING)
 
 STALE = 60.0  # seconds (storage clock) without a heartbeat after which another runner's trial is adopted
 PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
+ENDED_ATTR = "study-ended"  # the study attribute mark_ended writes
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
 
 P = ParamSpec("P")
@@ -316,6 +317,21 @@ class Study:
         """The trial is gone from the hosts. A study attribute: a told trial's own
         attributes cannot change any more."""
         self.study.set_user_attr(f"removed-{number}", True)
+
+    @_storage_errors
+    def mark_ended(self, why: str) -> None:
+        """The study ended (`why`, in words): a study attribute, with how many trials it had,
+        so that `--status` says it until a resumed study (max_trials raised) runs more."""
+        n = sum(1 for t in self.study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus"))
+        self.study.set_user_attr(ENDED_ATTR, {"why": why, "trials": n})
+
+    @_storage_errors
+    def ended(self, trials: int) -> str | None:
+        """Why the study ended, when it did with `trials` trials (the rows seen now); None
+        while it can go on."""
+        got = self.study.user_attrs.get(ENDED_ATTR)
+        why = got.get("why") if isinstance(got, dict) and got.get("trials") == trials else None
+        return why if isinstance(why, str) else None
 
     # -- runners
 

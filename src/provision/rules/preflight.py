@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from provision.core.model import Host, Inventory
 from provision.host.protocol import ProbeReport
+from provision.rules import hypertune
 from provision.rules.facts import mismatches
 from provision.rules.plan import FileAction, HostPlan, Plan
 from provision.spec.render import FileKind, HostBundle
@@ -75,6 +76,7 @@ ORDER = (
     "ports",
     "clock",
     "disk",
+    "hypertune",
     "interface",
     "network",
 )
@@ -141,6 +143,9 @@ def request_fields(
         acc = host.accelerators
         if acc is not None and acc.kind == "tpu" and acc.count:
             out["checks"]["tpu"] = True  # who holds the chips (the agent answers: io/probe.py)
+        pythons = hypertune.pythons(inv, bundle)
+        if pythons:
+            out["checks"]["hypertune"] = pythons  # the agent answers (io/probe.py)
     return out
 
 
@@ -436,6 +441,14 @@ def _disk_findings(name: str, inv: Inventory, hp: HostPlan, report: ProbeReport)
     return out
 
 
+def _hypertune_findings(name: str, inv: Inventory, report: ProbeReport) -> list[Finding]:
+    """Whether each trial python imports hypertune here (request_fields asked it)."""
+    return [
+        Finding(name, "hypertune", Status.PASS if ok else Status.FAIL, detail)
+        for ok, detail in hypertune.judge((report.checks or {}).get("hypertune"), inv)
+    ]
+
+
 def _interface_finding(name: str, inv: Inventory, host: Host, report: ProbeReport, hosts_used: int) -> Finding | None:
     it = report.interface
     if it is None:
@@ -514,6 +527,7 @@ def judge(
             out += _tpu_users(name, hp, report, job)
         out += _port_findings(name, hp, report, job)
         out += _disk_findings(name, inv, hp, report)
+        out += _hypertune_findings(name, inv, report)
         f = _interface_finding(name, inv, host, report, len(used))
         if f is not None:
             out.append(f)

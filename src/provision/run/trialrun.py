@@ -395,7 +395,7 @@ def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:
         value = measured(reports, w.tune.metric, w.tune.measurement)
         if value is None:
             return Ended(Ending.FAILED, f"no {w.tune.metric.name} reported (the job succeeded without one)")
-        return Ended(Ending.SUCCEEDED, "", value, steps)
+        return Ended(Ending.SUCCEEDED, st.reason or "the job succeeded", value, steps)  # "chief-0 exited 0"
     lines: tuple[str, ...] = ()
     for t in st.tasks:
         if t.last_lines:

@@ -113,7 +113,9 @@ class StudyLoop:
 
     def run(self) -> StudyEnd:
         try:
-            return self._loop()
+            end = self._loop()  # the study's own end (max_trials, or max_failed_trials passed)
+            self.study.mark_ended(end.why)
+            return end
         except KeyboardInterrupt:
             self.w.stop.set()
             n = len(self.mine.handles)

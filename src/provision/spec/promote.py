@@ -3,7 +3,8 @@ ready for `provision plan` / `apply`. Pure (the file's text in, the new text out
 
 The job keeps the study's name (the study itself never runs on the hosts, only its trials
 `<job>-t<N>` do); `files:` sources are rewritten relative to where the new file goes, so
-they still name the same files.
+they still name the same files. `outputs:` becomes the trial's own, `<base>/<N>`: `fetch`
+of the promoted job brings back that trial's model, and a run of it writes there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def promoted(
         else:  # as the trial ran: a flag the command has is replaced, not given twice
             command = pool.get("command") or []
             pool["command"] = [*command[:1], *with_flags(command[1:], extra)]
+    if isinstance(doc.get("outputs"), str):  # the trial's own directory (spec/trial.py), not every trial's
+        doc["outputs"] = f"{doc['outputs'].rstrip('/')}/{number}"
     for f in doc.get("files") or []:
         if isinstance(f, dict) and isinstance(f.get("src"), str) and not os.path.isabs(os.path.expanduser(f["src"])):
             f["src"] = os.path.relpath((src_dir / f["src"]).resolve(), out_dir.resolve())
