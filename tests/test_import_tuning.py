@@ -831,3 +831,35 @@ def test_ai_platform_script_packages(tmp_path: Path) -> None:
     ]
     in_notes(text, "--staging-bucket: gs://b", "where gcloud uploaded the packages", "Not applied, and why:")
     in_notes(text, "--packages: extra-0.1.tar.gz", "pushes them to /opt/pk/packages/", "Applied in part:")
+
+
+def test_a_huge_categorical_parameter_is_named_by_count_in_one_short_line(tmp_path: Path) -> None:
+    """Issue 38: a condition naming a value the parent lacks, on a parent of 10,000
+    categories, printed all of them: a 69 KB line. Now the count and a few."""
+    values = [f"category-{i:05d}" for i in range(10_000)]
+    params = [
+        {
+            "parameterId": "opt",
+            "categoricalValueSpec": {"values": values},
+            "conditionalParameterSpecs": [
+                {
+                    "parameterSpec": {"parameterId": "m", "doubleValueSpec": {"minValue": 0, "maxValue": 1}},
+                    "parentCategoricalValues": {"values": ["rmsprop"]},
+                }
+            ],
+        }
+    ]
+    (tmp_path / "t.json").write_text(vparams(params))
+    code, out, err = run("import", "vertex", "t.json", "-o", "out.yaml", cwd=tmp_path)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert len(err) < 400, len(err)
+    assert "'rmsprop' is not one of 'opt''s values (category-00000, category-00001," in err
+    assert "... (10000 values))" in err and "category-09999" not in err
+
+
+def test_show_values_caps_each_value_and_the_list() -> None:
+    from provision.spec.yamldoc import show_values
+
+    assert show_values(["a", "b"]) == "a, b"
+    assert show_values(list(range(6))) == "0, 1, 2, 3, 4, ... (6 values)"
+    assert show_values(["x" * 1000]) == "x" * 57 + "..."

@@ -28,6 +28,7 @@ from provision.core.tuning import (
     Value,
 )
 from provision.spec.yamldoc import show_value as show
+from provision.spec.yamldoc import show_values
 
 from .common import JSON, Note, StudyPlan, Where, boolean, check_keys, integer, items, mapping, note, string
 
@@ -360,7 +361,7 @@ def _parent_value(parent: Param, raw: JSON, at: Where) -> Value:
     for v in parent.values:
         if v == value:
             return v  # the parent's own spelling (32, not 32.0)
-    at.fail(f"{show(value)} is not one of {show(parent.name)}'s values ({', '.join(map(str, parent.values))})")
+    at.fail(f"{show(value)} is not one of {show(parent.name)}'s values ({show_values(parent.values)})")
 
 
 def _vertex_stopping(spec: dict[str, JSON], at: Where, notes: Notes) -> EarlyStopping:

@@ -26,7 +26,7 @@ from provision.core.tuning import (
     trial_job,
 )
 from provision.spec.statebackend import problem as url_problem
-from provision.spec.yamldoc import Checker, KeyPath, show_value
+from provision.spec.yamldoc import Checker, KeyPath, show_value, show_values
 
 TUNE_KEYS = (
     "metric",
@@ -142,7 +142,7 @@ def _params(c: Checker, value: Any, path: KeyPath) -> list[Param]:  # noqa: C901
         elif any(v not in parent.grid() for v in p.parent_values):
             c.add(
                 where,
-                f"values not among {p.parent!r}'s: {', '.join(str(v) for v in p.parent_values if v not in parent.grid())}",
+                f"values not among {p.parent!r}'s: {show_values([v for v in p.parent_values if v not in parent.grid()])}",
             )
     return out
 

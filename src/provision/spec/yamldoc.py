@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, cast
 
 import yaml
@@ -99,6 +100,16 @@ def show_value(value: Any) -> str:
     else:
         s = repr(value)
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def show_values(values: Sequence[Any], few: int = 5) -> str:
+    """A list of values in an error line: all of a short one, else the first few and the
+    count (a parameter of 10,000 categories made a 69 KB line); each value capped as
+    show_value caps it."""
+    shown = [s if len(s) <= 60 else s[:57] + "..." for s in map(str, values[:few])]
+    if len(values) <= few:
+        return ", ".join(shown)
+    return f"{', '.join(shown)}, ... ({len(values)} values)"
 
 
 def dotted(path: KeyPath) -> str:
