@@ -310,3 +310,52 @@ def test_files_sent_once_by_hash_and_changed_code_restarts_tasks(sandbox3, sandb
     assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
     for h in ("host-1", "host-2"):
         assert sh(sandbox3, h, "ls -d /opt/lc-files 2>&1").startswith("ls: cannot access")
+
+
+def test_apply_after_ctrl_c_during_setup_waits_for_it_and_succeeds(sandbox3, sandbox_inventory, tmp_path):
+    """Issue 38, item 12: Ctrl-C while the setup ran; the next apply waited for the setup,
+    then failed with `/var/lib/provision/JOB/setup.key: No such file or directory` (the
+    interrupted apply's agent, still waiting on the host, wrote the key through the same
+    temp file at the same moment); only the apply after it succeeded."""
+    import signal
+    import subprocess
+    import sys
+
+    from .clirun import first_output, ok
+
+    inv = tmp_path / "inv.yaml"
+    job = "lc-setupint"
+    sandbox_inventory(
+        sandbox3,
+        job=job,
+        path=inv,
+        pools={"chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "exec sleep 600"]}},
+        setup={"commands": ["sleep 15"]},
+    )
+    try:
+        for _ in range(2):  # the race is on one moment: twice makes a pass mean something
+            cli("destroy", "-y", inv, cwd=tmp_path)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PROVISION_SETUP_TICK": "1"},
+            )
+            seen = first_output(p)
+            deadline = time.monotonic() + 120
+            while "setup running" not in seen and time.monotonic() < deadline:
+                seen += first_output(p)
+            assert "setup running" in seen, seen
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=30)
+            assert p.returncode == 130, (p.returncode, seen, out, err)
+            r = cli("apply", "-y", inv, cwd=tmp_path)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "No such file or directory" not in r.stderr
+            assert sh(sandbox3, "host-1", f"cat /var/lib/provision/{job}/setup.key").strip()
+            assert status(tmp_path, inv)["phase"] == "Running"
+            assert "No changes" in ok(cli("apply", "-y", inv, cwd=tmp_path)).stdout  # the setup does not run again
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)

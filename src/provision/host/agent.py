@@ -216,7 +216,7 @@ def atomic_write(path: str, data: bytes, mode: int, created: list[str]) -> None:
     """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
     d = os.path.dirname(path)
     _mkdirs(d, created)
-    tmp = os.path.join(d, "." + os.path.basename(path) + layout.TMP_SUFFIX)
+    tmp = os.path.join(d, ".%s.%d%s" % (os.path.basename(path), os.getpid(), layout.TMP_SUFFIX))  # one per agent
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except OSError as e:  # named by the file asked for, not by the temp file
