@@ -126,3 +126,39 @@ def test_a_run_whose_lock_was_forced_away_cannot_save(stores):
         st.record_host("h2", HostRecord("192.0.2.2"))
     lock.release()  # its connection is gone: nothing to undo, no error
     assert set(State.load(other, mine.job).hosts) == {"h1"}
+
+
+def test_two_force_unlocks_at_once_one_removes_the_lock(stores, postgres):
+    """Issue 38, item 16: two teammates' simultaneous `force-unlock ID` both said "Removed the
+    lock"; one of them removed nothing. Now the row's removal decides: one removes it, the
+    other says nobody's lock was removed by it (exit 1 from the command)."""
+    import threading
+
+    s = stores()
+    for _ in range(3):
+        p, lock_id = _holder(postgres, s.job)
+        try:
+            start = threading.Barrier(2)
+            results: list[object] = []
+
+            def unlock(store, start: threading.Barrier, results: list[object], lock_id: str) -> None:
+                start.wait(timeout=10)
+                try:
+                    results.append(store.force_unlock(lock_id))
+                except ProvisionError as e:
+                    results.append(str(e))
+
+            threads = [threading.Thread(target=unlock, args=(stores(), start, results, lock_id)) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            removed = [r for r in results if not isinstance(r, str)]
+            said = [r for r in results if isinstance(r, str)]
+            assert len(removed) == 1 and removed[0].id == lock_id, results
+            # The loser came after the winner, or between its removal and the session's end.
+            assert len(said) == 1 and ("no lock" in said[0] and f"held on job {s.job}" in said[0]), results
+            assert s.held() is None
+        finally:
+            p.kill()
+            p.wait()

@@ -203,3 +203,62 @@ def test_a_state_directory_that_takes_no_file_is_one_line(tmp_path, monkeypatch)
             f"Error: {tmp_path / '.provision'}: cannot write there (Read-only file system): provision keeps the "
             "job's state and learnt host keys in it; make it writable, or give --state a path elsewhere\n"
         )
+
+
+def test_two_force_unlocks_at_once_one_removes_the_lock(tmp_path, monkeypatch):
+    """Issue 38, item 16: two teammates' `force-unlock ID` at once both said "Removed the
+    lock" (or one ended in a traceback): now one removes it, the other says nothing was."""
+    sp = tmp_path / "j.state.json"
+    lock = S.StateLock(sp, "apply").acquire()
+    assert lock.info is not None
+    both_read = threading.Barrier(2)
+    real_read = S.read_lock
+
+    def read_lock(path: Path):  # both read the holder before either removes it
+        got = real_read(path)
+        if path == S.lock_path(sp):
+            both_read.wait(timeout=10)
+        return got
+
+    monkeypatch.setattr(S, "read_lock", read_lock)
+    results: list[object] = []
+
+    def unlock() -> None:
+        try:
+            results.append(S.force_unlock(sp, lock.info.id))
+        except ProvisionError as e:
+            results.append(str(e))
+
+    threads = [threading.Thread(target=unlock) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    removed = [r for r in results if isinstance(r, S.LockInfo)]
+    said = [r for r in results if isinstance(r, str)]
+    assert len(removed) == 1 and removed[0].id == lock.info.id, results
+    assert said == [f"{S.lock_path(sp)}: no lock is held (someone removed it just now)"], results
+    assert not S.lock_path(sp).exists() and list(tmp_path.iterdir()) == []
+
+
+def test_force_unlock_never_removes_a_lock_taken_meanwhile(tmp_path, monkeypatch):
+    """Between reading the named lock and removing it, its holder ended and another took the
+    lock: that one stays."""
+    sp = tmp_path / "j.state.json"
+    old = S.StateLock(sp, "apply").acquire()
+    assert old.info is not None
+    real_read = S.read_lock
+    newer: list[S.StateLock] = []
+
+    def read_lock(path: Path):
+        got = real_read(path)
+        if path == S.lock_path(sp) and not newer:
+            newer.append(S.StateLock(sp, "apply"))
+            old.release()
+            newer[0].acquire()
+        return got
+
+    monkeypatch.setattr(S, "read_lock", read_lock)
+    with pytest.raises(ProvisionError, match="someone removed it just now"):
+        S.force_unlock(sp, old.info.id)
+    assert real_read(S.lock_path(sp)) == newer[0].info

@@ -253,3 +253,34 @@ def test_bad_input_is_one_line_and_changes_nothing(postgres, hosts, sandbox_inve
     assert row(postgres, "team-bad") == (5, "x")
     assert "Traceback" not in a.run("state", "show", a.inv).stderr
     postgres.sql("DELETE FROM provision_state WHERE job = 'team-bad'")
+
+
+def test_pending_after_the_database_stopped_is_cleared_by_the_next_apply(postgres, hosts, sandbox_inventory, tmp_path):
+    """Issue 38, item 16: after the database stopped mid-apply (the hosts written, the last
+    save refused) and came back, `state show` kept saying `pending` through every later
+    no-op apply."""
+    a, _ = team(tmp_path, postgres, hosts, sandbox_inventory, "team-pending")
+    try:
+        a.ok("apply", "-y", a.inv)
+        serial, _ = row(postgres, "team-pending")
+        set_mode(a, "f")
+        p = a.popen("apply", "-y", str(a.inv), PROVISION_TEST_PAUSE="WRITE:8")
+        try:
+            wait_until(lambda: row(postgres, "team-pending")[0] > serial, timeout=60, every=0.2, what="pending saved")
+            postgres.stop()
+            out, err = p.communicate(timeout=180)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            postgres.start()
+        assert p.returncode == 1 and "cannot save job team-pending's state" in err, out + err
+        assert any(h["pending"] for h in a.json("state", "show")["hosts"].values())
+        for _ in range(2):  # the next applies have nothing to change on the hosts
+            a.ok("apply", "-y", a.inv)
+            hosts_ = a.json("state", "show")["hosts"]
+            assert hosts_ and not any(h["pending"] for h in hosts_.values()), hosts_
+            rows_ = [l for l in a.ok("state", "show", a.inv).stdout.splitlines() if l.startswith("  host-")]
+            assert len(rows_) == 2 and not any(l.endswith("pending") for l in rows_), rows_
+        assert a.run("plan", "--detailed-exitcode", a.inv).returncode == 0
+    finally:
+        a.run("destroy", "-y", a.inv)

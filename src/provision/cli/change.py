@@ -25,7 +25,7 @@ from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
 from provision.core.lifecycle import TaskState
 from provision.host import layout
 from provision.rules.plan import Plan
-from provision.run.apply import HostOutcome, apply_plan
+from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
 from provision.run.check import run_check, summary, table_rows
 from provision.run.context import Context
 from provision.run.destroy import destroy as engine_destroy
@@ -75,6 +75,8 @@ def _change(
             confirm(operation, question)
         outcomes = execute(ctx, p, progress=progress_line)
         note_change(ctx, operation, summary_line(p, outcomes, operation) or "")
+    elif operation == "apply":
+        adopt_hosts(ctx, p, pending_only=True)  # an apply whose last save failed left them pending
     if as_json:
         click.echo(_json.dumps(change_json(p, outcomes), indent=1))
     else:

@@ -341,12 +341,22 @@ class PgStore(Store):
                 if holder is not None:
                     c.execute("DELETE FROM provision_locks WHERE job = %s", (self.job,))
                 raise ProvisionError(f"{self.where}: no lock is held on job {self.job}")
-            if holder is None or holder.id != lock_id:
-                shown = holder.describe() if holder else "one whose holder has not written its name yet"
-                raise ProvisionError(f"lock id {lock_id} does not match the lock held: {shown}")
+            if holder is None:  # a teammate removed the row and ends the session next, or a taker writes it
+                raise ProvisionError(
+                    f"{self.where}: no lock {lock_id} is held on job {self.job} (someone removed it just now, "
+                    "or a new holder has not written its name yet)"
+                )
+            if holder.id != lock_id:
+                raise ProvisionError(f"lock id {lock_id} does not match the lock held: {holder.describe()}")
+            # Two teammates at once: the row's removal decides who removed the lock; the
+            # other ends no session and says so.
+            gone = c.execute(
+                "DELETE FROM provision_locks WHERE job = %s AND id = %s RETURNING id", (self.job, lock_id)
+            ).fetchone()
+            if gone is None:
+                raise ProvisionError(f"{self.where}: no lock is held on job {self.job} (someone removed it just now)")
             c.execute("SELECT pg_terminate_backend(%s)", (session,))
             _poll(lambda: self._session(c) != session, 10)
-            c.execute("DELETE FROM provision_locks WHERE job = %s AND id = %s", (self.job, lock_id))
         return holder
 
 

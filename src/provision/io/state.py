@@ -499,10 +499,23 @@ def force_unlock(state_path: Path, lock_id: str) -> LockInfo:
     holder = read_lock(path)
     if holder is None:
         if path.exists():
-            path.unlink()
+            path.unlink(missing_ok=True)
             raise ProvisionError(f"{path}: lock file was unreadable; removed it")
         raise ProvisionError(f"{path}: no lock is held")
     if holder.id != lock_id:
         raise ProvisionError(f"lock id {lock_id} does not match the lock held: {holder.describe()}")
-    path.unlink()
+    # Two teammates at once: one rename wins; the other removed nothing and says so. What
+    # was moved aside goes only if it is the lock named (a new one taken meanwhile goes back).
+    aside = path.with_name(f".{path.name}.removing-{uuid.uuid4()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        raise ProvisionError(f"{path}: no lock is held (someone removed it just now)") from None
+    moved = read_lock(aside)
+    if moved is None or moved.id != lock_id:
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+        aside.unlink(missing_ok=True)
+        raise ProvisionError(f"{path}: lock {lock_id} is not held (someone removed it just now)")
+    aside.unlink(missing_ok=True)
     return holder

@@ -143,12 +143,7 @@ class _Apply:
 
     def run(self) -> dict[str, HostOutcome]:
         ctx = self.ctx
-        # Adopt hosts that run the job but that the state does not know (a killed apply, a
-        # lost state): the state must name every host with the job on it.
-        with ctx.state.deferred():
-            for hp in self.plan.hosts:
-                if hp.adopt and not hp.changed and hp.name not in ctx.state.hosts:
-                    ctx.state.record_host(hp.name, host_record(ctx, ctx.targets[hp.name], hp))
+        adopt_hosts(ctx, self.plan)
         if not self.work:
             return self.outcomes
         # Growing pools must not move tasks: the placement is recorded before anything moves,
@@ -411,6 +406,22 @@ class _Apply:
 
     def _start(self, t: Target, phase: int) -> None:
         self._started(t, phase, call_agent(self.ctx.session, t, self._start_request(t, phase)))
+
+
+def adopt_hosts(ctx: Context, plan: Plan, *, pending_only: bool = False) -> None:
+    """Record the hosts that run the job as the inventory wants it but that the state does
+    not know (a killed apply, a lost state), or knows as pending (an apply whose last save
+    failed: the database stopped): the state must name every host with the job on it, as it
+    is there. An apply without changes records the pending ones (pending_only)."""
+    with ctx.state.deferred():
+        for hp in plan.hosts:
+            rec = ctx.state.hosts.get(hp.name)
+            if (
+                hp.adopt
+                and not hp.changed
+                and ((rec is None and not pending_only) or (rec is not None and rec.pending))
+            ):
+                ctx.state.record_host(hp.name, host_record(ctx, ctx.targets[hp.name], hp))
 
 
 def apply_plan(
