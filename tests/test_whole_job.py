@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from provision.core.lifecycle import Action, Decision, Reason, finished, synchronous, whole_job
+from provision.core.lifecycle import Action, Decision, Reason, decide, finished, synchronous, whole_job
 
 RUN = Decision(Action.NONE, Reason.RUNNING, "")
 CHANGED = Decision(Action.RESTART, Reason.INPUTS_CHANGED, "env")
@@ -71,3 +71,29 @@ def test_rerun_restarts_everything_but_what_leaves():
 )
 def test_finished(ds, done):
     assert finished(ds) is done
+
+
+ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+DEAD = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead", "Result": "success"}
+STOP_MARK = {"phase": "Stopped", "reason": "stopped by ana (provision stop)"}
+
+
+@pytest.mark.parametrize(
+    "changed, drifted, unit, ended, want",
+    [
+        # Issue 38, item 13: stopped, then its inputs changed: it stays stopped, and --rerun takes it.
+        (True, ["env"], DEAD, STOP_MARK, (Action.NONE, Reason.JOB_ENDED)),
+        (False, ["env"], DEAD, STOP_MARK, (Action.NONE, Reason.JOB_ENDED)),  # edited by hand: rewritten, not started
+        (True, ["env"], DEAD, {"phase": "Succeeded"}, (Action.NONE, Reason.JOB_ENDED)),
+        (True, ["env"], DEAD, None, (Action.NONE, Reason.COMPLETED)),  # exited 0, no end marker yet
+        (True, ["env"], ACTIVE, None, (Action.RESTART, Reason.INPUTS_CHANGED)),  # running: restarts
+        (True, ["env"], ACTIVE, STOP_MARK, (Action.RESTART, Reason.INPUTS_CHANGED)),  # still running
+    ],
+)
+def test_a_finished_task_is_not_started_by_a_change(changed, drifted, unit, ended, want):
+    exits = [["100", "success", "exited", "0"]] if unit is DEAD else []
+    d = decide("chief-0", True, changed, drifted, unit, exits, ended, False)
+    assert (d.action, d.reason) == want
+    if d.action is Action.NONE:
+        assert finished({"chief-0": d})  # so --rerun takes the job: the two agree
+        assert whole_job({"chief-0": d}, sync=True, rerun=True)["chief-0"].reason is Reason.RERUN

@@ -178,3 +178,35 @@ def test_a_wait_that_gives_up_says_the_job_still_runs(sandbox3, sandbox_inventor
         assert status(tmp_path, inv)["phase"] == "Running"
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_a_stopped_job_whose_inputs_changed_stays_stopped_and_rerun_starts_it(sandbox3, sandbox_inventory, tmp_path):
+    """Issue 38, item 13: a stopped job whose inputs changed: `apply --rerun` refused ("has
+    not finished") while `status` said Stopped, and a plain `apply` restarted it. One rule
+    now: a finished job stays finished; apply writes the change and starts nothing; --rerun
+    starts it again, with the change."""
+    job, inv = "stop-changed", tmp_path / "inv.yaml"
+    (tmp_path / "note.txt").write_text("kept\n")
+    _inventory(sandbox_inventory, sandbox3, inv, job)
+    try:
+        ok(cli("apply", "-y", inv, cwd=tmp_path))
+        _running(tmp_path, inv)
+        ok(cli("stop", "-y", inv, cwd=tmp_path))
+        assert status(tmp_path, inv)["phase"] == "Stopped"
+        (tmp_path / "note.txt").write_text("changed\n")  # every task's inputs change
+        p = json.loads(ok(cli("plan", "--json", inv, cwd=tmp_path)).stdout)
+        acts = {t["task"]: t["action"] for h in p["hosts"].values() for t in h["tasks"]}
+        assert set(acts.values()) == {"none"}, acts
+        assert p["finished"] == "the job was stopped (provision stop)" and p["changes"], p
+        r = ok(cli("apply", "-y", inv, cwd=tmp_path))
+        assert "these changes are written and nothing starts" in r.stdout and "--rerun" in r.stdout, r.stdout
+        st = status(tmp_path, inv)
+        assert st["phase"] == "Stopped" and {t["state"] for t in st["tasks"]} == {"Stopped"}, st
+        sh(sandbox3, "host-1", f"grep -q changed /opt/{job}/note.txt", check=True)
+        # Changed again, then --rerun: accepted (the job has finished), and it runs with it.
+        (tmp_path / "note.txt").write_text("changed again\n")
+        ok(cli("apply", "-y", "--rerun", inv, cwd=tmp_path))
+        _running(tmp_path, inv)
+        sh(sandbox3, "host-1", f"grep -q 'changed again' /opt/{job}/note.txt", check=True)
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -77,6 +77,11 @@ def print_plan(plan: Plan, *, destroying: bool = False) -> None:
         click.echo(line)
     if plan.changed:
         click.echo(click.style(plan.summary(), bold=True))
+        if not plan.errors and plan.finished():
+            click.echo(
+                f"The job is finished ({plan.finished()}): these changes are written and nothing starts. "
+                "`provision apply --rerun` runs it again with them."
+            )
     elif not plan.errors and plan.finished():
         click.echo(
             f"No changes: {plan.finished()}, and a finished job is not started again. "

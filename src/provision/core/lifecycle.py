@@ -514,11 +514,15 @@ def decide(
         return Decision(Action.START, Reason.NEW, "", new=True)
     if replace:
         return Decision(Action.RESTART, Reason.REPLACE, "")
-    if inputs_changed:
-        return Decision(Action.RESTART, Reason.INPUTS_CHANGED, ", ".join(drifted))
-    if drifted:
-        return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
     outcome = task_state(unit, exits, restart_limit=restart_limit)
+    # A finished task (its job ended: succeeded, failed or stopped; or it exited for good)
+    # is not started again by a change: apply writes the changed files, and `--rerun`
+    # starts the job with them. The rule `finished` and --rerun use, so they agree.
+    done = not outcome.state.live and (ended or outcome.state in (TaskState.SUCCEEDED, TaskState.FAILED))
+    if inputs_changed and not done:
+        return Decision(Action.RESTART, Reason.INPUTS_CHANGED, ", ".join(drifted))
+    if drifted and not done:
+        return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
     if outcome.state.live:
         return Decision(Action.NONE, Reason.RUNNING, "")
     if ended:

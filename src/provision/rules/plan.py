@@ -36,7 +36,7 @@ from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.host.taskenv import parse_env
 from provision.rules.facts import mismatches
-from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile
+from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile, TaskUnit
 
 
 class FileAction(StrEnum):
@@ -493,6 +493,7 @@ def plan_host(
     job: str,
     secrets: tuple[str, ...] = (),
     replace: set[str] | None = None,
+    new_image: set[str] | None = None,
     force_setup: bool = False,
     shared: Mapping[str, Sequence[OtherJob]] | None = None,
 ) -> HostPlan:
@@ -526,23 +527,32 @@ def plan_host(
         # Inputs changed: name everything that changed; otherwise only what drifted.
         why = own + pushed_changed if inputs_changed else [p for p in own if p in drift_paths]
         why += dropins[u.unit]
-        d = decide(
-            u.task.name,
-            mt is not None,
-            inputs_changed,
-            why,
-            report.units.get(u.unit),
-            report.exits.get(u.unit),
-            report.lifecycle,
-            u.task.name in replace,
-            restart_limit=u.restart_limit,
-        )
-        hp.tasks.append(TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new))
+        if u.task.name in (new_image or ()):  # the host got its image with another ID
+            inputs_changed, why = True, [*why, "its image"]
+        hp.tasks.append(_task_change(u, mt is not None, inputs_changed, why, report, u.task.name in replace))
     names = {u.task.name for u in bundle.tasks}
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         if t not in names:
             hp.tasks.append(_leaving(t, mt))
     return hp.host_plan(name, target, bundle, report=report, setup=setup)
+
+
+def _task_change(
+    u: TaskUnit, known: bool, inputs_changed: bool, why: list[str], report: ProbeReport, replace: bool
+) -> TaskChange:
+    """The lifecycle's decision (core/lifecycle.decide) for one task of the host."""
+    d = decide(
+        u.task.name,
+        known,
+        inputs_changed,
+        why,
+        report.units.get(u.unit),
+        report.exits.get(u.unit),
+        report.lifecycle,
+        replace,
+        restart_limit=u.restart_limit,
+    )
+    return TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new)
 
 
 def setup_reason(want: str, have: str | None, force: bool) -> str | None:

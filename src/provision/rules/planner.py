@@ -64,6 +64,7 @@ def make_plan(
     reports: Mapping[str, ProbeReport | HostError],
     *,
     replace: set[str] | None = None,
+    new_image: set[str] | None = None,
     rerun: bool = False,
     partial: bool = False,
     force_setup: bool = False,
@@ -87,6 +88,7 @@ def make_plan(
             job=inv.job,
             secrets=rendered.secret_values,
             replace=replace,
+            new_image=new_image,
             force_setup=force_setup,
             shared=(shared or {}).get(name),
         )

@@ -91,8 +91,7 @@ def build_plan(
     need a change (rare). thorough: every host with everything (`provision check`)."""
     timings = {} if timings is None else timings
     _known_tasks(ctx, replace or set())
-    # The cluster address's interface, where the tasks' env takes it (`check` reports it always).
-    interface = thorough or uses_socket_ifname(ctx.inventory)
+    interface = thorough or uses_socket_ifname(ctx.inventory)  # the cluster address's (check: always)
     ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
@@ -110,7 +109,8 @@ def build_plan(
             ctx.rendered,
             ctx.targets,
             asked,
-            replace=(replace or set()) | image_restarts or None,
+            replace=replace or None,
+            new_image=image_restarts,
             rerun=rerun,
             partial=partial,
             force_setup=force_setup,
