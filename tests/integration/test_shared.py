@@ -488,3 +488,51 @@ def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_i
         assert "gone" in on_host()
     finally:
         destroy(b, a)
+
+
+def test_a_finished_variant_does_not_hold_the_originals_files(shared, sandbox_inventory, tmp_path):
+    """Issue 38, item 14: a variant job kept the original's pushed files locked after it had
+    finished (plan of the original refused until the variant was destroyed). A finished
+    job's claim does not block a change it will never read again; plan says what its rerun
+    then meets (its own bytes written back, refused while a running job uses the new ones)."""
+    code = tmp_path / "train.py"
+    code.write_text("print('v1')\n")
+    dest = "/opt/shared-finished/train.py"
+    files = [{"src": str(code), "dest": dest}]
+    one = {"chief": {"replicas": 1, "hosts": ["host-1"], "command": LONG}}
+    quick = {"chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "echo ran"]}}
+    a = write(shared, sandbox_inventory, tmp_path / "a", "orig-a", one, files=files)
+    b = write(shared, sandbox_inventory, tmp_path / "b", "variant-done", quick, files=files)
+
+    def on_host() -> str:
+        return shared.docker_exec("host-1", ["/bin/sh", "-c", f"cat {dest} || echo gone"])[1]
+
+    try:
+        ok(cli("apply", "-y", a, cwd=a.parent))
+        ok(cli("apply", "-y", "--wait", "--timeout", "60", b, cwd=b.parent))
+        assert status(b)["phase"] == "Succeeded"
+
+        code.write_text("print('v2')\n")
+        write(shared, sandbox_inventory, tmp_path / "a", "orig-a", one, files=files)
+        p = cli("plan", a, cwd=a.parent)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"{dest} is shared with job variant-done, which has finished: this apply changes it" in p.stderr
+        assert "a rerun of variant-done writes its own bytes back" in p.stderr, p.stderr
+        ok(cli("apply", "-y", a, cwd=a.parent))
+        assert "v2" in on_host() and status(a)["phase"] == "Running"
+
+        # The variant's own plan: nothing to write, nothing refused (it reads nothing now).
+        code.write_text("print('v1')\n")
+        p = cli("plan", "--detailed-exitcode", b, cwd=b.parent)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"{dest} was changed by job orig-a" in p.stderr and "cannot start again while orig-a runs" in p.stderr
+        # Its rerun would start it with v2 (or write v1 under the running original): refused.
+        r = cli("apply", "-y", "--rerun", b, cwd=b.parent)
+        assert r.returncode == 1 and f"{dest} is shared with job orig-a" in r.stderr, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and "v2" in on_host()
+        # The original finished too (stopped): the variant's rerun writes its bytes back.
+        ok(cli("stop", "-y", a, cwd=a.parent))
+        ok(cli("apply", "-y", "--rerun", "--wait", "--timeout", "60", b, cwd=b.parent))
+        assert "v1" in on_host()
+    finally:
+        destroy(b, a)

@@ -36,6 +36,7 @@ from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.host.taskenv import parse_env
 from provision.rules.facts import mismatches
+from provision.rules.sharing import OtherJob, judge, taken_problem
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile, TaskUnit
 
 
@@ -47,20 +48,6 @@ class FileAction(StrEnum):
     @property
     def symbol(self) -> str:
         return {"create": "+", "update": "~", "delete": "-"}[self.value]
-
-
-@dataclass(frozen=True)
-class OtherJob:
-    """Another job on the host whose manifest lists a path this job pushes: who, and the
-    content it recorded (the owners report)."""
-
-    job: str
-    sha256: str
-    who: str = "?"
-
-
-# host -> path -> the other jobs that list it (only paths plan asked about).
-Shared = Mapping[str, Mapping[str, Sequence[OtherJob]]]
 
 
 @dataclass(frozen=True)
@@ -145,6 +132,9 @@ class HostPlan:
     setup: str | None = None  # why the setup runs here: "new", "changed", "forced"
     images: tuple[ImageChange, ...] = ()  # to ship or pull first (images.py)
     shared: tuple[tuple[str, str], ...] = ()  # (path, other job): same bytes, not written
+    # (path, other job): a running job that shares the file changed it after this one had
+    # finished; left as it is, and this job may not start with it (as_a_unit)
+    taken: tuple[tuple[str, str], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -333,26 +323,6 @@ NOT_MANAGED = (
 )
 
 
-def _other_owner_problem(path: str, f: Any, a: FileInfo, rec: Any, others: Sequence[OtherJob]) -> str | None:
-    """The rule for a pushed path other jobs list too: the same bytes are shared (None);
-    different bytes are refused, naming the job that has the path (replace: true never takes
-    another job's file, and changing a shared file would change what the other job runs)."""
-    names = ", ".join(f"{o.job} ({o.who})" for o in others)
-    if rec is None:
-        if a.sha256 == f.sha256 and all(o.sha256 in ("", f.sha256) for o in others):
-            return None
-        return (
-            f"{path} belongs to job {names} with other content; two jobs may share a pushed file only "
-            "with the same bytes: give this job's files: entry another dest"
-        )
-    if rec.get("sha256") != f.sha256:
-        return (
-            f"{path} is shared with job {names}: changing it would change what that job runs; "
-            "give this job's files: entry another dest"
-        )
-    return None
-
-
 @dataclass
 class _Draft:
     """A host's plan while plan_host makes it (HostPlan itself is frozen)."""
@@ -361,6 +331,8 @@ class _Draft:
     files: list[FileChange] = field(default_factory=list)
     tasks: list[TaskChange] = field(default_factory=list)
     shared: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    taken: list[tuple[str, str]] = field(default_factory=list)
 
     def host_plan(self, name: str, target: Target, bundle: HostBundle | None, **more: Any) -> HostPlan:
         return HostPlan(
@@ -371,6 +343,8 @@ class _Draft:
             files=tuple(self.files),
             tasks=tuple(self.tasks),
             shared=tuple(self.shared),
+            warnings=tuple(self.warnings),
+            taken=tuple(self.taken),
             **more,
         )
 
@@ -378,18 +352,15 @@ class _Draft:
 def _judged_as_shared(
     hp: _Draft, path: str, f: Any, a: FileInfo | None, rec: Any, others: Sequence[OtherJob] | None
 ) -> bool:
-    """A pushed file other jobs list too: refused (a problem) or shared (noted); True when
-    that settles it."""
+    """A pushed file other jobs list too (sharing.judge): True when that settles it."""
     if not others or a is None or a.type != "file" or f.kind is not FileKind.FILE:
         return False
-    why = _other_owner_problem(path, f, a, rec, others)
-    if why is not None:
-        hp.problems.append(why)
-        return True
-    if rec is None:
-        hp.shared.append((path, others[0].job))
-        return True
-    return False
+    v = judge(path, f, a, rec, others)
+    hp.problems += [v.problem] if v.problem else []
+    hp.warnings += [v.warning] if v.warning else []
+    hp.taken += [(path, v.taken_by)] if v.taken_by else []
+    hp.shared += [(path, v.shared_with)] if v.shared_with else []
+    return v.settled
 
 
 def _files_plan(  # noqa: C901  one branch per state a file can be found in on the host
@@ -641,6 +612,12 @@ def as_a_unit(plan: Plan, rendered: Rendered, *, rerun: bool, partial: bool) -> 
 
     hosts = [
         with_fields(hp, tasks=tuple(job_wide(t) for t in hp.tasks)) if hp.error is None else hp for hp in plan.hosts
+    ]
+    hosts = [
+        with_fields(hp, problems=(*hp.problems, *(taken_problem(p, o) for p, o in hp.taken)))
+        if hp.taken and hp.starts()
+        else hp
+        for hp in hosts
     ]
     down = sorted(hp.name for hp in hosts if hp.error is not None and hp.name in rendered.hosts)
     restarting = {hp.name for hp in hosts if hp.error is None and any(t.action.starts and not t.new for t in hp.tasks)}

@@ -17,8 +17,9 @@ from dataclasses import replace as with_fields
 from provision.core.imagechange import ImageChange
 from provision.core.target import HostError, Target
 from provision.host.protocol import ProbeReport
-from provision.rules.plan import HostPlan, Plan, Shared, as_a_unit, plan_host
+from provision.rules.plan import HostPlan, Plan, as_a_unit, plan_host
 from provision.rules.preflight import Status, judge
+from provision.rules.sharing import Shared
 from provision.rules.tenancy import (
     Holder,
     Owner,

@@ -18,10 +18,11 @@ from provision.host.protocol import (
 from provision.io import images
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
-from provision.rules.plan import OtherJob, Plan, Shared, owners_wanted
+from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
-from provision.rules.tenancy import Holder, held_for, holders
+from provision.rules.sharing import OtherJob, Shared
+from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import (
     Ask,
     Context,
@@ -154,8 +155,11 @@ def _other_owners(ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]]) ->
     out: dict[str, dict[str, list[OtherJob]]] = {}
     for name, rep in res.ok.items():
         who = {h.job: h.who for h in held_by.get(name, [])}
+        idle = {h.job for h in held_by.get(name, []) if h.hold in (Hold.ENDED, Hold.HELD, Hold.STALE)}
         for path, jobs in rep.owners.items():
-            out.setdefault(name, {})[path] = [OtherJob(j, sha, who.get(j, "?")) for j, sha in sorted(jobs.items())]
+            out.setdefault(name, {})[path] = [
+                OtherJob(j, sha, who.get(j, "?"), running=j not in idle) for j, sha in sorted(jobs.items())
+            ]
     return out
 
 
