@@ -8,11 +8,14 @@ themselves through `docker exec` (the exit records, systemctl, the files).
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from clirun import cli, rows, sh, status, wait_until
+from clirun import cli, first_output, ok, rows, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -317,12 +320,6 @@ def test_apply_after_ctrl_c_during_setup_waits_for_it_and_succeeds(sandbox3, san
     then failed with `/var/lib/provision/JOB/setup.key: No such file or directory` (the
     interrupted apply's agent, still waiting on the host, wrote the key through the same
     temp file at the same moment); only the apply after it succeeded."""
-    import signal
-    import subprocess
-    import sys
-
-    from .clirun import first_output, ok
-
     inv = tmp_path / "inv.yaml"
     job = "lc-setupint"
     sandbox_inventory(

@@ -510,7 +510,7 @@ def test_a_finished_variant_does_not_hold_the_originals_files(shared, sandbox_in
     try:
         ok(cli("apply", "-y", a, cwd=a.parent))
         ok(cli("apply", "-y", "--wait", "--timeout", "60", b, cwd=b.parent))
-        assert status(b)["phase"] == "Succeeded"
+        assert status(b.parent, b)["phase"] == "Succeeded"
 
         code.write_text("print('v2')\n")
         write(shared, sandbox_inventory, tmp_path / "a", "orig-a", one, files=files)
@@ -519,7 +519,7 @@ def test_a_finished_variant_does_not_hold_the_originals_files(shared, sandbox_in
         assert f"{dest} is shared with job variant-done, which has finished: this apply changes it" in p.stderr
         assert "a rerun of variant-done writes its own bytes back" in p.stderr, p.stderr
         ok(cli("apply", "-y", a, cwd=a.parent))
-        assert "v2" in on_host() and status(a)["phase"] == "Running"
+        assert "v2" in on_host() and status(a.parent, a)["phase"] == "Running"
 
         # The variant's own plan: nothing to write, nothing refused (it reads nothing now).
         code.write_text("print('v1')\n")

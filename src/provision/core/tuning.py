@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import re2
-
 Value = str | int | float  # a parameter's value as the trial's code receives it
 
 
@@ -148,6 +146,10 @@ def metric_pattern(regex: str) -> Any:
     pattern (Python's `re` backtracks: a nested quantifier and a line of 40 digits hung
     `tune`). Raises re2.error. RE2 knows no backreferences or lookarounds, which a metric's
     number does not need."""
+    # Local: the RE2 extension costs every command's start-up time and memory (3 MB: `logs` of
+    # 500k lines has a bound); only validate with a metric.regex and the log collector use it.
+    import re2
+
     options = re2.Options()
     options.log_errors = False  # the error comes back as the exception, not on stderr
     return re2.compile(regex, options)
@@ -156,6 +158,8 @@ def metric_pattern(regex: str) -> Any:
 def regex_problem(regex: str) -> str | None:
     """None when `regex` (`tune.metric.regex`) can collect a metric from log lines; else why
     not, in words. The one rule: validation and the log collector (rules/metrics.py) use it."""
+    import re2  # (start-up, as metric_pattern says)
+
     try:
         pattern = metric_pattern(regex)
     except re2.error as e:

@@ -393,13 +393,26 @@ class Session:
 
         pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh")
         try:
-            for t, r in zip(targets, pool.map(call, targets)):
-                results[t.name] = r
+            futures = [pool.submit(call, t) for t in targets]
+            for t, f in zip(targets, futures):
+                results[t.name] = _result(f)
         finally:
             # Ctrl-C here must end the command now, not after every host's call returns (a
             # setup may run for an hour): what is still running is left to the process's end.
             pool.shutdown(wait=False, cancel_futures=True)
         return results
+
+
+def _result(f: cf.Future[T]) -> T:
+    """f's result, waited for in slices: Linux may hand a Ctrl-C to any thread, and a wait
+    without a timeout would see it only when the host's call returns (a setup may run for
+    hours); a timed wait gives the main thread back to Python, which raises it."""
+    while True:
+        try:
+            return f.result(timeout=0.25)
+        except cf.TimeoutError:
+            if f.done():
+                raise  # the call's own TimeoutError, not the wait's
 
 
 # --------------------------------------------------------------------------- the host agent
