@@ -153,7 +153,6 @@ class TrialInfo:
     phase: str  # "" (not started yet), RUNNING or ENDED
     told: bool  # its outcome is in the study: only its removal from the hosts is left
     recorded: Ended | None = None  # phase ENDED: the outcome its runner recorded
-    retry_of: int | None = None
 
 
 class _Grid(optuna.samplers.GridSampler):
@@ -388,7 +387,6 @@ class Study:
             if self._alive(*_runner_of(t), me, now):
                 continue
             self._ids[t.number + 1] = t._trial_id
-            retry_of = ua.get("retry_of")
             out.append(
                 TrialInfo(
                     number=t.number + 1,
@@ -397,7 +395,6 @@ class Study:
                     phase=str(ua.get("phase", "")),
                     told=told,
                     recorded=_recorded(ua) if ua.get("phase") == ENDED else None,
-                    retry_of=retry_of if isinstance(retry_of, int) else None,
                 )
             )
         return out
