@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -1021,6 +1021,36 @@ CASES: list[Case] = [
         ),
         fix="Leave the password out of the URL: export PGPASSWORD, or add `db.internal:5432:jobs:provision:PASSWORD` "
         "to ~/.pgpass (mode 0600). The URL is recorded on the hosts as the job's owner.",
+    ),
+    Case(
+        "priority",
+        "priority: not a number or a class name",
+        E(
+            "34: priority: expected an integer from -1000000 to 1000000 or a class name (low, normal, high, or one "
+            "of the team's policy), got 'Very High'"
+        ),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\npriority: Very High\n"),),
+        fix="An integer (higher runs first) or a class of the team's policy: `low`, `normal` (the default), `high`.",
+    ),
+    Case(
+        "preemptible",
+        "preemptible: not true or false",
+        E("34: preemptible: expected true or false, got 'sometimes'"),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\npreemptible: sometimes\n"),),
+        fix="`true` lets higher-priority work preempt the job (the default for a study's trials), `false` opts out.",
+    ),
+    Case(
+        "preemption",
+        "Bad preemption grace or signal",
+        E(
+            "34: preemption.grace: expected a duration up to 24h (120, 120s, 2m, 1h), got 'soon'",
+            "34: preemption.signal: expected one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, got 'SIGKILL'",
+        ),
+        edits=(
+            ("success: {policy: chief}\n", "success: {policy: chief}\npreemption: {grace: soon, signal: SIGKILL}\n"),
+        ),
+        fix="`grace`: how long the tasks have between the signal and being killed (default 120s); `signal`: what "
+        "they are asked to stop with (default SIGTERM; SIGKILL would lose the checkpoint).",
     ),
     Case(
         "tf-config-chief-name",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.core.scheduling import Scheduling
 from provision.core.tuning import Tune
 
 # Pool roles in Vertex `workerPoolSpecs` order. The position is the workerpool number in
@@ -159,6 +160,8 @@ class Inventory:
     state: str = "local"
     # `tune:` a hyperparameter study over this job (core/tuning.py; `provision tune`).
     tune: Tune | None = None
+    # `priority:`, `preemptible:`, `preemption:` (core/scheduling.py).
+    scheduling: Scheduling = field(default_factory=Scheduling)
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

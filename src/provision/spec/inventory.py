@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
-import math
 import os
 import re
 from pathlib import Path
@@ -36,9 +35,11 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.spec import scheduling as sched
 from provision.spec.address import split as split_address
 from provision.spec.clusterenv import RESERVED_ENV
 from provision.spec.filespec import check_files
+from provision.spec.jobspec import job_spec_of
 from provision.spec.placement import PlacementError, place
 from provision.spec.pushed import normalize_dest
 from provision.spec.statebackend import LOCAL
@@ -75,6 +76,7 @@ TOP_KEYS = (
     "outputs",
     "state",
     "tune",
+    *sched.KEYS,
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
@@ -491,11 +493,11 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # no
     success_map = c.mapping(top.get("success"), ("success",)) or {}
     c.keys(success_map, ("success",), ("policy",))
     success = c.choice(success_map.get("policy", "chief"), ("success", "policy"), SUCCESS_POLICIES) or "chief"
-    job_spec = _job_spec(c, top.get("job_spec"))
+    job_spec = job_spec_of(c, top.get("job_spec"))
     outputs = _outputs(c, top.get("outputs"))
     setup = _setup(c, top.get("setup"), ("setup",))
     state = _state(c, top.get("state", LOCAL))
-    tune = parse_tune(c, top.get("tune"), job)
+    tune, scheduling = parse_tune(c, top.get("tune"), job), sched.scheduling(c, top)
     _setup_inputs(c, setup, ("setup",), files)
     for pool in pools:
         _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
@@ -527,6 +529,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # no
         outputs=outputs,
         state=state,
         tune=tune,
+        scheduling=scheduling,
     )
     _check_capacity(inv, c)
     if c.problems:
@@ -563,36 +566,6 @@ def _state(c: Checker, value: Any) -> str:
         c.add(("state",), why)
         return LOCAL
     return str(value)
-
-
-def _job_spec(c: Checker, value: Any) -> dict[str, object] | None:
-    """`job_spec:` the service's job description, any mapping of JSON values.
-
-    It is written as TF_CONFIG's and CLUSTER_SPEC's `job`, so it must be JSON: YAML's
-    dates, binary values and NaN are refused with their key path.
-    """
-    path: KeyPath = ("job_spec",)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        c.add(
-            path,
-            f"expected a mapping (the service's job description, such as a CustomJobSpec), got {show_value(value)}",
-        )
-        return None
-    stack: list[tuple[KeyPath, Any]] = [(path, value)]
-    while stack:  # not recursive: a deeply nested spec must not hit the recursion limit
-        where, v = stack.pop()
-        if isinstance(v, dict):
-            stack += [(where + (k,), x) for k, x in reversed(list(v.items()))]
-        elif isinstance(v, list):
-            stack += [(where + (i,), x) for i, x in reversed(list(enumerate(v)))]
-        elif not (v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))):
-            c.add(
-                where, f"expected a JSON value (string, number, true/false, null, list or mapping), got {show_value(v)}"
-            )
-            return None
-    return value
 
 
 def _check_capacity(inv: Inventory, c: Checker) -> None:

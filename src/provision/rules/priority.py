@@ -1,0 +1,59 @@
+"""A job's priority as a number, and the order of waiting work (issue 42): higher priority
+first, then the earlier submission, as Slurm's and Kueue's queues order theirs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from provision.core.errors import ProvisionError
+
+# The classes every team has until its policy names others (`provision policy set`).
+DEFAULT_CLASSES: Mapping[str, int] = {"low": 100, "normal": 500, "high": 1000}
+
+
+class PriorityError(ProvisionError):
+    pass
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The team's policy: its priority classes and each owner's guaranteed GPUs. The local
+    default state has none: DEFAULT_CLASSES and no guarantee, so nothing changes for one
+    person."""
+
+    classes: tuple[tuple[str, int], ...] = tuple(DEFAULT_CLASSES.items())
+    guarantees: tuple[tuple[str, int], ...] = ()  # owner (or group) -> GPUs
+    groups: tuple[tuple[str, str], ...] = ()  # owner -> the group whose guarantee it shares
+
+    def quota_of(self, owner: str) -> str:
+        """The name an owner's usage and guarantee are counted under."""
+        return dict(self.groups).get(owner, owner)
+
+    def guarantee(self, owner: str) -> int:
+        return dict(self.guarantees).get(self.quota_of(owner), 0)
+
+
+def level(priority: int | str, policy: Policy) -> int:
+    """The number a priority stands for: itself, or its class's number in the policy."""
+    if isinstance(priority, int):
+        return priority
+    classes = dict(policy.classes)
+    if priority not in classes:
+        known = ", ".join(f"{k} ({v})" for k, v in sorted(classes.items(), key=lambda kv: kv[1]))
+        raise PriorityError(f"priority: {priority!r} is not a class of the team's policy (known: {known})")
+    return classes[priority]
+
+
+def name_of(value: int, policy: Policy) -> str:
+    """How a number is shown: its class's name where one has it ("high"), else the number."""
+    for k, v in policy.classes:
+        if v == value:
+            return k
+    return str(value)
+
+
+def queue_key(priority: int, submitted: float, job: str) -> tuple[int, float, str]:
+    """Sort key of waiting work: the higher priority first, then first come, then by name
+    (so two runs sort alike)."""
+    return (-priority, submitted, job)
