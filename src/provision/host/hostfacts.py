@@ -56,7 +56,12 @@ def facts(only: Collection[str] | None = None) -> dict[str, Any]:
     return out
 
 
-NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits")
+# Utilization and memory in use ride on the same call (issue 41): no second nvidia-smi.
+NVIDIA_SMI = (
+    "nvidia-smi",
+    "--query-gpu=index,uuid,name,memory.total,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+)
 NVIDIA_SMI_TIMEOUT = 20
 
 
@@ -77,7 +82,10 @@ def gpu_report(code: int, so: str, se: str) -> dict[str, Any]:
                         "index": int(parts[0]),
                         "uuid": parts[1],
                         "name": parts[2],
-                        "memory_mib": int(parts[3]) if parts[3].isdigit() else None,
+                        "memory_mib": _int(parts[3]),
+                        # "[N/A]" where a GPU does not say (MIG, some vGPUs): None.
+                        "util_pct": _int(parts[4]) if len(parts) > 4 else None,
+                        "memory_used_mib": _int(parts[5]) if len(parts) > 5 else None,
                     }
                 )
         out["nvidia_smi"] = "ok"
@@ -85,6 +93,10 @@ def gpu_report(code: int, so: str, se: str) -> dict[str, Any]:
         out["nvidia_smi"] = "missing" if code == 127 else (se.strip() or so.strip() or "exit %d" % code)
     out["gpus"] = gpus
     return out
+
+
+def _int(s: str) -> int | None:
+    return int(s) if s.isdigit() and len(s) < 10 else None
 
 
 def tpu_chips() -> int:
