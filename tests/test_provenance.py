@@ -115,13 +115,19 @@ def test_a_state_of_the_previous_release_loads_and_the_next_save_records_the_app
     }
     sp.write_text(json.dumps(old))
     st = S.State.load(sp, "j")
-    assert st.hosts["h1"].applied == {}
+    old_h1 = st.hosts["h1"]
+    assert old_h1.applied == {}
     st.who = "ben@lab"
+    # ben's apply adds /y and leaves train.py as the older release applied it: /y is his,
+    # train.py nobody's (not ben's: he did not write it).
+    st.record_host("h1", replace(old_h1, files={**old_h1.files, "/y": "hmac-sha256:" + "3" * 64}))
+    assert set(st.hosts["h1"].applied) == {"/y"}
+    # His next apply changes train.py: his now, at the serial of the save that keeps it.
     st.record_host("h1", replace(st.hosts["h1"], files={TRAIN: "hmac-sha256:" + "2" * 64}))
     doc = json.loads(sp.read_text())
-    assert doc["format_version"] == 2 and doc["serial"] == 5
+    assert doc["format_version"] == 2 and doc["serial"] == 6
     mark = doc["hosts"]["h1"]["applied"][TRAIN]
-    assert (mark["who"], mark["serial"], mark["digest"]) == ("ben@lab", 5, "2" * 16)
+    assert (mark["who"], mark["serial"], mark["digest"]) == ("ben@lab", 6, "2" * 16)
     assert S.State.load(sp, "j").hosts["h1"] == st.hosts["h1"]  # read back as written
 
 

@@ -92,7 +92,7 @@ class HostRecord:
 
 def stamped(old: HostRecord | None, new: HostRecord, who: str, at: str, serial: int) -> HostRecord:
     """`new` with who applied each of its files: the content a file had before keeps its
-    applier; new content is `who`'s. A pending record (being written: the host still has
+    applier (none, when it was applied before appliers were recorded); new content is `who`'s. A pending record (being written: the host still has
     what it had) keeps the old appliers, and names none for what it is about to write."""
     before = old.applied if old is not None else {}
     if new.pending:
@@ -100,5 +100,10 @@ def stamped(old: HostRecord | None, new: HostRecord, who: str, at: str, serial: 
     applied = {}
     for path, digest in new.files.items():
         d, prev = short(digest), before.get(path)
-        applied[path] = prev if prev is not None and prev.digest == d else Applied(who, at, serial, d)
+        if prev is not None and prev.digest == d:
+            applied[path] = prev
+        elif prev is None and old is not None and not old.pending and old.files.get(path) == digest:
+            continue  # the same content, applied before this was recorded: whose is not known
+        else:
+            applied[path] = Applied(who, at, serial, d)
     return replace(new, applied=applied)
