@@ -24,6 +24,7 @@ from provision.cli.progress import phase_line, wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
 from provision.core.lifecycle import TaskState
 from provision.host import layout
+from provision.rules import provenance
 from provision.rules.plan import Plan
 from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
 from provision.run.check import run_check, summary, table_rows
@@ -55,6 +56,7 @@ def _change(
     make_plan: Callable[[Context], Plan],
     execute: Callable[..., dict[str, HostOutcome]],
     question: str,
+    force_conflicts: bool = False,
 ) -> int:
     """apply and destroy on an opened (and locked) Context: plan, show, confirm, execute,
     report; returns the exit code. The caller closes the Context."""
@@ -71,6 +73,8 @@ def _change(
         raise e
     outcomes: dict[str, HostOutcome] = {}
     if p.changed:
+        if operation == "apply" and not force_conflicts:
+            _theirs_confirmed(p)
         if not auto_approve:
             confirm(operation, question)
         outcomes = execute(ctx, p, progress=progress_line)
@@ -83,6 +87,18 @@ def _change(
         print_outcome(ctx, p, outcomes, operation)
     report_unreachable(p, outcomes)
     return exit_code(p, outcomes)
+
+
+def _theirs_confirmed(p: Plan) -> None:
+    """A plan that replaces content another identity applied (rules/provenance.py) goes ahead
+    only when asked and answered here: -y does not answer it, --force-conflicts does."""
+    if not provenance.theirs(p):
+        return
+    if not sys.stdin.isatty():
+        raise ProvisionError(provenance.refusal(p))
+    if not click.confirm(f"\n{provenance.question(p)}", default=False):
+        click.echo("Apply cancelled: nothing was changed.")
+        sys.exit(1)
 
 
 @click.command()
@@ -212,6 +228,11 @@ class _Applying:
     help="When other jobs hold the GPUs or ports this job needs, wait until it fits, then apply.",
 )
 @click.option("--take-over", is_flag=True, help="Apply a job that another state (operator) applied, and own it.")
+@click.option(
+    "--force-conflicts",
+    is_flag=True,
+    help="Replace content a teammate applied to the hosts since (plan names it) without asking; -y alone does not.",
+)
 @click.option("--rerun", is_flag=True, help="Start a finished (Succeeded or Failed) job again, whole.")
 @click.option("--force-setup", is_flag=True, help="Run the job's setup on its hosts even if it did not change.")
 @click.option(
@@ -233,6 +254,7 @@ def apply(
     timeout: float | None,
     queue: bool,
     take_over: bool,
+    force_conflicts: bool,
     rerun: bool,
     partial: bool,
     stream_logs: bool,
@@ -266,6 +288,7 @@ def apply(
             make_plan=how.plan,
             execute=how.apply,
             question="Do you want to perform these actions?",
+            force_conflicts=force_conflicts,
         )
         if wait_after and code == 0:
             ctx.release_lock()  # a wait may take hours: other operators may plan meanwhile

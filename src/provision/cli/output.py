@@ -11,6 +11,7 @@ from provision.core.imagechange import ImageChange
 from provision.core.lifecycle import Action, TaskState, stop_rank
 from provision.core.text import duration
 from provision.host.protocol import Reservation
+from provision.rules import provenance
 from provision.rules.plan import FileAction, FileChange, Plan, TaskChange
 from provision.rules.status import JobStatus, TaskStatus
 from provision.run.apply import HostOutcome
@@ -49,7 +50,8 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
             elif isinstance(item, FileChange):
                 drift = click.style(" [drift]", fg="magenta") if item.drift else ""
                 why = "destroy" if destroying and item.action is FileAction.DELETE else item.reason
-                out.append(_line(r.symbol, f"{item.kind} {item.path} ({why}){drift}"))
+                theirs = click.style(f": {provenance.describe(item)}", fg="magenta") if item.replaces else ""
+                out.append(_line(r.symbol, f"{item.kind} {item.path} ({why}){drift}{theirs}"))
                 if verbose_diff and item.diff:
                     for dl in item.diff.rstrip("\n").split("\n"):
                         bare = dl.lstrip()
@@ -77,6 +79,9 @@ def print_plan(plan: Plan, *, destroying: bool = False) -> None:
         click.echo(line)
     if plan.changed:
         click.echo(click.style(plan.summary(), bold=True))
+        theirs = provenance.summary(plan)
+        if theirs is not None and not destroying:
+            click.echo(click.style(theirs, fg="magenta"))
         if not plan.errors and plan.finished():
             click.echo(
                 f"The job is finished ({plan.finished()}): these changes are written and nothing starts. "

@@ -4,7 +4,7 @@ provision put there (plan, programs and apply read these; io/state stores them).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -13,6 +13,30 @@ class TaskRecord:
     unit: str
     inputs: str  # keyed digest
     phase: int
+
+
+@dataclass(frozen=True)
+class Applied:
+    """Who applied a file's content on a host, and when (issue 40.8): a teammate's apply that
+    would replace it is told so (rules/provenance.py). `digest` (the first 16 hex digits of
+    the content's keyed digest) tells whether the host still has that content."""
+
+    who: str  # tenancy.identity() of the apply
+    at: str  # ISO 8601, UTC
+    serial: int  # the state's serial that recorded it
+    digest: str
+
+    @classmethod
+    def from_json(cls, d: Any) -> Applied | None:
+        try:
+            return cls(str(d["who"]), str(d["at"]), int(d["serial"]), str(d["digest"]))
+        except (KeyError, TypeError, ValueError):
+            return None  # a provenance that cannot be read only loses the warning
+
+
+def short(keyed: str) -> str:
+    """The part of a keyed digest (State.keyed) an Applied keeps."""
+    return keyed.rsplit(":", 1)[-1][:16]
 
 
 @dataclass(frozen=True)
@@ -36,6 +60,9 @@ class HostRecord:
     # it and resolves again only on a host where something changes (engine.settled).
     interface: str = ""
     interface_address: str = ""
+    # path -> who applied the content there (added in format 2: a state without it loads
+    # with none, and a release without it drops it)
+    applied: dict[str, Applied] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HostRecord:
@@ -56,7 +83,27 @@ class HostRecord:
             applied_at=str(data.get("applied_at", "")),
             interface=str(data.get("interface", "")),
             interface_address=str(data.get("interface_address", "")),
+            applied={str(k): a for k, v in (data.get("applied") or {}).items() if (a := Applied.from_json(v))},
         )
 
     def units(self) -> list[str]:
         return sorted(t.unit for t in self.tasks.values())
+
+
+def stamped(old: HostRecord | None, new: HostRecord, who: str, at: str, serial: int) -> HostRecord:
+    """`new` with who applied each of its files: the content a file had before keeps its
+    applier (none, when it was applied before appliers were recorded); new content is `who`'s. A pending record (being written: the host still has
+    what it had) keeps the old appliers, and names none for what it is about to write."""
+    before = old.applied if old is not None else {}
+    if new.pending:
+        return replace(new, applied=dict(before))
+    applied = {}
+    for path, digest in new.files.items():
+        d, prev = short(digest), before.get(path)
+        if prev is not None and prev.digest == d:
+            applied[path] = prev
+        elif prev is None and old is not None and not old.pending and old.files.get(path) == digest:
+            continue  # the same content, applied before this was recorded: whose is not known
+        else:
+            applied[path] = Applied(who, at, serial, d)
+    return replace(new, applied=applied)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.errors import ProvisionError
-from provision.core.records import HostRecord
+from provision.core.records import HostRecord, stamped
 from provision.io.statestore import (
     FORMAT_VERSION,
     MOVED_TO,
@@ -50,6 +50,7 @@ from provision.io.statestore import (
     migrated_path,
 )
 from provision.rules.liveness import process_alive
+from provision.rules.tenancy import identity
 from provision.spec.placement import Slot
 from provision.spec.statebackend import Backend
 
@@ -132,6 +133,7 @@ class State:
         self._key: bytes | None = None
         self._deferred = 0  # inside deferred(): changes are saved once, at its end
         self._dirty = False
+        self.who = ""  # who applies (tenancy.identity()): each file's new content is recorded as theirs
 
     @classmethod
     def load(cls, where: Path | Store, job: str) -> State:
@@ -233,9 +235,15 @@ class State:
         else:
             self._save()
 
+    def _stamped(self, name: str, record: HostRecord, now: str) -> HostRecord:
+        """The record with who applied each file (the serial: the next save's, made under the lock)."""
+        if not self.who:
+            self.who = identity(socket.gethostname())
+        return stamped(self.hosts.get(name), replace(record, applied_at=now), self.who, now, self.serial + 1)
+
     def record_host(self, name: str, record: HostRecord) -> None:
         with self._lock:
-            self.hosts[name] = replace(record, applied_at=_now())
+            self.hosts[name] = self._stamped(name, record, _now())
             self._changed()
 
     def record_hosts(self, records: Mapping[str, HostRecord]) -> None:
@@ -245,7 +253,7 @@ class State:
         with self._lock:
             now = _now()
             for name, record in records.items():
-                self.hosts[name] = replace(record, applied_at=now)
+                self.hosts[name] = self._stamped(name, record, now)
             self._changed()
 
     def forget_host(self, name: str) -> None:

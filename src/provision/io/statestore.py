@@ -19,7 +19,10 @@ from typing import Any, Protocol
 from provision.spec.statebackend import Backend
 
 # The state document's format, the same in every backend (the file's JSON, the database's
-# column): io/state.py reads 1 and 2 and writes 2.
+# column): io/state.py reads 1 and 2 and writes 2. A field added with a default that the
+# older reader ignores (HostRecord.applied) keeps the version: both releases read each
+# other's states (a release without the field drops it on its next save). A change an older
+# release would misread bumps it.
 FORMAT_VERSION = 2
 MOVED_TO = "Moved to "  # the summary `state migrate` leaves in the old place's history
 

@@ -30,6 +30,7 @@ from provision.core.lifecycle import (
     whole_job,
 )
 from provision.core.model import Host
+from provision.core.records import Applied
 from provision.core.runs import merged, next_number, starts_run
 from provision.core.target import HostError, Target
 from provision.host import layout
@@ -59,8 +60,10 @@ class FileChange:
     drift: bool = False
     diff: str | None = None
     keep_original: bool = False  # replace: true over a host file provision did not write
+    replaces: Applied | None = None  # another identity applied what is there (rules/provenance.py)
 
     def to_json(self) -> dict[str, Any]:
+        theirs = self.replaces
         return {
             "path": self.path,
             "action": self.action.value,
@@ -69,6 +72,7 @@ class FileChange:
             "drift": self.drift,
             "diff": self.diff,
             "keep_original": self.keep_original,
+            "replaces": {"who": theirs.who, "at": theirs.at, "serial": theirs.serial} if theirs else None,
         }
 
 

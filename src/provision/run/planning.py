@@ -18,6 +18,7 @@ from provision.host.protocol import (
 from provision.io import images
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
+from provision.rules import provenance
 from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
@@ -134,7 +135,7 @@ def build_plan(
         with_interfaces(ctx, reports)
         p = plan_now()
     shared = _other_owners(ctx, p, held_by)  # pushed files other jobs have too
-    return plan_now(shared) if shared else p
+    return provenance.mark(plan_now(shared) if shared else p, ctx.state.hosts, ctx.state.keyed, ctx.owner.who)
 
 
 def _other_owners(ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]]) -> Shared:
