@@ -184,3 +184,11 @@ def test_drop_ins_are_listed_as_the_agent_lists_them(tmp_path, monkeypatch):
     # A name the script's lines cannot carry: the agent answers.
     with pytest.raises(probe._Mismatch):
         parse(output({}, dropins=(f"{etc}/{UNIT}.d/a",)))  # the first line of "a<newline>b.conf"
+    # Without files (status): no base is read, by the script or by the agent (perf: 13
+    # directories listed on every host at every status, for a report nobody reads).
+    r = ProbeRequest(JOB, content_max=100, files=False)
+    out = subprocess.run(["sh", "-c", probe.command(r)], capture_output=True, check=True).stdout
+    assert b"@dropins\n@stat" in out and probe.parse(out, r).dropins is None
+    monkeypatch.setattr(agent, "dropins", lambda *a: pytest.fail("read without files"))
+    monkeypatch.setattr(agent, "read_json", lambda p: None)
+    assert agent.op_probe(r).dropins is None

@@ -197,7 +197,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         setup_key=read_key(layout.setup_key_path(job)),
         runs=read_json(layout.runs_path(job)),
         listening_local=local,
-        dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX),
+        dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
     )
 
 

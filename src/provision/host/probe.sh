@@ -26,7 +26,8 @@
 #   KNOWN  "SYSTEMD_DIR INVOCATION_PREFIX" (layout.unit_known_paths): a unit is shown only
 #          when its file or its running invocation is there
 #   DROPINS "GLOB BASE..." (layout.DROPIN_DIRS, DROPIN_BASES): every BASE/GLOB/*.conf file,
-#          the drop-ins systemd reads for provision's units (none are provision's: drift)
+#          the drop-ins systemd reads for provision's units (none are provision's: drift);
+#          "GLOB" alone (no files asked, as for status): none read
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -50,7 +51,8 @@ look=${12}
 udir=${13%% *}
 invoc=${13#* }
 dglob=${14%% *}
-dbases=${14#* }
+dbases=
+case ${14} in *" "*) dbases=${14#* } ;; esac
 shift 14
 nl="
 "

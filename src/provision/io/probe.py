@@ -96,7 +96,8 @@ def command(req: ProbeRequest) -> str | None:
         *checks,
         " ".join(looked),
         " ".join(layout.unit_known_paths("")),  # the two prefixes: SYSTEMD_DIR/, INVOCATION_PREFIX
-        " ".join((layout.DROPIN_DIRS, *layout.DROPIN_BASES)),
+        # Drop-ins are drift of the unit files: read with the files (status does not compare them).
+        " ".join((layout.DROPIN_DIRS, *(layout.DROPIN_BASES if req.files else ()))),
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
@@ -405,7 +406,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         interface=interface,
         setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,
         runs=as_json(layout.runs_path(job)),
-        dropins=sorted(dropins),
+        dropins=sorted(dropins) if req.files else None,
     )
 
 
