@@ -31,7 +31,8 @@ LAYERS = {
     "run": 5,
     "importers": 5,
     "sandbox": 5,
-    "cli": 6,
+    "serve": 6,  # the service: drives handed-over work by calling run/
+    "cli": 7,
 }
 MAX_TOP_MODULES = 6
 MAX_MODULE_LINES = 650

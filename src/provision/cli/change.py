@@ -197,6 +197,14 @@ class _Applying:
         return outcomes
 
 
+def _detach(params: dict[str, Any]) -> None:
+    """`apply --queue --detach`: handed to the service (cli/servecmd.py)."""
+    # Here: the service's modules load only for work handed to it (start-up of every apply).
+    from provision.cli.servecmd import detach_apply
+
+    detach_apply(params)
+
+
 @click.command()
 @click.argument("inventory", type=click.Path())
 @host_options
@@ -211,6 +219,7 @@ class _Applying:
     is_flag=True,
     help="When other jobs hold the GPUs or ports this job needs, wait until it fits, then apply.",
 )
+@click.option("--detach", is_flag=True, help="With --queue: hand the queued apply to the service (`provision serve`).")
 @click.option("--take-over", is_flag=True, help="Apply a job that another state (operator) applied, and own it.")
 @click.option("--rerun", is_flag=True, help="Start a finished (Succeeded or Failed) job again, whole.")
 @click.option("--force-setup", is_flag=True, help="Run the job's setup on its hosts even if it did not change.")
@@ -232,6 +241,7 @@ def apply(
     wait_after: bool,
     timeout: float | None,
     queue: bool,
+    detach: bool,
     take_over: bool,
     rerun: bool,
     partial: bool,
@@ -243,7 +253,8 @@ def apply(
 
     A second apply with nothing changed does nothing.
     """
-
+    if detach:
+        return _detach(click.get_current_context().params)
     began = time.time()
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
     ctx.take_over = take_over

@@ -1,0 +1,1 @@
+"""The service (`provision serve`): leading, handed-over work, the loop that drives it (calls run/)."""
