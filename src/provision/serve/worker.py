@@ -40,6 +40,8 @@ from provision.serve.places import open_place
 from provision.serve.snapshot import materialise
 from provision.spec.inventory import load
 
+CANCEL = threading.Event()  # set by SIGUSR1 (the service: its owner cancelled it)
+
 
 def say(line: str) -> None:
     """To the worker's log file (the service's work directory): for whoever reads it."""
@@ -73,8 +75,14 @@ class _Cancellable(StudyLoop):
     (their worker ends their job, as early stopping does)."""
 
     cancelled: str | None = None
+    store: ServiceStore | None = None
+    sid: str = ""
 
     def _start_more(self, rows: list[TrialRow], cap: int) -> bool:
+        if CANCEL.is_set() and self.cancelled is None:
+            got = self.store.get(self.sid) if self.store is not None else None
+            self.cancelled = f"cancelled by {got.cancel if got and got.cancel else 'its owner'}"
+            self.w.say(self.cancelled)
         if self.cancelled is not None:
             for h in self.mine.handles.values():
                 if h.stop_early is None:
@@ -104,12 +112,7 @@ def run_tune(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status,
             )
 
     loop = _Cancellable(work, study, Runner.here(), on_row=row)
-
-    def cancel(signum: int, frame: FrameType | None) -> None:
-        got = store.get(sub.id)
-        loop.cancelled = f"cancelled by {got.cancel if got and got.cancel else 'its owner'}"
-
-    signal.signal(signal.SIGUSR1, cancel)
+    loop.store, loop.sid = store, sub.id
     end = loop.run()
     say(end.why)
     if loop.cancelled is not None:
@@ -127,7 +130,7 @@ def _how(r: TrialRow) -> str:
 def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
     ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
     ctx.take_over = bool(sub.options.get("take_over"))
-    stop = threading.Event()
+    stop = CANCEL
     hosts = tuple(ctx.targets)
     gpus = gpus_of(ctx.inventory)
     waits: list[int] = []
@@ -138,7 +141,6 @@ def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status
         elif why is None and waits:
             store.closed(waits.pop(), store.now(), "cancelled" if stop.is_set() else "fitted")
 
-    signal.signal(signal.SIGUSR1, lambda signum, frame: stop.set())
     timeout = sub.options.get("timeout")
     q = Queue(timeout, say, ledger_marks(ctx), stop=stop, waiting=waiting)
     rerun, checks = bool(sub.options.get("rerun")), not sub.options.get("skip_checks")
@@ -177,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _leave)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: CANCEL.set())
     store = open_place(args.place, Path(args.db) if args.db else None)
     sub = store.get(args.id)
     if sub is None or sub.status.finished:
