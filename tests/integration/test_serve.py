@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,64 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
         for inv in (a, tmp_path / "srvblock" / "inv.yaml", tmp_path / "srvqueued" / "inv.yaml"):
             if inv.exists():
                 cli("destroy", "-y", inv, cwd=inv.parent, env=env)
+
+
+def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_inventory, tmp_path, env, postgres):
+    pytest.importorskip("psycopg")
+    team = {**env, **postgres.env(), "PROVISION_STATE": postgres.url()}
+    job = "srvha"
+    ran = f"/var/tmp/{job}.ran"
+    for h in STUDY_HOSTS:
+        sh(sandbox4, h, f"rm -f {ran}")
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    inv = tmp_path / "ha.yaml"
+    script = (
+        f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=8 --step_seconds=0.5 "$0" "$@"'
+    )
+    sandbox_inventory(
+        sandbox4,
+        job=job,
+        path=inv,
+        hosts=STUDY_HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["/bin/sh", "-c", script]}},
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+            "algorithm": "random",
+            "max_trials": 4,
+            "parallel_trials": 2,
+        },
+    )
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=team))
+    a, b = Service(tmp_path / "a", team), Service(tmp_path / "b", team)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        a.start()  # leads
+        b.p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            cwd=b.tmp,
+            stdout=open(b.tmp / "serve-1.log", "wb"),  # noqa: SIM115 - the process keeps it
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **team},
+        )
+        b.starts = 1
+        wait_until(lambda: "following" in b.output(), timeout=60, what="the second service to follow")
+        wait_until(lambda: _ended(inv, tmp_path, team)[1] >= 1, timeout=300, what="a trial running")
+        assert "leading" not in b.output()
+        a.kill9()
+        killed = time.monotonic()
+        wait_until(lambda: "leading" in b.output(), timeout=15, every=0.2, what="the follower to lead within 15 s")
+        assert time.monotonic() - killed <= 15
+        follow = cli("tune", inv, cwd=tmp_path, env=team, timeout=600)
+        assert follow.returncode == 0, follow.stdout + follow.stderr
+    finally:
+        a.stop()
+        b.stop()
+    trials = _trials(inv, tmp_path, team)
+    assert [t["state"] for t in trials] == ["succeeded"] * 4, trials
+    numbers = [int(x) for h in STUDY_HOSTS for x in sh(sandbox4, h, f"cat {ran} 2>/dev/null").split()]
+    assert sorted(numbers) == [1, 2, 3, 4], numbers
+    h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=team)).stdout)
+    assert len([e for e in h["events"] if e["kind"] == "trial" and e["job"].startswith(job)]) == 4

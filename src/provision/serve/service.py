@@ -124,7 +124,7 @@ class Service:
         args += ["--workdir", str(workdir)]
         if self.store.path is not None:
             args += ["--db", str(self.store.path)]
-        with open(log, "ab") as out:
+        with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
                 args,
                 stdin=subprocess.DEVNULL,
