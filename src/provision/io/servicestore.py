@@ -128,12 +128,13 @@ class ServiceStore:
     """One connection to the service's database (module docstring). Thread-safe: calls are
     serialised (the service's loop and its followers are few and short)."""
 
-    def __init__(self, place: str, conn: Any, pg: bool):
+    def __init__(self, place: str, conn: Any, pg: bool, url: str = ""):
         self.place = place  # "local" (the file is `path`) or the PostgreSQL place
         self._conn = conn
         self._pg = pg
         self._mutex = threading.Lock()
         self.path: Path | None = None
+        self._url = url  # PostgreSQL: to connect again after the server went away
 
     # -- opening
 
@@ -163,7 +164,7 @@ class ServiceStore:
         from provision.io.pgstate import why  # (start-up, as above)
 
         try:
-            conn = psycopg.connect(url, autocommit=True, connect_timeout=10, application_name="provision serve")
+            conn = _pg_connect(url)
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
                 for statement in _DDL:
@@ -172,7 +173,7 @@ class ServiceStore:
                     )
         except psycopg.Error as e:
             raise ProvisionError(f"{place}: the service's tables: {why(e)}") from None
-        return cls(place, conn, pg=True)
+        return cls(place, conn, pg=True, url=url)
 
     def close(self) -> None:
         with self._mutex:
@@ -184,6 +185,8 @@ class ServiceStore:
     def _sql(self) -> Iterator[Any]:
         with self._mutex:
             try:
+                if self._pg and self._conn.closed:
+                    self._conn = _pg_connect(self._url)
                 yield self._conn
             except sqlite3.Error as e:
                 raise ProvisionError(f"{self.path}: the service's database: {e}") from None
@@ -364,6 +367,13 @@ class ServiceStore:
                   tuple(json.loads(r[6])), int(r[7]), str(r[8]))
             for r in rows
         ]  # fmt: skip
+
+
+def _pg_connect(url: str) -> Any:
+    # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=10, application_name="provision serve")
 
 
 _PG_SCHEMA_LOCK = 0x70726F7673657276  # "provserv": the tables are made by one service at a time

@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.core.errors import ProvisionError
 from provision.io.servicelead import POLL, Leadership
 from provision.io.servicestore import ServiceRow, ServiceStore, Status, Submission
 
 PR_SET_PDEATHSIG = 1
+LEFT = 130  # a worker that left its work (a signal): the work goes on with another
 LEAVE_GRACE = 15.0  # seconds a worker has to leave when the service stops
 
 
@@ -73,7 +75,10 @@ class Service:
         self.say(f"service {self.id} on {self.store.place}: following until it can lead")
         try:
             while not self.stopping.is_set():
-                self._look()
+                try:
+                    self._look()
+                except ProvisionError as e:  # the database is away: the workers go on, we look again
+                    self.say(f"{e.message}; trying again")
                 self.stopping.wait(self.poll)
         finally:
             self._leave()
@@ -97,8 +102,7 @@ class Service:
         for sub in self.store.submissions(unfinished=True):
             w = self.workers.get(sub.id)
             if w is None:
-                if sub.status is Status.WAITING or sub.claimed_by != self.id:
-                    self._start(sub)
+                self._start(sub)  # new, or a dead leader's (or ours, before we lost the lead)
             elif sub.cancel and not w.cancelling:
                 w.cancelling = True
                 self.say(f"{sub.id}: cancel asked by {sub.cancel}")
@@ -109,6 +113,9 @@ class Service:
                 continue
             del self.workers[sid]
             got = self.store.get(sid)
+            if code == LEFT:
+                self.say(f"{sid}: its worker left; started again")
+                continue
             if got is not None and not got.status.finished:
                 self.store.finish(sid, Status.FAILED, f"its worker ended with exit code {code} (its log: {w.log})")
             self.say(f"{sid}: {(got.status.value if got else '?')} ({w.log})")
