@@ -112,10 +112,9 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
             click.echo(f"Note: {line}, not {where}: the work goes to {where}.")
     if secrets:
         click.echo(f"Note: {secrets}.")
-    follow = "tune" if kind is Kind.TUNE else "status"
-    click.echo(
-        f"Follow it: provision {follow} {inventory} · provision logs -f {inventory} · provision cancel {inventory}"
-    )
+    follow = [f"provision tune {inventory}"] if kind is Kind.TUNE else []
+    follow += [f"provision {c} {inventory}" for c in ("status", "logs -f", "cancel")]
+    click.echo("Follow it: " + " · ".join(follow))
 
 
 def detach_study(inventory: str, *, seed: int | None, poll: float) -> None:
