@@ -77,11 +77,18 @@ def env(tmp_path):
     }
 
 
+def _show_logs(tmp: Path) -> None:
+    """The services' and workers' logs (pytest shows them when a test fails)."""
+    for log in sorted(tmp.rglob("serve-*.log")) + sorted(tmp.rglob("work/*.log")):
+        print(f"==== {log}\n{log.read_text(errors='replace')}")
+
+
 @pytest.fixture
 def service(tmp_path, env):
     s = Service(tmp_path, env)
     yield s
     s.stop()
+    _show_logs(tmp_path)
 
 
 def _trials(inv: Path, cwd: Path, env: dict) -> list[dict]:
@@ -277,6 +284,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     finally:
         a.stop()
         b.stop()
+        _show_logs(tmp_path)
     trials = _trials(inv, tmp_path, team)
     assert [t["state"] for t in trials] == ["succeeded"] * 4, trials
     numbers = [int(x) for h in STUDY_HOSTS for x in sh(sandbox4, h, f"cat {ran} 2>/dev/null").split()]
