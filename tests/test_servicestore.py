@@ -130,7 +130,9 @@ def test_history_is_kept_and_filtered(store):
     a = store.record(Event("trial", "j-t1", "ann", now - 7200, None, "", ("h1",), 2, "s1"))
     store.record(Event("wait", "q", "bob", now - 100, now - 50, "fitted", ("h1",), 1, "s2"))
     store.record(Event("trial", "old", "ann", now - 30 * 86400, now - 29 * 86400, "succeeded", (), 1, "s0"))
+    assert store.open_event("s1", "trial") == a and store.open_event("s1", "run") is None
     store.closed(a, now - 3600, "succeeded, 0.5")
+    assert store.open_event("s1", "trial") is None
     assert [e.job for e in store.history()] == ["old", "j-t1", "q"]
     assert [e.job for e in store.history(owner="ann", since=now - 7 * 86400)] == ["j-t1"]
     [t] = store.history(owner="ann", since=now - 86400)
@@ -222,7 +224,7 @@ H = 3600.0
     [
         ([], None, {}),
         ([Use("ann", "trial", 2, 0, H)], None, {"ann": 2.0}),  # 2 GPUs for an hour
-        ([Use("ann", "trial", 1, 0, H), Use("ann", "apply", 4, H, 1.5 * H)], None, {"ann": 3.0}),
+        ([Use("ann", "trial", 1, 0, H), Use("ann", "run", 4, H, 1.5 * H)], None, {"ann": 3.0}),
         ([Use("bob", "wait", 8, 0, H)], None, {}),  # a queue wait holds nothing
         ([Use("bob", "trial", 0, 0, H)], None, {}),  # no GPU
         ([Use("ann", "trial", 2, 0, None)], None, {"ann": 20.0}),  # still running: until now

@@ -74,6 +74,7 @@ def env(tmp_path):
         "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
         "PROVISION_OWNER": "ann@example.com",
         "PROVISION_QUEUE_POLL": "1",
+        "PROVISION_SERVE_WATCH": "2",
     }
 
 
@@ -221,10 +222,23 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
         wait_until(lambda: "cancelled" in service.output(), timeout=60, what="the service to say it is cancelled")
         h = json.loads(ok(cli("history", "--json", "--owner", "ann@example.com", cwd=tmp_path, env=env)).stdout)
         kinds = {(e["kind"], e["job"]): e["how"] for e in h["events"]}
-        assert kinds[("apply", "srvapply")] == "applied", kinds
+        assert kinds[("run", "srvapply")] == "", kinds  # its job runs: the row is open
         assert kinds[("wait", "srvqueued")] == "cancelled", kinds
         text = ok(cli("history", cwd=tmp_path, env=env)).stdout
         assert "srvapply" in text and "GPU-hours: ann@example.com" in text, text
+        # The applied job runs on under the service: cancel stops it as `provision stop` does.
+        r = ok(cli("cancel", a, cwd=tmp_path, env=env))
+        assert "Asked the service to stop" in r.stdout, r.stdout
+        wait_until(
+            lambda: (
+                json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Stopped"
+            ),
+            timeout=120,
+            what="the applied job stopped",
+        )
+        h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=env)).stdout)
+        run = next(e for e in h["events"] if e["kind"] == "run" and e["job"] == "srvapply")
+        assert run["how"] == "stopped by ann@example.com" and run["ended"], run
     finally:
         for inv in (a, tmp_path / "srvblock" / "inv.yaml", tmp_path / "srvqueued" / "inv.yaml"):
             if inv.exists():

@@ -84,7 +84,7 @@ class ServiceRow:
 class Event:
     """One history row: a run, a trial or a queue wait."""
 
-    kind: str  # "study", "trial", "apply", "wait"
+    kind: str  # "study", "trial", "run" (an applied job's), "wait" (a queued apply's)
     job: str
     owner: str
     started: float
@@ -348,6 +348,14 @@ class ServiceStore:
                 row = c.execute(self._q(sql + " RETURNING id"), args).fetchone()
                 return int(row[0])
             return int(c.execute(sql, args).lastrowid or 0)
+
+    def open_event(self, submission: str, kind: str) -> int | None:
+        """The submission's row of this kind that has not ended (a restarted worker goes on with it)."""
+        rows = self._all(
+            "SELECT id FROM provision_service_history WHERE submission = ? AND kind = ? AND ended IS NULL ORDER BY id",
+            (submission, kind),
+        )
+        return int(rows[-1][0]) if rows else None
 
     def closed(self, row_id: int, ended: float, how: str) -> None:
         self._do("UPDATE provision_service_history SET ended = ?, how = ? WHERE id = ?", (ended, how, row_id))

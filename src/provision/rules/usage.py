@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-HOLDING = frozenset({"trial", "apply"})  # kinds of rows whose GPUs were held
+HOLDING = frozenset({"trial", "run"})  # kinds of rows whose GPUs were held (a trial, an applied job's run)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submiss
 from provision.io.study import Runner
 from provision.rules.plan import Plan
 from provision.run.apply import apply_plan
-from provision.run.context import open_context
+from provision.run.context import Context, open_context
+from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.tune import StudyLoop, open_work
@@ -129,6 +130,14 @@ def _how(r: TrialRow) -> str:
 
 def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
     ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
+    try:
+        return _queue_and_apply(store, sub, ctx)
+    finally:
+        ctx.close()
+
+
+def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
+    """Wait for room, apply, then follow the job's run (_watch)."""
     ctx.take_over = bool(sub.options.get("take_over"))
     stop = CANCEL
     hosts = tuple(ctx.targets)
@@ -152,19 +161,49 @@ def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status
         p = plan()
         if p.problems:
             return Status.FAILED, p.problems[0]
-        began = store.now()
         outcomes = apply_plan(ctx, p, say)
         while any(o.lost_race for o in outcomes.values()) and not q.expired():
             outcomes = apply_plan(ctx, plan(), say)
         errors = [f"{o.name}: {o.error}" for o in outcomes.values() if o.error]
-        how = errors[0] if errors else "applied"
-        store.record(Event("apply", sub.job, sub.owner, began, store.now(), how, hosts, gpus, sub.id))
-        return (Status.FAILED, how) if errors else (Status.DONE, how)
+        if errors:
+            return Status.FAILED, errors[0]
     except Stopped:
         got = store.get(sub.id)
         return Status.CANCELLED, f"taken back by {got.cancel if got and got.cancel else 'its owner'} while queued"
     finally:
-        ctx.close()
+        if waits:
+            store.closed(waits.pop(), store.now(), "left")
+    ctx.release_lock()  # the job may run for days: its owner may plan meanwhile
+    return _watch(store, sub, ctx, hosts, gpus)
+
+
+WATCH = float(os.environ.get("PROVISION_SERVE_WATCH", 10))  # seconds between looks at an applied job
+
+
+def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int) -> tuple[Status, str]:
+    """The applied job's run, in the history until it ends (a restarted worker goes on with
+    the same row); a cancel stops it as `provision stop` does."""
+    row = store.open_event(sub.id, "run")
+    if row is None:
+        row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
+    while True:
+        try:
+            st, _ = look(ctx)
+        except ProvisionError as e:  # its hosts do not answer now: look again
+            say(f"the job's status: {e.message}")
+            CANCEL.wait(WATCH)
+            continue
+        if CANCEL.is_set() and not st.phase.ended:
+            got = store.get(sub.id)
+            who = got.cancel if got and got.cancel else "its owner"
+            end_job(ctx, st, marker=stop_marker(ctx))
+            store.closed(row, store.now(), f"stopped by {who}")
+            return Status.CANCELLED, f"stopped by {who}"
+        if st.phase.ended:
+            how = st.phase.value + (f": {st.reason}" if st.reason else "")
+            store.closed(row, store.now(), how)
+            return Status.DONE, f"applied; the job {how}"
+        CANCEL.wait(WATCH)
 
 
 def _leave(signum: int, frame: FrameType | None) -> None:
