@@ -104,10 +104,8 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
         lead = next((s for s in alive if s.leader), alive[0])
         click.echo(f"The service on {lead.host} (pid {lead.pid}) runs it.")
     else:
-        click.echo(
-            f"No service runs on {where} yet: it waits for `provision serve`"
-            + (" there." if backend.local else f" --state {backend.place}.")
-        )
+        serve = "provision serve" + ("" if backend.local else f" --state {backend.place}")
+        click.echo(f"No service runs on {where} yet: it waits for `{serve}`.")
         for line in elsewhere:
             click.echo(f"Note: {line}, not {where}: the work goes to {where}.")
     if secrets:
@@ -141,7 +139,10 @@ def follow_handed_over(
         return None
 
     def rows() -> list[Any]:
-        s = study()
+        try:
+            s = study()
+        except ProvisionError:  # its storage is not made yet (the service's worker is starting): look again
+            return []
         return list(s.rows()) if s is not None else []
 
     return follow_study(found[0], found[1], rows, lambda r: line(r, inv.tune))
