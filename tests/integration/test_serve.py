@@ -111,7 +111,7 @@ def test_a_handed_over_study_survives_two_kill_9(sandbox4, sandbox_inventory, tm
     inv = tmp_path / "study.yaml"
     # Each trial's task appends its number to a file on its host before it trains: a trial
     # run twice would be there twice.
-    script = f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=10 --step_seconds=0.5 "$0" "$@"'
+    script = f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=30 --step_seconds=0.5 "$0" "$@"'
     sandbox_inventory(
         sandbox4,
         job=job,
@@ -255,7 +255,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     shutil.copy(TRAINER, tmp_path / "trainer.py")
     inv = tmp_path / "ha.yaml"
     script = (
-        f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=8 --step_seconds=0.5 "$0" "$@"'
+        f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=20 --step_seconds=0.5 "$0" "$@"'
     )
     sandbox_inventory(
         sandbox4,
