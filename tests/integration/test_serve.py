@@ -194,15 +194,23 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
     (a.parent / "payload.txt").unlink()
     service.start()
     try:
+        # (The submitter's own commands need the file back: they read the inventory's files.)
+        host = wait_until(
+            lambda: next(
+                (h for h in APPLY_HOSTS if sh(sandbox4, h, "test -f /opt/srvapply/payload.txt").code == 0), None
+            ),
+            timeout=120,
+            what="the handed-over apply to write its file",
+        )
+        assert sh(sandbox4, host, "cat /opt/srvapply/payload.txt") == "as submitted\n"
+        (a.parent / "payload.txt").write_text("as submitted\n")
         wait_until(
             lambda: (
                 json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Running"
             ),
             timeout=120,
-            what="the handed-over apply to run",
+            what="the handed-over apply's job to run",
         )
-        host = next(h for h in APPLY_HOSTS if sh(sandbox4, h, "test -f /opt/srvapply/payload.txt").code == 0)
-        assert sh(sandbox4, host, "cat /opt/srvapply/payload.txt") == "as submitted\n"
         # Every GPU of both hosts held: the next job waits in the queue, `jobs` shows it,
         # and `cancel` takes it back.
         blocker = _apply_job(sandbox_inventory, sandbox4, tmp_path, "srvblock", 2)
@@ -254,9 +262,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
         sh(sandbox4, h, f"rm -f {ran}")
     shutil.copy(TRAINER, tmp_path / "trainer.py")
     inv = tmp_path / "ha.yaml"
-    script = (
-        f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=20 --step_seconds=0.5 "$0" "$@"'
-    )
+    script = f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=20 --step_seconds=0.5 "$0" "$@"'
     sandbox_inventory(
         sandbox4,
         job=job,
