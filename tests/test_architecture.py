@@ -31,7 +31,7 @@ LAYERS = {
     "run": 5,
     "importers": 5,
     "sandbox": 5,
-    "serve": 6,  # the service: does what commands do (run/), with no terminal
+    "serve": 6,  # the service: drives handed-over work by calling run/
     "cli": 7,
 }
 MAX_TOP_MODULES = 6

@@ -34,6 +34,9 @@ COMMANDS = {
     "init": "provision.cli.everyday:init_cmd",
     "fetch": "provision.cli.fetchcmd:fetch_cmd",
     "tune": "provision.cli.tunecmd:tune_cmd",
+    "serve": "provision.cli.servecmd:serve",
+    "cancel": "provision.cli.servecmd:cancel",
+    "history": "provision.cli.servecmd:history",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }

@@ -213,6 +213,14 @@ class _Applying:
         return outcomes
 
 
+def _detach(params: dict[str, Any]) -> None:
+    """`apply --queue --detach`: handed to the service (cli/servecmd.py)."""
+    # Here: the service's modules load only for work handed to it (start-up of every apply).
+    from provision.cli.servecmd import detach_apply
+
+    detach_apply(params)
+
+
 @click.command()
 @click.argument("inventory", type=click.Path())
 @host_options
@@ -227,6 +235,7 @@ class _Applying:
     is_flag=True,
     help="When other jobs hold the GPUs or ports this job needs, wait until it fits, then apply.",
 )
+@click.option("--detach", is_flag=True, help="With --queue: hand the queued apply to the service (`provision serve`).")
 @click.option("--take-over", is_flag=True, help="Apply a job that another state (operator) applied, and own it.")
 @click.option(
     "--force-conflicts",
@@ -253,6 +262,7 @@ def apply(
     wait_after: bool,
     timeout: float | None,
     queue: bool,
+    detach: bool,
     take_over: bool,
     force_conflicts: bool,
     rerun: bool,
@@ -261,23 +271,17 @@ def apply(
     force_setup: bool,
     skip_checks: bool,
 ) -> None:
-    """Make the hosts match INVENTORY: plan, ask, then write files and start tasks.
-
-    A second apply with nothing changed does nothing.
-    """
-
+    """Make the hosts match INVENTORY: plan, ask, then write files and start tasks; a second
+    apply with nothing changed does nothing."""
+    if detach:
+        return _detach(click.get_current_context().params)
     began = time.time()
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
     ctx.take_over = take_over
     q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
+    lines = _setup_line if wait_after and stream_logs else None
     how = _Applying(
-        q,
-        setup_lines=_setup_line if wait_after and stream_logs else None,
-        replace=set(replace),
-        rerun=rerun,
-        partial=partial,
-        force_setup=force_setup,
-        checks=not skip_checks,
+        q, lines, replace=set(replace), rerun=rerun, partial=partial, force_setup=force_setup, checks=not skip_checks
     )
     try:
         code = _change(

@@ -89,6 +89,7 @@ def _study_inventory(inventory: str) -> Inventory:
     help="Seconds between looks at the running trials (at least 0.05).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show the SSH commands.")
+@click.option("--detach", is_flag=True, help="Hand the study to the service (`provision serve`) and return at once.")
 def tune_cmd(
     inventory: str,
     show: bool,
@@ -98,6 +99,7 @@ def tune_cmd(
     seed: int | None,
     poll: float,
     verbose: bool,
+    detach: bool,
 ) -> None:
     """Run the inventory's hyperparameter study: each trial a job of its own on free GPUs,
     at most `parallel_trials` at once, until `max_trials`. Run it again to resume: finished
@@ -121,6 +123,8 @@ def tune_cmd(
     if show:
         _show(inv, existing_study(inventory, inv), picture, as_json)
         return
+    if (code := _service(inventory, inv, detach, seed, poll)) is not None:
+        sys.exit(code)
     screen = _Screen(inv.tune)
     work, study = open_work(inventory, inv, say=screen.say, poll=poll, verbose=verbose, seed=seed)
     _header(inv, study)
@@ -145,6 +149,19 @@ def tune_cmd(
         click.echo(line)
     click.echo(f"\n{end.why[0].upper()}{end.why[1:]}. Picture: {picture}")
     sys.exit(end.code)
+
+
+def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, poll: float) -> int | None:
+    """--detach: hand the study to the service (0). A study a service holds: followed (its
+    exit code). None: this terminal runs it."""
+    # Here: the service's modules load only for a `tune` (start-up of the other commands).
+    from provision.cli.servecmd import detach_study, follow_handed_over
+    from provision.run.tune import existing_study  # (start-up, as above: Optuna)
+
+    if detach:
+        detach_study(inventory, seed=seed, poll=poll)
+        return 0
+    return follow_handed_over(inventory, inv, lambda: existing_study(inventory, inv), event_line)
 
 
 class _Picture:

@@ -1,1 +1,1 @@
-"""`provision serve`: the service that does the team's work without a terminal (issue 40)."""
+"""The service (`provision serve`): leading, handed-over work, the loop that drives it (calls run/)."""

@@ -1,0 +1,335 @@
+"""`provision serve`, `provision cancel`, `provision history`, and what `tune --detach` and
+`apply --queue --detach` do (called from cli/tunecmd.py and cli/change.py): hand the work to
+the service (docs/service.md)."""
+
+from __future__ import annotations
+
+import json as _json
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
+from provision.core.model import Inventory
+from provision.core.text import duration
+from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission, default_db
+from provision.io.state import default_state_path
+from provision.rules.tenancy import identity
+from provision.rules.usage import Use, gpu_hours, since_seconds
+from provision.serve import install as unit
+from provision.serve.places import leadership, open_backend, open_place, work_root
+from provision.serve.service import Service
+from provision.serve.snapshot import collect, store_files
+from provision.spec.inventory import load
+from provision.spec.statebackend import backend_of
+from provision.spec.statebackend import problem as backend_problem
+
+HISTORY_FORMAT = 1
+
+
+# --------------------------------------------------------------------------- handing over
+
+
+def _other_places(store: ServiceStore) -> list[str]:
+    """Services running elsewhere than this store (one line each), from the embedded file,
+    where every service on this machine also says it runs."""
+    try:
+        local = ServiceStore.open_local(default_db()) if store.path is None else store
+    except ProvisionError:
+        return []
+    return [
+        f"the service on {s.host} (pid {s.pid}) serves {s.place}"
+        for s in local.services(everywhere=True)
+        if s.place != store.place
+    ]
+
+
+def _secrets_line(inv: Inventory, store: ServiceStore) -> str | None:
+    """Refuse (raise) a secret no running leader has; a line when no service runs yet."""
+    running = [s for s in store.services() if s.leader] or store.services()
+    if not inv.secret_env:
+        return None
+    if not running:
+        names = ", ".join(inv.secret_env)
+        return f"its secret_env ({names}) comes from the environment of the service that will run it: start it with them set"
+    s = running[0]
+    for name in inv.secret_env:
+        if name not in s.env_names:
+            raise ProvisionError(
+                f"secret_env {name}: the service on {s.host} (pid {s.pid}) has no such variable; start it with the variable set"
+            )
+    return None
+
+
+def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options: dict[str, Any] | None = None) -> None:
+    """Hand INVENTORY's study or queued apply to the service of its state backend; print how
+    to follow it; return at once. Bad input ends here, before anything is stored."""
+    inv = load(inventory)
+    if kind is Kind.TUNE and inv.tune is None:
+        raise ProvisionError(f"{inventory}: no tune: section, so no study to hand over (see docs/tuning.md)")
+    backend = backend_of(inv, inventory, state_path)
+    snap = collect(inv)
+    store = open_backend(backend)
+    try:
+        secrets = _secrets_line(inv, store)
+        busy = [s for s in store.submissions(unfinished=True, job=inv.job) if s.backend == backend.url]
+        if busy:
+            raise ProvisionError(
+                f"job {inv.job} is already handed over ({busy[0].id}, {busy[0].status.value}, by {busy[0].owner}): "
+                f"`provision cancel {inventory}` takes it back"
+            )
+        state = ""
+        if backend.local:
+            state = str(Path(state_path).resolve() if state_path else default_state_path(Path(inventory), inv.job))
+        sid = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        sub = Submission(
+            sid, kind, inv.job, identity(socket.gethostname()), backend.url, state, snap.inventory,
+            store_files(store, snap), options or {},
+        )  # fmt: skip
+        sub = store.submit(sub)
+        alive = store.services()
+        elsewhere = _other_places(store) if not alive else []
+    finally:
+        store.close()
+    where = str(store.path) if store.path is not None else backend.place
+    what = "study" if kind is Kind.TUNE else "queued apply"
+    click.echo(f"Handed over {what} of job {inv.job} as {sub.id} (in {where}).")
+    if alive:
+        lead = next((s for s in alive if s.leader), alive[0])
+        click.echo(f"The service on {lead.host} (pid {lead.pid}) runs it.")
+    else:
+        serve = "provision serve" + ("" if backend.local else f" --state {backend.place}")
+        click.echo(f"No service runs on {where} yet: it waits for `{serve}`.")
+        for line in elsewhere:
+            click.echo(f"Note: {line}, not {where}: the work goes to {where}.")
+    if secrets:
+        click.echo(f"Note: {secrets}.")
+    follow = [f"provision tune {inventory}"] if kind is Kind.TUNE else []
+    follow += [f"provision {c} {inventory}" for c in ("status", "logs -f", "cancel")]
+    click.echo("Follow it: " + " · ".join(follow))
+
+
+def detach_study(inventory: str, *, seed: int | None, poll: float) -> None:
+    detach(inventory, Kind.TUNE, options={"seed": seed, "poll": poll})
+
+
+def detach_apply(params: dict[str, Any]) -> None:
+    """`apply --queue --detach` (apply's parameters): the flags that go with it are kept
+    (--take-over, --rerun, --timeout, --skip-checks); the others are refused."""
+    p = params
+    if not p["queue"] or p["targets"] or p["wait_after"] or p["replace"] or p["partial"] or p["force_setup"]:
+        raise ProvisionError("--detach goes with --queue (and --take-over, --rerun, --timeout, --skip-checks)")
+    options = {k: p[k] for k in ("take_over", "rerun", "timeout", "skip_checks")}
+    detach(p["inventory"], Kind.APPLY, state_path=p["state_path"], options=options)
+
+
+def follow_handed_over(
+    inventory: str, inv: Inventory, study: Callable[[], Any], line: Callable[[Any, Any], str]
+) -> int | None:
+    """`provision tune INV` of a study a service holds: follow it (its exit code); None: no
+    service holds it (the terminal runs it)."""
+    found = handed_over(inventory, inv)
+    if found is None:
+        return None
+
+    def rows() -> list[Any]:
+        try:
+            s = study()
+        except ProvisionError:  # its storage is not made yet (the service's worker is starting): look again
+            return []
+        return list(s.rows()) if s is not None else []
+
+    return follow_study(found[0], found[1], rows, lambda r: line(r, inv.tune))
+
+
+def handed_over(inventory: str, inv: Inventory) -> tuple[ServiceStore, Submission] | None:
+    """The unfinished submission of this job for this state, if a service holds one."""
+    backend = backend_of(inv, inventory)
+    if backend.local and not default_db().exists():
+        return None
+    store = open_backend(backend)
+    state = str(default_state_path(Path(inventory), inv.job)) if backend.local else ""
+    for s in store.submissions(unfinished=True, job=inv.job):
+        if s.backend == backend.url and (not backend.local or s.state_path == state):
+            return store, s
+    store.close()
+    return None
+
+
+def follow_study(
+    store: ServiceStore, sub: Submission, rows: Callable[[], list[Any]], line: Callable[[Any], str]
+) -> int:
+    """`provision tune INV` of a handed-over study: its trials as they go (read from the
+    study's storage: no second runner) until it ends. Ctrl-C changes nothing."""
+    click.echo(f"The study is handed over ({sub.id}, by {sub.owner}): following it; Ctrl-C stops following only.")
+    seen: dict[int, str] = {}
+    try:
+        while True:
+            for r in rows():
+                key = r.state.value
+                if seen.get(r.number) != key:
+                    seen[r.number] = key
+                    click.echo(line(r))
+            got = store.get(sub.id)
+            if got is None or got.status.finished:
+                why = f": {got.why}" if got and got.why else ""
+                click.echo(f"Submission {sub.id} {got.status.value if got else 'gone'}{why}.")
+                return 0 if got is not None and got.status is Status.DONE else 1
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        click.echo("\nStopped following; the service goes on (`provision cancel INVENTORY` ends it).", err=True)
+        return EXIT_INTERRUPTED
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _place(state: str | None) -> str:
+    value = state or os.environ.get("PROVISION_STATE", "").strip() or "local"
+    why = backend_problem(value)
+    if why:
+        raise ProvisionError(f"--state: {why}")
+    return value
+
+
+@click.command("serve")
+@click.option(
+    "--state", "state", metavar="URL", help="The team's PostgreSQL (default: PROVISION_STATE, else the embedded file)."
+)
+@click.option(
+    "--poll", type=click.FloatRange(min=0.1, max=2.0), default=1.0, show_default=True, help="Seconds between looks."
+)
+@click.option("--install", is_flag=True, help="Write, enable and start a systemd unit running this service (root).")
+@click.option("--uninstall", is_flag=True, help="Stop, disable and remove the unit --install wrote (root).")
+@click.option("--user", metavar="NAME", help="With --install: the user the service runs as (default: who ran sudo).")
+def serve(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None) -> None:
+    """Run the service: drive the studies and queued applies handed to it (`--detach`),
+    resume them after a restart, record history. Two services on one PostgreSQL: one
+    leads, the other takes over when it dies."""
+    if install or uninstall or user:
+        _unit(state, poll, install, uninstall, user)
+        return
+    url = _place(state)
+    store = open_place(url)
+    mirror = ServiceStore.open_local(default_db()) if store.path is None else None
+    svc = Service(store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror)
+
+    def stop(signum: int, frame: object) -> None:
+        svc.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    svc.run()
+    click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
+
+
+def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None) -> None:
+    """--install / --uninstall: the service as a systemd unit (serve/install.py)."""
+    if install == uninstall:
+        raise ProvisionError(
+            "serve: give one of --install or --uninstall" + (" (--user goes with --install)" if user else "")
+        )
+    if uninstall and user:
+        raise ProvisionError("serve: --user goes with --install, not --uninstall")
+    args = [*(["--state", state] if state else []), "--poll", f"{poll:g}"]
+    for line in unit.install(args, user) if install else unit.uninstall():
+        click.echo(line)
+
+
+def _stamped(line: str) -> None:
+    click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+@click.command("cancel")
+@click.argument("inventory", type=click.Path())
+@click.option("--take-over", is_flag=True, help="Cancel work another owner handed over.")
+def cancel(inventory: str, take_over: bool) -> None:
+    """Take back handed-over work not started yet, or stop it (a study asks no more trials
+    and its running trials are stopped)."""
+    inv = load(inventory)
+    found = handed_over(inventory, inv)
+    if found is None:
+        raise ProvisionError(f"job {inv.job}: nothing handed over to a service is unfinished")
+    store, sub = found
+    try:
+        me = identity(socket.gethostname())
+        if sub.owner != me and not take_over:
+            raise ProvisionError(f"{sub.id} is {sub.owner}'s: only they cancel it, or --take-over")
+        got = store.cancel(sub.id, me)
+        if got is Status.CANCELLED:
+            click.echo(f"Took back {sub.id}: nothing of it ran.")
+        elif got is Status.RUNNING:
+            click.echo(f"Asked the service to stop {sub.id}; `provision status {inventory}` shows it end.")
+        else:
+            click.echo(f"{sub.id} had ended already.")
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------- history
+
+
+@click.command("history")
+@click.option("--owner", help="Only this owner's runs, trials and waits.")
+@click.option("--since", default=None, metavar="AGE", help="Only what ended this recently: 7d, 12h, 30m.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON (format_version 1).")
+@click.option(
+    "--state", "state", metavar="URL", help="The team's PostgreSQL (default: PROVISION_STATE, else the embedded file)."
+)
+def history(owner: str | None, since: str | None, as_json: bool, state: str | None) -> None:
+    """Every run, trial and queue wait the service recorded (kept after destroy), and
+    GPU-hours per owner."""
+    store = open_place(_place(state))
+    try:
+        now = store.now()
+        try:
+            cut = None if since is None else now - since_seconds(since)
+        except ValueError:
+            raise ProvisionError(f"--since: expected an age such as 7d, 12h or 30m, got {since!r}") from None
+        events = store.history(owner=owner, since=cut)
+    finally:
+        store.close()
+    hours = gpu_hours((Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events), now, cut)
+    if as_json:
+        doc = {
+            "format_version": HISTORY_FORMAT,
+            "now": now,
+            "events": [_event_json(e) for e in events],
+            "gpu_hours": hours,
+        }
+        click.echo(_json.dumps(doc, indent=1))
+        return
+    if not events:
+        click.echo("No history yet" + (f" for {owner}" if owner else "") + ".")
+        return
+    for e in events:
+        click.echo(_event_line(e, now))
+    click.echo("\nGPU-hours: " + (", ".join(f"{o} {h:.2f}" for o, h in hours.items()) or "none"))
+
+
+def _event_json(e: Event) -> dict[str, Any]:
+    return {
+        "kind": e.kind, "job": e.job, "owner": e.owner, "started": e.started, "ended": e.ended, "how": e.how,
+        "hosts": list(e.hosts), "gpus": e.gpus, "submission": e.submission,
+    }  # fmt: skip
+
+
+def _event_line(e: Event, now: float) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.started))
+    took = duration(round((e.ended if e.ended is not None else now) - e.started))
+    how = e.how or "still running"
+    gpus = f" {e.gpus} GPU{'s' if e.gpus != 1 else ''}" if e.gpus else ""
+    hosts = f" on {','.join(e.hosts)}" if e.hosts else ""
+    return f"{when}  {e.kind:<6} {e.job}  {e.owner}{hosts}{gpus}  {took}  {how}"

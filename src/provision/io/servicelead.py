@@ -1,0 +1,97 @@
+"""Which `provision serve` leads: the database decides, no consensus code of provision's.
+
+- PostgreSQL: a session advisory lock held on a connection of its own (as the state lock in
+  io/pgstate.py); the server frees it when the leader's session ends (its process dies, or
+  its machine: TCP keepalives end the session within seconds).
+- The embedded SQLite file: an fcntl lock on a file beside the database, freed by the
+  kernel when the leader's process dies.
+
+A follower tries again every POLL seconds (take-over within POLL + the keepalive's bound).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from provision.core.errors import ProvisionError
+
+POLL = 1.0  # seconds between a follower's tries
+LEAD_KEY = 0x70726F766C656164  # "provlead": the advisory lock's key
+
+
+class Leadership:
+    """try_take() until it says True; held until release() or the process ends."""
+
+    def __init__(self, *, lock_file: Path | None = None, pg_url: str | None = None):
+        self.lock_file, self.pg_url = lock_file, pg_url
+        self._fd: int | None = None
+        self._conn: Any = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None or self._conn is not None
+
+    def try_take(self) -> bool:
+        if self.held:
+            return True
+        return self._try_file() if self.lock_file is not None else self._try_pg()
+
+    def _try_file(self) -> bool:
+        assert self.lock_file is not None
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def _try_pg(self) -> bool:
+        # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
+        import psycopg
+
+        try:
+            conn = psycopg.connect(
+                self.pg_url or "",
+                autocommit=True,
+                connect_timeout=10,
+                application_name="provision serve (leader)",
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+        except psycopg.Error as e:
+            raise ProvisionError(f"the service's database: cannot connect to take the lead: {e}") from None
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEAD_KEY - (1 << 63),)).fetchone()
+        if not row or not row[0]:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def still_held(self) -> bool:
+        """The lock's connection still answers (PostgreSQL); a file lock holds while we live."""
+        if self._conn is None:
+            return self._fd is not None
+        try:
+            self._conn.execute("SELECT 1")
+            return True
+        except Exception:  # the session is gone (so is the lock): lead no more
+            self._conn = None
+            return False
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # already gone: so is its lock
+                pass
+            self._conn = None

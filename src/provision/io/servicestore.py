@@ -1,0 +1,408 @@
+"""The service's database (`provision serve`): the only code that talks to it.
+
+Two backends, one schema (tables prefixed `provision_service_`):
+- the embedded default, a SQLite file (WAL) at $PROVISION_SERVICE_DB or
+  ~/.local/state/provision/service.sqlite (0600, its directory 0700): one person, one
+  workstation, no server;
+- a team's PostgreSQL (the state backend's database), via psycopg as io/pgstate.py.
+
+What it holds: content-addressed blobs (sha256 -> bytes, stored once whoever submits them),
+submissions (what was handed over, by whom, its status and which service holds it), the
+services that run (their heartbeat, on the database's clock, and the NAMES of the
+environment variables they carry: never values), and the history of every run, trial and
+queue wait (kept after the job is destroyed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from provision.core.errors import ProvisionError
+
+DB_ENV = "PROVISION_SERVICE_DB"
+ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
+
+
+class Status(StrEnum):
+    WAITING = "waiting"  # handed over, no service runs it yet
+    RUNNING = "running"  # a service's worker drives it (a queued apply waits for room here)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.DONE, Status.FAILED, Status.CANCELLED)
+
+
+class Kind(StrEnum):
+    TUNE = "tune"
+    APPLY = "apply"
+
+
+@dataclass(frozen=True)
+class Submission:
+    id: str
+    kind: Kind
+    job: str
+    owner: str  # tenancy.identity() of the submitter
+    backend: str  # the state backend: "local" or a postgresql:// URL
+    state_path: str  # the submitter's resolved state path (local), or "" (database)
+    inventory: str  # the inventory's path inside the snapshot
+    manifest: dict[str, tuple[str, int]]  # relative path -> (sha256, mode)
+    options: dict[str, Any] = field(default_factory=dict)  # take_over, timeout, seed, ...
+    created: float = 0.0
+    status: Status = Status.WAITING
+    claimed_by: str = ""
+    why: str = ""
+    cancel: str = ""  # who asked to cancel it (the service stops it)
+    started: float | None = None
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
+class ServiceRow:
+    id: str  # host:pid:nonce
+    host: str
+    pid: int
+    place: str  # the database it serves ("local" or postgresql://HOST:PORT/DB)
+    env_names: tuple[str, ...]
+    leader: bool
+    heartbeat: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """One history row: a run, a trial or a queue wait."""
+
+    kind: str  # "study", "trial", "run" (an applied job's), "wait" (a queued apply's)
+    job: str
+    owner: str
+    started: float
+    ended: float | None
+    how: str  # how it ended, in words ("" while it runs)
+    hosts: tuple[str, ...] = ()
+    gpus: int = 0
+    submission: str = ""
+
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS provision_service_blobs (sha TEXT PRIMARY KEY, data {blob} NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS provision_service_submissions (
+        id TEXT PRIMARY KEY, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
+        backend TEXT NOT NULL, state_path TEXT NOT NULL, inventory TEXT NOT NULL, manifest TEXT NOT NULL,
+        options TEXT NOT NULL, created {real} NOT NULL, status TEXT NOT NULL, claimed_by TEXT NOT NULL DEFAULT '',
+        why TEXT NOT NULL DEFAULT '', cancel TEXT NOT NULL DEFAULT '', started {real}, ended {real})""",
+    """CREATE TABLE IF NOT EXISTS provision_service_services (
+        id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, place TEXT NOT NULL,
+        env_names TEXT NOT NULL, leader INTEGER NOT NULL, heartbeat {real} NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS provision_service_history (
+        id {serial}, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
+        started {real} NOT NULL, ended {real}, how TEXT NOT NULL, hosts TEXT NOT NULL, gpus INTEGER NOT NULL,
+        submission TEXT NOT NULL)""",
+)
+_SUB_COLS = (
+    "id, kind, job, owner, backend, state_path, inventory, manifest, options, created, status, claimed_by, "
+    "why, cancel, started, ended"
+)
+
+
+def default_db() -> Path:
+    """The embedded database's file: $PROVISION_SERVICE_DB, else under ~/.local/state."""
+    named = os.environ.get(DB_ENV, "").strip()
+    if named:
+        return Path(named).expanduser().resolve()
+    return Path.home() / ".local" / "state" / "provision" / "service.sqlite"
+
+
+class ServiceStore:
+    """One connection to the service's database (module docstring). Thread-safe: calls are
+    serialised (the service's loop and its followers are few and short)."""
+
+    def __init__(self, place: str, conn: Any, pg: bool, url: str = ""):
+        self.place = place  # "local" (the file is `path`) or the PostgreSQL place
+        self._conn = conn
+        self._pg = pg
+        self._mutex = threading.Lock()
+        self.path: Path | None = None
+        self._url = url  # PostgreSQL: to connect again after the server went away
+
+    # -- opening
+
+    @classmethod
+    def open_local(cls, path: Path | None = None) -> ServiceStore:
+        path = path or default_db()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            for statement in _DDL:
+                conn.execute(statement.format(blob="BLOB", real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT"))
+        except (OSError, sqlite3.Error) as e:
+            raise ProvisionError(f"{path}: cannot open the service's database: {e}") from None
+        store = cls("local", conn, pg=False)
+        store.path = path
+        return store
+
+    @classmethod
+    def open_pg(cls, url: str, place: str) -> ServiceStore:
+        # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
+        import psycopg
+
+        from provision.io.pgstate import why  # (start-up, as above)
+
+        try:
+            conn = _pg_connect(url)
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
+                for statement in _DDL:
+                    conn.execute(
+                        statement.format(blob="BYTEA", real="DOUBLE PRECISION", serial="BIGSERIAL PRIMARY KEY")
+                    )
+        except psycopg.Error as e:
+            raise ProvisionError(f"{place}: the service's tables: {why(e)}") from None
+        return cls(place, conn, pg=True, url=url)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._conn.close()
+
+    # -- SQL
+
+    @contextmanager
+    def _sql(self) -> Iterator[Any]:
+        with self._mutex:
+            try:
+                if self._pg and self._conn.closed:
+                    self._conn = _pg_connect(self._url)
+                yield self._conn
+            except sqlite3.Error as e:
+                raise ProvisionError(f"{self.path}: the service's database: {e}") from None
+            except Exception as e:
+                if type(e).__module__.startswith("psycopg"):
+                    raise ProvisionError(f"{self.place}: the service's database: {e}") from None
+                raise
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self._pg else sql
+
+    def _all(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._sql() as c:
+            return list(c.execute(self._q(sql), tuple(args)).fetchall())
+
+    def _do(self, sql: str, args: Sequence[Any] = ()) -> int:
+        with self._sql() as c:
+            cur = c.execute(self._q(sql), tuple(args))
+            return int(cur.rowcount or 0)
+
+    def now(self) -> float:
+        """The database's clock (heartbeats are compared on it, never on a machine's)."""
+        sql = "SELECT extract(epoch from now())" if self._pg else "SELECT (julianday('now') - 2440587.5) * 86400.0"
+        return float(self._all(sql)[0][0])
+
+    # -- blobs
+
+    def put_blob(self, sha: str, data: bytes) -> bool:
+        """Stored once: False when it was there already."""
+        if self._all("SELECT 1 FROM provision_service_blobs WHERE sha = ?", (sha,)):
+            return False
+        return (
+            self._do(
+                "INSERT INTO provision_service_blobs (sha, data) VALUES (?, ?) ON CONFLICT DO NOTHING", (sha, data)
+            )
+            > 0
+        )
+
+    def blob(self, sha: str) -> bytes:
+        rows = self._all("SELECT data FROM provision_service_blobs WHERE sha = ?", (sha,))
+        if not rows:
+            raise ProvisionError(f"{self.place}: the service's database has no blob {sha[:12]}")
+        return bytes(rows[0][0])
+
+    def blob_count(self) -> int:
+        return int(self._all("SELECT count(*) FROM provision_service_blobs")[0][0])
+
+    # -- submissions
+
+    def submit(self, s: Submission) -> Submission:
+        created = self.now()
+        manifest = json.dumps({k: list(v) for k, v in s.manifest.items()}, sort_keys=True)
+        self._do(
+            f"INSERT INTO provision_service_submissions ({_SUB_COLS}) VALUES ({', '.join('?' * 16)})",
+            (
+                s.id, s.kind.value, s.job, s.owner, s.backend, s.state_path, s.inventory, manifest,
+                json.dumps(s.options), created, Status.WAITING.value, "", "", "", None, None,
+            ),
+        )  # fmt: skip
+        got = self.get(s.id)
+        assert got is not None
+        return got
+
+    def get(self, sid: str) -> Submission | None:
+        rows = self._all(f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE id = ?", (sid,))
+        return _submission(rows[0]) if rows else None
+
+    def submissions(self, *, unfinished: bool = False, job: str | None = None) -> list[Submission]:
+        sql = f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE 1 = 1"
+        args: list[Any] = []
+        if unfinished:
+            sql += " AND status IN (?, ?)"
+            args += [Status.WAITING.value, Status.RUNNING.value]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        return [_submission(r) for r in self._all(sql + " ORDER BY created, id", args)]
+
+    def claim(self, sid: str, service: str) -> bool:
+        """This service drives it (a leader's claim: a dead leader's is taken over)."""
+        n = self._do(
+            "UPDATE provision_service_submissions SET claimed_by = ?, status = ?, "
+            "started = coalesce(started, ?) WHERE id = ? AND status IN (?, ?)",
+            (service, Status.RUNNING.value, self.now(), sid, Status.WAITING.value, Status.RUNNING.value),
+        )
+        return n > 0
+
+    def finish(self, sid: str, status: Status, why: str) -> None:
+        self._do(
+            "UPDATE provision_service_submissions SET status = ?, why = ?, ended = ? WHERE id = ? AND status IN (?, ?)",
+            (status.value, why, self.now(), sid, Status.WAITING.value, Status.RUNNING.value),
+        )
+
+    def cancel(self, sid: str, who: str) -> Status | None:
+        """Taken back when no service holds it yet (CANCELLED); else the service is asked to
+        stop it (RUNNING); None: it had finished."""
+        taken = self._do(
+            "UPDATE provision_service_submissions SET status = ?, why = ?, cancel = ?, ended = ? "
+            "WHERE id = ? AND status = ?",
+            (Status.CANCELLED.value, f"taken back by {who}", who, self.now(), sid, Status.WAITING.value),
+        )
+        if taken:
+            return Status.CANCELLED
+        asked = self._do(
+            "UPDATE provision_service_submissions SET cancel = ? WHERE id = ? AND status = ?",
+            (who, sid, Status.RUNNING.value),
+        )
+        return Status.RUNNING if asked else None
+
+    # -- services
+
+    def beat(self, s: ServiceRow) -> None:
+        """The service is here (its row, written on the database's clock)."""
+        args = (s.host, s.pid, s.place, json.dumps(list(s.env_names)), int(s.leader))
+        with self._sql() as c:
+            now_sql = "extract(epoch from now())" if self._pg else "(julianday('now') - 2440587.5) * 86400.0"
+            n = c.execute(
+                self._q(
+                    "UPDATE provision_service_services SET host = ?, pid = ?, place = ?, env_names = ?, leader = ?, "
+                    f"heartbeat = {now_sql} WHERE id = ?"
+                ),
+                (*args, s.id),
+            ).rowcount
+            if not n:
+                c.execute(
+                    self._q(
+                        "INSERT INTO provision_service_services (id, host, pid, place, env_names, leader, heartbeat) "
+                        f"VALUES (?, ?, ?, ?, ?, ?, {now_sql})"
+                    ),
+                    (s.id, *args),
+                )
+
+    def leave(self, service_id: str) -> None:
+        self._do("DELETE FROM provision_service_services WHERE id = ?", (service_id,))
+
+    def services(self, *, alive_only: bool = True, everywhere: bool = False) -> list[ServiceRow]:
+        """The services of this database (everywhere: also those a team's service on this
+        machine said it runs, in the embedded file)."""
+        rows = self._all("SELECT id, host, pid, place, env_names, leader, heartbeat FROM provision_service_services")
+        now = self.now()
+        out = [
+            ServiceRow(str(r[0]), str(r[1]), int(r[2]), str(r[3]), tuple(json.loads(r[4])), bool(r[5]), float(r[6]))
+            for r in rows
+        ]
+        out = [s for s in out if everywhere or s.place == self.place]
+        return [s for s in out if not alive_only or now - s.heartbeat <= ALIVE_AFTER]
+
+    # -- history
+
+    def record(self, e: Event) -> int:
+        """A new history row; its id (to close it with `closed`)."""
+        args = (e.kind, e.job, e.owner, e.started, e.ended, e.how, json.dumps(list(e.hosts)), e.gpus, e.submission)
+        sql = (
+            "INSERT INTO provision_service_history (kind, job, owner, started, ended, how, hosts, gpus, submission) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        with self._sql() as c:
+            if self._pg:
+                row = c.execute(self._q(sql + " RETURNING id"), args).fetchone()
+                return int(row[0])
+            return int(c.execute(sql, args).lastrowid or 0)
+
+    def open_event(self, submission: str, kind: str) -> int | None:
+        """The submission's row of this kind that has not ended (a restarted worker goes on with it)."""
+        rows = self._all(
+            "SELECT id FROM provision_service_history WHERE submission = ? AND kind = ? AND ended IS NULL ORDER BY id",
+            (submission, kind),
+        )
+        return int(rows[-1][0]) if rows else None
+
+    def closed(self, row_id: int, ended: float, how: str) -> None:
+        self._do("UPDATE provision_service_history SET ended = ?, how = ? WHERE id = ?", (ended, how, row_id))
+
+    def history(self, *, owner: str | None = None, since: float | None = None) -> list[Event]:
+        sql = "SELECT kind, job, owner, started, ended, how, hosts, gpus, submission FROM provision_service_history WHERE 1 = 1"
+        args: list[Any] = []
+        if owner:
+            sql += " AND owner = ?"
+            args.append(owner)
+        if since is not None:
+            sql += " AND (ended IS NULL OR ended >= ?)"
+            args.append(since)
+        rows = self._all(sql + " ORDER BY started, id", args)
+        return [
+            Event(str(r[0]), str(r[1]), str(r[2]), float(r[3]), None if r[4] is None else float(r[4]), str(r[5]),
+                  tuple(json.loads(r[6])), int(r[7]), str(r[8]))
+            for r in rows
+        ]  # fmt: skip
+
+
+def _pg_connect(url: str) -> Any:
+    # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=10, application_name="provision serve")
+
+
+_PG_SCHEMA_LOCK = 0x70726F7673657276  # "provserv": the tables are made by one service at a time
+
+
+def _submission(r: Any) -> Submission:
+    return Submission(
+        id=str(r[0]),
+        kind=Kind(r[1]),
+        job=str(r[2]),
+        owner=str(r[3]),
+        backend=str(r[4]),
+        state_path=str(r[5]),
+        inventory=str(r[6]),
+        manifest={k: (str(v[0]), int(v[1])) for k, v in json.loads(r[7]).items()},
+        options=json.loads(r[8]),
+        created=float(r[9]),
+        status=Status(r[10]),
+        claimed_by=str(r[11]),
+        why=str(r[12]),
+        cancel=str(r[13]),
+        started=None if r[14] is None else float(r[14]),
+        ended=None if r[15] is None else float(r[15]),
+    )

@@ -1,0 +1,166 @@
+"""`provision serve`: one long-running process that does for the team what a terminal does
+for one person. It leads or follows (io/servicelead.py: the database decides), and the
+leader drives every unfinished submission: each in a worker process of its own
+(serve/worker.py), started again when a previous leader died with it (kill -9, a reboot):
+its study re-opens and adopts the trials left running, its queued apply waits and applies
+again (apply is idempotent).
+
+Nothing is kept in memory that the database does not have: a submission's status and claim
+(which service drives it) are rows; a restart reads them and goes on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.core.errors import ProvisionError
+from provision.io.servicelead import POLL, Leadership
+from provision.io.servicestore import ServiceRow, ServiceStore, Status, Submission
+
+PR_SET_PDEATHSIG = 1
+LEFT = 130  # a worker that left its work (a signal): the work goes on with another
+LEAVE_GRACE = 15.0  # seconds a worker has to leave when the service stops
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
+    """The worker dies with the service (Linux): the next leader starts another, never two."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker's own check of its parent ends it
+        pass
+
+
+@dataclass
+class _Worker:
+    sub: Submission
+    proc: subprocess.Popen[bytes]
+    log: Path
+    cancelling: bool = False
+
+
+@dataclass
+class Service:
+    store: ServiceStore
+    lead: Leadership
+    work_root: Path
+    say: Callable[[str], None]
+    url: str = "local"  # the store's place as the worker opens it
+    poll: float = POLL
+    stopping: threading.Event = field(default_factory=threading.Event)
+    workers: dict[str, _Worker] = field(default_factory=dict)
+    # A team's service also says in this machine's embedded file that it runs (a `--detach`
+    # of a local state here names it: "the work goes to ...").
+    mirror: ServiceStore | None = None
+
+    def __post_init__(self) -> None:
+        host = socket.gethostname()
+        self.id = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.row = ServiceRow(self.id, host, os.getpid(), self.store.place, tuple(sorted(os.environ)), False, 0.0)
+
+    def run(self) -> None:
+        """Until `stopping` is set (SIGTERM, Ctrl-C): follow, lead, drive."""
+        self.work_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.store.beat(self.row)
+        self.say(f"service {self.id} on {self.store.place}: following until it can lead")
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._look()
+                except ProvisionError as e:  # the database is away: the workers go on, we look again
+                    self.say(f"{e.message}; trying again")
+                self.stopping.wait(self.poll)
+        finally:
+            self._leave()
+
+    def _look(self) -> None:
+        if not self.row.leader:
+            if self.lead.try_take():
+                self.row = dataclasses.replace(self.row, leader=True)
+                self.say("leading: driving every unfinished submission")
+        elif not self.lead.still_held():
+            self.say("the lead was lost (the database ended the session): following again")
+            self._stop_workers()
+            self.row = dataclasses.replace(self.row, leader=False)
+        self.store.beat(self.row)
+        if self.mirror is not None:
+            self.mirror.beat(self.row)
+        if self.row.leader:
+            self._drive()
+
+    def _drive(self) -> None:
+        for sub in self.store.submissions(unfinished=True):
+            w = self.workers.get(sub.id)
+            if w is None:
+                self._start(sub)  # new, or a dead leader's (or ours, before we lost the lead)
+            elif sub.cancel and not w.cancelling:
+                w.cancelling = True
+                self.say(f"{sub.id}: cancel asked by {sub.cancel}")
+                w.proc.send_signal(signal.SIGUSR1)
+        for sid, w in list(self.workers.items()):
+            code = w.proc.poll()
+            if code is None:
+                continue
+            del self.workers[sid]
+            got = self.store.get(sid)
+            if code == LEFT:
+                self.say(f"{sid}: its worker left; started again")
+                continue
+            if got is not None and not got.status.finished:
+                self.store.finish(sid, Status.FAILED, f"its worker ended with exit code {code} (its log: {w.log})")
+            self.say(f"{sid}: {(got.status.value if got else '?')} ({w.log})")
+
+    def _start(self, sub: Submission) -> None:
+        if not self.store.claim(sub.id, self.id):
+            return
+        workdir = self.work_root / sub.id
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log = workdir.parent / f"{sub.id}.log"
+        env = dict(os.environ, PROVISION_OWNER=sub.owner, PROVISION_STATE=sub.backend)
+        args = [sys.executable, "-m", "provision.serve.worker", "--place", self.url, "--id", sub.id]
+        args += ["--workdir", str(workdir)]
+        if self.store.path is not None:
+            args += ["--db", str(self.store.path)]
+        with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
+            proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C on the service's terminal reaches the service alone
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl must run in the child
+            )
+        self.workers[sub.id] = _Worker(sub, proc, log)
+        self.say(f"{sub.id}: {sub.kind.value} of job {sub.job} for {sub.owner} (pid {proc.pid})")
+
+    def _stop_workers(self) -> None:
+        for w in self.workers.values():
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)  # leave: trials run on, the next leader adopts them
+        for w in self.workers.values():
+            try:
+                w.proc.wait(LEAVE_GRACE)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+        self.workers.clear()
+
+    def _leave(self) -> None:
+        self._stop_workers()
+        self.lead.release()
+        try:
+            self.store.leave(self.id)
+            if self.mirror is not None:
+                self.mirror.leave(self.id)
+        except Exception as e:  # the database is gone: its row ages out
+            self.say(f"could not remove this service's row: {e}")

@@ -1,0 +1,81 @@
+"""What is handed over: the inventory and every file it pushes, as they are at submission.
+
+Each file is a content-addressed blob (sha256 -> bytes, stored once however many
+submissions use it) and the submission keeps a manifest (path relative to the snapshot's
+root -> sha256, mode). The root is the deepest directory holding the inventory and every
+pushed file, so the inventory's relative `src:` paths (`../train.py`) read the snapshot
+when it is materialised in the service's work directory. The submitter may then edit or
+delete their files: the service runs what was submitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.core.errors import ProvisionError
+from provision.core.model import Inventory
+from provision.io.servicestore import ServiceStore
+from provision.spec.pushed import walk_spec
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    root: Path
+    inventory: str  # relative to root
+    files: dict[str, tuple[Path, int]]  # relative path -> (the file read, mode)
+
+
+def collect(inv: Inventory) -> Snapshot:
+    """The files to hand over (read nothing yet). A pushed directory is walked as render
+    walks it (links inside it are pushed as their content)."""
+    inv_path = inv.path.resolve()
+    found: dict[Path, tuple[Path, int]] = {inv_path: (inv_path, stat.S_IMODE(inv_path.stat().st_mode))}
+    for spec in inv.files:
+        pushed, problems = walk_spec(spec.src, spec.dest, spec.is_dir)
+        if problems:
+            raise ProvisionError(f"{inv.path}: {problems[0]}")
+        for f in pushed:
+            if spec.is_dir:
+                rel = Path(f.dest).relative_to(spec.dest.rstrip("/") or "/")
+                found[spec.src / rel] = (f.src, f.mode)
+            else:
+                found[spec.src] = (f.src, f.mode)
+    root = Path(os.path.commonpath([str(p.parent) for p in found]))
+    files = {str(p.relative_to(root)): v for p, v in found.items()}
+    return Snapshot(root, str(inv_path.relative_to(root)), files)
+
+
+def store_files(store: ServiceStore, snap: Snapshot) -> dict[str, tuple[str, int]]:
+    """Every file into the store as a blob (once); the manifest."""
+    manifest: dict[str, tuple[str, int]] = {}
+    for rel, (path, mode) in sorted(snap.files.items()):
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ProvisionError(f"{path}: cannot read: {e.strerror}") from None
+        sha = hashlib.sha256(data).hexdigest()
+        store.put_blob(sha, data)
+        manifest[rel] = (sha, mode)
+    return manifest
+
+
+def materialise(store: ServiceStore, manifest: dict[str, tuple[str, int]], dest: Path) -> None:
+    """The snapshot's files under dest (0700), each with its mode; files already there with
+    the right content are left as they are (a restart materialises again)."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(dest, 0o700)
+    for rel, (sha, mode) in manifest.items():
+        target = dest / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise ProvisionError(f"the submission's manifest names {rel!r}: outside its directory")
+        if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == sha:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(store.blob(sha))
+        os.chmod(tmp, mode & 0o777)
+        os.replace(tmp, target)

@@ -1,0 +1,313 @@
+"""`provision serve` on sandbox hosts (issue 40): a study handed over with `tune --detach`
+survives two kill -9 of the service (every trial ran once, checked on the hosts, and the
+study ended with its best trial); an `apply --queue --detach` runs what was submitted after
+the submitter deleted their files; a queued one is taken back by `cancel`; `history`
+shows them all.
+
+Each test runs its own service (a real `provision serve` process) on its own embedded
+database (PROVISION_SERVICE_DB under tmp_path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import cli, ok, sh, wait_until
+
+pytestmark = pytest.mark.integration
+
+TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
+STUDY_HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs
+APPLY_HOSTS = ["host-3", "host-4"]
+
+
+class Service:
+    """A `provision serve` process on tmp's database; its output in a file."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]):
+        self.tmp, self.env = tmp, env
+        self.p: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.tmp / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            cwd=self.tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+        )
+        log.close()
+        wait_until(lambda: "leading" in self.output(), timeout=60, what="the service to lead")
+
+    def output(self) -> str:
+        return (self.tmp / f"serve-{self.starts}.log").read_text(errors="replace")
+
+    def kill9(self) -> None:
+        assert self.p is not None
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(30)
+
+    def stop(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(60)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {
+        "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
+        "PROVISION_OWNER": "ann@example.com",
+        "PROVISION_QUEUE_POLL": "1",
+        "PROVISION_SERVE_WATCH": "2",
+    }
+
+
+def _show_logs(tmp: Path) -> None:
+    """The services' and workers' logs (pytest shows them when a test fails)."""
+    for log in sorted(tmp.rglob("serve-*.log")) + sorted(tmp.rglob("work/*.log")):
+        print(f"==== {log}\n{log.read_text(errors='replace')}")
+
+
+@pytest.fixture
+def service(tmp_path, env):
+    s = Service(tmp_path, env)
+    yield s
+    s.stop()
+    _show_logs(tmp_path)
+
+
+def _trials(inv: Path, cwd: Path, env: dict) -> list[dict]:
+    r = cli("tune", "--status", "--json", inv, cwd=cwd, env=env)
+    return json.loads(r.stdout)["trials"] if r.returncode == 0 else []
+
+
+def _ended(inv: Path, cwd: Path, env: dict) -> tuple[int, int]:
+    t = _trials(inv, cwd, env)
+    return sum(x["state"] != "running" for x in t), sum(x["state"] == "running" for x in t)
+
+
+def test_a_handed_over_study_survives_two_kill_9(sandbox4, sandbox_inventory, tmp_path, env, service):
+    job = "srvstudy"
+    ran = f"/var/tmp/{job}.ran"
+    for h in STUDY_HOSTS:
+        sh(sandbox4, h, f"rm -f {ran}")
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    inv = tmp_path / "study.yaml"
+    # Each trial's task appends its number to a file on its host before it trains: a trial
+    # run twice would be there twice.
+    script = f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=30 --step_seconds=0.5 "$0" "$@"'
+    sandbox_inventory(
+        sandbox4,
+        job=job,
+        path=inv,
+        hosts=STUDY_HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["/bin/sh", "-c", script]}},
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+            "algorithm": "random",
+            "max_trials": 8,
+            "parallel_trials": 3,
+        },
+    )
+    r = ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
+    assert "Handed over study of job srvstudy" in r.stdout and "No service runs" in r.stdout, r.stdout
+    assert f"provision tune {inv}" in r.stdout
+    (tmp_path / "trainer.py").unlink()  # the service runs what was submitted
+    service.start()
+    # Killed while trials run, twice: once some ended, then once more of them did.
+    for ended_at_least in (2, 5):
+        wait_until(
+            lambda n=ended_at_least: (lambda e: e[0] >= n and e[1] >= 1)(_ended(inv, tmp_path, env)),
+            timeout=480,  # the machine is shared: a trial's apply may take a while
+            what=f"{ended_at_least} trials ended and one running",
+        )
+        service.kill9()
+        service.start()
+    # `provision tune INV` follows it (no second runner) to its end.
+    follow = cli("tune", inv, cwd=tmp_path, env=env, timeout=600)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert "handed over" in follow.stdout and "done" in follow.stdout, follow.stdout
+    trials = _trials(inv, tmp_path, env)
+    assert [t["number"] for t in trials] == list(range(1, 9)), trials
+    assert all(t["state"] == "succeeded" for t in trials), trials
+    # On the hosts: every trial ran once.
+    numbers = [int(x) for h in STUDY_HOSTS for x in sh(sandbox4, h, f"cat {ran} 2>/dev/null").split()]
+    assert sorted(numbers) == list(range(1, 9)), numbers
+    doc = json.loads(ok(cli("tune", "--status", "--json", inv, cwd=tmp_path, env=env)).stdout)
+    assert doc["best"]["value"] == min(t["value"] for t in trials)
+    # The restarts adopted what the killed workers left.
+    logs = "".join(p.read_text() for p in (tmp_path / "svc" / "work").glob("*.log"))
+    assert "adopted" in logs, logs
+    # History: every trial, who and on what.
+    h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=env)).stdout)
+    assert h["format_version"] == 1
+    trial_rows = [e for e in h["events"] if e["kind"] == "trial"]
+    assert sorted(e["job"] for e in trial_rows) == sorted(f"{job}-t{n}" for n in range(1, 9)), trial_rows
+    assert all(e["owner"] == "ann@example.com" and e["gpus"] == 1 for e in trial_rows)
+    assert [e["how"].split(":")[0] for e in h["events"] if e["kind"] == "study"] == ["done"]
+    assert h["gpu_hours"]["ann@example.com"] > 0
+
+
+def _apply_job(make, sb, tmp: Path, job: str, gpus: int, payload: str | None = None) -> Path:
+    d = tmp / job
+    d.mkdir()
+    files = []
+    if payload is not None:
+        (d / "payload.txt").write_text(payload)
+        files = [{"src": "payload.txt", "dest": f"/opt/{job}/payload.txt"}]
+    inv = d / "inv.yaml"
+    make(
+        sb,
+        job=job,
+        path=inv,
+        hosts=APPLY_HOSTS,
+        files=files,
+        pools={"chief": {"replicas": 1, "accelerators": gpus, "command": ["sleep", "600"]}},
+    )
+    return inv
+
+
+def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
+    sandbox4, sandbox_inventory, tmp_path, env, service
+):
+    # Handed over while no service runs; the submitter's files are gone when it starts.
+    a = _apply_job(sandbox_inventory, sandbox4, tmp_path, "srvapply", 2, payload="as submitted\n")
+    ok(cli("apply", "--queue", "--detach", a, cwd=tmp_path, env=env))
+    (a.parent / "payload.txt").unlink()
+    service.start()
+    try:
+        # (The submitter's own commands need the file back: they read the inventory's files.)
+        host = wait_until(
+            lambda: next(
+                (h for h in APPLY_HOSTS if sh(sandbox4, h, "test -f /opt/srvapply/payload.txt").code == 0), None
+            ),
+            timeout=120,
+            what="the handed-over apply to write its file",
+        )
+        assert sh(sandbox4, host, "cat /opt/srvapply/payload.txt") == "as submitted\n"
+        (a.parent / "payload.txt").write_text("as submitted\n")
+        wait_until(
+            lambda: (
+                json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Running"
+            ),
+            timeout=120,
+            what="the handed-over apply's job to run",
+        )
+        # Every GPU of both hosts held: the next job waits in the queue, `jobs` shows it,
+        # and `cancel` takes it back.
+        blocker = _apply_job(sandbox_inventory, sandbox4, tmp_path, "srvblock", 2)
+        ok(cli("apply", "-y", blocker, cwd=blocker.parent, env=env))
+        b = _apply_job(sandbox_inventory, sandbox4, tmp_path, "srvqueued", 2)
+        ok(cli("apply", "--queue", "--detach", b, cwd=tmp_path, env=env))
+
+        def queued() -> dict | None:
+            view = json.loads(ok(cli("jobs", "--json", b, cwd=tmp_path, env=env)).stdout)
+            return next((j for j in view["jobs"] if j["job"] == "srvqueued" and j["state"] == "queued"), None)
+
+        seen = wait_until(queued, timeout=120, what="srvqueued queued in provision jobs")
+        assert seen["owner"], seen
+        r = ok(cli("cancel", b, cwd=tmp_path, env=env))
+        assert "Asked the service to stop" in r.stdout, r.stdout
+        wait_until(lambda: queued() is None, timeout=60, what="the queued apply to be gone")
+        wait_until(lambda: "cancelled" in service.output(), timeout=60, what="the service to say it is cancelled")
+        h = json.loads(ok(cli("history", "--json", "--owner", "ann@example.com", cwd=tmp_path, env=env)).stdout)
+        kinds = {(e["kind"], e["job"]): e["how"] for e in h["events"]}
+        assert kinds[("run", "srvapply")] == "", kinds  # its job runs: the row is open
+        assert kinds[("wait", "srvqueued")] == "cancelled", kinds
+        text = ok(cli("history", cwd=tmp_path, env=env)).stdout
+        assert "srvapply" in text and "GPU-hours: ann@example.com" in text, text
+        # The applied job runs on under the service: cancel stops it as `provision stop` does.
+        r = ok(cli("cancel", a, cwd=tmp_path, env=env))
+        assert "Asked the service to stop" in r.stdout, r.stdout
+        wait_until(
+            lambda: (
+                json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Stopped"
+            ),
+            timeout=120,
+            what="the applied job stopped",
+        )
+        h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=env)).stdout)
+        run = next(e for e in h["events"] if e["kind"] == "run" and e["job"] == "srvapply")
+        assert run["how"] == "stopped by ann@example.com" and run["ended"], run
+    finally:
+        for inv in (a, tmp_path / "srvblock" / "inv.yaml", tmp_path / "srvqueued" / "inv.yaml"):
+            if inv.exists():
+                cli("destroy", "-y", inv, cwd=inv.parent, env=env)
+
+
+def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_inventory, tmp_path, env, postgres):
+    pytest.importorskip("psycopg")
+    team = {**env, **postgres.env(), "PROVISION_STATE": postgres.url()}
+    job = "srvha"
+    ran = f"/var/tmp/{job}.ran"
+    for h in STUDY_HOSTS:
+        sh(sandbox4, h, f"rm -f {ran}")
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    inv = tmp_path / "ha.yaml"
+    script = f'echo "$CLOUD_ML_TRIAL_ID" >> {ran}; exec python3 /opt/{job}/trainer.py --steps=20 --step_seconds=0.5 "$0" "$@"'
+    sandbox_inventory(
+        sandbox4,
+        job=job,
+        path=inv,
+        hosts=STUDY_HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["/bin/sh", "-c", script]}},
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+            "algorithm": "random",
+            "max_trials": 4,
+            "parallel_trials": 2,
+        },
+    )
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=team))
+    a, b = Service(tmp_path / "a", team), Service(tmp_path / "b", team)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        a.start()  # leads
+        b.p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            cwd=b.tmp,
+            stdout=open(b.tmp / "serve-1.log", "wb"),  # noqa: SIM115 - the process keeps it
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **team},
+        )
+        b.starts = 1
+        wait_until(lambda: "following" in b.output(), timeout=60, what="the second service to follow")
+        wait_until(lambda: _ended(inv, tmp_path, team)[1] >= 1, timeout=300, what="a trial running")
+        assert "leading" not in b.output()
+        a.kill9()
+        killed = time.monotonic()
+        wait_until(lambda: "leading" in b.output(), timeout=15, every=0.2, what="the follower to lead within 15 s")
+        assert time.monotonic() - killed <= 15
+        follow = cli("tune", inv, cwd=tmp_path, env=team, timeout=600)
+        assert follow.returncode == 0, follow.stdout + follow.stderr
+    finally:
+        a.stop()
+        b.stop()
+        _show_logs(tmp_path)
+    trials = _trials(inv, tmp_path, team)
+    assert [t["state"] for t in trials] == ["succeeded"] * 4, trials
+    numbers = [int(x) for h in STUDY_HOSTS for x in sh(sandbox4, h, f"cat {ran} 2>/dev/null").split()]
+    assert sorted(numbers) == [1, 2, 3, 4], numbers
+    h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=team)).stdout)
+    assert len([e for e in h["events"] if e["kind"] == "trial" and e["job"].startswith(job)]) == 4
