@@ -32,6 +32,7 @@ LAYERS = {
     "importers": 5,
     "sandbox": 5,
     "cli": 6,
+    "web": 6,  # the dashboard: reads what run/ and io/ return, as cli/ does
 }
 MAX_TOP_MODULES = 6
 MAX_MODULE_LINES = 650

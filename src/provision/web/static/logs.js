@@ -1,0 +1,33 @@
+// The job's logs, followed: every half second, the lines after the last cursor. Each line
+// is added as text (textContent), never as HTML: a log line is data from a host.
+(function () {
+  "use strict";
+  var box = document.getElementById("log");
+  if (!box) { return; }
+  var errors = document.getElementById("log-errors");
+  var url = box.getAttribute("data-url");
+  var after = "";
+  var busy = false;
+  function poll() {
+    if (busy) { return; }
+    busy = true;
+    fetch(url + (after ? "?after=" + encodeURIComponent(after) : ""), {credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
+      .then(function (doc) {
+        var atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+        doc.lines.forEach(function (l) {
+          var line = document.createElement("div");
+          line.className = "line";
+          line.textContent = l.task + "@" + l.host + " | " + l.text;
+          box.appendChild(line);
+        });
+        if (atEnd) { box.scrollTop = box.scrollHeight; }
+        after = doc.after || after;
+        errors.textContent = (doc.errors || []).join("; ");
+      })
+      .catch(function (e) { errors.textContent = "logs: " + e; })
+      .then(function () { busy = false; });
+  }
+  poll();
+  setInterval(poll, 500);
+})();
