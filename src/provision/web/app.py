@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from provision.core.errors import ProvisionError
 from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.metrics import CONTENT_TYPE, exposition
@@ -111,20 +112,26 @@ class Dashboard:
                 return refusal(e.status, e.message, api)
             try:
                 return await fn(request, viewer)
-            except Denied as e:
-                return refusal(e.status, e.message, api)
-            except BadFilter as e:
-                return refusal(400, str(e), api)
-            except NotFound as e:
-                if api:
-                    return JSONResponse({"error": f"no {e.what}", "known": e.known}, status_code=404)
-                return self.render(request, viewer, "notfound.html", 404, what=e.what, known=e.known)
-            except Unavailable as e:
-                if api:
-                    return JSONResponse({"error": str(e)}, status_code=503)
-                return self.render(request, viewer, "unavailable.html", 503, why=str(e))
+            except (Denied, BadFilter, NotFound, Unavailable, ProvisionError) as e:
+                return self._failed(request, viewer, e, api)
 
         return endpoint
+
+    def _failed(self, request: Request, viewer: Viewer, e: Exception, api: bool) -> Response:
+        if isinstance(e, Denied):
+            return refusal(e.status, e.message, api)
+        if isinstance(e, BadFilter):
+            return refusal(400, str(e), api)
+        if isinstance(e, NotFound):
+            if api:
+                return JSONResponse({"error": f"no {e.what}", "known": e.known}, status_code=404)
+            return self.render(request, viewer, "notfound.html", 404, what=e.what, known=e.known)
+        if isinstance(e, Unavailable):
+            if api:
+                return JSONResponse({"error": str(e)}, status_code=503)
+            return self.render(request, viewer, "unavailable.html", 503, why=str(e))
+        assert isinstance(e, ProvisionError)  # what the CLI says in one line: another apply holds the lock...
+        return refusal(409 if request.method == "POST" else 503, e.message, api)
 
     # ------------------------------------------------------------------ pages
 

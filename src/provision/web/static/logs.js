@@ -8,6 +8,7 @@
   var url = box.getAttribute("data-url");
   var after = "";
   var busy = false;
+  var polls = 0;
   function poll() {
     if (busy) { return; }
     busy = true;
@@ -24,6 +25,8 @@
         if (atEnd) { box.scrollTop = box.scrollHeight; }
         after = doc.after || after;
         errors.textContent = (doc.errors || []).join("; ");
+        polls += 1;
+        box.setAttribute("data-polls", String(polls));  // a test knows the page has caught up
       })
       .catch(function (e) { errors.textContent = "logs: " + e; })
       .then(function () { busy = false; });
