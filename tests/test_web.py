@@ -63,6 +63,7 @@ def _jobs_doc() -> dict[str, Any]:
                 "unreadable": [],
                 "labels": {"rack": "r1"},
                 "gpu_use": {"0": {"utilization": 97, "memory_mib": 30000}, "1": {"utilization": 3, "memory_mib": 10}},
+                "gpu_history": {"0": [[1000.0, 90.0], [1010.0, 97.0]]},
             },
             "gpu-2": {
                 "error": None,
@@ -244,7 +245,17 @@ def _csrf(client: TestClient, path: str = "/jobs/bert") -> str:
 def test_every_page_answers_with_its_data(local: TestClient) -> None:
     cluster = local.get("/")
     assert cluster.status_code == 200
-    for text in ("rack=r1", "rack=r2", "gpu-1", "bert", "ana", "97 %", "free", "unreachable: connection refused"):
+    for text in (
+        "rack=r1",
+        "rack=r2",
+        "gpu-1",
+        "bert",
+        "ana",
+        "97 %",
+        "free",
+        "unreachable: connection refused",
+        "<svg",
+    ):
         assert text in cluster.text, text
     jobs = local.get("/jobs")
     assert jobs.status_code == 200

@@ -6,7 +6,8 @@ own (over its state backend and history).
 The shapes (docs/dashboard.md):
 - hosts(), jobs(): `provision jobs --json` (rules/tenancy.jobs_json); a host may carry
   "labels" ({key: value}) and "gpu_use" ({"<index>": {"utilization": %, "memory_mib": n,
-  "memory_total_mib": n}}) when the source knows them; a job may carry "priority",
+  "memory_total_mib": n}}) and "gpu_history" ({"<index>": [[epoch seconds, utilization %],
+  ...]}, the last hour) when the source knows them; a job may carry "priority",
   "gpus" and "gpu_hours", "ended".
 - job(name): `provision status --json` (rules/status.JobStatus.to_json) plus "env" (the
   inventory's env with every `secret_env` value masked), "study" (its study's name or null)

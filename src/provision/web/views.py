@@ -71,6 +71,7 @@ class Gpu:
     owner: str | None = None
     utilization: float | None = None
     memory_mib: float | None = None
+    history: tuple[tuple[float, float], ...] = ()  # (epoch seconds, utilization %), the last hour
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
     holder = {g: job for job, held in (h.get("held") or {}).items() for g in held.get("gpus", [])}
     free = set(h.get("free_gpus") or [])
     use = h.get("gpu_use") or {}
+    past = h.get("gpu_history") or {}
     out = []
     for g in range(int(h.get("gpus") or 0)):
         u = use.get(str(g)) or {}
@@ -97,7 +99,9 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
             state = "drained"
         else:
             state = "free" if g in free else "unknown"
-        out.append(Gpu(g, state, job, owners.get(job) if job else None, u.get("utilization"), u.get("memory_mib")))
+        history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
+        owner = owners.get(job) if job else None
+        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history))
     return tuple(out)
 
 
