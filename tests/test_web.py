@@ -81,10 +81,10 @@ def _jobs_doc() -> dict[str, Any]:
 
 def _study_doc() -> dict[str, Any]:
     trials = [
-        {"number": 1, "job": "s-t1", "params": {"lr": 0.001, "opt": "adam"}, "state": "Succeeded", "value": 0.5},
-        {"number": 2, "job": "s-t2", "params": {"lr": 0.1, "opt": "sgd"}, "state": "StoppedEarly", "value": 2.0},
-        {"number": 3, "job": "s-t3", "params": {"lr": 0.01, "opt": EVIL}, "state": "Failed", "value": None},
-        {"number": 4, "job": "s-t4", "params": {"lr": 0.0001, "opt": "adam"}, "state": "Running", "value": 0.4},
+        {"number": 1, "job": "s-t1", "params": {"lr": 0.001, "opt": "adam"}, "state": "succeeded", "value": 0.5},
+        {"number": 2, "job": "s-t2", "params": {"lr": 0.1, "opt": "sgd"}, "state": "stopped early", "value": 2.0},
+        {"number": 3, "job": "s-t3", "params": {"lr": 0.01, "opt": EVIL}, "state": "failed", "value": None},
+        {"number": 4, "job": "s-t4", "params": {"lr": 0.0001, "opt": "adam"}, "state": "running", "value": 0.4},
     ]
     for t in trials:
         t.update(steps=10, seconds=1.0, why=None, retry_of=None)
@@ -100,7 +100,7 @@ def _study_doc() -> dict[str, Any]:
         "measurement": "last",
         "trials": trials,
         "best": trials[0],
-        "counts": {"Succeeded": 1, "StoppedEarly": 1, "Failed": 1, "Running": 1},
+        "counts": {"succeeded": 1, "stopped early": 1, "failed": 1, "running": 1},
         "ended": None,
         "picture": None,
         "space": [
@@ -349,7 +349,7 @@ def test_metrics_are_prometheus_text(local: TestClient) -> None:
     assert m[("provision_gpu_memory_used_mib", frozenset(util.items()))] == 30000
     assert m[("provision_jobs", frozenset({("state", "queued")}))] == 1
     assert m[("provision_queue_length", frozenset())] == 1
-    assert m[("provision_trials", frozenset({("study", "s"), ("state", "StoppedEarly")}))] == 1
+    assert m[("provision_trials", frozenset({("study", "s"), ("state", "stopped early")}))] == 1
     assert m[("provision_host_up", frozenset({("host", "gpu-3")}))] == 0
 
 

@@ -7,10 +7,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from provision.rules.studyview import space_json, study_json
 from provision.web import charts
 from provision.web.inventories import _cursors, _token
 from provision.web.source import SECRET_MASK, masked_env
 from provision.web.views import BadFilter, cluster_groups, job_filter, page_of
+from test_tuneview import ROWS, TUNE  # a study's rows and tune: (tests/ is on the path)
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -19,15 +21,15 @@ def _study(trials, space=()):
     return {"metric": {"name": "loss", "goal": "minimize"}, "trials": trials, "space": list(space)}
 
 
-def _t(n, value, state="Succeeded", **params):
+def _t(n, value, state="succeeded", **params):
     return {"number": n, "value": value, "state": state, "params": params}
 
 
 TRIALS = [
     _t(1, 3.0, lr=0.1),
     _t(2, 1.0, lr=0.01),
-    _t(3, 2.0, "StoppedEarly", lr=0.001),
-    _t(4, None, "Failed", lr=0.5),
+    _t(3, 2.0, "stopped early", lr=0.001),
+    _t(4, None, "failed", lr=0.5),
     _t(5, 0.5, lr=0.0001),
 ]
 LR = {"name": "lr", "type": "double", "scale": "log", "min": 1e-4, "max": 1.0, "values": []}
@@ -103,3 +105,13 @@ def test_secrets_masked_and_the_log_cursor_round_trips():
     cursors = {"host-1": {"chief-0": "s=abc;i=1"}}
     assert _cursors(_token(cursors)) == cursors
     assert _cursors("not base64 !!") == {} and _cursors(None) == {}
+
+
+def test_charts_read_the_real_study_json():
+    """The shapes the charts read are rules/studyview's, as `tune --status --json` prints them."""
+    doc = {**study_json("mnist", TUNE, ROWS, ended=None, picture=None), "space": space_json(TUNE)}
+    assert charts.best_so_far(doc["trials"], doc["metric"]["goal"])
+    ET.fromstring(str(charts.objective_svg(doc)))
+    lr = next(p for p in doc["space"] if p["name"] == "learning_rate")
+    assert "learning_rate (log)" in str(charts.param_svg(doc, lr))
+    ET.fromstring(str(charts.parallel_svg(doc)))

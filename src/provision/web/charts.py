@@ -16,11 +16,17 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from provision.core.tuning import TrialState
+
 W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
 LOG_RATIO = 30.0  # as the study's PNG (cli/tuneview.log_scale): a log axis past this ratio
 
-COLOR = {"Succeeded": "#1f77b4", "StoppedEarly": "#ff7f0e", "Running": "#7f7f7f", "Failed": "#d62728"}
+# The trial states of `tune --status --json` (core/tuning.TrialState's values).
+SUCCEEDED, PRUNED = TrialState.SUCCEEDED.value, TrialState.STOPPED_EARLY.value
+RUNNING, FAILED = TrialState.RUNNING.value, TrialState.FAILED.value
+COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728"}
+CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed"}
 
 
 @dataclass(frozen=True)
@@ -90,12 +96,12 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str, xticks: list[tuple[float,
 def _mark(px: float, py: float, state: str, tip: str) -> str:
     c = COLOR.get(state, "#333")
     t = f"<title>{escape(tip)}</title>"
-    if state == "StoppedEarly":
+    if state == PRUNED:
         return f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="pruned">{t}</rect>'
-    if state == "Failed":
+    if state == FAILED:
         return f'<path d="M{px - 4:.1f},{py - 4:.1f}l8,8m0,-8l-8,8" stroke="{c}" stroke-width="2" class="failed">{t}</path>'
-    fill = "none" if state == "Running" else c
-    return f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}" class="{escape(state.lower())}">{t}</circle>'
+    fill = "none" if state == RUNNING else c
+    return f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}" class="{CLASS.get(state, "other")}">{t}</circle>'
 
 
 def _valued(trials: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
@@ -117,7 +123,7 @@ def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, 
     """Where the best succeeded value changes, in trial order."""
     out: list[tuple[int, float]] = []
     for t, v in sorted(_valued(trials), key=lambda tv: tv[0]["number"]):
-        if t["state"] == "Succeeded" and (not out or better(goal, v, out[-1][1])):
+        if t["state"] == SUCCEEDED and (not out or better(goal, v, out[-1][1])):
             out.append((t["number"], v))
     return out
 
@@ -147,8 +153,8 @@ def objective_svg(study: dict[str, Any]) -> Markup:
         if v > 0 or not y.log:
             body.append(_mark(x(t["number"]), y(v), t["state"], _tip(t, metric)))
     for t in trials:
-        if t["state"] == "Failed":
-            body.append(_mark(x(t["number"]), H - BOTTOM - 6, "Failed", _tip(t, metric)))
+        if t["state"] == FAILED:
+            body.append(_mark(x(t["number"]), H - BOTTOM - 6, FAILED, _tip(t, metric)))
     return _svg(body, f"{metric} over trials")
 
 
@@ -217,7 +223,7 @@ def parallel_svg(study: dict[str, Any]) -> Markup:
             if ax.log and pos <= 0:
                 continue
             pts.append(f"{LEFT + i * gap:.1f},{ax(pos):.1f}")
-        dash = ' stroke-dasharray="4 3"' if t["state"] == "StoppedEarly" else ""
+        dash = ' stroke-dasharray="4 3"' if t["state"] == PRUNED else ""
         color = COLOR.get(t["state"], "#333")
         body.append(
             f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}"{dash} class="trial">'
