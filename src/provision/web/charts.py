@@ -136,7 +136,10 @@ def objective_svg(study: dict[str, Any]) -> Markup:
     valued = _valued(trials)
     x = Axis.of([float(t["number"]) for t in trials], LEFT, W - RIGHT)
     y = Axis.of([v for _, v in valued], H - BOTTOM, TOP, log=log_wanted([v for _, v in valued]))
-    body = _frame(x, y, "trial", metric + (" (log)" if y.log else ""))
+    numbers = sorted(t["number"] for t in trials)
+    every = max(1, math.ceil((numbers[-1] - numbers[0] + 1) / 8))  # whole trial numbers, at most ~8
+    ticks = [(float(n), str(n)) for n in range(numbers[0], numbers[-1] + 1, every)]
+    body = _frame(x, y, "trial", metric + (" (log)" if y.log else ""), ticks)
     steps = best_so_far(trials, goal)
     if steps:
         last = max(t["number"] for t in trials)
