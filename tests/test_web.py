@@ -45,6 +45,8 @@ def _jobs_doc() -> dict[str, Any]:
             {
                 "job": "old",
                 "owner": "ana",
+                "gpu_hours": 12.25,
+                "ended": "2026-11-26T23:00:00Z",
                 "lineage": "l1",
                 "state": "ended",
                 "since": None,
@@ -160,7 +162,7 @@ class FakeSource:
             "tasks": [task],
             "left_behind": [],
             "owner": "ana",
-            "run": None,
+            "run": {"number": 2, "started_at": "2026-11-27T01:00:00Z", "by": "ana"},
             "setup_lines": {},
             "env": {"EPOCHS": "3", "WANDB_API_KEY": SECRET_MASK},
             "study": None,
@@ -259,9 +261,9 @@ def test_every_page_answers_with_its_data(local: TestClient) -> None:
         assert text in cluster.text, text
     jobs = local.get("/jobs")
     assert jobs.status_code == 200
-    assert "2 GPUs on gpu-1 (held by bert)" in jobs.text and "old" in jobs.text
+    assert "2 GPUs on gpu-1 (held by bert)" in jobs.text and "12.2" in jobs.text and "2026-11-26T23:00:00Z" in jobs.text
     job = local.get("/jobs/bert")
-    assert job.status_code == 200 and "chief-0" in job.text and 'id="stop"' in job.text
+    assert job.status_code == 200 and "chief-0" in job.text and 'id="stop"' in job.text and "Run 2, started" in job.text
     study = local.get("/studies/s")
     assert study.status_code == 200
     assert "<svg" in study.text and 'class="pruned"' in study.text and "lr (log)" in study.text
