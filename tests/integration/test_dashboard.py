@@ -118,7 +118,11 @@ def test_job_page_follows_the_logs_and_stops_the_job(server, browser, hosts, job
     assert took <= 1.0, f"the line took {took:.2f}s to appear"
 
     browser.find_element(By.ID, "stop").click()
-    wait_until(lambda: "Stopped" in browser.find_element(By.TAG_NAME, "main").text, timeout=60, what="the stop")
+    # The POST answers with the job's page again, saying what was done.
+    wait_until(lambda: "done=" in browser.current_url, timeout=60, what="the stop")
+    said = browser.find_element(By.CSS_SELECTOR, "p.done").text
+    assert said.startswith("Stopped 1 task"), said
+    assert browser.find_element(By.ID, "phase").text == "Stopped"
     tmp, inv = job
     assert unit_props(hosts, "host-1", JOB, "chief-0")["ActiveState"] in ("inactive", "failed")
     assert status(tmp, inv)["phase"] == "Stopped"
