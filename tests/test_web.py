@@ -15,6 +15,7 @@ from provision.web.auth import CSRF_COOKIE, Auth
 from provision.web.source import SECRET_MASK, USAGE_EXAMPLE, NotFound, Unavailable
 
 EVIL = "<script>alert(1)</script>"
+HERE = ("127.0.0.1", 50000)  # the client's address (TestClient's default, "testclient", is no address)
 
 
 def _jobs_doc() -> dict[str, Any]:
@@ -229,7 +230,7 @@ def src() -> FakeSource:
 
 @pytest.fixture
 def local(src: FakeSource) -> TestClient:
-    return TestClient(make_app(src, auth=Auth.loopback()))
+    return TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
 
 
 def _csrf(client: TestClient, path: str = "/jobs/bert") -> str:
@@ -362,6 +363,8 @@ def test_loopback_mode_serves_only_loopback(src: FakeSource) -> None:
     far = TestClient(make_app(src, auth=Auth.loopback()), client=("10.1.2.3", 5000))
     r = far.get("/api/v1/jobs")
     assert r.status_code == 401 and "loopback" in r.json()["error"]
+    named = TestClient(make_app(src, auth=Auth.loopback()), client=("localhost", 5000))
+    assert named.get("/api/v1/jobs").status_code == 401  # a name, not the address a socket has
 
 
 def test_token_mode_reads_with_a_token_only(src: FakeSource) -> None:
@@ -377,7 +380,7 @@ def test_token_mode_reads_with_a_token_only(src: FakeSource) -> None:
 
 
 def test_actions_need_the_owner_or_an_admin(src: FakeSource) -> None:
-    c = TestClient(make_app(src, auth=Auth.token(TOKENS)))
+    c = TestClient(make_app(src, auth=Auth.token(TOKENS)), client=HERE)
 
     def stop(token: str) -> int:
         return c.post("/api/v1/jobs/bert/stop", headers={"Authorization": f"Bearer {token}"}).status_code
@@ -415,7 +418,7 @@ def test_trusted_header_only_on_loopback(src: FakeSource) -> None:
     with pytest.raises(ValueError, match="loopback"):
         Auth.trusted_header(listening="0.0.0.0")
     auth = Auth.trusted_header(listening="127.0.0.1", admins=frozenset({"root"}))
-    c = TestClient(make_app(src, auth=auth))
+    c = TestClient(make_app(src, auth=auth), client=HERE)
     assert c.get("/api/v1/jobs").status_code == 401
     assert c.get("/api/v1/jobs", headers={"X-Forwarded-User": "bob"}).status_code == 200
     c.headers["X-Forwarded-User"] = "ana"
