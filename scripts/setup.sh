@@ -4,8 +4,9 @@
 #
 #   bash scripts/setup.sh          # or `source` it, as scripts/test.sh does
 #
-# 1. Debian packages: docker.io (the engine), debootstrap (builds the host image) and
-#    postgresql (tests of team state and shared studies start their own server on loopback).
+# 1. Debian packages: docker.io (the engine), debootstrap (builds the host image),
+#    postgresql (tests of team state and shared studies start their own server on loopback)
+#    and chromium with chromium-driver (the dashboard's browser test).
 # 2. A running Docker engine: started in the background if `docker info` fails
 #    (log: $PROVISION_DOCKERD_LOG, default /var/log/provision-dockerd.log).
 # 3. inotify limits that let more than ~20 systemd containers boot.
@@ -33,6 +34,9 @@ _setup_packages() {
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+    # The dashboard's browser test (tests/integration/test_dashboard.py): chromium and its driver.
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
     [ ${#missing[@]} -eq 0 ] && return 0
     if [ "${_setup_sudo[*]}" = false ]; then
         _setup_log "need root to install ${missing[*]}: run this script as root"

@@ -31,8 +31,9 @@ LAYERS = {
     "run": 5,
     "importers": 5,
     "sandbox": 5,
-    "serve": 6,  # the service: drives handed-over work by calling run/
-    "cli": 7,
+    "web": 6,  # the dashboard: reads what run/ and io/ return, as cli/ does
+    "serve": 7,  # the service: drives handed-over work by calling run/; hosts web/
+    "cli": 8,
 }
 MAX_TOP_MODULES = 6
 MAX_MODULE_LINES = 650

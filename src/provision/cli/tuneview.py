@@ -24,12 +24,15 @@ from provision.core.errors import no_color
 from provision.core.text import duration, plural
 from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState, Tune, Value, best, format_value
 
+# Re-exported: the --json builder lives in rules/ (the dashboard serves it too).
+from provision.rules.studyview import COUNTED as COUNTED
+from provision.rules.studyview import counts as counts
+from provision.rules.studyview import study_json as study_json
+
 if TYPE_CHECKING:  # types only: the real import is draw_png's (heavy, tune only)
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# The order counts are given in (the table's last line, the JSON's "counts").
-COUNTED = (TrialState.SUCCEEDED, TrialState.STOPPED_EARLY, TrialState.FAILED, TrialState.RUNNING)
 ROW_COLOR = {TrialState.FAILED: "red", TrialState.STOPPED_EARLY: "yellow", TrialState.RUNNING: "cyan"}
 # Markers of the picture, per state: what a reader tells apart without colour too.
 STYLE: dict[TrialState, dict[str, Any]] = {
@@ -59,10 +62,6 @@ def digits(values: Sequence[float]) -> int:
 def _flags(row: TrialRow) -> str:
     """The trial's arguments as a shell would need them (a value with a space is one argument)."""
     return " ".join(shlex.quote(f"--{name}={format_value(v)}") for name, v in row.params)
-
-
-def counts(rows: Sequence[TrialRow]) -> dict[str, int]:
-    return {s.value: sum(1 for r in rows if r.state is s) for s in COUNTED}
 
 
 # --------------------------------------------------------------------------- the table
@@ -111,32 +110,6 @@ def count_line(rows: Sequence[TrialRow], tune: Tune) -> str:
     """`12 trials: 9 succeeded, 2 stopped early, 1 failed, 0 running (max_trials 12, parallel 4)`."""
     each = ", ".join(f"{n} {state}" for state, n in counts(rows).items())
     return f"{plural(len(rows), 'trial')}: {each} (max_trials {tune.max_trials}, parallel {tune.parallel_trials})"
-
-
-# --------------------------------------------------------------------------- --json
-
-
-def study_json(
-    job: str, tune: Tune, rows: Sequence[TrialRow], *, ended: str | None, picture: str | None
-) -> dict[str, Any]:
-    """`provision tune --status --json` (docs/tuning.md documents it)."""
-    top = best(tuple(rows), tune.metric)
-    return {
-        "format_version": 1,
-        "job": job,
-        "metric": {"name": tune.metric.name, "goal": tune.metric.goal.value},
-        "max_trials": tune.max_trials,
-        "parallel_trials": tune.parallel_trials,
-        "max_failed_trials": tune.max_failed_trials,
-        "algorithm": tune.algorithm.value,
-        "early_stopping": tune.early_stopping.value,
-        "measurement": tune.measurement.value,
-        "trials": [r.to_json() for r in rows],
-        "best": top.to_json() if top is not None else None,
-        "counts": counts(rows),
-        "ended": ended,  # null while the study can go on
-        "picture": picture,
-    }
 
 
 # --------------------------------------------------------------------------- progress lines

@@ -154,6 +154,24 @@ def run_logs(
     return code
 
 
+def log_entries(
+    ctx: Context, *, tail: int | None, cursors: dict[str, dict[str, str]]
+) -> tuple[list[Entry], dict[str, dict[str, str]], list[str]]:
+    """The job's entries after `cursors` (host -> task -> journal cursor; a task without
+    one: its last `tail`), merged in time order; the cursors after them; one line per host
+    that failed. `logs -o DIR`'s fetch, for a reader that keeps the cursors (the dashboard)."""
+    sel = Selection.of(ctx, ())
+    results = _fetch(ctx, sel, None, tail, cursors)
+    entries = list(merge(hl.entries for hl in results.values() if isinstance(hl, HostLog)))
+    after = {h: dict(c) for h, c in cursors.items()}
+    for e in entries:
+        if e.cursor:
+            after.setdefault(e.host, {})[e.task] = e.cursor
+    errors = [f"{h}: {r.message}" for h, r in results.items() if isinstance(r, HostError)]
+    errors += [f"{h}: {x}" for h, r in results.items() if isinstance(r, HostLog) for x in r.errors]
+    return entries, after, errors
+
+
 def _output(out_dir: str | None, job: str) -> tuple[Path | None, dict[str, dict[str, str]]]:
     """-o DIR: the directory (made) and the cursors the last call left there."""
     if out_dir is None:

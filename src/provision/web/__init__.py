@@ -1,0 +1,1 @@
+"""The dashboard: pages, the JSON API and /metrics over a Source (docs/dashboard.md)."""

@@ -1,0 +1,247 @@
+"""The dashboard: an ASGI app (Starlette) over a Source. Pages (jinja2, autoescaped: every
+string a host sent is shown as text), the JSON API under /api/v1/ (the CLI's --json shapes)
+and /metrics. It decides nothing and asks no host: the Source answers (web/source.py).
+
+    app = make_app(InventorySource(["a.yaml"]), auth=Auth.loopback())
+    uvicorn.run(app, host="127.0.0.1", port=8470)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from provision.core.errors import ProvisionError
+from provision.web import charts
+from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
+from provision.web.metrics import CONTENT_TYPE, exposition
+from provision.web.source import NotFound, Source, Unavailable
+from provision.web.views import ACTIONS, BadFilter, cluster_groups, job_filter, job_sections, page_of
+
+HERE = Path(__file__).parent
+Handler = Callable[[Request, Viewer], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def make_app(source: Source, *, auth: Auth) -> Starlette:
+    d = Dashboard(source, auth)
+    page, api = d.guarded, d.guarded_api
+    routes = [
+        Route("/", page(d.cluster)),
+        Route("/jobs", page(d.jobs)),
+        Route("/jobs/{name}", page(d.job)),
+        Route("/jobs/{name}/{action}", page(d.act_page), methods=["POST"]),
+        Route("/studies/{name}", page(d.study)),
+        Route("/studies/{name}/{action}", page(d.act_page), methods=["POST"]),
+        Route("/usage", page(d.usage)),
+        Route("/login", d.login, methods=["GET", "POST"]),
+        Route("/api/v1/hosts", api(d.api_hosts)),
+        Route("/api/v1/jobs", api(d.api_jobs)),
+        Route("/api/v1/jobs/{name}", api(d.api_job)),
+        Route("/api/v1/jobs/{name}/logs", api(d.api_logs)),
+        Route("/api/v1/jobs/{name}/{action}", api(d.act_api), methods=["POST"]),
+        Route("/api/v1/studies/{name}", api(d.api_study)),
+        Route("/api/v1/studies/{name}/{action}", api(d.act_api), methods=["POST"]),
+        Route("/api/v1/usage", api(d.api_usage)),
+        Route("/metrics", api(d.metrics)),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+async def call(fn: Callable[..., Any], *args: Any) -> Any:
+    return await run_in_threadpool(fn, *args)  # the Source asks hosts or a database: blocking
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields (the only kind the pages send: no multipart parser needed)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
+
+
+def refusal(status: int, message: str, api: bool) -> Response:
+    if api:
+        return JSONResponse({"error": message}, status_code=status)
+    return PlainTextResponse(message + "\n", status_code=status)
+
+
+class Dashboard:
+    def __init__(self, source: Source, auth: Auth):
+        self.source, self.auth = source, auth
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+        env.globals.update(charts=charts)
+        self.templates = Jinja2Templates(env=env)
+
+    def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
+        """The page, with this session's CSRF token (a cookie, set on the first page)."""
+        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf()
+        ctx.update(viewer=viewer, csrf=csrf, csrf_field=CSRF_FIELD)
+        resp = self.templates.TemplateResponse(request, template, ctx, status_code=status)
+        if request.cookies.get(CSRF_COOKIE) != csrf:
+            resp.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+        return resp
+
+    def guarded(self, fn: Handler) -> Endpoint:
+        return self._guard(fn, api=False)
+
+    def guarded_api(self, fn: Handler) -> Endpoint:
+        return self._guard(fn, api=True)
+
+    def _guard(self, fn: Handler, *, api: bool) -> Endpoint:
+        """Who asks first (401/403 as one line), then the handler; the Source's NotFound is a
+        404 that says what exists, Unavailable a 503 that says the data is out of reach."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                viewer = self.auth.viewer(request)
+            except Denied as e:
+                if not api and e.status == 401 and self.auth.mode is Mode.TOKEN and request.method == "GET":
+                    return RedirectResponse("/login", status_code=303)
+                return refusal(e.status, e.message, api)
+            try:
+                return await fn(request, viewer)
+            except (Denied, BadFilter, NotFound, Unavailable, ProvisionError) as e:
+                return self._failed(request, viewer, e, api)
+
+        return endpoint
+
+    def _failed(self, request: Request, viewer: Viewer, e: Exception, api: bool) -> Response:
+        if isinstance(e, Denied):
+            return refusal(e.status, e.message, api)
+        if isinstance(e, BadFilter):
+            return refusal(400, str(e), api)
+        if isinstance(e, NotFound):
+            if api:
+                return JSONResponse({"error": f"no {e.what}", "known": e.known}, status_code=404)
+            return self.render(request, viewer, "notfound.html", 404, what=e.what, known=e.known)
+        if isinstance(e, Unavailable):
+            if api:
+                return JSONResponse({"error": str(e)}, status_code=503)
+            return self.render(request, viewer, "unavailable.html", 503, why=str(e))
+        assert isinstance(e, ProvisionError)  # what the CLI says in one line: another apply holds the lock...
+        return refusal(409 if request.method == "POST" else 503, e.message, api)
+
+    # ------------------------------------------------------------------ pages
+
+    async def cluster(self, request: Request, viewer: Viewer) -> Response:
+        doc = await call(self.source.hosts)
+        return self.render(request, viewer, "cluster.html", groups=cluster_groups(doc), jobs=doc.get("jobs") or [])
+
+    async def jobs(self, request: Request, viewer: Viewer) -> Response:
+        flt = job_filter(request.query_params)
+        doc = await call(self.source.jobs)
+        everyone = doc.get("jobs") or []
+        picked = [j for j in everyone if flt.matches(j)]
+        shown, pages = page_of(picked, flt.page)
+        owners = sorted({j["owner"] for j in everyone if j.get("owner")})
+        sections = job_sections(shown)
+        return self.render(
+            request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=len(picked)
+        )
+
+    async def job(self, request: Request, viewer: Viewer) -> Response:
+        doc = await call(self.source.job, request.path_params["name"])
+        may = viewer.may_act_on(doc.get("owner"))
+        allowed = [a for a in doc.get("actions") or [] if a in ACTIONS] if may else []
+        done = request.query_params.get("done")
+        return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done)
+
+    async def study(self, request: Request, viewer: Viewer) -> Response:
+        name = request.path_params["name"]
+        doc = await call(self.source.study, name)
+        owner = await call(self.source.owner, name)
+        return self.render(request, viewer, "study.html", study=doc, may_promote=viewer.may_act_on(owner))
+
+    async def usage(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "usage.html", usage=await call(self.source.usage))
+
+    # ------------------------------------------------------------------ actions
+
+    async def act(self, request: Request, viewer: Viewer) -> tuple[str, dict[str, Any]]:
+        """A POSTed action, checked: CSRF, then that the viewer may act on this job."""
+        name, action = request.path_params["name"], request.path_params["action"]
+        form = await form_of(request)
+        check_csrf(request, viewer, str(form.get(CSRF_FIELD) or "") or None)
+        if action not in (*ACTIONS, "promote"):
+            raise Denied(404, f"no action {action} (there are {', '.join(ACTIONS)}, promote)")
+        owner = await call(self.source.owner, name)
+        if not viewer.may_act_on(owner):
+            raise Denied(403, f"{viewer.who} may not {action} {name}: it is {owner or 'nobody'}'s")
+        if action == "promote":
+            raw = str(form.get("trial") or "")
+            if not raw.isdigit():
+                raise BadFilter(f"trial: expected a trial number, got {raw!r}")
+            return name, await call(self.source.promote, name, int(raw), viewer.who)
+        return name, await call(getattr(self.source, action), name, viewer.who)
+
+    async def act_page(self, request: Request, viewer: Viewer) -> Response:
+        name, out = await self.act(request, viewer)
+        if request.path_params["action"] == "promote":
+            return self.render(request, viewer, "promoted.html", name=name, out=out)
+        done = urlencode({"done": out.get("message", "")})
+        return RedirectResponse(f"/jobs/{quote(name)}?{done}", status_code=303)
+
+    async def act_api(self, request: Request, viewer: Viewer) -> Response:
+        _, out = await self.act(request, viewer)
+        return JSONResponse(out, status_code=200 if out.get("ok", True) else 409)
+
+    async def login(self, request: Request) -> Response:
+        """Token mode's sign-in form: the token goes into an HttpOnly cookie."""
+        if request.method == "POST":
+            form = await form_of(request)
+            token = str(form.get("token") or "")
+            if self.auth.tokens is None or self.auth.tokens.owner_of(token) is None:
+                return refusal(401, "this token is not valid (wrong or revoked)", False)
+            resp = RedirectResponse("/", status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+            return resp
+        return self.render(request, None, "login.html")
+
+    # ------------------------------------------------------------------ for machines
+
+    async def api_hosts(self, request: Request, viewer: Viewer) -> Response:
+        doc = await call(self.source.hosts)
+        return JSONResponse({k: v for k, v in doc.items() if k != "jobs"})
+
+    async def api_jobs(self, request: Request, viewer: Viewer) -> Response:
+        flt = job_filter(request.query_params)
+        doc = await call(self.source.jobs)
+        rest = {k: v for k, v in doc.items() if k != "hosts"}
+        return JSONResponse({**rest, "jobs": [j for j in doc.get("jobs") or [] if flt.matches(j)]})
+
+    async def api_job(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.job, request.path_params["name"]))
+
+    async def api_logs(self, request: Request, viewer: Viewer) -> Response:
+        after = request.query_params.get("after") or None
+        return JSONResponse(await call(self.source.logs, request.path_params["name"], after))
+
+    async def api_study(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.study, request.path_params["name"]))
+
+    async def api_usage(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.usage))
+
+    async def metrics(self, request: Request, viewer: Viewer) -> Response:
+        return PlainTextResponse(await call(self._exposition), media_type=CONTENT_TYPE)
+
+    def _exposition(self) -> str:
+        studies = {}
+        for name in self.source.studies():
+            try:
+                studies[name] = self.source.study(name)
+            except NotFound:
+                continue  # not started: no trials to count
+        return exposition(self.source.jobs(), studies, time.time())

@@ -1,0 +1,139 @@
+"""Who is asking, and what they may do. Pure but for reading the request.
+
+Three modes (the service picks one; it binds the socket):
+- LOOPBACK: no token; only a client on the loopback interface is served (anyone who can
+  reach it can run the CLI on this machine too), and may act as an admin.
+- TOKEN: every request carries a token (`Authorization: Bearer T`, or the cookie the login
+  form sets); `TokenCheck.owner_of` names its owner and whether they are an admin. Reading
+  needs any valid token; an action needs the job's owner or an admin.
+- HEADER: a single sign-on proxy in front names the user in a header (X-Forwarded-User);
+  only when the service listens on loopback (else anyone could send the header).
+
+Actions are POSTs. A browser's carry the per-session CSRF token: a random value in a cookie
+that the form repeats in a field (another site can make the browser send the cookie, not
+read it), and an Origin, when sent, of this host. A request authenticated by its
+Authorization header needs neither (a browser never adds that header on its own).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+
+TOKEN_COOKIE = "provision_token"
+CSRF_COOKIE = "provision_csrf"
+CSRF_FIELD = "csrf"
+LOCAL_USER = "local"
+
+
+class TokenCheck(Protocol):
+    def owner_of(self, token: str) -> tuple[str, bool] | None:
+        """(owner, admin) of a valid token; None for an unknown or revoked one (the store
+        keeps hashes: compare in constant time)."""
+        ...
+
+
+class Mode(StrEnum):
+    LOOPBACK = "loopback"
+    TOKEN = "token"
+    HEADER = "header"
+
+
+@dataclass(frozen=True)
+class Viewer:
+    who: str
+    admin: bool
+    by_header: bool = False  # authenticated by the Authorization header: no CSRF token needed
+
+    def may_act_on(self, owner: str | None) -> bool:
+        return self.admin or (owner is not None and owner == self.who)
+
+
+class Denied(Exception):
+    """401 (who are you?) or 403 (not you); one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def is_loopback(host: str | None) -> bool:
+    """An IP literal of the loopback interface (a client's address is never a name)."""
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Auth:
+    mode: Mode = Mode.LOOPBACK
+    tokens: TokenCheck | None = None
+    header: str = "X-Forwarded-User"
+    admins: frozenset[str] = frozenset()  # HEADER mode: the users who may act on any job
+
+    @classmethod
+    def loopback(cls) -> Auth:
+        return cls(Mode.LOOPBACK)
+
+    @classmethod
+    def token(cls, check: TokenCheck) -> Auth:
+        return cls(Mode.TOKEN, tokens=check)
+
+    @classmethod
+    def trusted_header(
+        cls, *, listening: str, header: str = "X-Forwarded-User", admins: frozenset[str] = frozenset()
+    ) -> Auth:
+        """`listening`: the address the service binds (a host, or a unix socket's path)."""
+        if not (listening.startswith("/") or listening == "localhost" or is_loopback(listening)):
+            raise ValueError(f"a trusted header is only for a service on loopback or a socket, not {listening}")
+        return cls(Mode.HEADER, header=header, admins=admins)
+
+    def viewer(self, request: Request) -> Viewer:
+        """Who asks; Denied(401) when they may not read."""
+        if self.mode is Mode.LOOPBACK:
+            # No client address: a unix socket, whose file permissions decide who connects.
+            if request.client is not None and not is_loopback(request.client.host):
+                raise Denied(401, "this dashboard serves only its own machine (loopback)")
+            return Viewer(LOCAL_USER, admin=True)
+        if self.mode is Mode.HEADER:
+            user = request.headers.get(self.header, "").strip()
+            if not user:
+                raise Denied(401, f"no {self.header} header: sign in through the proxy")
+            return Viewer(user, admin=user in self.admins)
+        bearer = request.headers.get("authorization", "")
+        token = bearer[7:].strip() if bearer.lower().startswith("bearer ") else ""
+        by_header = bool(token)
+        token = token or request.cookies.get(TOKEN_COOKIE, "")
+        if not token:
+            raise Denied(401, "a token is needed: sign in at /login or send Authorization: Bearer TOKEN")
+        assert self.tokens is not None
+        found = self.tokens.owner_of(token)
+        if found is None:
+            raise Denied(401, "this token is not valid (wrong or revoked)")
+        return Viewer(found[0], admin=found[1], by_header=by_header)
+
+
+def new_csrf() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def check_csrf(request: Request, viewer: Viewer, form_value: str | None) -> None:
+    """Denied(403) unless the POST carries this session's CSRF token and comes from here."""
+    if viewer.by_header:
+        return
+    origin = request.headers.get("origin")
+    if origin and origin != "null":
+        if urlsplit(origin).netloc != request.headers.get("host", ""):
+            raise Denied(403, f"refused: a request from another site ({origin})")
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    if not cookie or not form_value or not hmac.compare_digest(cookie, form_value):
+        raise Denied(403, "refused: the form's CSRF token is missing or stale (reload the page)")

@@ -1,0 +1,248 @@
+"""The dashboard's charts as SVG drawn here (no JavaScript library: clusters are often
+air-gapped, and a page's charts then need nothing but the page). Pure: JSON in, markup out;
+every text from the data is escaped.
+
+A study's trials are the `trials` of `provision tune --status --json`; its parameters the
+"space" (rules/studyview.space_json). Pruned (stopped early) trials are orange squares,
+running ones hollow, failed ones red crosses along the bottom (they have no value).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from provision.core.tuning import TrialState
+
+W, H = 640, 260
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
+LOG_RATIO = 30.0  # as the study's PNG (cli/tuneview.log_scale): a log axis past this ratio
+
+# The trial states of `tune --status --json` (core/tuning.TrialState's values).
+SUCCEEDED, PRUNED = TrialState.SUCCEEDED.value, TrialState.STOPPED_EARLY.value
+RUNNING, FAILED = TrialState.RUNNING.value, TrialState.FAILED.value
+COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728"}
+CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed"}
+
+
+@dataclass(frozen=True)
+class Axis:
+    lo: float
+    hi: float
+    p0: float  # pixel of lo
+    p1: float  # pixel of hi
+    log: bool = False
+
+    @classmethod
+    def of(cls, values: Sequence[float], p0: float, p1: float, *, log: bool = False) -> Axis:
+        vs = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
+        if not vs:
+            return cls(0.0, 1.0, p0, p1, False)
+        lo, hi = min(vs), max(vs)
+        if log:
+            lo, hi = math.log10(lo), math.log10(hi)
+        if hi == lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        pad = (hi - lo) * 0.05
+        return cls(lo - pad, hi + pad, p0, p1, log)
+
+    def __call__(self, v: float) -> float:
+        x = math.log10(v) if self.log else v
+        return self.p0 + (x - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
+
+    def ticks(self, n: int = 5) -> list[float]:
+        if self.log:
+            return [10.0**e for e in range(math.ceil(self.lo), math.floor(self.hi) + 1)] or [10**self.lo]
+        return [self.lo + (self.hi - self.lo) * i / (n - 1) for i in range(n)]
+
+
+def log_wanted(values: Sequence[float]) -> bool:
+    finite = [v for v in values if math.isfinite(v)]
+    return bool(finite) and min(finite) > 0 and max(finite) >= LOG_RATIO * min(finite)
+
+
+def num(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _svg(body: list[str], title: str, w: int = W, h: int = H) -> Markup:
+    head = f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{escape(title)}">'
+    return Markup(head + f"<title>{escape(title)}</title>" + "".join(body) + "</svg>")
+
+
+def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str, xticks: list[tuple[float, str]] | None = None) -> list[str]:
+    out = [f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" class="frame"/>']
+    for t in y.ticks():
+        py = y(t)
+        out.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{py:.1f}" y2="{py:.1f}" class="grid"/>')
+        out.append(f'<text x="{LEFT - 4}" y="{py + 4:.1f}" text-anchor="end">{escape(num(t))}</text>')
+    for t, label in xticks if xticks is not None else [(t, num(t)) for t in x.ticks()]:
+        px = x(t)
+        out.append(f'<text x="{px:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">{escape(label)}</text>')
+    out.append(
+        f'<text x="{(LEFT + W - RIGHT) / 2}" y="{H - 6}" text-anchor="middle" class="label">{escape(xlabel)}</text>'
+    )
+    out.append(
+        f'<text x="12" y="{(TOP + H - BOTTOM) / 2}" text-anchor="middle" class="label" '
+        f'transform="rotate(-90 12 {(TOP + H - BOTTOM) / 2})">{escape(ylabel)}</text>'
+    )
+    return out
+
+
+def _mark(px: float, py: float, state: str, tip: str) -> str:
+    c = COLOR.get(state, "#333")
+    t = f"<title>{escape(tip)}</title>"
+    if state == PRUNED:
+        return f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="pruned">{t}</rect>'
+    if state == FAILED:
+        return f'<path d="M{px - 4:.1f},{py - 4:.1f}l8,8m0,-8l-8,8" stroke="{c}" stroke-width="2" class="failed">{t}</path>'
+    fill = "none" if state == RUNNING else c
+    return f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}" class="{CLASS.get(state, "other")}">{t}</circle>'
+
+
+def _valued(trials: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    return [
+        (t, float(t["value"])) for t in trials if isinstance(t.get("value"), int | float) and math.isfinite(t["value"])
+    ]
+
+
+def _tip(t: dict[str, Any], metric: str) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
+    return f"trial {t['number']} ({t['state']}): {metric}={t.get('value')} {params}"
+
+
+def better(goal: str, a: float, b: float) -> bool:
+    return a > b if goal == "maximize" else a < b
+
+
+def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, float]]:
+    """Where the best succeeded value changes, in trial order."""
+    out: list[tuple[int, float]] = []
+    for t, v in sorted(_valued(trials), key=lambda tv: tv[0]["number"]):
+        if t["state"] == SUCCEEDED and (not out or better(goal, v, out[-1][1])):
+            out.append((t["number"], v))
+    return out
+
+
+def objective_svg(study: dict[str, Any]) -> Markup:
+    """The objective over trials, the best so far as a step line."""
+    trials, metric, goal = study["trials"], study["metric"]["name"], study["metric"]["goal"]
+    if not trials:
+        return _svg([f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no trials yet</text>'], "no trials yet")
+    valued = _valued(trials)
+    x = Axis.of([float(t["number"]) for t in trials], LEFT, W - RIGHT)
+    y = Axis.of([v for _, v in valued], H - BOTTOM, TOP, log=log_wanted([v for _, v in valued]))
+    numbers = sorted(t["number"] for t in trials)
+    every = max(1, math.ceil((numbers[-1] - numbers[0] + 1) / 8))  # whole trial numbers, at most ~8
+    ticks = [(float(n), str(n)) for n in range(numbers[0], numbers[-1] + 1, every)]
+    body = _frame(x, y, "trial", metric + (" (log)" if y.log else ""), ticks)
+    steps = best_so_far(trials, goal)
+    if steps:
+        last = max(t["number"] for t in trials)
+        pts = []
+        for i, (n, v) in enumerate(steps):
+            if i:
+                pts.append(f"{x(n):.1f},{y(steps[i - 1][1]):.1f}")
+            pts.append(f"{x(n):.1f},{y(v):.1f}")
+        pts.append(f"{x(last):.1f},{y(steps[-1][1]):.1f}")
+        body.append(
+            f'<polyline points="{" ".join(pts)}" class="best" fill="none"><title>best so far</title></polyline>'
+        )
+    for t, v in valued:
+        if v > 0 or not y.log:
+            body.append(_mark(x(t["number"]), y(v), t["state"], _tip(t, metric)))
+    for t in trials:
+        if t["state"] == FAILED:
+            body.append(_mark(x(t["number"]), H - BOTTOM - 6, FAILED, _tip(t, metric)))
+    return _svg(body, f"{metric} over trials")
+
+
+def param_svg(study: dict[str, Any], param: dict[str, Any]) -> Markup:
+    """The objective against one parameter: a log axis for a log-scaled one, categories at
+    positions."""
+    name, metric = param["name"], study["metric"]["name"]
+    pts = [(t, t["params"][name], v) for t, v in _valued(study["trials"]) if name in (t.get("params") or {})]
+    ys = [v for _, _, v in pts]
+    y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
+    numeric = all(isinstance(p, int | float) and not isinstance(p, bool) for _, p, _ in pts)
+    if param["type"] == "categorical" or not numeric:
+        cats = [str(v) for v in param.get("values") or []]
+        cats += sorted({str(p) for _, p, _ in pts} - set(cats))
+        x = Axis(-0.5, max(len(cats) - 0.5, 0.5), LEFT, W - RIGHT)
+        where = {c: float(i) for i, c in enumerate(cats)}
+        body = _frame(x, y, name, metric, [(float(i), c) for i, c in enumerate(cats)])
+        coords = [(t, where[str(p)], v) for t, p, v in pts]
+    else:
+        log = param.get("scale") == "log" and bool(pts) and min(float(p) for _, p, _ in pts) > 0
+        x = Axis.of([float(p) for _, p, _ in pts], LEFT, W - RIGHT, log=log)
+        body = _frame(x, y, name + (" (log)" if log else ""), metric)
+        coords = [(t, float(p), v) for t, p, v in pts]
+    for t, px, v in coords:
+        if v > 0 or not y.log:
+            body.append(_mark(x(px), y(v), t["state"], _tip(t, metric)))
+    return _svg(body, f"{metric} against {name}")
+
+
+def parallel_svg(study: dict[str, Any]) -> Markup:
+    """Parallel coordinates: an axis per parameter and the objective; a line per trial
+    with a value (pruned trials dashed)."""
+    space, metric = study.get("space") or [], study["metric"]["name"]
+    valued = _valued(study["trials"])
+    names = [p["name"] for p in space] + [metric]
+    if not valued or len(names) < 2:
+        return _svg(
+            [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no values yet</text>'], "parallel coordinates"
+        )
+    gap = (W - LEFT - RIGHT) / (len(names) - 1)
+    axes: list[tuple[Axis, dict[str, float] | None]] = []
+    for p in space:
+        vals = [t["params"].get(p["name"]) for t, _ in valued if p["name"] in (t.get("params") or {})]
+        if p["type"] == "categorical" or not all(isinstance(v, int | float) for v in vals):
+            cats = sorted({str(v) for v in vals} | {str(v) for v in p.get("values") or []})
+            axes.append(
+                (Axis(-0.5, max(len(cats) - 0.5, 0.5), H - BOTTOM, TOP), {c: float(i) for i, c in enumerate(cats)})
+            )
+        else:
+            log = p.get("scale") == "log" and bool(vals) and min(float(v) for v in vals) > 0
+            axes.append((Axis.of([float(v) for v in vals], H - BOTTOM, TOP, log=log), None))
+    ys = [v for _, v in valued]
+    axes.append((Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys)), None))
+    body = []
+    for i, n in enumerate(names):
+        px = LEFT + i * gap
+        body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{H - BOTTOM}" class="axis"/>')
+        body.append(f'<text x="{px:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">{escape(n)}</text>')
+    for t, v in valued:
+        pts = []
+        for i, (ax, at) in enumerate(axes):
+            raw = v if i == len(axes) - 1 else (t.get("params") or {}).get(names[i])
+            if raw is None:
+                continue
+            pos = at[str(raw)] if at is not None else float(raw)
+            if ax.log and pos <= 0:
+                continue
+            pts.append(f"{LEFT + i * gap:.1f},{ax(pos):.1f}")
+        dash = ' stroke-dasharray="4 3"' if t["state"] == PRUNED else ""
+        color = COLOR.get(t["state"], "#333")
+        body.append(
+            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}"{dash} class="trial">'
+            f"<title>{escape(_tip(t, metric))}</title></polyline>"
+        )
+    return _svg(body, "parallel coordinates")
+
+
+def series_svg(points: Sequence[tuple[float, float]], *, label: str, top: float = 100.0) -> Markup:
+    """A value over time (GPU utilization, %): points are (epoch seconds, value)."""
+    if not points:
+        return _svg([f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no samples</text>'], label)
+    t0 = points[0][0]
+    x = Axis.of([t - t0 for t, _ in points], LEFT, W - RIGHT)
+    y = Axis(0.0, top, H - BOTTOM, TOP)
+    body = _frame(x, y, "seconds", label)
+    pts = " ".join(f"{x(t - t0):.1f},{y(min(v, top)):.1f}" for t, v in points)
+    body.append(f'<polyline points="{pts}" fill="none" class="series"/>')
+    return _svg(body, label)

@@ -1,0 +1,88 @@
+"""Where the dashboard's data comes from: a `Source`, whose methods return the JSON shapes the
+CLI prints with `--json` (the dashboard reads what run/ and io/ return; it never asks a host
+itself). `inventories.InventorySource` is one over inventory files; the service hands its
+own (over its state backend and history).
+
+The shapes (docs/dashboard.md):
+- hosts(), jobs(): `provision jobs --json` (rules/tenancy.jobs_json); a host may carry
+  "labels" ({key: value}) and "gpu_use" ({"<index>": {"utilization": %, "memory_mib": n,
+  "memory_total_mib": n}}) and "gpu_history" ({"<index>": [[epoch seconds, utilization %],
+  ...]}, the last hour) when the source knows them; a job may carry "priority",
+  "gpus" and "gpu_hours", "ended".
+- job(name): `provision status --json` (rules/status.JobStatus.to_json) plus "env" (the
+  inventory's env with every `secret_env` value masked), "study" (its study's name or null)
+  and "actions" (which of stop, rerun, cancel the job's phase allows).
+- logs(name, after): {"lines": [{"time", "task", "host", "text"}], "after": cursor,
+  "errors": [...]}: the lines after the opaque cursor `after` (None: the last ones).
+- study(name): `provision tune --status --json` (rules/studyview.study_json) plus "space"
+  (rules/studyview.space_json: each parameter's type and scale).
+- usage(): USAGE_EXAMPLE's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+SECRET_MASK = "********"
+
+# usage(): GPU-hours per owner per day and per ISO week, and GPUs held but idle.
+USAGE_EXAMPLE: dict[str, Any] = {
+    "format_version": 1,
+    "days": [{"day": "2026-11-27", "owner": "ana@example.com", "gpu_hours": 12.5}],
+    "weeks": [{"week": "2026-W48", "owner": "ana@example.com", "gpu_hours": 40.0}],
+    "idle": [{"host": "gpu-1", "gpu": 3, "job": "bert", "owner": "ana@example.com", "idle_minutes": 14}],
+}
+
+
+class NotFound(LookupError):
+    """No job or study of that name; `known` is what exists (the 404 page lists it)."""
+
+    def __init__(self, what: str, known: list[str]):
+        super().__init__(what)
+        self.what = what
+        self.known = known
+
+
+class Unavailable(RuntimeError):
+    """The source cannot answer now (its database is down): the page says so and the next
+    request asks again."""
+
+
+class Source(Protocol):
+    def hosts(self) -> dict[str, Any]: ...
+
+    def jobs(self) -> dict[str, Any]: ...
+
+    def job(self, name: str) -> dict[str, Any]: ...
+
+    def logs(self, name: str, after: str | None) -> dict[str, Any]: ...
+
+    def studies(self) -> list[str]: ...
+
+    def study(self, name: str) -> dict[str, Any]: ...
+
+    def usage(self) -> dict[str, Any]: ...
+
+    def owner(self, name: str) -> str | None:
+        """Who owns the job or study `name` (as the hosts' ledgers name them); None: unknown."""
+        ...
+
+    # Actions: `who` is the authenticated user (the hosts' history names them). Each returns
+    # {"ok": bool, "message": str, ...}; a refusal is ok false with its reason.
+    def stop(self, name: str, who: str) -> dict[str, Any]: ...
+
+    def rerun(self, name: str, who: str) -> dict[str, Any]: ...
+
+    def cancel(self, name: str, who: str) -> dict[str, Any]: ...
+
+    def promote(self, name: str, trial: int, who: str) -> dict[str, Any]: ...
+
+
+def masked_env(
+    env: list[tuple[str, str]] | tuple[tuple[str, str], ...], secret_names: tuple[str, ...]
+) -> dict[str, str]:
+    """The env as a page shows it: every secret's value masked, present or not."""
+    out = {k: (SECRET_MASK if k in secret_names else v) for k, v in env}
+    for k in secret_names:
+        out[k] = SECRET_MASK
+    return out

@@ -1,0 +1,117 @@
+"""The dashboard's pure parts: the SVG charts (log axes, best so far, pruned trials marked,
+text escaped), the views (filters, pages, hosts by label) and the log cursor's round trip."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from provision.rules.studyview import space_json, study_json
+from provision.web import charts
+from provision.web.inventories import _cursors, _token
+from provision.web.source import SECRET_MASK, masked_env
+from provision.web.views import BadFilter, cluster_groups, job_filter, page_of
+from test_tuneview import ROWS, TUNE  # a study's rows and tune: (tests/ is on the path)
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _study(trials, space=()):
+    return {"metric": {"name": "loss", "goal": "minimize"}, "trials": trials, "space": list(space)}
+
+
+def _t(n, value, state="succeeded", **params):
+    return {"number": n, "value": value, "state": state, "params": params}
+
+
+TRIALS = [
+    _t(1, 3.0, lr=0.1),
+    _t(2, 1.0, lr=0.01),
+    _t(3, 2.0, "stopped early", lr=0.001),
+    _t(4, None, "failed", lr=0.5),
+    _t(5, 0.5, lr=0.0001),
+]
+LR = {"name": "lr", "type": "double", "scale": "log", "min": 1e-4, "max": 1.0, "values": []}
+
+
+def test_best_so_far_follows_the_goal():
+    assert charts.best_so_far(TRIALS, "minimize") == [(1, 3.0), (2, 1.0), (5, 0.5)]
+    assert charts.best_so_far(TRIALS, "maximize") == [(1, 3.0)]
+
+
+def test_objective_chart_marks_pruned_and_failed_trials():
+    svg = ET.fromstring(str(charts.objective_svg(_study(TRIALS))))
+    assert svg.findall(f".//{SVG}rect[@class='pruned']")  # trial 3
+    assert svg.findall(f".//{SVG}path[@class='failed']")  # trial 4, no value
+    assert len(svg.findall(f".//{SVG}polyline[@class='best']")) == 1
+
+
+def test_a_log_scaled_parameter_gets_a_log_axis():
+    svg = str(charts.param_svg(_study(TRIALS, [LR]), LR))
+    assert "lr (log)" in svg
+    ET.fromstring(svg)
+    linear = {**LR, "scale": "linear"}
+    assert "lr (log)" not in str(charts.param_svg(_study(TRIALS, [linear]), linear))
+
+
+def test_parallel_coordinates_and_hostile_names_stay_text():
+    evil = {"name": "<script>x</script>", "type": "categorical", "scale": "linear", "values": ["<b>"]}
+    trials = [{**_t(1, 1.0), "params": {"<script>x</script>": "<b>"}}]
+    svg = str(charts.parallel_svg(_study(trials, [evil])))
+    assert "<script>" not in svg and "&lt;script&gt;" in svg
+    ET.fromstring(svg)
+    assert "no trials yet" in str(charts.objective_svg(_study([])))
+
+
+def test_series_chart():
+    svg = str(charts.series_svg([(0.0, 10.0), (10.0, 90.0)], label="GPU %"))
+    assert "polyline" in svg
+    ET.fromstring(svg)
+
+
+def test_filters_and_pages():
+    assert job_filter({"owner": "ana", "q": "bert"}).matches({"job": "bert-2", "owner": "ana", "state": "running"})
+    with pytest.raises(BadFilter, match="^phase:"):
+        job_filter({"phase": "nope"})
+    with pytest.raises(BadFilter, match="^page:"):
+        job_filter({"page": "0"})
+    items, pages = page_of(list(range(120)), 3)
+    assert items == list(range(100, 120)) and pages == 3
+
+
+def test_hosts_grouped_by_label_with_each_gpu():
+    doc = {
+        "jobs": [{"job": "a", "owner": "ana"}],
+        "hosts": {
+            "h2": {"gpus": 1, "free_gpus": [0], "held": {}, "drain": True},
+            "h1": {"gpus": 2, "free_gpus": [1], "held": {"a": {"gpus": [0]}}, "labels": {"rack": "r1"}},
+            "h3": {"gpus": 1, "error": "refused"},
+        },
+    }
+    groups = dict(cluster_groups(doc))
+    assert list(groups) == ["rack=r1", "no labels"]
+    h1 = groups["rack=r1"][0]
+    assert [(g.state, g.job, g.owner) for g in h1.gpus] == [("held", "a", "ana"), ("free", None, None)]
+    assert [g.state for h in groups["no labels"] for g in h.gpus] == ["drained", "unreachable"]
+
+
+def test_secrets_masked_and_the_log_cursor_round_trips():
+    assert masked_env([("A", "1"), ("KEY", "v")], ("KEY", "TOKEN")) == {
+        "A": "1",
+        "KEY": SECRET_MASK,
+        "TOKEN": SECRET_MASK,
+    }
+    cursors = {"host-1": {"chief-0": "s=abc;i=1"}}
+    assert _cursors(_token(cursors)) == cursors
+    assert _cursors("not base64 !!") == {} and _cursors(None) == {}
+
+
+def test_charts_read_the_real_study_json():
+    """The shapes the charts read are rules/studyview's, as `tune --status --json` prints them."""
+    doc = {**study_json("mnist", TUNE, ROWS, ended=None, picture=None), "space": space_json(TUNE)}
+    assert charts.best_so_far(doc["trials"], doc["metric"]["goal"])
+    ET.fromstring(str(charts.objective_svg(doc)))
+    lr = next(p for p in doc["space"] if p["name"] == "learning_rate")
+    assert "learning_rate (log)" in str(charts.param_svg(doc, lr))
+    ET.fromstring(str(charts.parallel_svg(doc)))
