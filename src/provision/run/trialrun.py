@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.core.errors import ProvisionError
-from provision.core.lifecycle import JobPhase
+from provision.core.lifecycle import JobPhase, TaskState
 from provision.core.model import Inventory
 from provision.core.target import HostError, Target
 from provision.core.trialend import Ended, Ending
-from provision.core.tuning import Report, Tune, Value, measured
+from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
 from provision.host import layout
 from provision.io.journal import host_lines_after
 from provision.io.ssh import Session
@@ -48,7 +49,8 @@ from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
-from provision.spec.placement import PlacementError
+from provision.spec.placement import PlacementError, Slot
+from provision.spec.render import render
 from provision.spec.trial import trial_inventory
 
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
@@ -79,6 +81,14 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class SettingUp:
+    """The trial's setup runs on these hosts before its tasks start (found room: planned)."""
+
+    number: int
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Reported:
     """Every report the trial's metric has so far."""
 
@@ -88,10 +98,12 @@ class Reported:
 
 @dataclass(frozen=True)
 class JobEnded:
-    """The trial's job ended (its GPUs are free from now): record and tell it."""
+    """The trial's job ended (its GPUs are free from now): record and tell it. `slots`:
+    where its tasks ran (the next trial is placed there: no placement to find again)."""
 
     number: int
     ended: Ended
+    slots: Mapping[str, Slot] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,7 @@ class Removed:
     left: bool = False
 
 
-Post = Started | Waiting | Reported | JobEnded | Removed
+Post = Started | Waiting | SettingUp | Reported | JobEnded | Removed
 
 
 @dataclass
@@ -118,6 +130,15 @@ class Handle:
     adopt: bool = False
     stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
+    # Where the trial that ended before it ran (its GPUs, its ports): placed there first,
+    # and planned without `starting` (no other trial of this runner is given those).
+    hint: Mapping[str, Slot] | None = None
+    # That trial: told once this one is on its hosts (or could not be), so that its logs and
+    # removal (round trips, a daemon-reload) do not slow this one's start on the same hosts.
+    after: Handle | None = None
+    # Set when this trial's successor started (or none was given its place): its wind-up
+    # may go on. Waited for at most HANDOFF_WAIT seconds.
+    handed_off: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -201,12 +222,20 @@ def run_trial(w: TrialWork, h: Handle) -> None:
     except Exception as e:  # a bug, not the user's: the trial fails with it, the study goes on
         ended = Ended(Ending.FAILED, f"provision: {type(e).__name__}: {e}")
     finally:
+        _handed_off(h)
         if ended is None:  # KeyboardInterrupt or the like: the trial runs on
             ended = Ended(Ending.LEFT_RUNNING, "tune was interrupted")
         left = ended.ending is Ending.LEFT_RUNNING
         if not posted and not left:
             w.post(JobEnded(h.number, ended))
         w.post(Removed(h.number, ended, left=left))
+
+
+def _handed_off(h: Handle) -> None:
+    """The trial whose place this one took may wind up now (this one started, or will not)."""
+    if h.after is not None:
+        h.after.handed_off.set()
+        h.after = None
 
 
 def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
@@ -226,7 +255,8 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
             ended = h.recorded
         else:
             if h.phase != RUNNING:
-                failed = _start(w, ctx, h.number)
+                failed = _start(w, ctx, h)
+                _handed_off(h)
                 if failed is not None:
                     return failed, posted
                 # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
@@ -247,21 +277,26 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (io/study.py records it)
 
 
+HANDOFF_WAIT = 5.0  # seconds an ended trial's wind-up waits for its successor's start
+
+
 def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) -> tuple[Ended, bool]:
     """An ended trial: told (its GPUs are free from then on; a failure once its log's last
-    lines are kept, for its why), its logs kept, and it removed from the hosts. The removal
-    waits until the loop has recorded the outcome: a tune killed in between leaves the
-    outcome, and the removal, for the next one."""
+    lines are kept, for its why), its logs kept, and it removed from the hosts. The logs and
+    the removal wait until the next trial took its place (a few seconds at most): theirs are
+    round trips to the same hosts. The removal waits until the loop has recorded the
+    outcome: a tune killed in between leaves the outcome, and the removal, for the next one."""
     if not posted and ended.ending is not Ending.FAILED:
-        w.post(JobEnded(h.number, ended))
+        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
-    trace(h.number, "told")
+        trace(h.number, "told")
+        h.handed_off.wait(HANDOFF_WAIT)
     _keep_logs(w, ctx, h.number)
     trace(h.number, "logs kept")
     if ended.ending is Ending.FAILED and not ended.lines:
         ended = _with_kept_lines(ended, w.logs_dir / f"trial-{h.number}" / f"{metric_task(ctx.inventory)}.log")
     if not posted:
-        w.post(JobEnded(h.number, ended))
+        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
     while not h.told and not h.told_event.wait(w.poll):
         if w.stop.is_set():
@@ -271,11 +306,12 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
     return ended, posted
 
 
-def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
+def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     """Wait until the trial fits beside the other jobs, as `apply --queue` waits (each look
     one round trip per host; the hosts' ledgers say it waits, so `provision jobs` shows
     it), then apply. None: started. A plan with a problem is made once more before the
     trial fails: another runner's trial leaving a shared file may have been half-way."""
+    number = h.number
     queue = Queue(
         None,
         lambda line: None,
@@ -284,9 +320,15 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
     )
+    hint = h.hint
+    if hint:
+        # The GPUs and ports the trial before it left: rendered there from the start, the
+        # plan's probe asks the right hosts the right questions (no second round trip).
+        ctx.state.set_placement(hint)
+        ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
     second_look = True
     while True:
-        done = _placed_and_applied(w, ctx, number, queue)
+        done = _placed_and_applied(w, ctx, number, queue, alone=bool(hint))
         if isinstance(done, Ended):
             return done
         plan, outcomes = done
@@ -299,7 +341,8 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
             return Ended(Ending.FAILED, plan.problems[0])
         trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
-            continue  # another trial took the GPUs first: plan again
+            hint = None  # another trial took the GPUs first: plan again, in turn with the others
+            continue
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
         if errors:
             _remove(w, ctx)
@@ -308,11 +351,12 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
 
 
 def _placed_and_applied(
-    w: TrialWork, ctx: Context, number: int, queue: Queue
+    w: TrialWork, ctx: Context, number: int, queue: Queue, *, alone: bool = False
 ) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
     """One plan (waited for as the queue waits) and its apply, under `starting` from the
     plan that worked to the end of its apply: this runner's trials are placed one after
-    another, each seeing the last one's reservation."""
+    another, each seeing the last one's reservation. `alone`: the trial takes the place a
+    trial of this runner left, which no other trial of it is given: no need to wait."""
     held = False
 
     def attempt() -> Plan:
@@ -320,21 +364,28 @@ def _placed_and_applied(
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again by the caller).
         nonlocal held
-        w.starting.acquire()
-        held = True
+        if not alone:
+            w.starting.acquire()
+            held = True
         try:
             trace(number, "planning")
             plan = build_plan(ctx, checks=True)
             trace(number, "planned")
             return plan
         except BaseException:
-            held = False
-            w.starting.release()  # the queue waits without it
+            if held:
+                held = False
+                w.starting.release()  # the queue waits without it
             raise
 
     try:
         plan = queue.plan(attempt)  # the hosts' queue marks are gone before the apply writes
-        return plan, ({} if plan.problems else apply_plan(ctx, plan, lambda line: None))
+        if plan.problems:
+            return plan, {}
+        setups = tuple(sorted(hp.name for hp in plan.hosts if hp.setup is not None and hp.error is None))
+        if setups:
+            w.post(SettingUp(number, setups))
+        return plan, apply_plan(ctx, plan, lambda line: None)
     except Stopped:
         return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
     except PlacementError as e:
@@ -376,16 +427,66 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
 
 
 def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended | None:
-    """Between two polls: Ctrl-C (the trial runs on), or the loop's word to stop it early."""
+    """Between two looks: Ctrl-C (the trial runs on), or the loop's word to stop it early;
+    else wait on the host until one of its tasks ends (or the next look is due)."""
     if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     if h.stop_early is not None:
         end_job(ctx, st)
         last = reports[-1] if reports else None
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
-    if w.stop.wait(w.poll):
+    if not _host_wait(w, ctx, st) and w.stop.wait(w.poll):
+        return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+    if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     return None
+
+
+WAIT_SLICE = 0.05  # seconds between the host-side wait's looks at its processes (no fork but `sleep`)
+WAIT_LONGEST = 3.0  # without early stopping, seconds between looks while nothing ends (the loop's beat)
+
+
+def end_wait_command(units: list[str], seconds: float) -> str:
+    """A shell command that returns as soon as one of `units` ends (its main process is
+    gone: a look at /proc, not a round trip per look), or after `seconds`. It prints
+    "ended", "timeout", or "none" (no main process to watch: the caller waits its poll)."""
+    turns = max(1, round(seconds / WAIT_SLICE))
+    script = (
+        'pids=; for u in "$@"; do '
+        'case "$(systemctl is-active "$u")" in active|activating|reloading|deactivating) ;; *) echo ended; exit 0;; esac; '
+        'p=$(systemctl show -p MainPID --value "$u"); [ "${p:-0}" -gt 0 ] 2>/dev/null && pids="$pids $p"; '
+        "done; "
+        '[ -n "$pids" ] || { echo none; exit 0; }; '
+        f"i=0; while [ $i -lt {turns} ]; do "
+        'for p in $pids; do [ -d "/proc/$p" ] || { echo ended; exit 0; }; done; '
+        f"sleep {WAIT_SLICE}; i=$((i+1)); done; echo timeout"
+    )
+    return "sh -c " + shlex.quote(script) + " sh " + " ".join(shlex.quote(u) for u in units)
+
+
+def _host_wait(w: TrialWork, ctx: Context, st: JobStatus) -> bool:
+    """Wait on the host of the trial's metric task (else of its first running task) until
+    a running task of it there ends, or the next look is due: its end is seen within a
+    twentieth of a second, with one command in flight instead of a look per poll. With
+    early stopping the next look is due after `poll` (its reports decide), else after a few
+    seconds (a task on another host that ends is seen then). False: not waited (nothing to
+    watch, or the host did not answer): the caller waits its poll."""
+    running = [t for t in st.tasks if t.state is TaskState.RUNNING]
+    if not running:
+        return False
+    task = metric_task(ctx.inventory)
+    host = next((t.host for t in running if t.task == task), running[0].host)
+    target = ctx.targets.get(host)
+    if target is None:
+        return False
+    units = [layout.unit_name(ctx.inventory.job, t.task) for t in running if t.host == host]
+    longest = w.poll if w.tune.early_stopping is not EarlyStopping.NONE else max(w.poll, WAIT_LONGEST)
+    said: list[bytes] = []
+    try:
+        ctx.session.stream(target, end_wait_command(units, longest), said.append, stop=w.stop)
+    except Exception:  # noqa: BLE001 - a wait that fails is a poll's sleep: the next look says why
+        return False
+    return b"none" not in said and bool(said)
 
 
 def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:
