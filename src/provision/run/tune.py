@@ -248,7 +248,7 @@ class StudyLoop:
         )
 
     def _submit(self, h: Handle) -> None:
-        trace(h.number, "submitted")
+        trace(h.number, "submitted" + (f" after {h.after.number}" if h.after is not None else ""))
         self.mine.handles[h.number] = h
         self.pool.submit(self.run_trial, self.w, h)
 
