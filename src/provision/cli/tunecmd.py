@@ -51,7 +51,7 @@ class _Screen:
         parts = [
             f"t{r.number}"
             + (f" step {r.steps}" if r.steps is not None else "")
-            + (" (waiting: " + waiting[r.number] + ")" if r.number in waiting else "")
+            + (f" ({waiting[r.number]})" if r.number in waiting else "")  # waiting for GPUs, setting up
             for r in running
         ]
         done = sum(r.state.ended for r in rows)

@@ -290,7 +290,9 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
         w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
         trace(h.number, "told")
-        h.handed_off.wait(HANDOFF_WAIT)
+        until = time.monotonic() + HANDOFF_WAIT
+        while not h.handed_off.wait(0.1) and not w.stop.is_set() and time.monotonic() < until:
+            pass
     _keep_logs(w, ctx, h.number)
     trace(h.number, "logs kept")
     if ended.ending is Ending.FAILED and not ended.lines:
