@@ -34,6 +34,7 @@ from provision.io.study import Runner, Study, load_study, memory_study, open_stu
 from provision.run.trialrun import (
     Handle,
     JobEnded,
+    Places,
     Removed,
     Reported,
     SettingUp,
@@ -634,3 +635,22 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     assert run(10)[0] == "none"  # no main process to watch (a unit between its start and its process)
     state.write_text("inactive")
     assert run(10)[0] == "ended"
+
+
+def test_trials_starting_at_once_are_placed_apart_by_their_runner(tmp_path: Path) -> None:
+    """Places: each trial about to start is placed beside this runner's others (no turn
+    under the start lock, no lost race between them), an ended one's place goes first to
+    the trial given it, and a place left is free again."""
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    places = Places()
+    got = [places.take(n, inv, None) for n in (1, 2, 3, 4)]
+    gpus = [s["chief-0"].accelerators for s in got if s is not None]
+    assert sorted(gpus) == [(0,), (1,), (2,), (3,)], got
+    assert places.take(5, inv, None) is None  # no room beside the others: it waits its turn
+    second = got[1]
+    assert second is not None
+    places.leave(2)
+    assert places.take(5, inv, second) == second  # the ended trial's place, as it was (its port too)
+    places.leave(3)
+    places.hold(6, {"chief-0": Slot("a", 2222, (2,))})  # adopted: where it runs
+    assert places.take(7, inv, None) is None

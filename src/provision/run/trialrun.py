@@ -49,7 +49,7 @@ from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
-from provision.spec.placement import PlacementError, Slot
+from provision.spec.placement import Held, PlacementError, Slot, place
 from provision.spec.render import render
 from provision.spec.trial import trial_inventory
 
@@ -141,6 +141,42 @@ class Handle:
     handed_off: threading.Event = field(default_factory=threading.Event)
 
 
+class Places:
+    """Where this runner's trials run or are about to: a trial about to start is placed
+    beside them here first (placement is a pure function), so that trials starting at once
+    take different GPUs and ports without waiting for one another's plan and apply."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: dict[int, Mapping[str, Slot]] = {}
+
+    def take(self, number: int, inv: Inventory, hint: Mapping[str, Slot] | None) -> Mapping[str, Slot] | None:
+        """Where trial `number` goes (`hint` first, if no other trial has it), kept as taken;
+        None: no room beside this runner's other trials (it waits, in turn, as before)."""
+        with self._lock:
+            gpus: dict[str, set[int]] = {}
+            ports: dict[str, set[int]] = {}
+            for n, slots in self._taken.items():
+                for slot in slots.values() if n != number else ():
+                    gpus.setdefault(slot.host, set()).update(slot.accelerators)
+                    ports.setdefault(slot.host, set()).add(slot.port)
+            held = {host: Held(frozenset(gpus[host]), frozenset(ports.get(host, ()))) for host in gpus}
+            try:
+                slots = place(inv, hint, held).slots()
+            except PlacementError:
+                return None
+            self._taken[number] = slots
+            return slots
+
+    def hold(self, number: int, slots: Mapping[str, Slot]) -> None:
+        with self._lock:
+            self._taken[number] = dict(slots)
+
+    def leave(self, number: int) -> None:
+        with self._lock:
+            self._taken.pop(number, None)
+
+
 @dataclass
 class TrialWork:
     """What a trial's thread needs: the study's inventory and how to say what happens."""
@@ -156,8 +192,10 @@ class TrialWork:
     verbose: bool = False
     # One trial placed and started at a time by this runner: trials started together would
     # all be placed on the same free GPU (placement is deterministic) and all but one lose
-    # the reservation and plan again; one after the other, each sees the last one's.
+    # the reservation and plan again; one after the other, each sees the last one's. Only
+    # for a trial `places` found no room for, or that lost a race to another runner's.
     starting: threading.Lock = field(default_factory=threading.Lock)
+    places: Places = field(default_factory=Places)
     # The study's connections: every trial's context uses them (no new SSH handshake per
     # trial, and one known_hosts writer).
     session: Session | None = None
@@ -223,6 +261,7 @@ def run_trial(w: TrialWork, h: Handle) -> None:
         ended = Ended(Ending.FAILED, f"provision: {type(e).__name__}: {e}")
     finally:
         _handed_off(h)
+        w.places.leave(h.number)
         if ended is None:  # KeyboardInterrupt or the like: the trial runs on
             ended = Ended(Ending.LEFT_RUNNING, "tune was interrupted")
         left = ended.ending is Ending.LEFT_RUNNING
@@ -261,6 +300,8 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
                     return failed, posted
                 # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
                 w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
+            else:
+                w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
             ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
             ended = _follow(w, ctx, h)
         if ended.ending is Ending.LEFT_RUNNING:
@@ -286,6 +327,7 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
     the removal wait until the next trial took its place (a few seconds at most): theirs are
     round trips to the same hosts. The removal waits until the loop has recorded the
     outcome: a tune killed in between leaves the outcome, and the removal, for the next one."""
+    w.places.leave(h.number)  # its GPUs are free from now
     if not posted and ended.ending is not Ending.FAILED:
         w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
@@ -322,10 +364,12 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
     )
-    hint = h.hint
+    # Where it goes beside this runner's other trials (first where the trial before it ran,
+    # when it took an ended one's place): rendered there from the start, the plan's probe
+    # asks the right hosts the right questions (no second round trip), and the plan needs
+    # no turn under `starting`.
+    hint = w.places.take(number, ctx.inventory, h.hint)
     if hint:
-        # The GPUs and ports the trial before it left: rendered there from the start, the
-        # plan's probe asks the right hosts the right questions (no second round trip).
         ctx.state.set_placement(hint)
         ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
     second_look = True
@@ -343,12 +387,13 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
             return Ended(Ending.FAILED, plan.problems[0])
         trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
-            hint = None  # another trial took the GPUs first: plan again, in turn with the others
+            hint = None  # another runner's trial took the GPUs first: plan again, in turn
             continue
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
         if errors:
             _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
+        w.places.hold(number, ctx.rendered.placement.slots())  # where it is (the plan may have moved it)
         return None
 
 
