@@ -15,6 +15,7 @@ is an ordinary job (its own ledger entries, so two trials never share a GPU or a
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shlex
 import sys
@@ -196,6 +197,10 @@ class TrialWork:
     # for a trial `places` found no room for, or that lost a race to another runner's.
     starting: threading.Lock = field(default_factory=threading.Lock)
     places: Places = field(default_factory=Places)
+    # host -> when (monotonic) a trial's plan last checked it (its GPUs' facts and health,
+    # the pre-flight checks) and started there: the next trials there within CHECKED_FOR
+    # seconds are planned without them (nvidia-smi and the checks on every trial's start).
+    checked: dict[str, float] = field(default_factory=dict)
     # The study's connections: every trial's context uses them (no new SSH handshake per
     # trial, and one known_hosts writer).
     session: Session | None = None
@@ -319,6 +324,7 @@ RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (io/study.py
 
 
 HANDOFF_WAIT = 5.0  # seconds an ended trial's wind-up waits for its successor's start
+CHECKED_FOR = 60.0  # seconds a host's checks by one trial's plan stand for the next trials there
 
 
 def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) -> tuple[Ended, bool]:
@@ -374,7 +380,9 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
         ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
     second_look = True
     while True:
-        done = _placed_and_applied(w, ctx, number, queue, alone=bool(hint))
+        now = time.monotonic()
+        fresh = hint is not None and all(now - w.checked.get(s.host, -math.inf) < CHECKED_FOR for s in hint.values())
+        done = _placed_and_applied(w, ctx, number, queue, alone=bool(hint), checks=not fresh)
         if isinstance(done, Ended):
             return done
         plan, outcomes = done
@@ -394,16 +402,19 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
             _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
         w.places.hold(number, ctx.rendered.placement.slots())  # where it is (the plan may have moved it)
+        if not fresh:
+            w.checked.update({t.host.name: now for t in ctx.rendered.placement.tasks})
         return None
 
 
 def _placed_and_applied(
-    w: TrialWork, ctx: Context, number: int, queue: Queue, *, alone: bool = False
+    w: TrialWork, ctx: Context, number: int, queue: Queue, *, alone: bool = False, checks: bool = True
 ) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
     """One plan (waited for as the queue waits) and its apply, under `starting` from the
     plan that worked to the end of its apply: this runner's trials are placed one after
-    another, each seeing the last one's reservation. `alone`: the trial takes the place a
-    trial of this runner left, which no other trial of it is given: no need to wait."""
+    another, each seeing the last one's reservation. `alone`: placed apart from this
+    runner's other trials already (Places): no need to wait. `checks`: the host's facts
+    and pre-flight checks (not when a trial of this runner passed them there just now)."""
     held = False
 
     def attempt() -> Plan:
@@ -416,7 +427,7 @@ def _placed_and_applied(
             held = True
         try:
             trace(number, "planning")
-            plan = build_plan(ctx, checks=True)
+            plan = build_plan(ctx, checks=checks, facts=checks)
             trace(number, "planned")
             return plan
         except BaseException:
