@@ -178,6 +178,9 @@ def main() -> int:
         ideal = args.trials * args.seconds / args.slots
         p95 = ho[min(len(ho) - 1, int(0.95 * len(ho)))] if ho else float("nan")
         print(f"{len(sp)} trials of {args.seconds:g} s on {args.slots} slots (poll {args.poll:g} s)")
+        counted = [ln for ln in r.stdout.splitlines() if " trials: " in ln and "(max_trials" in ln]
+        failed = [ln for ln in r.stdout.splitlines() if ln.startswith("trial ") and " failed" in ln]
+        print(f"the study: {counted[-1] if counted else '?'}", *failed, sep="\n  ")
         print(f"hand-off, trial end to the next start: median {statistics.median(ho):.2f} s, p95 {p95:.2f} s")
         span = max(e for _, e in sp) - min(b for b, _ in sp)
         print(f"wall {wall:.1f} s (the tune process), ideal {ideal:.1f} s: {100 * ideal / wall:.0f} % of the ideal")
