@@ -33,6 +33,7 @@ from provision.core.tuning import (
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
 from provision.run.trialrun import (
     Handle,
+    HostLocks,
     JobEnded,
     Places,
     Removed,
@@ -654,3 +655,24 @@ def test_trials_starting_at_once_are_placed_apart_by_their_runner(tmp_path: Path
     places.leave(3)
     places.hold(6, {"chief-0": Slot("a", 2222, (2,))})  # adopted: where it runs
     assert places.take(7, inv, None) is None
+
+
+def test_trials_on_other_hosts_plan_at_once_and_on_one_host_in_turn() -> None:
+    locks = HostLocks()
+    a = locks.acquire({"a"})
+    b = locks.acquire({"b"})  # another host: no wait
+    got: list[str] = []
+
+    def both() -> None:
+        held = locks.acquire({"b", "a"})  # every host (no room found): in the hosts' order
+        got.append("both")
+        locks.release(held)
+
+    t = threading.Thread(target=both)
+    t.start()
+    time.sleep(0.1)
+    assert got == []  # waits for a and b
+    locks.release(a)
+    locks.release(b)
+    t.join(5)
+    assert got == ["both"]

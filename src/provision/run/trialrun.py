@@ -21,7 +21,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,8 +131,8 @@ class Handle:
     adopt: bool = False
     stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
-    # Where the trial that ended before it ran (its GPUs, its ports): placed there first,
-    # and planned without `starting` (no other trial of this runner is given those).
+    # Where the trial that ended before it ran (its GPUs, its ports): placed there first
+    # (no other trial of this runner is given those).
     hint: Mapping[str, Slot] | None = None
     # That trial: told once this one is on its hosts (or could not be), so that its logs and
     # removal (round trips, a daemon-reload) do not slow this one's start on the same hosts.
@@ -142,10 +142,34 @@ class Handle:
     handed_off: threading.Event = field(default_factory=threading.Event)
 
 
+class HostLocks:
+    """A lock per host, taken in the hosts' order (two trials never wait for each other)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._each: dict[str, threading.Lock] = {}
+
+    def acquire(self, hosts: Iterable[str]) -> list[threading.Lock]:
+        with self._lock:
+            locks = [self._each.setdefault(h, threading.Lock()) for h in sorted(set(hosts))]
+        for i, lock in enumerate(locks):
+            try:
+                lock.acquire()
+            except BaseException:
+                self.release(locks[:i])
+                raise
+        return locks
+
+    @staticmethod
+    def release(locks: list[threading.Lock]) -> None:
+        for lock in reversed(locks):
+            lock.release()
+
+
 class Places:
     """Where this runner's trials run or are about to: a trial about to start is placed
     beside them here first (placement is a pure function), so that trials starting at once
-    take different GPUs and ports without waiting for one another's plan and apply."""
+    take different GPUs and ports, and wait only for those placed on the same hosts."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -191,11 +215,11 @@ class TrialWork:
     post: Callable[[Post], None] = lambda event: None  # to the study loop
     poll: float = 1.0
     verbose: bool = False
-    # One trial placed and started at a time by this runner: trials started together would
-    # all be placed on the same free GPU (placement is deterministic) and all but one lose
-    # the reservation and plan again; one after the other, each sees the last one's. Only
-    # for a trial `places` found no room for, or that lost a race to another runner's.
-    starting: threading.Lock = field(default_factory=threading.Lock)
+    # One trial planned and applied at a time on a host by this runner: two trials' plans
+    # made at once would not see each other's files there (the study's pushed files are
+    # shared: each plans to write them as its own). Trials placed on other hosts go on
+    # meanwhile; one that `places` found no room for takes every host's turn.
+    starting: HostLocks = field(default_factory=HostLocks)
     places: Places = field(default_factory=Places)
     # host -> when (monotonic) a trial's plan last checked it (its GPUs' facts and health,
     # the pre-flight checks) and started there: the next trials there within CHECKED_FOR
@@ -372,8 +396,8 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     )
     # Where it goes beside this runner's other trials (first where the trial before it ran,
     # when it took an ended one's place): rendered there from the start, the plan's probe
-    # asks the right hosts the right questions (no second round trip), and the plan needs
-    # no turn under `starting`.
+    # asks the right hosts the right questions (no second round trip), and the plan waits
+    # only for this runner's trials on the same hosts.
     hint = w.places.take(number, ctx.inventory, h.hint)
     if hint:
         ctx.state.set_placement(hint)
@@ -382,7 +406,8 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     while True:
         now = time.monotonic()
         fresh = hint is not None and all(now - w.checked.get(s.host, -math.inf) < CHECKED_FOR for s in hint.values())
-        done = _placed_and_applied(w, ctx, number, queue, alone=bool(hint), checks=not fresh)
+        hosts = {s.host for s in hint.values()} if hint else set(ctx.targets)
+        done = _placed_and_applied(w, ctx, number, queue, hosts, checks=not fresh)
         if isinstance(done, Ended):
             return done
         plan, outcomes = done
@@ -408,32 +433,28 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
 
 
 def _placed_and_applied(
-    w: TrialWork, ctx: Context, number: int, queue: Queue, *, alone: bool = False, checks: bool = True
+    w: TrialWork, ctx: Context, number: int, queue: Queue, hosts: set[str], *, checks: bool = True
 ) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
-    """One plan (waited for as the queue waits) and its apply, under `starting` from the
-    plan that worked to the end of its apply: this runner's trials are placed one after
-    another, each seeing the last one's reservation. `alone`: placed apart from this
-    runner's other trials already (Places): no need to wait. `checks`: the host's facts
-    and pre-flight checks (not when a trial of this runner passed them there just now)."""
-    held = False
+    """One plan (waited for as the queue waits) and its apply, holding `hosts`' turns
+    (`starting`) from the plan that worked to the end of its apply: this runner's trials on
+    a host are placed one after another, each seeing the last one's files and reservation.
+    `checks`: the host's facts and pre-flight checks (not when a trial of this runner
+    passed them there just now)."""
+    held: list[threading.Lock] = []
 
     def attempt() -> Plan:
         # Trials share the study's pushed files: a trial leaving takes a shared file away
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again by the caller).
-        nonlocal held
-        if not alone:
-            w.starting.acquire()
-            held = True
+        held.extend(w.starting.acquire(hosts))
         try:
             trace(number, "planning")
             plan = build_plan(ctx, checks=checks, facts=checks)
             trace(number, "planned")
             return plan
         except BaseException:
-            if held:
-                held = False
-                w.starting.release()  # the queue waits without it
+            w.starting.release(held)  # the queue waits without them
+            held.clear()
             raise
 
     try:
@@ -449,8 +470,7 @@ def _placed_and_applied(
     except PlacementError as e:
         return Ended(Ending.FAILED, e.message)
     finally:
-        if held:
-            w.starting.release()
+        w.starting.release(held)
 
 
 def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
