@@ -32,8 +32,10 @@ from provision.core.target import HostError, Target
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
 from provision.host import layout
+from provision.host.protocol import DestroyReport, DestroyRequest
 from provision.io.journal import host_lines_after
-from provision.io.ssh import Session
+from provision.io.ssh import Session, call_agent
+from provision.io.steps import Step, run_step
 from provision.rules.metrics import (
     METRIC_FILE_CAP,
     metric_read_command,
@@ -131,6 +133,7 @@ class Handle:
     adopt: bool = False
     stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
+    quiet: bool = False  # its job ended with none of its tasks running (its removal: one round trip)
     # Where the trial that ended before it ran (its GPUs, its ports): placed there first
     # (no other trial of this runner is given those).
     hint: Mapping[str, Slot] | None = None
@@ -375,7 +378,7 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
     while not h.told and not h.told_event.wait(w.poll):
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted"), posted
-    _remove(w, ctx)
+    _remove(w, ctx, quiet=h.quiet)
     trace(h.number, "removed")
     return ended, posted
 
@@ -496,6 +499,7 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
             return Ended(Ending.FAILED, str(e))
         if st.phase.ended:
             trace(h.number, "ended")
+            h.quiet = not any(t.state.live or t.state is TaskState.UNKNOWN for t in st.tasks)
             return _ending(w, st, reports)
         if reports:
             w.post(Reported(h.number, reports))
@@ -511,6 +515,7 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     if h.stop_early is not None:
         end_job(ctx, st)
+        h.quiet = True  # stopped in order
         last = reports[-1] if reports else None
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
     if not _host_wait(w, ctx, st) and w.stop.wait(w.poll):
@@ -609,10 +614,26 @@ def _keep_logs(w: TrialWork, ctx: Context, number: int) -> None:
         w.say(f"trial {number}: its logs could not be kept: {getattr(e, 'message', e)}")
 
 
-def _remove(w: TrialWork, ctx: Context) -> None:
-    """destroy, as `provision destroy` does it, under the trial's lock."""
+def _remove(w: TrialWork, ctx: Context, *, quiet: bool = False) -> None:
+    """destroy, as `provision destroy` does it, under the trial's lock. `quiet`: the trial's
+    job ended with none of its tasks running (seen so, or stopped in order by end_job):
+    each host it is on removes it in one round trip (the agent's destroy: units, files,
+    shared files other jobs still list kept), without destroy's probe and stop steps;
+    any host that fails that is destroyed as usual."""
     if ctx.lock is None:
         ctx.lock = ctx.state.store.lock("destroy").acquire()
+    on = [ctx.targets[n] for n in sorted(ctx.state.hosts) if n in ctx.targets]
+    if quiet and on:
+
+        def clear(t: Target) -> None:
+            rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(ctx.inventory.job))
+            if rep.errors:
+                raise HostError(t, "; ".join(rep.errors))
+            ctx.state.forget_host(t.name)
+
+        with ctx.state.deferred():
+            if not run_step(ctx.session, Step.REMOVE, clear, on).errors:
+                return
     plan = destroy_plan(ctx)
     if plan.changed:
         destroy(ctx, plan)
