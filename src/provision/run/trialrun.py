@@ -1,8 +1,15 @@
 """One trial's life on the hosts, on a thread of its own: placed and started as a job of its
 own (waiting for room as `apply --queue` does, marked in the hosts' ledgers), followed (its
-status and its metric file, one poll at a time), stopped early when the study loop says so,
-its logs kept on the controller, and removed from the hosts when it ends. A trial whose
-runner died is adopted the same way, from where that runner got.
+status and its metric file, one look at a time; between looks a wait on the host that
+returns as soon as a task ends), stopped early when the study loop says so, its logs kept
+on the controller, and removed from the hosts when it ends. A trial whose runner died is
+adopted the same way, from where that runner got.
+
+The hand-off (a trial's end to the next trial's first line on its GPUs): the ended trial
+says where it ran; the next one is placed there (Places: beside this runner's other
+trials, without waiting for their plans but on the same hosts), planned without the
+checks its hosts passed a moment ago, and the ended one's logs and removal wait until it
+started.
 
 The worker never touches the study: it posts what happened (`Started`, `Reported`,
 `JobEnded`, `Removed`) to the study loop (run/tune.py), which alone asks, tells and decides,
