@@ -10,6 +10,9 @@ cloudml-hypertune does), at most `--slots` at once, and reports from the trials'
   after it (the freed GPU's next user), median and p95;
 - the study's wall time against the ideal, trials x seconds / slots: the whole `provision
   tune` process (start-up, the final picture and removals included), and the trials' span.
+With --trace, each hand-off in steps (from the trials' trace, PROVISION_TUNE_TRACE, and
+their logs): the job's end on the host (its last line) -> seen by the controller -> the
+next trial asked -> planned -> applied -> its first line, median and p95 of each.
 A benchmark, not a timed test: the numbers depend on the machine.
 """
 
@@ -36,13 +39,18 @@ def _stamp(line: str) -> float:
     return dt.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
 
 
-def spans(logs: Path) -> list[tuple[float, float]]:
-    out = []
+def spans_by_trial(logs: Path) -> dict[int, tuple[float, float]]:
+    """trial -> its first and last line's times (the host's journal's stamps)."""
+    out = {}
     for d in sorted(logs.glob("trial-*")):
         lines = [ln for ln in (d / "chief-0.log").read_text().splitlines() if ln.strip() and "[systemd]" not in ln]
         if lines:
-            out.append((_stamp(lines[0]), _stamp(lines[-1])))
+            out[int(d.name.split("-")[1])] = (_stamp(lines[0]), _stamp(lines[-1]))
     return out
+
+
+def spans(logs: Path) -> list[tuple[float, float]]:
+    return list(spans_by_trial(logs).values())
 
 
 def handoffs(sp: list[tuple[float, float]]) -> list[float]:
@@ -58,13 +66,70 @@ def handoffs(sp: list[tuple[float, float]]) -> list[float]:
     return out
 
 
+STEPS = ("ended", "submitted", "planned", "applied")  # a trial's trace words, in order
+
+
+def traced(stderr: str) -> dict[int, dict[str, float]]:
+    """trial -> its trace's word -> when (the first time; "after": whose place it took)."""
+    out: dict[int, dict[str, float]] = {}
+    for line in stderr.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 4 or parts[1] != "trial" or not parts[2].rstrip(":").isdigit():
+            continue
+        at, n, what = float(parts[0]), int(parts[2].rstrip(":")), parts[3].strip()
+        mine = out.setdefault(n, {})
+        if what.startswith("submitted after "):
+            mine["after"] = float(what.split()[-1])
+            what = "submitted"
+        mine.setdefault(what, at)
+    return out
+
+
+def _p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else float("nan")
+
+
+def steps_of_handoffs(logs: Path, stderr: str) -> list[str]:
+    """Each hand-off (a trial and the one given its place) in steps: median and p95 of each."""
+    tr = traced(stderr)
+    sp = spans_by_trial(logs)
+    names = [
+        "end on host -> seen",
+        "seen -> next asked",
+        "asked -> planned",
+        "planned -> applied",
+        "applied -> first line",
+    ]
+    deltas: list[list[float]] = [[] for _ in names]
+    whole: list[float] = []
+    for n, t in tr.items():
+        before = int(t.get("after", 0))
+        if not before or before not in sp or n not in sp or before not in tr:
+            continue
+        b = tr[before]
+        marks = [sp[before][1], b.get("ended"), t.get("submitted"), t.get("planned"), t.get("applied"), sp[n][0]]
+        if any(m is None for m in marks):
+            continue
+        for i in range(len(names)):
+            deltas[i].append(marks[i + 1] - marks[i])  # type: ignore[operator]
+        whole.append(sp[n][0] - sp[before][1])
+    out = [f"hand-offs traced: {len(whole)} (the trial given an ended one's place)"]
+    for name, d in zip(names, deltas, strict=True):
+        if d:
+            out.append(f"  {name:24s} median {statistics.median(d):.3f} s, p95 {_p95(d):.3f} s")
+    if whole:
+        out.append(f"  {'end -> first line':24s} median {statistics.median(whole):.3f} s, p95 {_p95(whole):.3f} s")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--poll", type=float, default=0.3)
-    ap.add_argument("--trace", action="store_true", help="print each trial's steps, timed (stderr)")
+    ap.add_argument("--trace", action="store_true", help="each hand-off in steps, timed (the trials' trace)")
     args = ap.parse_args()
     sb = sandbox.up(hosts=2, gpus_per_host=2, progress=lambda m: print(f"  {m}", file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="bench-tune-"))
@@ -105,8 +170,6 @@ def main() -> int:
             env={**os.environ, "PROVISION_TUNE_TRACE": "1"} if args.trace else None,
         )
         wall = time.monotonic() - t0
-        if args.trace:
-            sys.stderr.write(r.stderr)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             return 1
@@ -115,12 +178,18 @@ def main() -> int:
         ideal = args.trials * args.seconds / args.slots
         p95 = ho[min(len(ho) - 1, int(0.95 * len(ho)))] if ho else float("nan")
         print(f"{len(sp)} trials of {args.seconds:g} s on {args.slots} slots (poll {args.poll:g} s)")
+        counted = [ln for ln in r.stdout.splitlines() if " trials: " in ln and "(max_trials" in ln]
+        failed = [ln for ln in r.stdout.splitlines() if ln.startswith("trial ") and " failed" in ln]
+        print(f"the study: {counted[-1] if counted else '?'}", *failed, sep="\n  ")
         print(f"hand-off, trial end to the next start: median {statistics.median(ho):.2f} s, p95 {p95:.2f} s")
         span = max(e for _, e in sp) - min(b for b, _ in sp)
         print(f"wall {wall:.1f} s (the tune process), ideal {ideal:.1f} s: {100 * ideal / wall:.0f} % of the ideal")
         print(
             f"trials' span {span:.1f} s (first trial's first line to the last one's last): {100 * ideal / span:.0f} % of the ideal"
         )
+        if args.trace:
+            for line in steps_of_handoffs(tmp / ".provision" / "btune.tune", r.stderr):
+                print(line)
         return 0
     finally:
         sandbox.down(sb.name)

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -31,9 +31,22 @@ from provision.core.tuning import (
     Tune,
 )
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
-from provision.run.trialrun import Handle, JobEnded, Removed, Reported, Started, TrialWork
+from provision.run.trialrun import (
+    Handle,
+    HostLocks,
+    JobEnded,
+    Places,
+    Removed,
+    Reported,
+    SettingUp,
+    Started,
+    TrialWork,
+    Waiting,
+    end_wait_command,
+)
 from provision.run.tune import StudyLoop
 from provision.spec.inventory import parse
+from provision.spec.placement import Slot
 
 INV = """\
 job: sweep
@@ -525,3 +538,141 @@ def test_a_succeeded_trials_why_is_how_its_job_succeeded(tmp_path: Path) -> None
     loop, _, _ = _loop(tmp_path, _tune(), _succeeds())
     st = JobStatus("sweep-t1", JobPhase.SUCCEEDED, "chief-0 exited 0", ())
     assert _ending(loop.w, st, (Report(1, 0.5),)) == Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.5, 1)
+
+
+# --------------------------------------------------------------------------- the hand-off
+
+
+def test_the_next_trial_is_given_the_place_the_ended_one_left_and_that_one_waits_for_its_start(
+    tmp_path: Path,
+) -> None:
+    """A trial's end carries where it ran: the next trial asked is placed there (no lock, no
+    second probe), and the ended trial's wind-up (logs, removal) waits until it started."""
+    where = {1: Slot("a", 2222, (0,)), 2: Slot("a", 2223, (1,))}
+    got: dict[int, tuple[Mapping[str, Slot] | None, int | None]] = {}
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def work(w: TrialWork, h: Handle) -> None:
+        got[h.number] = (h.hint, h.after.number if h.after else None)
+        slot = where.get(h.number) or (h.hint or {})["chief-0"]
+        w.post(Started(h.number, {"chief-0": "a"}))
+        with lock:
+            order.append(f"started {h.number}")
+        if h.after is not None:
+            h.after.handed_off.set()  # as run_trial does once the start returned
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0), {"chief-0": slot}))
+        assert h.told_event.wait(5)
+        assert h.handed_off.wait(5), f"trial {h.number}: no word of its successor"
+        with lock:
+            order.append(f"wound up {h.number}")
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0)))
+
+    loop, study, _ = _loop(tmp_path, _tune(max_trials=5, parallel_trials=2), work)
+    assert loop.run().code == 0
+    assert got[1] == (None, None) and got[2] == (None, None)  # the first ones find their place
+    handed = {n: (dict(h or {}), after) for n, (h, after) in got.items() if n > 2}
+    assert all(after is not None and hint["chief-0"] in where.values() for hint, after in handed.values()), handed
+    for n, (_, after) in handed.items():
+        assert order.index(f"started {n}") < order.index(f"wound up {after}"), order
+    assert "wound up 5" in order  # the last: no successor, its wind-up goes on at once
+
+
+def test_a_running_trial_says_where_it_is(tmp_path: Path) -> None:
+    seen: dict[str, str] = {}
+
+    def work(w: TrialWork, h: Handle) -> None:
+        if h.number == 1:
+            w.post(Waiting(1, "pools.chief: GPUs held by job other"))
+            assert _until(lambda: "waiting for GPUs: pools.chief" in _why(study, 1))
+            seen["waiting"] = _why(study, 1)
+            w.post(Waiting(1, None))
+            w.post(SettingUp(1, ("a",)))
+            assert _until(lambda: _why(study, 1).startswith("setting up on a"))
+            w.post(Started(1, {"chief-0": "a"}))
+            assert _until(lambda: _why(study, 1) == "running on a")
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "chief-0 exited 0", 1.0, 0)))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0)))
+
+    loop, study, _ = _loop(tmp_path, _tune(max_trials=1, parallel_trials=1), work)
+    assert loop.run().code == 0
+    assert seen["waiting"] == "waiting for GPUs: pools.chief: GPUs held by job other"
+    assert _why(study, 1) == "chief-0 exited 0"  # once told: how it ended
+
+
+def _why(study: Study, number: int) -> str:
+    return next((r.why for r in study.rows() if r.number == number), "")
+
+
+def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_path: Path) -> None:
+    """end_wait_command with a stand-in systemctl: one command in flight that answers as
+    soon as the unit's main process is gone."""
+    proc = subprocess.Popen(["sleep", "30"])
+    state = tmp_path / "active"
+    state.write_text("active")
+    fake = tmp_path / "systemctl"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = is-active ]; then cat {state}; else cat {tmp_path}/pid; fi\n')
+    fake.chmod(0o755)
+    (tmp_path / "pid").write_text(str(proc.pid))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+
+    def run(seconds: float) -> tuple[str, float]:
+        t0 = time.monotonic()
+        out = subprocess.run(
+            end_wait_command(["provision-x-chief-0.service"], seconds), shell=True, env=env, capture_output=True
+        )
+        return out.stdout.decode().strip(), time.monotonic() - t0
+
+    try:
+        assert run(0.3)[0] == "timeout"
+        threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()  # reaped, as systemd does
+        said, took = run(10)
+        assert said == "ended" and took < 2, (said, took)
+    finally:
+        proc.kill()
+        proc.wait()
+    (tmp_path / "pid").write_text("0")
+    assert run(10)[0] == "none"  # no main process to watch (a unit between its start and its process)
+    state.write_text("inactive")
+    assert run(10)[0] == "ended"
+
+
+def test_trials_starting_at_once_are_placed_apart_by_their_runner(tmp_path: Path) -> None:
+    """Places: each trial about to start is placed beside this runner's others (no turn
+    under the start lock, no lost race between them), an ended one's place goes first to
+    the trial given it, and a place left is free again."""
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    places = Places()
+    got = [places.take(n, inv, None) for n in (1, 2, 3, 4)]
+    gpus = [s["chief-0"].accelerators for s in got if s is not None]
+    assert sorted(gpus) == [(0,), (1,), (2,), (3,)], got
+    assert places.take(5, inv, None) is None  # no room beside the others: it waits its turn
+    second = got[1]
+    assert second is not None
+    places.leave(2)
+    assert places.take(5, inv, second) == second  # the ended trial's place, as it was (its port too)
+    places.leave(3)
+    places.hold(6, {"chief-0": Slot("a", 2222, (2,))})  # adopted: where it runs
+    assert places.take(7, inv, None) is None
+
+
+def test_trials_on_other_hosts_plan_at_once_and_on_one_host_in_turn() -> None:
+    locks = HostLocks()
+    a = locks.acquire({"a"})
+    b = locks.acquire({"b"})  # another host: no wait
+    got: list[str] = []
+
+    def both() -> None:
+        held = locks.acquire({"b", "a"})  # every host (no room found): in the hosts' order
+        got.append("both")
+        locks.release(held)
+
+    t = threading.Thread(target=both)
+    t.start()
+    time.sleep(0.1)
+    assert got == []  # waits for a and b
+    locks.release(a)
+    locks.release(b)
+    t.join(5)
+    assert got == ["both"]

@@ -114,19 +114,20 @@ def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_
         "max_trials": 8,
         "parallel_trials": 4,
     }
-    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=6, step_seconds=0.5, outputs=f"/data/{job}")
+    # Trials of 5 s: the second wave starts within a second of the first's end (issue 39's
+    # hand-off), so the window with some ended and some running is about one trial long,
+    # and each look below is a `tune --status` (a second or two on a loaded machine).
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=10, step_seconds=0.5, outputs=f"/data/{job}")
     watch = GpuWatch(inv, tmp_path, job)
     p = _popen(inv, tmp_path)
+
+    def some_ended_some_running() -> bool:
+        states = [t["state"] for t in _trials(inv, tmp_path)["trials"]]  # one look, both counted in it
+        return sum(s != "running" for s in states) >= 2 and "running" in states
+
     try:
         # Killed once some trials ended and others run: those run on, unattended.
-        wait_until(
-            lambda: (
-                sum(t["state"] != "running" for t in _trials(inv, tmp_path)["trials"]) >= 2
-                and any(t["state"] == "running" for t in _trials(inv, tmp_path)["trials"])
-            ),
-            timeout=240,
-            what="two trials ended and one running",
-        )
+        wait_until(some_ended_some_running, timeout=240, every=0.2, what="two trials ended and one running")
         p.send_signal(signal.SIGKILL)
         first = p.communicate(timeout=30)[0]
         again = ok(_tune(inv, cwd=tmp_path, timeout=600))

@@ -51,7 +51,7 @@ class _Screen:
         parts = [
             f"t{r.number}"
             + (f" step {r.steps}" if r.steps is not None else "")
-            + (" (waiting: " + waiting[r.number] + ")" if r.number in waiting else "")
+            + (f" ({waiting[r.number]})" if r.number in waiting else "")  # waiting for GPUs, setting up
             for r in running
         ]
         done = sum(r.state.ended for r in rows)
@@ -165,15 +165,16 @@ def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, pol
 
 
 class _Picture:
-    """The study's PNG, redrawn while it runs when trials ended since, at most every few
-    seconds, on a thread of its own: drawing takes a good part of a second, which no trial's
-    start should wait for."""
+    """The study's PNG, redrawn while it runs when trials ended since, at most every half
+    minute, on a thread of its own: drawing takes half a second of this process's CPU (the
+    first one, importing matplotlib, more), and a trial starting meanwhile waits for the
+    interpreter between its round trips (every 5 s slowed each hand-off of short trials)."""
 
-    EVERY = 5.0
+    EVERY = 30.0
 
     def __init__(self, path: Path, tune: Tune):
         self.path, self.tune = path, tune
-        self.drawn, self.at = -1, 0.0
+        self.drawn, self.at = -1, time.monotonic()
         self.thread: threading.Thread | None = None
 
     def maybe(self, rows: list[TrialRow]) -> None:

@@ -255,8 +255,8 @@ class Study:
             self.study._storage.set_trial_user_attr(tid, k, v)
 
     @_storage_errors
-    def claim(self, number: int, me: Runner, job: str) -> None:
-        self._set(number, {"runner": me.id, "heartbeat": self.now(), "job": job})
+    def claim(self, number: int, me: Runner, job: str, **attrs: Any) -> None:
+        self._set(number, {"runner": me.id, "heartbeat": self.now(), "job": job, **attrs})
 
     @_storage_errors
     def beat(self, number: int, **attrs: Any) -> None:
@@ -419,7 +419,8 @@ class Study:
                     value=t.value if t.state is OptunaState.COMPLETE else _float(ua.get("value")),
                     steps=ua.get("steps"),
                     seconds=(end - start) if start is not None else None,
-                    why=str(ua.get("why", "")),
+                    # A running trial's: where it is (waiting for GPUs, setting up, running, stopping).
+                    why=str(ua.get("why") or (ua.get("doing", "") if t.state is OptunaState.RUNNING else "")),
                     job=str(ua.get("job", trial_job(self.job, t.number + 1))),
                     retry_of=ua.get("retry_of"),
                 )

@@ -1,8 +1,15 @@
 """One trial's life on the hosts, on a thread of its own: placed and started as a job of its
 own (waiting for room as `apply --queue` does, marked in the hosts' ledgers), followed (its
-status and its metric file, one poll at a time), stopped early when the study loop says so,
-its logs kept on the controller, and removed from the hosts when it ends. A trial whose
-runner died is adopted the same way, from where that runner got.
+status and its metric file, one look at a time; between looks a wait on the host that
+returns as soon as a task ends), stopped early when the study loop says so, its logs kept
+on the controller, and removed from the hosts when it ends. A trial whose runner died is
+adopted the same way, from where that runner got.
+
+The hand-off (a trial's end to the next trial's first line on its GPUs): the ended trial
+says where it ran; the next one is placed there (Places: beside this runner's other
+trials, without waiting for their plans but on the same hosts), planned without the
+checks its hosts passed a moment ago, and the ended one's logs and removal wait until it
+started.
 
 The worker never touches the study: it posts what happened (`Started`, `Reported`,
 `JobEnded`, `Removed`) to the study loop (run/tune.py), which alone asks, tells and decides,
@@ -15,23 +22,27 @@ is an ordinary job (its own ledger entries, so two trials never share a GPU or a
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.core.errors import ProvisionError
-from provision.core.lifecycle import JobPhase
+from provision.core.lifecycle import JobPhase, TaskState
 from provision.core.model import Inventory
 from provision.core.target import HostError, Target
 from provision.core.trialend import Ended, Ending
-from provision.core.tuning import Report, Tune, Value, measured
+from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
 from provision.host import layout
+from provision.host.protocol import DestroyReport, DestroyRequest
 from provision.io.journal import host_lines_after
-from provision.io.ssh import Session
+from provision.io.ssh import Session, call_agent
+from provision.io.steps import Step, run_step
 from provision.rules.metrics import (
     METRIC_FILE_CAP,
     metric_read_command,
@@ -48,7 +59,8 @@ from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
-from provision.spec.placement import PlacementError
+from provision.spec.placement import Held, PlacementError, Slot, place
+from provision.spec.render import render
 from provision.spec.trial import trial_inventory
 
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
@@ -79,6 +91,14 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class SettingUp:
+    """The trial's setup runs on these hosts before its tasks start (found room: planned)."""
+
+    number: int
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Reported:
     """Every report the trial's metric has so far."""
 
@@ -88,10 +108,12 @@ class Reported:
 
 @dataclass(frozen=True)
 class JobEnded:
-    """The trial's job ended (its GPUs are free from now): record and tell it."""
+    """The trial's job ended (its GPUs are free from now): record and tell it. `slots`:
+    where its tasks ran (the next trial is placed there: no placement to find again)."""
 
     number: int
     ended: Ended
+    slots: Mapping[str, Slot] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,7 +125,7 @@ class Removed:
     left: bool = False
 
 
-Post = Started | Waiting | Reported | JobEnded | Removed
+Post = Started | Waiting | SettingUp | Reported | JobEnded | Removed
 
 
 @dataclass
@@ -118,6 +140,76 @@ class Handle:
     adopt: bool = False
     stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
+    quiet: bool = False  # its job ended with none of its tasks running (its removal: one round trip)
+    # Where the trial that ended before it ran (its GPUs, its ports): placed there first
+    # (no other trial of this runner is given those).
+    hint: Mapping[str, Slot] | None = None
+    # That trial: told once this one is on its hosts (or could not be), so that its logs and
+    # removal (round trips, a daemon-reload) do not slow this one's start on the same hosts.
+    after: Handle | None = None
+    # Set when this trial's successor started (or none was given its place): its wind-up
+    # may go on. Waited for at most HANDOFF_WAIT seconds.
+    handed_off: threading.Event = field(default_factory=threading.Event)
+
+
+class HostLocks:
+    """A lock per host, taken in the hosts' order (two trials never wait for each other)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._each: dict[str, threading.Lock] = {}
+
+    def acquire(self, hosts: Iterable[str]) -> list[threading.Lock]:
+        with self._lock:
+            locks = [self._each.setdefault(h, threading.Lock()) for h in sorted(set(hosts))]
+        for i, lock in enumerate(locks):
+            try:
+                lock.acquire()
+            except BaseException:
+                self.release(locks[:i])
+                raise
+        return locks
+
+    @staticmethod
+    def release(locks: list[threading.Lock]) -> None:
+        for lock in reversed(locks):
+            lock.release()
+
+
+class Places:
+    """Where this runner's trials run or are about to: a trial about to start is placed
+    beside them here first (placement is a pure function), so that trials starting at once
+    take different GPUs and ports, and wait only for those placed on the same hosts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: dict[int, Mapping[str, Slot]] = {}
+
+    def take(self, number: int, inv: Inventory, hint: Mapping[str, Slot] | None) -> Mapping[str, Slot] | None:
+        """Where trial `number` goes (`hint` first, if no other trial has it), kept as taken;
+        None: no room beside this runner's other trials (it waits, in turn, as before)."""
+        with self._lock:
+            gpus: dict[str, set[int]] = {}
+            ports: dict[str, set[int]] = {}
+            for n, slots in self._taken.items():
+                for slot in slots.values() if n != number else ():
+                    gpus.setdefault(slot.host, set()).update(slot.accelerators)
+                    ports.setdefault(slot.host, set()).add(slot.port)
+            held = {host: Held(frozenset(gpus[host]), frozenset(ports.get(host, ()))) for host in gpus}
+            try:
+                slots = place(inv, hint, held).slots()
+            except PlacementError:
+                return None
+            self._taken[number] = slots
+            return slots
+
+    def hold(self, number: int, slots: Mapping[str, Slot]) -> None:
+        with self._lock:
+            self._taken[number] = dict(slots)
+
+    def leave(self, number: int) -> None:
+        with self._lock:
+            self._taken.pop(number, None)
 
 
 @dataclass
@@ -133,10 +225,16 @@ class TrialWork:
     post: Callable[[Post], None] = lambda event: None  # to the study loop
     poll: float = 1.0
     verbose: bool = False
-    # One trial placed and started at a time by this runner: trials started together would
-    # all be placed on the same free GPU (placement is deterministic) and all but one lose
-    # the reservation and plan again; one after the other, each sees the last one's.
-    starting: threading.Lock = field(default_factory=threading.Lock)
+    # One trial planned and applied at a time on a host by this runner: two trials' plans
+    # made at once would not see each other's files there (the study's pushed files are
+    # shared: each plans to write them as its own). Trials placed on other hosts go on
+    # meanwhile; one that `places` found no room for takes every host's turn.
+    starting: HostLocks = field(default_factory=HostLocks)
+    places: Places = field(default_factory=Places)
+    # host -> when (monotonic) a trial's plan last checked it (its GPUs' facts and health,
+    # the pre-flight checks) and started there: the next trials there within CHECKED_FOR
+    # seconds are planned without them (nvidia-smi and the checks on every trial's start).
+    checked: dict[str, float] = field(default_factory=dict)
     # The study's connections: every trial's context uses them (no new SSH handshake per
     # trial, and one known_hosts writer).
     session: Session | None = None
@@ -201,12 +299,21 @@ def run_trial(w: TrialWork, h: Handle) -> None:
     except Exception as e:  # a bug, not the user's: the trial fails with it, the study goes on
         ended = Ended(Ending.FAILED, f"provision: {type(e).__name__}: {e}")
     finally:
+        _handed_off(h)
+        w.places.leave(h.number)
         if ended is None:  # KeyboardInterrupt or the like: the trial runs on
             ended = Ended(Ending.LEFT_RUNNING, "tune was interrupted")
         left = ended.ending is Ending.LEFT_RUNNING
         if not posted and not left:
             w.post(JobEnded(h.number, ended))
         w.post(Removed(h.number, ended, left=left))
+
+
+def _handed_off(h: Handle) -> None:
+    """The trial whose place this one took may wind up now (this one started, or will not)."""
+    if h.after is not None:
+        h.after.handed_off.set()
+        h.after = None
 
 
 def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
@@ -226,11 +333,14 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
             ended = h.recorded
         else:
             if h.phase != RUNNING:
-                failed = _start(w, ctx, h.number)
+                failed = _start(w, ctx, h)
+                _handed_off(h)
                 if failed is not None:
                     return failed, posted
                 # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
                 w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
+            else:
+                w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
             ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
             ended = _follow(w, ctx, h)
         if ended.ending is Ending.LEFT_RUNNING:
@@ -247,35 +357,45 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (io/study.py records it)
 
 
+HANDOFF_WAIT = 5.0  # seconds an ended trial's wind-up waits for its successor's start
+CHECKED_FOR = 60.0  # seconds a host's checks by one trial's plan stand for the next trials there
+
+
 def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) -> tuple[Ended, bool]:
     """An ended trial: told (its GPUs are free from then on; a failure once its log's last
-    lines are kept, for its why), its logs kept, and it removed from the hosts. The removal
-    waits until the loop has recorded the outcome: a tune killed in between leaves the
-    outcome, and the removal, for the next one."""
+    lines are kept, for its why), its logs kept, and it removed from the hosts. The logs and
+    the removal wait until the next trial took its place (a few seconds at most): theirs are
+    round trips to the same hosts. The removal waits until the loop has recorded the
+    outcome: a tune killed in between leaves the outcome, and the removal, for the next one."""
+    w.places.leave(h.number)  # its GPUs are free from now
     if not posted and ended.ending is not Ending.FAILED:
-        w.post(JobEnded(h.number, ended))
+        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
-    trace(h.number, "told")
+        trace(h.number, "told")
+        until = time.monotonic() + HANDOFF_WAIT
+        while not h.handed_off.wait(0.1) and not w.stop.is_set() and time.monotonic() < until:
+            pass
     _keep_logs(w, ctx, h.number)
     trace(h.number, "logs kept")
     if ended.ending is Ending.FAILED and not ended.lines:
         ended = _with_kept_lines(ended, w.logs_dir / f"trial-{h.number}" / f"{metric_task(ctx.inventory)}.log")
     if not posted:
-        w.post(JobEnded(h.number, ended))
+        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
     while not h.told and not h.told_event.wait(w.poll):
         if w.stop.is_set():
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted"), posted
-    _remove(w, ctx)
+    _remove(w, ctx, quiet=h.quiet)
     trace(h.number, "removed")
     return ended, posted
 
 
-def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
+def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     """Wait until the trial fits beside the other jobs, as `apply --queue` waits (each look
     one round trip per host; the hosts' ledgers say it waits, so `provision jobs` shows
     it), then apply. None: started. A plan with a problem is made once more before the
     trial fails: another runner's trial leaving a shared file may have been half-way."""
+    number = h.number
     queue = Queue(
         None,
         lambda line: None,
@@ -284,9 +404,20 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
     )
+    # Where it goes beside this runner's other trials (first where the trial before it ran,
+    # when it took an ended one's place): rendered there from the start, the plan's probe
+    # asks the right hosts the right questions (no second round trip), and the plan waits
+    # only for this runner's trials on the same hosts.
+    hint = w.places.take(number, ctx.inventory, h.hint)
+    if hint:
+        ctx.state.set_placement(hint)
+        ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
     second_look = True
     while True:
-        done = _placed_and_applied(w, ctx, number, queue)
+        now = time.monotonic()
+        fresh = hint is not None and all(now - w.checked.get(s.host, -math.inf) < CHECKED_FOR for s in hint.values())
+        hosts = {s.host for s in hint.values()} if hint else set(ctx.targets)
+        done = _placed_and_applied(w, ctx, number, queue, hosts, checks=not fresh)
         if isinstance(done, Ended):
             return done
         plan, outcomes = done
@@ -299,49 +430,57 @@ def _start(w: TrialWork, ctx: Context, number: int) -> Ended | None:
             return Ended(Ending.FAILED, plan.problems[0])
         trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
-            continue  # another trial took the GPUs first: plan again
+            hint = None  # another runner's trial took the GPUs first: plan again, in turn
+            continue
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
         if errors:
             _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
+        w.places.hold(number, ctx.rendered.placement.slots())  # where it is (the plan may have moved it)
+        if not fresh:
+            w.checked.update({t.host.name: now for t in ctx.rendered.placement.tasks})
         return None
 
 
 def _placed_and_applied(
-    w: TrialWork, ctx: Context, number: int, queue: Queue
+    w: TrialWork, ctx: Context, number: int, queue: Queue, hosts: set[str], *, checks: bool = True
 ) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
-    """One plan (waited for as the queue waits) and its apply, under `starting` from the
-    plan that worked to the end of its apply: this runner's trials are placed one after
-    another, each seeing the last one's reservation."""
-    held = False
+    """One plan (waited for as the queue waits) and its apply, holding `hosts`' turns
+    (`starting`) from the plan that worked to the end of its apply: this runner's trials on
+    a host are placed one after another, each seeing the last one's files and reservation.
+    `checks`: the host's facts and pre-flight checks (not when a trial of this runner
+    passed them there just now)."""
+    held: list[threading.Lock] = []
 
     def attempt() -> Plan:
         # Trials share the study's pushed files: a trial leaving takes a shared file away
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again by the caller).
-        nonlocal held
-        w.starting.acquire()
-        held = True
+        held.extend(w.starting.acquire(hosts))
         try:
             trace(number, "planning")
-            plan = build_plan(ctx, checks=True)
+            plan = build_plan(ctx, checks=checks, facts=checks)
             trace(number, "planned")
             return plan
         except BaseException:
-            held = False
-            w.starting.release()  # the queue waits without it
+            w.starting.release(held)  # the queue waits without them
+            held.clear()
             raise
 
     try:
         plan = queue.plan(attempt)  # the hosts' queue marks are gone before the apply writes
-        return plan, ({} if plan.problems else apply_plan(ctx, plan, lambda line: None))
+        if plan.problems:
+            return plan, {}
+        setups = tuple(sorted(hp.name for hp in plan.hosts if hp.setup is not None and hp.error is None))
+        if setups:
+            w.post(SettingUp(number, setups))
+        return plan, apply_plan(ctx, plan, lambda line: None)
     except Stopped:
         return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
     except PlacementError as e:
         return Ended(Ending.FAILED, e.message)
     finally:
-        if held:
-            w.starting.release()
+        w.starting.release(held)
 
 
 def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
@@ -367,6 +506,7 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
             return Ended(Ending.FAILED, str(e))
         if st.phase.ended:
             trace(h.number, "ended")
+            h.quiet = not any(t.state.live or t.state is TaskState.UNKNOWN for t in st.tasks)
             return _ending(w, st, reports)
         if reports:
             w.post(Reported(h.number, reports))
@@ -376,16 +516,67 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
 
 
 def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended | None:
-    """Between two polls: Ctrl-C (the trial runs on), or the loop's word to stop it early."""
+    """Between two looks: Ctrl-C (the trial runs on), or the loop's word to stop it early;
+    else wait on the host until one of its tasks ends (or the next look is due)."""
     if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     if h.stop_early is not None:
         end_job(ctx, st)
+        h.quiet = True  # stopped in order
         last = reports[-1] if reports else None
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
-    if w.stop.wait(w.poll):
+    if not _host_wait(w, ctx, st) and w.stop.wait(w.poll):
+        return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
+    if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     return None
+
+
+WAIT_SLICE = 0.05  # seconds between the host-side wait's looks at its processes (no fork but `sleep`)
+WAIT_LONGEST = 3.0  # without early stopping, seconds between looks while nothing ends (the loop's beat)
+
+
+def end_wait_command(units: list[str], seconds: float) -> str:
+    """A shell command that returns as soon as one of `units` ends (its main process is
+    gone: a look at /proc, not a round trip per look), or after `seconds`. It prints
+    "ended", "timeout", or "none" (no main process to watch: the caller waits its poll)."""
+    turns = max(1, round(seconds / WAIT_SLICE))
+    script = (
+        'pids=; for u in "$@"; do '
+        'case "$(systemctl is-active "$u")" in active|activating|reloading|deactivating) ;; *) echo ended; exit 0;; esac; '
+        'p=$(systemctl show -p MainPID --value "$u"); [ "${p:-0}" -gt 0 ] 2>/dev/null && pids="$pids $p"; '
+        "done; "
+        '[ -n "$pids" ] || { echo none; exit 0; }; '
+        f"i=0; while [ $i -lt {turns} ]; do "
+        'for p in $pids; do [ -d "/proc/$p" ] || { echo ended; exit 0; }; done; '
+        f"sleep {WAIT_SLICE}; i=$((i+1)); done; echo timeout"
+    )
+    return "sh -c " + shlex.quote(script) + " sh " + " ".join(shlex.quote(u) for u in units)
+
+
+def _host_wait(w: TrialWork, ctx: Context, st: JobStatus) -> bool:
+    """Wait on the host of the trial's metric task (else of its first running task) until
+    a running task of it there ends, or the next look is due: its end is seen within a
+    twentieth of a second, with one command in flight instead of a look per poll. With
+    early stopping the next look is due after `poll` (its reports decide), else after a few
+    seconds (a task on another host that ends is seen then). False: not waited (nothing to
+    watch, or the host did not answer): the caller waits its poll."""
+    running = [t for t in st.tasks if t.state is TaskState.RUNNING]
+    if not running:
+        return False
+    task = metric_task(ctx.inventory)
+    host = next((t.host for t in running if t.task == task), running[0].host)
+    target = ctx.targets.get(host)
+    if target is None:
+        return False
+    units = [layout.unit_name(ctx.inventory.job, t.task) for t in running if t.host == host]
+    longest = w.poll if w.tune.early_stopping is not EarlyStopping.NONE else max(w.poll, WAIT_LONGEST)
+    said: list[bytes] = []
+    try:
+        ctx.session.stream(target, end_wait_command(units, longest), said.append, stop=w.stop)
+    except Exception:  # noqa: BLE001 - a wait that fails is a poll's sleep: the next look says why
+        return False
+    return b"none" not in said and bool(said)
 
 
 def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:
@@ -430,10 +621,26 @@ def _keep_logs(w: TrialWork, ctx: Context, number: int) -> None:
         w.say(f"trial {number}: its logs could not be kept: {getattr(e, 'message', e)}")
 
 
-def _remove(w: TrialWork, ctx: Context) -> None:
-    """destroy, as `provision destroy` does it, under the trial's lock."""
+def _remove(w: TrialWork, ctx: Context, *, quiet: bool = False) -> None:
+    """destroy, as `provision destroy` does it, under the trial's lock. `quiet`: the trial's
+    job ended with none of its tasks running (seen so, or stopped in order by end_job):
+    each host it is on removes it in one round trip (the agent's destroy: units, files,
+    shared files other jobs still list kept), without destroy's probe and stop steps;
+    any host that fails that is destroyed as usual."""
     if ctx.lock is None:
         ctx.lock = ctx.state.store.lock("destroy").acquire()
+    on = [ctx.targets[n] for n in sorted(ctx.state.hosts) if n in ctx.targets]
+    if quiet and on:
+
+        def clear(t: Target) -> None:
+            rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(ctx.inventory.job))
+            if rep.errors:
+                raise HostError(t, "; ".join(rep.errors))
+            ctx.state.forget_host(t.name)
+
+        with ctx.state.deferred():
+            if not run_step(ctx.session, Step.REMOVE, clear, on).errors:
+                return
     plan = destroy_plan(ctx)
     if plan.changed:
         destroy(ctx, plan)

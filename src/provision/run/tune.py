@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,15 +46,20 @@ from provision.run.trialrun import (
     Post,
     Removed,
     Reported,
+    SettingUp,
     Started,
     TrialWork,
     Waiting,
     run_trial,
     trace,
 )
+from provision.spec.placement import Slot
 from provision.spec.statebackend import backend_of
 
 BEAT_EVERY = 3.0  # seconds between a runner's "still here" on the study and its trials' heartbeats
+# Where a trial is, as its row's why says while it runs (`tune --status`): this, then
+# "waiting for GPUs: ...", "setting up on HOSTS", "running on HOSTS", "stopping: WHY".
+STARTING_WORDS = "starting (placing it and writing its files)"
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ class _Mine:
     progress: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last (steps, value) seen
     written: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last progress written
     asked: dict[int, TrialRow] = field(default_factory=dict)  # asked, not yet on the hosts: its "started" line
+    # Trials told since the last look, with where they ran: the next trials asked go there.
+    freed: list[tuple[Handle, Mapping[str, Slot]]] = field(default_factory=list)
 
     def holding(self) -> int:
         """Trials that hold GPUs (not yet told)."""
@@ -164,6 +171,7 @@ class StudyLoop:
 
     def _wait(self) -> None:
         """Until a worker posts (then everything posted is handled) or a poll passes."""
+        self._hand_off()
         try:
             post = self.posts.get(timeout=self.w.poll)
         except queue.Empty:
@@ -214,13 +222,22 @@ class StudyLoop:
         if asked is None:
             return False
         job = trial_job(self.w.inv.job, asked.number)
-        self.study.claim(asked.number, self.me, job)
+        self.study.claim(asked.number, self.me, job, doing=STARTING_WORDS)
         # Said when its job is on the hosts (Started), not while it still waits for room.
         self.mine.asked[asked.number] = TrialRow(
             asked.number, tuple(asked.params.items()), TrialState.RUNNING, job=job, retry_of=asked.retry_of
         )
-        self._submit(Handle(asked.number, asked.params))
+        # Where a trial just ended (its GPUs and ports free): the new one goes there.
+        before, hint = self.mine.freed.pop(0) if self.mine.freed else (None, None)
+        self._submit(Handle(asked.number, asked.params, hint=hint, after=before))
         return True
+
+    def _hand_off(self) -> None:
+        """Trials told whose place no new trial took (none was started): their wind-up (logs
+        kept, removal) need not wait for one."""
+        for h, _ in self.mine.freed:
+            h.handed_off.set()
+        self.mine.freed.clear()
 
     def _adopt(self, info: TrialInfo) -> None:
         if not info.told:
@@ -231,7 +248,7 @@ class StudyLoop:
         )
 
     def _submit(self, h: Handle) -> None:
-        trace(h.number, "submitted")
+        trace(h.number, "submitted" + (f" after {h.after.number}" if h.after is not None else ""))
         self.mine.handles[h.number] = h
         self.pool.submit(self.run_trial, self.w, h)
 
@@ -242,26 +259,41 @@ class StudyLoop:
         if h is None:
             return
         if isinstance(post, Started):
-            self.study.beat(post.number, phase="running", hosts=post.hosts)
+            on = ", ".join(sorted(set(post.hosts.values())))
+            self.study.beat(
+                post.number, phase="running", hosts=post.hosts, doing=f"running on {on}" if on else "running"
+            )
             row = self.mine.asked.pop(post.number, None)
             if row is not None:
                 self.on_row(row)
-        elif isinstance(post, Waiting):
-            if post.why is None:
-                self.waiting.pop(post.number, None)
-            else:
-                self.waiting[post.number] = post.why
-                self.w.say(f"trial {post.number} waits for room: {post.why}")
+        elif isinstance(post, (Waiting, SettingUp)):
+            self._where(post)
         elif isinstance(post, Reported):
             self._reported(h, post.reports)
         elif isinstance(post, JobEnded):
-            self._ended(h, post.ended)
+            self._ended(h, post.ended, post.slots)
         elif isinstance(post, Removed):
             del self.mine.handles[post.number]
             self.mine.asked.pop(post.number, None)
             self.waiting.pop(post.number, None)
             if not post.left:
                 self.study.mark_removed(post.number)
+
+    def _where(self, post: Waiting | SettingUp) -> None:
+        """Where a trial is before it runs, said once per change and kept on the study (its
+        row's why while it runs: `tune --status`)."""
+        if isinstance(post, SettingUp):
+            words = f"setting up on {', '.join(post.hosts)}"
+            self.waiting[post.number] = words
+            self.w.say(f"trial {post.number} is {words} (its tasks start when the setup is done)")
+        elif post.why is None:
+            self.waiting.pop(post.number, None)
+            words = STARTING_WORDS
+        else:
+            words = f"waiting for GPUs: {post.why}"
+            self.waiting[post.number] = words
+            self.w.say(f"trial {post.number} waits for room: {post.why}")
+        self.study.beat(post.number, doing=words)
 
     def _reported(self, h: Handle, reports: tuple[Report, ...]) -> None:
         """New steps go to the pruner (with early stopping); it may stop the trial (its
@@ -278,6 +310,7 @@ class StudyLoop:
             self.study.report(h.number, r.value, r.step)
         if new and h.stop_early is None and self.study.should_prune(h.number):
             h.stop_early = self._median_words(last)
+            self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
 
     def _median_words(self, last: Report) -> str:
         """Why the early-stopping rule stopped it, with the numbers that decided (the
@@ -287,10 +320,13 @@ class StudyLoop:
             return f"{self.w.tune.early_stopping} early stopping at step {last.step}"
         return stop_words(call, self.w.tune.metric.name)
 
-    def _ended(self, h: Handle, ended: Ended) -> None:
-        """The trial's job ended: told once, whatever posted it."""
+    def _ended(self, h: Handle, ended: Ended, slots: Mapping[str, Slot]) -> None:
+        """The trial's job ended: told once, whatever posted it. Where it ran goes to the
+        next trial asked."""
         if h.told or h.told_event.is_set():
             return
+        if slots:
+            self.mine.freed.append((h, slots))
         told = self.study.tell(h.number, ended)
         h.told_event.set()  # its worker may remove it now
         if not told:
