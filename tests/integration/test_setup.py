@@ -64,7 +64,8 @@ def test_setup_runs_once_per_change_and_when_forced(two, sandbox_inventory, tmp_
         ok(cli("apply", "-y", "--force-setup", inv, cwd=tmp_path))
         assert [runs(two, h) for h in ("host-1", "host-2")] == [3, 3]
         # Its output is in journald (the unit's identifier).
-        out = two.docker_exec("host-1", "journalctl -t provision-setup-setup -o cat --no-pager")[1]
+        ident = sh(two, "host-1", "cd /etc/systemd/system && ls provision-setup-*.service").split(".")[0]
+        out = two.docker_exec("host-1", f"journalctl -t {ident} -o cat --no-pager")[1]
         assert "test -d" not in out  # the commands are not echoed; their output would be
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
@@ -174,7 +175,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
     import sys
 
     from clirun import sh, wait_until
-    from provision.host import layout
+    from provision.spec.inventory import parse
+    from provision.spec.render import render
 
     inv = tmp_path / "inv.yaml"
     sandbox_inventory(
@@ -184,7 +186,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
         path=inv,
         setup={"commands": ["exec sleep 100000"]},
     )
-    unit = layout.setup_unit_name("setuphang")
+    rendered = render(parse(inv.read_text(), inv))
+    unit = rendered.hosts["host-1"].setup.unit
     p = subprocess.Popen(
         [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
         cwd=tmp_path,
