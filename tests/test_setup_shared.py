@@ -14,8 +14,10 @@ import pytest
 from provision.host import layout, ledger, setups
 from provision.host.protocol import FileInfo, ProbeReport, SetupReport, SetupRequest
 from provision.rules.sharing import setup_done, setup_note, setup_reason
+from provision.run.destroy import study_of
 from provision.spec.inventory import parse
 from provision.spec.render import SetupUnit, render
+from provision.spec.trial import trial_inventory
 
 INV = """\
 job: {job}
@@ -271,3 +273,59 @@ def test_the_last_job_using_a_setup_removes_it(host):
 )
 def test_only_a_shared_setups_record_is_released(host, setup):
     assert setups.shared_key(setup) is None and not setups.release(setup)
+
+
+def test_a_study_holds_its_trials_setup_until_it_is_destroyed(host):
+    """Trials follow one another on a host: the removal of one must not take the setup the
+    next one finds done. The study holds it; destroying the study lets it go."""
+    job_uses("study-t1")
+    setups.op_setup(req("study-t1"))
+    setup = {"unit": layout.setup_unit(KEY), "key": KEY}
+    kept = setups.hold(setup, "study")  # the trial's removal (run/destroy.study_of)
+    assert (
+        ledger.remove_unowned(
+            "study-t1",
+            [p for p in json.loads(Path(layout.manifest_path("study-t1")).read_text())["files"] if p not in kept],
+        )
+        == 0
+    )
+    Path(layout.manifest_path("study-t1")).unlink()
+    assert not setups.release(setup) and setups.done(KEY)  # the next trial takes it as it is
+    job_uses("study-t2")
+    assert setups.hold(setup, "study") and setups.op_setup(req("study-t2")).ran is False
+    assert setups.release_holds("other") == 0 and setups.done(KEY)
+    assert setups.release_holds("study") == 0  # study-t2 runs with it: only the hold goes
+    assert setups.done(KEY) and not Path(layout.setup_hold_path(KEY, "study")).exists()
+    setups.hold(setup, "study")
+    Path(layout.manifest_path("study-t2")).unlink()  # t2 removed, held again; the study destroyed:
+    assert setups.release_holds("study") == 1
+    assert not setups.done(KEY) and not Path(layout.setup_unit_path(KEY)).exists()
+    assert not Path(layout.SETUPS_VAR).exists() and not Path(layout.SETUPS_ETC).exists()
+
+
+@pytest.mark.parametrize("study", ["", "../x", "Study", "a" * 64, "a/b"])
+def test_a_hold_needs_a_job_name(host, study):
+    assert setups.hold({"unit": layout.setup_unit(KEY), "key": KEY}, study) == []
+
+
+def test_a_trials_removal_names_its_study(tmp_path):
+    text = LEGACY_INV.replace("job: legacy", "job: sweep-t12")
+    inv = parse(text, tmp_path / "inv.yaml")
+    assert study_of(inv) == ""  # no tune: an ordinary job
+    tune = parse(TUNED, tmp_path / "inv.yaml")
+    assert tune.tune is not None and study_of(tune) == ""  # the study itself
+    assert study_of(trial_inventory(tune, 12, {"lr": 0.1})) == "sweep"
+
+
+TUNED = """\
+job: sweep
+hosts:
+  - {name: h1, address: 192.0.2.11}
+pools:
+  chief: {replicas: 1, command: [/bin/true]}
+setup: {commands: [echo one]}
+tune:
+  metric: {name: loss, goal: minimize}
+  parameters: {lr: {type: double, min: 0.01, max: 1.0}}
+  max_trials: 2
+"""

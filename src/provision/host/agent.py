@@ -520,8 +520,11 @@ def op_destroy(req: P.DestroyRequest) -> P.DestroyReport:  # noqa: C901  destroy
     units = _units_of(job, manifest, req.stop)
     start_at_boot(job, False)
     systemctl("stop", units, errors)
-    removed = ledger.remove_unowned(job, list(manifest.get("files", {})), errors)
-    lazy("setups").release(manifest.get("setup"))  # the last job using a shared setup takes its mark
+    setups = lazy("setups")  # a shared setup goes with the last job using it, or stays held by a study
+    kept = setups.hold(manifest.get("setup"), req.hold_setup) if req.hold_setup else []
+    removed = ledger.remove_unowned(job, [p for p in manifest.get("files", {}) if p not in kept], errors)
+    setups.release(manifest.get("setup"))
+    setups.release_holds(job)
     _restore_originals(job, errors)
     dirs = read_json(layout.created_dirs_path(job))
     if isinstance(dirs, list):

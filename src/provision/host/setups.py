@@ -139,6 +139,11 @@ def release(setup: Any) -> bool:
     key = shared_key(setup)
     if key is None or os.path.lexists(layout.setup_unit_path(key)):
         return False
+    _remove(key)
+    return True
+
+
+def _remove(key: str) -> None:
     for path in (layout.setup_done_path(key), layout.setup_lock_path(key)):
         _unlink(path)
     for d in (layout.setup_dir(key), layout.SETUPS_ETC, layout.SETUPS_VAR):
@@ -146,4 +151,45 @@ def release(setup: Any) -> bool:
             os.rmdir(d)
         except OSError:
             pass  # not empty: another setup's, or still used
-    return True
+
+
+def _files(key: str) -> list[str]:
+    return [layout.setup_script_path(key), layout.setup_env_path(key), layout.setup_unit_path(key)]
+
+
+def hold(setup: Any, study: str) -> list[str]:
+    """A trial's removal: its study holds its shared setup (the study's next trial on this
+    host finds it done). Returns the setup's files, which stay."""
+    key = shared_key(setup)
+    if key is None or not study or study.strip("abcdefghijklmnopqrstuvwxyz0123456789-") or len(study) > 63:
+        return []
+    os.makedirs(layout.SETUPS_VAR, 0o755, exist_ok=True)
+    fd = os.open(layout.setup_hold_path(key, study), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    return _files(key)
+
+
+def release_holds(study: str) -> int:
+    """The study is destroyed: its holds go, and each setup no job's manifest and no other
+    study's hold keeps goes with them (under the ledger's lock, as remove_unowned). Returns
+    how many setups went."""
+    try:
+        names = os.listdir(layout.SETUPS_VAR)
+    except OSError:
+        return 0
+    held = [n for n in names if n.endswith(layout.HOLD + study) and len(n.split(".", 1)[0]) == 32]
+    if not held:
+        return 0
+    gone = 0
+    with ledger._Locked():
+        for name in held:
+            short = name.split(".", 1)[0]
+            _unlink(layout.SETUPS_VAR + "/" + name)
+            left = [n for n in os.listdir(layout.SETUPS_VAR) if n.startswith(short + layout.HOLD)]
+            if left or ledger.other_owners(study, [layout.setup_unit_path(short)]):
+                continue
+            for path in _files(short):
+                _unlink(path)
+            _remove(short)
+            gone += 1
+    return gone

@@ -469,6 +469,8 @@ def _all_leaves(hp: _Draft, report: ProbeReport, job: str, recorded: dict[str, A
         hp.files.append(
             FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host")
         )
+    for path in sorted(p for p, a in report.files.items() if a is not None and p.endswith(layout.HOLD + job)):
+        hp.files.append(FileChange(path, FileAction.DELETE, FileKind.SETUP, "the study's hold on its trials' setup"))
 
 
 def plan_host(

@@ -235,8 +235,11 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     return ProbeRequest(
         job=ctx.inventory.job,
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},
-        # ... and a setup's done mark (rules/sharing.setup_done: shared by the jobs that need it).
-        paths=sorted(set(rec.files if rec else ()) | ({bundle.setup.done_path} if bundle and bundle.setup else set())),
+        # ... and a setup's done mark and this job's hold on it (a study's: rules/sharing.py).
+        paths=sorted(
+            set(rec.files if rec else ())
+            | set(bundle.setup.marks(ctx.inventory.job) if bundle and bundle.setup else ())
+        ),
         # ... and each program a task about to start runs (programs.py: plan's warning).
         programs=program_paths(ctx.inventory, bundle, rec, ctx.state.keyed),
         units=sorted(units),
