@@ -278,27 +278,29 @@ def test_only_a_shared_setups_record_is_released(host, setup):
 def test_a_study_holds_its_trials_setup_until_it_is_destroyed(host):
     """Trials follow one another on a host: the removal of one must not take the setup the
     next one finds done. The study holds it; destroying the study lets it go."""
+    setup = {"unit": layout.setup_unit(KEY), "key": KEY}
+
+    def removed(trial: str, study: str = "study") -> None:  # as op_destroy does it
+        kept = setups.hold(setup, study)
+        files = json.loads(Path(layout.manifest_path(trial)).read_text())["files"]
+        ledger.remove_unowned(trial, [p for p in files if p not in kept])
+        Path(layout.manifest_path(trial)).unlink()
+        setups.release(setup)
+
     job_uses("study-t1")
     setups.op_setup(req("study-t1"))
-    setup = {"unit": layout.setup_unit(KEY), "key": KEY}
-    kept = setups.hold(setup, "study")  # the trial's removal (run/destroy.study_of)
-    assert (
-        ledger.remove_unowned(
-            "study-t1",
-            [p for p in json.loads(Path(layout.manifest_path("study-t1")).read_text())["files"] if p not in kept],
-        )
-        == 0
-    )
-    Path(layout.manifest_path("study-t1")).unlink()
-    assert not setups.release(setup) and setups.done(KEY)  # the next trial takes it as it is
+    removed("study-t1")
+    assert setups.done(KEY) and Path(layout.setup_unit_path(KEY)).exists()  # the next trial takes it
     job_uses("study-t2")
-    assert setups.hold(setup, "study") and setups.op_setup(req("study-t2")).ran is False
+    assert setups.op_setup(req("study-t2")).ran is False and host.starts == 1
     assert setups.release_holds("other") == 0 and setups.done(KEY)
     assert setups.release_holds("study") == 0  # study-t2 runs with it: only the hold goes
-    assert setups.done(KEY) and not Path(layout.setup_hold_path(KEY, "study")).exists()
-    setups.hold(setup, "study")
-    Path(layout.manifest_path("study-t2")).unlink()  # t2 removed, held again; the study destroyed:
-    assert setups.release_holds("study") == 1
+    assert setups.done(KEY) and not Path(layout.setup_hold_path("study")).exists()
+    removed("study-t2")
+    job_uses("b-t1")
+    removed("b-t1", "b")  # another study with the same setup holds it too
+    assert setups.release_holds("study") == 0 and setups.done(KEY)
+    assert setups.release_holds("b") == 1  # the last hold
     assert not setups.done(KEY) and not Path(layout.setup_unit_path(KEY)).exists()
     assert not Path(layout.SETUPS_VAR).exists() and not Path(layout.SETUPS_ETC).exists()
 

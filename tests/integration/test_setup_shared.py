@@ -140,7 +140,7 @@ def test_a_studys_trials_run_their_setup_once_per_host(two, sandbox_inventory, t
         # The trials are gone; the study holds their setup until it is destroyed.
         assert setup_there(two) == [True, True]
         out = ok(cli("destroy", "-y", inv, cwd=tmp_path)).stdout
-        assert f".hold.{study} (destroy)" in out, out
+        assert f"/var/lib/provision/.setups/holds/{study} (destroy)" in out, out
         assert setup_there(two) == [False, False]
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)

@@ -548,7 +548,7 @@ def op_destroy(req: P.DestroyRequest) -> P.DestroyReport:  # noqa: C901  destroy
     code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
     if code != 0:
         errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
-    run(["systemctl", "reset-failed", "--"] + units)
+    systemctl("reset-failed", units, [])  # none (a study's destroy): not every unit of the host
     return P.DestroyReport(removed, units, errors)
 
 

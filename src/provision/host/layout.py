@@ -363,12 +363,13 @@ def job_of_ledger_path(path: str) -> str:
 #     /etc/systemd/system/provision-setup-K.service
 #     /var/lib/provision/.setups/K.done     the full key, once the setup succeeded here
 #     /var/lib/provision/.setups/K.lock     flock: one run at a time, the others wait for it
-#     /var/lib/provision/.setups/K.hold.S   study S holds it between its trials (setup_hold_path)
+#     /var/lib/provision/.setups/holds/S    the setups study S holds between its trials
 # K: the key's first 32 hex digits (128 bits). Dot names: job names are DNS labels.
 
 SETUP = "setup"  # not a task name: task names are ROLE-INDEX
 SETUPS_ETC = ETC + "/.setups"
 SETUPS_VAR = VAR + "/.setups"
+SETUPS_HOLDS = SETUPS_VAR + "/holds"
 
 
 def setup_short(key: str) -> str:
@@ -415,13 +416,11 @@ def setup_lock_path(key: str) -> str:
     return SETUPS_VAR + "/" + setup_short(key) + ".lock"
 
 
-def setup_hold_path(key: str, study: str) -> str:
-    """A study's hold on a setup its trials use: a trial's removal leaves the setup for the
-    study's next trials (they follow one another on a host) until the study is destroyed."""
-    return SETUPS_VAR + "/" + setup_short(key) + HOLD + study
-
-
-HOLD = ".hold."
+def setup_hold_path(study: str) -> str:
+    """A study's holds on the setups its trials use, one K a line: a trial's removal leaves
+    its setup for the study's next trials (they follow one another on a host) until the
+    study is destroyed."""
+    return SETUPS_HOLDS + "/" + study
 
 
 def setup_done_record(key: str) -> bytes:

@@ -146,11 +146,7 @@ def release(setup: Any) -> bool:
 def _remove(key: str) -> None:
     for path in (layout.setup_done_path(key), layout.setup_lock_path(key)):
         _unlink(path)
-    for d in (layout.setup_dir(key), layout.SETUPS_ETC, layout.SETUPS_VAR):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass  # not empty: another setup's, or still used
+    _rmdirs(layout.setup_dir(key), layout.SETUPS_ETC, layout.SETUPS_VAR)
 
 
 def _files(key: str) -> list[str]:
@@ -163,33 +159,59 @@ def hold(setup: Any, study: str) -> list[str]:
     key = shared_key(setup)
     if key is None or not study or study.strip("abcdefghijklmnopqrstuvwxyz0123456789-") or len(study) > 63:
         return []
-    os.makedirs(layout.SETUPS_VAR, 0o755, exist_ok=True)
-    fd = os.open(layout.setup_hold_path(key, study), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
+    with ledger._Locked():
+        keys = _held(study)
+        if layout.setup_short(key) not in keys:
+            os.makedirs(layout.SETUPS_HOLDS, 0o755, exist_ok=True)
+            data = "".join(k + "\n" for k in [*keys, layout.setup_short(key)]).encode()
+            path = layout.setup_hold_path(study)
+            fd = os.open(path + layout.TMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(path + layout.TMP_SUFFIX, path)
     return _files(key)
+
+
+def _held(study: str) -> list[str]:
+    """The setups (short keys) the study holds here."""
+    try:
+        with open(layout.setup_hold_path(study)) as f:
+            return [k for k in f.read().split() if len(k) == 32 and not k.strip(HEX)]
+    except OSError:
+        return []
 
 
 def release_holds(study: str) -> int:
     """The study is destroyed: its holds go, and each setup no job's manifest and no other
     study's hold keeps goes with them (under the ledger's lock, as remove_unowned). Returns
     how many setups went."""
-    try:
-        names = os.listdir(layout.SETUPS_VAR)
-    except OSError:
-        return 0
-    held = [n for n in names if n.endswith(layout.HOLD + study) and len(n.split(".", 1)[0]) == 32]
-    if not held:
+    if not os.path.lexists(layout.setup_hold_path(study)):
         return 0
     gone = 0
     with ledger._Locked():
-        for name in held:
-            short = name.split(".", 1)[0]
-            _unlink(layout.SETUPS_VAR + "/" + name)
-            left = [n for n in os.listdir(layout.SETUPS_VAR) if n.startswith(short + layout.HOLD)]
-            if left or ledger.other_owners(study, [layout.setup_unit_path(short)]):
+        keys = _held(study)
+        _unlink(layout.setup_hold_path(study))
+        try:
+            others = [_held(s) for s in os.listdir(layout.SETUPS_HOLDS)]
+        except OSError:
+            others = []
+        for short in keys:
+            if any(short in o for o in others) or ledger.other_owners(study, [layout.setup_unit_path(short)]):
                 continue
             for path in _files(short):
                 _unlink(path)
             _remove(short)
             gone += 1
+        if not others:
+            _rmdirs(layout.SETUPS_HOLDS, layout.SETUPS_VAR)
     return gone
+
+
+def _rmdirs(*dirs: str) -> None:
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass  # not empty: another setup's, or still used

@@ -469,8 +469,9 @@ def _all_leaves(hp: _Draft, report: ProbeReport, job: str, recorded: dict[str, A
         hp.files.append(
             FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host")
         )
-    for path in sorted(p for p, a in report.files.items() if a is not None and p.endswith(layout.HOLD + job)):
-        hp.files.append(FileChange(path, FileAction.DELETE, FileKind.SETUP, "the study's hold on its trials' setup"))
+    if report.files.get(layout.setup_hold_path(job)) is not None:  # a study's: its trials' setups
+        why = "the study's hold on its trials' setup"
+        hp.files.append(FileChange(layout.setup_hold_path(job), FileAction.DELETE, FileKind.SETUP, why))
 
 
 def plan_host(

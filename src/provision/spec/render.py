@@ -92,10 +92,6 @@ class SetupUnit:
     def done_path(self) -> str:
         return layout.setup_done_path(self.key)
 
-    def marks(self, job: str) -> tuple[str, str]:
-        """What the probe reads of it: its done mark, and the job's hold on it (a study's)."""
-        return self.done_path, layout.setup_hold_path(self.key, job)
-
 
 @dataclass(frozen=True)
 class HostBundle:
