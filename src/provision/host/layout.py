@@ -22,6 +22,8 @@ For job J and task T:
     /var/lib/provision/J/originals/         host files that `replace: true` moved aside
 Host-wide:
     /var/lib/provision/.ledger/J.json       what job J holds here (ledger.py)
+    /etc/provision/.setups/K/, /var/lib/provision/.setups/
+                                            a `setup:` shared by the jobs that need it (below)
     /var/cache/provision/agent/             0700, the agent's modules compiled by this host's
                                             python3 (host/bundle.py); a cache: any of it
                                             may be deleted, and destroy leaves it
