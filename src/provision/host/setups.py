@@ -101,21 +101,22 @@ def _write_done(key: str) -> None:
 def op_setup(req: P.SetupRequest) -> P.SetupReport:
     """Run the setup unit and wait for it, unless it is done here (or `force`): its done
     mark is written only when it succeeded. Under the setup's lock: a job that asks while
-    another runs it waits for that run, then finds it done."""
+    another runs it waits for that run, then finds it done (its reservation renewed
+    meanwhile: the run may take an hour)."""
     key = req.key
-    with _KeyLock(key):
-        if not req.force and done(key):
-            return P.SetupReport(ran=False)
-        _unlink(layout.setup_done_path(key))  # a setup that fails half-way is not done
-        run(["systemctl", "reset-failed", "--", req.unit])
-        renewed = ledger.renewing(req.job, req.renew_every)
-        try:
+    renewed = ledger.renewing(req.job, req.renew_every)
+    try:
+        with _KeyLock(key):
+            if not req.force and done(key):
+                return P.SetupReport(ran=False)
+            _unlink(layout.setup_done_path(key))  # a setup that fails half-way is not done
+            run(["systemctl", "reset-failed", "--", req.unit])
             code, _, err = run(["systemctl", "start", "--", req.unit], timeout=req.timeout)
-        finally:
-            renewed.set()
-        if code == 0:
-            _write_done(key)
-            return P.SetupReport(ran=True)
+            if code == 0:
+                _write_done(key)
+                return P.SetupReport(ran=True)
+    finally:
+        renewed.set()
     return _failed(req, code, err)
 
 
