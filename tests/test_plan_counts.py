@@ -4,6 +4,7 @@ destroy", and `--json` carries the same numbers. Plans built without hosts, as a
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import FrozenInstanceError, fields, replace
 
@@ -13,6 +14,7 @@ import pytest
 from provision.cli.output import plan_lines
 from provision.core.imagechange import ImageChange
 from provision.core.target import Target
+from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.rules.plan import Plan, plan_host
 from provision.rules.planner import make_plan
@@ -52,12 +54,12 @@ def targets(r: Rendered) -> dict[str, Target]:
 def applied(r: Rendered, name: str) -> ProbeReport:
     """What a host reports once `r` is applied there and its tasks run."""
     b = r.hosts[name]
+    files = {f.path: FileInfo("file", f.mode, 0, sha256=f.sha256) for f in b.files}
+    if b.setup:  # and its setup done (the mark host/setups.py writes)
+        done = hashlib.sha256(layout.setup_done_record(b.setup.key)).hexdigest()
+        files[b.setup.done_path] = FileInfo("file", 0o600, 0, sha256=done)
     return ProbeReport(
-        manifest=b.manifest,
-        files={f.path: FileInfo("file", f.mode, 0, sha256=f.sha256) for f in b.files},
-        units={u.unit: RUNNING for u in b.tasks},
-        facts={"systemd_pid1": True},
-        setup_key=b.setup.key if b.setup else None,
+        manifest=b.manifest, files=files, units={u.unit: RUNNING for u in b.tasks}, facts={"systemd_pid1": True}
     )
 
 
@@ -146,7 +148,8 @@ CASES = [
     (with_ledger_and_image, False, (17, 0, 0)),  # a new ledger entry: "+"
     (with_ledger_entry_changed, False, (15, 1, 0)),
     (change, False, (0, 3 + 2, 0)),  # 3 restarts, train.py on 2 hosts
-    (setup_changed, False, (0, 2 + 2 + 3, 0)),  # 2 setup runs, 2 scripts, 3 restarts
+    # 2 setup runs, 3 restarts; a setup is named by its key: its 3 files go and 3 come, on 2 hosts
+    (setup_changed, False, (2 * 3, 2 + 3, 2 * 3)),
     (shrink, False, (0, 2 + 2 + 1, 1 + 2)),  # 2 restarts, 2 env files, the target; worker-1 and its files
     (bookkeeping_only, False, (0, 1, 0)),
     (destroy, True, (0, 0, 15)),

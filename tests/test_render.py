@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from provision.host import layout
 from provision.spec.clusterenv import job_cluster, task_env
 from provision.spec.inventory import parse
 from provision.spec.render import earlier_units, render, write_tree
@@ -317,7 +318,7 @@ def test_a_setup_is_bounded_by_its_timeout(tmp_path):
     """Issue 28, item 16: the setup unit had TimeoutStartSec=infinity."""
     text = BASE + "setup: {commands: [apt-get update], timeout: 600}\n"
     r = render(inv_from(text, tmp_path))
-    units = [f for b in r.hosts.values() for f in b.files if f.path.endswith("setup.service")]
+    units = [f for b in r.hosts.values() for f in b.files if layout.is_setup_unit(f.path.rsplit("/", 1)[-1])]
     assert units and all(b"TimeoutStartSec=600\n" in f.data() for f in units)
     setups = [b.setup for b in r.hosts.values() if b.setup]
     assert setups and all(s.timeout == 600 for s in setups)

@@ -307,12 +307,12 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
 
 def test_tasks_held_back_by_the_hosts_setup_say_so():
     """Issue 28, item 21: after a failed setup, status said only "Pending (not started)"."""
-    from provision.host.layout import setup_unit_name
+    from provision.host.layout import setup_unit
     from provision.rules.status import job_status
 
     inv = _inv({"chief": (1, NEVER), "worker": (1, NEVER)})
     placement = place(inv)
-    setup = setup_unit_name(inv.job)
+    setup = setup_unit("a" * 64)
     failed = {**FAILED, "ExecMainCode": "1", "ExecMainStatus": "7"}
     running = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "start"}
     reports = {}

@@ -64,7 +64,9 @@ def test_setup_runs_once_per_change_and_when_forced(two, sandbox_inventory, tmp_
         ok(cli("apply", "-y", "--force-setup", inv, cwd=tmp_path))
         assert [runs(two, h) for h in ("host-1", "host-2")] == [3, 3]
         # Its output is in journald (the unit's identifier).
-        out = two.docker_exec("host-1", "journalctl -t provision-setup-setup -o cat --no-pager")[1]
+        units = sh(two, "host-1", "ls /etc/systemd/system | grep -E '^provision-setup-[0-9a-f]{32}[.]service$'")
+        ident = units.strip().split(".")[0]  # the setup's (the job is named "setup": its tasks' start so too)
+        out = two.docker_exec("host-1", f"journalctl -t {ident} -o cat --no-pager")[1]
         assert "test -d" not in out  # the commands are not echoed; their output would be
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
@@ -174,7 +176,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
     import sys
 
     from clirun import sh, wait_until
-    from provision.host import layout
+    from provision.spec.inventory import parse
+    from provision.spec.render import render
 
     inv = tmp_path / "inv.yaml"
     sandbox_inventory(
@@ -184,7 +187,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
         path=inv,
         setup={"commands": ["exec sleep 100000"]},
     )
-    unit = layout.setup_unit_name("setuphang")
+    rendered = render(parse(inv.read_text(), inv))
+    unit = rendered.hosts["host-1"].setup.unit
     p = subprocess.Popen(
         [sys.executable, "-m", "provision", "apply", "-y", str(inv)],
         cwd=tmp_path,

@@ -41,6 +41,8 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
         out.append(click.style(title, bold=True))
         for path, other in hp.shared:
             out.append(_line("=", f"file {path} (the same file as job {other}'s: shared, not written)"))
+        if hp.setup_done and hp.bundle is not None and hp.bundle.setup is not None:
+            out.append(_line("=", f"setup: {hp.setup_done} (not run again)"))
         for r in hp.resources():  # exactly what the summary counts (HostPlan.resources)
             item = r.item
             if isinstance(item, TaskChange):

@@ -498,13 +498,15 @@ def _restore_originals(job: str, errors: list[str]) -> None:
             errors.append("%s: could not put the original back: %s" % (path, e.strerror))
 
 
-def _units_of(manifest: dict[str, Any], stop: list[str]) -> list[str]:
-    """The units destroy stops: those asked, every task's, and the setup's (an interrupted one)."""
+def _units_of(job: str, manifest: dict[str, Any], stop: list[str]) -> list[str]:
+    """The units destroy stops: those asked, every task's, and the setup's (an interrupted
+    one) unless another job uses it too."""
     units = list(stop)
     units += [t["unit"] for t in manifest.get("tasks", {}).values() if t.get("unit") and t["unit"] not in units]
     setup = manifest.get("setup")
     if isinstance(setup, dict) and setup.get("unit") and setup["unit"] not in units:
-        units.append(setup["unit"])
+        if not lazy("setups").used_elsewhere(job, setup):  # a shared one may run for another job
+            units.append(setup["unit"])
     return units
 
 
@@ -515,10 +517,14 @@ def op_destroy(req: P.DestroyRequest) -> P.DestroyReport:  # noqa: C901  destroy
     errors: list[str] = []
     if not isinstance(manifest, dict) or "_unreadable" in manifest:
         manifest = {"files": {}, "tasks": {}}
-    units = _units_of(manifest, req.stop)
+    units = _units_of(job, manifest, req.stop)
     start_at_boot(job, False)
     systemctl("stop", units, errors)
-    removed = ledger.remove_unowned(job, list(manifest.get("files", {})), errors)
+    setups = lazy("setups")  # a shared setup goes with the last job using it, or stays held by a study
+    kept = setups.hold(manifest.get("setup"), req.hold_setup) if req.hold_setup else []
+    removed = ledger.remove_unowned(job, [p for p in manifest.get("files", {}) if p not in kept], errors)
+    setups.release(manifest.get("setup"))
+    setups.release_holds(job)
     _restore_originals(job, errors)
     dirs = read_json(layout.created_dirs_path(job))
     if isinstance(dirs, list):
@@ -542,7 +548,7 @@ def op_destroy(req: P.DestroyRequest) -> P.DestroyReport:  # noqa: C901  destroy
     code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
     if code != 0:
         errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
-    run(["systemctl", "reset-failed", "--"] + units)
+    systemctl("reset-failed", units, [])  # none (a study's destroy): not every unit of the host
     return P.DestroyReport(removed, units, errors)
 
 
@@ -552,36 +558,6 @@ def read_key(path: str) -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-def op_setup(req: P.SetupRequest) -> P.SetupReport:
-    """Run the setup unit and wait for it; its key is recorded only when it succeeded."""
-    job = req.job
-    if not req.force and read_key(layout.setup_key_path(job)) == req.key:
-        return P.SetupReport(ran=False)
-    try:
-        os.unlink(layout.setup_key_path(job))  # a setup that fails half-way is not done
-    except OSError:
-        pass
-    run(["systemctl", "reset-failed", "--", req.unit])
-    done = ledger.renewing(job, req.renew_every)
-    try:
-        code, _, err = run(["systemctl", "start", "--", req.unit], timeout=req.timeout)
-    finally:
-        done.set()
-    if code == 0:
-        os.makedirs(layout.state_dir(job), 0o755, exist_ok=True)
-        atomic_write(layout.setup_key_path(job), (req.key + "\n").encode(), 0o600, [])
-        return P.SetupReport(ran=True)
-    st = unit_states([req.unit]).get(req.unit, {})
-    status = st.get("ExecMainStatus", "")
-    inv = st.get("InvocationID", "")
-    argv = ["journalctl", "-u", req.unit, "-n", str(req.tail), "-o", "cat", "--no-pager"]
-    _, out, _ = run(argv + (["_SYSTEMD_INVOCATION_ID=" + inv] if inv else []), timeout=30)
-    lines = out.splitlines()[-req.tail :] if out.strip() else []
-    if st.get("Result") == "timeout":
-        return P.SetupReport(True, None, lines, ["timed out: it ran longer than its setup.timeout"])
-    return P.SetupReport(True, int(status) if status.isdigit() else None, lines, [err.strip() or "exit %d" % code])
 
 
 def op_batch(req: P.BatchRequest) -> P.BatchReport:
@@ -609,7 +585,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "destroy": op_destroy,
     "batch": op_batch,
     "netcheck": lambda req: lazy("hostcheck").op_netcheck(req),
-    "setup": op_setup,
+    "setup": lambda req: lazy("setups").op_setup(req),
     "owners": lambda req: P.OwnersReport(ledger.other_owners(req.job, req.paths)),
     "queue": lambda req: P.QueueReport(ledger.queue(req.job, req.owner, req.waiting, time.time())),
 }
@@ -617,7 +593,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
 
 def untrusted(job: str) -> str | None:
     """The first of provision's directories (the job's too) that trust.py refuses, or None."""
-    dirs = [layout.ETC, layout.VAR, layout.LEDGER_DIR, os.path.dirname(layout.AGENT_CACHE)]
+    dirs = [layout.ETC, layout.VAR, layout.LEDGER_DIR, layout.SETUPS_VAR, os.path.dirname(layout.AGENT_CACHE)]
     if job:
         dirs += [layout.job_dir(job), layout.state_dir(job)]
     for d in dirs:

@@ -22,6 +22,8 @@ For job J and task T:
     /var/lib/provision/J/originals/         host files that `replace: true` moved aside
 Host-wide:
     /var/lib/provision/.ledger/J.json       what job J holds here (ledger.py)
+    /etc/provision/.setups/K/, /var/lib/provision/.setups/
+                                            a `setup:` shared by the jobs that need it (below)
     /var/cache/provision/agent/             0700, the agent's modules compiled by this host's
                                             python3 (host/bundle.py); a cache: any of it
                                             may be deleted, and destroy leaves it
@@ -354,27 +356,78 @@ def job_of_ledger_path(path: str) -> str:
 
 # --------------------------------------------------------------------------- setup
 #
-# The job's `setup:` on a host: a script and its environment, run by a oneshot unit before
-# the host's tasks start; the key of the last setup that succeeded, so it runs only when
-# its commands, env or the files it runs after change (or when forced).
+# A `setup:` on a host is keyed by what it is (its commands, env, user, timeout and the
+# contents of its inputs: spec/render.py), not by the job: every job that needs the same
+# one shares one run of it and its result. Its script, env and oneshot unit are named by
+# the key (a sha256, hex: nothing of the inventory reaches a name); each job's manifest
+# lists them as it lists a shared pushed file, so the last job to leave removes them.
+#     /etc/provision/.setups/K/setup.sh, setup.env
+#     /etc/systemd/system/provision-setup-K.service
+#     /var/lib/provision/.setups/K.done     the full key, once the setup succeeded here
+#     /var/lib/provision/.setups/K.lock     flock: one run at a time, the others wait for it
+#     /var/lib/provision/.setups/holds/S    the setups study S holds between its trials
+# K: the key's first 32 hex digits (128 bits). Dot names: job names are DNS labels.
 
 SETUP = "setup"  # not a task name: task names are ROLE-INDEX
+SETUPS_ETC = ETC + "/.setups"
+SETUPS_VAR = VAR + "/.setups"
+SETUPS_HOLDS = SETUPS_VAR + "/holds"
 
 
-def setup_script_path(job: str) -> str:
-    return job_dir(job) + "/setup.sh"
+def setup_short(key: str) -> str:
+    return key[:32]
 
 
-def setup_env_path(job: str) -> str:
-    return job_dir(job) + "/setup.env"
+def setup_dir(key: str) -> str:
+    return SETUPS_ETC + "/" + setup_short(key)
 
 
-def setup_unit_name(job: str) -> str:
-    return PREFIX + job + "-" + SETUP + ".service"
+def setup_script_path(key: str) -> str:
+    return setup_dir(key) + "/setup.sh"
 
 
-def setup_unit_path(job: str) -> str:
-    return SYSTEMD_DIR + "/" + setup_unit_name(job)
+def setup_env_path(key: str) -> str:
+    return setup_dir(key) + "/setup.env"
+
+
+def setup_log_identifier(key: str) -> str:
+    """journald's SYSLOG_IDENTIFIER of the setup's output; also its unit's name. A job's unit
+    is PREFIX-JOB-ROLE-INDEX: a task name has a dash, this hex has none, so none is this."""
+    return PREFIX + SETUP + "-" + setup_short(key)
+
+
+def setup_unit(key: str) -> str:
+    return setup_log_identifier(key) + ".service"
+
+
+def is_setup_unit(unit: str) -> bool:
+    head, tail = PREFIX + SETUP + "-", ".service"
+    name = unit[len(head) : -len(tail)] if unit.startswith(head) and unit.endswith(tail) else ""
+    return len(name) == 32 and not name.strip("0123456789abcdef")
+
+
+def setup_unit_path(key: str) -> str:
+    return SYSTEMD_DIR + "/" + setup_unit(key)
+
+
+def setup_done_path(key: str) -> str:
+    return SETUPS_VAR + "/" + setup_short(key) + ".done"
+
+
+def setup_lock_path(key: str) -> str:
+    return SETUPS_VAR + "/" + setup_short(key) + ".lock"
+
+
+def setup_hold_path(study: str) -> str:
+    """A study's holds on the setups its trials use, one K a line: a trial's removal leaves
+    its setup for the study's next trials (they follow one another on a host) until the
+    study is destroyed."""
+    return SETUPS_HOLDS + "/" + study
+
+
+def setup_done_record(key: str) -> bytes:
+    """What setup_done_path holds once the setup succeeded (plan compares its sha256)."""
+    return (key + "\n").encode()
 
 
 def runs_path(job: str) -> str:
@@ -388,9 +441,22 @@ def with_run(runs: object, run: dict[str, object], at: float) -> list[object]:
     return [*kept, dict(run, at=at)][-100:]
 
 
+# Releases up to 1a5e7ca ran a job's setup per job: these names let render recognise a
+# setup done that way (its key still counts for the job's tasks: no restart on upgrade).
+
+
 def setup_key_path(job: str) -> str:
+    """The key of the job's last per-job setup that succeeded (those releases')."""
     return state_dir(job) + "/setup.key"
 
 
-def setup_log_identifier(job: str) -> str:
+def legacy_setup_script_path(job: str) -> str:
+    return job_dir(job) + "/setup.sh"
+
+
+def legacy_setup_env_path(job: str) -> str:
+    return job_dir(job) + "/setup.env"
+
+
+def legacy_setup_log_identifier(job: str) -> str:
     return PREFIX + job + "-" + SETUP

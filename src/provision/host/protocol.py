@@ -231,6 +231,9 @@ class DestroyRequest:
 
     job: str
     stop: list[str] = field(default_factory=list)
+    # A trial's removal: its shared setup stays, held by its study (this name), for the
+    # study's next trials on the host, until the study is destroyed (host/setups.py).
+    hold_setup: str = ""
 
     op = "destroy"
 

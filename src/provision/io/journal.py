@@ -285,10 +285,10 @@ def stream_command(job: str, tasks: list[str], *, since: str | None, until: str 
     return "sh -c " + shlex.quote(script)
 
 
-def setup_follow_command(job: str, since_epoch: int) -> str:
+def setup_follow_command(ident: str, since_epoch: int) -> str:
     """The setup unit's output as it runs (`apply --wait --logs`), ended by closing the
-    channel as follow_command is."""
-    argv = ["journalctl", "-t", layout.setup_log_identifier(job), "-o", "cat", "--no-pager", "-q", "--follow"]
+    channel as follow_command is. ident: its SyslogIdentifier (SetupUnit.log_identifier)."""
+    argv = ["journalctl", "-t", ident, "-o", "cat", "--no-pager", "-q", "--follow"]
     argv += ["--since", f"@{since_epoch}"]
     return "sh -c " + shlex.quote(_until_stdin_closes(argv))
 
@@ -422,21 +422,23 @@ def last_lines(
     return out
 
 
-def setup_last_lines(session: Session, targets: list[Target], job: str, n: int = 10) -> dict[str, tuple[str, ...]]:
-    """host -> the setup's last n lines there (hosts that do not answer are left out)."""
-    cmd = setup_command(job, n)
+def setup_last_lines(
+    session: Session, targets: list[Target], idents: Mapping[str, str], n: int = 10
+) -> dict[str, tuple[str, ...]]:
+    """host -> the setup's last n lines there (hosts that do not answer are left out);
+    idents: host -> its setup's SyslogIdentifier (a setup is keyed per host's roles)."""
 
     def one(t: Target) -> tuple[str, ...]:
-        res = session.run(t, cmd, timeout=60)
+        res = session.run(t, setup_command(idents[t.name], n), timeout=60)
         return tuple(terminal_text(x) for x in res.stdout.decode("utf-8", "replace").splitlines()[-n:])
 
     got = session.map(one, targets)
     return {h: v for h, v in got.items() if isinstance(v, tuple)}
 
 
-def setup_command(job: str, tail: int | None) -> str:
-    """The setup unit's output on a host, oldest first."""
-    argv = ["journalctl", "-t", layout.setup_log_identifier(job), "-o", "cat", "--no-pager", "-q"]
+def setup_command(ident: str, tail: int | None) -> str:
+    """The setup unit's output on a host, oldest first (ident: SetupUnit.log_identifier)."""
+    argv = ["journalctl", "-t", ident, "-o", "cat", "--no-pager", "-q"]
     if tail is not None:
         argv += ["-n", str(tail)]
     return " ".join(shlex.quote(a) for a in argv)

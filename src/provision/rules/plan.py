@@ -37,7 +37,7 @@ from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.host.taskenv import parse_env
 from provision.rules.facts import mismatches
-from provision.rules.sharing import OtherJob, judge, taken_problem
+from provision.rules.sharing import OtherJob, judge, setup_note, setup_reason, taken_problem
 from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile, TaskUnit
 
 
@@ -134,6 +134,8 @@ class HostPlan:
     reserve: Reservation | None = None  # the host's ledger entry to write (tenancy.py)
     warnings: tuple[str, ...] = ()  # worth knowing; the apply goes ahead
     setup: str | None = None  # why the setup runs here: "new", "changed", "forced"
+    # A setup that does not run: done here already, and which other jobs use it (setup_note)
+    setup_done: str | None = None
     images: tuple[ImageChange, ...] = ()  # to ship or pull first (images.py)
     shared: tuple[tuple[str, str], ...] = ()  # (path, other job): same bytes, not written
     # (path, other job): a running job that shares the file changed it after this one had
@@ -271,7 +273,11 @@ class Plan:
                     "warnings": list(h.warnings),
                     "remove_all": h.bundle is None,
                     "reserve": {"gpus": h.reserve.gpus, "ports": h.reserve.ports} if h.reserve else None,
-                    "setup": {"run": True, "why": h.setup} if h.setup else None,
+                    "setup": {"run": True, "why": h.setup}
+                    if h.setup
+                    else {"run": False, "done": h.setup_done}
+                    if h.setup_done
+                    else None,
                     "images": [i.to_json() for i in h.images],
                     "tasks": [t.to_json() for t in h.tasks],
                     "files": [f.to_json() for f in h.files],
@@ -318,7 +324,18 @@ def owners_wanted(hp: HostPlan) -> list[str]:
     that this job did not write (another job's?), and this job's pushed files that change."""
     own = {f.path for f in hp.files if f.kind is FileKind.FILE and f.action is FileAction.UPDATE}
     foreign = [p.split(" ", 1)[0] for p in hp.problems if p.endswith(NOT_MANAGED)]
-    return sorted(own | set(foreign))
+    return sorted(own | set(foreign) | set(_setup_owners_wanted(hp)))
+
+
+def _setup_owners_wanted(hp: HostPlan) -> list[str]:
+    """A shared setup the host has that this job did not write: which jobs use it (plan
+    says so). One path, in the round trip pushed files ask anyway (a trial's do)."""
+    s = hp.bundle.setup if hp.bundle is not None else None
+    if s is None or hp.report is None or hp.setup is not None:
+        return []
+    unit = layout.setup_unit_path(s.key)
+    recorded = (hp.report.readable_manifest() or {}).get("files", {})
+    return [unit] if hp.report.files.get(unit) is not None and unit not in recorded else []
 
 
 NOT_MANAGED = (
@@ -433,7 +450,7 @@ def _dropins_plan(hp: _Draft, job: str, bundle: HostBundle, report: ProbeReport)
     none): each is drift, removed by apply (then daemon-reload, and its task restarts).
     Returns unit -> the drop-ins that apply to it."""
     units = [u.unit for u in bundle.tasks] + [layout.target_name(job)]
-    units += [layout.setup_unit_name(job)] if bundle.setup is not None else []
+    units += [bundle.setup.unit] if bundle.setup is not None else []
     of = {u: [p for p in report.dropins or [] if layout.dropin_applies(p, u)] for u in units}
     for path in sorted({p for paths in of.values() for p in paths}):
         unit = next(u for u in units if path in of[u])
@@ -456,6 +473,9 @@ def _all_leaves(hp: _Draft, report: ProbeReport, job: str, recorded: dict[str, A
         hp.files.append(
             FileChange(layout.manifest_path(job), FileAction.DELETE, FileKind.MANIFEST, "job removed from this host")
         )
+    if report.files.get(layout.setup_hold_path(job)) is not None:  # a study's: its trials' setups
+        why = "the study's hold on its trials' setup"
+        hp.files.append(FileChange(layout.setup_hold_path(job), FileAction.DELETE, FileKind.SETUP, why))
 
 
 def plan_host(
@@ -488,7 +508,11 @@ def plan_host(
 
     changed = _files_plan(hp, bundle, report, recorded, secrets, shared or {})
     dropins = _dropins_plan(hp, job, bundle, report)
-    setup = setup_reason(bundle.setup.key, report.setup_key, force_setup) if bundle.setup is not None else None
+    setup = setup_reason(bundle.setup, report, force_setup) if bundle.setup is not None else None
+    done = None
+    if bundle.setup is not None and setup is None:
+        others = (shared or {}).get(layout.setup_unit_path(bundle.setup.key), ())
+        done = setup_note([o.job for o in others])
     desired = bundle.file_map()
     replace = replace or set()
     pushed_changed = sorted(p for p in changed if desired[p].kind is FileKind.FILE)
@@ -509,7 +533,7 @@ def plan_host(
     for t, mt in sorted(m_tasks.items(), key=lambda kv: -int(kv[1].get("phase", 0))):
         if t not in names:
             hp.tasks.append(_leaving(t, mt))
-    return hp.host_plan(name, target, bundle, report=report, setup=setup)
+    return hp.host_plan(name, target, bundle, report=report, setup=setup, setup_done=done)
 
 
 def _task_change(
@@ -528,15 +552,6 @@ def _task_change(
         restart_limit=u.restart_limit,
     )
     return TaskChange(u.task.name, u.unit, d.action, d.reason, d.detail, u.phase, d.drift, d.new)
-
-
-def setup_reason(want: str, have: str | None, force: bool) -> str | None:
-    """Whether the host's setup runs, and why: its key is what it last ran with."""
-    if force:
-        return "forced"
-    if have is None:
-        return "new"
-    return "changed" if have != want else None
 
 
 def env_diff(path: str, old: bytes, new: bytes, secrets: tuple[str, ...] = ()) -> str | None:

@@ -1,5 +1,7 @@
-"""Pushed files two jobs list (a variant of a job pushes the same files): who may change
-one, and what a finished job's claim means. Pure; plan.py applies the verdicts.
+"""What jobs on a host share: pushed files two jobs list (a variant of a job pushes the
+same files): who may change one, and what a finished job's claim means; and a `setup:`
+(keyed by what it is, spec/render.setup_key): whether it runs, or is done there already
+for every job that needs it. Pure; plan.py applies the verdicts.
 
 The host's owners report (ledger.other_owners) says which other jobs' manifests list a
 path and the bytes each recorded; the ledger's holds (tenancy.judge) say which of them
@@ -8,11 +10,14 @@ may read it now.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from provision.host.protocol import FileInfo
+from provision.host import layout
+from provision.host.protocol import FileInfo, ProbeReport
+from provision.spec.render import SetupUnit
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,43 @@ def finished_users_note(path: str, f: Any, a: FileInfo, others: Sequence[OtherJo
         f"{path} is shared with job {names}, which has finished: this apply changes it; a rerun of "
         f"{names} writes its own bytes back, and is refused while a running job uses these"
     )
+
+
+# --------------------------------------------------------------------------- shared setups
+#
+# Who uses a setup on a host is what the jobs' manifests there list (its unit file), as for
+# a pushed file: the owners report names them (plan.owners_wanted asks when the host has
+# a setup this job did not write), and the last job to leave removes it (host/setups.py).
+
+
+def setup_reason(setup: SetupUnit, report: ProbeReport, force: bool) -> str | None:
+    """Whether the host's setup runs, and why (None: it is done there, by this job or by
+    another with the same setup: setup_done)."""
+    if force:
+        return "forced"
+    if setup_done(setup, report):
+        return None
+    m = report.readable_manifest() or {}
+    before = m.get("setup") if isinstance(m.get("setup"), dict) else None
+    return "changed" if before is not None and before.get("key") not in (setup.key, setup.legacy_key) else "new"
+
+
+def setup_done(setup: SetupUnit, report: ProbeReport) -> bool:
+    """The host has run this setup and it succeeded: its done mark is there (the probe
+    reads it, run/context.probe_request) beside its unit (a mark whose unit went with the
+    last job that used it is not trusted), or this job ran it per job under a release up to
+    1a5e7ca (layout.setup_key_path)."""
+    mark, unit = report.files.get(setup.done_path), report.files.get(layout.setup_unit_path(setup.key))
+    if mark is not None and unit is not None and unit.type == "file":
+        if mark.type == "file" and mark.sha256 == hashlib.sha256(layout.setup_done_record(setup.key)).hexdigest():
+            return True
+    return setup.legacy_key is not None and report.setup_key == setup.legacy_key
+
+
+def setup_note(others: Sequence[str]) -> str:
+    """What plan says of a setup done here already, and which other jobs use it (those the
+    owners report named: none when it was not asked)."""
+    if not others:
+        return "done on this host"
+    names = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return f"done on this host, shared with {len(others)} other job{'s' if len(others) > 1 else ''} ({names})"

@@ -129,7 +129,8 @@ def job_status(
         pool = inv.pool(t.role)
         limit = restart_budget(pool.restart) if pool is not None else None
         out = task_state(u, ex, rep.lifecycle, limit)
-        waiting = setup_state(rep.units.get(layout.setup_unit_name(inv.job)))
+        setup_unit = next((x for x in rep.units if layout.is_setup_unit(x)), None)  # the host's setup's
+        waiting = setup_state(rep.units.get(setup_unit) if setup_unit else None)
         if out.state is TaskState.PENDING and waiting:  # the host's setup holds it back
             out = out._replace(detail=waiting)
         ended_at = None

@@ -388,19 +388,19 @@ class _Apply:
             code = f"exit code {rep.exit_code}" if rep.exit_code is not None else "; ".join(rep.errors)
             tail = "".join(f"\n    {line}" for line in rep.lines) or " (it printed nothing)"
             raise HostError(t, f"setup failed ({code}); no task started here. Its last lines:{tail}")
-        self.progress(f"{t.name}: setup done")
+        self.progress(f"{t.name}: setup done" + ("" if rep.ran else " (by another job with the same setup)"))
 
     def _stream_setup(self, t: Target, since: int, done: threading.Event) -> None:
         """`apply --wait --logs`: the setup's output as it runs, until it ends (best effort:
         a stream that breaks leaves the progress lines, and `logs --setup` has it all)."""
-        show = self.setup_lines
-        assert show is not None
+        show, bundle = self.setup_lines, self.work[t.name].bundle
+        assert show is not None and bundle is not None and bundle.setup is not None
 
         def on_line(raw: bytes) -> None:
             show(t.name, terminal_text(raw.decode("utf-8", "replace")))
 
         try:
-            self.ctx.session.stream(t, setup_follow_command(self.job, since), on_line, stop=done)
+            self.ctx.session.stream(t, setup_follow_command(bundle.setup.log_identifier, since), on_line, stop=done)
         except Exception:  # noqa: BLE001 - only the view of the setup is lost, not the setup
             pass
 

@@ -21,6 +21,7 @@ from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.core.records import HostRecord, TaskRecord
 from provision.core.target import Target
+from provision.host import layout
 from provision.host.protocol import (
     CHECK_FACTS,
     FileInfo,
@@ -235,7 +236,12 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     return ProbeRequest(
         job=ctx.inventory.job,
         want={f.path: f.sha256 for f in bundle.files} if bundle else {},
-        paths=sorted(set(rec.files if rec else ())),
+        # ... and a setup's done mark, and a study's holds on its trials' (rules/sharing.py).
+        paths=sorted(
+            set(rec.files if rec else ())
+            | ({bundle.setup.done_path} if bundle and bundle.setup else set())
+            | ({layout.setup_hold_path(ctx.inventory.job)} if ctx.inventory.tune else set())
+        ),
         # ... and each program a task about to start runs (programs.py: plan's warning).
         programs=program_paths(ctx.inventory, bundle, rec, ctx.state.keyed),
         units=sorted(units),

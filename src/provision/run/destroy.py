@@ -6,6 +6,7 @@ import functools
 import time
 
 from provision.core.lifecycle import phases
+from provision.core.model import Inventory
 from provision.core.target import HostError, Target
 from provision.host.protocol import (
     DestroyReport,
@@ -36,6 +37,15 @@ def destroy_plan(ctx: Context) -> Plan:
     return make_destroy_plan(job, ctx.targets, asked, Tenancy(ctx.owner, held_by, ctx.take_over))
 
 
+def study_of(inv: Inventory) -> str:
+    """The study a trial's job belongs to ("" for any other job): its removal leaves the
+    shared setup to the study's next trials (host/setups.hold), until `provision destroy`
+    of the study's inventory releases it."""
+    if inv.tune is None or inv.tf_config.trial is None:
+        return ""
+    return inv.job.removesuffix(f"-t{inv.tf_config.trial}")
+
+
 def _stop(ctx: Context, units: dict[str, list[str]], t: Target) -> UnitsReport:
     report: UnitsReport = call_agent(ctx.session, t, UnitsRequest(ctx.inventory.job, [["stop", units[t.name]]]))
     return report
@@ -62,8 +72,10 @@ def destroy(  # noqa: C901  destroy's steps in order (stop by phase, remove, ima
             for n, e in res.errors.items():
                 outcomes[n].fail(e)
 
+    study = study_of(ctx.inventory)
+
     def remove(t: Target) -> DestroyReport:
-        rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(job))
+        rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(job, hold_setup=study))
         if rep.errors:
             raise HostError(t, "; ".join(rep.errors))
         ctx.state.forget_host(t.name)

@@ -62,7 +62,9 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
     if wanted:  # one more round trip, to the hosts of failed tasks only: their journal says why
         st = with_lines(ctx.inventory, st, last_lines(ctx.session, ctx.targets, ctx.inventory.job, wanted))
     if st.setup_failed:  # and to hosts whose setup failed: its last lines
-        setup = setup_last_lines(ctx.session, [ctx.targets[h] for h in st.setup_failed], ctx.inventory.job)
+        idents = {h: b.setup.log_identifier for h, b in ctx.rendered.hosts.items() if b.setup is not None}
+        failed = [ctx.targets[h] for h in st.setup_failed if h in idents]
+        setup = setup_last_lines(ctx.session, failed, idents)
         st = dataclasses.replace(st, setup_lines=setup)
     job, me = ctx.inventory.job, ctx.owner
     foreign, owner = None, None

@@ -570,10 +570,11 @@ def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
     hosts = [n for n, b in ctx.rendered.hosts.items() if b.setup is not None and n in ctx.targets]
     if not hosts:
         raise ProvisionError(f"job {job} has no setup: on these hosts (inventory key `setup:`)")
-    cmd = setup_command(job, tail)
 
     def fetch(tg: Target) -> list[str]:
-        res = ctx.session.run(tg, cmd, timeout=120)
+        setup = ctx.rendered.hosts[tg.name].setup
+        assert setup is not None
+        res = ctx.session.run(tg, setup_command(setup.log_identifier, tail), timeout=120)
         if res.exit_status != 0:
             raise HostError(tg, f"journalctl exited {res.exit_status}: {res.stderr.decode(errors='replace').strip()}")
         return res.stdout.decode("utf-8", "replace").splitlines()

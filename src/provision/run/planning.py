@@ -22,7 +22,7 @@ from provision.rules import provenance
 from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
-from provision.rules.sharing import OtherJob, Shared
+from provision.rules.sharing import OtherJob, Shared, setup_done
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import (
     Ask,
@@ -171,7 +171,7 @@ def _program_warnings(ctx: Context, reports: Mapping[str, ProbeReport | HostErro
         r = reports.get(name)
         if isinstance(r, ProbeReport):
             rec = ctx.state.hosts.get(name)
-            pending = bundle.setup is not None and r.setup_key != bundle.setup.key
+            pending = bundle.setup is not None and not setup_done(bundle.setup, r)
             out[name] = program_warnings(
                 ctx.inventory, name, bundle, rec, ctx.state.keyed, r.files, setup_pending=pending
             )

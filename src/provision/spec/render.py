@@ -78,8 +78,19 @@ class TaskUnit:
 @dataclass(frozen=True)
 class SetupUnit:
     unit: str
-    key: str  # sha256 of the script, its env and the files it runs after
+    key: str  # what it is: sha256 of its commands, env, user, timeout and inputs (setup_key)
     timeout: int = 3600  # seconds (the unit's TimeoutStartSec=)
+    # The key a release up to 1a5e7ca gave it, run per job: a host that recorded it for
+    # this job has done this setup (an upgrade neither runs it again nor restarts tasks).
+    legacy_key: str | None = None
+
+    @property
+    def log_identifier(self) -> str:
+        return layout.setup_log_identifier(self.key)
+
+    @property
+    def done_path(self) -> str:
+        return layout.setup_done_path(self.key)
 
 
 @dataclass(frozen=True)
@@ -323,7 +334,8 @@ def render(
             env_inputs = _sha(env_b.replace(job_escaped, b"")) if job_escaped else env_sha
             digests = [_sha(f"{env_inputs}\n{sha}\n{shared_digest}".encode()) for sha in (unit_sha, *earlier)]
             if setup is not None:  # a changed setup restarts the host's tasks
-                digests = [_sha(f"{d}\n{setup.key}".encode()) for d in digests]
+                keys = (setup.key, setup.legacy_key) if setup.legacy_key else (setup.key,)
+                digests = [_sha(f"{d}\n{k}".encode()) for k in keys for d in digests]
             units.append(_task_unit(inv, t, digests[0], tuple(digests[1:])))
         target_b = _target(j, inv.job, host.name, tasks, units)
         files.append(RenderedFile(layout.target_path(inv.job), _sha(target_b), 0o644, FileKind.TARGET, target_b))
@@ -387,46 +399,79 @@ def _render_setup(
     inv: Inventory, host: Host, tasks: list[PlacedTask], shared: list[RenderedFile]
 ) -> tuple[SetupUnit | None, list[RenderedFile]]:
     """The job's setup, then the setups of the pools with a task on this host, as one
-    script, its env file and a oneshot unit; keyed by all three and its `inputs`."""
+    script, its env file and a oneshot unit, keyed by what they run: their commands, env,
+    user, timeout and the contents of the pushed files they name as `inputs` (not the job:
+    every job with the same setup shares it on the host, host/layout.py)."""
     roles = {t.role for t in tasks}
     setups = [inv.setup] + [p.setup for p in inv.pools if p.role in roles]
     chosen = [x for x in setups if x is not None]
     if not chosen:
         return None, []
-    job = inv.job
-    head = f"# Managed by provision: job {job}, setup on {host.name}; run with /bin/sh -e.\n"
-    script = (head + "".join(line + "\n" for x in chosen for line in x.commands)).encode()
+    commands = "".join(line + "\n" for x in chosen for line in x.commands)
     env: dict[str, str] = {}
     for x in chosen:
         env.update(x.env)
-    env_b = (head + "".join(encode.env_assignment(k, v) + "\n" for k, v in env.items())).encode()
+    assignments = "".join(encode.env_assignment(k, v) + "\n" for k, v in env.items())
     user = host.ssh.user if host.ssh.user and host.ssh.user != "root" else ""
+    timeout = sum(x.timeout for x in chosen)  # they run as one script
+    # Keyed by the pushed files it names as inputs, not by every pushed file: an edit of
+    # the training code must not run a `pip install` again.
+    wanted = [w.rstrip("/") for x in chosen for w in x.inputs]
+    named = [f for f in shared if any(f.path == w or f.path.startswith(w + "/") for w in wanted)]
+    inputs_digest = _sha("".join(f"{f.path}\0{f.sha256}\0{f.mode}\n" for f in named).encode())
+    key = setup_key(commands, assignments, user, timeout, inputs_digest)
+    head = f"# Managed by provision: setup {layout.setup_short(key)}, shared by the jobs that need it; run with /bin/sh -e.\n"
+    script, env_b = (head + commands).encode(), (head + assignments).encode()
+    unit_b = (
+        _jinja()
+        .get_template("setup-shared.service.j2")
+        .render(
+            short=layout.setup_short(key),
+            env_path=layout.setup_env_path(key),
+            script_path=layout.setup_script_path(key),
+            user=user,
+            syslog_identifier=layout.setup_log_identifier(key),
+            timeout=timeout,
+        )
+        .encode()
+    )
+    files = [
+        RenderedFile(layout.setup_script_path(key), _sha(script), 0o700, FileKind.SETUP, script),
+        RenderedFile(layout.setup_env_path(key), _sha(env_b), 0o600, FileKind.SETUP, env_b),
+        RenderedFile(layout.setup_unit_path(key), _sha(unit_b), 0o644, FileKind.UNIT, unit_b),
+    ]
+    legacy = _legacy_setup_key(inv.job, host.name, commands, assignments, user, timeout, inputs_digest)
+    return SetupUnit(layout.setup_unit(key), key, timeout, legacy), files
+
+
+def setup_key(commands: str, assignments: str, user: str, timeout: int, inputs_digest: str) -> str:
+    """What a setup is: two setups with the same key run the same (host/layout.py)."""
+    parts = ["provision-setup/1", commands, assignments, user, str(timeout), inputs_digest]
+    return _sha(json.dumps(parts).encode())
+
+
+def _legacy_setup_key(
+    job: str, host: str, commands: str, assignments: str, user: str, timeout: int, inputs_digest: str
+) -> str:
+    """The key releases up to 1a5e7ca gave the same setup, run per job (their script, env
+    and unit, with the job's paths in them): a host that recorded it has run this setup."""
+    head = f"# Managed by provision: job {job}, setup on {host}; run with /bin/sh -e.\n"
     unit_b = (
         _jinja()
         .get_template("setup.service.j2")
         .render(
             job=job,
-            host=host.name,
-            env_path=layout.setup_env_path(job),
-            script_path=layout.setup_script_path(job),
+            host=host,
+            env_path=layout.legacy_setup_env_path(job),
+            script_path=layout.legacy_setup_script_path(job),
             user=user,
-            syslog_identifier=layout.setup_log_identifier(job),
-            timeout=sum(x.timeout for x in chosen),  # they run as one script
+            syslog_identifier=layout.legacy_setup_log_identifier(job),
+            timeout=timeout,
         )
         .encode()
     )
-    # Keyed by what it runs and the pushed files it names as inputs, not by every pushed
-    # file: an edit of the training code must not run a `pip install` again.
-    wanted = [w.rstrip("/") for x in chosen for w in x.inputs]
-    named = [f for f in shared if any(f.path == w or f.path.startswith(w + "/") for w in wanted)]
-    inputs_digest = _sha("".join(f"{f.path}\0{f.sha256}\0{f.mode}\n" for f in named).encode())
-    key = _sha(b"\0".join([script, env_b, unit_b, inputs_digest.encode()]))
-    files = [
-        RenderedFile(layout.setup_script_path(job), _sha(script), 0o700, FileKind.SETUP, script),
-        RenderedFile(layout.setup_env_path(job), _sha(env_b), 0o600, FileKind.SETUP, env_b),
-        RenderedFile(layout.setup_unit_path(job), _sha(unit_b), 0o644, FileKind.UNIT, unit_b),
-    ]
-    return SetupUnit(layout.setup_unit_name(job), key, sum(x.timeout for x in chosen)), files
+    parts = [(head + commands).encode(), (head + assignments).encode(), unit_b, inputs_digest.encode()]
+    return _sha(b"\0".join(parts))
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
