@@ -135,8 +135,8 @@ def sandbox4(sandbox_factory):
 @pytest.fixture(scope="session")
 def sandbox3(sandbox_factory):
     """3 hosts without GPUs, shared by the whole session, as sandbox4: use job names of your
-    own, destroy your jobs and put back what you change on a host. One start instead of one
-    per module that uses it (seven of them) saves CI about 2 minutes. Fewer hosts:
+    own, destroy your jobs and put back what you change on a host: one start and removal
+    instead of one per module that uses it. Fewer hosts:
     `dataclasses.replace(sandbox3, hosts=sandbox3.hosts[:2])` (inventories list those)."""
     return sandbox_factory(hosts=3)
 
