@@ -6,6 +6,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/setup.sh
 source "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+# Bytecode: with PYTHONDONTWRITEBYTECODE set (this machine's environment sets it), every
+# `python -m provision` the tests start (a few thousand) compiles provision's modules again:
+# 0.28 s of CPU a call measured (0.9 s -> 0.6 s). It is written to a cache outside the
+# clone instead, which stays as clean as before.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/provision/pycache}"
 # --timeout: a hung SSH call or host must fail its test, not eat CI's 90 minutes; a first
 # run builds the host image and the TensorFlow layer inside a test, hence 15 minutes.
 # pytest's own exit code is kept: 5 (no tests collected) fails the run like any error.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-SANDBOX_FIXTURES = {"docker_engine", "sandbox_factory", "sandbox4", "sandbox3"}
+SANDBOX_FIXTURES = {"docker_engine", "sandbox_factory", "sandbox4", "sandbox3", "sandbox_frameworks"}
 _TEST_NAME = re.compile(r"^pt(\d+)-")
 
 
@@ -130,6 +130,22 @@ def sandbox_factory(docker_engine):
 def sandbox4(sandbox_factory):
     """4 hosts with 2 fake GPUs each, shared by the whole session: use your own job name."""
     return sandbox_factory(hosts=4, gpus_per_host=2)
+
+
+@pytest.fixture(scope="session")
+def sandbox3(sandbox_factory):
+    """3 hosts without GPUs, shared by the whole session, as sandbox4: use job names of your
+    own, destroy your jobs and put back what you change on a host: one start and removal
+    instead of one per module that uses it. Fewer hosts:
+    `dataclasses.replace(sandbox3, hosts=sandbox3.hosts[:2])` (inventories list those)."""
+    return sandbox_factory(hosts=3)
+
+
+@pytest.fixture(scope="session")
+def sandbox_frameworks(sandbox_factory):
+    """3 hosts without GPUs, with the tensorflow and torch layers, shared by the session:
+    test_jobs.py's example jobs and test_sandbox.py's imports (one start instead of three)."""
+    return sandbox_factory(hosts=3, with_=("tensorflow", "torch"))
 
 
 @pytest.fixture(scope="session")

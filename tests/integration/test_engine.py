@@ -332,33 +332,37 @@ def test_second_concurrent_apply_is_refused(sandbox4, sandbox_inventory, job_nam
     cli("destroy", "-y", inv, cwd=tmp_path)
 
 
-def test_changed_host_key_is_refused(sandbox_factory, sandbox_inventory, tmp_path):
-    sb = sandbox_factory(hosts=1)
+def test_changed_host_key_is_refused(sandbox4, sandbox_inventory, tmp_path):
+    sb, host = sandbox4, "host-4"  # the session's host, its own keys put back at the end
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv)
+    pools = {"chief": {"replicas": 1, "command": LONG}}
+    sandbox_inventory(sb, job="keys", pools=pools, path=inv, hosts=[host])
     assert cli("plan", inv, cwd=tmp_path).returncode == 0  # accept-new learns the key
     known = (tmp_path / ".provision" / "known_hosts").read_text()
     assert "ssh-ed25519" in known
 
     # The host is "reinstalled": new host keys.
-    out = sh(sb, "host-1", "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh")
-    code = out.code
-    assert code == 0, out
-    r = cli("plan", inv, cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "host key changed" in r.stdout + r.stderr and "known_hosts" in r.stdout + r.stderr
-    assert (tmp_path / ".provision" / "known_hosts").read_text() == known  # not silently replaced
+    keep = "/var/tmp/test-engine-host-keys"
+    sh(sb, host, f"rm -rf {keep} && mkdir {keep} && cp -a /etc/ssh/ssh_host_* {keep}/", check=True)
+    try:
+        out = sh(sb, host, "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh")
+        code = out.code
+        assert code == 0, out
+        r = cli("plan", inv, cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "host key changed" in r.stdout + r.stderr and "known_hosts" in r.stdout + r.stderr
+        assert (tmp_path / ".provision" / "known_hosts").read_text() == known  # not silently replaced
 
-    sandbox_inventory(
-        sb, job="keys", pools={"chief": {"replicas": 1, "command": LONG}}, path=inv, ssh={"host_key_policy": "strict"}
-    )
-    r = cli("plan", inv, cwd=tmp_path)
-    assert r.returncode == 1 and "host key changed" in r.stdout + r.stderr
-    # strict refuses a key it has never seen, too.
-    (tmp_path / ".provision" / "known_hosts").unlink()
-    r = cli("plan", inv, cwd=tmp_path)
-    assert r.returncode == 1 and "unknown host key" in r.stdout + r.stderr and "strict" in r.stdout + r.stderr
-    sandbox_factory.down(sb)
+        sandbox_inventory(sb, job="keys", pools=pools, path=inv, hosts=[host], ssh={"host_key_policy": "strict"})
+        r = cli("plan", inv, cwd=tmp_path)
+        assert r.returncode == 1 and "host key changed" in r.stdout + r.stderr
+        # strict refuses a key it has never seen, too.
+        (tmp_path / ".provision" / "known_hosts").unlink()
+        r = cli("plan", inv, cwd=tmp_path)
+        assert r.returncode == 1 and "unknown host key" in r.stdout + r.stderr and "strict" in r.stdout + r.stderr
+    finally:
+        cmd = f"rm -f /etc/ssh/ssh_host_* && cp -a {keep}/. /etc/ssh/ && rm -rf {keep} && systemctl restart ssh"
+        sh(sb, host, cmd, check=True)
 
 
 def test_user_errors_are_one_line(sandbox4, sandbox_inventory, tmp_path):
@@ -407,11 +411,11 @@ def test_secrets_reach_the_task_but_are_never_printed(sandbox4, sandbox_inventor
     cli("destroy", "-y", inv, cwd=tmp_path)
 
 
-def test_jump_host(sandbox_factory, sandbox_inventory, tmp_path):
+def test_jump_host(sandbox4, sandbox_inventory, tmp_path):
     """host-2 is reached only through host-1 (ProxyJump): its address is a name that only
     resolves inside the sandbox network."""
-    sb = sandbox_factory(hosts=2)
-    h1, h2 = sb.hosts
+    sb = sandbox4
+    h1, h2 = sb.hosts[:2]
     inv = tmp_path / "inv.yaml"
     data = sandbox_inventory(sb, job="jump", pools={"chief": {"replicas": 1, "command": LONG}}, hosts=["host-2"])
     data["hosts"][0].update(address=h2.container, port=22)
@@ -419,14 +423,15 @@ def test_jump_host(sandbox_factory, sandbox_inventory, tmp_path):
     import yaml
 
     inv.write_text(yaml.safe_dump(data))
-    r = cli("apply", "-y", inv, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = sh(sb, "host-2", "systemctl is-active provision-jump-chief-0.service")
-    assert out.strip() == "active"
-    known = (tmp_path / ".provision" / "known_hosts").read_text()
-    assert h2.container in known and f"[127.0.0.1]:{h1.ssh_port}" in known  # both keys checked
-    assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
-    sandbox_factory.down(sb)
+    try:
+        r = cli("apply", "-y", inv, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = sh(sb, "host-2", "systemctl is-active provision-jump-chief-0.service")
+        assert out.strip() == "active"
+        known = (tmp_path / ".provision" / "known_hosts").read_text()
+        assert h2.container in known and f"[127.0.0.1]:{h1.ssh_port}" in known  # both keys checked
+    finally:
+        assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
 
 
 def test_facts_mismatch_stops_apply_before_anything_is_written(sandbox4, sandbox_inventory, job_name, tmp_path):

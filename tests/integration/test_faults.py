@@ -3,6 +3,7 @@ host file provision must not lose, a paused host, --target on status."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -125,46 +126,43 @@ def test_a_host_file_provision_does_not_manage_is_refused_or_kept_and_put_back(
     sh(sandbox4, "host-1", f"rm -f {dest}")
 
 
-def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox_factory, sandbox_inventory, tmp_path):
+def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox4, sandbox_inventory, tmp_path):
     """Issue 12.3/18.7: a hung host is unreachable within about connect_timeout, with the
     stage it hung in, exit 3, no traceback; the other host is still planned."""
-    sb = sandbox_factory(hosts=2)
+    sb = dataclasses.replace(sandbox4, hosts=sandbox4.hosts[:2])  # the inventory lists two hosts
+    inv = tmp_path / "inv.yaml"
+    pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 1, "command": LONG}}
+    data = sandbox_inventory(sb, job="paused", pools=pools)
+    data["ssh"]["connect_timeout"] = 5
+    import yaml
+
+    inv.write_text(yaml.safe_dump(data))
+    assert cli("plan", inv, cwd=tmp_path).returncode == 0  # keys learnt, both answer
+    sb.container("host-2").pause()
     try:
-        inv = tmp_path / "inv.yaml"
-        pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 1, "command": LONG}}
-        data = sandbox_inventory(sb, job="paused", pools=pools)
-        data["ssh"]["connect_timeout"] = 5
-        import yaml
-
-        inv.write_text(yaml.safe_dump(data))
-        assert cli("plan", inv, cwd=tmp_path).returncode == 0  # keys learnt, both answer
-        sb.container("host-2").pause()
-        try:
-            t0 = time.monotonic()
-            r = cli("plan", inv, cwd=tmp_path)
-            took = time.monotonic() - t0
-        finally:
-            sb.container("host-2").unpause()
-        assert r.returncode == 3, r.stdout + r.stderr
-        assert took < 8, f"plan took {took:.1f}s with connect_timeout 5"
-        assert "Traceback" not in r.stderr and "No existing session" not in r.stderr
-        line = [ln for ln in r.stderr.splitlines() if "host-2" in ln]
-        assert line and "timed out during" in line[0], r.stderr
-        assert "host-1" not in r.stderr
+        t0 = time.monotonic()
+        r = cli("plan", inv, cwd=tmp_path)
+        took = time.monotonic() - t0
     finally:
-        sandbox_factory.down(sb)
+        sb.container("host-2").unpause()
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert took < 8, f"plan took {took:.1f}s with connect_timeout 5"
+    assert "Traceback" not in r.stderr and "No existing session" not in r.stderr
+    line = [ln for ln in r.stderr.splitlines() if "host-2" in ln]
+    assert line and "timed out during" in line[0], r.stderr
+    assert "host-1" not in r.stderr
 
 
-def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox_factory, sandbox_inventory, tmp_path):
+def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox3, sandbox_inventory, tmp_path):
     """Issue 28, item 12: stop a host, apply the inventory without it (exit 3), start the
     host: its old worker runs beside the new one and `status` said nothing. Now status
     names the host; once it reaches it, it stops the old task and marks the job left there
     (no boot starts it again); the next apply removes the rest."""
     import yaml
 
-    sb = sandbox_factory(hosts=3)
+    sb = sandbox3
+    inv = tmp_path / "inv.yaml"
     try:
-        inv = tmp_path / "inv.yaml"
         pools = {
             "chief": {"replicas": 1, "command": LONG, "hosts": ["host-1"]},
             "worker": {"replicas": 2, "command": LONG, "hosts": ["host-2", "host-3"]},
@@ -197,4 +195,4 @@ def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox_factory
         assert st["left_behind"] == [], st
         assert sh(sb, "host-3", "systemctl list-units --all 'provision-moved-*' --no-legend | wc -l").strip() == "0"
     finally:
-        sandbox_factory.down(sb)
+        cli("destroy", "-y", inv, cwd=tmp_path)  # the session's hosts: the job goes, not them

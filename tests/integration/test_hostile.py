@@ -7,6 +7,7 @@ validation refuses offline is in tests/test_pushed_files.py and tests/test_valid
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import os
 import secrets
@@ -40,10 +41,9 @@ def on_host(sb, cmd: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def sb1(sandbox_factory):
-    sb = sandbox_factory(hosts=1)
-    yield sb
-    sandbox_factory.down(sb)
+def sb1(sandbox3):
+    """host-1 of the session's sandbox3 (each test puts back what it spoils there)."""
+    return dataclasses.replace(sandbox3, hosts=sandbox3.hosts[:1])
 
 
 def test_a_full_disk_names_the_path_and_destroy_removes_the_directories_it_made(sb1, sandbox_inventory, tmp_path):

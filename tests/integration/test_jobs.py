@@ -32,10 +32,8 @@ DONE = re.compile(r"\] done steps (\d+) checksum (-?\d+\.\d+) sha256 ([0-9a-f]{6
 
 
 @pytest.fixture(scope="module")
-def frameworks_sandbox(sandbox_factory):
-    sb = sandbox_factory(hosts=3, with_=("tensorflow", "torch"))
-    yield sb
-    sandbox_factory.down(sb)
+def frameworks_sandbox(sandbox_frameworks):
+    return sandbox_frameworks  # the session's (tests/conftest.py)
 
 
 def nothing_left(sb, job: str, pushed: str) -> None:

@@ -322,27 +322,19 @@ def test_up_cleans_up_when_interrupted(sandbox_factory, docker_engine, monkeypat
 
 
 @pytest.mark.integration
-def test_torch_layer_is_importable_on_the_host(sandbox_factory):
-    sb = sandbox_factory(hosts=1, with_=("torch",))
-    try:
-        with sb.connection("host-1") as c:
-            out = c.run('python3 -c "import torch; print(torch.__version__)"', hide=True).stdout
-        assert out.strip().startswith("2.13.0")
-    finally:
-        sandbox_factory.down(sb)
+def test_torch_layer_is_importable_on_the_host(sandbox_frameworks):
+    with sandbox_frameworks.connection("host-1") as c:
+        out = c.run('python3 -c "import torch; print(torch.__version__)"', hide=True).stdout
+    assert out.strip().startswith("2.13.0")
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(1200)  # first run installs tensorflow-cpu (274 MB) into the cache
-def test_tensorflow_layer_is_importable_on_the_host(sandbox_factory):
+def test_tensorflow_layer_is_importable_on_the_host(sandbox_frameworks):
     # One host, one import: TensorFlow is slow to import, so this runs once per session.
-    sb = sandbox_factory(hosts=1, with_=("tensorflow",))
-    try:
-        with sb.connection("host-1") as c:
-            out = c.run('python3 -c "import tensorflow as tf; print(tf.__version__)"', hide=True).stdout
-        assert out.strip().splitlines()[-1] == "2.21.0"
-    finally:
-        sandbox_factory.down(sb)
+    with sandbox_frameworks.connection("host-1") as c:
+        out = c.run('python3 -c "import tensorflow as tf; print(tf.__version__)"', hide=True).stdout
+    assert out.strip().splitlines()[-1] == "2.21.0"
 
 
 def test_the_demo_never_removes_a_sandbox_it_did_not_make(sandbox_factory, tmp_path):

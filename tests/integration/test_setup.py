@@ -4,6 +4,7 @@ builds a venv from a pushed wheel directory (no internet); a failing setup start
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import zipfile
@@ -20,10 +21,9 @@ COUNT = "/var/tmp/setup-runs"
 
 
 @pytest.fixture(scope="module")
-def two(sandbox_factory):
-    sb = sandbox_factory(hosts=2)
-    yield sb
-    sandbox_factory.down(sb)
+def two(sandbox3):
+    """host-1 and host-2 of the session's sandbox3: inventories list these two only."""
+    return dataclasses.replace(sandbox3, hosts=sandbox3.hosts[:2])
 
 
 def runs(sb, host: str) -> int:

@@ -45,13 +45,11 @@ def _inventory(sandbox_inventory, sb, inv, job):
 
 
 def _running(tmp, inv):
-    return wait_until(
-        lambda: (
-            status(tmp, inv)["phase"] == "Running" and all(t["state"] == "Running" for t in status(tmp, inv)["tasks"])
-        ),
-        timeout=60,
-        what="every task running",
-    )
+    def running() -> bool:
+        st = status(tmp, inv)  # one `status` a look (a CLI process and SSH: about a second)
+        return st["phase"] == "Running" and all(t["state"] == "Running" for t in st["tasks"])
+
+    return wait_until(running, timeout=60, what="every task running")
 
 
 def _held_ports(tmp, inv, job) -> dict[str, list[int]]:

@@ -7,6 +7,7 @@ test uses its own job and destroys what it applied."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,10 +27,9 @@ POOLS = {"chief": {"replicas": 1, "command": SAY}, "worker": {"replicas": 1, "co
 
 
 @pytest.fixture(scope="module")
-def hosts(sandbox_factory):
-    sb = sandbox_factory(hosts=2)
-    yield sb
-    sandbox_factory.down(sb)
+def hosts(sandbox3):
+    """host-1 and host-2 of the session's sandbox3: inventories list these two only."""
+    return dataclasses.replace(sandbox3, hosts=sandbox3.hosts[:2])
 
 
 class Checkout:

@@ -124,15 +124,19 @@ def test_follow_prints_the_tail_then_new_lines_in_time_order_and_ends_with_the_j
 
 def test_progress_lines_when_not_a_terminal_and_wait_logs(sandbox3, sandbox_inventory, tmp_path):
     inv = tmp_path / "inv.yaml"
-    sandbox_inventory(
-        sandbox3,
-        job="ux-progress",
-        path=inv,
-        pools={
-            "chief": {"replicas": 1, "hosts": ["host-1"], "command": steps(18, 1)},
-            "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "sleep 3; exit 0"]},
-        },
-    )
+
+    def inventory(chief: list[str]) -> None:
+        sandbox_inventory(
+            sandbox3,
+            job="ux-progress",
+            path=inv,
+            pools={
+                "chief": {"replicas": 1, "hosts": ["host-1"], "command": chief},
+                "worker": {"replicas": 1, "hosts": ["host-2"], "command": ["/bin/sh", "-c", "sleep 3; exit 0"]},
+            },
+        )
+
+    inventory(steps(18, 1))
     try:
         a = cli("apply", "-y", "--wait", inv, cwd=tmp_path)
         assert a.returncode == 0, a.stderr
@@ -144,12 +148,14 @@ def test_progress_lines_when_not_a_terminal_and_wait_logs(sandbox3, sandbox_inve
         assert any(re.fullmatch(r"\[\d+s\] job Running: .*1 Running.*", l) for l in err), a.stderr
         assert any(re.fullmatch(r"\[\d+s\] job Succeeded: chief-0 exited 0", l) for l in err), a.stderr
 
-        # --logs: this run's output on stdout while waiting; progress on stderr.
+        # --logs: this run's output on stdout while waiting (a shorter run: the first's 18
+        # lines would show as extra ones); progress on stderr.
+        inventory(steps(5, 0.2))
         r = cli("apply", "-y", "--rerun", "--wait", "--logs", inv, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         out = [l for l in r.stdout.splitlines() if " | " in l]
         chief = [l.split(" | ", 1)[1] for l in out if l.startswith("chief-0@host-1")]
-        assert chief == [f"step {i} of chief-0" for i in range(1, 19)], r.stdout
+        assert chief == [f"step {i} of chief-0" for i in range(1, 6)], r.stdout
         assert "job Succeeded: chief-0 exited 0" in r.stderr
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
@@ -191,6 +197,7 @@ def test_exec_runs_in_the_task_environment_and_passes_the_exit_code(sandbox3, sa
         sandbox3,
         job="ux-exec",
         path=inv,
+        ssh={"connect_timeout": 4},  # the paused host below costs this, not the default 10 s
         env={"GREETING": 'hello "there" $HOME'},
         pools={
             "chief": {"replicas": 1, "hosts": ["host-1"], "command": ["/bin/sh", "-c", "exec sleep 600"]},
