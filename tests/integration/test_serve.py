@@ -33,8 +33,8 @@ APPLY_HOSTS = ["host-3", "host-4"]
 class Service:
     """A `provision serve` process on tmp's database; its output in a file."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.tmp, self.env = tmp, env
+    def __init__(self, tmp: Path, env: dict[str, str], args: tuple[str, ...] = ("--listen", "none")):
+        self.tmp, self.env, self.args = tmp, env, args  # no pages by default: two services share this machine
         self.p: subprocess.Popen | None = None
         self.starts = 0
 
@@ -42,7 +42,7 @@ class Service:
         self.starts += 1
         log = open(self.tmp / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", *self.args],
             cwd=self.tmp,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -285,7 +285,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     try:
         a.start()  # leads
         b.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
             cwd=b.tmp,
             stdout=open(b.tmp / "serve-1.log", "wb"),  # noqa: SIM115 - the process keeps it
             stderr=subprocess.STDOUT,
