@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -311,3 +314,38 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     assert sorted(numbers) == [1, 2, 3, 4], numbers
     h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=team)).stdout)
     assert len([e for e in h["events"] if e["kind"] == "trial" and e["job"].startswith(job)]) == 4
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_service_serves_the_dashboard(tmp_path, env, service):
+    """A real `provision serve` answers the JSON API and the Cluster page on loopback; on
+    another address it needs a token (401 without, 200 with)."""
+    service.args = ("--listen", "127.0.0.1:0")
+    service.start()
+    base = re.search(r"Dashboard on (http://\S+/) \(loopback\)", service.output())
+    assert base, service.output()
+    code, body = _get(base.group(1) + "api/v1/jobs")
+    assert code == 200 and json.loads(body)["jobs"] == []
+    code, body = _get(base.group(1))
+    assert code == 200 and b"<html" in body.lower()
+    service.stop()
+
+    made = ok(cli("serve", "token", "create", "--owner", "ann@example.com", cwd=tmp_path, env=env))
+    token = made.stdout.strip()
+    service.args = ("--listen", "0.0.0.0:0")
+    service.start()
+    port = re.search(r"Dashboard on http://0\.0\.0\.0:(\d+)/ \(token\)", service.output())
+    assert port, service.output()
+    url = f"http://127.0.0.1:{port.group(1)}/api/v1/jobs"
+    assert _get(url)[0] == 401
+    assert _get(url, "wrong")[0] == 401
+    code, body = _get(url, token)
+    assert code == 200 and json.loads(body)["jobs"] == []

@@ -294,7 +294,8 @@ def _web(
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard", daemon=True)
     thread.start()
     host = f"[{where.host}]" if ":" in where.host else where.host
-    _stamped(f"Dashboard on http://{host}:{where.port}/ ({auth.mode.value})")
+    port = sock.getsockname()[1]  # the one bound (--listen HOST:0 asks for any free one)
+    _stamped(f"Dashboard on http://{host}:{port}/ ({auth.mode.value})")
 
     def stop() -> None:
         server.should_exit = True
