@@ -135,3 +135,13 @@ def test_cancel_from_the_dashboard_takes_back_a_waiting_submission(store, tmp_pa
     got = src.cancel("bert", "ops")
     assert got["ok"] and "Took back s1" in got["message"]
     assert not src.cancel("bert", "ops")["ok"]
+
+
+def test_install_keeps_the_pages_options(tmp_path, monkeypatch):
+    from provision.cli import servecmd  # (the module whose unit.install is replaced)
+
+    got: list[list[str]] = []
+    monkeypatch.setattr(servecmd.unit, "install", lambda args, user: got.append(list(args)) or ["installed"])
+    code, out, err = run("serve", "--install", "--listen", "0.0.0.0:8470", "--inventory", "a.yaml", cwd=tmp_path)
+    assert code == 0 and "installed" in out, err
+    assert got == [["--poll", "1", "--listen", "0.0.0.0:8470", "--inventory", str(tmp_path.resolve() / "a.yaml")]]

@@ -249,7 +249,9 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     if install or uninstall or user:
-        _unit(state, poll, install, uninstall, user)
+        # The unit runs the service with the same pages (an --inventory path made absolute).
+        pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
+        _unit(state, poll, install, uninstall, user, pages + (["--trust-header", trust_header] if trust_header else []))
         return
     url = _place(state)
     where = parse_listen(listen)
@@ -307,7 +309,7 @@ def _web(
     return stop
 
 
-def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None) -> None:
+def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None, web: list[str]) -> None:
     """--install / --uninstall: the service as a systemd unit (serve/install.py)."""
     if install == uninstall:
         raise ProvisionError(
@@ -315,7 +317,7 @@ def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: 
         )
     if uninstall and user:
         raise ProvisionError("serve: --user goes with --install, not --uninstall")
-    args = [*(["--state", state] if state else []), "--poll", f"{poll:g}"]
+    args = [*(["--state", state] if state else []), "--poll", f"{poll:g}", *web]
     for line in unit.install(args, user) if install else unit.uninstall():
         click.echo(line)
 
