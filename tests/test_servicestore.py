@@ -53,7 +53,7 @@ def pg_store(postgres, monkeypatch):
     pytest.importorskip("psycopg")
     monkeypatch.setenv("PGPASSWORD", postgres.env()["PGPASSWORD"])
     postgres.sql("DROP TABLE IF EXISTS provision_service_blobs, provision_service_submissions, "
-                 "provision_service_services, provision_service_history")  # fmt: skip
+                 "provision_service_services, provision_service_history, provision_service_tokens")  # fmt: skip
     s = ServiceStore.open_pg(postgres.url(), "pg")
     yield s
     s.close()

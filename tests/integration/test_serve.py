@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,8 +36,8 @@ APPLY_HOSTS = ["host-3", "host-4"]
 class Service:
     """A `provision serve` process on tmp's database; its output in a file."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.tmp, self.env = tmp, env
+    def __init__(self, tmp: Path, env: dict[str, str], args: tuple[str, ...] = ("--listen", "none")):
+        self.tmp, self.env, self.args = tmp, env, args  # no pages by default: two services share this machine
         self.p: subprocess.Popen | None = None
         self.starts = 0
 
@@ -42,7 +45,7 @@ class Service:
         self.starts += 1
         log = open(self.tmp / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", *self.args],
             cwd=self.tmp,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -285,7 +288,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     try:
         a.start()  # leads
         b.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5"],
+            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
             cwd=b.tmp,
             stdout=open(b.tmp / "serve-1.log", "wb"),  # noqa: SIM115 - the process keeps it
             stderr=subprocess.STDOUT,
@@ -311,3 +314,38 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     assert sorted(numbers) == [1, 2, 3, 4], numbers
     h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=team)).stdout)
     assert len([e for e in h["events"] if e["kind"] == "trial" and e["job"].startswith(job)]) == 4
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_service_serves_the_dashboard(tmp_path, env, service):
+    """A real `provision serve` answers the JSON API and the Cluster page on loopback; on
+    another address it needs a token (401 without, 200 with)."""
+    service.args = ("--listen", "127.0.0.1:0")
+    service.start()
+    base = re.search(r"Dashboard on (http://\S+/) \(loopback\)", service.output())
+    assert base, service.output()
+    code, body = _get(base.group(1) + "api/v1/jobs")
+    assert code == 200 and json.loads(body)["jobs"] == []
+    code, body = _get(base.group(1))
+    assert code == 200 and b"<html" in body.lower()
+    service.stop()
+
+    made = ok(cli("serve", "token", "create", "--owner", "ann@example.com", cwd=tmp_path, env=env))
+    token = made.stdout.strip()
+    service.args = ("--listen", "0.0.0.0:0")
+    service.start()
+    port = re.search(r"Dashboard on http://0\.0\.0\.0:(\d+)/ \(token\)", service.output())
+    assert port, service.output()
+    url = f"http://127.0.0.1:{port.group(1)}/api/v1/jobs"
+    assert _get(url)[0] == 401
+    assert _get(url, "wrong")[0] == 401
+    code, body = _get(url, token)
+    assert code == 200 and json.loads(body)["jobs"] == []

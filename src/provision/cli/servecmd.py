@@ -8,6 +8,7 @@ import json as _json
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from provision.serve import install as unit
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.service import Service
 from provision.serve.snapshot import collect, store_files
+from provision.serve.source import DEFAULT_LISTEN, Listen, ServiceSource, choose_auth, parse_listen
 from provision.spec.inventory import load
 from provision.spec.statebackend import backend_of
 from provision.spec.statebackend import problem as backend_problem
@@ -201,25 +203,60 @@ def _place(state: str | None) -> str:
     return value
 
 
-@click.command("serve")
+@click.group("serve", invoke_without_command=True)
 @click.option(
     "--state", "state", metavar="URL", help="The team's PostgreSQL (default: PROVISION_STATE, else the embedded file)."
 )
 @click.option(
     "--poll", type=click.FloatRange(min=0.1, max=2.0), default=1.0, show_default=True, help="Seconds between looks."
 )
+@click.option(
+    "--listen",
+    default=DEFAULT_LISTEN,
+    show_default=True,
+    metavar="ADDR:PORT",
+    help="Where the dashboard answers; none: no pages. Off loopback, tokens are needed.",
+)
+@click.option(
+    "--inventory",
+    "inventories",
+    multiple=True,
+    type=click.Path(),
+    metavar="PATH",
+    help="Also show this inventory's job on the dashboard (a job run from a terminal); repeatable.",
+)
+@click.option(
+    "--trust-header", metavar="HEADER", help="Take the user from this proxy header (X-Forwarded-User); loopback only."
+)
 @click.option("--install", is_flag=True, help="Write, enable and start a systemd unit running this service (root).")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove the unit --install wrote (root).")
 @click.option("--user", metavar="NAME", help="With --install: the user the service runs as (default: who ran sudo).")
-def serve(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None) -> None:
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    state: str | None,
+    poll: float,
+    listen: str,
+    inventories: tuple[str, ...],
+    trust_header: str | None,
+    install: bool,
+    uninstall: bool,
+    user: str | None,
+) -> None:
     """Run the service: drive the studies and queued applies handed to it (`--detach`),
-    resume them after a restart, record history. Two services on one PostgreSQL: one
-    leads, the other takes over when it dies."""
+    resume them after a restart, record history, and serve the dashboard. Two services on
+    one PostgreSQL: one leads, the other takes over when it dies."""
+    if ctx.invoked_subcommand is not None:
+        return
     if install or uninstall or user:
-        _unit(state, poll, install, uninstall, user)
+        # The unit runs the service with the same pages (an --inventory path made absolute).
+        pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
+        _unit(state, poll, install, uninstall, user, pages + (["--trust-header", trust_header] if trust_header else []))
         return
     url = _place(state)
+    where = parse_listen(listen)
     store = open_place(url)
+    web = _web(url, where, inventories, trust_header, work_root(store)) if where is not None else None
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
     svc = Service(store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror)
 
@@ -228,11 +265,51 @@ def serve(state: str | None, poll: float, install: bool, uninstall: bool, user: 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    svc.run()
+    try:
+        svc.run()
+    finally:
+        if web is not None:
+            web()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
 
 
-def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None) -> None:
+def _web(
+    url: str, where: Listen, inventories: tuple[str, ...], trust_header: str | None, root: Path
+) -> Callable[[], None]:
+    """The dashboard in a thread of this process (leader or follower: pages only read);
+    returns what stops it. Refused (one line) before the service starts."""
+    # Lazy: uvicorn and the web app load only when pages are served.
+    import uvicorn
+
+    from provision.web.app import make_app  # (start-up, as above)
+
+    store = open_place(url)  # its own connection: a slow page never holds up the service's loop
+    auth = choose_auth(where, trust_header, store, bool(store.tokens()))
+    try:
+        family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
+        sock = socket.create_server((where.host, where.port), family=family)
+    except OSError as e:
+        store.close()
+        raise ProvisionError(f"--listen {where.host}:{where.port}: {e.strerror}") from None
+    source = ServiceSource(store, root, inventories)
+    server = uvicorn.Server(uvicorn.Config(make_app(source, auth=auth), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard", daemon=True)
+    thread.start()
+    host = f"[{where.host}]" if ":" in where.host else where.host
+    port = sock.getsockname()[1]  # the one bound (--listen HOST:0 asks for any free one)
+    _stamped(f"Dashboard on http://{host}:{port}/ ({auth.mode.value})")
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        source.close()
+        sock.close()
+        store.close()
+
+    return stop
+
+
+def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: str | None, web: list[str]) -> None:
     """--install / --uninstall: the service as a systemd unit (serve/install.py)."""
     if install == uninstall:
         raise ProvisionError(
@@ -240,13 +317,72 @@ def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: 
         )
     if uninstall and user:
         raise ProvisionError("serve: --user goes with --install, not --uninstall")
-    args = [*(["--state", state] if state else []), "--poll", f"{poll:g}"]
+    args = [*(["--state", state] if state else []), "--poll", f"{poll:g}", *web]
     for line in unit.install(args, user) if install else unit.uninstall():
         click.echo(line)
 
 
 def _stamped(line: str) -> None:
     click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+
+
+@serve.group("token")
+def token() -> None:
+    """The dashboard's tokens (for pages served off loopback): stored hashed in the
+    service's database."""
+
+
+_STATE_OPTION = click.option(
+    "--state", "state", metavar="URL", help="The team's PostgreSQL (default: PROVISION_STATE, else the embedded file)."
+)
+
+
+@token.command("create")
+@click.option("--owner", required=True, metavar="NAME", help="Whose token: the jobs they may act on are theirs.")
+@click.option("--admin", is_flag=True, help="May act on every job.")
+@_STATE_OPTION
+def token_create(owner: str, admin: bool, state: str | None) -> None:
+    """Make a token and print it once (only its hash is kept)."""
+    store = open_place(_place(state))
+    try:
+        row, secret = store.create_token(owner.strip(), admin)
+    finally:
+        store.close()
+    click.echo(secret)
+    click.echo(f"Token {row.id} for {row.owner}{' (admin)' if row.admin else ''}: shown this once.", err=True)
+
+
+@token.command("list")
+@_STATE_OPTION
+def token_list(state: str | None) -> None:
+    """Every token's id, owner, admin and when it was made (never the token)."""
+    store = open_place(_place(state))
+    try:
+        rows = store.tokens()
+    finally:
+        store.close()
+    if not rows:
+        click.echo("No tokens yet: `provision serve token create --owner NAME` makes one.")
+        return
+    click.echo(f"{'ID':<10} {'OWNER':<24} {'ADMIN':<5}  CREATED")
+    for r in rows:
+        made = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+        click.echo(f"{r.id:<10} {r.owner:<24} {'yes' if r.admin else 'no':<5}  {made}")
+
+
+@token.command("revoke")
+@click.argument("token_id", metavar="ID")
+@_STATE_OPTION
+def token_revoke(token_id: str, state: str | None) -> None:
+    """Revoke a token: the next request with it is refused."""
+    store = open_place(_place(state))
+    try:
+        gone = store.revoke_token(token_id)
+    finally:
+        store.close()
+    if not gone:
+        raise ProvisionError(f"no token {token_id} (`provision serve token list` shows them)")
+    click.echo(f"Revoked token {token_id}.")
 
 
 # --------------------------------------------------------------------------- cancel

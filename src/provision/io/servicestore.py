@@ -10,13 +10,16 @@ What it holds: content-addressed blobs (sha256 -> bytes, stored once whoever sub
 submissions (what was handed over, by whom, its status and which service holds it), the
 services that run (their heartbeat, on the database's clock, and the NAMES of the
 environment variables they carry: never values), and the history of every run, trial and
-queue wait (kept after the job is destroyed).
+queue wait (kept after the job is destroyed), and the dashboard's tokens (their sha256 only).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -81,6 +84,16 @@ class ServiceRow:
 
 
 @dataclass(frozen=True)
+class TokenRow:
+    """A dashboard token as listed: never the token itself."""
+
+    id: str
+    owner: str
+    admin: bool
+    created: float
+
+
+@dataclass(frozen=True)
 class Event:
     """One history row: a run, a trial or a queue wait."""
 
@@ -109,6 +122,10 @@ _DDL = (
         id {serial}, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
         started {real} NOT NULL, ended {real}, how TEXT NOT NULL, hosts TEXT NOT NULL, gpus INTEGER NOT NULL,
         submission TEXT NOT NULL)""",
+    # The dashboard's tokens: only their sha256 (a token is printed once, when made).
+    """CREATE TABLE IF NOT EXISTS provision_service_tokens (
+        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, admin INTEGER NOT NULL,
+        created {real} NOT NULL)""",
 )
 _SUB_COLS = (
     "id, kind, job, owner, backend, state_path, inventory, manifest, options, created, status, claimed_by, "
@@ -375,6 +392,39 @@ class ServiceStore:
                   tuple(json.loads(r[6])), int(r[7]), str(r[8]))
             for r in rows
         ]  # fmt: skip
+
+    # -- the dashboard's tokens
+
+    def create_token(self, owner: str, admin: bool) -> tuple[TokenRow, str]:
+        """A new token (32 random bytes); the row and the token, which is not kept."""
+        token = secrets.token_urlsafe(32)
+        tid = secrets.token_hex(4)
+        self._do(
+            "INSERT INTO provision_service_tokens (id, hash, owner, admin, created) VALUES (?, ?, ?, ?, ?)",
+            (tid, token_hash(token), owner, int(admin), self.now()),
+        )
+        return TokenRow(tid, owner, admin, self.now()), token
+
+    def tokens(self) -> list[TokenRow]:
+        rows = self._all("SELECT id, owner, admin, created FROM provision_service_tokens ORDER BY created, id")
+        return [TokenRow(str(r[0]), str(r[1]), bool(r[2]), float(r[3])) for r in rows]
+
+    def revoke_token(self, tid: str) -> bool:
+        return self._do("DELETE FROM provision_service_tokens WHERE id = ?", (tid,)) > 0
+
+    def owner_of(self, token: str) -> tuple[str, bool] | None:
+        """(owner, admin) of a valid token (web/auth.TokenCheck); looked up by its hash, then
+        compared in constant time."""
+        want = token_hash(token)
+        rows = self._all("SELECT hash, owner, admin FROM provision_service_tokens WHERE hash = ?", (want,))
+        for r in rows:
+            if hmac.compare_digest(str(r[0]), want):
+                return str(r[1]), bool(r[2])
+        return None
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _pg_connect(url: str) -> Any:

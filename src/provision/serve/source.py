@@ -1,0 +1,138 @@
+"""The dashboard the service serves (`provision serve --listen`): its Source, and which Auth
+an address gets (docs/dashboard.md).
+
+ServiceSource is an InventorySource over the inventories the service knows: each
+unfinished submission's materialised snapshot, plus the `--inventory` files (jobs run from
+terminals); usage() from the service's history, cancel() through the store as `provision
+cancel` does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provision.core.errors import ProvisionError
+from provision.core.model import Inventory
+from provision.io.servicestore import Event, ServiceStore, Status
+from provision.rules.usage import Use, gpu_hours
+from provision.web.auth import Auth, TokenCheck
+from provision.web.inventories import InventorySource
+
+DEFAULT_LISTEN = "127.0.0.1:8470"
+USAGE_DAYS = 14  # days and ISO weeks the Usage page shows
+USAGE_WEEKS = 8
+DAY = 86400.0
+
+
+class ServiceSource(InventorySource):
+    def __init__(self, store: ServiceStore, work_root: Path, extra: Sequence[str | Path] = ()):
+        super().__init__(extra)
+        self.store = store
+        self.work_root = work_root
+        self.extra = [str(p) for p in extra]
+
+    def _inventories(self) -> dict[str, tuple[str, Inventory]]:
+        # The submissions come and go: the paths are looked up again on each request.
+        subs = self.store.submissions(unfinished=True)
+        handed = [self.work_root / s.id / s.inventory for s in subs]
+        self.paths = [str(p) for p in handed if p.is_file()] + self.extra
+        return super()._inventories()
+
+    def usage(self) -> dict[str, Any]:
+        return usage_json(self.store.history(), self.store.now())
+
+    def cancel(self, name: str, who: str) -> dict[str, Any]:
+        """`provision cancel`: taken back if no worker started it, else its worker stops it."""
+        subs = self.store.submissions(unfinished=True, job=name)
+        if not subs:
+            return {"ok": False, "message": f"job {name}: nothing handed over to the service is unfinished"}
+        sub = subs[0]
+        try:
+            got = self.store.cancel(sub.id, who)
+        except ProvisionError as e:
+            return {"ok": False, "message": e.message}
+        if got is Status.CANCELLED:
+            return {"ok": True, "message": f"Took back {sub.id}: nothing of it ran (by {who})."}
+        if got is Status.RUNNING:
+            return {"ok": True, "message": f"Asked the service to stop {sub.id} (by {who})."}
+        return {"ok": False, "message": f"{sub.id} had ended already."}
+
+    def owner(self, name: str) -> str | None:
+        # A handed-over job not started yet is on no host's ledger: its submitter owns it.
+        subs = self.store.submissions(unfinished=True, job=name)
+        return subs[0].owner if subs else super().owner(name)
+
+
+def usage_json(events: Iterable[Event], now: float) -> dict[str, Any]:
+    """GPU-hours per owner per UTC day (the last USAGE_DAYS) and per ISO week (the last
+    USAGE_WEEKS), from the history; idle GPUs are not known here (empty)."""
+    uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
+    today = now - now % DAY
+    days = []
+    for k in range(USAGE_DAYS - 1, -1, -1):
+        start = today - k * DAY
+        label = time.strftime("%Y-%m-%d", time.gmtime(start))
+        for owner, h in gpu_hours(uses, min(now, start + DAY), start).items():
+            days.append({"day": label, "owner": owner, "gpu_hours": round(h, 3)})
+    monday = today - time.gmtime(today).tm_wday * DAY
+    weeks = []
+    for k in range(USAGE_WEEKS - 1, -1, -1):
+        start = monday - k * 7 * DAY
+        label = time.strftime("%G-W%V", time.gmtime(start))
+        for owner, h in gpu_hours(uses, min(now, start + 7 * DAY), start).items():
+            weeks.append({"week": label, "owner": owner, "gpu_hours": round(h, 3)})
+    return {"format_version": 1, "days": days, "weeks": weeks, "idle": []}
+
+
+# --------------------------------------------------------------------------- the address and its Auth
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_listen(text: str) -> Listen | None:
+    """`HOST:PORT` (`[::1]:PORT` for IPv6; port 0: any free one); None for `none` (no pages); ProvisionError else."""
+    if text.strip().lower() == "none":
+        return None
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ProvisionError(f"--listen: expected HOST:PORT (such as {DEFAULT_LISTEN}) or none, got {text!r}")
+    return Listen(host, int(port))
+
+
+def choose_auth(listen: Listen, trust_header: str | None, tokens: TokenCheck, have_tokens: bool) -> Auth:
+    """Loopback: no token (or the proxy's header when asked); any other address: tokens,
+    refused when none exists yet."""
+    if trust_header:
+        if not listen.loopback:
+            raise ProvisionError(
+                f"--trust-header goes with a loopback --listen (127.0.0.1:PORT behind the proxy), not {listen.host}: "
+                "anyone could send the header"
+            )
+        return Auth.trusted_header(listening=listen.host, header=trust_header)
+    if listen.loopback:
+        return Auth.loopback()
+    if not have_tokens:
+        raise ProvisionError(
+            f"--listen {listen.host}: pages off this machine need tokens; make one with "
+            "`provision serve token create --owner NAME`"
+        )
+    return Auth.token(tokens)

@@ -1,0 +1,147 @@
+"""The dashboard joined to the service (serve/source.py, cli/servecmd.py): tokens kept hashed
+in the service's database (SQLite here; test_servicestore covers the schema on PostgreSQL
+too), the TokenCheck they back, which Auth a --listen address gets and the refusals, and
+usage from the history."""
+
+from __future__ import annotations
+
+import calendar
+
+import pytest
+from starlette.testclient import TestClient
+
+from clirun import run
+from provision.core.errors import ProvisionError
+from provision.io.servicestore import Event, Kind, ServiceStore, Submission, token_hash
+from provision.serve.source import Listen, ServiceSource, choose_auth, parse_listen, usage_json
+from provision.web.app import make_app
+from provision.web.auth import Mode
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_SERVICE_DB", str(tmp_path / "svc" / "service.sqlite"))
+    s = ServiceStore.open_local()
+    yield s
+    s.close()
+
+
+def test_tokens_are_kept_hashed_listed_and_revoked(store, tmp_path):
+    row, token = store.create_token("ana@example.com", admin=False)
+    admin, admin_token = store.create_token("ops", admin=True)
+    assert len(token) >= 43 and token != admin_token  # 32 random bytes, url-safe base64
+    assert store.owner_of(token) == ("ana@example.com", False)
+    assert store.owner_of(admin_token) == ("ops", True)
+    assert store.owner_of("nope") is None and store.owner_of("") is None
+    assert [(t.id, t.owner, t.admin) for t in store.tokens()] == [(row.id, row.owner, False), (admin.id, "ops", True)]
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "svc").glob("service.sqlite*"))  # the WAL too
+    assert token.encode() not in raw and token_hash(token).encode() in raw
+    assert store.revoke_token(row.id) and not store.revoke_token(row.id)
+    assert store.owner_of(token) is None and store.owner_of(admin_token) == ("ops", True)
+
+
+def test_token_commands(store, tmp_path):
+    code, out, err = run("serve", "token", "create", "--owner", "ana@example.com", "--admin", cwd=tmp_path)
+    assert code == 0, err
+    token = out.strip()
+    assert store.owner_of(token) == ("ana@example.com", True)
+    code, out, _ = run("serve", "token", "list", cwd=tmp_path)
+    assert code == 0 and "ana@example.com" in out and "yes" in out and token not in out
+    tid = store.tokens()[0].id
+    assert run("serve", "token", "revoke", tid, cwd=tmp_path)[0] == 0
+    code, _, err = run("serve", "token", "revoke", tid, cwd=tmp_path)
+    assert code != 0 and f"no token {tid}" in err
+    assert "No tokens yet" in run("serve", "token", "list", cwd=tmp_path)[1]
+
+
+def test_the_token_check_serves_the_dashboard(store, tmp_path):
+    _, token = store.create_token("ana@example.com", admin=False)
+    app = make_app(
+        ServiceSource(store, tmp_path / "work"), auth=choose_auth(Listen("0.0.0.0", 8470), None, store, True)
+    )
+    c = TestClient(app, client=("10.1.2.3", 40000))
+    assert c.get("/api/v1/jobs").status_code == 401
+    assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    got = c.get("/api/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+    assert got.status_code == 200 and got.json()["jobs"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("127.0.0.1:8470", Listen("127.0.0.1", 8470)),
+        ("0.0.0.0:80", Listen("0.0.0.0", 80)),
+        ("[::1]:9000", Listen("::1", 9000)),
+        ("none", None),
+    ],
+)
+def test_parse_listen(text, want):
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["8470", "host:", ":8470", "h:-1", "h:70000", "h:x"])
+def test_parse_listen_refused(text):
+    with pytest.raises(ProvisionError, match="--listen"):
+        parse_listen(text)
+
+
+def test_which_auth_an_address_gets(store):
+    loop, wide = Listen("127.0.0.1", 1), Listen("10.0.0.5", 1)
+    assert choose_auth(loop, None, store, False).mode is Mode.LOOPBACK
+    assert choose_auth(Listen("localhost", 1), None, store, False).mode is Mode.LOOPBACK
+    assert choose_auth(Listen("::1", 1), "X-Forwarded-User", store, False).mode is Mode.HEADER
+    assert choose_auth(wide, None, store, True).mode is Mode.TOKEN
+    with pytest.raises(ProvisionError, match="provision serve token create --owner NAME"):
+        choose_auth(wide, None, store, False)
+    with pytest.raises(ProvisionError, match="--trust-header goes with a loopback"):
+        choose_auth(wide, "X-Forwarded-User", store, True)
+
+
+def test_serve_refuses_before_it_starts(store, tmp_path):
+    code, _, err = run("serve", "--listen", "0.0.0.0:0", cwd=tmp_path)
+    assert code != 0 and "provision serve token create --owner NAME" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run("serve", "--listen", "0.0.0.0:0", "--trust-header", "X-Forwarded-User", cwd=tmp_path)
+    assert code != 0 and "--trust-header" in err
+    code, _, err = run("serve", "--listen", "nowhere", cwd=tmp_path)
+    assert code != 0 and "HOST:PORT" in err
+    assert not store.services()  # none of them started the service
+
+
+def test_usage_per_day_and_week_from_history():
+    now = calendar.timegm((2026, 11, 27, 12, 0, 0))  # a Friday, noon UTC
+    day = 86400.0
+    events = [
+        Event("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),  # 2 GPUs x 2 h
+        Event("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),  # still running: half an hour so far
+        Event("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),  # a wait holds nothing
+    ]
+    doc = usage_json(events, now)
+    assert doc["format_version"] == 1 and doc["idle"] == []
+    assert {(d["day"], d["owner"]): d["gpu_hours"] for d in doc["days"]} == {
+        ("2026-11-26", "ana"): 4.0,
+        ("2026-11-27", "bo"): 0.5,
+    }
+    assert {(w["week"], w["owner"]): w["gpu_hours"] for w in doc["weeks"]} == {
+        ("2026-W48", "ana"): 4.0,
+        ("2026-W48", "bo"): 0.5,
+    }
+
+
+def test_cancel_from_the_dashboard_takes_back_a_waiting_submission(store, tmp_path):
+    sub = Submission("s1", Kind.APPLY, "bert", "ana", "local", "", "inv.yaml", {})
+    store.submit(sub)
+    src = ServiceSource(store, tmp_path / "work")
+    assert src.owner("bert") == "ana"
+    got = src.cancel("bert", "ops")
+    assert got["ok"] and "Took back s1" in got["message"]
+    assert not src.cancel("bert", "ops")["ok"]
+
+
+def test_install_keeps_the_pages_options(tmp_path, monkeypatch):
+    from provision.cli import servecmd  # (the module whose unit.install is replaced)
+
+    got: list[list[str]] = []
+    monkeypatch.setattr(servecmd.unit, "install", lambda args, user: got.append(list(args)) or ["installed"])
+    code, out, err = run("serve", "--install", "--listen", "0.0.0.0:8470", "--inventory", "a.yaml", cwd=tmp_path)
+    assert code == 0 and "installed" in out, err
+    assert got == [["--poll", "1", "--listen", "0.0.0.0:8470", "--inventory", str(tmp_path.resolve() / "a.yaml")]]
