@@ -133,7 +133,9 @@ def test_a_handed_over_study_survives_two_kill_9(sandbox4, sandbox_inventory, tm
     r = ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
     assert "Handed over study of job srvstudy" in r.stdout and "No service runs" in r.stdout, r.stdout
     assert f"provision tune {inv}" in r.stdout
-    (tmp_path / "trainer.py").unlink()  # the service runs what was submitted
+    # The service runs what was submitted: a trainer changed since would fail every trial.
+    # (Changed, not deleted: `tune --status` of the submitter's checkout reads its files.)
+    (tmp_path / "trainer.py").write_text("raise SystemExit(3)\n")
     service.start()
     # Killed while trials run, twice: once some ended, then once more of them did.
     for ended_at_least in (2, 5):
