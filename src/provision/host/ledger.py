@@ -163,20 +163,23 @@ def proc_local_only() -> list[int]:
     return local_only(_LOOPBACK)
 
 
-class _Locked:
-    """flock on the ledger's lock file for the duration of a with block."""
+class FileLock:
+    """flock on a lock file for the duration of a with block. Whoever removes what the lock
+    guards may unlink the lock file (release() removes an empty ledger): one unlinked while
+    we waited for it locks nothing, so take the one that is there now."""
 
-    def __enter__(self) -> _Locked:
-        import fcntl  # lazy: only requests that lock the ledger pay its import time
+    def __init__(self, directory: str, path: str) -> None:
+        self.directory, self.path = directory, path
+
+    def __enter__(self) -> FileLock:
+        import fcntl  # lazy: only requests that lock pay its import time
 
         while True:
-            os.makedirs(layout.LEDGER_DIR, 0o755, exist_ok=True)
-            fd = os.open(layout.LEDGER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.makedirs(self.directory, 0o755, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
-            # release() removes an empty ledger: a lock file unlinked while we waited
-            # for it locks nothing, so take the one that is there now.
             try:
-                same = os.stat(layout.LEDGER_LOCK).st_ino == os.fstat(fd).st_ino
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
@@ -186,6 +189,11 @@ class _Locked:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)  # closing releases the flock
+
+
+def _Locked() -> FileLock:  # noqa: N802 - reads as the context manager it returns
+    """The ledger's lock."""
+    return FileLock(layout.LEDGER_DIR, layout.LEDGER_LOCK)
 
 
 class _Unlocked:

@@ -52,31 +52,9 @@ def used_elsewhere(job: str, setup: Any) -> bool:
     return key is not None and bool(ledger.other_owners(job, [layout.setup_unit_path(key)]))
 
 
-class _KeyLock:
-    """flock on the setup's lock file: one run at a time; the others wait, then find it done.
-    A lock file release() unlinked while we waited locks nothing: take the one there now."""
-
-    def __init__(self, key: str) -> None:
-        self.path = layout.setup_lock_path(key)
-
-    def __enter__(self) -> _KeyLock:
-        import fcntl  # lazy: only a setup's run locks
-
-        while True:
-            os.makedirs(layout.SETUPS_VAR, 0o755, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self.fd = fd
-                return self
-            os.close(fd)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
+def _KeyLock(key: str) -> ledger.FileLock:  # noqa: N802 - reads as the context manager it returns
+    """One run of a setup at a time; the others wait, then find it done."""
+    return ledger.FileLock(layout.SETUPS_VAR, layout.setup_lock_path(key))
 
 
 def _unlink(path: str) -> None:
