@@ -221,7 +221,7 @@ def test_a_long_log_is_streamed_in_bounded_memory(sandbox3, sandbox_inventory, t
     """Issue 28, item 15: `logs` (no -f) of a task with 588k lines took 18 s and 719 MB. It
     is read and printed as it arrives: its peak memory does not grow with the log. 100k lines
     (500k cost CI a minute of journald and stream), against `--tail 5` of the same log: under
-    20 MB more, 200 bytes a line, as tight as 150 MB was at 500k (the CLI alone is ~66 MB)."""
+    20 MB more, 200 bytes a line (the CLI alone is ~66 MB here)."""
     import os
     import time
 
@@ -265,7 +265,9 @@ def test_a_long_log_is_streamed_in_bounded_memory(sandbox3, sandbox_inventory, t
         assert 1 <= few <= 5, few
         lines, peak, took = logs()
         assert lines == want
-        assert peak < 150 * 1024, f"peak RSS {peak // 1024} MiB"
+        # Relative, not absolute: the CLI's own size varies between machines (one CI run saw
+        # a peak of 182 MiB where it is 66 MiB here), and at 100k lines the old whole-answer read (~1.2 KB a line)
+        # would be ~120 MB, under any absolute bound that holds everywhere.
         assert peak - small < 20 * 1024, f"peak RSS {peak // 1024} MiB, {small // 1024} MiB for --tail 5"
         print(f"logs of {n} lines: {took:.1f} s, peak RSS {peak // 1024} MiB ({small // 1024} MiB for --tail 5)")
     finally:

@@ -99,7 +99,10 @@ def test_two_checkouts_one_backend(postgres, hosts, sandbox_inventory, tmp_path)
         wait_until(lambda: "hello-a" in b.ok("logs", b.inv).stdout, what="B reads the tasks' output")
         # B changes an env value: no --take-over, the same owner (one lineage, from the database).
         set_mode(b, "b")
-        r = b.ok("apply", "-y", b.inv)
+        # A's content is A's: -y alone does not replace it (issue 40.8); B says so.
+        refused = b.run("apply", "-y", b.inv)
+        assert refused.returncode != 0 and "--force-conflicts" in one_error_line(refused), refused.stderr
+        r = b.ok("apply", "-y", "--force-conflicts", b.inv)
         assert "Apply complete!" in r.stdout
         wait_until(lambda: "hello-b" in b.ok("logs", b.inv).stdout, what="the tasks restarted with B's value")
         assert a.json("status")["phase"] == "Running"
@@ -145,7 +148,7 @@ def test_racing_applies_and_a_killed_holder(postgres, hosts, sandbox_inventory, 
             slow.communicate()
         wait_until(lambda: b.json("state", "show")["lock"] is None, timeout=30, every=0.3, what="the lock freed")
         assert row(postgres, "team-race") == before  # A wrote nothing either
-        r = b.ok("apply", "-y", b.inv)
+        r = b.ok("apply", "-y", "--force-conflicts", b.inv)  # A's content is replaced on purpose
         assert "ended without releasing it" in r.stderr  # the note about the dead holder
         assert row(postgres, "team-race")[1] == before[1]
         assert b.run("plan", "--detailed-exitcode", b.inv).returncode == 0

@@ -54,7 +54,7 @@ from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
-from provision.run.destroy import destroy, destroy_plan
+from provision.run.destroy import destroy, destroy_plan, study_of
 from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
@@ -633,7 +633,9 @@ def _remove(w: TrialWork, ctx: Context, *, quiet: bool = False) -> None:
     if quiet and on:
 
         def clear(t: Target) -> None:
-            rep: DestroyReport = call_agent(ctx.session, t, DestroyRequest(ctx.inventory.job))
+            # The trial's setup stays held for its study (as destroy's removal holds it).
+            req = DestroyRequest(ctx.inventory.job, hold_setup=study_of(ctx.inventory))
+            rep: DestroyReport = call_agent(ctx.session, t, req)
             if rep.errors:
                 raise HostError(t, "; ".join(rep.errors))
             ctx.state.forget_host(t.name)
