@@ -107,6 +107,14 @@ def why(e: BaseException) -> str:
     return line
 
 
+def connect_url(url: str, application_name: str, **extra: Any) -> psycopg.Connection[Any]:
+    """An autocommit connection to `url`, given up after CONNECT_TIMEOUT unless
+    PGCONNECT_TIMEOUT or the URL says otherwise (the state's and the service's alike)."""
+    if "PGCONNECT_TIMEOUT" not in os.environ and "connect_timeout" not in url:
+        extra["connect_timeout"] = CONNECT_TIMEOUT
+    return psycopg.connect(url, autocommit=True, application_name=application_name, **extra)
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
@@ -137,11 +145,8 @@ class PgStore(Store):
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new autocommit connection, the tables made sure of."""
-        extra: dict[str, Any] = {"application_name": "provision"}
-        if "PGCONNECT_TIMEOUT" not in os.environ and "connect_timeout" not in self.backend.url:
-            extra["connect_timeout"] = CONNECT_TIMEOUT
         try:
-            conn = psycopg.connect(self.backend.url, autocommit=True, **extra)
+            conn = connect_url(self.backend.url, "provision")
         except psycopg.Error as e:
             raise ProvisionError(f"{self.where}: cannot connect: {why(e)}") from None
         try:

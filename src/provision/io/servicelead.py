@@ -54,19 +54,20 @@ class Leadership:
         # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
         import psycopg
 
+        from provision.io.pgstate import connect_url, why  # (start-up, as above)
+
         try:
-            conn = psycopg.connect(
+            # Keepalives: a leader whose machine died is seen gone by the server within ~11 s.
+            conn = connect_url(
                 self.pg_url or "",
-                autocommit=True,
-                connect_timeout=10,
-                application_name="provision serve (leader)",
+                "provision serve (leader)",
                 keepalives=1,
                 keepalives_idle=5,
                 keepalives_interval=2,
                 keepalives_count=3,
             )
         except psycopg.Error as e:
-            raise ProvisionError(f"the service's database: cannot connect to take the lead: {e}") from None
+            raise ProvisionError(f"the service's database: cannot connect to take the lead: {why(e)}") from None
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEAD_KEY - (1 << 63),)).fetchone()
         if not row or not row[0]:
             conn.close()

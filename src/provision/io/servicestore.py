@@ -429,9 +429,9 @@ def token_hash(token: str) -> str:
 
 def _pg_connect(url: str) -> Any:
     # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
-    import psycopg
+    from provision.io.pgstate import connect_url
 
-    return psycopg.connect(url, autocommit=True, connect_timeout=10, application_name="provision serve")
+    return connect_url(url, "provision serve")
 
 
 _PG_SCHEMA_LOCK = 0x70726F7673657276  # "provserv": the tables are made by one service at a time
