@@ -2,7 +2,8 @@
 trials and stops the running ones (the study loop on Optuna's in-memory storage with a fake
 trial worker, as tests/test_study_loop.py), a submission's snapshot is materialised
 with the submitter's `.provision` beside it, and a study whose storage stops answering is
-waited for with backoff and left to a fresh worker, never failed."""
+waited for with backoff and left to a fresh worker, never failed; and the service says an
+outage of its database in one line and its end in another."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run
+from clirun import run, wait_until
 from provision.cli import servecmd, tunecmd
+from provision.core.errors import ProvisionError
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tune
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
@@ -21,6 +23,7 @@ from provision.io.study import Runner, Study, StudyUnavailable, memory_study
 from provision.run import tune as tune_mod
 from provision.run.trialrun import Handle, JobEnded, Removed, Started, TrialWork
 from provision.serve import worker
+from provision.serve.service import Service
 from provision.spec.inventory import parse
 
 INV = """\
@@ -198,3 +201,76 @@ def test_following_a_handed_over_study_ends_as_the_terminal_does(tmp_path, monke
     assert code == 0, out + err
     assert "TRIAL" in out and "0.25" in out, out
     assert "\nThe study ended: 2 trials. Picture: " in out, out
+
+
+# --------------------------------------------------------------------------- the service's database away
+
+
+class _Place:
+    """The service's database and its lock, which a test takes away and gives back."""
+
+    place, path = "postgresql://db:5432/ml", None
+
+    def __init__(self) -> None:
+        self.down = False
+        self.looks = 0
+
+    def _answer(self) -> None:
+        self.looks += 1
+        if self.down:
+            raise ProvisionError(f"{self.place}: the service's database: terminating connection")
+
+    def beat(self, row) -> None:
+        self._answer()
+
+    def now(self) -> float:
+        self._answer()
+        return time.time()
+
+    def services(self, **kw):
+        self._answer()
+        return []
+
+    def submissions(self, **kw):
+        self._answer()
+        return []
+
+    def leave(self, sid) -> None:
+        pass
+
+    # the lead
+    def try_take(self) -> bool:
+        self._answer()
+        return True
+
+    def still_held(self) -> bool:
+        return not self.down
+
+    def release(self) -> None:
+        pass
+
+
+def test_the_service_says_a_database_outage_in_one_line_and_its_end_in_another(tmp_path) -> None:
+    place = _Place()
+    lines: list[str] = []
+    svc = Service(place, place, tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
+    t = threading.Thread(target=svc.run)
+    t.start()
+    try:
+        wait_until(lambda: any("leading" in x for x in lines), timeout=10, every=0.01, what="leading")
+        place.down = True
+        wait_until(lambda: any("does not answer" in x for x in lines), timeout=10, every=0.01, what="the outage")
+        seen = place.looks
+        wait_until(lambda: place.looks > seen + 20, timeout=10, every=0.01, what="looks during the outage")
+        place.down = False
+        wait_until(lambda: sum("leading" in x for x in lines) == 2, timeout=10, every=0.01, what="leading again")
+    finally:
+        svc.stopping.set()
+        t.join(10)
+    said = lines[1:]  # after "service ID on PLACE: following until it can lead"
+    assert len(said) == 4, lines
+    assert said[0] == "leading: driving every unfinished submission"
+    assert said[1].startswith("the database does not answer (postgresql://db:5432/ml: the service's database:")
+    assert "the lead was lost" in said[1] and said[1].endswith("looking again every 0.01 s"), said
+    assert said[2].startswith("the database answers again after "), said
+    assert said[3] == "leading: driving every unfinished submission"

@@ -111,6 +111,9 @@ class Service:
             self.away = None
 
     def _look(self) -> None:
+        if self.away is not None:  # said back before anything else is said
+            self.store.now()  # raises while it is still away
+            self._back()
         if not self.row.leader:
             if self.lead.try_take():
                 self.row = dataclasses.replace(self.row, leader=True)
