@@ -139,3 +139,27 @@ def test_the_sampler_says_a_failed_round_once_and_goes_on() -> None:
     for _ in range(3):
         s.round()
     assert said == ["GPU samples not stored: db away", "GPU samples stored again"]
+
+
+def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgres, monkeypatch, tmp_path: Path) -> None:
+    """Issue 41, Bad input, on a real server: the service's database stopped, every page says
+    so (503) without the service restarting; started again, the next request is answered."""
+    for k, v in postgres.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
+    store = ServiceStore.open_pg(postgres.url(), "the team's database")
+    store.add_gpu_samples([_s(store.now(), 1)])
+    client = TestClient(
+        make_app(ServiceSource(store, tmp_path / "work"), auth=Auth.loopback()), client=("127.0.0.1", 1)
+    )
+    assert client.get("/usage").status_code == 200
+    postgres.stop()
+    try:
+        for path in ("/usage", "/"):
+            r = client.get(path)
+            assert r.status_code == 503 and "out of reach" in r.text, (path, r.text)
+    finally:
+        postgres.start()
+    assert client.get("/usage").status_code == 200 and client.get("/").status_code == 200
+    assert store.gpu_samples(0)
+    store.close()

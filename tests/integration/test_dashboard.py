@@ -148,7 +148,7 @@ def test_token_mode_reads_and_acts_only_with_the_owners_token(server, browser, h
     wait_until(lambda: not browser.current_url.endswith("/login"), timeout=10, what="signed in")
 
 
-def test_cluster_page_shows_the_gpu_the_job_holds_busy(server, browser, hosts):
+def test_cluster_page_shows_the_gpu_the_job_holds_busy(server, browser, hosts, job):
     from selenium.webdriver.common.by import By
 
     url = server[0]
@@ -165,6 +165,10 @@ def test_cluster_page_shows_the_gpu_the_job_holds_busy(server, browser, hosts):
     text = wait_until(busy, timeout=30, every=1, what="87 % and the task's process on the Cluster page")
     assert "held" in text and JOB in text and "40000 MiB" in text, text
     assert f"{pid} python3, 39000 MiB ({JOB})" in text, text
+    # `provision status` shows the task's utilization too, from its own probe.
+    tmp, inv = job
+    assert status(tmp, inv)["tasks"][0]["gpu_util_pct"] == 87
+    assert " 87% " in ok(cli("status", inv, cwd=tmp)).stdout
     # The sampler's history of the last hour is there too (a round every 10 s): three points.
     points = "return (document.querySelector('tr.gpu[data-gpu=\"0\"] details polyline') || {getAttribute: () => ''})"
     points += ".getAttribute('points')"
