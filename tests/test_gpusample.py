@@ -41,6 +41,12 @@ def test_a_round_is_every_gpu_that_answered_with_its_holder() -> None:
     }
 
 
+def test_a_long_history_is_averaged_to_a_few_points_a_gpu() -> None:
+    samples = [GpuSample("gpu-1", 0, float(t), t % 2 * 10, 1, 2) for t in range(360)]
+    (points,) = history_json(samples, most=120)["gpu-1"].values()
+    assert len(points) == 120 and points[0] == [1.0, 10 / 3] and points[-1] == [358.0, 20 / 3]
+
+
 def _s(t: float, util: int | None, job: str | None = "bert", gpu: int = 0) -> GpuSample:
     return GpuSample("gpu-1", gpu, t, util, 1, 2, job, "ana@example.com" if job else None)
 

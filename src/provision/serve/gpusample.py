@@ -19,6 +19,7 @@ from provision.io.servicestore import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
 
 SAMPLE_EVERY = 10.0  # seconds between rounds (issue 41: at most 10 s)
+HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: 30 s a point at most
 # A test knob, not a setting: the Usage page's idle window in seconds (default: the rule's 10 minutes),
 # so a browser test sees a GPU flagged idle in seconds. docs/dashboard.md names it.
 IDLE_WINDOW_ENV = "PROVISION_TEST_IDLE_WINDOW_S"
@@ -58,13 +59,20 @@ def samples_of(doc: Mapping[str, Any], t: float) -> list[GpuSample]:
     return out
 
 
-def history_json(samples: Iterable[GpuSample]) -> dict[str, dict[str, list[list[float]]]]:
-    """host -> {"<gpu>": [[t, utilization %], ...]} (the hosts' `gpu_history`), oldest first;
-    samples without a number are left out (the chart has nothing to draw there)."""
+def history_json(samples: Iterable[GpuSample], most: int = HISTORY_POINTS) -> dict[str, dict[str, list[list[float]]]]:
+    """host -> {"<gpu>": [[t, utilization %], ...]} (the hosts' `gpu_history`), oldest first,
+    at most `most` points a GPU (runs of consecutive samples averaged: a page of many GPUs
+    stays small); samples without a number are left out (nothing to draw there)."""
     out: dict[str, dict[str, list[list[float]]]] = {}
     for s in samples:
         if s.util is not None:
             out.setdefault(s.host, {}).setdefault(str(s.gpu), []).append([s.t, float(s.util)])
+    for gpus in out.values():
+        for g, points in gpus.items():
+            if len(points) > most:
+                k = -(-len(points) // most)
+                runs = [points[i : i + k] for i in range(0, len(points), k)]
+                gpus[g] = [[sum(p[0] for p in r) / len(r), sum(p[1] for p in r) / len(r)] for r in runs]
     return out
 
 
