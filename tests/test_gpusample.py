@@ -169,3 +169,14 @@ def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgre
     assert client.get("/usage").status_code == 200 and client.get("/").status_code == 200
     assert store.gpu_samples(0)
     store.close()
+
+
+def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
+    import time
+
+    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
+    src._sampled = (time.monotonic(), DOC)  # what Sampler's last round saw
+    text = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 1)).get("/metrics").text
+    assert 'provision_gpu_utilization_percent{host="gpu-1",gpu="1",job="bert",owner="ana@example.com"} 87' in text
+    assert 'provision_gpu_memory_used_mib{host="gpu-1",gpu="0"} 0' in text
+    assert 'provision_host_up{host="gpu-2"} 0' in text
