@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from provision.core.target import HostError, Target
-from provision.host import hostcheck, ledger
+from provision.host import hostcheck, hostfacts, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
 from provision.host.taskenv import parse_env
 from provision.rules import network
@@ -27,9 +27,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def test_gpu_health_reads_the_health_columns():
     out = (
-        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 0, No, No, 0\n"
-        "1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 3, Yes, [N/A], 500\n"
-        "2, GPU-c, Tesla T4, 15360, 535.1, [N/A], [N/A], [Not Supported], [N/A]\n"
+        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 0, No, No, 0, 0\n"
+        "1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 550.54.15, 3, Yes, [N/A], 87, 500\n"
+        "2, GPU-c, Tesla T4, 15360, 535.1, [N/A], [N/A], [Not Supported], [N/A], [N/A]\n"
         "garbage\n"
     )
     assert hostcheck.gpu_health(out) == [
@@ -57,6 +57,13 @@ def test_gpu_health_reads_the_health_columns():
             "remap_pending": None,
             "memory_used_mib": None,
         },
+    ]
+    # The facts from the same run: utilization and memory from their own columns (not ECC's).
+    gpus = hostfacts.gpu_report(0, out, "", hostcheck.GPU_FIELDS)["gpus"]
+    assert [(g["index"], g["util_pct"], g["memory_used_mib"]) for g in gpus] == [
+        (0, 0, 0),
+        (1, 87, 500),
+        (2, None, None),
     ]
 
 

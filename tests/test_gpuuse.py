@@ -79,3 +79,33 @@ def test_task_util_is_the_mean_of_its_gpus_that_report() -> None:
 )
 def test_idle_since(samples: list[tuple[float, int | None]], now: float, want: float | None) -> None:
     assert idle_since(samples, now) == want
+
+
+def test_a_shorter_window_for_tests() -> None:
+    assert idle_since([(0.0, 1), (15.0, 2)], 15.0, window=15) == 0.0
+    assert idle_since([(0.0, 1), (15.0, 2)], 15.0) is None
+
+
+def test_host_use_ties_each_compute_process_to_the_job_whose_unit_it_runs_in() -> None:
+    from provision.rules.gpuuse import host_use
+
+    facts = {"gpus": [
+        {"index": 0, "uuid": "GPU-a", "util_pct": 87, "memory_used_mib": 40000, "memory_mib": 81559},
+        {"index": 1, "uuid": "GPU-b", "util_pct": 0, "memory_used_mib": 0, "memory_mib": 81559},
+    ]}  # fmt: skip
+    apps = [
+        {"gpu_uuid": "GPU-a", "pid": 41, "name": "python3", "used_mib": 39000,
+         "owner": {"pid": 41, "comm": "python3", "unit": "provision-bert-chief-0.service", "job": None, "task": None}},
+        {"gpu_uuid": "GPU-a", "pid": 42, "name": "python3", "used_mib": 500,
+         "owner": {"pid": 42, "comm": "python3", "unit": "user@1000.service", "job": None, "task": None}},
+        {"gpu_uuid": "GPU-a", "pid": 43, "name": "python3", "used_mib": 1,
+         "owner": {"pid": 43, "comm": "python3", "unit": "docker-x.scope", "job": "vit", "task": "chief-0"}},
+        {"gpu_uuid": "GPU-zzz", "pid": 44, "name": "ghost", "used_mib": 1, "owner": None},
+    ]  # fmt: skip
+    ledger = {"bert": {"units": ["provision-bert-chief-0.service"], "gpus": [0]}}
+    use = host_use(facts, {"gpus": {"apps": apps}}, ledger)
+    assert use["0"]["utilization"] == 87 and use["0"]["memory_mib"] == 40000 and use["1"]["apps"] == []
+    assert [(a["pid"], a["job"]) for a in use["0"]["apps"]] == [(41, "bert"), (42, None), (43, "vit")]
+    # No GPU check (apps not asked): the numbers alone; a hostile answer is dropped.
+    assert host_use(facts, None, None)["0"]["apps"] == []
+    assert host_use({"gpus": "x"}, {"gpus": {"apps": "y"}}, {"bert": 3}) == {}

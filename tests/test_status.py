@@ -350,3 +350,36 @@ def test_a_host_the_job_left_is_named_while_it_holds_some_of_it():
         False,
     )
     assert left_behind("h3", units, ProbeReport(), None) is None
+
+
+def test_each_running_task_shows_its_gpus_utilization():
+    """Issue 41: status shows each task's GPU utilization, from the facts its probe brings
+    back (the mean over the task's GPUs); "-" (None) where unknown or not running."""
+    from provision.cli.output import status_lines
+    from provision.core.model import Accelerators
+    from provision.rules.gpuuse import with_task_util
+
+    ssh = SSHSettings()
+    host = Host("h1", "10.0.0.1", ssh, "h1", accelerators=Accelerators("nvidia-h100", 4))
+    pools = (
+        Pool("chief", 1, command=("/bin/true",), accelerators=2),
+        Pool("worker", 1, command=("/bin/true",), accelerators=2),
+    )
+    inv = Inventory(Path("/x/inv.yaml"), "j", ssh, (host,), pools)
+    placement = place(inv)
+    gpus = [
+        {"index": i, "uuid": f"GPU-{i}", "util_pct": u, "memory_used_mib": 1, "memory_mib": 2}
+        for i, u in enumerate((90, 70, 3, None))
+    ]
+    units = {unit_name("j", t.name): ACTIVE if t.role == "chief" else DEAD for t in placement.tasks}
+    rep = ProbeReport(now=100, now_monotonic_us=1, units=units, facts={"gpus": gpus})
+    st = with_task_util(job_status(inv, list(placement.tasks), {"h1": rep}, {}), {"h1": rep})
+    chief, worker = (st.task(t.name) for t in placement.tasks)
+    assert chief.gpus == [0, 1] and chief.gpu_util == 80 and chief.to_json()["gpu_util_pct"] == 80
+    assert worker.gpu_util is None and worker.to_json()["gpu_util_pct"] is None  # not running: another's work
+    lines = status_lines(st)
+    assert "GPU%" in lines[1] and "80%" in lines[2]
+    # No facts (a host that was not asked, or no nvidia-smi): unknown, not 0.
+    bare = {"h1": ProbeReport(now=100, now_monotonic_us=1, units=units)}
+    st = with_task_util(job_status(inv, list(placement.tasks), bare, {}), bare)
+    assert st.task(placement.tasks[0].name).gpu_util is None

@@ -137,6 +137,9 @@ class FakeSource:
         self._up()
         return _jobs_doc()
 
+    def latest(self) -> dict[str, Any]:
+        return self.jobs()
+
     def job(self, name: str) -> dict[str, Any]:
         if name != "bert":
             raise NotFound(f"job {name}", ["bert", "gpt", "old"])

@@ -159,7 +159,7 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
         head += f" ({st.reason})"
     if st.owner:
         head += f"  owner: {st.owner}"
-    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
+    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "GPU%", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
     for t in st.tasks:
         rows.append(
             (
@@ -167,6 +167,7 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
                 t.host,
                 t.address,
                 ",".join(map(str, t.gpus)) or "-",
+                "-" if t.gpu_util is None else f"{t.gpu_util}%",
                 t.state.value,
                 "-" if t.exit_code is None else str(t.exit_code),
                 str(t.restarts),

@@ -256,9 +256,14 @@ def serve(
     url = _place(state)
     where = parse_listen(listen)
     store = open_place(url)
-    web = _web(url, where, inventories, trust_header, work_root(store)) if where is not None else None
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
     svc = Service(store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror)
+    # The leader alone samples the GPUs (two services on one database: one set of samples).
+    web = (
+        _web(url, where, inventories, trust_header, work_root(store), lambda: svc.row.leader)
+        if where is not None
+        else None
+    )
 
     def stop(signum: int, frame: object) -> None:
         svc.stopping.set()
@@ -274,13 +279,20 @@ def serve(
 
 
 def _web(
-    url: str, where: Listen, inventories: tuple[str, ...], trust_header: str | None, root: Path
+    url: str,
+    where: Listen,
+    inventories: tuple[str, ...],
+    trust_header: str | None,
+    root: Path,
+    leading: Callable[[], bool],
 ) -> Callable[[], None]:
-    """The dashboard in a thread of this process (leader or follower: pages only read);
-    returns what stops it. Refused (one line) before the service starts."""
+    """The dashboard in a thread of this process (leader or follower: pages only read), and
+    the GPU sampler in another (while `leading`); returns what stops both. Refused (one
+    line) before the service starts."""
     # Lazy: uvicorn and the web app load only when pages are served.
     import uvicorn
 
+    from provision.serve.gpusample import Sampler  # (start-up, as above)
     from provision.web.app import make_app  # (start-up, as above)
 
     store = open_place(url)  # its own connection: a slow page never holds up the service's loop
@@ -295,11 +307,14 @@ def _web(
     server = uvicorn.Server(uvicorn.Config(make_app(source, auth=auth), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard", daemon=True)
     thread.start()
+    sampler = Sampler(source.sample, leading, _stamped)
+    sampler.start()
     host = f"[{where.host}]" if ":" in where.host else where.host
     port = sock.getsockname()[1]  # the one bound (--listen HOST:0 asks for any free one)
     _stamped(f"Dashboard on http://{host}:{port}/ ({auth.mode.value})")
 
     def stop() -> None:
+        sampler.stop()
         server.should_exit = True
         thread.join(timeout=10)
         source.close()

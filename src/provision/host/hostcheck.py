@@ -46,6 +46,7 @@ GPU_FIELDS = (
     "ecc.errors.uncorrected.volatile.total",
     "retired_pages.pending",
     "remapped_rows.pending",
+    "utilization.gpu",
     "memory.used",  # last: probe.sh reads it as what follows the last ", "
 )
 GPU_QUERY = ("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
@@ -87,7 +88,7 @@ def gpu_health(out: str) -> list[dict[str, Any]]:
                 "ecc_uncorrected": _int(parts[5]),
                 "retired_pending": _yes(parts[6]),
                 "remap_pending": _yes(parts[7]),
-                "memory_used_mib": _int(parts[8]),
+                "memory_used_mib": _int(parts[9]),
             }
         )
     return health
@@ -333,7 +334,7 @@ def probe_checks(checks: dict[str, Any], facts: dict[str, Any] | None) -> dict[s
         timeout = checks.get("gpu_timeout") or NVIDIA_SMI_TIMEOUT
         code, so, se = run(list(GPU_QUERY), timeout=timeout)
         if facts is not None:
-            facts.update(gpu_report(code, so, timed_out(GPU_QUERY[0], timeout) if code == 124 else se))
+            facts.update(gpu_report(code, so, timed_out(GPU_QUERY[0], timeout) if code == 124 else se, GPU_FIELDS))
         gpus: dict[str, Any] = {"error": gpu_error(code, so, se, GPU_QUERY[0], timeout)}
         gpus["health"] = gpu_health(so) if code == 0 else []
         gpus["apps"] = None

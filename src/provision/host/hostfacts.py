@@ -57,11 +57,8 @@ def facts(only: Collection[str] | None = None) -> dict[str, Any]:
 
 
 # Utilization and memory in use ride on the same call (issue 41): no second nvidia-smi.
-NVIDIA_SMI = (
-    "nvidia-smi",
-    "--query-gpu=index,uuid,name,memory.total,utilization.gpu,memory.used",
-    "--format=csv,noheader,nounits",
-)
+FIELDS = ("index", "uuid", "name", "memory.total", "utilization.gpu", "memory.used")
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=" + ",".join(FIELDS), "--format=csv,noheader,nounits")
 NVIDIA_SMI_TIMEOUT = 20
 
 
@@ -69,8 +66,11 @@ def gpu_facts() -> dict[str, Any]:
     return gpu_report(*run(list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT))
 
 
-def gpu_report(code: int, so: str, se: str) -> dict[str, Any]:
-    """nvidia-smi's answer as facts (the controller's fast probe reads it with this too)."""
+def gpu_report(code: int, so: str, se: str, fields: tuple[str, ...] = FIELDS) -> dict[str, Any]:
+    """nvidia-smi's answer as facts (the controller's fast probe reads it with this too).
+    `fields`: the query's columns (the pre-flight query has more, in another order), whose
+    first four are FIELDS' first four."""
+    util, used = fields.index("utilization.gpu"), fields.index("memory.used")
     gpus = []
     out: dict[str, Any] = {}
     if code == 0:
@@ -84,8 +84,8 @@ def gpu_report(code: int, so: str, se: str) -> dict[str, Any]:
                         "name": parts[2],
                         "memory_mib": _int(parts[3]),
                         # "[N/A]" where a GPU does not say (MIG, some vGPUs): None.
-                        "util_pct": _int(parts[4]) if len(parts) > 4 else None,
-                        "memory_used_mib": _int(parts[5]) if len(parts) > 5 else None,
+                        "util_pct": _int(parts[util]) if len(parts) > util else None,
+                        "memory_used_mib": _int(parts[used]) if len(parts) > used else None,
                     }
                 )
         out["nvidia_smi"] = "ok"

@@ -273,7 +273,8 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
             raise _Mismatch("nvidia-smi failed: the agent reports its own words")
         err = hostlib.timed_out(hostfacts.NVIDIA_SMI[0], _gpu_timeout(req)) if code == 124 else ""
         gpu_text = "\n".join(lines)
-        facts.update(hostfacts.gpu_report(code, gpu_text, err))
+        asked = hostcheck.GPU_FIELDS if (req.checks or {}).get("gpus") else hostfacts.FIELDS  # as command() chose
+        facts.update(hostfacts.gpu_report(code, gpu_text, err, asked))
         text = line()
     if text.startswith(b"@tpu "):
         facts["tpu_chips"] = int(text.split()[1])

@@ -94,6 +94,20 @@ class TokenRow:
 
 
 @dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one time: utilization %, memory (None: the GPU did not say), who held it."""
+
+    host: str
+    gpu: int
+    t: float  # the database's clock
+    util: int | None
+    memory_mib: int | None
+    memory_total_mib: int | None
+    job: str | None = None
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
 class Event:
     """One history row: a run, a trial or a queue wait."""
 
@@ -108,7 +122,7 @@ class Event:
     submission: str = ""
 
 
-_DDL = (
+_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS provision_service_blobs (sha TEXT PRIMARY KEY, data {blob} NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS provision_service_submissions (
         id TEXT PRIMARY KEY, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
@@ -127,6 +141,15 @@ _DDL = (
         id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, admin INTEGER NOT NULL,
         created {real} NOT NULL)""",
 )
+# What the GPUs did (the service samples every host it watches): the last GPU_KEEP seconds.
+_DDL += (
+    """CREATE TABLE IF NOT EXISTS provision_service_gpu_samples (
+        host TEXT NOT NULL, gpu INTEGER NOT NULL, t {real} NOT NULL, util INTEGER, memory_mib INTEGER,
+        memory_total_mib INTEGER, job TEXT, owner TEXT)""",
+    """CREATE INDEX IF NOT EXISTS provision_service_gpu_samples_t ON provision_service_gpu_samples (t)""",
+)
+GPU_KEEP = 3600.0  # an hour at the full rate (the Cluster page's "last hour"); older rows are dropped
+_GPU_COLS = "host, gpu, t, util, memory_mib, memory_total_mib, job, owner"
 _SUB_COLS = (
     "id, kind, job, owner, backend, state_path, inventory, manifest, options, created, status, claimed_by, "
     "why, cancel, started, ended"
@@ -397,6 +420,43 @@ class ServiceStore:
             for r in rows
         ]  # fmt: skip
 
+    # -- what the GPUs did
+
+    def add_gpu_samples(self, samples: Sequence[GpuSample], keep: float = GPU_KEEP) -> None:
+        """One round of samples, in one transaction with dropping what is older than `keep`
+        seconds before the newest (the table stays bounded: hosts x GPUs x an hour's rounds)."""
+        rows = [(s.host, s.gpu, s.t, s.util, s.memory_mib, s.memory_total_mib, s.job, s.owner) for s in samples]
+        if not rows:
+            return
+        insert = self._q(f"INSERT INTO provision_service_gpu_samples ({_GPU_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+        drop = self._q("DELETE FROM provision_service_gpu_samples WHERE t < ?")
+        oldest = max(r[2] for r in rows) - keep
+        with self._sql() as c:
+            if self._pg:
+                with c.transaction():
+                    c.cursor().executemany(insert, rows)
+                    c.execute(drop, (oldest,))
+                return
+            c.execute("BEGIN")
+            try:
+                c.executemany(insert, rows)
+                c.execute(drop, (oldest,))
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+    def gpu_samples(self, since: float) -> list[GpuSample]:
+        """Every sample from `since` on (the database's clock), by host, GPU and time."""
+        rows = self._all(
+            f"SELECT {_GPU_COLS} FROM provision_service_gpu_samples WHERE t >= ? ORDER BY host, gpu, t", (since,)
+        )
+        return [
+            GpuSample(str(r[0]), int(r[1]), float(r[2]), _opt_int(r[3]), _opt_int(r[4]), _opt_int(r[5]),
+                      None if r[6] is None else str(r[6]), None if r[7] is None else str(r[7]))
+            for r in rows
+        ]  # fmt: skip
+
     # -- the dashboard's tokens
 
     def create_token(self, owner: str, admin: bool) -> tuple[TokenRow, str]:
@@ -425,6 +485,10 @@ class ServiceStore:
             if hmac.compare_digest(str(r[0]), want):
                 return str(r[1]), bool(r[2])
         return None
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
 def token_hash(token: str) -> str:

@@ -43,6 +43,7 @@ class TaskStatus:
     detail: str
     ended_at: float | None = None  # host clock (epoch seconds) of the exit that ended it
     last_lines: tuple[str, ...] = ()  # its journal's last lines, for a task that failed
+    gpu_util: int | None = None  # % over its GPUs while it runs (rules/gpuuse.with_task_util); None: unknown
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +59,7 @@ class TaskStatus:
             "detail": self.detail,
             "ended_at": iso_time(self.ended_at),
             "last_lines": list(self.last_lines),
+            "gpu_util_pct": self.gpu_util,
         }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from provision.core.errors import ProvisionError
-from provision.core.model import Inventory
+from provision.core.model import Host, Inventory
 from provision.core.records import HostRecord, TaskRecord
 from provision.core.target import Target
 from provision.host import layout
@@ -207,7 +207,9 @@ class Ask:
     """What a probe asks each host besides its files, units and records (ProbeRequest).
     facts: none, check (only what plan checks against the inventory, much cheaper) or all;
     tenancy: the ledger (and with `listening` the listening ports); checks: the pre-flight
-    checks; interface: the cluster address's interface; clocks: the host's clocks (status)."""
+    checks; interface: the cluster address's interface; clocks: the host's clocks (status);
+    gpu_apps: with facts "check" on a GPU host, each GPU's compute processes and their
+    systemd units too (the dashboard ties them to tasks), without the other checks."""
 
     facts: Facts = "none"
     files: bool = True
@@ -216,6 +218,7 @@ class Ask:
     checks: bool = False
     interface: bool = False
     clocks: bool = False
+    gpu_apps: bool = False
 
     def settled(self) -> Ask:
         """For a settled host: nothing that only matters before a start (engine.settled)."""
@@ -265,7 +268,16 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
             if ask.checks or ask.interface
             else {}
         ),
+        **(_apps_only(host) if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks else {}),
     )
+
+
+def _apps_only(host: Host | None) -> dict[str, Any]:
+    """The probe's GPU check alone: one nvidia-smi run for the facts (with utilization) and,
+    when a GPU has memory in use, one for its compute processes, each tied to its unit."""
+    if host is None or "gpus" not in needed_facts(host):
+        return {}
+    return {"checks": {"gpus": True, "gpu_timeout": preflight.GPU_TIMEOUT}}
 
 
 def probe(

@@ -27,6 +27,7 @@ from provision.host.protocol import UnitsReport, UnitsRequest
 from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
+from provision.rules.gpuuse import with_task_util
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
@@ -41,14 +42,13 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
     # Hosts the job left that the state still records (an apply could not reach them).
     left = {n for n in ctx.state.hosts if n not in ctx.rendered.hosts and n in ctx.targets}
     # The shell probe (and the clocks for how long each task has been in its state); the
-    # ledger says who owns the job, its listening ports are not needed.
-    res = probe(ctx, Ask(files=False, tenancy=True, listening=False, clocks=True), fast=True, only=hosts | left)
-    st = job_status(
-        ctx.inventory,
-        tasks,
-        {n: r for n, r in res.ok.items() if n in hosts},
-        {n: e.message for n, e in res.errors.items() if n in hosts},
-    )
+    # ledger says who owns the job, its listening ports are not needed; the GPUs' facts give
+    # each task's utilization (the same nvidia-smi run plan's checks make, on GPU hosts only).
+    ask = Ask(facts="check", files=False, tenancy=True, listening=False, clocks=True)
+    res = probe(ctx, ask, fast=True, only=hosts | left)
+    answered = {n: r for n, r in res.ok.items() if n in hosts}
+    st = job_status(ctx.inventory, tasks, answered, {n: e.message for n, e in res.errors.items() if n in hosts})
+    st = with_task_util(st, answered)
     behind, running = [], set()
     for n in sorted(left):
         units = {t.unit: name for name, t in ctx.state.hosts[n].tasks.items()}

@@ -4,7 +4,8 @@ an address gets (docs/dashboard.md).
 ServiceSource is an InventorySource over the inventories the service knows: each
 unfinished submission's materialised snapshot, plus the `--inventory` files (jobs run from
 terminals); usage() from the service's history, cancel() through the store as `provision
-cancel` does.
+cancel` does; the GPUs' samples (serve/gpusample.py) for each GPU's last hour, the idle
+list and /metrics.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
-from provision.io.servicestore import Event, ServiceStore, Status
+from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
 from provision.rules.usage import Use, gpu_hours
+from provision.serve.gpusample import SAMPLE_EVERY, history_json, idle_json, idle_window, samples_of
 from provision.web.auth import Auth, TokenCheck
 from provision.web.inventories import InventorySource
 
@@ -35,6 +37,39 @@ class ServiceSource(InventorySource):
         self.store = store
         self.work_root = work_root
         self.extra = [str(p) for p in extra]
+        self.idle_window = idle_window()
+        self._sampled: tuple[float, dict[str, Any]] | None = None  # (monotonic, the last round's hosts)
+        self._history: tuple[float, dict[str, Any]] | None = None  # (monotonic, gpu_history by host)
+
+    # ------------------------------------------------------------------ GPU samples
+
+    def sample(self) -> int:
+        """One round: every host probed (gpusample.Sampler calls this every SAMPLE_EVERY s),
+        its GPUs' samples stored; how many."""
+        doc = InventorySource.hosts(self, fresh=True)
+        self._sampled = (time.monotonic(), doc)
+        got = samples_of(doc, self.store.now())
+        self.store.add_gpu_samples(got)
+        self._history = None
+        return len(got)
+
+    def hosts(self, *, fresh: bool = False) -> dict[str, Any]:
+        """The hosts now (a probe of the last seconds), each with its GPUs' last hour."""
+        doc = super().hosts(fresh=fresh)
+        cached = self._history
+        if cached is None or time.monotonic() - cached[0] > SAMPLE_EVERY:
+            history = history_json(self.store.gpu_samples(self.store.now() - GPU_KEEP))
+            self._history = cached = (time.monotonic(), history)
+        for name, h in doc.get("hosts", {}).items():
+            h["gpu_history"] = cached[1].get(name, {})
+        return doc
+
+    def latest(self) -> dict[str, Any]:
+        """The last round's hosts (/metrics' GPU gauges), or a probe now when none is recent."""
+        got = self._sampled
+        if got is not None and time.monotonic() - got[0] < 2 * SAMPLE_EVERY:
+            return got[1]
+        return super().latest()
 
     def _inventories(self) -> dict[str, tuple[str, Inventory]]:
         # The submissions come and go: the paths are looked up again on each request.
@@ -44,7 +79,11 @@ class ServiceSource(InventorySource):
         return super()._inventories()
 
     def usage(self) -> dict[str, Any]:
-        return usage_json(self.store.history(), self.store.now())
+        now = self.store.now()
+        doc = usage_json(self.store.history(), now)
+        # The samples reach back a round more than the window: the rule needs the run's start.
+        samples = self.store.gpu_samples(now - self.idle_window - 2 * SAMPLE_EVERY)
+        return {**doc, "idle": idle_json(samples, now, self.idle_window)}
 
     def cancel(self, name: str, who: str) -> dict[str, Any]:
         """`provision cancel`: taken back if no worker started it, else its worker stops it."""
@@ -70,7 +109,8 @@ class ServiceSource(InventorySource):
 
 def usage_json(events: Iterable[Event], now: float) -> dict[str, Any]:
     """GPU-hours per owner per UTC day (the last USAGE_DAYS) and per ISO week (the last
-    USAGE_WEEKS), from the history; idle GPUs are not known here (empty)."""
+    USAGE_WEEKS), from the history; idle GPUs are not known here (empty: ServiceSource.usage
+    adds them from the samples)."""
     uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
     today = now - now % DAY
     days = []

@@ -110,6 +110,8 @@ class Dashboard:
                 if not api and e.status == 401 and self.auth.mode is Mode.TOKEN and request.method == "GET":
                     return RedirectResponse("/login", status_code=303)
                 return refusal(e.status, e.message, api)
+            except ProvisionError as e:  # the tokens' database is away: say so; the next request asks again
+                return self._failed(request, None, Unavailable(e.message), api)
             try:
                 return await fn(request, viewer)
             except (Denied, BadFilter, NotFound, Unavailable, ProvisionError) as e:
@@ -117,7 +119,7 @@ class Dashboard:
 
         return endpoint
 
-    def _failed(self, request: Request, viewer: Viewer, e: Exception, api: bool) -> Response:
+    def _failed(self, request: Request, viewer: Viewer | None, e: Exception, api: bool) -> Response:
         if isinstance(e, Denied):
             return refusal(e.status, e.message, api)
         if isinstance(e, BadFilter):
@@ -131,7 +133,9 @@ class Dashboard:
                 return JSONResponse({"error": str(e)}, status_code=503)
             return self.render(request, viewer, "unavailable.html", 503, why=str(e))
         assert isinstance(e, ProvisionError)  # what the CLI says in one line: another apply holds the lock...
-        return refusal(409 if request.method == "POST" else 503, e.message, api)
+        if request.method == "GET":  # a database or the hosts out of reach: the page says so, a reload asks again
+            return self._failed(request, viewer, Unavailable(e.message), api)
+        return refusal(409, e.message, api)
 
     # ------------------------------------------------------------------ pages
 
@@ -202,7 +206,11 @@ class Dashboard:
         if request.method == "POST":
             form = await form_of(request)
             token = str(form.get("token") or "")
-            if self.auth.tokens is None or self.auth.tokens.owner_of(token) is None:
+            try:
+                known = self.auth.tokens is not None and self.auth.tokens.owner_of(token) is not None
+            except ProvisionError as e:  # the tokens' database is away
+                return self._failed(request, None, Unavailable(e.message), False)
+            if not known:
                 return refusal(401, "this token is not valid (wrong or revoked)", False)
             resp = RedirectResponse("/", status_code=303)
             resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
@@ -244,4 +252,4 @@ class Dashboard:
                 studies[name] = self.source.study(name)
             except NotFound:
                 continue  # not started: no trials to count
-        return exposition(self.source.jobs(), studies, time.time())
+        return exposition(self.source.latest(), studies, time.time())

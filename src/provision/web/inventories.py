@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from provision.core.lifecycle import STOP_PHASE, TaskState
 from provision.core.model import Inventory
 from provision.core.target import HostError
 from provision.core.tuning import TrialRow, TrialState
+from provision.host.protocol import ProbeReport
 from provision.io.ssh import Session
+from provision.io.steps import GroupResult
+from provision.rules.gpuuse import host_use
 from provision.rules.studyview import space_json, study_json
 from provision.rules.tenancy import HostView, host_view, jobs_json
 from provision.run.context import Ask, Context, open_context, probe
@@ -63,14 +67,18 @@ class InventorySource:
         return found
 
     @contextmanager
-    def _ctx(self, job: str, path: str, operation: str | None = None, secrets: bool = False) -> Iterator[Context]:
-        """A fresh Context on the job's kept connections, for one request at a time."""
+    def _ctx(
+        self, job: str, path: str, operation: str | None = None, secrets: bool = False, lane: str = ""
+    ) -> Iterator[Context]:
+        """A fresh Context on the job's kept connections, for one request at a time. `lane`:
+        connections of their own (the GPU sampler's rounds never make a page's logs wait)."""
+        key = f"{job}\0{lane}" if lane else job
         with self._guard:
-            lock = self._locks.setdefault(job, threading.Lock())
+            lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            ctx = open_context(path, render_secrets=secrets, operation=operation, session=self._sessions.get(job))
-            if job not in self._sessions:
-                self._sessions[job] = ctx.session
+            ctx = open_context(path, render_secrets=secrets, operation=operation, session=self._sessions.get(key))
+            if key not in self._sessions:
+                self._sessions[key] = ctx.session
                 ctx.own_session = False  # kept for the next request; close() ends it
             try:
                 yield ctx
@@ -84,34 +92,58 @@ class InventorySource:
 
     # ------------------------------------------------------------------ reading
 
-    def hosts(self) -> dict[str, Any]:
-        """`provision jobs --json` over every inventory's hosts (each host once), with its labels."""
+    def hosts(self, *, fresh: bool = False) -> dict[str, Any]:
+        """`provision jobs --json` over every inventory's hosts (each host once), with its
+        labels and what its GPUs do (`gpu_use`, from the same round trip). fresh (the GPU
+        sampler): probe again even when a probe of the last HOSTS_FRESH seconds could answer,
+        on connections of its own."""
         cached = self._hosts
-        if cached is not None and time.monotonic() - cached[0] < HOSTS_FRESH:
+        if not fresh and cached is not None and time.monotonic() - cached[0] < HOSTS_FRESH:
             return cached[1]
+        invs = self._inventories()
+        mine: dict[str, set[str]] = {}  # job -> the hosts its probe asks: each host once
+        seen: set[str] = set()
+        for job, (_, inv) in invs.items():
+            mine[job] = {h.name for h in inv.hosts} - seen
+            seen |= mine[job]
+        now = time.time()
+        asked = [(job, *invs[job]) for job, names in mine.items() if names]
+        # Every inventory's hosts at once (one round trip each, all in parallel).
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
+            lane = "sample" if fresh else ""
+            answers = list(pool.map(lambda a: self._probe_hosts(a[0], a[1], mine[a[0]], lane), asked))
         views: dict[str, HostView] = {}
         extra: dict[str, dict[str, Any]] = {}
-        now = time.time()
-        for job, (path, inv) in self._inventories().items():
-            with self._ctx(job, path) as ctx:
-                res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
-                for h in inv.hosts:
-                    if h.name in views:
-                        continue
-                    r = res.get(h.name)
-                    if isinstance(r, HostError) or r is None:
-                        why = r.message if r is not None else "not asked"
-                        views[h.name] = HostView(h.name, h.accelerator_count, error=why)
-                    else:
-                        views[h.name] = host_view(h.name, h.accelerator_count, r, now)
-                    extra[h.name] = {"labels": h.label_map, "drain": h.drain}
+        for (_, _, inv), res in zip(asked, answers, strict=True):
+            for h in inv.hosts:
+                if h.name not in mine[inv.job]:
+                    continue
+                r = res.get(h.name)
+                if isinstance(r, HostError) or r is None:
+                    why = r.message if r is not None else "not asked"
+                    views[h.name] = HostView(h.name, h.accelerator_count, error=why)
+                else:
+                    views[h.name] = host_view(h.name, h.accelerator_count, r, now)
+                extra[h.name] = {"labels": h.label_map, "drain": h.drain}
+                if isinstance(r, ProbeReport):
+                    extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
         doc = jobs_json(list(views.values()), now)
         for name, more in extra.items():
             doc["hosts"][name].update(more)
         self._hosts = (time.monotonic(), doc)
         return doc
 
+    def _probe_hosts(self, job: str, path: str, names: set[str], lane: str) -> GroupResult[ProbeReport]:
+        """One round trip to each of `names` with the job's connections: the ledger (who holds
+        what) and the GPUs' utilization, memory and compute processes."""
+        with self._ctx(job, path, lane=lane) as ctx:
+            return probe(ctx, Ask(facts="check", files=False, tenancy=True, gpu_apps=True), fast=True, only=names)
+
     def jobs(self) -> dict[str, Any]:
+        return self.hosts()
+
+    def latest(self) -> dict[str, Any]:
+        """The hosts as /metrics reports them (here: as hosts(); the service: its last sample)."""
         return self.hosts()
 
     def job(self, name: str) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class Gpu:
     utilization: float | None = None
     memory_mib: float | None = None
     history: tuple[tuple[float, float], ...] = ()  # (epoch seconds, utilization %), the last hour
+    apps: tuple[str, ...] = ()  # its compute processes: "pid name, N MiB (job)"
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,15 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
             state = "free" if g in free else "unknown"
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
-        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history))
+        apps = tuple(_app_words(a) for a in u.get("apps") or ())
+        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps))
     return tuple(out)
+
+
+def _app_words(a: Mapping[str, Any]) -> str:
+    mib = f", {a['used_mib']} MiB" if a.get("used_mib") is not None else ""
+    whose = f" ({a['job']})" if a.get("job") else " (not a provision job)"
+    return f"{a.get('pid') or '?'} {a.get('name') or ''}{mib}{whose}"
 
 
 def cluster_groups(doc: Mapping[str, Any]) -> list[tuple[str, list[HostRow]]]:

@@ -1,0 +1,182 @@
+"""The service's GPU samples (serve/gpusample.py, io/servicestore.py): a round from the
+hosts' document, kept an hour in the database, the history and the idle list from them;
+and the pages when the database is away (issue 41, Bad input)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from provision.core.errors import ProvisionError
+from provision.io.servicestore import GpuSample, ServiceStore
+from provision.serve.gpusample import IDLE_WINDOW_ENV, Sampler, history_json, idle_json, idle_window, samples_of
+from provision.serve.source import ServiceSource
+from provision.web.app import make_app
+from provision.web.auth import Auth
+
+DOC: dict[str, Any] = {
+    "hosts": {
+        "gpu-1": {
+            "gpus": 2,
+            "held": {"bert": {"gpus": [1], "ports": []}},
+            "gpu_use": {"0": {"utilization": 0, "memory_mib": 0}, "1": {"utilization": 87, "memory_mib": 40000}},
+        },
+        "gpu-2": {"gpus": 1, "error": "connection refused", "gpu_use": {"0": {"utilization": 5}}},
+    },
+    "jobs": [{"job": "bert", "owner": "ana@example.com", "state": "running"}],
+}
+
+
+def test_a_round_is_every_gpu_that_answered_with_its_holder() -> None:
+    got = samples_of(DOC, 100.0)
+    assert got == [
+        GpuSample("gpu-1", 0, 100.0, 0, 0, None, None, None),
+        GpuSample("gpu-1", 1, 100.0, 87, 40000, None, "bert", "ana@example.com"),
+    ]
+    assert history_json(got + [GpuSample("gpu-1", 1, 110.0, None, None, None)]) == {
+        "gpu-1": {"0": [[100.0, 0.0]], "1": [[100.0, 87.0]]}
+    }
+
+
+def test_a_long_history_is_averaged_to_a_few_points_a_gpu() -> None:
+    samples = [GpuSample("gpu-1", 0, float(t), t % 2 * 10, 1, 2) for t in range(360)]
+    (points,) = history_json(samples, most=120)["gpu-1"].values()
+    assert len(points) == 120 and points[0] == [1.0, 10 / 3] and points[-1] == [358.0, 20 / 3]
+
+
+def _s(t: float, util: int | None, job: str | None = "bert", gpu: int = 0) -> GpuSample:
+    return GpuSample("gpu-1", gpu, t, util, 1, 2, job, "ana@example.com" if job else None)
+
+
+def test_idle_is_the_current_holders_run_below_5_percent_for_the_window() -> None:
+    samples = [
+        _s(0, 1, job="old"),
+        _s(10, 2),
+        _s(20, 1),
+        _s(30, 0),
+        _s(0, 1, job=None, gpu=1),
+        _s(10, 1, job=None, gpu=1),
+    ]
+    assert idle_json(samples, 30.0, 20.0) == [
+        {"host": "gpu-1", "gpu": 0, "job": "bert", "owner": "ana@example.com", "idle_minutes": 0}
+    ]
+    # Its samples under "old" do not count for "bert": 20 s of bert's is not 30.
+    assert idle_json(samples, 30.0, 30.0) == []
+    assert idle_json([_s(0, 1), _s(600, 3), _s(700, 50)], 700.0, 600.0) == []  # busy again
+
+
+def test_the_idle_window_is_a_test_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IDLE_WINDOW_ENV, raising=False)
+    assert idle_window() == 600.0
+    monkeypatch.setenv(IDLE_WINDOW_ENV, "15")
+    assert idle_window() == 15.0
+    monkeypatch.setenv(IDLE_WINDOW_ENV, "soon")
+    assert idle_window() == 600.0
+
+
+def test_the_store_keeps_an_hour(tmp_path: Path) -> None:
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    store.add_gpu_samples([_s(1000.0, 3), _s(1000.0, 4, gpu=1)])
+    store.add_gpu_samples([_s(4000.0, 5)])
+    assert [(s.t, s.gpu) for s in store.gpu_samples(0)] == [(1000.0, 0), (4000.0, 0), (1000.0, 1)]
+    store.add_gpu_samples([_s(4601.0, 6)])  # an hour after the first round: it goes
+    assert [(s.t, s.util) for s in store.gpu_samples(0)] == [(4000.0, 5), (4601.0, 6)]
+    assert store.gpu_samples(4500.0)[0] == _s(4601.0, 6)
+    store.add_gpu_samples([])
+    store.close()
+
+
+class FlakyStore(ServiceStore):
+    """The embedded store, with its database made to go away and come back."""
+
+    down = False
+
+    def _all(self, sql: str, args: Any = ()) -> list[Any]:
+        if self.down:
+            raise ProvisionError("postgresql://db:5432/team: the service's database: connection refused")
+        return super()._all(sql, args)
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> FlakyStore:
+    s = ServiceStore.open_local(tmp_path / "s.sqlite")
+    s.__class__ = FlakyStore
+    return s  # type: ignore[return-value]
+
+
+def test_the_database_down_is_a_page_that_says_so_and_pages_come_back(flaky: FlakyStore, tmp_path: Path) -> None:
+    src = ServiceSource(flaky, tmp_path / "work")
+    client = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 5000))
+    assert client.get("/usage").status_code == 200
+    flaky.down = True
+    for path in ("/", "/usage", "/jobs", "/jobs/bert"):
+        r = client.get(path)
+        assert r.status_code == 503 and "out of reach" in r.text and "connection refused" in r.text, (path, r.text)
+    r = client.get("/api/v1/usage")
+    assert r.status_code == 503 and "connection refused" in r.json()["error"]
+    flaky.down = False
+    assert client.get("/usage").status_code == 200 and client.get("/").status_code == 200
+
+
+def test_token_pages_with_the_database_down_say_so(flaky: FlakyStore, tmp_path: Path) -> None:
+    _, token = flaky.create_token("ana@example.com", False)
+    client = TestClient(make_app(ServiceSource(flaky, tmp_path / "work"), auth=Auth.token(flaky)))
+    flaky.down = True
+    r = client.get("/usage", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 503 and "connection refused" in r.text
+    flaky.down = False
+    assert client.get("/usage", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_the_sampler_says_a_failed_round_once_and_goes_on() -> None:
+    said: list[str] = []
+    calls = iter([ProvisionError("db away"), ProvisionError("db away"), 3])
+
+    def sample() -> int:
+        got = next(calls)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    s = Sampler(sample, lambda: True, said.append)
+    for _ in range(3):
+        s.round()
+    assert said == ["GPU samples not stored: db away", "GPU samples stored again"]
+
+
+def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgres, monkeypatch, tmp_path: Path) -> None:
+    """Issue 41, Bad input, on a real server: the service's database stopped, every page says
+    so (503) without the service restarting; started again, the next request is answered."""
+    for k, v in postgres.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
+    store = ServiceStore.open_pg(postgres.url(), "the team's database")
+    store.add_gpu_samples([_s(store.now(), 1)])
+    client = TestClient(
+        make_app(ServiceSource(store, tmp_path / "work"), auth=Auth.loopback()), client=("127.0.0.1", 1)
+    )
+    assert client.get("/usage").status_code == 200
+    postgres.stop()
+    try:
+        for path in ("/usage", "/"):
+            r = client.get(path)
+            assert r.status_code == 503 and "out of reach" in r.text, (path, r.text)
+    finally:
+        postgres.start()
+    assert client.get("/usage").status_code == 200 and client.get("/").status_code == 200
+    assert store.gpu_samples(0)
+    store.close()
+
+
+def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
+    import time
+
+    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
+    src._sampled = (time.monotonic(), DOC)  # what Sampler's last round saw
+    text = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 1)).get("/metrics").text
+    assert 'provision_gpu_utilization_percent{host="gpu-1",gpu="1",job="bert",owner="ana@example.com"} 87' in text
+    assert 'provision_gpu_memory_used_mib{host="gpu-1",gpu="0"} 0' in text
+    assert 'provision_host_up{host="gpu-2"} 0' in text
