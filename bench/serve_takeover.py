@@ -65,13 +65,17 @@ def main() -> int:
             leader.p.wait()
             led = follower.wait_for("leading", 60, after=killed)
             took.append(led - killed)
-            rep.say(f"rep {n}: kill -9 of pid {leader.p.pid} -> the follower (pid {follower.p.pid}) leads after {took[-1]:.3f} s")
+            rep.say(
+                f"rep {n}: kill -9 of pid {leader.p.pid} -> the follower (pid {follower.p.pid}) leads after {took[-1]:.3f} s"
+            )
             leader = follower
     finally:
         for s in running:
             s.stop()
         server.cleanup()
-    rep.say(f"{len(took)} take-overs, poll {args.poll:g} s: median {median(took):.3f} s, max {max(took):.3f} s, min {min(took):.3f} s")
+    rep.say(
+        f"{len(took)} take-overs, poll {args.poll:g} s: median {median(took):.3f} s, max {max(took):.3f} s, min {min(took):.3f} s"
+    )
     rep.verdict(f"take-over <= {BOUND:g} s (max of {len(took)})", f"{max(took):.3f} s", max(took) <= BOUND)
     rep.write()
     return 0

@@ -53,7 +53,12 @@ class Report:
 
     def __post_init__(self) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        for line in (f"# {self.title}", f"# {stamp}, commit {commit()}", f"# command: {command()}", f"# at start: {load()}"):
+        for line in (
+            f"# {self.title}",
+            f"# {stamp}, commit {commit()}",
+            f"# command: {command()}",
+            f"# at start: {load()}",
+        ):
             self.say(line)
 
     def say(self, line: str) -> None:
