@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 from clirun import run
 from provision.core.errors import ProvisionError
 from provision.io.servicestore import Event, Kind, ServiceStore, Submission, token_hash
-from provision.serve.source import Listen, ServiceSource, choose_auth, parse_listen, usage_json
+from provision.rules.usage import HOLDING, Use, gpu_hours
+from provision.serve.source import Listen, ServiceSource, choose_auth, parse_listen, usage_json, usage_windows
 from provision.web.app import make_app
 from provision.web.auth import Mode
 
@@ -125,6 +126,30 @@ def test_usage_per_day_and_week_from_history():
         ("2026-W48", "ana"): 4.0,
         ("2026-W48", "bo"): 0.5,
     }
+
+
+def test_usage_summed_by_the_database_as_in_hand(store):
+    """The service's Usage page sums in SQL (gpu_hours_in): the same figures as gpu_hours
+    over the rows, a row across two days split between them, an open one until now."""
+    now = calendar.timegm((2026, 11, 27, 12, 0, 0))
+    day = 86400.0
+    events = [
+        Event("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),
+        Event("run", "gpt", "ana", now - 12 * 3600 - 1800, now - 11 * 3600, "completed", ("h1",), 8),  # across midnight
+        Event("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),
+        Event("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),
+        Event("run", "old", "cy", now - 90 * day, now - 89 * day, "completed", ("h1",), 4),  # before every window
+    ]
+    for e in events:
+        store.record(e)
+    wins = usage_windows(now)
+    uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
+    want = [gpu_hours(uses, end, start) for _, _, start, end in wins]
+    got = store.gpu_hours_in([(w[2], w[3]) for w in wins], now, sorted(HOLDING))
+    assert [{o: round(h, 6) for o, h in d.items()} for d in got] == [
+        {o: round(h, 6) for o, h in d.items()} for d in want
+    ]
+    assert any(d for d in got)
 
 
 def test_cancel_from_the_dashboard_takes_back_a_waiting_submission(store, tmp_path):

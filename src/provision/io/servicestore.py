@@ -136,6 +136,8 @@ _DDL: tuple[str, ...] = (
         id {serial}, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
         started {real} NOT NULL, ended {real}, how TEXT NOT NULL, hosts TEXT NOT NULL, gpus INTEGER NOT NULL,
         submission TEXT NOT NULL)""",
+    # The Usage page reads the history by when a row started (gpu_hours_in).
+    "CREATE INDEX IF NOT EXISTS provision_service_history_started ON provision_service_history (started)",
     # The dashboard's tokens: only their sha256 (a token is printed once, when made).
     """CREATE TABLE IF NOT EXISTS provision_service_tokens (
         id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, admin INTEGER NOT NULL,
@@ -456,6 +458,36 @@ class ServiceStore:
                       None if r[6] is None else str(r[6]), None if r[7] is None else str(r[7]))
             for r in rows
         ]  # fmt: skip
+
+    def gpu_hours_in(
+        self, windows: Sequence[tuple[float, float]], now: float, kinds: Sequence[str]
+    ) -> list[dict[str, float]]:
+        """owner -> GPU-hours in each [start, end) window, summed by the database with
+        rules/usage.gpu_hours's rule (rows of `kinds`, clipped to the window; an open row
+        until now): the Usage page over a long history without reading it whole (100,000
+        runs read and summed here took seconds: issue 41's benchmark)."""
+        if not windows or not kinds:
+            return [{} for _ in windows]
+        values = ", ".join("(?, ?, ?)" for _ in windows)
+        ended = "COALESCE(h.ended, ?)"
+        held = f"h.gpus > 0 AND h.kind IN ({', '.join('?' for _ in kinds)})"
+        # l.d, the longest row: a window reads only the rows that started at most that long
+        # before it (the index on started), not the whole history once per window.
+        sql = (
+            f"WITH w(i, s, e) AS (VALUES {values}), "
+            f"l(d) AS (SELECT COALESCE(MAX({ended} - h.started), 0) FROM provision_service_history h WHERE {held}) "
+            f"SELECT w.i, h.owner, SUM(h.gpus * ((CASE WHEN {ended} < w.e THEN {ended} ELSE w.e END) "
+            "- (CASE WHEN h.started > w.s THEN h.started ELSE w.s END))) "
+            "FROM w CROSS JOIN l JOIN provision_service_history h ON h.started >= w.s - l.d AND h.started < w.e "
+            f"WHERE {ended} > w.s AND {ended} > h.started AND {held} GROUP BY w.i, h.owner"
+        )
+        args: list[Any] = [x for i, (start, end) in enumerate(windows) for x in (i, float(start), float(min(end, now)))]
+        args += [float(now), *kinds, float(now), float(now), float(now), float(now), *kinds]
+        out: list[dict[str, float]] = [{} for _ in windows]
+        for i, owner, seconds in self._all(sql, args):
+            if seconds and seconds > 0:
+                out[int(i)][str(owner)] = float(seconds) / 3600.0
+        return [dict(sorted(d.items())) for d in out]
 
     # -- the dashboard's tokens
 

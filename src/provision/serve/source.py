@@ -20,7 +20,7 @@ from typing import Any
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
-from provision.rules.usage import Use, gpu_hours
+from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import SAMPLE_EVERY, history_json, idle_json, idle_window, samples_of
 from provision.web.auth import Auth, TokenCheck
 from provision.web.inventories import InventorySource
@@ -80,7 +80,8 @@ class ServiceSource(InventorySource):
 
     def usage(self) -> dict[str, Any]:
         now = self.store.now()
-        doc = usage_json(self.store.history(), now)
+        wins = usage_windows(now)
+        doc = usage_doc(wins, self.store.gpu_hours_in([(w[2], w[3]) for w in wins], now, sorted(HOLDING)))
         # The samples reach back a round more than the window: the rule needs the run's start.
         samples = self.store.gpu_samples(now - self.idle_window - 2 * SAMPLE_EVERY)
         return {**doc, "idle": idle_json(samples, now, self.idle_window)}
@@ -107,26 +108,36 @@ class ServiceSource(InventorySource):
         return subs[0].owner if subs else super().owner(name)
 
 
-def usage_json(events: Iterable[Event], now: float) -> dict[str, Any]:
-    """GPU-hours per owner per UTC day (the last USAGE_DAYS) and per ISO week (the last
-    USAGE_WEEKS), from the history; idle GPUs are not known here (empty: ServiceSource.usage
-    adds them from the samples)."""
-    uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
+def usage_windows(now: float) -> list[tuple[str, str, float, float]]:
+    """("day" or "week", its label, start, end clipped to now) of each UTC day (the last
+    USAGE_DAYS) and ISO week (the last USAGE_WEEKS) the Usage page shows, oldest first."""
     today = now - now % DAY
-    days = []
+    out = []
     for k in range(USAGE_DAYS - 1, -1, -1):
         start = today - k * DAY
-        label = time.strftime("%Y-%m-%d", time.gmtime(start))
-        for owner, h in gpu_hours(uses, min(now, start + DAY), start).items():
-            days.append({"day": label, "owner": owner, "gpu_hours": round(h, 3)})
+        out.append(("day", time.strftime("%Y-%m-%d", time.gmtime(start)), start, min(now, start + DAY)))
     monday = today - time.gmtime(today).tm_wday * DAY
-    weeks = []
     for k in range(USAGE_WEEKS - 1, -1, -1):
         start = monday - k * 7 * DAY
-        label = time.strftime("%G-W%V", time.gmtime(start))
-        for owner, h in gpu_hours(uses, min(now, start + 7 * DAY), start).items():
-            weeks.append({"week": label, "owner": owner, "gpu_hours": round(h, 3)})
-    return {"format_version": 1, "days": days, "weeks": weeks, "idle": []}
+        out.append(("week", time.strftime("%G-W%V", time.gmtime(start)), start, min(now, start + 7 * DAY)))
+    return out
+
+
+def usage_doc(wins: list[tuple[str, str, float, float]], hours: list[dict[str, float]]) -> dict[str, Any]:
+    """USAGE_EXAMPLE's shape from each window's owner -> GPU-hours; idle GPUs are not known here
+    (empty: ServiceSource.usage adds them from the samples)."""
+    doc: dict[str, Any] = {"format_version": 1, "days": [], "weeks": [], "idle": []}
+    for (kind, label, _, _), per in zip(wins, hours, strict=True):
+        for owner, h in per.items():
+            doc[f"{kind}s"].append({kind: label, "owner": owner, "gpu_hours": round(h, 3)})
+    return doc
+
+
+def usage_json(events: Iterable[Event], now: float) -> dict[str, Any]:
+    """usage_doc from history rows in hand (the service sums its database's: ServiceStore.gpu_hours_in)."""
+    uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
+    wins = usage_windows(now)
+    return usage_doc(wins, [gpu_hours(uses, end, start) for _, _, start, end in wins])
 
 
 # --------------------------------------------------------------------------- the address and its Auth

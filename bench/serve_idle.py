@@ -1,0 +1,201 @@
+"""Benchmark (issue 40, "the service watching 128 sandbox hosts and 100 idle jobs uses < 5 %
+of one core and < 200 MiB; it keeps its SSH connections open"):
+
+    PYTHONPATH=$PWD/src python bench/serve_idle.py [--hosts 128] [--jobs 100] [--seconds 90]
+        [--sandbox NAME (reuse a running sandbox)] [--keep (leave the sandbox up)]
+
+A sandbox of --hosts hosts (8 fake GPUs each); --jobs jobs spread over them (every host
+holds one job: the first hosts - jobs jobs have two hosts), each one task per host that
+sleeps (`sleep infinity`, one GPU), handed to a `provision serve` (embedded database,
+default --poll, no pages) with `provision apply --queue --detach`: the service applies
+each and then watches it until it ends (serve/worker.py's _watch: a look every
+PROVISION_SERVE_WATCH = 10 s). Jobs applied from a terminal are not watched by the service
+(only --inventory pages probe them, when a page asks), so handing them over is the case.
+
+Measured over --seconds, once every job runs (and once before any was handed over, the
+service alone): CPU from /proc/PID/stat (utime + stime) of the service and every
+descendant (its workers), RSS summed over them, and the TCP connections they hold to the
+hosts' SSH ports (ss), sampled every 2 s: how many at once and how many distinct ones over
+the window (the same number: kept open; more: reconnecting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from servebench import ROOT, Report, Sampler, Serve, median, rss_mib, tree
+
+from provision import sandbox
+from provision.sandbox.inventory import dump
+
+CPU_BOUND = 0.05  # of one core
+RSS_BOUND = 200.0  # MiB
+
+
+def connections(pids: set[int], ports: set[int]) -> set[tuple[int, int]]:
+    """(local port, remote port) of the established TCP connections these processes hold to the hosts."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
+    found = set()
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) < 5:
+            continue
+        local, peer = cols[2], cols[3]
+        rport = int(peer.rsplit(":", 1)[1])
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if rport in ports and owners & pids:
+            found.add((int(local.rsplit(":", 1)[1]), rport))
+    return found
+
+
+def assign(hosts: list[str], jobs: int) -> list[list[str]]:
+    """Every host in one job: the first len(hosts) - jobs jobs take two."""
+    doubles = max(0, len(hosts) - jobs)
+    out, i = [], 0
+    for j in range(jobs):
+        k = 2 if j < doubles else 1
+        out.append(hosts[i : i + k])
+        i += k
+    return out
+
+
+def submit(inv: Path, env: dict[str, str]) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "provision", "apply", "--queue", "--detach", inv.name],
+        cwd=inv.parent,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"{inv}: {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def watched(db: Path) -> tuple[int, int]:
+    """Runs the service follows (applied, not ended) and submissions that failed."""
+    with sqlite3.connect(db, timeout=30) as c:
+        runs = c.execute(
+            "SELECT count(*) FROM provision_service_history WHERE kind = 'run' AND ended IS NULL"
+        ).fetchone()[0]
+        failed = c.execute("SELECT count(*) FROM provision_service_submissions WHERE status = 'failed'").fetchone()[0]
+    return int(runs), int(failed)
+
+
+def measure(rep: Report, what: str, svc: Serve, seconds: float, ports: set[int]) -> Sampler:
+    conns: list[set[tuple[int, int]]] = []
+
+    def count() -> float:
+        conns.append(connections(set(tree(svc.p.pid)), ports))
+        return float(len(conns[-1]))
+
+    s = Sampler(svc.p.pid, every=2.0, extra=count)
+    s.run(seconds)
+    seen = set().union(*conns) if conns else set()
+    procs = [n for *_, n in s.samples]
+    rep.say(f"{what}: {s.samples[-1][0] - s.samples[0][0]:.0f} s, {min(procs)}-{max(procs)} processes")
+    rep.say(f"  CPU {100 * s.cpu_share():.2f} % of one core (utime+stime of the service and its workers)")
+    rep.say(f"  RSS max {s.rss_max():.1f} MiB (sum), median {median([x[2] for x in s.samples]):.1f} MiB")
+    if conns:
+        counts = [len(c) for c in conns]
+        rep.say(
+            f"  SSH connections to the hosts: {min(counts)}-{max(counts)} at once, {len(seen)} distinct over "
+            f"{len(conns)} samples ({len(seen) - len(conns[0])} opened after the first sample)"
+        )
+    return s
+
+
+def main() -> int:  # noqa: C901  one bench's steps in order, each with its report lines
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=128)
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=90.0)
+    ap.add_argument("--sandbox", help="a running sandbox's name (else one is started and removed)")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--name", default="2026-11-27-issue40-serve-idle")
+    args = ap.parse_args()
+    rep = Report(args.name, f"Issue 40: the service watching {args.hosts} sandbox hosts and {args.jobs} idle jobs")
+    t = time.monotonic()
+    sb = (
+        sandbox.load(args.sandbox)
+        if args.sandbox
+        else sandbox.up("servebench", hosts=args.hosts, gpus_per_host=8, timeout=900)
+    )
+    hosts = [h.name for h in sb.hosts][: args.hosts]
+    rep.say(f"sandbox {sb.name}: {len(hosts)} hosts ({time.monotonic() - t:.0f} s to have them)")
+    ports = {h.ssh_port for h in sb.hosts if h.name in hosts}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-idle-"))
+    db = tmp / "svc" / "service.sqlite"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PROVISION_SERVICE_DB": str(db),
+        "PROVISION_OWNER": "bench@example.com",
+    }
+    invs = []
+    for j, mine in enumerate(assign(hosts, args.jobs), 1):
+        d = tmp / f"job{j:03d}"
+        d.mkdir()
+        pools = {"worker": {"replicas": len(mine), "accelerators": 1, "command": ["sleep", "infinity"]}}
+        inv = sandbox.inventory_dict(sb, job=f"idle{j:03d}", pools=pools, hosts=mine)
+        (d / "job.yaml").write_text(dump(inv, sb))
+        invs.append(d / "job.yaml")
+    svc = Serve(tmp / "serve", env, ("--listen", "none"))
+    try:
+        svc.wait_for("leading", 60)
+        time.sleep(5)
+        measure(rep, "the service alone (nothing handed over)", svc, 60.0, ports)
+        t = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda p: submit(p, env), invs))
+        rep.say(f"{len(invs)} jobs handed over (`apply --queue --detach`) in {time.monotonic() - t:.0f} s")
+        end = time.monotonic() + 1800
+        while time.monotonic() < end:
+            runs, failed = watched(db)
+            if runs + failed >= len(invs):
+                break
+            time.sleep(5)
+        runs, failed = watched(db)
+        rep.say(
+            f"{runs} jobs applied and watched, {failed} failed, {time.monotonic() - t:.0f} s after the first hand-over"
+        )
+        if failed:
+            with sqlite3.connect(db, timeout=30) as c:
+                for job, why in c.execute("SELECT job, why FROM provision_service_submissions WHERE status = 'failed'"):
+                    rep.say(f"  failed: {job}: {why}")
+        time.sleep(20)  # the applies' aftermath (workers' first looks) settles
+        s = measure(rep, f"the service watching {runs} idle jobs on {len(hosts)} hosts", svc, args.seconds, ports)
+        pids = tree(svc.p.pid)
+        main_rss = rss_mib(svc.p.pid)
+        workers = [rss_mib(p) for p in pids if p != svc.p.pid]
+        rep.say(
+            f"  RSS now: the service's process {main_rss:.1f} MiB; {len(workers)} worker processes, "
+            f"median {median(workers):.1f} MiB each"
+        )
+        share, rss = s.cpu_share(), s.rss_max()
+        rep.verdict(f"CPU < {100 * CPU_BOUND:g} % of one core", f"{100 * share:.2f} %", share < CPU_BOUND)
+        rep.verdict(f"RSS < {RSS_BOUND:g} MiB", f"{rss:.1f} MiB", rss < RSS_BOUND)
+        if runs and runs < args.jobs:
+            rep.say(
+                f"  linear in the jobs (one worker each): {args.jobs} jobs ~ {100 * share * args.jobs / runs:.1f} % CPU, "
+                f"{main_rss + median(workers) * args.jobs:.0f} MiB"
+            )
+    finally:
+        svc.stop()
+        if not args.keep:
+            sandbox.down(sb.name)
+    rep.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
