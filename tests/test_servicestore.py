@@ -309,3 +309,22 @@ def test_detach_refuses_bad_input_and_missing_secrets(tmp_path, local_store, mon
     local_store.beat(ServiceRow("srv:42:n", "srv", 42, "local", ("HOME", "WANDB_API_KEY"), True, 0.0))
     code, out, err = run("apply", "--queue", "--detach", str(inv), cwd=tmp_path)
     assert code == 0 and "The service on srv (pid 42) runs it." in out, out + err
+
+
+def test_a_second_connection_in_the_process_loses_no_write(tmp_path):
+    # The service, its pages and its rounds each open the embedded file; opening it again
+    # must not drop the first connection's locks (a service's claim was lost that way).
+    db = tmp_path / "svc.sqlite"
+    first = ServiceStore.open_local(db)
+    first.beat(ServiceRow("svc-a", "h", 1, "local", (), True, 0.0))
+    second = ServiceStore.open_local(db)
+
+    def other_process(code: str) -> str:
+        head = f"from pathlib import Path\nfrom provision.io.servicestore import *\ns = ServiceStore.open_local(Path({str(db)!r}))\n"
+        return subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, check=True).stdout
+
+    other_process("s.submit(Submission('c1', Kind.APPLY, 'j', 'o', 'local', '', 'i', {}, {}))")
+    assert first.claim("c1", "svc-a")
+    assert other_process("print(s.get('c1').status.value)").strip() == "running"
+    second.close()
+    first.close()

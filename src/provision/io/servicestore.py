@@ -185,8 +185,15 @@ class ServiceStore:
         path = path or default_db()
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
+            # Created private, and only when missing: an open() and close() of a database file
+            # this process already has open drops SQLite's POSIX locks on it (close releases
+            # every lock of the process on the file), and the other connection's writes were
+            # lost (a service's claim, when its pages or rounds opened their own connection).
+            if not path.exists():
+                try:
+                    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:
+                    pass
             conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA busy_timeout=30000")
