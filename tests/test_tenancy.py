@@ -263,10 +263,10 @@ def test_a_queued_apply_is_marked_and_unmarked(ledger_dir):
     me = {"lineage": "L-q", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
     ledger.queue("q", me, "replica 0 does not fit", NOW)
     e = ledger.read_all()["q"]
-    assert e["queued"] == {"since": NOW, "waiting_for": "replica 0 does not fit"} and e["gpus"] == []
+    assert e["queued"] == {"since": NOW, "waiting_for": "replica 0 does not fit", "gpus": 1} and e["gpus"] == []
     assert judge(e, {}, NOW) is Hold.QUEUED and not Hold.QUEUED.holds
     ledger.queue("q", me, "something else", NOW + 5)
-    assert ledger.read_all()["q"]["queued"] == {"since": NOW, "waiting_for": "something else"}  # since stays
+    assert ledger.read_all()["q"]["queued"] == {"since": NOW, "waiting_for": "something else", "gpus": 1}  # since stays
     hs = holders("h1", ProbeReport(ledger=ledger.read_all(), ledger_units={}, listening=[], now=NOW + 6), NOW + 6)
     assert hs[0].queued == (NOW, "something else")
     ledger.queue("q", me, None, NOW + 7)  # the wait ended: an entry that only held the mark goes

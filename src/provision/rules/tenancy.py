@@ -132,6 +132,7 @@ class Holder:
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None  # the controller's clock (the submitter's)
+    queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
 
     @property
     def who(self) -> str:
@@ -228,9 +229,15 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 tuple(u for u in e.get("units") or [] if isinstance(u, str)),
                 _queued(e.get("queued"), host_now, skew),
                 *_turn(e, since),
+                _queued_gpus(e.get("queued")),
             )
         )
     return out
+
+
+def _queued_gpus(q: Any) -> int:
+    n = q.get("gpus") if isinstance(q, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 1
 
 
 def _turn(e: dict[str, Any], since: float | None) -> tuple[int, bool, float | None]:

@@ -26,6 +26,7 @@ from provision.core.text import duration
 from provision.host.protocol import QueueReport, QueueRequest
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
+from provision.rules.queueorder import need_on
 from provision.run.context import Context
 from provision.spec.placement import PlacementError
 
@@ -100,10 +101,11 @@ def ledger_marks(ctx: Context) -> Callable[[str | None], None]:
     for (best effort: a host that does not answer only misses the mark)."""
 
     def mark(waiting: str | None) -> None:
-        turn = ctx.turn
-        req = QueueRequest(ctx.inventory.job, ctx.owner.to_json(), waiting, turn.priority, turn.submitted)
+        turn, inv = ctx.turn, ctx.inventory
 
         def one(t: Target) -> QueueReport:
+            gpus = need_on(inv, t.name)
+            req = QueueRequest(inv.job, ctx.owner.to_json(), waiting, turn.priority, turn.submitted, gpus)
             rep: QueueReport = call_agent(ctx.session, t, req)
             return rep
 
