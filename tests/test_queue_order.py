@@ -86,3 +86,33 @@ def test_need_on_a_host_is_the_largest_eligible_task() -> None:
 
     assert need_on(Inv(), "h1") == 4  # type: ignore[arg-type]
     assert need_on(Inv(), "elsewhere") == 0  # type: ignore[arg-type]
+
+
+def test_a_fitted_queue_keeps_its_marks_until_the_apply_is_done() -> None:
+    """No gap between the queue mark and the reservation: work behind it keeps waiting."""
+    from provision.run.queue import Queue  # here: the one test that needs run/
+
+    marks: list[str | None] = []
+    tries = iter([PlacementError("worker", "full", held=True), None])
+
+    def make() -> str:
+        e = next(tries)
+        if e is not None:
+            raise e
+        return "plan"
+
+    q = Queue(None, lambda line: None, marks.append, poll=0.01)
+    assert q.plan(make) == "plan" and marks == ["pools.worker: full"]
+    q.done()
+    q.done()  # once
+    assert marks == ["pools.worker: full", None]
+
+    failing = Queue(None, lambda line: None, marks.append, poll=0.01)
+    bad = iter([PlacementError("worker", "full", held=True), PlacementError("worker", "bad")])
+
+    def worse() -> str:
+        raise next(bad)
+
+    with pytest.raises(PlacementError):
+        failing.plan(worse)
+    assert marks[-1] is None  # a wait that ends without a plan takes its marks away at once

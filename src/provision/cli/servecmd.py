@@ -22,7 +22,7 @@ from provision.core.model import Inventory
 from provision.core.text import duration
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission, default_db
 from provision.io.state import default_state_path
-from provision.rules.priority import Policy, level
+from provision.rules.priority import level
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve import install as unit
@@ -78,7 +78,10 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
     if kind is Kind.TUNE and inv.tune is None:
         raise ProvisionError(f"{inventory}: no tune: section, so no study to hand over (see docs/tuning.md)")
     backend = backend_of(inv, inventory, state_path)
-    policy = Policy()  # the store orders the queue by the level (a bad class: one line, here)
+    # start-up time: psycopg loads only for a PostgreSQL state (the embedded service needs none)
+    from provision.io.policystore import policy_of
+
+    policy = policy_of(backend)  # the store orders the queue by the level (a bad class: one line, here)
     level(inv.scheduling.priority, policy)
     snap = collect(inv)
     store = open_backend(backend)
