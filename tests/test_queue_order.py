@@ -62,6 +62,8 @@ def test_takes_counts_only_new_gpus() -> None:
     mine = Holder("h1", "me", None, (0, 1), (), NOW, Hold.RUNNING, "t")
     assert takes("me", p, {}) == {"h1": {0, 1}}
     assert takes("me", p, {"h1": [mine]}) == {}  # already mine: a re-apply waits behind no one
+    ended = Holder("h1", "me", None, (0, 1), (), NOW, Hold.ENDED, "t")
+    assert takes("me", p, {"h1": [ended]}) == {"h1": {0, 1}}  # ended: its rerun takes them anew
 
 
 def test_a_plain_apply_fails_naming_the_work_ahead() -> None:

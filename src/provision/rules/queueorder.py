@@ -85,10 +85,11 @@ def behind_line(behind: Sequence[Behind], now: float, policy: Policy) -> str:
 
 
 def takes(job: str, placement: Placement, held_by: Mapping[str, Sequence[Holder]]) -> dict[str, set[int]]:
-    """host -> the GPUs the placement takes there that the job does not hold already."""
+    """host -> the GPUs the placement takes there that the job does not hold already (an
+    ended job's entry holds nothing: its rerun takes its GPUs anew, in turn)."""
     out: dict[str, set[int]] = {}
     for t in placement.tasks:
-        own = {g for h in held_by.get(t.host.name, ()) if h.job == job for g in h.gpus}
+        own = {g for h in held_by.get(t.host.name, ()) if h.job == job and h.hold.holds for g in h.gpus}
         new = set(t.accelerators) - own
         if new:
             out.setdefault(t.host.name, set()).update(new)
