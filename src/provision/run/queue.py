@@ -8,8 +8,8 @@ the wait at once.
 A queued apply is visible: the job's ledger entry on each host says it waits, since when
 and for what (`provision jobs` shows it), rewritten only when what it waits for changes,
 and taken away when the wait ends, however it ends (once it fits: by the apply's
-reservation, or done() after the apply: work behind it never sees a gap between the two). Progress says the same, once per
-change (the holders' ages are not a change).
+reservation, or done() after the apply: work behind it never sees a gap between the
+two). Progress says the same, once per change (the holders' ages are not a change).
 """
 
 from __future__ import annotations
