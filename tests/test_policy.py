@@ -67,3 +67,36 @@ def test_every_problem_at_once() -> None:
 def test_a_stored_policy_of_the_wrong_shape_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         from_json({"classes": {"high": "x"}})
+
+
+def test_stored_in_the_team_database_and_read_where_levels_are_computed(postgres, monkeypatch, tmp_path) -> None:
+    """io/policystore against a real PostgreSQL; open_context reads it (a job's class)."""
+    pytest.importorskip("psycopg")
+    from provision.io import policystore  # here: psycopg, only for this test
+    from provision.run.context import open_context
+    from provision.spec.statebackend import Backend
+
+    monkeypatch.setenv("PGPASSWORD", postgres.env()["PGPASSWORD"])
+    monkeypatch.setenv("PROVISION_OWNER", "ana@lab.example")
+    postgres.sql("DROP TABLE IF EXISTS provision_policy")  # as a database made before issue 42
+    store = policystore.open_team(Backend(postgres.url(), "test"))
+    try:
+        assert policystore.read(store) == policystore.Stored(Policy(), False)
+        assert "ana@lab.example" in policystore.known_owners(store)
+        team = parse("classes: {low: 100, normal: 500, urgent: 2000}\nguarantees: {ana@lab.example: 2}", "p", None)
+        policystore.write(store, team)
+        got = policystore.read(store)
+        assert got.set and got.policy == team and got.updated_by == "ana@lab.example"
+    finally:
+        store.close()
+    inv = tmp_path / "j.yaml"
+    inv.write_text(
+        "job: prio-pg\npriority: urgent\nhosts: [{name: h1, address: 10.0.0.1}]\n"
+        "pools: {chief: {replicas: 1, command: [sleep, '1']}}\n"
+    )
+    monkeypatch.setenv("PROVISION_STATE", postgres.url())
+    ctx = open_context(str(inv), render_secrets=False)
+    try:
+        assert ctx.policy == team and ctx.turn.priority == 2000 and not ctx.turn.preemptible
+    finally:
+        ctx.close()
