@@ -209,6 +209,7 @@ def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status
 def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
     """Wait for room, apply, then follow the job's run (_watch)."""
     ctx.take_over = bool(sub.options.get("take_over"))
+    ctx.submitted = sub.created or ctx.submitted  # the queue's order: when it was submitted, not claimed
     stop = CANCEL
     hosts = tuple(ctx.targets)
     gpus = gpus_of(ctx.inventory)
@@ -241,6 +242,7 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
         got = store.get(sub.id)
         return Status.CANCELLED, f"taken back by {got.cancel if got and got.cancel else 'its owner'} while queued"
     finally:
+        q.done()  # its queue marks, where the apply's reservation did not replace them
         if waits:
             store.closed(waits.pop(), store.now(), "left")
     ctx.release_lock()  # the job may run for days: its owner may plan meanwhile

@@ -28,6 +28,7 @@ from provision.host.protocol import ProbeReport
 from provision.io.ssh import Session
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
+from provision.rules.priority import Policy
 from provision.rules.studyview import space_json, study_json
 from provision.rules.tenancy import HostView, host_view, jobs_json
 from provision.run.context import Ask, Context, open_context, probe
@@ -111,7 +112,9 @@ class InventorySource:
         # Every inventory's hosts at once (one round trip each, all in parallel).
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
             lane = "sample" if fresh else ""
-            answers = list(pool.map(lambda a: self._probe_hosts(a[0], a[1], mine[a[0]], lane), asked))
+            got = list(pool.map(lambda a: self._probe_hosts(a[0], a[1], mine[a[0]], lane), asked))
+        answers = [res for res, _ in got]
+        policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
         views: dict[str, HostView] = {}
         extra: dict[str, dict[str, Any]] = {}
         for (_, _, inv), res in zip(asked, answers, strict=True):
@@ -127,17 +130,21 @@ class InventorySource:
                 extra[h.name] = {"labels": h.label_map, "drain": h.drain}
                 if isinstance(r, ProbeReport):
                     extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
-        doc = jobs_json(list(views.values()), now)
+        doc = jobs_json(list(views.values()), now, policy)
         for name, more in extra.items():
             doc["hosts"][name].update(more)
         self._hosts = (time.monotonic(), doc)
         return doc
 
-    def _probe_hosts(self, job: str, path: str, names: set[str], lane: str) -> GroupResult[ProbeReport]:
+    def _probe_hosts(
+        self, job: str, path: str, names: set[str], lane: str
+    ) -> tuple[GroupResult[ProbeReport], Policy | None]:
         """One round trip to each of `names` with the job's connections: the ledger (who holds
-        what) and the GPUs' utilization, memory and compute processes."""
+        what) and the GPUs' utilization, memory and compute processes; and the team's policy
+        the job's state gives (the priorities' names)."""
         with self._ctx(job, path, lane=lane) as ctx:
-            return probe(ctx, Ask(facts="check", files=False, tenancy=True, gpu_apps=True), fast=True, only=names)
+            ask = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+            return probe(ctx, ask, fast=True, only=names), ctx.policy
 
     def jobs(self) -> dict[str, Any]:
         return self.hosts()
