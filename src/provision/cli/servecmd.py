@@ -20,7 +20,7 @@ import click
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.text import duration
-from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission, default_db
+from provision.io.servicestore import Event, Kind, ServiceRow, ServiceStore, Status, Submission, default_db
 from provision.io.state import default_state_path
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
@@ -46,11 +46,11 @@ def _other_places(store: ServiceStore) -> list[str]:
         local = ServiceStore.open_local(default_db()) if store.path is None else store
     except ProvisionError:
         return []
-    return [
-        f"the service on {s.host} (pid {s.pid}) serves {s.place}"
-        for s in local.services(everywhere=True)
-        if s.place != store.place
-    ]
+    places: dict[str, ServiceRow] = {}
+    for s in sorted(local.services(everywhere=True), key=lambda s: not s.leader):  # one per place: its leader
+        if s.place != store.place:
+            places.setdefault(s.place, s)
+    return [f"the service on {s.host} (pid {s.pid}) serves {s.place}" for s in places.values()]
 
 
 def _secrets_line(inv: Inventory, store: ServiceStore) -> str | None:

@@ -7,13 +7,14 @@ import json as _json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from provision.cli.tuneview import draw_png, event_line, study_json, table_lines
-from provision.core.errors import ProvisionError
+from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best
 from provision.rules.space import grid_size, space_size
@@ -156,12 +157,36 @@ def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, pol
     exit code). None: this terminal runs it."""
     # Here: the service's modules load only for a `tune` (start-up of the other commands).
     from provision.cli.servecmd import detach_study, follow_handed_over
-    from provision.run.tune import existing_study  # (start-up, as above: Optuna)
+    from provision.run.tune import existing_study, study_dir  # (start-up, as above: Optuna)
 
     if detach:
         detach_study(inventory, seed=seed, poll=poll)
         return 0
-    return follow_handed_over(inventory, inv, lambda: existing_study(inventory, inv), event_line)
+    code = follow_handed_over(inventory, inv, lambda: existing_study(inventory, inv), event_line)
+    if code is not None and code != EXIT_INTERRUPTED:
+        _followed_end(inv, lambda: existing_study(inventory, inv), study_dir(inventory, inv.job) / PICTURE)
+    return code
+
+
+def _followed_end(inv: Inventory, study: Callable[[], Study | None], picture: Path) -> None:
+    """A followed study's end as the terminal that runs one prints it: the picture drawn,
+    the table, how it ended (the study's own words)."""
+    from provision.io.study import StudyUnavailable  # (start-up: Optuna, loaded by `tune` only)
+
+    assert inv.tune is not None
+    try:
+        s = study()
+        rows = s.rows() if s is not None else []
+        ended = s.ended(len(rows)) if s is not None and rows else None
+    except StudyUnavailable:
+        return  # the submission's end was said: the table would read a storage that is gone
+    if not rows:
+        return
+    _draw(picture, rows, inv.tune)
+    for line in table_lines(rows, inv.tune):
+        click.echo(line)
+    if ended is not None:
+        click.echo(f"\n{ended[0].upper()}{ended[1:]}. Picture: {picture}")
 
 
 class _Picture:

@@ -232,7 +232,11 @@ class ServiceStore:
                 raise ProvisionError(f"{self.path}: the service's database: {e}") from None
             except Exception as e:
                 if type(e).__module__.startswith("psycopg"):
-                    raise ProvisionError(f"{self.place}: the service's database: {e}") from None
+                    # One line (libpq's run over several): the service says it once per outage.
+                    # Here, not at the top: psycopg loads only for a team's service (start-up, as in open_pg).
+                    from provision.io.pgstate import why
+
+                    raise ProvisionError(f"{self.place}: the service's database: {why(e)}") from None
                 raise
 
     def _q(self, sql: str) -> str:

@@ -80,7 +80,8 @@ def _storage_errors(f: Callable[P, R]) -> Callable[P, R]:
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return f(*args, **kwargs)
-        except (sqlalchemy.exc.SQLAlchemyError, OSError) as e:
+        # Optuna turns a database's errors inside its sessions into StorageInternalError.
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
             raise StudyUnavailable(f"the study's storage stopped answering: {_first_line(e)}") from None
 
     return call
@@ -480,7 +481,9 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, skip_table_creation=not create)
     except Exception as e:  # SQLAlchemy's and the driver's errors alike: say where, not a traceback
         where = url.split("@")[-1]
-        raise ProvisionError(f"tune.storage: cannot open the study's database at {where}: {_first_line(e)}") from None
+        # A server that does not answer (StudyUnavailable) may answer later: the service retries.
+        error = StudyUnavailable if isinstance(e, sqlalchemy.exc.OperationalError) else ProvisionError
+        raise error(f"tune.storage: cannot open the study's database at {where}: {_first_line(e)}") from None
 
 
 def _offset(storage: optuna.storages.BaseStorage) -> float:

@@ -66,6 +66,7 @@ STARTING_WORDS = "starting (placing it and writing its files)"
 class StudyEnd:
     code: int  # the exit code
     why: str  # in words: how the study ended (or why this runner left it)
+    unavailable: bool = False  # it left because the study's storage stopped answering (the service retries)
 
 
 def trial_cap(tune: Tune) -> int:
@@ -137,6 +138,7 @@ class StudyLoop:
                 EXIT_ERROR,
                 f"{e.message}; the trials run on: `provision tune {self.w.where}` again once it answers "
                 "adopts them and goes on",
+                unavailable=True,
             )
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)

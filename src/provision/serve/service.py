@@ -5,6 +5,11 @@ leader drives every unfinished submission: each in a worker process of its own
 its study re-opens and adopts the trials left running, its queued apply waits and applies
 again (apply is idempotent).
 
+The database going away (a restart, a network cut) is said once when it stops answering and
+once when it answers again; the service looks again every poll meanwhile and never dies of
+it. A leader whose lock's session ended stops its workers (their trials run on) and takes
+the lead again, or follows whoever took it.
+
 Nothing is kept in memory that the database does not have: a submission's status and claim
 (which service drives it) are rows; a restart reads them and goes on.
 """
@@ -19,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +68,9 @@ class Service:
     # A team's service also says in this machine's embedded file that it runs (a `--detach`
     # of a local state here names it: "the work goes to ...").
     mirror: ServiceStore | None = None
+    away: float | None = None  # since when (monotonic) the database does not answer
+    dropped: bool = False  # the lead was lost and not yet said
+    followed: str = ""  # the leader this follower last said it follows
 
     def __post_init__(self) -> None:
         host = socket.gethostname()
@@ -77,26 +86,60 @@ class Service:
             while not self.stopping.is_set():
                 try:
                     self._look()
-                except ProvisionError as e:  # the database is away: the workers go on, we look again
-                    self.say(f"{e.message}; trying again")
+                except ProvisionError as e:  # the database is away: said once, looked at again
+                    self._away(e.message)
+                else:
+                    self._back()
                 self.stopping.wait(self.poll)
         finally:
             self._leave()
 
+    def _away(self, why: str) -> None:
+        if self.away is not None:
+            return
+        self.away = time.monotonic()
+        lost = "; the lead was lost: its workers left, their trials run on" if self.dropped else ""
+        self.dropped = False
+        self.say(f"the database does not answer ({why}){lost}; looking again every {self.poll:g} s")
+
+    def _back(self) -> None:
+        if self.dropped:  # the lock's session ended while the database answered (a terminated backend)
+            self.dropped = False
+            self.say("the lead was lost (the database ended its session): its workers left, their trials run on")
+        if self.away is not None:
+            self.say(f"the database answers again after {time.monotonic() - self.away:.0f} s: going on")
+            self.away = None
+
     def _look(self) -> None:
+        if self.away is not None:  # said back before anything else is said
+            self.store.now()  # raises while it is still away
+            self._back()
         if not self.row.leader:
             if self.lead.try_take():
                 self.row = dataclasses.replace(self.row, leader=True)
+                self.followed = ""
                 self.say("leading: driving every unfinished submission")
         elif not self.lead.still_held():
-            self.say("the lead was lost (the database ended the session): following again")
             self._stop_workers()
             self.row = dataclasses.replace(self.row, leader=False)
+            self.dropped = True
         self.store.beat(self.row)
+        if not self.row.leader:
+            self._say_whom()
         if self.mirror is not None:
             self.mirror.beat(self.row)
         if self.row.leader:
             self._drive()
+
+    def _say_whom(self) -> None:
+        """A follower names the leader it follows (once per leader): a second service
+        started by mistake says it does nothing while that one runs."""
+        lead = next((s for s in self.store.services() if s.leader and s.id != self.id), None)
+        if lead is not None and lead.id != self.followed:
+            self.followed = lead.id
+            self.say(
+                f"following the service on {lead.host} (pid {lead.pid}, {lead.id}), which leads: doing nothing meanwhile"
+            )
 
     def _drive(self) -> None:
         for sub in self.store.submissions(unfinished=True):

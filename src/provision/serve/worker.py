@@ -8,6 +8,12 @@ share them; a worker that fails cannot take the service down. The worker calls r
 terminal's commands do: a study is run/tune.py's StudyLoop (a restarted one adopts the
 trials its dead predecessor left), a queued apply is run/queue.py + run/apply.py.
 
+The study's storage briefly unreachable (StudyUnavailable: its database restarting) fails
+nothing: the worker looks again with growing pauses until it answers, then leaves (exit
+130), and the service starts a fresh worker at once, which adopts the trials this one left
+(a trial's runner is judged by its process: a retry in this process could not adopt them).
+A history row the service's database could not take is kept and written later.
+
 Signals from the service: SIGUSR1 cancels (a study asks no more trials and stops the running
 ones; a queued apply stops waiting), SIGTERM leaves (the trials run on: the next worker
 adopts them). The service's death kills the worker (PR_SET_PDEATHSIG): the next leader
@@ -17,11 +23,13 @@ starts another.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -29,19 +37,21 @@ from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission
-from provision.io.study import Runner
+from provision.io.study import Runner, StudyUnavailable
 from provision.rules.plan import Plan
 from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
-from provision.run.tune import StudyLoop, open_work
+from provision.run.tune import StudyLoop, existing_study, open_work
 from provision.serve.places import open_place
+from provision.serve.service import LEFT
 from provision.serve.snapshot import materialise
 from provision.spec.inventory import load
 
 CANCEL = threading.Event()  # set by SIGUSR1 (the service: its owner cancelled it)
+BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)  # seconds between looks at a storage that does not answer
 
 
 def say(line: str) -> None:
@@ -95,32 +105,92 @@ class _Cancellable(StudyLoop):
         return self.cancelled is not None or super()._asked_all(rows, cap)
 
 
+def await_storage(probe: Callable[[], object], why: str, wait: Callable[[float], bool] = CANCEL.wait) -> float:
+    """Until probe() stops raising StudyUnavailable, looked at after BACKOFF's growing
+    pauses (its last one repeated); the seconds waited. A cancel ends the wait (the next
+    worker acts on it). Said in two lines: when it stopped answering, and when it answers."""
+    say(f"{why}; looking again in {BACKOFF[0]:g} s, then less and less often (every {BACKOFF[-1]:g} s at most)")
+    waited = 0.0
+    for n in itertools.count():
+        delay = BACKOFF[min(n, len(BACKOFF) - 1)]
+        if wait(delay):
+            say("cancelled while the study's storage did not answer: the next worker stops it")
+            break
+        waited += delay
+        try:
+            probe()
+        except StudyUnavailable:
+            continue
+        say(f"the study's storage answers again (after {waited:g} s): a fresh worker adopts the trials")
+        break
+    return waited
+
+
+def _probe(where: Path, inv: Inventory) -> None:
+    study = existing_study(str(where), inv)
+    if study is not None:
+        study.rows()
+
+
 def run_tune(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
     inv = load(where)
     seed = sub.options.get("seed")
-    work, study = open_work(
-        str(where), inv, say=say, poll=float(sub.options.get("poll", 1.0)), verbose=False, seed=seed
-    )
+    try:
+        work, study = open_work(
+            str(where), inv, say=say, poll=float(sub.options.get("poll", 1.0)), verbose=False, seed=seed
+        )
+    except StudyUnavailable as e:
+        await_storage(lambda: _probe(where, inv), e.message)
+        raise KeyboardInterrupt from None  # left: the next worker opens it
+    history = _History(store)
     hosts = tuple(h.name for h in inv.hosts)
     gpus = gpus_of(inv)
 
     def row(r: TrialRow) -> None:
         say(f"trial {r.number}: {r.state.value}" + (f" ({r.why})" if r.why else ""))
         if r.state.ended:
-            ended = store.now()
-            store.record(
-                Event("trial", r.job, sub.owner, ended - (r.seconds or 0.0), ended, _how(r), hosts, gpus, sub.id)
+            history.add(
+                lambda ended: Event(
+                    "trial", r.job, sub.owner, ended - (r.seconds or 0.0), ended, _how(r), hosts, gpus, sub.id
+                )
             )
 
     loop = _Cancellable(work, study, Runner.here(), on_row=row)
     loop.store, loop.sid = store, sub.id
     end = loop.run()
     say(end.why)
+    history.flush()
     if loop.cancelled is not None:
         return Status.CANCELLED, loop.cancelled
-    if end.code == 130:
+    if end.unavailable:
+        await_storage(lambda: _probe(where, inv), "the study's storage does not answer")
+        raise KeyboardInterrupt  # left: the next worker adopts the trials this one left running
+    if end.code == LEFT:
         raise KeyboardInterrupt  # left: the next worker adopts its trials
     return (Status.DONE if end.code == 0 else Status.FAILED), end.why
+
+
+class _History:
+    """History rows for the service's database; one it cannot take now (the database
+    restarting) is kept and written with the next, never failing the study."""
+
+    def __init__(self, store: ServiceStore):
+        self.store = store
+        self.pending: list[tuple[float, Callable[[float], Event]]] = []
+
+    def add(self, make: Callable[[float], Event]) -> None:
+        self.pending.append((time.time(), make))
+        self.flush()
+
+    def flush(self) -> None:
+        try:
+            now = self.store.now()
+            while self.pending:
+                at, make = self.pending[0]
+                self.store.record(make(now - (time.time() - at)))  # when it ended, on the database's clock
+                self.pending.pop(0)
+        except ProvisionError as e:
+            say(f"the history waits: {e.message}")
 
 
 def _how(r: TrialRow) -> str:
@@ -229,14 +299,19 @@ def main(argv: list[str] | None = None) -> int:
         status, why = (run_tune if sub.kind is Kind.TUNE else run_apply)(store, sub, where)
     except KeyboardInterrupt:
         say("left: the next worker goes on from here")
-        return 130
+        return LEFT
     except ProvisionError as e:
         status, why = Status.FAILED, e.message
     say(f"{status.value}: {why}")
-    if sub.kind is Kind.TUNE:
-        began = sub.started if sub.started is not None else sub.created
-        store.record(Event("study", sub.job, sub.owner, began, store.now(), f"{status.value}: {why}", (), 0, sub.id))
-    store.finish(sub.id, status, why)
+    try:
+        if sub.kind is Kind.TUNE:
+            began = sub.started if sub.started is not None else sub.created
+            ended = Event("study", sub.job, sub.owner, began, store.now(), f"{status.value}: {why}", (), 0, sub.id)
+            store.record(ended)
+        store.finish(sub.id, status, why)
+    except ProvisionError as e:  # the service's database is away: the next worker ends it again
+        say(f"could not record the end ({e.message}): left to the next worker")
+        return LEFT
     return 0
 
 
