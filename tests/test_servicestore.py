@@ -119,6 +119,23 @@ def test_queued_submissions_in_the_queues_order(local_store):
     assert [x.id for x in local_store.submissions()] == ["a", "b", "c", "d"]  # history: by time
 
 
+def test_an_applied_job_is_watched_until_a_worker_ends_it(store):
+    store.submit(_sub("w1"))
+    store.watching("w1", "too early")  # only a running submission turns to watching
+    assert store.get("w1").status is Status.WAITING  # type: ignore[union-attr]
+    assert store.claim("w1", "svc-a")
+    store.watching("w1", "applied; the service watches it")
+    got = store.get("w1")
+    assert got is not None and got.status is Status.WATCHING and not got.status.finished
+    assert [x.id for x in store.submissions(unfinished=True)] == ["w1"]
+    # A cancel of a watched job asks the service (a worker stops it); a worker looks again.
+    assert store.cancel("w1", "bob") is Status.RUNNING and store.get("w1").cancel == "bob"  # type: ignore[union-attr]
+    assert store.claim("w1", "svc-a") and store.get("w1").status is Status.RUNNING  # type: ignore[union-attr]
+    store.watching("w1", "still running")
+    store.finish("w1", Status.CANCELLED, "stopped by bob")
+    assert store.get("w1").status is Status.CANCELLED  # type: ignore[union-attr]
+
+
 def test_services_heartbeat_on_the_databases_clock(store):
     row = ServiceRow("h:1:x", "h", 1, store.place, ("HOME", "WANDB_API_KEY"), True, 0.0)
     store.beat(row)

@@ -26,6 +26,7 @@ from provision.rules.priority import level
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve import install as unit
+from provision.serve.gpusample import Sampler
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.service import Service
 from provision.serve.snapshot import collect, store_files
@@ -264,12 +265,9 @@ def serve(
     store = open_place(url)
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
     svc = Service(store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror)
-    # The leader alone samples the GPUs (two services on one database: one set of samples).
-    web = (
-        _web(url, where, inventories, trust_header, work_root(store), lambda: svc.row.leader)
-        if where is not None
-        else None
-    )
+    # The leader alone samples the hosts (two services on one database: one set of samples);
+    # the same rounds watch the applied jobs (serve/watch.py), with or without pages.
+    web = _rounds(svc, url, where, inventories, trust_header, work_root(store))
 
     def stop(signum: int, frame: object) -> None:
         svc.stopping.set()
@@ -279,53 +277,62 @@ def serve(
     try:
         svc.run()
     finally:
-        if web is not None:
-            web()
+        web()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
 
 
-def _web(
-    url: str,
-    where: Listen,
-    inventories: tuple[str, ...],
-    trust_header: str | None,
-    root: Path,
-    leading: Callable[[], bool],
+def _rounds(
+    svc: Service, url: str, where: Listen | None, inventories: tuple[str, ...], trust_header: str | None, root: Path
 ) -> Callable[[], None]:
-    """The dashboard in a thread of this process (leader or follower: pages only read), and
-    the GPU sampler in another (while `leading`); returns what stops both. Refused (one
-    line) before the service starts."""
+    """The hosts' sampling rounds in a thread (while leading: GPUs sampled, applied jobs
+    watched), and the dashboard in another when `where` (leader or follower: pages only
+    read); returns what stops both. A refused --listen says so in one line before the
+    service starts."""
+    store = open_place(url)  # its own connection: a slow page or round never holds up the service's loop
+    source = ServiceSource(store, root, inventories)
+    try:
+        pages = _web(store, source, where, trust_header) if where is not None else None
+    except BaseException:
+        store.close()
+        raise
+    svc.to_look_at = source.to_look_at
+    sampler = Sampler(source.sample, lambda: svc.row.leader, _stamped)
+    sampler.start()
+
+    def stop() -> None:
+        sampler.stop()
+        if pages is not None:
+            pages()
+        source.close()
+        store.close()
+
+    return stop
+
+
+def _web(store: ServiceStore, source: ServiceSource, where: Listen, trust_header: str | None) -> Callable[[], None]:
+    """The dashboard in a thread of this process; returns what stops it."""
     # Lazy: uvicorn and the web app load only when pages are served.
     import uvicorn
 
-    from provision.serve.gpusample import Sampler  # (start-up, as above)
     from provision.web.app import make_app  # (start-up, as above)
 
-    store = open_place(url)  # its own connection: a slow page never holds up the service's loop
     auth = choose_auth(where, trust_header, store, bool(store.tokens()))
     try:
         family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
         sock = socket.create_server((where.host, where.port), family=family)
     except OSError as e:
-        store.close()
         raise ProvisionError(f"--listen {where.host}:{where.port}: {e.strerror}") from None
-    source = ServiceSource(store, root, inventories)
     server = uvicorn.Server(uvicorn.Config(make_app(source, auth=auth), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard", daemon=True)
     thread.start()
-    sampler = Sampler(source.sample, leading, _stamped)
-    sampler.start()
     host = f"[{where.host}]" if ":" in where.host else where.host
     port = sock.getsockname()[1]  # the one bound (--listen HOST:0 asks for any free one)
     _stamped(f"Dashboard on http://{host}:{port}/ ({auth.mode.value})")
 
     def stop() -> None:
-        sampler.stop()
         server.should_exit = True
         thread.join(timeout=10)
-        source.close()
         sock.close()
-        store.close()
 
     return stop
 

@@ -39,6 +39,9 @@ ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken 
 class Status(StrEnum):
     WAITING = "waiting"  # handed over, no service runs it yet
     RUNNING = "running"  # a service's worker drives it (a queued apply waits for room here)
+    # Applied: the service watches its run with its one round per host (serve/watch.py), no
+    # worker of its own; a worker comes back to look when the hosts say it ended, or to cancel.
+    WATCHING = "watching"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -46,6 +49,9 @@ class Status(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (Status.DONE, Status.FAILED, Status.CANCELLED)
+
+
+_LIVE = (Status.WAITING.value, Status.RUNNING.value, Status.WATCHING.value)  # not finished
 
 
 class Kind(StrEnum):
@@ -312,8 +318,8 @@ class ServiceStore:
         sql = f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE 1 = 1"
         args: list[Any] = []
         if unfinished:
-            sql += " AND status IN (?, ?)"
-            args += [Status.WAITING.value, Status.RUNNING.value]
+            sql += " AND status IN (?, ?, ?)"
+            args += [Status.WAITING.value, Status.RUNNING.value, Status.WATCHING.value]
         if job is not None:
             sql += " AND job = ?"
             args.append(job)
@@ -325,15 +331,22 @@ class ServiceStore:
         """This service drives it (a leader's claim: a dead leader's is taken over)."""
         n = self._do(
             "UPDATE provision_service_submissions SET claimed_by = ?, status = ?, "
-            "started = coalesce(started, ?) WHERE id = ? AND status IN (?, ?)",
-            (service, Status.RUNNING.value, self.now(), sid, Status.WAITING.value, Status.RUNNING.value),
+            "started = coalesce(started, ?) WHERE id = ? AND status IN (?, ?, ?)",
+            (service, Status.RUNNING.value, self.now(), sid, *_LIVE),
         )
         return n > 0
 
+    def watching(self, sid: str, why: str) -> None:
+        """Applied: the service's rounds watch it from now on (its worker ends)."""
+        self._do(
+            "UPDATE provision_service_submissions SET status = ?, why = ? WHERE id = ? AND status = ?",
+            (Status.WATCHING.value, why, sid, Status.RUNNING.value),
+        )
+
     def finish(self, sid: str, status: Status, why: str) -> None:
         self._do(
-            "UPDATE provision_service_submissions SET status = ?, why = ?, ended = ? WHERE id = ? AND status IN (?, ?)",
-            (status.value, why, self.now(), sid, Status.WAITING.value, Status.RUNNING.value),
+            "UPDATE provision_service_submissions SET status = ?, why = ?, ended = ? WHERE id = ? AND status IN (?, ?, ?)",
+            (status.value, why, self.now(), sid, *_LIVE),
         )
 
     def cancel(self, sid: str, who: str) -> Status | None:
@@ -347,8 +360,8 @@ class ServiceStore:
         if taken:
             return Status.CANCELLED
         asked = self._do(
-            "UPDATE provision_service_submissions SET cancel = ? WHERE id = ? AND status = ?",
-            (who, sid, Status.RUNNING.value),
+            "UPDATE provision_service_submissions SET cancel = ? WHERE id = ? AND status IN (?, ?)",
+            (who, sid, Status.RUNNING.value, Status.WATCHING.value),
         )
         return Status.RUNNING if asked else None
 

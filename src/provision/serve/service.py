@@ -33,6 +33,7 @@ from pathlib import Path
 from provision.core.errors import ProvisionError
 from provision.io.servicelead import POLL, Leadership
 from provision.io.servicestore import ServiceRow, ServiceStore, Status, Submission
+from provision.serve.watch import Watched
 
 PR_SET_PDEATHSIG = 1
 LEFT = 130  # a worker that left its work (a signal): the work goes on with another
@@ -71,6 +72,11 @@ class Service:
     away: float | None = None  # since when (monotonic) the database does not answer
     dropped: bool = False  # the lead was lost and not yet said
     followed: str = ""  # the leader this follower last said it follows
+    # The sampling rounds' verdict on the applied jobs it watches (ServiceSource.to_look_at);
+    # None: no rounds, so nothing watched is looked at again (tests of the loop alone).
+    to_look_at: Callable[[list[Watched]], tuple[set[str], set[str]]] | None = None
+    since: dict[str, float] = field(default_factory=dict)  # submission -> watched since (time.time())
+    looked: dict[str, float] = field(default_factory=dict)  # submission -> a worker last looked
 
     def __post_init__(self) -> None:
         host = socket.gethostname()
@@ -142,14 +148,26 @@ class Service:
             )
 
     def _drive(self) -> None:
-        for sub in self.store.submissions(unfinished=True):
+        subs = self.store.submissions(unfinished=True)
+        look, gone = self._watch(subs)
+        for sub in subs:
             w = self.workers.get(sub.id)
-            if w is None:
+            if w is None and sub.status is Status.WATCHING and not sub.cancel:
+                if sub.id in gone:
+                    self._gone(sub)
+                elif sub.id in look:
+                    self.looked[sub.id] = time.time()
+                    self._start(sub)  # its hosts say it ended (or changed): a worker looks once
+            elif w is None:
                 self._start(sub)  # new, or a dead leader's (or ours, before we lost the lead)
             elif sub.cancel and not w.cancelling:
                 w.cancelling = True
                 self.say(f"{sub.id}: cancel asked by {sub.cancel}")
                 w.proc.send_signal(signal.SIGUSR1)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Workers that ended: their submission finished, left (started again), or failed."""
         for sid, w in list(self.workers.items()):
             code = w.proc.poll()
             if code is None:
@@ -159,9 +177,29 @@ class Service:
             if code == LEFT:
                 self.say(f"{sid}: its worker left; started again")
                 continue
-            if got is not None and not got.status.finished:
+            if got is not None and not got.status.finished and got.status is not Status.WATCHING:
                 self.store.finish(sid, Status.FAILED, f"its worker ended with exit code {code} (its log: {w.log})")
             self.say(f"{sid}: {(got.status.value if got else '?')} ({w.log})")
+
+    def _watch(self, subs: list[Submission]) -> tuple[set[str], set[str]]:
+        """Applied jobs are watched from the sampling rounds (serve/watch.py), not by workers."""
+        now = time.time()
+        watched = [
+            Watched(s.id, s.job, frozenset(), self.since.setdefault(s.id, now), self.looked.get(s.id, 0.0))
+            for s in subs
+            if s.status is Status.WATCHING and s.id not in self.workers and not s.cancel
+        ]
+        if self.to_look_at is None or not watched:
+            return set(), set()
+        return self.to_look_at(watched)
+
+    def _gone(self, sub: Submission) -> None:
+        """Destroyed by its owner (no host has it): its run ends in the history."""
+        row = self.store.open_event(sub.id, "run")
+        if row is not None:
+            self.store.closed(row, self.store.now(), "gone from its hosts (destroyed)")
+        self.store.finish(sub.id, Status.DONE, "applied; the job was destroyed")
+        self.say(f"{sub.id}: done (the job {sub.job} is gone from its hosts)")
 
     def _start(self, sub: Submission) -> None:
         if not self.store.claim(sub.id, self.id):

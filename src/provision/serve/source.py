@@ -10,6 +10,7 @@ list and /metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import time
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,7 @@ from provision.core.model import Inventory
 from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import SAMPLE_EVERY, history_json, idle_json, idle_window, samples_of
+from provision.serve.watch import Watched, to_look_at
 from provision.web.auth import Auth, TokenCheck
 from provision.web.inventories import InventorySource
 
@@ -40,14 +42,30 @@ class ServiceSource(InventorySource):
         self.idle_window = idle_window()
         self._sampled: tuple[float, dict[str, Any]] | None = None  # (monotonic, the last round's hosts)
         self._history: tuple[float, dict[str, Any]] | None = None  # (monotonic, gpu_history by host)
+        self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
+
+    def to_look_at(self, watched: Sequence[Watched]) -> tuple[set[str], set[str]]:
+        """The watched submissions a worker must look at, and those gone from every host,
+        by the last sampling round (serve/watch.py); nothing before the first round."""
+        got = self._round
+        if got is None or not watched:
+            return set(), set()
+        invs = self._inventories()
+        full = [
+            dataclasses.replace(w, hosts=frozenset(h.name for h in invs[w.job][1].hosts)) if w.job in invs else w
+            for w in watched
+        ]
+        return to_look_at(got[1], got[0], full)
 
     # ------------------------------------------------------------------ GPU samples
 
     def sample(self) -> int:
         """One round: every host probed (gpusample.Sampler calls this every SAMPLE_EVERY s),
         its GPUs' samples stored; how many."""
+        began = time.time()
         doc = InventorySource.hosts(self, fresh=True)
         self._sampled = (time.monotonic(), doc)
+        self._round = (began, doc)
         got = samples_of(doc, self.store.now())
         self.store.add_gpu_samples(got)
         self._history = None
@@ -75,8 +93,9 @@ class ServiceSource(InventorySource):
         # The submissions come and go: the paths are looked up again on each request.
         subs = self.store.submissions(unfinished=True)
         handed = [self.work_root / s.id / s.inventory for s in subs]
-        self.paths = [str(p) for p in handed if p.is_file()] + self.extra
-        return super()._inventories()
+        with self._reading:
+            self.paths = [str(p) for p in handed if p.is_file()] + self.extra
+            return super()._inventories()
 
     def usage(self) -> dict[str, Any]:
         now = self.store.now()

@@ -201,13 +201,16 @@ def _how(r: TrialRow) -> str:
 def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
     ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
     try:
+        if store.open_event(sub.id, "run") is not None:  # applied before: the service's rounds called us back
+            ctx.release_lock()
+            return _watch(store, sub, ctx, tuple(ctx.targets), gpus_of(ctx.inventory))
         return _queue_and_apply(store, sub, ctx)
     finally:
         ctx.close()
 
 
 def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
-    """Wait for room, apply, then follow the job's run (_watch)."""
+    """Wait for room, apply, then look at the job's run once (_watch)."""
     ctx.take_over = bool(sub.options.get("take_over"))
     ctx.submitted = sub.created or ctx.submitted  # the queue's order: when it was submitted, not claimed
     stop = CANCEL
@@ -249,33 +252,29 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
     return _watch(store, sub, ctx, hosts, gpus)
 
 
-WATCH = float(os.environ.get("PROVISION_SERVE_WATCH", 10))  # seconds between looks at an applied job
-
-
 def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int) -> tuple[Status, str]:
-    """The applied job's run, in the history until it ends (a restarted worker goes on with
-    the same row); a cancel stops it as `provision stop` does."""
+    """One look at the applied job's run: ended (its history row closed), cancelled (stopped
+    as `provision stop` does), or WATCHING: the service's one round per host watches it from
+    here and calls a worker back when the hosts say it ended (serve/watch.py): a process per
+    watched job would cost the service ~80 MiB a job."""
     row = store.open_event(sub.id, "run")
     if row is None:
         row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
-    while True:
-        try:
-            st, _ = look(ctx)
-        except ProvisionError as e:  # its hosts do not answer now: look again
-            say(f"the job's status: {e.message}")
-            CANCEL.wait(WATCH)
-            continue
-        if CANCEL.is_set() and not st.phase.ended:
-            got = store.get(sub.id)
-            who = got.cancel if got and got.cancel else "its owner"
-            end_job(ctx, st, marker=stop_marker(ctx))
-            store.closed(row, store.now(), f"stopped by {who}")
-            return Status.CANCELLED, f"stopped by {who}"
-        if st.phase.ended:
-            how = st.phase.value + (f": {st.reason}" if st.reason else "")
-            store.closed(row, store.now(), how)
-            return Status.DONE, f"applied; the job {how}"
-        CANCEL.wait(WATCH)
+    try:
+        st, _ = look(ctx)
+    except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
+        return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
+    if CANCEL.is_set() and not st.phase.ended:
+        got = store.get(sub.id)
+        who = got.cancel if got and got.cancel else "its owner"
+        end_job(ctx, st, marker=stop_marker(ctx))
+        store.closed(row, store.now(), f"stopped by {who}")
+        return Status.CANCELLED, f"stopped by {who}"
+    if st.phase.ended:
+        how = st.phase.value + (f": {st.reason}" if st.reason else "")
+        store.closed(row, store.now(), how)
+        return Status.DONE, f"applied; the job {how}"
+    return Status.WATCHING, f"applied; the job is {st.phase.value}: the service watches it"
 
 
 def _leave(signum: int, frame: FrameType | None) -> None:
@@ -296,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if sub is None or sub.status.finished:
         return 0
     say(f"submission {sub.id}: {sub.kind.value} of job {sub.job} for {sub.owner}")
+    if sub.cancel:  # asked before this worker started (a watched job's cancel starts one)
+        CANCEL.set()
     try:
         where = prepare(store, sub, Path(args.workdir))
         status, why = (run_tune if sub.kind is Kind.TUNE else run_apply)(store, sub, where)
@@ -310,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             began = sub.started if sub.started is not None else sub.created
             ended = Event("study", sub.job, sub.owner, began, store.now(), f"{status.value}: {why}", (), 0, sub.id)
             store.record(ended)
-        store.finish(sub.id, status, why)
+        if status is Status.WATCHING:
+            store.watching(sub.id, why)
+        else:
+            store.finish(sub.id, status, why)
     except ProvisionError as e:  # the service's database is away: the next worker ends it again
         say(f"could not record the end ({e.message}): left to the next worker")
         return LEFT

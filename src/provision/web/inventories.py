@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,15 +49,35 @@ class InventorySource:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._hosts: tuple[float, dict[str, Any]] | None = None
+        self._reading = threading.RLock()
+        self._loaded: dict[str, tuple[tuple[int, int, int] | None, Inventory]] = {}  # path -> (stat, inventory)
+        # The sampling rounds' contexts, kept while their file is unchanged: a round opens no
+        # state and renders nothing (path -> (stat, the context)).
+        self._kept: dict[str, tuple[tuple[int, int, int] | None, Context]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
     def _inventories(self) -> dict[str, tuple[str, Inventory]]:
-        """job -> (its file, the inventory); read each time: a file may have changed."""
+        """job -> (its file, the inventory); a file read again only when it changed (the
+        service asks every few seconds for a hundred handed-over snapshots)."""
+        with self._reading:  # pages, the sampling rounds and the service's loop ask at once
+            return self._read_inventories()
+
+    def _read_inventories(self) -> dict[str, tuple[str, Inventory]]:
         out: dict[str, tuple[str, Inventory]] = {}
         for p in self.paths:
-            inv = load(p)
-            out.setdefault(inv.job, (p, inv))
+            try:
+                st = os.stat(p)
+                stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                stamp = None
+            got = self._loaded.get(p)
+            if got is None or stamp is None or got[0] != stamp:
+                got = (stamp, load(p))
+                self._loaded[p] = got
+            out.setdefault(got[1].job, (p, got[1]))
+        for gone in set(self._loaded) - set(self.paths):
+            del self._loaded[gone]
         return out
 
     def _find(self, name: str, *, study: bool = False) -> tuple[str, Inventory]:
@@ -90,6 +111,9 @@ class InventorySource:
         for s in self._sessions.values():
             s.close()
         self._sessions.clear()
+        for _, ctx in self._kept.values():
+            ctx.close()
+        self._kept.clear()
 
     # ------------------------------------------------------------------ reading
 
@@ -142,9 +166,25 @@ class InventorySource:
         """One round trip to each of `names` with the job's connections: the ledger (who holds
         what) and the GPUs' utilization, memory and compute processes; and the team's policy
         the job's state gives (the priorities' names)."""
+        ask = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+        if lane == "sample":  # only the sampler's thread uses these
+            kept = self._kept_ctx(job, path)
+            return probe(kept, ask, fast=True, only=names), kept.policy
         with self._ctx(job, path, lane=lane) as ctx:
-            ask = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
             return probe(ctx, ask, fast=True, only=names), ctx.policy
+
+    def _kept_ctx(self, job: str, path: str) -> Context:
+        stamp = self._loaded.get(path, (None, None))[0]
+        got = self._kept.get(path)
+        if got is not None and got[0] == stamp and stamp is not None:
+            return got[1]
+        if got is not None:
+            got[1].close()
+        ctx = open_context(path, render_secrets=False)
+        self._kept[path] = (stamp, ctx)
+        for gone in set(self._kept) - set(self.paths):
+            self._kept.pop(gone)[1].close()
+        return ctx
 
     def jobs(self) -> dict[str, Any]:
         return self.hosts()

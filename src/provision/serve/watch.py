@@ -1,0 +1,47 @@
+"""Which applied jobs the service must look at again (issue 40: the service watching 128
+hosts and 100 idle jobs in < 5 % of a core and < 200 MiB).
+
+An applied job is watched from the service's one round per host (serve/gpusample.py's, the
+hosts' ledgers and units as `provision jobs --json` reports them), not by a process of its
+own: a worker comes back only when a round says something changed. Pure: the round's
+document in, the submissions to look at out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# A job in these states runs as applied: nothing to look at (tenancy.Hold's values).
+QUIET = frozenset({"running", "reserved", "queued"})
+AGAIN_S = 60.0  # a look that found the job still running is not asked again sooner
+
+
+@dataclass(frozen=True)
+class Watched:
+    sid: str
+    job: str
+    hosts: frozenset[str]  # the hosts its inventory lists
+    since: float  # when the service began watching it (time.time())
+    looked: float = 0.0  # when a worker last looked and found it running (time.time())
+
+
+def to_look_at(doc: Mapping[str, Any], at: float, watched: Collection[Watched]) -> tuple[set[str], set[str]]:
+    """(submissions whose job a worker must look at, submissions whose job is gone from every
+    host) after a round that began at `at`. Only a round begun after the watch began counts
+    (an earlier one may predate the apply); a host that did not answer tells nothing."""
+    jobs = {j["job"]: j for j in doc.get("jobs") or []}
+    answered = {n for n, h in (doc.get("hosts") or {}).items() if not h.get("error")}
+    look, gone = set(), set()
+    for w in watched:
+        if at < w.since:
+            continue
+        j = jobs.get(w.job)
+        if j is None:
+            if w.hosts and w.hosts <= answered:
+                gone.add(w.sid)
+            continue
+        if j.get("state") not in QUIET and at - w.looked >= AGAIN_S:
+            look.add(w.sid)
+    return look, gone

@@ -1,0 +1,78 @@
+"""The service watches applied jobs from its sampling rounds, not with a worker each
+(serve/watch.py, a table; serve/service.py's loop with a stand-in round)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision.io.servicestore import Kind, ServiceStore, Status, Submission
+from provision.serve.service import Service
+from provision.serve.watch import AGAIN_S, Watched, to_look_at
+
+HOSTS = frozenset({"h1", "h2"})
+
+
+def _doc(state: str | None, errors: tuple[str, ...] = ()) -> dict:
+    jobs = [] if state is None else [{"job": "j", "state": state}]
+    return {"jobs": jobs, "hosts": {h: {"error": "down" if h in errors else None} for h in sorted(HOSTS)}}
+
+
+@pytest.mark.parametrize(
+    ("state", "errors", "at", "looked", "want"),
+    [
+        ("running", (), 100.0, 0.0, (set(), set())),  # runs as applied: nothing to do
+        ("queued", (), 100.0, 0.0, (set(), set())),
+        ("ended", (), 100.0, 0.0, ({"s"}, set())),  # its units ended: a worker looks
+        ("held", (), 100.0, 0.0, ({"s"}, set())),  # stopped with --hold
+        ("stale", (), 100.0, 0.0, ({"s"}, set())),
+        ("ended", (), 100.0, 100.0 - AGAIN_S / 2, (set(), set())),  # looked at a moment ago
+        ("ended", (), 50.0, 0.0, (set(), set())),  # a round begun before the watch: may predate the apply
+        (None, (), 100.0, 0.0, (set(), {"s"})),  # no host has it: destroyed
+        (None, ("h2",), 100.0, 0.0, (set(), set())),  # a host did not answer: nothing known
+    ],
+)
+def test_which_watched_jobs_a_round_sends_a_worker_to(state, errors, at, looked, want):
+    w = Watched("s", "j", HOSTS, since=60.0, looked=looked)
+    assert to_look_at(_doc(state, errors), at, [w]) == want
+
+
+def _sub(sid: str) -> Submission:
+    return Submission(sid, Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {}, {})
+
+
+class _NoLead:
+    def try_take(self) -> bool:
+        return True
+
+    def still_held(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+def test_the_service_starts_no_worker_for_a_watched_job_until_a_round_says_so(tmp_path: Path, monkeypatch) -> None:
+    store = ServiceStore.open_local(tmp_path / "svc.sqlite")
+    started: list[str] = []
+    svc = Service(store, _NoLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
+    monkeypatch.setattr(svc, "_start", lambda sub: started.append(sub.id))
+    verdict: tuple[set[str], set[str]] = (set(), set())
+    svc.to_look_at = lambda watched: verdict
+    store.submit(_sub("a"))
+    store.claim("a", svc.id)
+    store.watching("a", "applied")
+    svc._drive()
+    assert started == []  # watched: no process of its own
+    verdict = ({"a"}, set())
+    svc._drive()
+    assert started == ["a"]  # the round says it ended: a worker looks once
+    store.submit(_sub("b"))
+    store.claim("b", svc.id)
+    store.watching("b", "applied")
+    verdict = (set(), {"b"})
+    svc._drive()
+    got = store.get("b")
+    assert got is not None and got.status is Status.DONE and "destroyed" in got.why
+    store.close()
