@@ -47,6 +47,9 @@ class JobPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     STOPPED = "Stopped"  # `provision stop` ended it; `apply --rerun` starts it again
+    # Higher-priority work took its GPUs (issue 42): it holds nothing, and it is not over:
+    # its owner's apply (or the service) resumes it, so `wait` and restart rules go on.
+    PREEMPTED = "Preempted"
     UNKNOWN = "Unknown"
 
     @property
@@ -83,6 +86,7 @@ class Reason(StrEnum):
     LEFT = "no longer in the inventory"
     WITH_JOB = "restarts with the job"
     RERUN = "rerun requested"
+    RESUMED = "resumes after preemption"
 
 
 # --------------------------------------------------------------------------- orders
@@ -97,6 +101,8 @@ LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
 
 # The end marker's phase that `provision stop` writes (jobend.stop_marker).
 STOP_PHASE = JobPhase.STOPPED.value
+# The marker's phase a preemption writes (host/preempt.py): the next start resumes.
+PREEMPT_PHASE = JobPhase.PREEMPTED.value
 
 
 def start_phase(role: str) -> int:
@@ -416,6 +422,8 @@ def job_phase(
     at = stopped.get("host_time")
     if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) and isinstance(at, (int, float)) and when < at:
         return phase, why
+    if stopped.get("phase") == PREEMPT_PHASE:
+        return JobPhase.PREEMPTED, str(stopped.get("reason") or "preempted")
     return JobPhase.STOPPED, str(stopped.get("reason") or "stopped")
 
 
@@ -525,6 +533,8 @@ def decide(
         return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
     if outcome.state.live:
         return Decision(Action.NONE, Reason.RUNNING, "")
+    if ended and ended.get("phase") == PREEMPT_PHASE:  # its owner's apply resumes it, whole
+        return Decision(Action.RESTART, Reason.RESUMED, "")
     if ended:
         return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
     if outcome.state is TaskState.SUCCEEDED:

@@ -13,6 +13,7 @@ from typing import Any
 
 from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import (
+    PREEMPT_PHASE,
     STOP_PHASE,
     JobPhase,
     TaskRow,
@@ -26,6 +27,7 @@ from provision.core.model import Inventory
 from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
+from provision.rules import preempted
 from provision.spec.placement import PlacedTask
 
 
@@ -155,11 +157,16 @@ def job_status(
             )
         )
     stopped = stop_marker(reports)
+    found = preempted.marks({h: r.lifecycle for h, r in reports.items()})
+    if found:  # tasks the preemption's deadline killed say so
+        rows = [_deadline_detail(r, found, reports, inv.job) for r in rows]
     phase, why = job_phase(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
     )
     if stopped is None:
         why = _setup_reason(rows) or why
+    elif phase is JobPhase.PREEMPTED:
+        why = preempted.reason(found)
     runs = merged(rep.runs for rep in reports.values())
     return JobStatus(
         inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=runs[-1] if runs else None
@@ -167,13 +174,22 @@ def job_status(
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:
-    """The end marker `provision stop` wrote, as any reached host of the job has it (the
-    first host in name order, so every command reads the same one)."""
+    """The end marker `provision stop` (or a preemption) wrote, as any reached host of the
+    job has it (the first host in name order, so every command reads the same one)."""
     for _, rep in sorted(reports.items()):
         lc = rep.lifecycle
-        if isinstance(lc, dict) and lc.get("phase") == STOP_PHASE:
+        if isinstance(lc, dict) and lc.get("phase") in (STOP_PHASE, PREEMPT_PHASE):
             return lc
     return None
+
+
+def _deadline_detail(
+    r: TaskStatus, found: list[tuple[str, dict[str, Any]]], reports: Mapping[str, ProbeReport], job: str
+) -> TaskStatus:
+    rep = reports.get(r.host)
+    ex = rep.exits.get(layout.unit_name(job, r.task)) if rep is not None else None
+    why = preempted.killed_at_deadline(found, ex[-1] if ex else None) if r.state.ended else None
+    return replace(r, detail=why) if why else r
 
 
 def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:
