@@ -3,6 +3,7 @@ others hold, and the host ledger's compare-and-set (run locally on a temporary d
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -275,6 +276,26 @@ def test_a_queued_apply_is_marked_and_unmarked(ledger_dir):
     ledger.queue("a", me, "grow", NOW)
     ledger.queue("a", me, None, NOW)
     assert "queued" not in ledger.read_all()["a"] and ledger.read_all()["a"]["gpus"] == [0]
+
+
+def test_entries_record_the_jobs_turn_and_old_entries_read_as_normal(ledger_dir):
+    """Issue 42: priority, preemptible and submitted in the entry (reserve and queue marks);
+    an entry written before them reads as normal, not preemptible, submitted at `since`."""
+    r = dataclasses.replace(res("a", [0]), priority=1000, preemptible=True, submitted=NOW - 60)
+    assert ledger.reserve(r, NOW) == []
+    e = ledger.read_all()["a"]
+    assert (e["priority"], e["preemptible"], e["submitted"]) == (1000, True, NOW - 60)
+    assert ledger.reserve(dataclasses.replace(r, submitted=None), NOW + 5) == []  # a re-apply keeps it
+    assert ledger.read_all()["a"]["submitted"] == NOW - 60
+    me = {"lineage": "L-q", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
+    ledger.queue("q", me, "room", NOW, 100, NOW - 30)
+    q = ledger.read_all()["q"]
+    assert (q["priority"], q["submitted"]) == (100, NOW - 30)
+    ledger.reserve(res("old", [1]), NOW)
+    old = {k: v for k, v in ledger.read_all()["old"].items() if k not in ("priority", "preemptible", "submitted")}
+    hs = holders("h1", ProbeReport(ledger={**ledger.read_all(), "old": old}, ledger_units={}, now=NOW), NOW)
+    turns = {h.job: (h.priority, h.preemptible, h.submitted) for h in hs}
+    assert turns == {"a": (1000, True, NOW - 60), "q": (100, False, NOW - 30), "old": (500, False, NOW)}
 
 
 def test_release_leaves_nothing_once_empty(ledger_dir):

@@ -585,7 +585,9 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "netcheck": lambda req: lazy("hostcheck").op_netcheck(req),
     "setup": lambda req: lazy("setups").op_setup(req),
     "owners": lambda req: P.OwnersReport(ledger.other_owners(req.job, req.paths)),
-    "queue": lambda req: P.QueueReport(ledger.queue(req.job, req.owner, req.waiting, time.time())),
+    "queue": lambda req: P.QueueReport(
+        ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted)
+    ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
 }
 

@@ -6,7 +6,9 @@ fast probe too. One JSON file per job under layout.LEDGER_DIR:
     {"job": J, "owner": {"lineage", "who", "host", "pid"}, "since": T0, "updated": T,
      "token": random, "gpus": [...], "gpu_uuids": [...], "ports": [...], "units": [...],
      "started": bool, "held": bool (stopped with --hold),
-     "queued": {"since", "waiting_for"} (an `apply --queue` waits)}
+     "queued": {"since", "waiting_for"} (an `apply --queue` waits),
+     "priority": int, "preemptible": bool, "submitted": T (issue 42: the queue's order and
+     preemption; `submitted` is on the controller's clock)}
 
 Also here: which jobs' manifests list a pushed path (other_owners): two jobs may push the
 same file, and it stays until the last of them leaves.
@@ -283,6 +285,9 @@ def reserve(res: Reservation, now: float) -> list[str]:
             "ports": sorted(res.ports),
             "units": sorted(res.units),
             "started": bool(old.get("started")) and old.get("units") == sorted(res.units),
+            "priority": res.priority,
+            "preemptible": res.preemptible,
+            "submitted": res.submitted if res.submitted is not None else old.get("submitted", now),
         }
         _write(res.job, entry)
         _take_from_preempted(res.job, entries, now)
@@ -354,10 +359,13 @@ def hold(job: str, now: float) -> None:
             _write(job, entry)
 
 
-def queue(job: str, owner: dict[str, Any], waiting: str | None, now: float) -> list[str]:
+def queue(
+    job: str, owner: dict[str, Any], waiting: str | None, now: float, priority: int = 500, submitted: Any = None
+) -> list[str]:
     """`apply --queue`: mark the job's entry as waiting, and for what (an entry that holds
     nothing when the job has none here), so `provision jobs` shows the queue; waiting None
-    takes the mark away (and an entry that only held it)."""
+    takes the mark away (and an entry that only held it). The mark carries the waiting
+    work's priority and submission time: other applies order themselves by them."""
     path = layout.ledger_path(job)
     if waiting is None and not os.path.exists(path):
         return []
@@ -369,6 +377,8 @@ def queue(job: str, owner: dict[str, Any], waiting: str | None, now: float) -> l
             entry = {"job": job, "owner": owner, "since": now, "gpus": [], "ports": [], "units": [], "started": False}
         if waiting is not None:
             entry["queued"] = {"since": (entry.get("queued") or {}).get("since", now), "waiting_for": waiting}
+            entry["priority"] = priority
+            entry["submitted"] = submitted if submitted is not None else entry.get("submitted", now)
         elif entry.pop("queued", None) is not None and not (entry.get("units") or entry.get("gpus")):
             os.unlink(path)
             return []

@@ -151,6 +151,12 @@ class Reservation:
     units: list[str] = field(default_factory=list)
     free: dict[str, str] = field(default_factory=dict)
     expect_lineage: str | None = None
+    # Issue 42: the job's turn on a shared cluster, for the queue's order and preemption:
+    # its level (rules/priority.level), whether it may be preempted, and when it was
+    # submitted (the controller's clock; None: the time of this reserve, or the entry's).
+    priority: int = 500
+    preemptible: bool = False
+    submitted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +330,8 @@ class QueueRequest:
     job: str
     owner: dict[str, Any] = field(default_factory=dict)
     waiting: str | None = None
+    priority: int = 500  # the waiting work's level and submission time: the queue's order
+    submitted: float | None = None
 
     op = "queue"
 

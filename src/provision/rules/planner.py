@@ -23,6 +23,7 @@ from provision.rules.sharing import Shared
 from provision.rules.tenancy import (
     Holder,
     Owner,
+    Turn,
     gpu_uuids,
     owner_problem,
     reservation,
@@ -49,6 +50,7 @@ class Tenancy:
     owner: Owner
     held_by: Mapping[str, list[Holder]]
     take_over: bool = False
+    turn: Turn = Turn()  # the job's priority, preemptible, submission (issue 42)
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def _fold_tenancy(plan: Plan, t: Tenancy, placement: Placement | None = None) ->
         tasks = [u.task for u in hp.bundle.tasks]
         units = [u.unit for u in hp.bundle.tasks]
         more = [extra[hp.name]] if hp.name in extra else []
-        return with_fields(hp, reserve=reservation(job, tasks, units, hs, t.owner, gpu_uuids(hp.report), more))
+        return with_fields(hp, reserve=reservation(job, tasks, units, hs, t.owner, gpu_uuids(hp.report), more, t.turn))
 
     return with_fields(plan, hosts=tuple(fold(hp) for hp in plan.hosts))
 

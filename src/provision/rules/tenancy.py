@@ -37,12 +37,14 @@ from provision.core.text import duration
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.rules.liveness import process_alive
+from provision.rules.priority import DEFAULT_CLASSES
 from provision.spec.placement import Held, PlacedTask
 
 STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
 # Listeners below this (sshd, DNS...) are the host's own services: held, but not worth a
 # line in messages; provision's ports are 1024 and up unless an inventory says otherwise.
 SHOWN_PORTS = 1024
+NORMAL = DEFAULT_CLASSES["normal"]  # the level of an entry that names none
 
 
 class Hold(StrEnum):
@@ -129,6 +131,10 @@ class Holder:
     token: str
     units: tuple[str, ...] = ()
     queued: tuple[float, str] | None = None  # an `apply --queue` waits: since (host clock), for what
+    # Issue 42 (entries written before it: normal, not preemptible, submitted at `since`).
+    priority: int = NORMAL
+    preemptible: bool = False
+    submitted: float | None = None  # the controller's clock (the submitter's)
     preempted_by: str = ""  # the job that preempted it (its entry's mark), issue 42
 
     @property
@@ -247,10 +253,25 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 str(e.get("token", "")),
                 tuple(u for u in e.get("units") or [] if isinstance(u, str)),
                 _queued(e.get("queued"), host_now, skew),
-                preempted_by=str((e.get("preempted") or {}).get("by", "")) if isinstance(e.get("preempted"), dict) else "",
+                *_turn(e, since),
+                _preempted_by(e.get("preempted")),
             )
         )
     return out
+
+
+def _turn(e: dict[str, Any], since: float | None) -> tuple[int, bool, float | None]:
+    """An entry's priority, preemptible and submitted (older entries have none of them)."""
+    p, sub = e.get("priority"), e.get("submitted")
+    return (
+        p if isinstance(p, int) and not isinstance(p, bool) else NORMAL,
+        e.get("preemptible") is True,
+        float(sub) if isinstance(sub, (int, float)) and not isinstance(sub, bool) else since,
+    )
+
+
+def _preempted_by(mark: Any) -> str:
+    return str(mark.get("by", "")) if isinstance(mark, dict) else ""
 
 
 def _queued(q: Any, host_now: float, skew: float) -> tuple[float, str] | None:
@@ -311,6 +332,17 @@ def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> s
     )
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A job's turn on a shared cluster as the ledger records it (issue 42): its level
+    (rules/priority.level with the team's policy), whether it may be preempted, and when it
+    was submitted (None: at the reserve)."""
+
+    priority: int = NORMAL
+    preemptible: bool = False
+    submitted: float | None = None
+
+
 def reservation(
     job: str,
     tasks: list[PlacedTask],
@@ -319,9 +351,12 @@ def reservation(
     me: Owner,
     gpu_uuids: Mapping[int, str],
     more_ports: Iterable[int] = (),
+    turn: Turn | None = None,
 ) -> Reservation | None:
     """What to write in the host's ledger for job's tasks there (and `more_ports` the job
-    listens on: a TPU job's JAX coordinator); None when it is there already."""
+    listens on: a TPU job's JAX coordinator); None when it is there already (with the
+    same turn)."""
+    turn = turn or Turn()
     own = next((h for h in hs if h.job == job), None)
     gpus = sorted({a for t in tasks for a in t.accelerators})
     ports = sorted({t.port for t in tasks} | set(more_ports))
@@ -332,6 +367,7 @@ def reservation(
         and list(own.gpus) == gpus
         and list(own.ports) == ports
         and sorted(own.units) == sorted(units)
+        and (own.priority, own.preemptible) == (turn.priority, turn.preemptible)
     ):
         return None
     return Reservation(
@@ -344,6 +380,9 @@ def reservation(
         # Its own entry too, when a preemption of it lapsed (ledger.conflicts).
         free={h.job: h.token for h in hs if not h.hold.holds or (h.job != job and not h.holds_for(job))},
         expect_lineage=own.owner.lineage if own is not None and own.owner is not None else None,
+        priority=turn.priority,
+        preemptible=turn.preemptible,
+        submitted=turn.submitted,
     )
 
 

@@ -36,8 +36,9 @@ from provision.io.statestore import Lock
 from provision.io.steps import GroupResult, Step, run_step
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
+from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
-from provision.rules.tenancy import Owner
+from provision.rules.tenancy import Owner, Turn
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.inventory import load
 from provision.spec.localcheck import identity_problems, secret_problems
@@ -64,10 +65,25 @@ class Context:
     # host → NCCL's and Gloo's interface that `rendered` was rendered with (checks.py).
     ifnames: dict[str, str] = field(default_factory=dict)
     own_session: bool = True  # False: another Context's (a study's trials share one); not closed here
+    # Issue 42: when this work was submitted (the queue's order: the service sets its
+    # submission's time), and the team's priority classes (the state backend's policy).
+    submitted: float = field(default_factory=time.time)
+    policy: Policy = field(default_factory=Policy)
 
     @property
     def owner(self) -> Owner:
         return Owner.here(self.state.lineage, self.state.store.owner_ref)
+
+    @property
+    def turn(self) -> Turn:
+        """The job's priority level, preemptibility and submission, as the ledger records
+        them (a class the policy does not know: one line naming `priority:`)."""
+        sched = self.inventory.scheduling
+        return Turn(
+            level(sched.priority, self.policy),
+            sched.may_be_preempted(self.inventory.tf_config.trial is not None),
+            self.submitted,
+        )
 
     def whole(self) -> Context:
         """The same job on every host, not only the --target ones (the same session: a

@@ -117,7 +117,7 @@ def build_plan(
             partial=partial,
             force_setup=force_setup,
             images=Images(shipping, image_errors),
-            tenancy=Tenancy(ctx.owner, held_by, ctx.take_over),
+            tenancy=Tenancy(ctx.owner, held_by, ctx.take_over, ctx.turn),
             warnings=_program_warnings(ctx, asked),
             checks=Checks(timings) if checks else None,
             shared=shared,

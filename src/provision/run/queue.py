@@ -100,7 +100,8 @@ def ledger_marks(ctx: Context) -> Callable[[str | None], None]:
     for (best effort: a host that does not answer only misses the mark)."""
 
     def mark(waiting: str | None) -> None:
-        req = QueueRequest(ctx.inventory.job, ctx.owner.to_json(), waiting)
+        turn = ctx.turn
+        req = QueueRequest(ctx.inventory.job, ctx.owner.to_json(), waiting, turn.priority, turn.submitted)
 
         def one(t: Target) -> QueueReport:
             rep: QueueReport = call_agent(ctx.session, t, req)

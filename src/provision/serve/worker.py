@@ -139,6 +139,7 @@ def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status
 def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
     """Wait for room, apply, then follow the job's run (_watch)."""
     ctx.take_over = bool(sub.options.get("take_over"))
+    ctx.submitted = sub.created or ctx.submitted  # the queue's order: when it was submitted, not claimed
     stop = CANCEL
     hosts = tuple(ctx.targets)
     gpus = gpus_of(ctx.inventory)
