@@ -533,10 +533,8 @@ def decide(
         return Decision(Action.RESTART, Reason.DRIFT, ", ".join(drifted), drift=True)
     if outcome.state.live:
         return Decision(Action.NONE, Reason.RUNNING, "")
-    if ended and ended.get("phase") == PREEMPT_PHASE:  # its owner's apply resumes it, whole
-        return Decision(Action.RESTART, Reason.RESUMED, "")
     if ended:
-        return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
+        return _after_end(ended)
     if outcome.state is TaskState.SUCCEEDED:
         return Decision(Action.NONE, Reason.COMPLETED, "")
     if outcome.state is TaskState.FAILED:
@@ -544,6 +542,13 @@ def decide(
     if outcome.state is TaskState.STOPPED:
         return Decision(Action.START, Reason.STOPPED_BY_HAND, "", drift=True)
     return Decision(Action.START, Reason.NOT_RUNNING, "", drift=True)
+
+
+def _after_end(ended: Mapping[str, object]) -> Decision:
+    """A task of an ended job: left as it is, but a preempted job's apply resumes it."""
+    if ended.get("phase") == PREEMPT_PHASE:
+        return Decision(Action.RESTART, Reason.RESUMED, "")
+    return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
 
 
 def started_ok(unit: Mapping[str, str] | None, exits: Sequence[Sequence[str]] | None) -> bool:

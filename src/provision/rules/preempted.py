@@ -43,7 +43,11 @@ def reason(found: Sequence[tuple[str, dict[str, Any]]], clock: Any = time.localt
     held = [(h, len(m.get("gpus") or [])) for h, m in found]
     where = ", ".join(f"{_n(n, 'GPU')} on {h}" for h, n in held if n) or "its hosts"
     total = sum(n for _, n in held)
-    resumes = f"resumes when {_n(total, 'GPU')} {'is' if total == 1 else 'are'} free" if total else "resumes when room returns"
+    resumes = (
+        f"resumes when {_n(total, 'GPU')} {'is' if total == 1 else 'are'} free"
+        if total
+        else "resumes when room returns"
+    )
     return f"{when}by {first.get('by', '?')}" + (f" ({who})" if who else "") + f": {where}; {resumes}"
 
 

@@ -157,16 +157,11 @@ def job_status(
             )
         )
     stopped = stop_marker(reports)
-    found = preempted.marks({h: r.lifecycle for h, r in reports.items()})
-    if found:  # tasks the preemption's deadline killed say so
-        rows = [_deadline_detail(r, found, reports, inv.job) for r in rows]
+    rows, preempted_why = _preempted(rows, reports, inv.job)
     phase, why = job_phase(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
     )
-    if stopped is None:
-        why = _setup_reason(rows) or why
-    elif phase is JobPhase.PREEMPTED:
-        why = preempted.reason(found)
+    why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     return JobStatus(
         inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=runs[-1] if runs else None
@@ -183,13 +178,19 @@ def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:
     return None
 
 
-def _deadline_detail(
-    r: TaskStatus, found: list[tuple[str, dict[str, Any]]], reports: Mapping[str, ProbeReport], job: str
-) -> TaskStatus:
-    rep = reports.get(r.host)
-    ex = rep.exits.get(layout.unit_name(job, r.task)) if rep is not None else None
-    why = preempted.killed_at_deadline(found, ex[-1] if ex else None) if r.state.ended else None
-    return replace(r, detail=why) if why else r
+def _preempted(rows: list[TaskStatus], reports: Mapping[str, ProbeReport], job: str) -> tuple[list[TaskStatus], str]:
+    """The rows with each task the preemption's deadline killed saying so, and the reason
+    of a preempted job (rules/preempted.py)."""
+    found = preempted.marks({h: r.lifecycle for h, r in reports.items()})
+    if not found:
+        return rows, ""
+    out = []
+    for r in rows:
+        rep = reports.get(r.host)
+        ex = rep.exits.get(layout.unit_name(job, r.task)) if rep is not None else None
+        why = preempted.killed_at_deadline(found, ex[-1] if ex else None) if r.state.ended else None
+        out.append(replace(r, detail=why) if why else r)
+    return out, preempted.reason(found)
 
 
 def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from provision.core.errors import ProvisionError
+from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission
@@ -35,6 +36,7 @@ from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
+from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.tune import StudyLoop, open_work
 from provision.serve.places import open_place
@@ -129,15 +131,27 @@ def _how(r: TrialRow) -> str:
 
 
 def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
-    ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
-    try:
-        return _queue_and_apply(store, sub, ctx)
-    finally:
-        ctx.close()
+    """Queue, apply and watch; a job preempted meanwhile goes back to the queue at its
+    priority and resumes by itself when room returns (issue 42): this worker watches the
+    job anyway, so it is the one that notices, within WATCH seconds, and nothing else
+    has to hand the job back (a new state lock and context for each run)."""
+    resuming = False
+    while True:
+        ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
+        try:
+            got = _queue_and_apply(store, sub, ctx, resuming)
+        finally:
+            ctx.close()
+        if got is not None:
+            return got
+        say("preempted: back in the queue at its priority; it resumes when room returns")
+        resuming = True
 
 
-def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
-    """Wait for room, apply, then follow the job's run (_watch)."""
+def _queue_and_apply(
+    store: ServiceStore, sub: Submission, ctx: Context, resuming: bool = False
+) -> tuple[Status, str] | None:
+    """Wait for room, apply, then follow the job's run (_watch); None: it was preempted."""
     ctx.take_over = bool(sub.options.get("take_over"))
     ctx.submitted = sub.created or ctx.submitted  # the queue's order: when it was submitted, not claimed
     stop = CANCEL
@@ -153,10 +167,13 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
 
     timeout = sub.options.get("timeout")
     q = Queue(timeout, say, ledger_marks(ctx), stop=stop, waiting=waiting)
-    rerun, checks = bool(sub.options.get("rerun")), not sub.options.get("skip_checks")
+    # A resume is planned as such (lifecycle: Reason.RESUMED), never as the first --rerun.
+    rerun, checks = bool(sub.options.get("rerun")) and not resuming, not sub.options.get("skip_checks")
+
+    pre = Preemptor(ctx, say)  # held by lower-priority work: it leaves
 
     def plan() -> Plan:
-        return q.plan(lambda: build_plan(ctx, rerun=rerun, checks=checks))
+        return q.plan(lambda: pre.planned(lambda: build_plan(ctx, rerun=rerun, checks=checks)))
 
     try:
         p = plan()
@@ -181,9 +198,12 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
 WATCH = float(os.environ.get("PROVISION_SERVE_WATCH", 10))  # seconds between looks at an applied job
 
 
-def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int) -> tuple[Status, str]:
+def _watch(
+    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int
+) -> tuple[Status, str] | None:
     """The applied job's run, in the history until it ends (a restarted worker goes on with
-    the same row); a cancel stops it as `provision stop` does."""
+    the same row); a cancel stops it as `provision stop` does. None: it was preempted (its
+    run's row says by whom)."""
     row = store.open_event(sub.id, "run")
     if row is None:
         row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
@@ -204,6 +224,9 @@ def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str,
             how = st.phase.value + (f": {st.reason}" if st.reason else "")
             store.closed(row, store.now(), how)
             return Status.DONE, f"applied; the job {how}"
+        if st.phase is JobPhase.PREEMPTED and not any(t.state.live for t in st.tasks):
+            store.closed(row, store.now(), f"{st.phase.value} {st.reason}")
+            return None
         CANCEL.wait(WATCH)
 
 

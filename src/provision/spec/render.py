@@ -248,8 +248,8 @@ def _render_task(
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
         # A preemptible job's stop is its preemption (host/preempt.py): systemd sends the
-        # preemption's signal and kills what is left after its grace.
-        stop_timeout=max(pool.grace_period, inv.scheduling.grace_s) if preempt else pool.grace_period,
+        # preemption's signal and kills what is left after its grace (any stop of it).
+        stop_timeout=max(1, inv.scheduling.grace_s) if preempt else pool.grace_period,  # 0 means none to systemd
         kill_signal=inv.scheduling.signal.value if preempt and inv.scheduling.signal.value != "SIGTERM" else "",
         resume_env=layout.resume_env_path(inv.job) if preempt else "",
         output_guard=outdirs.unit_command(output_dirs(inv)) if inv.outputs else "",
