@@ -111,6 +111,14 @@ def test_submission_lifecycle(store):
     assert store.submissions(unfinished=True) == []
 
 
+def test_queued_submissions_in_the_queues_order(local_store):
+    """Issue 42: the higher priority first, then the earlier submission (older ones: normal)."""
+    for sid, prio in (("a", 100), ("b", None), ("c", 1000), ("d", 500)):
+        local_store.submit(_sub(sid, job=sid, options={} if prio is None else {"priority": prio}))
+    assert [x.id for x in local_store.submissions(unfinished=True)] == ["c", "b", "d", "a"]
+    assert [x.id for x in local_store.submissions()] == ["a", "b", "c", "d"]  # history: by time
+
+
 def test_services_heartbeat_on_the_databases_clock(store):
     row = ServiceRow("h:1:x", "h", 1, store.place, ("HOME", "WANDB_API_KEY"), True, 0.0)
     store.beat(row)

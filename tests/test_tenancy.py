@@ -18,6 +18,7 @@ from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSetting
 from provision.host import layout, ledger
 from provision.host.protocol import ProbeReport, Reservation
 from provision.io.steps import GroupResult, Step
+from provision.rules.priority import Policy
 from provision.rules.tenancy import (
     Hold,
     Owner,
@@ -25,8 +26,10 @@ from provision.rules.tenancy import (
     holders,
     host_view,
     jobs_json,
+    jobs_lines,
     judge,
     owner_problem,
+    queued_lines,
     reservation,
 )
 from provision.spec.placement import Held, PlacementError, place
@@ -192,6 +195,10 @@ def test_jobs_view_shapes():
             "since": "2027-01-15T06:00:00Z",
             "age_seconds": 7200,
             "queued": None,
+            "priority": "normal",  # an entry written before issue 42: normal
+            "priority_level": 500,
+            "preemptible": False,
+            "submitted": "2027-01-15T06:00:00Z",
             "hosts": {"gpu-1": {"state": "running", "gpus": [0], "ports": [2222]}},
         }
     ]
@@ -203,6 +210,25 @@ def test_jobs_view_shapes():
         "foreign_ports": [9000],
         "unreadable": [],
     }
+
+
+def test_jobs_show_each_priority_as_the_policy_names_it():
+    me = {"lineage": "L-q", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
+    run = {**entry("run", gpus=(0,), ports=(2222,)), "priority": 1000, "preemptible": True}
+    low = {**entry("low", gpus=(), ports=(), started=False, owner=me), "priority": 100, "submitted": NOW - 60}
+    low["queued"] = {"since": NOW - 60, "waiting_for": "room", "gpus": 1}
+    urgent = {**low, "job": "urgent", "priority": 750, "submitted": NOW - 30}
+    rep = report(run, low, urgent, units={run["units"][0]: ACTIVE})
+    policy = Policy(classes=(("low", 100), ("normal", 500), ("high", 1000)))
+    views = [host_view("gpu-1", 2, rep, NOW)]
+    jobs = {j["job"]: j for j in jobs_json(views, NOW, policy)["jobs"]}
+    assert (jobs["run"]["priority"], jobs["run"]["priority_level"], jobs["run"]["preemptible"]) == ("high", 1000, True)
+    assert (jobs["urgent"]["priority"], jobs["urgent"]["state"]) == ("750", "queued")  # no class has 750
+    table = jobs_lines(views, NOW, policy)[0]
+    assert table[0] == ["JOB", "OWNER", "STATE", "PRIORITY", "SINCE", "HOSTS"]
+    assert [r[3] for r in table[1:]] == ["low", "high", "750"]
+    lines = queued_lines(views, NOW, policy)  # in the queue's order: 750 before low
+    assert [x.split(" ")[0] for x in lines] == ["urgent", "low"] and "(ana@lab, priority low)" in lines[1]
 
 
 # --------------------------------------------------------------------------- the host ledger
@@ -263,10 +289,10 @@ def test_a_queued_apply_is_marked_and_unmarked(ledger_dir):
     me = {"lineage": "L-q", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
     ledger.queue("q", me, "replica 0 does not fit", NOW)
     e = ledger.read_all()["q"]
-    assert e["queued"] == {"since": NOW, "waiting_for": "replica 0 does not fit"} and e["gpus"] == []
+    assert e["queued"] == {"since": NOW, "waiting_for": "replica 0 does not fit", "gpus": 1} and e["gpus"] == []
     assert judge(e, {}, NOW) is Hold.QUEUED and not Hold.QUEUED.holds
     ledger.queue("q", me, "something else", NOW + 5)
-    assert ledger.read_all()["q"]["queued"] == {"since": NOW, "waiting_for": "something else"}  # since stays
+    assert ledger.read_all()["q"]["queued"] == {"since": NOW, "waiting_for": "something else", "gpus": 1}  # since stays
     hs = holders("h1", ProbeReport(ledger=ledger.read_all(), ledger_units={}, listening=[], now=NOW + 6), NOW + 6)
     assert hs[0].queued == (NOW, "something else")
     ledger.queue("q", me, None, NOW + 7)  # the wait ended: an entry that only held the mark goes

@@ -41,6 +41,8 @@ def _jobs_doc() -> dict[str, Any]:
                 "since": None,
                 "age_seconds": None,
                 "queued": {"since": "2026-11-27T01:00:00Z", "waiting_for": "2 GPUs on gpu-1 (held by bert)"},
+                "priority": "high",
+                "priority_level": 1000,
                 "hosts": {"gpu-1": {"state": "queued", "gpus": [], "ports": []}},
             },
             {
@@ -276,6 +278,7 @@ def test_every_page_answers_with_its_data(local: TestClient) -> None:
 def test_jobs_filter_and_a_malformed_one(local: TestClient) -> None:
     r = local.get("/jobs", params={"owner": "bob"})
     assert 'data-job="gpt"' in r.text and 'data-job="bert"' not in r.text
+    assert "<td>high</td>" in r.text  # its priority (issue 42)
     r = local.get("/jobs", params={"q": "ol"})
     assert 'data-job="old"' in r.text and 'data-job="gpt"' not in r.text
     r = local.get("/jobs", params={"phase": "bogus"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -251,4 +252,96 @@ def test_a_task_ignoring_sigterm_is_killed_at_the_deadline(box, sandbox_inventor
         chief = st["tasks"][0]
         assert "killed at the preemption's deadline" in chief["detail"], chief
     finally:
+        destroy(hi, low)
+
+
+def test_the_preemptor_killed_on_the_way_leaves_no_gpu_held(box, sandbox_inventory, tmp_path):
+    low = trainer(box, sandbox_inventory, tmp_path, "kill-low")
+    hi = high(box, sandbox_inventory, tmp_path, "kill-high", 600)
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "kill-low") >= 3, 60, what="the trainer to take 3 steps")
+        # The preemptor looks again only a minute after preempting: killed meanwhile.
+        p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "apply", "-y", str(hi)],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **as_owner("ana@lab"), "PROVISION_PREEMPT_TICK": "60"},
+        )
+        wait_until(
+            lambda: (
+                any(x.startswith("saved ") for x in steps_log(box, "kill-low"))
+                and status(tmp_path, low)["tasks"][0]["state"] != "Running"
+            ),
+            GRACE + 20,
+            what="the victim to save and stop",
+        )
+        p.kill()
+        p.wait(30)
+        # The next look: the victim is Preempted and holds nothing, its GPUs are free.
+        st = status(tmp_path, low)
+        assert st["phase"] == "Preempted", st
+        view = json.loads(ok(cli("jobs", "--json", low, cwd=tmp_path)).stdout)
+        assert view["hosts"][HOST]["free_gpus"] == [0, 1], view
+        assert "kill-low" not in view["hosts"][HOST]["held"], view
+        # The preemptor's re-run takes them at once.
+        t0 = time.monotonic()
+        ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        assert time.monotonic() - t0 < GRACE
+        assert status(tmp_path, hi)["phase"] == "Running"
+    finally:
+        destroy(hi, low)
+
+
+def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, tmp_path):
+    svc = tmp_path / "svc"
+    svc.mkdir()
+    env = {
+        "PROVISION_SERVICE_DB": str(svc / "service.sqlite"),
+        "PROVISION_OWNER": "bob@lab",
+        "PROVISION_QUEUE_POLL": "1",
+        "PROVISION_SERVE_WATCH": "2",
+    }
+    log = open(svc / "serve.log", "wb")  # noqa: SIM115 - the process keeps it
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
+        cwd=svc,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    log.close()
+    low = trainer(box, sandbox_inventory, tmp_path, "svc-low")
+    hi = high(box, sandbox_inventory, tmp_path, "svc-high", 10)
+    try:
+        wait_until(lambda: "leading" in (svc / "serve.log").read_text(errors="replace"), 60, what="the service")
+        ok(cli("apply", "--queue", "--detach", low, cwd=tmp_path, env=env))
+        wait_until(lambda: steps(box, "svc-low") >= 3, 120, what="the handed-over trainer to take 3 steps")
+        r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        assert "preempted job svc-low" in r.stderr, r.stderr
+        assert status(tmp_path, low)["phase"] == "Preempted"
+        wait_until(lambda: status(tmp_path, hi)["phase"] == "Succeeded", 60, 0.25, what="the high job to end")
+        free = time.monotonic()
+        wait_until(
+            lambda: any(x.startswith("start ") and " resume 1 " in x for x in steps_log(box, "svc-low")),
+            60,
+            0.25,
+            what="the service to resume the trainer",
+        )
+        assert time.monotonic() - free <= 30
+        saved = int(next(x for x in steps_log(box, "svc-low") if x.startswith("saved ")).split()[1])
+        assert any(x.startswith(f"start {saved} resume 1 ") for x in steps_log(box, "svc-low"))
+        h = json.loads(ok(cli("history", "--json", cwd=svc, env=env)).stdout)
+        runs = [e for e in h["events"] if e["kind"] == "run" and e["job"] == "svc-low"]
+        assert any(e["how"].startswith("Preempted at ") and "by svc-high" in e["how"] for e in runs), runs
+        assert len(runs) == 2, runs  # the preempted run, and the resumed one
+    finally:
+        cli("cancel", low, cwd=tmp_path, env=env)
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        print((svc / "serve.log").read_text(errors="replace"))
         destroy(hi, low)

@@ -306,6 +306,8 @@ def apply(
                 since=f"@{began:.3f}",  # this run's lines (the hosts' clocks are taken to agree)
             )
     finally:
+        if q is not None:
+            q.done()  # its queue marks, where the apply's reservation did not replace them
         ctx.close()
     sys.exit(code)
 

@@ -55,15 +55,15 @@ def jobs(
         else:
             views.append(host_view(name, gpus.get(name, 0), r, now))
     if as_json:
-        click.echo(_json.dumps(jobs_json(views, now), indent=1))
+        click.echo(_json.dumps(jobs_json(views, now, ctx.policy), indent=1))
     else:
-        jobs_rows, host_rows = jobs_lines(views, now)
+        jobs_rows, host_rows = jobs_lines(views, now, ctx.policy)
         if len(jobs_rows) == 1:
             click.echo("No provision jobs on these hosts.")
         else:
             for line in table(jobs_rows):
                 click.echo(line)
-            for line in queued_lines(views, now):
+            for line in queued_lines(views, now, ctx.policy):
                 click.echo(line)
         click.echo()
         for line in table(host_rows):

@@ -22,6 +22,7 @@ from provision.core.model import Inventory
 from provision.core.text import duration
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission, default_db
 from provision.io.state import default_state_path
+from provision.rules.priority import level
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve import install as unit
@@ -77,6 +78,11 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
     if kind is Kind.TUNE and inv.tune is None:
         raise ProvisionError(f"{inventory}: no tune: section, so no study to hand over (see docs/tuning.md)")
     backend = backend_of(inv, inventory, state_path)
+    # start-up time: psycopg loads only for a PostgreSQL state (the embedded service needs none)
+    from provision.io.policystore import policy_of
+
+    policy = policy_of(backend)  # the store orders the queue by the level (a bad class: one line, here)
+    level(inv.scheduling.priority, policy)
     snap = collect(inv)
     store = open_backend(backend)
     try:
@@ -93,7 +99,7 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
         sid = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         sub = Submission(
             sid, kind, inv.job, identity(socket.gethostname()), backend.url, state, snap.inventory,
-            store_files(store, snap), options or {},
+            store_files(store, snap), {**(options or {}), "priority": level(inv.scheduling.priority, policy)},
         )  # fmt: skip
         sub = store.submit(sub)
         alive = store.services()

@@ -586,7 +586,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "setup": lambda req: lazy("setups").op_setup(req),
     "owners": lambda req: P.OwnersReport(ledger.other_owners(req.job, req.paths)),
     "queue": lambda req: P.QueueReport(
-        ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted)
+        ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
 }

@@ -6,7 +6,8 @@ fast probe too. One JSON file per job under layout.LEDGER_DIR:
     {"job": J, "owner": {"lineage", "who", "host", "pid"}, "since": T0, "updated": T,
      "token": random, "gpus": [...], "gpu_uuids": [...], "ports": [...], "units": [...],
      "started": bool, "held": bool (stopped with --hold),
-     "queued": {"since", "waiting_for"} (an `apply --queue` waits),
+     "queued": {"since", "waiting_for", "gpus"} (an `apply --queue` waits; gpus: its
+     largest task's need here),
      "priority": int, "preemptible": bool, "submitted": T (issue 42: the queue's order and
      preemption; `submitted` is on the controller's clock)}
 
@@ -360,7 +361,13 @@ def hold(job: str, now: float) -> None:
 
 
 def queue(
-    job: str, owner: dict[str, Any], waiting: str | None, now: float, priority: int = 500, submitted: Any = None
+    job: str,
+    owner: dict[str, Any],
+    waiting: str | None,
+    now: float,
+    priority: int = 500,
+    submitted: Any = None,
+    gpus: int = 1,
 ) -> list[str]:
     """`apply --queue`: mark the job's entry as waiting, and for what (an entry that holds
     nothing when the job has none here), so `provision jobs` shows the queue; waiting None
@@ -376,7 +383,8 @@ def queue(
                 return []
             entry = {"job": job, "owner": owner, "since": now, "gpus": [], "ports": [], "units": [], "started": False}
         if waiting is not None:
-            entry["queued"] = {"since": (entry.get("queued") or {}).get("since", now), "waiting_for": waiting}
+            since = (entry.get("queued") or {}).get("since", now)
+            entry["queued"] = {"since": since, "waiting_for": waiting, "gpus": gpus}
             entry["priority"] = priority
             entry["submitted"] = submitted if submitted is not None else entry.get("submitted", now)
         elif entry.pop("queued", None) is not None and not (entry.get("units") or entry.get("gpus")):

@@ -332,6 +332,7 @@ class QueueRequest:
     waiting: str | None = None
     priority: int = 500  # the waiting work's level and submission time: the queue's order
     submitted: float | None = None
+    gpus: int = 1  # the GPUs its largest task here needs (0: none: it holds no GPU taker back)
 
     op = "queue"
 

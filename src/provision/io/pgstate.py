@@ -9,7 +9,8 @@ collide), with their schema version in provision_meta (a newer one is refused):
 - provision_keys: the job's checksum key (HMAC), shared by everyone who uses the backend,
   never printed;
 - provision_history: who changed the job when, with which command and its summary line;
-- provision_locks: who holds the job's lock (what a refused run names).
+- provision_locks: who holds the job's lock (what a refused run names);
+- provision_policy: the team's priority classes and GPU guarantees (io/policystore.py).
 
 The lock is a session advisory lock (pg_try_advisory_lock) on a key derived from the job
 name, held on a connection of its own for the command's duration: the server frees it when
@@ -46,7 +47,14 @@ from provision.spec.statebackend import Backend
 SCHEMA_VERSION = 1
 CONNECT_TIMEOUT = 10  # seconds, unless PGCONNECT_TIMEOUT or the URL says otherwise
 _SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"provision-schema").digest()[:8], "big", signed=True)
-TABLES = ("provision_meta", "provision_state", "provision_keys", "provision_history", "provision_locks")
+TABLES = (
+    "provision_meta",
+    "provision_state",
+    "provision_keys",
+    "provision_history",
+    "provision_locks",
+    "provision_policy",
+)
 DDL = (
     "CREATE TABLE IF NOT EXISTS provision_meta (name text PRIMARY KEY, value text NOT NULL)",
     """CREATE TABLE IF NOT EXISTS provision_state (
@@ -70,6 +78,12 @@ DDL = (
         serial bigint NOT NULL,
         summary text NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS provision_history_job ON provision_history (job, id)",
+    # The team's policy (issue 42; io/policystore.py): one row, name 'team', the JSON document.
+    """CREATE TABLE IF NOT EXISTS provision_policy (
+        name text PRIMARY KEY,
+        doc text NOT NULL,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        updated_by text NOT NULL DEFAULT '')""",
     """CREATE TABLE IF NOT EXISTS provision_locks (
         job text PRIMARY KEY,
         id text NOT NULL,

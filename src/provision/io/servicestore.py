@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.errors import ProvisionError
+from provision.rules.priority import DEFAULT_CLASSES, queue_key
 
 DB_ENV = "PROVISION_SERVICE_DB"
 ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
@@ -280,7 +281,9 @@ class ServiceStore:
         if job is not None:
             sql += " AND job = ?"
             args.append(job)
-        return [_submission(r) for r in self._all(sql + " ORDER BY created, id", args)]
+        subs = [_submission(r) for r in self._all(sql + " ORDER BY created, id", args)]
+        # The queue's order (issue 42): the higher priority first, then the earlier submission.
+        return sorted(subs, key=lambda s: queue_key(priority_of(s), s.created, s.id)) if unfinished else subs
 
     def claim(self, sid: str, service: str) -> bool:
         """This service drives it (a leader's claim: a dead leader's is taken over)."""
@@ -421,6 +424,12 @@ class ServiceStore:
             if hmac.compare_digest(str(r[0]), want):
                 return str(r[1]), bool(r[2])
         return None
+
+
+def priority_of(s: Submission) -> int:
+    """The level the submitter's policy gave it (options["priority"]; older ones: normal)."""
+    p = s.options.get("priority")
+    return p if isinstance(p, int) and not isinstance(p, bool) else DEFAULT_CLASSES["normal"]
 
 
 def token_hash(token: str) -> str:

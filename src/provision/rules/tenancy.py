@@ -37,7 +37,7 @@ from provision.core.text import duration
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.rules.liveness import process_alive
-from provision.rules.priority import DEFAULT_CLASSES
+from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of
 from provision.spec.placement import Held, PlacedTask
 
 STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
@@ -135,6 +135,7 @@ class Holder:
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None  # the controller's clock (the submitter's)
+    queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
     preempted_by: str = ""  # the job that preempted it (its entry's mark), issue 42
 
     @property
@@ -254,10 +255,16 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 tuple(u for u in e.get("units") or [] if isinstance(u, str)),
                 _queued(e.get("queued"), host_now, skew),
                 *_turn(e, since),
+                _queued_gpus(e.get("queued")),
                 _preempted_by(e.get("preempted")),
             )
         )
     return out
+
+
+def _queued_gpus(q: Any) -> int:
+    n = q.get("gpus") if isinstance(q, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 1
 
 
 def _turn(e: dict[str, Any], since: float | None) -> tuple[int, bool, float | None]:
@@ -422,7 +429,10 @@ def job_hold(hs: Iterable[Holder]) -> Hold:
     return Hold.ENDED
 
 
-def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
+def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> dict[str, Any]:
+    """`provision jobs --json`. Each job's "priority" is shown as the team's policy names it
+    (its class, else the number as text), "priority_level" is the number (issue 42)."""
+    policy = policy or Policy()
     by_job: dict[str, list[Holder]] = {}
     for hv in hosts:
         for h in hv.holders:
@@ -436,6 +446,8 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
         since = min((h.since for h in hs if h.since is not None), default=None)
         owner = next((h.owner for h in hs if h.owner is not None), None)
         queued = min((h.queued for h in hs if h.queued is not None), default=None)
+        prio = max(h.priority for h in hs)
+        submitted = min((h.submitted for h in hs if h.submitted is not None), default=None)
         jobs.append(
             {
                 "job": job,
@@ -445,6 +457,10 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
                 "since": iso(since),
                 "age_seconds": int(now - since) if since is not None else None,
                 "queued": {"since": iso(queued[0]), "waiting_for": queued[1]} if queued else None,
+                "priority": name_of(prio, policy),
+                "priority_level": prio,
+                "preemptible": any(h.preemptible for h in hs),
+                "submitted": iso(submitted),
                 "hosts": {h.host: {"state": h.hold.value, "gpus": list(h.gpus), "ports": list(h.ports)} for h in hs},
             }
         )
@@ -465,13 +481,13 @@ def jobs_json(hosts: list[HostView], now: float) -> dict[str, Any]:
     }
 
 
-def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
+def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) -> list[list[list[str]]]:
     """Two tables (jobs, then hosts) as rows; the first row of each is its header."""
-    data = jobs_json(hosts, now)
-    jobs = [["JOB", "OWNER", "STATE", "SINCE", "HOSTS"]]
+    data = jobs_json(hosts, now, policy)
+    jobs = [["JOB", "OWNER", "STATE", "PRIORITY", "SINCE", "HOSTS"]]
     for j in data["jobs"]:
         age = duration(j["age_seconds"]) if j["age_seconds"] is not None else "-"
-        jobs.append([j["job"], j["owner"] or "-", j["state"], age, ", ".join(sorted(j["hosts"]))])
+        jobs.append([j["job"], j["owner"] or "-", j["state"], j["priority"], age, ", ".join(sorted(j["hosts"]))])
     rows = [["HOST", "GPUS", "FREE GPUS", "HELD (job: GPUs / ports)"]]
     for hv in hosts:
         if hv.error is not None:
@@ -490,13 +506,18 @@ def jobs_lines(hosts: list[HostView], now: float) -> list[list[list[str]]]:
     return [jobs, rows]
 
 
-def queued_lines(hosts: list[HostView], now: float) -> list[str]:
-    """One line per queued apply: who, since when, what it waits for."""
+def queued_lines(hosts: list[HostView], now: float, policy: Policy | None = None) -> list[str]:
+    """One line per queued apply, in the queue's order: who, its priority, since when, what
+    it waits for."""
     out = []
-    for j in jobs_json(hosts, now)["jobs"]:
+    jobs = jobs_json(hosts, now, policy)["jobs"]
+    # queue_key's order (ISO times sort as the times do)
+    order = sorted(jobs, key=lambda j: (-j["priority_level"], j["submitted"] or "", j["job"]))
+    for j in order:
         q = j["queued"]
         if q is not None:
-            out.append(f"{j['job']} ({j['owner'] or 'unknown owner'}) is queued since {q['since']}: {q['waiting_for']}")
+            who = j["owner"] or "unknown owner"
+            out.append(f"{j['job']} ({who}, priority {j['priority']}) is queued since {q['since']}: {q['waiting_for']}")
     return out
 
 

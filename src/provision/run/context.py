@@ -153,6 +153,7 @@ def open_context(
         raise
     try:
         state = State.load(sp if backend.local else store, inv.job)
+        policy = Policy() if backend.local else _team_policy(store)
         targets = {h.name: Target.from_host(h) for h in inv.hosts}
         for name, rec in state.hosts.items():
             targets.setdefault(name, target_of(name, rec))
@@ -180,7 +181,17 @@ def open_context(
         inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, ifnames=ifnames
     )
     ctx.own_session = own
+    ctx.policy = policy
     return ctx
+
+
+def _team_policy(store: object) -> Policy:
+    """The team's priority classes (issue 42): only a PostgreSQL state has a policy."""
+    # Lazy: psycopg loads only for a PostgreSQL state (open_store's rule, ~40 ms of start-up).
+    from provision.io import policystore
+    from provision.io.pgstate import PgStore
+
+    return policystore.read(store).policy if isinstance(store, PgStore) else Policy()
 
 
 def cached_ifnames(inv: Inventory, state: State) -> dict[str, str]:

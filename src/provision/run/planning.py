@@ -22,6 +22,7 @@ from provision.rules import provenance
 from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
+from provision.rules.queueorder import check_turn
 from provision.rules.sharing import OtherJob, Shared, setup_done
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import (
@@ -54,7 +55,8 @@ def _place_around_others(
 ) -> tuple[GroupResult[ProbeReport], set[str]]:
     """Placement sees what other jobs hold; when that moves a task, render again and probe
     again the hosts whose question changed (only on shared hosts: the common case is one
-    round trip). The reports and the settled hosts, after."""
+    round trip). The reports and the settled hosts, after. A placement that fits still
+    waits its turn behind waiting work ahead of it (rules/queueorder)."""
 
     def request(n: str) -> ProbeRequest:
         return probe_request(ctx, n, ask.settled() if n in quiet else ask)
@@ -65,6 +67,7 @@ def _place_around_others(
         for n, hs in held_by.items()
     }
     placement = place(ctx.inventory, ctx.state.previous_placement(), held)
+    check_turn(ctx.inventory.job, ctx.turn, placement, held_by, now, ctx.policy)  # the queue's order
     if placement == ctx.rendered.placement:
         return reports, quiet
     before = {n: request(n) for n in ctx.targets}

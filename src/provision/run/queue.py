@@ -7,8 +7,9 @@ the wait at once.
 
 A queued apply is visible: the job's ledger entry on each host says it waits, since when
 and for what (`provision jobs` shows it), rewritten only when what it waits for changes,
-and taken away when the wait ends, however it ends. Progress says the same, once per
-change (the holders' ages are not a change).
+and taken away when the wait ends, however it ends (once it fits: by the apply's
+reservation, or done() after the apply: work behind it never sees a gap between the
+two). Progress says the same, once per change (the holders' ages are not a change).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from provision.core.text import duration
 from provision.host.protocol import QueueReport, QueueRequest
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
+from provision.rules.queueorder import need_on
 from provision.run.context import Context
 from provision.spec.placement import PlacementError
 
@@ -58,16 +60,23 @@ class Queue:
         self.poll = POLL if poll is None else poll
         self.stop = stop or threading.Event()  # set: the wait ends at once (Stopped)
         self.waiting = waiting  # what it waits for now, in one line (None: no longer)
+        self.marked = False  # plan() fitted after waiting: its marks stay until done()
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def plan(self, make: Callable[[], T]) -> T:
+        """make()'s plan once it fits. The hosts' marks stay on success until done(): the
+        apply's reservation replaces them, so no apply behind this one in the queue takes
+        the GPUs in between (rules/queueorder)."""
         said = None
+        ok = False
         try:
             while True:
                 try:
-                    return make()
+                    plan = make()
+                    ok = True
+                    return plan
                 except PlacementError as e:
                     if not e.held:
                         raise
@@ -91,8 +100,18 @@ class Queue:
                         raise Stopped() from None
         finally:
             if said is not None:
-                self.mark(None)
                 self.waiting(None)
+                if ok:
+                    self.marked = True
+                else:
+                    self.mark(None)
+
+    def done(self) -> None:
+        """The apply after plan() is over (however it ended): take the marks it left away
+        (where it reserved, its reservation has replaced them already)."""
+        if self.marked:
+            self.marked = False
+            self.mark(None)
 
 
 def ledger_marks(ctx: Context) -> Callable[[str | None], None]:
@@ -100,10 +119,11 @@ def ledger_marks(ctx: Context) -> Callable[[str | None], None]:
     for (best effort: a host that does not answer only misses the mark)."""
 
     def mark(waiting: str | None) -> None:
-        turn = ctx.turn
-        req = QueueRequest(ctx.inventory.job, ctx.owner.to_json(), waiting, turn.priority, turn.submitted)
+        turn, inv = ctx.turn, ctx.inventory
 
         def one(t: Target) -> QueueReport:
+            gpus = need_on(inv, t.name)
+            req = QueueRequest(inv.job, ctx.owner.to_json(), waiting, turn.priority, turn.submitted, gpus)
             rep: QueueReport = call_agent(ctx.session, t, req)
             return rep
 

@@ -468,7 +468,7 @@ def _placed_and_applied(
             raise
 
     try:
-        plan = queue.plan(attempt)  # the hosts' queue marks are gone before the apply writes
+        plan = queue.plan(attempt)  # the hosts' queue marks stay until the apply's reservation (done())
         if plan.problems:
             return plan, {}
         setups = tuple(sorted(hp.name for hp in plan.hosts if hp.setup is not None and hp.error is None))
@@ -480,6 +480,7 @@ def _placed_and_applied(
     except PlacementError as e:
         return Ended(Ending.FAILED, e.message)
     finally:
+        queue.done()
         w.starting.release(held)
 
 

@@ -189,6 +189,7 @@ def _queue_and_apply(
         got = store.get(sub.id)
         return Status.CANCELLED, f"taken back by {got.cancel if got and got.cancel else 'its owner'} while queued"
     finally:
+        q.done()  # its queue marks, where the apply's reservation did not replace them
         if waits:
             store.closed(waits.pop(), store.now(), "left")
     ctx.release_lock()  # the job may run for days: its owner may plan meanwhile

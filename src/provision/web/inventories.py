@@ -92,8 +92,10 @@ class InventorySource:
         views: dict[str, HostView] = {}
         extra: dict[str, dict[str, Any]] = {}
         now = time.time()
+        policy = None
         for job, (path, inv) in self._inventories().items():
             with self._ctx(job, path) as ctx:
+                policy = policy or ctx.policy  # the priorities' names (one team, one policy)
                 res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
                 for h in inv.hosts:
                     if h.name in views:
@@ -105,7 +107,7 @@ class InventorySource:
                     else:
                         views[h.name] = host_view(h.name, h.accelerator_count, r, now)
                     extra[h.name] = {"labels": h.label_map, "drain": h.drain}
-        doc = jobs_json(list(views.values()), now)
+        doc = jobs_json(list(views.values()), now, policy)
         for name, more in extra.items():
             doc["hosts"][name].update(more)
         self._hosts = (time.monotonic(), doc)

@@ -1,0 +1,125 @@
+"""The team's policy file (`provision policy set FILE`, issue 42), checked as the inventory
+is: every problem one line naming its place.
+
+    classes: {low: 100, normal: 500, high: 1000}   # priority classes: name -> integer
+    guarantees: {ana@lab: 4, vision: 8}            # owner or group -> guaranteed GPUs
+    groups: {bob@lab: vision, carol@lab: vision}   # owner -> the group whose guarantee it shares
+
+An owner named in `guarantees:` or `groups:` must be one the team knows (`known`: who
+appears in the state backend's records; None: not checked), so a typo does not give a
+guarantee to no one."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from provision.core.errors import ValidationError
+from provision.rules.priority import DEFAULT_CLASSES, Policy
+from provision.spec.scheduling import CLASS_NAME, PRIORITY_BOUND
+from provision.spec.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
+
+KEYS = ("classes", "guarantees", "groups")
+MAX_GPUS = 1_000_000
+
+
+def parse(text: str, display: str, known: Collection[str] | None = None, known_from: str = "") -> Policy:
+    """The policy in `text`, or ValidationError listing every problem. known_from: where
+    the known owners were taken from (said when one is not among them)."""
+    yaml_problems: list[tuple[KeyPath, str, int | None]] = []
+    try:
+        doc = compose(text, yaml_problems)
+    except SYNTAX_ERRORS as e:
+        raise ValidationError([syntax_error(display, e)]) from None
+    c = Checker(doc, display)
+    for p, msg, line in yaml_problems:
+        c.add(p, msg, line)
+    top = doc.data
+    if top is None:
+        top = {}
+    if not isinstance(top, dict):
+        c.add((), f"expected a mapping with classes, guarantees and groups, got {show_value(top)}")
+        raise ValidationError([m for _, _, m in sorted(c.problems)])
+    c.keys(top, (), KEYS)
+    classes = _classes(c, top.get("classes")) if "classes" in top else dict(DEFAULT_CLASSES)
+    groups = _names(c, top.get("groups"), ("groups",))
+    guarantees: dict[str, int] = {}
+    for who, n in (c.mapping(top.get("guarantees"), ("guarantees",)) or {}).items():
+        got = c.integer(n, ("guarantees", who), 0, MAX_GPUS)
+        if got is not None:
+            guarantees[str(who)] = got
+    if known is not None:
+        _known(c, groups, guarantees, known, known_from)
+    if c.problems:
+        raise ValidationError([m for _, _, m in sorted(c.problems)])
+    return Policy(
+        tuple(sorted(classes.items(), key=lambda kv: (kv[1], kv[0]))),
+        tuple(sorted(guarantees.items())),
+        tuple(sorted(groups.items())),
+    )
+
+
+def _known(
+    c: Checker, groups: Mapping[str, str], guarantees: Mapping[str, int], known: Collection[str], known_from: str
+) -> None:
+    """Owners named in groups: and guarantees: (a group's name aside) are the team's."""
+    source = f" (known owners, from {known_from}: {_few(sorted(known))})" if known_from else ""
+    for owner in groups:
+        if owner not in known:
+            c.add(("groups", owner), f"{owner!r} is not an owner the team knows{source}")
+    for who in guarantees:
+        if who not in set(groups.values()) and who not in known:
+            c.add(("guarantees", who), f"{who!r} is neither an owner the team knows nor a group of groups:{source}")
+
+
+def _few(names: list[str], n: int = 8) -> str:
+    if not names:
+        return "none yet"
+    return ", ".join(names[:n]) + (f", ... ({len(names) - n} more)" if len(names) > n else "")
+
+
+def _classes(c: Checker, value: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    m = c.mapping(value, ("classes",))
+    if not m:
+        if m is not None:
+            c.add(("classes",), "expected at least one class (name: integer)")
+        return out
+    for name, n in m.items():
+        path = ("classes", name)
+        if not isinstance(name, str) or not CLASS_NAME.fullmatch(name):
+            c.add(path, f"a class name is a short plain word (a-z, 0-9, '_', '-'), got {show_value(name)}")
+            continue
+        got = c.integer(n, path, -PRIORITY_BOUND, PRIORITY_BOUND)
+        if got is not None:
+            out[name] = got
+    return out
+
+
+def _names(c: Checker, value: Any, path: KeyPath) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for owner, group in (c.mapping(value, path) or {}).items():
+        got = c.string(group, path + (owner,))
+        if got is not None and got.strip():
+            out[str(owner)] = got
+        elif got is not None:
+            c.add(path + (owner,), "expected a group name, got an empty string")
+    return out
+
+
+def to_json(p: Policy) -> dict[str, Any]:
+    return {"classes": dict(p.classes), "guarantees": dict(p.guarantees), "groups": dict(p.groups)}
+
+
+def from_json(d: Mapping[str, Any]) -> Policy:
+    """The stored form back (written by to_json: trusted as far as its types; anything else
+    in it is a ValueError, said by the caller in one line)."""
+
+    def pairs(key: str, kind: type) -> tuple[tuple[str, Any], ...]:
+        m = d.get(key) or {}
+        if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, kind) for k, v in m.items()):
+            raise ValueError(f"{key}: not a mapping of names to {kind.__name__}")
+        return tuple(sorted(m.items()))
+
+    classes = pairs("classes", int) or tuple(DEFAULT_CLASSES.items())
+    return Policy(tuple(sorted(classes, key=lambda kv: (kv[1], kv[0]))), pairs("guarantees", int), pairs("groups", str))
