@@ -227,7 +227,9 @@ def test_the_status_line_and_a_task_killed_at_the_deadline():
 
 
 def holder(job, gpus, hold=Hold.RUNNING, *, prio=500, preemptible=False, by="") -> Holder:
-    return Holder("h", job, None, tuple(gpus), (), NOW - 60, hold, "t", (), None, prio, preemptible, NOW - 60, by)
+    return Holder(
+        "h", job, None, tuple(gpus), (), NOW - 60, hold, "t", priority=prio, preemptible=preemptible, preempted_by=by
+    )
 
 
 def test_one_look_finds_candidates_leaving_victims_and_the_need():
