@@ -27,6 +27,7 @@ from provision.host.protocol import PreemptReport, PreemptRequest
 from provision.io.ssh import call_agent
 from provision.rules.preemption import Running, Victim, Waiting, decide
 from provision.rules.priority import name_of
+from provision.rules.queueorder import waits_behind
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import Ask, Context, probe
 from provision.spec.placement import Held, PlacementError, place
@@ -170,6 +171,9 @@ class Preemptor:
         victims = decide(
             Waiting(job, ctx.owner.who, turn.priority, seen.need), seen.running, dict(seen.free), ctx.policy
         )
+        submitted = turn.submitted if turn.submitted is not None else now
+        if victims and waits_behind(job, turn.priority, submitted, {h: range(n) for h, n in seen.need}, by_host):
+            victims = ()  # waiting work ahead of it goes first (rules/queueorder), and preempts for itself
         if victims is None or (not victims and not seen.leaving):
             return None
         grace = self.preempt(victims, by_host, dict(seen.need))
