@@ -33,6 +33,7 @@ from provision.run.destroy import destroy as engine_destroy
 from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
+from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, ledger_marks
 
 
@@ -200,8 +201,10 @@ class _Applying:
         self.flags = plan_flags
 
     def plan(self, ctx: Context) -> Plan:
+        pre = Preemptor(ctx, progress_line)  # held by lower-priority work: it leaves (issue 42)
+
         def one() -> Plan:
-            return build_plan(ctx, **self.flags)
+            return pre.planned(lambda: build_plan(ctx, **self.flags))
 
         return one() if self.queue is None else self.queue.plan(one)
 

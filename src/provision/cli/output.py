@@ -8,7 +8,7 @@ import click
 
 from provision.cli.progress import failed_lines
 from provision.core.imagechange import ImageChange
-from provision.core.lifecycle import Action, TaskState, stop_rank
+from provision.core.lifecycle import Action, JobPhase, TaskState, stop_rank
 from provision.core.text import duration
 from provision.host.protocol import Reservation
 from provision.rules import provenance
@@ -147,6 +147,7 @@ PHASE_COLOR = {
     "Running": "cyan",
     "Restarting": "yellow",
     "Stopped": None,
+    "Preempted": "yellow",
     "Pending": None,
     "Unknown": "red",
 }
@@ -155,8 +156,8 @@ PHASE_COLOR = {
 def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     """The status table; below it, the last journal lines of each task that failed."""
     head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
-    if st.reason:
-        head += f" ({st.reason})"
+    if st.reason:  # "Preempted at 14:02 by ...": its reason reads on from the phase
+        head += f" {st.reason}" if st.phase is JobPhase.PREEMPTED else f" ({st.reason})"
     if st.owner:
         head += f"  owner: {st.owner}"
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", "GPU%", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]

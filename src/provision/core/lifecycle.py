@@ -47,6 +47,9 @@ class JobPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     STOPPED = "Stopped"  # `provision stop` ended it; `apply --rerun` starts it again
+    # Higher-priority work took its GPUs (issue 42): it holds nothing, and it is not over:
+    # its owner's apply (or the service) resumes it, so `wait` and restart rules go on.
+    PREEMPTED = "Preempted"
     UNKNOWN = "Unknown"
 
     @property
@@ -83,6 +86,7 @@ class Reason(StrEnum):
     LEFT = "no longer in the inventory"
     WITH_JOB = "restarts with the job"
     RERUN = "rerun requested"
+    RESUMED = "resumes after preemption"
 
 
 # --------------------------------------------------------------------------- orders
@@ -97,6 +101,8 @@ LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
 
 # The end marker's phase that `provision stop` writes (jobend.stop_marker).
 STOP_PHASE = JobPhase.STOPPED.value
+# The marker's phase a preemption writes (host/preempt.py): the next start resumes.
+PREEMPT_PHASE = JobPhase.PREEMPTED.value
 
 
 def start_phase(role: str) -> int:
@@ -416,6 +422,8 @@ def job_phase(
     at = stopped.get("host_time")
     if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) and isinstance(at, (int, float)) and when < at:
         return phase, why
+    if stopped.get("phase") == PREEMPT_PHASE:
+        return JobPhase.PREEMPTED, str(stopped.get("reason") or "preempted")
     return JobPhase.STOPPED, str(stopped.get("reason") or "stopped")
 
 
@@ -526,7 +534,7 @@ def decide(
     if outcome.state.live:
         return Decision(Action.NONE, Reason.RUNNING, "")
     if ended:
-        return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
+        return _after_end(ended)
     if outcome.state is TaskState.SUCCEEDED:
         return Decision(Action.NONE, Reason.COMPLETED, "")
     if outcome.state is TaskState.FAILED:
@@ -534,6 +542,13 @@ def decide(
     if outcome.state is TaskState.STOPPED:
         return Decision(Action.START, Reason.STOPPED_BY_HAND, "", drift=True)
     return Decision(Action.START, Reason.NOT_RUNNING, "", drift=True)
+
+
+def _after_end(ended: Mapping[str, object]) -> Decision:
+    """A task of an ended job: left as it is, but a preempted job's apply resumes it."""
+    if ended.get("phase") == PREEMPT_PHASE:
+        return Decision(Action.RESTART, Reason.RESUMED, "")
+    return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
 
 
 def started_ok(unit: Mapping[str, str] | None, exits: Sequence[Sequence[str]] | None) -> bool:

@@ -338,11 +338,9 @@ def _after_write(req: P.WriteRequest, errors: list[str]) -> None:
             errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
     if req.reset_failed:
         run(["systemctl", "reset-failed", "--"] + req.reset_failed)
-    if req.clear_lifecycle:
-        try:
-            os.unlink(layout.lifecycle_path(req.job))
-        except FileNotFoundError:
-            pass
+    marks = (layout.lifecycle_path(req.job), layout.resume_env_path(req.job))
+    if req.clear_lifecycle and any(map(os.path.lexists, marks)):  # a preempted job's start resumes
+        lazy("preempt").clear_lifecycle(req.job)
     if req.run:  # stamped with the host's clock, the one its journal uses
         runs = layout.with_run(read_json(layout.runs_path(req.job)), req.run, time.time())
         atomic_write(layout.runs_path(req.job), json.dumps(runs).encode(), 0o600, [])
@@ -590,6 +588,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "queue": lambda req: P.QueueReport(
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
+    "preempt": lambda req: lazy("preempt").op_preempt(req),
 }
 
 

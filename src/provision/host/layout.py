@@ -435,6 +435,18 @@ def runs_path(job: str) -> str:
     return state_dir(job) + "/runs.json"
 
 
+def preempt_at_path(job: str) -> str:
+    """PROVISION_PREEMPT_AT (issue 42): while a preemption is under way, the deadline of the
+    job's tasks as Unix seconds (one decimal number and a newline); absent otherwise."""
+    return state_dir(job) + "/preempt-at"
+
+
+def resume_env_path(job: str) -> str:
+    """An optional EnvironmentFile= of a preemptible job's units: PROVISION_RESUME="1" in
+    the run that resumes a preempted one (host/preempt.py writes it, the next start clears)."""
+    return state_dir(job) + "/resume.env"
+
+
 def with_run(runs: object, run: dict[str, object], at: float) -> list[object]:
     """A host's runs with `run` ({"run", "by"}) added at host time `at`: the last 100."""
     kept: list[object] = [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []

@@ -219,6 +219,11 @@ def _write(job: str, entry: dict[str, Any]) -> None:
     os.rename(tmp, path)
 
 
+def write_entry(job: str, entry: dict[str, Any]) -> None:
+    """Replace the job's entry (the caller holds the ledger's lock: host/preempt.py)."""
+    _write(job, entry)
+
+
 def _token() -> str:
     return os.urandom(8).hex()
 
@@ -236,6 +241,13 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
         who = (own or {}).get("owner", {}).get("who", "?")
         out.append("job %s here was taken over by %s since plan" % (res.job, who))
     gpus, ports = set(res.gpus), set(res.ports)
+    mark = own.get("preempted") if isinstance(own, dict) else None
+    # Preempted (issue 42): its GPUs wait for the preemptor, unless the controller saw that
+    # reservation lapse (the preemptor gone) and nothing changed since.
+    if isinstance(mark, dict) and own is not None and res.free.get(res.job) != own.get("token"):
+        g = sorted(gpus & set(own.get("gpus") or []))
+        if g:
+            out.append("GPU %s reserved for job %s, which preempted this job" % (_span(g), mark.get("by", "?")))
     for job, e in sorted(entries.items()):
         if job == res.job:
             continue
@@ -279,7 +291,18 @@ def reserve(res: Reservation, now: float) -> list[str]:
             "submitted": res.submitted if res.submitted is not None else old.get("submitted", now),
         }
         _write(res.job, entry)
+        _take_from_preempted(res.job, entries, now)
     return []
+
+
+def _take_from_preempted(job: str, entries: dict[str, Any], now: float) -> None:
+    """The preemptor took the GPUs: the entries it preempted hold nothing any more (their
+    mark stays, for status), so no job is both Preempted and holding GPUs."""
+    for other, e in entries.items():
+        mark = e.get("preempted")
+        if other != job and isinstance(mark, dict) and mark.get("by") == job and (e.get("gpus") or e.get("ports")):
+            e.update(gpus=[], gpu_uuids=[], ports=[], updated=now, token=_token())
+            _write(other, e)
 
 
 def renew(job: str, now: float) -> None:

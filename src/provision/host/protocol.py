@@ -343,6 +343,32 @@ class QueueReport:
 
 
 @dataclass(frozen=True)
+class PreemptRequest:
+    """Preempt `job` here for job `by` (issue 42, host/preempt.py): mark its ledger entry
+    under the ledger's lock (refused when another job preempted it first), write the
+    deadline (PROVISION_PREEMPT_AT) and the Preempted end marker, then stop its units as
+    their own KillSignal= and TimeoutStopSec= say (the preemption's signal and grace)."""
+
+    job: str
+    by: str = ""
+    owner: dict[str, Any] = field(default_factory=dict)  # the preemptor's (tenancy.Owner)
+    priority: int = 0
+    priority_name: str = ""  # as users name it ("high"), for status
+    gpus: int = 0  # how many GPUs the preemptor needs here
+
+    op = "preempt"
+
+
+@dataclass(frozen=True)
+class PreemptReport:
+    errors: list[str] = field(default_factory=list)
+    refused: str = ""  # another job preempted it first: that job's name
+    deadline: float | None = None  # host clock
+    grace: float = 0.0
+    gpus: list[int] = field(default_factory=list)  # what it held here
+
+
+@dataclass(frozen=True)
 class OwnersRequest:
     """Which other jobs' manifests on the host list these paths (files two jobs push)."""
 
@@ -369,6 +395,7 @@ REQUESTS = {
         NetcheckRequest,
         OwnersRequest,
         QueueRequest,
+        PreemptRequest,
     )
 }
 REPORTS = {
@@ -381,6 +408,7 @@ REPORTS = {
     "netcheck": NetcheckReport,
     "owners": OwnersReport,
     "queue": QueueReport,
+    "preempt": PreemptReport,
 }
 
 

@@ -89,7 +89,13 @@ def takes(job: str, placement: Placement, held_by: Mapping[str, Sequence[Holder]
     ended job's entry holds nothing: its rerun takes its GPUs anew, in turn)."""
     out: dict[str, set[int]] = {}
     for t in placement.tasks:
-        own = {g for h in held_by.get(t.host.name, ()) if h.job == job and h.hold.holds for g in h.gpus}
+        # ... nor those a job it preempted keeps for it (issue 42: the preemptor's already).
+        own = {
+            g
+            for h in held_by.get(t.host.name, ())
+            if (h.job == job and h.hold.holds) or (h.hold is Hold.PREEMPTED and h.preempted_by == job)
+            for g in h.gpus
+        }
         new = set(t.accelerators) - own
         if new:
             out.setdefault(t.host.name, set()).update(new)

@@ -13,6 +13,7 @@ from typing import Any
 
 from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import (
+    PREEMPT_PHASE,
     STOP_PHASE,
     JobPhase,
     TaskRow,
@@ -26,6 +27,7 @@ from provision.core.model import Inventory
 from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
+from provision.rules import preempted
 from provision.spec.placement import PlacedTask
 
 
@@ -157,11 +159,11 @@ def job_status(
             )
         )
     stopped = stop_marker(reports)
+    rows, preempted_why = _preempted(rows, reports, inv.job)
     phase, why = job_phase(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
     )
-    if stopped is None:
-        why = _setup_reason(rows) or why
+    why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     return JobStatus(
         inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=runs[-1] if runs else None
@@ -169,13 +171,28 @@ def job_status(
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:
-    """The end marker `provision stop` wrote, as any reached host of the job has it (the
-    first host in name order, so every command reads the same one)."""
+    """The end marker `provision stop` (or a preemption) wrote, as any reached host of the
+    job has it (the first host in name order, so every command reads the same one)."""
     for _, rep in sorted(reports.items()):
         lc = rep.lifecycle
-        if isinstance(lc, dict) and lc.get("phase") == STOP_PHASE:
+        if isinstance(lc, dict) and lc.get("phase") in (STOP_PHASE, PREEMPT_PHASE):
             return lc
     return None
+
+
+def _preempted(rows: list[TaskStatus], reports: Mapping[str, ProbeReport], job: str) -> tuple[list[TaskStatus], str]:
+    """The rows with each task the preemption's deadline killed saying so, and the reason
+    of a preempted job (rules/preempted.py)."""
+    found = preempted.marks({h: r.lifecycle for h, r in reports.items()})
+    if not found:
+        return rows, ""
+    out = []
+    for r in rows:
+        rep = reports.get(r.host)
+        ex = rep.exits.get(layout.unit_name(job, r.task)) if rep is not None else None
+        why = preempted.killed_at_deadline(found, ex[-1] if ex else None) if r.state.ended else None
+        out.append(replace(r, detail=why) if why else r)
+    return out, preempted.reason(found)
 
 
 def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:

@@ -53,11 +53,14 @@ class Hold(StrEnum):
     STALE = "stale"
     HELD = "held"  # stopped with --hold
     QUEUED = "queued"  # an `apply --queue` waits for room: holds nothing yet
+    # Preempted, its units ended: its GPUs wait for the preemptor (held for every other job)
+    # until the preemptor's reserve takes them, or the preemptor is gone (issue 42).
+    PREEMPTED = "preempted"
     ENDED = "ended"
 
     @property
     def holds(self) -> bool:
-        return self in (Hold.RUNNING, Hold.RESERVED, Hold.HELD)
+        return self in (Hold.RUNNING, Hold.RESERVED, Hold.HELD, Hold.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -133,14 +136,24 @@ class Holder:
     preemptible: bool = False
     submitted: float | None = None  # the controller's clock (the submitter's)
     queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
+    preempted_by: str = ""  # the job that preempted it (its entry's mark), issue 42
 
     @property
     def who(self) -> str:
         return self.owner.who if self.owner else "unknown owner"
 
+    def holds_for(self, job: str) -> bool:
+        """Does this entry keep `job` off its GPUs and ports? A preempted entry's are the
+        preemptor's; they are held for the preempted job itself too."""
+        if self.hold is Hold.PREEMPTED:
+            return self.preempted_by != job
+        return self.job != job and self.hold.holds
+
     def describe(self, now: float) -> str:
         """e.g. 'GPUs 0-1, port 2222 held by job bert (alice@ws-3, running 2h)'."""
         what = ", ".join(x for x in (_gpus_words(self.gpus), _ports_words(self.ports)) if x) or "nothing"
+        if self.hold is Hold.PREEMPTED:
+            return f"{what} reserved for job {self.preempted_by}, which preempted job {self.job} ({self.who})"
         age = f" {duration(int(max(0, now - self.since)))}" if self.since else ""
         verb = "held" if self.hold.holds else "was held"
         return f"{what} {verb} by job {self.job} ({self.who}, {self.hold.value}{age})"
@@ -183,6 +196,19 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
         for st in mine
     ):
         return Hold.RUNNING
+    mark = entry.get("preempted")
+    if isinstance(mark, dict):
+        # Its GPUs wait for the preemptor while the preemptor lives (its pid here, else its
+        # last renewal of the mark), so a preemptor killed on the way gives them back.
+        pid, beat = mark.get("pid"), mark.get("updated")
+        alive = process_alive(
+            str(mark.get("host", "")),
+            pid if isinstance(pid, int) else None,
+            float(beat) if isinstance(beat, (int, float)) else None,
+            now,
+            STALE_AFTER,
+        )
+        return Hold.PREEMPTED if alive and (entry.get("gpus") or entry.get("ports")) else Hold.ENDED
     if entry.get("held"):
         return Hold.HELD
     if entry.get("started"):
@@ -230,6 +256,7 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 _queued(e.get("queued"), host_now, skew),
                 *_turn(e, since),
                 _queued_gpus(e.get("queued")),
+                _preempted_by(e.get("preempted")),
             )
         )
     return out
@@ -248,6 +275,10 @@ def _turn(e: dict[str, Any], since: float | None) -> tuple[int, bool, float | No
         e.get("preemptible") is True,
         float(sub) if isinstance(sub, (int, float)) and not isinstance(sub, bool) else since,
     )
+
+
+def _preempted_by(mark: Any) -> str:
+    return str(mark.get("by", "")) if isinstance(mark, dict) else ""
 
 
 def _queued(q: Any, host_now: float, skew: float) -> tuple[float, str] | None:
@@ -283,7 +314,7 @@ def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, l
     ports: set[int] = set()
     by = []
     for h in hs:
-        if h.job == job or not h.hold.holds:
+        if not h.holds_for(job):
             continue
         gpus |= set(h.gpus)
         ports |= set(h.ports)
@@ -353,7 +384,8 @@ def reservation(
         gpu_uuids=[gpu_uuids.get(g, "") for g in gpus],
         ports=ports,
         units=sorted(units),
-        free={h.job: h.token for h in hs if h.job != job and not h.hold.holds},
+        # Its own entry too, when a preemption of it lapsed (ledger.conflicts).
+        free={h.job: h.token for h in hs if not h.hold.holds or (h.job != job and not h.holds_for(job))},
         expect_lineage=own.owner.lineage if own is not None and own.owner is not None else None,
         priority=turn.priority,
         preemptible=turn.preemptible,

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from provision.core.errors import ProvisionError
+from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission
@@ -43,6 +44,7 @@ from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
+from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.tune import StudyLoop, existing_study, open_work
 from provision.serve.places import open_place
@@ -199,18 +201,31 @@ def _how(r: TrialRow) -> str:
 
 
 def run_apply(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status, str]:
-    ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
-    try:
-        if store.open_event(sub.id, "run") is not None:  # applied before: the service's rounds called us back
-            ctx.release_lock()
-            return _watch(store, sub, ctx, tuple(ctx.targets), gpus_of(ctx.inventory))
-        return _queue_and_apply(store, sub, ctx)
-    finally:
-        ctx.close()
+    """Queue, apply and look once (_watch); a job preempted meanwhile goes back to the queue
+    at its priority and resumes by itself when room returns (issue 42): the service's rounds
+    see its tasks stop and call a worker back, which finds it Preempted and queues it again
+    (a new state lock and context for each run)."""
+    resuming = False
+    while True:
+        ctx = open_context(str(where), state_path=sub.state_path or None, operation="apply")
+        try:
+            if not resuming and store.open_event(sub.id, "run") is not None:
+                ctx.release_lock()  # applied before: the service's rounds called us back
+                got = _watch(store, sub, ctx, tuple(ctx.targets), gpus_of(ctx.inventory))
+            else:
+                got = _queue_and_apply(store, sub, ctx, resuming)
+        finally:
+            ctx.close()
+        if got is not None:
+            return got
+        say("preempted: back in the queue at its priority; it resumes when room returns")
+        resuming = True
 
 
-def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tuple[Status, str]:
-    """Wait for room, apply, then look at the job's run once (_watch)."""
+def _queue_and_apply(
+    store: ServiceStore, sub: Submission, ctx: Context, resuming: bool = False
+) -> tuple[Status, str] | None:
+    """Wait for room, apply, then look at the job's run once (_watch); None: it was preempted."""
     ctx.take_over = bool(sub.options.get("take_over"))
     ctx.submitted = sub.created or ctx.submitted  # the queue's order: when it was submitted, not claimed
     stop = CANCEL
@@ -226,10 +241,13 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
 
     timeout = sub.options.get("timeout")
     q = Queue(timeout, say, ledger_marks(ctx), stop=stop, waiting=waiting)
-    rerun, checks = bool(sub.options.get("rerun")), not sub.options.get("skip_checks")
+    # A resume is planned as such (lifecycle: Reason.RESUMED), never as the first --rerun.
+    rerun, checks = bool(sub.options.get("rerun")) and not resuming, not sub.options.get("skip_checks")
+
+    pre = Preemptor(ctx, say)  # held by lower-priority work: it leaves
 
     def plan() -> Plan:
-        return q.plan(lambda: build_plan(ctx, rerun=rerun, checks=checks))
+        return q.plan(lambda: pre.planned(lambda: build_plan(ctx, rerun=rerun, checks=checks)))
 
     try:
         p = plan()
@@ -252,11 +270,14 @@ def _queue_and_apply(store: ServiceStore, sub: Submission, ctx: Context) -> tupl
     return _watch(store, sub, ctx, hosts, gpus)
 
 
-def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int) -> tuple[Status, str]:
+def _watch(
+    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int
+) -> tuple[Status, str] | None:
     """One look at the applied job's run: ended (its history row closed), cancelled (stopped
-    as `provision stop` does), or WATCHING: the service's one round per host watches it from
-    here and calls a worker back when the hosts say it ended (serve/watch.py): a process per
-    watched job would cost the service ~80 MiB a job."""
+    as `provision stop` does), preempted (None: its row says by whom), or WATCHING: the
+    service's one round per host watches it from here and calls a worker back when the hosts
+    say it ended or stopped (serve/watch.py): a process per watched job would cost the
+    service ~80 MiB a job."""
     row = store.open_event(sub.id, "run")
     if row is None:
         row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
@@ -274,6 +295,9 @@ def _watch(store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str,
         how = st.phase.value + (f": {st.reason}" if st.reason else "")
         store.closed(row, store.now(), how)
         return Status.DONE, f"applied; the job {how}"
+    if st.phase is JobPhase.PREEMPTED and not any(t.state.live for t in st.tasks):
+        store.closed(row, store.now(), f"{st.phase.value} {st.reason}")
+        return None
     return Status.WATCHING, f"applied; the job is {st.phase.value}: the service watches it"
 
 

@@ -148,6 +148,11 @@ def uses_socket_ifname(inv: Inventory) -> bool:
     return any(not set(SOCKET_IFNAME_KEYS) <= _own_keys(inv, p.role) for p in inv.pools)
 
 
+def preemptible(inv: Inventory) -> bool:
+    """May the job be preempted (issue 42): `preemptible:`, else yes for a study's trial."""
+    return inv.scheduling.may_be_preempted(inv.tf_config.trial is not None)
+
+
 def task_env(  # noqa: C901  one branch per variable family provision sets (docs/environment.md)
     inv: Inventory,
     task: PlacedTask,
@@ -166,6 +171,8 @@ def task_env(  # noqa: C901  one branch per variable family provision sets (docs
         # Logs reach journald as they are printed, not when a buffer fills; env may override.
         ("PYTHONUNBUFFERED", "1"),
     ]
+    if preemptible(inv):  # where a preemption's deadline is written (host/preempt.py)
+        env.append(("PROVISION_PREEMPT_AT", layout.preempt_at_path(inv.job)))
     trial = inv.tf_config.trial
 
     # TF_CONFIG: not for single-task jobs, and reduction servers are not TF tasks.
@@ -290,6 +297,8 @@ RESERVED_ENV = frozenset(
         "PROVISION_TASK",
         "PROVISION_TASK_TYPE",
         "PROVISION_TASK_INDEX",
+        "PROVISION_PREEMPT_AT",
+        "PROVISION_RESUME",
         "CLOUD_ML_TRIAL_ID",
         "CLOUD_ML_HP_METRIC_FILE",
         "CLOUD_ML_HP_METRIC_TAG",

@@ -24,7 +24,7 @@ from provision.core.errors import ProvisionError
 from provision.core.lifecycle import LONG_LIVED, boot_gate, restart_budget, start_phase, systemd_restart
 from provision.core.model import FileSpec, Host, Inventory, Pool
 from provision.host import layout, outdirs
-from provision.spec.clusterenv import JobCluster, job_cluster, output_dirs, task_env
+from provision.spec.clusterenv import JobCluster, job_cluster, output_dirs, preemptible, task_env
 from provision.spec.placement import PlacedTask, Placement, Slot, place
 from provision.spec.pushed import walk_spec
 
@@ -231,6 +231,7 @@ def _render_task(
     pool = inv.pool(task.role)
     assert pool is not None
     env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids, socket_ifname=socket_ifname)
+    preempt = preemptible(inv)
     j = _jinja()
     common = {"job": inv.job, "task": task.name, "host": task.host.name}
     env_text = j.get_template("task.env.j2").render(**common, assignments=[encode.env_assignment(k, v) for k, v in env])
@@ -241,12 +242,16 @@ def _render_task(
         target=layout.target_name(inv.job),
         env_path=layout.env_path(inv.job, task.name),
         container=layout.container_name(inv.job, task.name) if pool.image else "",
-        exec_start=_exec_start(inv, pool, task, [k for k, _ in env]),
+        exec_start=_exec_start(inv, pool, task, [k for k, _ in env] + (["PROVISION_RESUME"] if preempt else [])),
         exec_condition=layout.exec_condition_command(inv.job, task.name, **boot_gate(pool.restart)),
         exec_stop=layout.exec_stop_command(inv.job, task.name),
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
-        stop_timeout=pool.grace_period,
+        # A preemptible job's stop is its preemption (host/preempt.py): systemd sends the
+        # preemption's signal and kills what is left after its grace (any stop of it).
+        stop_timeout=max(1, inv.scheduling.grace_s) if preempt else pool.grace_period,  # 0 means none to systemd
+        kill_signal=inv.scheduling.signal.value if preempt and inv.scheduling.signal.value != "SIGTERM" else "",
+        resume_env=layout.resume_env_path(inv.job) if preempt else "",
         output_guard=outdirs.unit_command(output_dirs(inv)) if inv.outputs else "",
         syslog_identifier=layout.log_identifier(inv.job, task.name),
         **systemd_restart(pool.restart),

@@ -1,0 +1,62 @@
+"""What a preempted job's status says (issue 42), from the end markers host/preempt.py wrote
+on its hosts: who preempted it, when, for what, and when it resumes. Pure.
+
+    Preempted at 14:02 by deadline-run (ana, priority high): 2 GPUs on gpu-3; resumes when
+    2 GPUs are free
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from provision.core.lifecycle import PREEMPT_PHASE
+
+# The exit record's SERVICE_RESULT of a task systemd killed at TimeoutStopSec=.
+KILLED_AT_DEADLINE = "timeout"
+
+
+def marks(lifecycles: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(host, the marker's "preempted" record) for every host whose end marker says
+    Preempted, in host order."""
+    out = []
+    for host, lc in sorted(lifecycles.items()):
+        if isinstance(lc, dict) and lc.get("phase") == PREEMPT_PHASE and isinstance(lc.get("preempted"), dict):
+            out.append((host, lc["preempted"]))
+    return out
+
+
+def _n(x: int, word: str) -> str:
+    return f"{x} {word}{'' if x == 1 else 's'}"
+
+
+def reason(found: Sequence[tuple[str, dict[str, Any]]], clock: Any = time.localtime) -> str:
+    """The status line's reason (after "Preempted "): at, by whom, what it held where."""
+    if not found:
+        return "preempted"
+    first = found[0][1]
+    at = first.get("at")
+    when = f"at {time.strftime('%H:%M', clock(at))} " if isinstance(at, (int, float)) else ""
+    prio = first.get("priority_name") or first.get("priority")
+    who = ", ".join(str(x) for x in (first.get("who"), f"priority {prio}" if prio not in (None, "") else None) if x)
+    held = [(h, len(m.get("gpus") or [])) for h, m in found]
+    where = ", ".join(f"{_n(n, 'GPU')} on {h}" for h, n in held if n) or "its hosts"
+    total = sum(n for _, n in held)
+    resumes = (
+        f"resumes when {_n(total, 'GPU')} {'is' if total == 1 else 'are'} free"
+        if total
+        else "resumes when room returns"
+    )
+    return f"{when}by {first.get('by', '?')}" + (f" ({who})" if who else "") + f": {where}; {resumes}"
+
+
+def killed_at_deadline(found: Sequence[tuple[str, dict[str, Any]]], last_exit: Sequence[str] | None) -> str | None:
+    """The detail of a task systemd killed at the preemption's deadline (it did not exit
+    within the grace after the signal), else None."""
+    if not found or not last_exit or len(last_exit) < 2 or last_exit[1] != KILLED_AT_DEADLINE:
+        return None
+    m = found[0][1]
+    at, deadline = m.get("at"), m.get("deadline")
+    grace = f" {int(deadline - at)} s" if isinstance(at, (int, float)) and isinstance(deadline, (int, float)) else ""
+    return f"killed at the preemption's deadline: it had not exited{grace} after the preemption's signal"

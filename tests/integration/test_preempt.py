@@ -1,0 +1,347 @@
+"""Issue 42: preemption that keeps the checkpoint, on a real sandbox host with 2 (stand-in)
+GPUs. A low-priority preemptible trainer holds both; a high-priority apply takes them within
+the trainer's grace (10 s) + 5 s; the trainer saves its step on SIGTERM and, resumed by its
+owner's apply (PROVISION_RESUME=1, the same AIP_CHECKPOINT_DIR), continues from it. A sampler
+on the host (every 200 ms, the whole module) checks that no two jobs ever hold one GPU or
+port: by the ledger entries of running units, and by the processes' CUDA_VISIBLE_DEVICES."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import cli, ok, sh, status, wait_until
+
+pytestmark = pytest.mark.integration
+
+GRACE = 10
+HOST = "host-1"
+
+# The trainer: one step every 0.2 s, logged to AIP_CHECKPOINT_DIR/steps.log; on SIGTERM it
+# saves the step it is at and leaves (argv[1] == "ignore": it ignores SIGTERM instead).
+TRAINER = r"""
+import os, signal, sys, time
+d = os.environ["AIP_CHECKPOINT_DIR"]
+os.makedirs(d, exist_ok=True)
+ck, log = os.path.join(d, "step"), open(os.path.join(d, "steps.log"), "a")
+def say(s):
+    log.write(s + "\n"); log.flush()
+step = 0
+if os.environ.get("PROVISION_RESUME") == "1" and os.path.exists(ck):
+    step = int(open(ck).read())
+say("start %d resume %s at %s" % (step, os.environ.get("PROVISION_RESUME", "0"), os.environ.get("PROVISION_PREEMPT_AT")))
+stop = []
+if sys.argv[1] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+while True:
+    time.sleep(0.2)
+    if stop:
+        with open(ck + ".tmp", "w") as f:
+            f.write(str(step))
+        os.rename(ck + ".tmp", ck)
+        say("saved %d deadline %s" % (step, open(os.environ["PROVISION_PREEMPT_AT"]).read().strip()))
+        sys.exit(0)
+    step += 1
+    say("step %d" % step)
+"""
+
+# Every 200 ms: which jobs hold which GPU and port, by the ledger entries whose units run
+# (their invocation link is there) and by the running processes' CUDA_VISIBLE_DEVICES.
+SAMPLER = r"""
+import glob, json, os, time
+out = open("/tmp/preempt-samples.jsonl", "a")
+while not os.path.exists("/tmp/preempt-sampler.stop"):
+    gpus, ports, procs = {}, {}, {}
+    for f in glob.glob("/var/lib/provision/.ledger/*.json"):
+        try:
+            e = json.load(open(f))
+        except Exception:
+            continue
+        if not any(os.path.lexists("/run/systemd/units/invocation:" + u) for u in e.get("units") or []):
+            continue
+        for g in e.get("gpus") or []:
+            gpus.setdefault(str(g), []).append(e["job"])
+        for p in e.get("ports") or []:
+            ports.setdefault(str(p), []).append(e["job"])
+    for env in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            kv = dict(x.split("=", 1) for x in open(env, "rb").read().decode("utf-8", "replace").split("\0") if "=" in x)
+        except OSError:
+            continue
+        if "PROVISION_JOB" in kv and kv.get("CUDA_VISIBLE_DEVICES"):
+            for g in kv["CUDA_VISIBLE_DEVICES"].split(","):
+                procs.setdefault(g, set()).add(kv["PROVISION_JOB"])
+    out.write(json.dumps({"t": time.time(), "gpus": gpus, "ports": ports, "procs": {g: sorted(j) for g, j in procs.items()}}) + "\n")
+    out.flush()
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture(scope="module")
+def box(sandbox_factory):
+    sb = sandbox_factory(hosts=1, gpus_per_host=2)
+    sb.container(HOST).exec_run(["python3", "-c", SAMPLER], detach=True)
+    yield sb
+    sh(sb, HOST, "touch /tmp/preempt-sampler.stop")
+    samples = [json.loads(x) for x in sh(sb, HOST, "cat /tmp/preempt-samples.jsonl").splitlines() if x.startswith("{")]
+    sandbox_factory.down(sb)
+    assert len(samples) > 50, "the sampler did not run"
+    for s in samples:
+        for kind in ("gpus", "ports", "procs"):
+            two = {k: v for k, v in s[kind].items() if len(set(v)) > 1}
+            assert not two, f"two jobs on one {kind[:-1]} at {s['t']}: {two}"
+
+
+def write(sb, make, d: Path, job: str, *, gpus: int = 2, command: list[str], **extra) -> Path:
+    inv = d / f"{job}.yaml"
+    pools = {"chief": {"replicas": 1, "accelerators": gpus, "command": command}}
+    make(sb, job=job, pools=pools, path=inv, hosts=[HOST], **extra)
+    return inv
+
+
+def trainer(sb, make, d: Path, job: str, mode: str = "save") -> Path:
+    return write(
+        sb,
+        make,
+        d,
+        job,
+        command=["/usr/bin/python3", "-c", TRAINER, mode],
+        priority="low",
+        preemptible=True,
+        preemption={"grace": f"{GRACE}s"},
+        outputs=f"/data/{job}",
+    )
+
+
+def high(sb, make, d: Path, job: str, seconds: int) -> Path:
+    return write(sb, make, d, job, command=["/bin/sh", "-c", f"sleep {seconds}"], priority="high")
+
+
+def steps_log(sb, job: str) -> list[str]:
+    return sh(sb, HOST, f"cat /data/{job}/checkpoints/steps.log 2>/dev/null").splitlines()
+
+
+def steps(sb, job: str) -> int:
+    return max((int(x.split()[1]) for x in steps_log(sb, job) if x.startswith("step ")), default=0)
+
+
+def as_owner(who: str) -> dict[str, str]:
+    return {"PROVISION_OWNER": who, "PROVISION_QUEUE_POLL": "1"}
+
+
+def destroy(*invs: Path) -> None:
+    for inv in invs:
+        cli("destroy", "-y", inv, cwd=inv.parent)
+
+
+def test_preempted_saves_then_resumes_from_its_checkpoint(box, sandbox_inventory, tmp_path):
+    low = trainer(box, sandbox_inventory, tmp_path, "pre-low")
+    hi = high(box, sandbox_inventory, tmp_path, "pre-high", 12)
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "pre-low") >= 5, 60, what="the trainer to take 5 steps")
+        env = sh(box, HOST, "cat /etc/provision/pre-low/chief-0.env")
+        assert 'PROVISION_PREEMPT_AT="/var/lib/provision/pre-low/preempt-at"' in env
+
+        t0 = time.monotonic()
+        r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        took = time.monotonic() - t0
+        assert took <= GRACE + 5, f"the high apply's tasks ran {took:.1f} s after it began"
+        assert "preempted job pre-low (bob@lab, priority low) on host-1: GPUs 0, 1" in r.stderr, r.stderr
+        assert status(tmp_path, hi)["phase"] == "Running"
+
+        st = status(tmp_path, low)
+        assert st["phase"] == "Preempted", st
+        assert re.fullmatch(
+            r"at \d\d:\d\d by pre-high \(ana@lab, priority high\): 2 GPUs on host-1; resumes when 2 GPUs are free",
+            st["reason"],
+        ), st["reason"]
+        text = ok(cli("status", low, cwd=tmp_path)).stdout
+        assert "Job pre-low: Preempted at " in text and "by pre-high (ana@lab, priority high)" in text, text
+        log = steps_log(box, "pre-low")
+        saved = [x for x in log if x.startswith("saved ")]
+        assert len(saved) == 1, log
+        at = int(saved[0].split()[1])
+        assert float(saved[0].split()[3]) > time.time() - 60  # the deadline it read (the host's clock)
+
+        # Its owner's apply (queued until the high job ends) resumes it: PROVISION_RESUME=1,
+        # from the step it saved; no step lost beyond the one interrupted.
+        r = ok(cli("apply", "-y", "--queue", "--timeout", "120", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        assert "resumes after preemption" in r.stdout, r.stdout
+        assert status(tmp_path, hi)["phase"] == "Succeeded"
+        wait_until(lambda: steps(box, "pre-low") >= at + 3, 60, what="the resumed trainer to go on")
+        log = steps_log(box, "pre-low")
+        starts = [x for x in log if x.startswith("start ")]
+        assert starts[-1].startswith(f"start {at} resume 1 "), log
+        after = [int(x.split()[1]) for x in log[log.index(starts[-1]) :] if x.startswith("step ")]
+        assert after[0] == at + 1, log
+        assert status(tmp_path, low)["phase"] == "Running"
+        assert not sh(box, HOST, "cat /var/lib/provision/pre-low/preempt-at 2>/dev/null").strip()
+    finally:
+        destroy(hi, low)
+
+
+def test_two_high_applies_race_for_one_victim(box, sandbox_inventory, tmp_path):
+    low = trainer(box, sandbox_inventory, tmp_path, "race-low")
+    a, b = (high(box, sandbox_inventory, tmp_path, f"race-hi-{x}", 600) for x in "ab")
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "race-low") >= 3, 60, what="the trainer to take 3 steps")
+        procs = {
+            inv: subprocess.Popen(
+                [sys.executable, "-m", "provision", "apply", "-y", "--queue", "--timeout", "60", str(inv)],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **as_owner("ana@lab")},
+            )
+            for inv in (a, b)
+        }
+        running = wait_until(
+            lambda: [inv for inv in (a, b) if status(tmp_path, inv)["phase"] == "Running"] or None,
+            GRACE + 30,
+            what="one high job to run",
+        )
+        assert len(running) == 1
+        winner = running[0]
+        loser = b if winner == a else a
+        assert procs[loser].poll() is None, "the other must wait"
+        out, err = procs[winner].communicate(timeout=60)
+        assert procs[winner].returncode == 0, out + err
+        assert "preempted job race-low" in err
+        # Preempted once, by the winner.
+        assert len([x for x in steps_log(box, "race-low") if x.startswith("saved ")]) == 1
+        assert f"by {winner.stem} " in status(tmp_path, low)["reason"]
+        # The winner leaves: the loser gets the GPUs (the victim holds none), nothing preempted again.
+        destroy(winner)
+        out, err = procs[loser].communicate(timeout=90)
+        assert procs[loser].returncode == 0, out + err
+        assert not any(x.lstrip(" .").startswith("preempted job") for x in err.splitlines()), err
+        assert status(tmp_path, loser)["phase"] == "Running"
+        assert len([x for x in steps_log(box, "race-low") if x.startswith("saved ")]) == 1
+    finally:
+        for p in locals().get("procs", {}).values():
+            if p.poll() is None:
+                p.kill()
+        destroy(a, b, low)
+
+
+def test_a_task_ignoring_sigterm_is_killed_at_the_deadline(box, sandbox_inventory, tmp_path):
+    low = trainer(box, sandbox_inventory, tmp_path, "deaf-low", mode="ignore")
+    hi = high(box, sandbox_inventory, tmp_path, "deaf-high", 600)
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "deaf-low") >= 3, 60, what="the trainer to take 3 steps")
+        t0 = time.monotonic()
+        ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        took = time.monotonic() - t0
+        assert GRACE - 1 <= took <= GRACE + 5, took
+        st = status(tmp_path, low)
+        assert st["phase"] == "Preempted"
+        chief = st["tasks"][0]
+        assert "killed at the preemption's deadline" in chief["detail"], chief
+    finally:
+        destroy(hi, low)
+
+
+def test_the_preemptor_killed_on_the_way_leaves_no_gpu_held(box, sandbox_inventory, tmp_path):
+    low = trainer(box, sandbox_inventory, tmp_path, "kill-low")
+    hi = high(box, sandbox_inventory, tmp_path, "kill-high", 600)
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "kill-low") >= 3, 60, what="the trainer to take 3 steps")
+        # The preemptor looks again only a minute after preempting: killed meanwhile.
+        p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "apply", "-y", str(hi)],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **as_owner("ana@lab"), "PROVISION_PREEMPT_TICK": "60"},
+        )
+        wait_until(
+            lambda: (
+                any(x.startswith("saved ") for x in steps_log(box, "kill-low"))
+                and status(tmp_path, low)["tasks"][0]["state"] != "Running"
+            ),
+            GRACE + 20,
+            what="the victim to save and stop",
+        )
+        p.kill()
+        p.wait(30)
+        # The next look: the victim is Preempted and holds nothing, its GPUs are free.
+        st = status(tmp_path, low)
+        assert st["phase"] == "Preempted", st
+        view = json.loads(ok(cli("jobs", "--json", low, cwd=tmp_path)).stdout)
+        assert view["hosts"][HOST]["free_gpus"] == [0, 1], view
+        assert "kill-low" not in view["hosts"][HOST]["held"], view
+        # The preemptor's re-run takes them at once.
+        t0 = time.monotonic()
+        ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        assert time.monotonic() - t0 < GRACE
+        assert status(tmp_path, hi)["phase"] == "Running"
+    finally:
+        destroy(hi, low)
+
+
+def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, tmp_path):
+    svc = tmp_path / "svc"
+    svc.mkdir()
+    env = {
+        "PROVISION_SERVICE_DB": str(svc / "service.sqlite"),
+        "PROVISION_OWNER": "bob@lab",
+        "PROVISION_QUEUE_POLL": "1",
+        "PROVISION_SERVE_WATCH": "2",
+    }
+    log = open(svc / "serve.log", "wb")  # noqa: SIM115 - the process keeps it
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
+        cwd=svc,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    log.close()
+    low = trainer(box, sandbox_inventory, tmp_path, "svc-low")
+    hi = high(box, sandbox_inventory, tmp_path, "svc-high", 10)
+    try:
+        wait_until(lambda: "leading" in (svc / "serve.log").read_text(errors="replace"), 60, what="the service")
+        ok(cli("apply", "--queue", "--detach", low, cwd=tmp_path, env=env))
+        wait_until(lambda: steps(box, "svc-low") >= 3, 120, what="the handed-over trainer to take 3 steps")
+        r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        assert "preempted job svc-low" in r.stderr, r.stderr
+        assert status(tmp_path, low)["phase"] == "Preempted"
+        wait_until(lambda: status(tmp_path, hi)["phase"] == "Succeeded", 60, 0.25, what="the high job to end")
+        free = time.monotonic()
+        wait_until(
+            lambda: any(x.startswith("start ") and " resume 1 " in x for x in steps_log(box, "svc-low")),
+            60,
+            0.25,
+            what="the service to resume the trainer",
+        )
+        assert time.monotonic() - free <= 30
+        saved = int(next(x for x in steps_log(box, "svc-low") if x.startswith("saved ")).split()[1])
+        assert any(x.startswith(f"start {saved} resume 1 ") for x in steps_log(box, "svc-low"))
+        h = json.loads(ok(cli("history", "--json", cwd=svc, env=env)).stdout)
+        runs = [e for e in h["events"] if e["kind"] == "run" and e["job"] == "svc-low"]
+        assert any(e["how"].startswith("Preempted at ") and "by svc-high" in e["how"] for e in runs), runs
+        assert len(runs) == 2, runs  # the preempted run, and the resumed one
+    finally:
+        cli("cancel", low, cwd=tmp_path, env=env)
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        print((svc / "serve.log").read_text(errors="replace"))
+        destroy(hi, low)

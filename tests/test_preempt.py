@@ -1,0 +1,248 @@
+"""Preemption's pure parts (issue 42): the Preempted phase and the resume decision, the hold
+of a preempted entry (its GPUs wait for the preemptor alone), the ledger's side (a second
+preemptor refused, the victim's GPUs taken by the preemptor's reserve), the status line,
+and which victims one look finds. The host side runs on a temporary ledger."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from provision.core.lifecycle import Action, JobPhase, Reason, TaskRow, TaskState, decide, job_phase
+from provision.core.model import Host, SSHSettings
+from provision.host import layout, ledger
+from provision.host import preempt as host_preempt
+from provision.host.protocol import PreemptRequest, ProbeReport, Reservation
+from provision.rules import preempted
+from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
+from provision.run.preempt import look
+from provision.spec.placement import PlacedTask
+
+NOW = 1_800_000_000.0
+HERE = socket.gethostname()
+UNIT = "provision-low-chief-0.service"
+ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+ENDED = {"LoadState": "loaded", "ActiveState": "inactive", "SubState": "dead"}
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def victim(*, by="high", pid=None, host=HERE, gpus=(0, 1), updated=NOW) -> dict:
+    return {
+        "job": "low",
+        "owner": {"lineage": "L-low", "who": "bob@lab", "host": "ws", "pid": 1, "state": "/s"},
+        "since": NOW - 600,
+        "updated": NOW,
+        "token": "t-low",
+        "gpus": list(gpus),
+        "ports": [2222] if gpus else [],
+        "units": [UNIT],
+        "started": True,
+        "priority": 100,
+        "preemptible": True,
+        "preempted": {"by": by, "who": "ana@lab", "host": host, "pid": os.getpid() if pid is None else pid,
+                      "at": NOW - 5, "deadline": NOW + 5, "updated": updated},
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- phase and plan
+
+
+def test_a_preempted_job_is_preempted_unless_it_had_ended_before():
+    marker = {"phase": "Preempted", "reason": "preempted by high", "host_time": NOW}
+    stopped_row = TaskRow("chief-0", "chief", "h", TaskState.STOPPED, "stopped", NOW + 1)
+    assert job_phase("chief", [stopped_row], marker)[0] is JobPhase.PREEMPTED
+    # Exited 0 on the signal, after the preemption: still Preempted (it did not finish).
+    done = TaskRow("chief-0", "chief", "h", TaskState.SUCCEEDED, "exited 0", NOW + 1)
+    assert job_phase("chief", [done], marker)[0] is JobPhase.PREEMPTED
+    # Succeeded before the preemption: Succeeded.
+    early = TaskRow("chief-0", "chief", "h", TaskState.SUCCEEDED, "exited 0", NOW - 1)
+    assert job_phase("chief", [early], marker)[0] is JobPhase.SUCCEEDED
+    assert not JobPhase.PREEMPTED.ended  # `wait`, the service's watch and restart rules go on
+
+
+def test_its_owners_apply_resumes_it_once_its_tasks_ended():
+    marker = {"phase": "Preempted"}
+    exits = [["1800000000", "success", "exited", "0", "stop"]]
+    d = decide("chief-0", True, False, [], ENDED, exits, marker, False)
+    assert (d.action, d.reason, d.describe()) == (Action.RESTART, Reason.RESUMED, "resumes after preemption")
+    assert decide("chief-0", True, False, [], ACTIVE, None, marker, False).action is Action.NONE  # still saving
+    assert decide("chief-0", True, False, [], ENDED, exits, {"phase": "Stopped"}, False).action is Action.NONE
+
+
+# --------------------------------------------------------------------------- holds
+
+
+@pytest.mark.parametrize(
+    "e, state, want",
+    [
+        (victim(), ACTIVE, Hold.RUNNING),  # still saving its checkpoint
+        (victim(), ENDED, Hold.PREEMPTED),  # ended: held for the preemptor
+        (victim(pid=dead_pid()), ENDED, Hold.ENDED),  # the preemptor died on the way: free
+        (victim(host="elsewhere", updated=NOW - 3600), ENDED, Hold.ENDED),  # ... elsewhere: no renewal
+        (victim(host="elsewhere"), ENDED, Hold.PREEMPTED),
+        (victim(gpus=()), ENDED, Hold.ENDED),  # the preemptor took them: holds nothing
+    ],
+)
+def test_the_hold_of_a_preempted_entry(e, state, want):
+    assert judge(e, {UNIT: state}, NOW) is want
+
+
+def test_a_preempted_entrys_gpus_are_the_preemptors_alone():
+    hs = holders("h", ProbeReport(ledger={"low": victim()}, ledger_units={UNIT: ENDED}, listening=[]), NOW)
+    (h,) = hs
+    assert h.hold is Hold.PREEMPTED and h.preempted_by == "high" and h.priority == 100 and h.preemptible
+    assert not held_for("high", hs, [], NOW).gpus  # the preemptor may take them
+    assert held_for("third", hs, [], NOW).gpus == {0, 1}  # nobody else
+    assert held_for("low", hs, [], NOW).gpus == {0, 1}  # nor the victim itself
+    assert "reserved for job high, which preempted job low" in held_for("low", hs, [], NOW).by[0]
+
+
+def test_the_preemptors_reservation_names_the_victim_free():
+    hs = holders("h", ProbeReport(ledger={"low": victim()}, ledger_units={UNIT: ENDED}, listening=[]), NOW)
+    task = PlacedTask("chief", 0, Host("h", "10.0.0.1", SSHSettings(), "10.0.0.1"), 2223, (0, 1))
+
+    def free(job: str) -> dict[str, str]:
+        r = reservation(job, [task], ["u"], hs, Owner("L-" + job, job, "ws", 1, "/s"), {})
+        assert r is not None
+        return r.free
+
+    assert free("high") == {"low": "t-low"}  # ledger.conflicts lets it take them
+    assert free("third") == {}
+
+
+# --------------------------------------------------------------------------- the host's side
+
+
+@pytest.fixture
+def host_dirs(tmp_path, monkeypatch):
+    d = tmp_path / ".ledger"
+    monkeypatch.setattr(layout, "LEDGER_DIR", str(d))
+    monkeypatch.setattr(layout, "LEDGER_LOCK", str(d / ".lock"))
+    monkeypatch.setattr(layout, "VAR", str(tmp_path / "var"))
+    monkeypatch.setattr(layout, "ETC", str(tmp_path / "etc"))
+    calls: list[list[str]] = []
+
+    def run(argv, timeout=60):
+        calls.append(argv)
+        return (0, "10s\n", "") if argv[:2] == ["systemctl", "show"] else (0, "", "")
+
+    monkeypatch.setattr(host_preempt, "run", run)
+    return calls
+
+
+def res(job, gpus, *, free=None) -> Reservation:
+    return Reservation(
+        job,
+        {"lineage": "L-" + job, "who": job + "@lab"},
+        list(gpus),
+        [],
+        [],
+        [f"provision-{job}-c.service"],
+        free or {},
+    )
+
+
+def test_one_preemptor_marks_the_victim_a_second_is_refused(host_dirs):
+    assert ledger.reserve(res("low", [0, 1]), NOW) == []
+    os.makedirs(layout.job_dir("low"))
+    owner = {"who": "ana@lab", "host": HERE, "pid": os.getpid()}
+    a = host_preempt.op_preempt(PreemptRequest("low", "high-a", owner, 1000, "high", 2))
+    assert not a.errors and not a.refused and a.grace == 10.0 and a.gpus == [0, 1]
+    assert ["systemctl", "stop", "--no-block", "--", "provision-low-c.service"] in host_dirs
+    b = host_preempt.op_preempt(PreemptRequest("low", "high-b", owner, 1000, "high", 2))
+    assert b.refused == "high-a"
+    again = host_preempt.op_preempt(PreemptRequest("low", "high-a", owner, 1000, "high", 2))
+    assert not again.refused and again.deadline == a.deadline  # a renewal, the same deadline
+    deadline = float(open(layout.preempt_at_path("low")).read())
+    assert deadline == pytest.approx(a.deadline, abs=0.001)
+    e = ledger.read_all()["low"]
+    assert e["preempted"]["by"] == "high-a" and e["gpus"] == [0, 1]
+    marker = ledger.read_entry(layout.lifecycle_path("low"))
+    assert marker["phase"] == "Preempted" and marker["preempted"]["priority_name"] == "high"
+
+    # The victim itself cannot take back its GPUs while they wait for the preemptor...
+    assert ledger.reserve(res("low", [0, 1]), NOW) == ["GPU 0, 1 reserved for job high-a, which preempted this job"]
+    # ... the preemptor takes them (the controller saw the entry ended), and the victim holds nothing.
+    assert ledger.reserve(res("high-a", [0, 1], free={"low": e["token"]}), NOW) == []
+    after = ledger.read_all()["low"]
+    assert after["gpus"] == [] and after["ports"] == [] and after["preempted"]["by"] == "high-a"
+
+
+def test_the_next_start_resumes_and_a_fresh_one_does_not(host_dirs):
+    os.makedirs(layout.job_dir("low"))
+    os.makedirs(layout.state_dir("low"))
+    with open(layout.lifecycle_path("low"), "w") as f:
+        f.write('{"phase": "Preempted"}')
+    open(layout.preempt_at_path("low"), "w").write("1\n")
+    host_preempt.clear_lifecycle("low")
+    assert open(layout.resume_env_path("low")).read() == 'PROVISION_RESUME="1"\n'
+    assert not os.path.exists(layout.lifecycle_path("low")) and not os.path.exists(layout.preempt_at_path("low"))
+    host_preempt.clear_lifecycle("low")  # the next start (no marker): a fresh run
+    assert not os.path.exists(layout.resume_env_path("low"))
+
+
+@pytest.mark.parametrize(
+    "text, want", [("10s", 10.0), ("2min", 120.0), ("1min 30s", 90.0), ("500ms", 0.5), ("infinity", None), ("", None)]
+)
+def test_systemd_time_spans(text, want):
+    assert host_preempt.timespan_s(text) == want
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_the_status_line_and_a_task_killed_at_the_deadline():
+    found = preempted.marks(
+        {
+            "gpu-3": {
+                "phase": "Preempted",
+                "preempted": {"by": "deadline-run", "who": "ana", "priority_name": "high", "priority": 1000,
+                              "at": NOW, "deadline": NOW + 120, "gpus": [0, 1]},
+            },
+            "gpu-4": {"phase": "Stopped"},
+        }
+    )  # fmt: skip
+    line = preempted.reason(found, clock=time.gmtime)
+    assert (
+        line
+        == f"at {time.strftime('%H:%M', time.gmtime(NOW))} by deadline-run (ana, priority high): 2 GPUs on gpu-3; resumes when 2 GPUs are free"
+    )
+    assert preempted.killed_at_deadline(found, ["1", "timeout", "killed", "KILL", "stop"]) == (
+        "killed at the preemption's deadline: it had not exited 120 s after the preemption's signal"
+    )
+    assert preempted.killed_at_deadline(found, ["1", "success", "exited", "0", "stop"]) is None
+
+
+# --------------------------------------------------------------------------- one look
+
+
+def holder(job, gpus, hold=Hold.RUNNING, *, prio=500, preemptible=False, by="") -> Holder:
+    return Holder(
+        "h", job, None, tuple(gpus), (), NOW - 60, hold, "t", priority=prio, preemptible=preemptible, preempted_by=by
+    )
+
+
+def test_one_look_finds_candidates_leaving_victims_and_the_need():
+    hs = {"h": [holder("low", [0, 1], prio=100, preemptible=True), holder("mid", [2], prio=500), holder("mine", [])]}
+    seen = look("mine", {"h": 4}, hs, lambda held: {"h": 4 - len(held["h"].gpus)}, {}, NOW)
+    assert seen.leaving == () and seen.free == (("h", 1),) and seen.need == (("h", 3),)
+    assert [(r.job, r.priority, r.preemptible, r.gpus) for r in seen.running] == [
+        ("low", 100, True, (("h", 2),)),
+        ("mid", 500, False, (("h", 1),)),
+    ]
+    # Once preempted by `mine`, `low` is leaving: its GPUs count as free, it is no candidate.
+    hs = {"h": [holder("low", [0, 1], Hold.PREEMPTED, prio=100, preemptible=True, by="mine"), holder("mid", [2])]}
+    seen = look("mine", {"h": 4}, hs, lambda held: {"h": 2}, {}, NOW)
+    assert seen.leaving == (("low", "h"),) and seen.free == (("h", 3),) and [r.job for r in seen.running] == ["mid"]
+    # Nothing placeable even with every preemptible job gone: no need.
+    assert look("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
