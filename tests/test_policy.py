@@ -7,6 +7,7 @@ import pytest
 from provision.core.errors import ValidationError
 from provision.rules.policyfile import from_json, parse, to_json
 from provision.rules.priority import DEFAULT_CLASSES, Policy
+from provision.rules.tenancy import identity
 
 KNOWN = {"ana@lab", "bob@lab", "carol@lab"}
 
@@ -69,7 +70,9 @@ def test_a_stored_policy_of_the_wrong_shape_is_a_value_error() -> None:
         from_json({"classes": {"high": "x"}})
 
 
-def test_stored_in_the_team_database_and_read_where_levels_are_computed(postgres, monkeypatch, tmp_path) -> None:
+def test_stored_in_the_team_database_and_read_where_levels_are_computed(
+    postgres, monkeypatch, tmp_path, request
+) -> None:
     """io/policystore against a real PostgreSQL; open_context reads it (a job's class)."""
     pytest.importorskip("psycopg")
     from provision.io import policystore  # here: psycopg, only for this test
@@ -78,6 +81,8 @@ def test_stored_in_the_team_database_and_read_where_levels_are_computed(postgres
 
     monkeypatch.setenv("PGPASSWORD", postgres.env()["PGPASSWORD"])
     monkeypatch.setenv("PROVISION_OWNER", "ana@lab.example")
+    identity.cache_clear()  # the caller is a known owner: not an earlier test's cached one
+    request.addfinalizer(identity.cache_clear)
     postgres.sql("DROP TABLE IF EXISTS provision_policy")  # as a database made before issue 42
     store = policystore.open_team(Backend(postgres.url(), "test"))
     try:
