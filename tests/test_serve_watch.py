@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
-from provision.serve.service import Service
+from provision.serve.service import Service, _die_with_parent
 from provision.serve.watch import AGAIN_S, Watched, to_look_at
 
 HOSTS = frozenset({"h1", "h2"})
@@ -76,3 +79,15 @@ def test_the_service_starts_no_worker_for_a_watched_job_until_a_round_says_so(tm
     got = store.get("b")
     assert got is not None and got.status is Status.DONE and "destroyed" in got.why
     store.close()
+
+
+def test_a_cancel_signal_before_the_workers_handler_does_not_kill_it() -> None:
+    proc = subprocess.Popen(  # noqa: S603 - our own interpreter
+        [sys.executable, "-c", "import time; time.sleep(1); print('alive')"],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - as the service starts its workers
+    )
+    proc.send_signal(signal.SIGUSR1)  # as the service's cancel would, during the worker's imports
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out.strip() == "alive"

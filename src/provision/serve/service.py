@@ -41,7 +41,11 @@ LEAVE_GRACE = 15.0  # seconds a worker has to leave when the service stops
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
-    """The worker dies with the service (Linux): the next leader starts another, never two."""
+    """The worker dies with the service (Linux): the next leader starts another, never two.
+    A cancel's SIGUSR1 is ignored until the worker's handler is in place (its imports take a
+    second or more; the default action would kill it): one sent before is for a cancel
+    already in the database, which the worker reads after setting its handler."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the worker's own check of its parent ends it
