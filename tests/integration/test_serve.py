@@ -11,12 +11,8 @@ database (PROVISION_SERVICE_DB under tmp_path).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +22,8 @@ import pytest
 
 from clirun import cli, ok, sh, wait_until
 
+from .servehelp import Service, show_logs
+
 pytestmark = pytest.mark.integration
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
@@ -33,66 +31,12 @@ STUDY_HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs
 APPLY_HOSTS = ["host-3", "host-4"]
 
 
-class Service:
-    """A `provision serve` process on tmp's database; its output in a file."""
-
-    def __init__(self, tmp: Path, env: dict[str, str], args: tuple[str, ...] = ("--listen", "none")):
-        self.tmp, self.env, self.args = tmp, env, args  # no pages by default: two services share this machine
-        self.p: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.tmp / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 - the process keeps it
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", *self.args],
-            cwd=self.tmp,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
-        )
-        log.close()
-        wait_until(lambda: "leading" in self.output(), timeout=60, what="the service to lead")
-
-    def output(self) -> str:
-        return (self.tmp / f"serve-{self.starts}.log").read_text(errors="replace")
-
-    def kill9(self) -> None:
-        assert self.p is not None
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(30)
-
-    def stop(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-
-
-@pytest.fixture
-def env(tmp_path):
-    return {
-        "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
-        "PROVISION_OWNER": "ann@example.com",
-        "PROVISION_QUEUE_POLL": "1",
-        "PROVISION_SERVE_WATCH": "2",
-    }
-
-
-def _show_logs(tmp: Path) -> None:
-    """The services' and workers' logs (pytest shows them when a test fails)."""
-    for log in sorted(tmp.rglob("serve-*.log")) + sorted(tmp.rglob("work/*.log")):
-        print(f"==== {log}\n{log.read_text(errors='replace')}")
-
-
 @pytest.fixture
 def service(tmp_path, env):
     s = Service(tmp_path, env)
     yield s
     s.stop()
-    _show_logs(tmp_path)
+    show_logs(tmp_path)
 
 
 def _trials(inv: Path, cwd: Path, env: dict) -> list[dict]:
@@ -285,19 +229,9 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     )
     ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=team))
     a, b = Service(tmp_path / "a", team), Service(tmp_path / "b", team)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
     try:
         a.start()  # leads
-        b.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
-            cwd=b.tmp,
-            stdout=open(b.tmp / "serve-1.log", "wb"),  # noqa: SIM115 - the process keeps it
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **team},
-        )
-        b.starts = 1
-        wait_until(lambda: "following" in b.output(), timeout=60, what="the second service to follow")
+        b.start(until="following")
         wait_until(lambda: _ended(inv, tmp_path, team)[1] >= 1, timeout=300, what="a trial running")
         assert "leading" not in b.output()
         a.kill9()
@@ -309,7 +243,7 @@ def test_two_services_on_postgresql_the_follower_takes_over(sandbox4, sandbox_in
     finally:
         a.stop()
         b.stop()
-        _show_logs(tmp_path)
+        show_logs(tmp_path)
     trials = _trials(inv, tmp_path, team)
     assert [t["state"] for t in trials] == ["succeeded"] * 4, trials
     numbers = [int(x) for h in STUDY_HOSTS for x in sh(sandbox4, h, f"cat {ran} 2>/dev/null").split()]

@@ -16,9 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,63 +23,14 @@ import pytest
 
 from clirun import cli, ok, sh, wait_until
 
+from .servehelp import Service, show_logs
+
 pytestmark = pytest.mark.integration
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
 STUDY_HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs
 APPLY_HOSTS = ["host-3", "host-4"]
 TMP_SUFFIX = ".provision-tmp"  # host/layout.py: an atomic write's temp file
-
-
-class Service:
-    """A `provision serve` process; its output in tmp/serve-N.log (N: its start)."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.tmp, self.env = tmp, env
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        self.p: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self, until: str = "leading", **extra: str) -> None:
-        self.starts += 1
-        with open(self.log, "wb") as log:
-            self.p = subprocess.Popen(
-                [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
-                cwd=self.tmp,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, **extra},
-            )
-        wait_until(lambda: until in self.output(), timeout=60, what=f"the service to say {until!r}")
-
-    @property
-    def log(self) -> Path:
-        return self.tmp / f"serve-{self.starts}.log"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def lines(self, text: str) -> list[str]:
-        return [x for x in self.output().splitlines() if text in x]
-
-    def kill9(self) -> None:
-        assert self.p is not None
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(30)
-
-    def stop(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-
-
-def _show_logs(tmp: Path) -> None:
-    """The services' and workers' logs (pytest shows them when a test fails)."""
-    for log in sorted(tmp.rglob("serve-*.log")) + sorted(tmp.rglob("work/*.log")):
-        print(f"==== {log}\n{log.read_text(errors='replace')}")
 
 
 @pytest.fixture
@@ -226,7 +174,7 @@ def test_kill_9_during_a_queued_applys_write_step(sandbox4, sandbox_inventory, t
     finally:
         svc.stop()
         cli("destroy", "-y", inv, cwd=d, env=env)
-        _show_logs(tmp_path)
+        show_logs(tmp_path)
 
 
 def test_kill_9_between_a_trials_end_and_its_tell(sandbox4, sandbox_inventory, tmp_path, env):
@@ -260,7 +208,7 @@ def test_kill_9_between_a_trials_end_and_its_tell(sandbox4, sandbox_inventory, t
         assert "succeeded" in out
     finally:
         svc.stop()
-        _show_logs(tmp_path)
+        show_logs(tmp_path)
     _ran_once(sandbox4, inv, env, job, 4)
     logs = "".join(p.read_text() for p in (tmp_path / "svc" / "work").glob("*.log"))
     assert "adopted" in logs, logs
@@ -301,7 +249,7 @@ def test_postgresql_stopped_for_30_s(sandbox4, sandbox_inventory, tmp_path, env,
         assert len(svc.lines("answers again")) == 1, svc.output()
     finally:
         svc.stop()
-        _show_logs(tmp_path)
+        show_logs(tmp_path)
     _ran_once(sandbox4, inv, team, job, 4)
 
 
@@ -368,7 +316,7 @@ def test_a_second_service_by_mistake_follows_and_a_local_detach_says_where_it_go
         b.stop()
         a.stop()
         cli("destroy", "-y", inv, cwd=d, env=team)
-        _show_logs(tmp_path)
+        show_logs(tmp_path)
     assert not b.lines("leading"), b.output()
 
 
