@@ -301,7 +301,6 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
         "PROVISION_SERVICE_DB": str(svc / "service.sqlite"),
         "PROVISION_OWNER": "bob@lab",
         "PROVISION_QUEUE_POLL": "1",
-        "PROVISION_SERVE_WATCH": "2",
     }
     log = open(svc / "serve.log", "wb")  # noqa: SIM115 - the process keeps it
     serve = subprocess.Popen(

@@ -39,7 +39,6 @@ def env(tmp_path):
         "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
         "PROVISION_OWNER": "ann@example.com",
         "PROVISION_QUEUE_POLL": "1",
-        "PROVISION_SERVE_WATCH": "2",
     }
 
 
