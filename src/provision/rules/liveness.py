@@ -26,7 +26,19 @@ def pid_exists(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that ended and nobody reaped yet (a service's worker killed with it, its
+    parent gone, and an init that reaps late): it holds no lock and does no work."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False  # no /proc (not Linux): kill's answer stands
+    end = stat.rfind(b")")  # the name may hold spaces and parentheses: the state follows the last
+    return stat[end + 2 : end + 3] in (b"Z", b"X")
 
 
 def this_machine() -> str:
