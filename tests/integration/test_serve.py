@@ -32,6 +32,15 @@ APPLY_HOSTS = ["host-3", "host-4"]
 
 
 @pytest.fixture
+def env(tmp_path):
+    return {
+        "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
+        "PROVISION_OWNER": "ann@example.com",
+        "PROVISION_QUEUE_POLL": "1",
+    }
+
+
+@pytest.fixture
 def service(tmp_path, env):
     s = Service(tmp_path, env)
     yield s
