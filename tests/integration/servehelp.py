@@ -11,6 +11,19 @@ from pathlib import Path
 
 from clirun import wait_until
 
+TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
+STUDY_HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs
+APPLY_HOSTS = ["host-3", "host-4"]
+
+
+def service_env(tmp: Path) -> dict[str, str]:
+    """A test's environment for the CLI and its service: its own embedded database."""
+    return {
+        "PROVISION_SERVICE_DB": str(tmp / "svc" / "service.sqlite"),
+        "PROVISION_OWNER": "ann@example.com",
+        "PROVISION_QUEUE_POLL": "1",
+    }
+
 
 class Service:
     """A `provision serve` process; its output in tmp/serve-N.log (N: its start)."""

@@ -23,23 +23,16 @@ import pytest
 
 from clirun import cli, ok, sh, wait_until
 
-from .servehelp import Service, show_logs
+from .servehelp import APPLY_HOSTS, STUDY_HOSTS, TRAINER, Service, service_env, show_logs
 
 pytestmark = pytest.mark.integration
 
-TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "trainer.py"
-STUDY_HOSTS = ["host-1", "host-2"]  # 2 x 2 fake GPUs
-APPLY_HOSTS = ["host-3", "host-4"]
 TMP_SUFFIX = ".provision-tmp"  # host/layout.py: an atomic write's temp file
 
 
 @pytest.fixture
 def env(tmp_path):
-    return {
-        "PROVISION_SERVICE_DB": str(tmp_path / "svc" / "service.sqlite"),
-        "PROVISION_OWNER": "ann@example.com",
-        "PROVISION_QUEUE_POLL": "1",
-    }
+    return service_env(tmp_path)
 
 
 def _team(env: dict[str, str], postgres) -> dict[str, str]:
