@@ -43,6 +43,7 @@ class ServiceSource(InventorySource):
         self._sampled: tuple[float, dict[str, Any]] | None = None  # (monotonic, the last round's hosts)
         self._history: tuple[float, dict[str, Any]] | None = None  # (monotonic, gpu_history by host)
         self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
+        self._verdict: tuple[Any, tuple[set[str], set[str]]] | None = None  # to_look_at's last (key, answer)
 
     def to_look_at(self, watched: Sequence[Watched]) -> tuple[set[str], set[str]]:
         """The watched submissions a worker must look at, and those gone from every host,
@@ -50,12 +51,17 @@ class ServiceSource(InventorySource):
         got = self._round
         if got is None or not watched:
             return set(), set()
+        key = (got[0], tuple(watched))
+        if self._verdict is not None and self._verdict[0] == key:  # the service asks every poll; rounds come every 10 s
+            return self._verdict[1]
         invs = self._inventories()
         full = [
             dataclasses.replace(w, hosts=frozenset(h.name for h in invs[w.job][1].hosts)) if w.job in invs else w
             for w in watched
         ]
-        return to_look_at(got[1], got[0], full)
+        answer = to_look_at(got[1], got[0], full)
+        self._verdict = (key, answer)
+        return answer
 
     # ------------------------------------------------------------------ GPU samples
 
