@@ -31,11 +31,12 @@ from provision.core.tuning import (
     Tune,
 )
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
+from provision.run import trialrun
+from provision.run.context import Context, open_context
+from provision.run.trialplaces import HostLocks, Places
 from provision.run.trialrun import (
     Handle,
-    HostLocks,
     JobEnded,
-    Places,
     Removed,
     Reported,
     SettingUp,
@@ -676,3 +677,33 @@ def test_trials_on_other_hosts_plan_at_once_and_on_one_host_in_turn() -> None:
     locks.release(b)
     t.join(5)
     assert got == ["both"]
+
+
+def test_an_adopted_trial_not_yet_running_is_planned_where_its_state_placed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner killed between its trial's apply and the word that the trial runs: its state
+    places the trial (on GPU 2 here), and its tasks may run there. The adopter plans it
+    there, not anew (on GPU 0, the first free: its first start would run on beside it)."""
+    (tmp_path / "study.yaml").write_text(INV)
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    state = tmp_path / "sweep-t1.state.json"
+    ctx = open_context(str(tmp_path / "study.yaml"), state_path=str(state), loaded=inv, operation="apply")
+    ctx.state.set_placement({"chief-0": Slot("a", 2300, (2,))})
+    ctx.close()
+    planned: list[Mapping[str, Slot]] = []
+
+    def plan_and_apply(w: TrialWork, ctx: Context, *args: object, **kw: object) -> Ended:
+        planned.append(ctx.rendered.placement.slots())
+        return Ended(Ending.LEFT_RUNNING, "no hosts in this test")
+
+    monkeypatch.setattr(trialrun, "_placed_and_applied", plan_and_apply)
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"), inv=inv, tune=_tune(), logs_dir=tmp_path, stop=threading.Event(), say=print
+    )
+    ctx = open_context(str(tmp_path / "study.yaml"), state_path=str(state), loaded=inv, operation="apply")
+    try:
+        trialrun._start(work, ctx, Handle(1, {"lr": 0.5}, phase="starting", adopt=True))
+    finally:
+        ctx.close()
+    assert [s["chief-0"].accelerators for s in planned] == [(2,)], planned

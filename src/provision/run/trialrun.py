@@ -28,7 +28,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +59,8 @@ from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
-from provision.spec.placement import Held, PlacementError, Slot, place
+from provision.run.trialplaces import HostLocks, Places
+from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
 from provision.spec.trial import trial_inventory
 
@@ -150,66 +151,6 @@ class Handle:
     # Set when this trial's successor started (or none was given its place): its wind-up
     # may go on. Waited for at most HANDOFF_WAIT seconds.
     handed_off: threading.Event = field(default_factory=threading.Event)
-
-
-class HostLocks:
-    """A lock per host, taken in the hosts' order (two trials never wait for each other)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._each: dict[str, threading.Lock] = {}
-
-    def acquire(self, hosts: Iterable[str]) -> list[threading.Lock]:
-        with self._lock:
-            locks = [self._each.setdefault(h, threading.Lock()) for h in sorted(set(hosts))]
-        for i, lock in enumerate(locks):
-            try:
-                lock.acquire()
-            except BaseException:
-                self.release(locks[:i])
-                raise
-        return locks
-
-    @staticmethod
-    def release(locks: list[threading.Lock]) -> None:
-        for lock in reversed(locks):
-            lock.release()
-
-
-class Places:
-    """Where this runner's trials run or are about to: a trial about to start is placed
-    beside them here first (placement is a pure function), so that trials starting at once
-    take different GPUs and ports, and wait only for those placed on the same hosts."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._taken: dict[int, Mapping[str, Slot]] = {}
-
-    def take(self, number: int, inv: Inventory, hint: Mapping[str, Slot] | None) -> Mapping[str, Slot] | None:
-        """Where trial `number` goes (`hint` first, if no other trial has it), kept as taken;
-        None: no room beside this runner's other trials (it waits, in turn, as before)."""
-        with self._lock:
-            gpus: dict[str, set[int]] = {}
-            ports: dict[str, set[int]] = {}
-            for n, slots in self._taken.items():
-                for slot in slots.values() if n != number else ():
-                    gpus.setdefault(slot.host, set()).update(slot.accelerators)
-                    ports.setdefault(slot.host, set()).add(slot.port)
-            held = {host: Held(frozenset(gpus[host]), frozenset(ports.get(host, ()))) for host in gpus}
-            try:
-                slots = place(inv, hint, held).slots()
-            except PlacementError:
-                return None
-            self._taken[number] = slots
-            return slots
-
-    def hold(self, number: int, slots: Mapping[str, Slot]) -> None:
-        with self._lock:
-            self._taken[number] = dict(slots)
-
-    def leave(self, number: int) -> None:
-        with self._lock:
-            self._taken.pop(number, None)
 
 
 @dataclass
@@ -408,7 +349,9 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     # when it took an ended one's place): rendered there from the start, the plan's probe
     # asks the right hosts the right questions (no second round trip), and the plan waits
     # only for this runner's trials on the same hosts.
-    hint = w.places.take(number, ctx.inventory, h.hint)
+    # An adopted trial's state may place it already (its dead runner's apply got that far):
+    # there, not anew (elsewhere, its first start would run on beside the second).
+    hint = w.places.take(number, ctx.inventory, h.hint or ctx.state.placement or None)
     if hint:
         ctx.state.set_placement(hint)
         ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
