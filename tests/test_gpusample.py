@@ -4,15 +4,29 @@ and the pages when the database is away (issue 41, Bad input)."""
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from clirun import wait_until
 from provision.core.errors import ProvisionError
 from provision.io.servicestore import GpuSample, ServiceStore
-from provision.serve.gpusample import IDLE_WINDOW_ENV, Sampler, history_json, idle_json, idle_window, samples_of
+from provision.serve.gpusample import (
+    IDLE_WINDOW_ENV,
+    LOOKING_S,
+    QUIET_EVERY,
+    SAMPLE_EVERY,
+    Sampler,
+    history_json,
+    idle_json,
+    idle_window,
+    round_every,
+    samples_of,
+)
 from provision.serve.source import ServiceSource
 from provision.web.app import make_app
 from provision.web.auth import Auth
@@ -180,3 +194,50 @@ def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
     assert 'provision_gpu_utilization_percent{host="gpu-1",gpu="1",job="bert",owner="ana@example.com"} 87' in text
     assert 'provision_gpu_memory_used_mib{host="gpu-1",gpu="0"} 0' in text
     assert 'provision_host_up{host="gpu-2"} 0' in text
+
+
+@pytest.mark.parametrize(
+    ("looked_ago", "busy", "every"),
+    [
+        (5.0, False, SAMPLE_EVERY),  # a page read the samples just now
+        (LOOKING_S - 1, False, SAMPLE_EVERY),
+        (LOOKING_S + 1, False, QUIET_EVERY),  # nobody looks, nothing changes
+        (math.inf, True, SAMPLE_EVERY),  # a job ending, preempted or new to the watch
+    ],
+)
+def test_rounds_come_every_10_s_while_looked_at_or_changing_else_every_minute(
+    looked_ago: float, busy: bool, every: float
+) -> None:
+    assert round_every(looked_ago, busy) == every
+
+
+def test_the_sampler_asks_its_period_again_every_second() -> None:
+    """A quiet minute's wait ends when a page comes: the next round within a second."""
+    rounds: list[float] = []
+    period = [QUIET_EVERY]
+    s = Sampler(lambda: rounds.append(time.monotonic()) or 0, lambda: True, print, every=lambda: period[0])
+    s.start()
+    try:
+        wait_until(lambda: len(rounds) == 1, timeout=5, every=0.02, what="the first round at once")
+        time.sleep(1.2)
+        assert len(rounds) == 1  # the next one is a minute away
+        period[0] = 0.1
+        asked = time.monotonic()
+        wait_until(lambda: len(rounds) >= 3, timeout=5, every=0.02, what="rounds at the short period")
+        assert rounds[1] - asked <= 1.1, rounds
+    finally:
+        s.stop()
+
+
+def test_the_service_samples_fast_while_a_page_reads_or_a_job_changes(tmp_path: Path) -> None:
+    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
+    assert src.every() == QUIET_EVERY  # nobody looked yet, no round
+    src.latest = lambda: DOC  # type: ignore[method-assign]  # (no hosts here: the page's read is what counts)
+    ServiceSource.usage(src)
+    assert src.every() == SAMPLE_EVERY
+    src._looked -= LOOKING_S + 1
+    assert src.every() == QUIET_EVERY
+    preempted = {**DOC, "jobs": [{"job": "bert", "owner": "ana@example.com", "state": "preempted"}]}
+    src._round = (time.time(), preempted)
+    src._changing = True  # what sample() concludes from such a round
+    assert src.every() == SAMPLE_EVERY

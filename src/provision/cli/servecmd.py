@@ -296,7 +296,7 @@ def _rounds(
         store.close()
         raise
     svc.to_look_at = source.to_look_at
-    sampler = Sampler(source.sample, lambda: svc.row.leader, _stamped)
+    sampler = Sampler(source.sample, lambda: svc.row.leader, _stamped, every=source.every)
     sampler.start()
 
     def stop() -> None:

@@ -8,6 +8,7 @@ The functions are pure (samples in, the pages' JSON out); `Sampler` is the loop.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -18,7 +19,11 @@ from provision.core.errors import ProvisionError
 from provision.io.servicestore import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
 
-SAMPLE_EVERY = 10.0  # seconds between rounds (issue 41: at most 10 s)
+SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (issue 41: at most 10 s)
+# ... and while nobody does: a round per host costs the service ~10 ms of CPU (paramiko), so
+# 128 hosts every 10 s would be 13 % of a core for samples nobody reads (issue 40: < 5 %).
+QUIET_EVERY = 60.0
+LOOKING_S = 120.0  # seconds after a page (or /metrics) read the samples that it counts as looked at
 HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: 30 s a point at most
 # A test knob, not a setting: the Usage page's idle window in seconds (default: the rule's 10 minutes),
 # so a browser test sees a GPU flagged idle in seconds. docs/dashboard.md names it.
@@ -97,17 +102,25 @@ def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[d
     return out
 
 
+def round_every(looked_ago: float, busy: bool) -> float:
+    """Seconds from one round to the next: SAMPLE_EVERY while pages read the samples or the
+    last round saw work that changes (a job not simply running: ending, preempted, new to
+    the watch), QUIET_EVERY otherwise (the pages probe for themselves when they come)."""
+    return SAMPLE_EVERY if busy or looked_ago < LOOKING_S else QUIET_EVERY
+
+
 class Sampler:
-    """Every SAMPLE_EVERY seconds while `leading()` (one service samples a team's hosts):
-    `sample()` (ServiceSource.sample: probe, store). A round that fails (the database or a
-    host away) is said and the next one comes as usual."""
+    """A round every `every()` seconds while `leading()` (one service samples a team's
+    hosts): `sample()` (ServiceSource.sample: probe, store). A round that fails (the
+    database or a host away) is said and the next one comes as usual. The period is asked
+    again every second: a page opened during a quiet minute gets its rounds at once."""
 
     def __init__(
         self,
         sample: Callable[[], int],
         leading: Callable[[], bool],
         say: Callable[[str], None],
-        every: float = SAMPLE_EVERY,
+        every: Callable[[], float] = lambda: SAMPLE_EVERY,
     ):
         self.sample, self.leading, self.say, self.every = sample, leading, say, every
         self.stopping = threading.Event()
@@ -122,13 +135,18 @@ class Sampler:
         self.thread.join(timeout=30)
 
     def run(self) -> None:
+        last = -math.inf
         while not self.stopping.is_set():
-            began = time.monotonic()
             if not self.leading():  # a follower: look again soon (it may lead in a moment)
+                last = -math.inf
                 self.stopping.wait(1.0)
                 continue
+            due = last + self.every() - time.monotonic()
+            if due > 0:
+                self.stopping.wait(min(1.0, due))
+                continue
+            last = time.monotonic()
             self.round()
-            self.stopping.wait(max(0.5, self.every - (time.monotonic() - began)))
 
     def round(self) -> None:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,8 +23,15 @@ from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
 from provision.rules.usage import HOLDING, Use, gpu_hours
-from provision.serve.gpusample import SAMPLE_EVERY, history_json, idle_json, idle_window, samples_of
-from provision.serve.watch import Watched, to_look_at
+from provision.serve.gpusample import (
+    SAMPLE_EVERY,
+    history_json,
+    idle_json,
+    idle_window,
+    round_every,
+    samples_of,
+)
+from provision.serve.watch import QUIET, Watched, to_look_at
 from provision.web.auth import Auth, TokenCheck
 from provision.web.inventories import InventorySource
 
@@ -44,6 +52,9 @@ class ServiceSource(InventorySource):
         self._history: tuple[float, dict[str, Any]] | None = None  # (monotonic, gpu_history by host)
         self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
         self._verdict: tuple[Any, tuple[set[str], set[str]]] | None = None  # to_look_at's last (key, answer)
+        self._looked = -math.inf  # (monotonic) when a page last read the samples
+        self._changing = False  # the last round saw a job not simply running
+        self._new_watch = False  # a job is watched that no round has seen yet
 
     def to_look_at(self, watched: Sequence[Watched]) -> tuple[set[str], set[str]]:
         """The watched submissions a worker must look at, and those gone from every host,
@@ -60,6 +71,7 @@ class ServiceSource(InventorySource):
             for w in watched
         ]
         answer = to_look_at(got[1], got[0], full)
+        self._new_watch = any(w.since > got[0] for w in watched)
         self._verdict = (key, answer)
         return answer
 
@@ -72,13 +84,20 @@ class ServiceSource(InventorySource):
         doc = InventorySource.hosts(self, fresh=True)
         self._sampled = (time.monotonic(), doc)
         self._round = (began, doc)
+        self._changing = any(j.get("state") not in QUIET for j in doc.get("jobs") or [])
         got = samples_of(doc, self.store.now())
         self.store.add_gpu_samples(got)
         self._history = None
         return len(got)
 
+    def every(self) -> float:
+        """Seconds between sampling rounds now (gpusample.round_every)."""
+        return round_every(time.monotonic() - self._looked, self._changing or self._new_watch)
+
     def hosts(self, *, fresh: bool = False) -> dict[str, Any]:
         """The hosts now (a probe of the last seconds), each with its GPUs' last hour."""
+        if not fresh:  # a page's (the rounds ask fresh)
+            self._looked = time.monotonic()
         doc = super().hosts(fresh=fresh)
         cached = self._history
         if cached is None or time.monotonic() - cached[0] > SAMPLE_EVERY:
@@ -90,6 +109,7 @@ class ServiceSource(InventorySource):
 
     def latest(self) -> dict[str, Any]:
         """The last round's hosts (/metrics' GPU gauges), or a probe now when none is recent."""
+        self._looked = time.monotonic()
         got = self._sampled
         if got is not None and time.monotonic() - got[0] < 2 * SAMPLE_EVERY:
             return got[1]
@@ -104,6 +124,7 @@ class ServiceSource(InventorySource):
             return super()._inventories()
 
     def usage(self) -> dict[str, Any]:
+        self._looked = time.monotonic()
         now = self.store.now()
         wins = usage_windows(now)
         doc = usage_doc(wins, self.store.gpu_hours_in([(w[2], w[3]) for w in wins], now, sorted(HOLDING)))
