@@ -57,6 +57,18 @@ def _local_user() -> str | None:
         return None
 
 
+# paramiko's own order (not in its type stubs: a private attribute, documented in its source).
+_CIPHERS: tuple[str, ...] = paramiko.Transport._preferred_ciphers  # type: ignore[attr-defined]
+
+
+class _Transport(paramiko.Transport):
+    """paramiko's, with AES-GCM first among the ciphers (paramiko prefers CTR with an HMAC,
+    whose check it does byte by byte in Python: ~15 % of a round trip's controller CPU). A
+    server without GCM gets CTR, as before."""
+
+    _preferred_ciphers = tuple(c for c in _CIPHERS if "-gcm@" in c) + tuple(c for c in _CIPHERS if "-gcm@" not in c)
+
+
 class Connection(fabric.Connection):
     """fabric.Connection that opens on provision's socket and hop order (module docstring)."""
 
@@ -96,6 +108,7 @@ class Connection(fabric.Connection):
             connect_timeout=connect_timeout or 10.0,
         )
         self.connect_kwargs: dict[str, Any] = dict(self.connect_kwargs)
+        self.connect_kwargs["transport_factory"] = _Transport
         self.connect_timeout = connect_timeout
 
     @classmethod
