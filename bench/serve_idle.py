@@ -9,7 +9,7 @@ holds one job: the first hosts - jobs jobs have two hosts), each one task per ho
 sleeps (`sleep infinity`, one GPU), handed to a `provision serve` (embedded database,
 default --poll, no pages) with `provision apply --queue --detach`: the service applies
 each and then watches it until it ends (serve/watch.py: from the service's round of every
-host every 10 s; before d7640a1, a worker process per job looked every 10 s). Jobs applied from a terminal are not watched by the service
+host every 10 s while looked at, else every minute; before d7640a1, a worker process per job looked every 10 s). Jobs applied from a terminal are not watched by the service
 (only --inventory pages probe them, when a page asks), so handing them over is the case.
 
 Measured over --seconds, once every job runs (and once before any was handed over, the
@@ -22,13 +22,17 @@ the window (the same number: kept open; more: reconnecting).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,6 +95,12 @@ def watched(db: Path) -> tuple[int, int]:
     return int(runs), int(failed)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def measure(rep: Report, what: str, svc: Serve, seconds: float, ports: set[int]) -> Sampler:
     conns: list[set[tuple[int, int]]] = []
 
@@ -149,7 +159,8 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         inv = sandbox.inventory_dict(sb, job=f"idle{j:03d}", pools=pools, hosts=mine)
         (d / "job.yaml").write_text(dump(inv, sb))
         invs.append(d / "job.yaml")
-    svc = Serve(tmp / "serve", env, ("--listen", "none"))
+    port = free_port()
+    svc = Serve(tmp / "serve", env, ("--listen", f"127.0.0.1:{port}"))
     try:
         svc.wait_for("leading", 60)
         time.sleep(5)
@@ -174,6 +185,22 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
                     rep.say(f"  failed: {job}: {why}")
         time.sleep(20)  # the applies' aftermath (workers' first looks) settles
         s = measure(rep, f"the service watching {runs} idle jobs on {len(hosts)} hosts", svc, args.seconds, ports)
+        # Someone looks: /metrics scraped every 15 s (the last round's samples, no probe of its
+        # own), so the rounds come every 10 s instead of every minute (serve/gpusample.round_every).
+        scraping = threading.Event()
+
+        def scrape() -> None:
+            while not scraping.wait(15.0):
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
+        time.sleep(12)  # the first round at the fast rate
+        looked = measure(rep, "the same, /metrics scraped every 15 s (rounds every 10 s)", svc, args.seconds, ports)
+        scraping.set()
         pids = tree(svc.p.pid)
         main_rss = rss_mib(svc.p.pid)
         workers = [rss_mib(p) for p in pids if p != svc.p.pid]
@@ -184,6 +211,9 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         share, rss = s.cpu_share(), s.rss_max()
         rep.verdict(f"CPU < {100 * CPU_BOUND:g} % of one core", f"{100 * share:.2f} %", share < CPU_BOUND)
         rep.verdict(f"RSS < {RSS_BOUND:g} MiB", f"{rss:.1f} MiB", rss < RSS_BOUND)
+        rep.say(
+            f"  (while scraped: CPU {100 * looked.cpu_share():.2f} % of one core, RSS max {looked.rss_max():.1f} MiB)"
+        )
         if runs and runs < args.jobs:
             rep.say(
                 f"  linear in the jobs (one worker each): {args.jobs} jobs ~ {100 * share * args.jobs / runs:.1f} % CPU, "
