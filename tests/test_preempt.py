@@ -217,6 +217,16 @@ def test_the_status_line_and_a_task_killed_at_the_deadline():
         line
         == f"at {time.strftime('%H:%M', time.gmtime(NOW))} by deadline-run (ana, priority high): 2 GPUs on gpu-3; resumes when 2 GPUs are free"
     )
+    assert preempted.reason(found, clock=time.gmtime, place=3).endswith(
+        "resumes when 2 GPUs are free (3rd in the queue)"
+    )
+    assert [preempted.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"
+    ]  # fmt: skip
+    # A tuning trial's words when it pauses (issue 42 item 4).
+    assert (
+        preempted.paused(found[0][1], 1) == "preempted by deadline-run (ana, priority high); resumes when 1 GPU is free"
+    )
     assert preempted.killed_at_deadline(found, ["1", "timeout", "killed", "KILL", "stop"]) == (
         "killed at the preemption's deadline: it had not exited 120 s after the preemption's signal"
     )

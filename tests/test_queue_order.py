@@ -7,7 +7,7 @@ import pytest
 
 from provision.core.model import Host, Pool, SSHSettings
 from provision.rules.priority import Policy
-from provision.rules.queueorder import check_turn, takes, waits_behind
+from provision.rules.queueorder import check_turn, place_in_queue, takes, waits_behind
 from provision.rules.tenancy import Hold, Holder, Owner, Turn
 from provision.spec.placement import PlacedTask, Placement, PlacementError
 
@@ -47,6 +47,31 @@ def test_who_goes_first(others: list[Holder], prio: int, sub: float, want: str |
         held_by.setdefault(h.host, []).append(h)
     got = waits_behind("me", prio, sub, {"h1": {0}}, held_by)
     assert [b.ahead.job for b in got] == ([want] if want else [])
+
+
+# A preempted job's place in the queue where it held GPUs (issue 42 item 5): its entry (low,
+# submitted NOW - 600) ordered against the waiting work there -> its place (None: no entry).
+ME = holder("me", prio=LOW, sub=NOW - 600, hold=Hold.ENDED)
+PLACES = [
+    ([ME], 1),  # nothing waits: first
+    ([ME, holder("a", prio=HIGH), holder("b", prio=NORMAL)], 3),  # two of higher priority
+    ([ME, holder("a", prio=LOW, sub=NOW - 900)], 2),  # same priority, submitted earlier
+    ([ME, holder("a", prio=LOW, sub=NOW - 60)], 1),  # same priority, later: behind it
+    ([ME, holder("a", prio=HIGH, hold=Hold.STALE)], 1),  # its apply is gone
+    ([ME, holder("a", prio=HIGH, hold=Hold.RUNNING, gpus=(0,))], 1),  # running, not waiting
+    ([ME, holder("a", prio=HIGH, need=0)], 1),  # needs no GPU there
+    ([ME, holder("a", prio=HIGH, host="h3")], 1),  # waits on a host it does not need
+    ([ME, holder("a", prio=HIGH), holder("a", prio=HIGH, host="h2")], 2),  # one job on two hosts: once
+    ([holder("a", prio=HIGH)], None),  # no entry of its own to order it by
+]
+
+
+@pytest.mark.parametrize(("entries", "want"), PLACES)
+def test_a_preempted_jobs_place_in_the_queue(entries: list[Holder], want: int | None) -> None:
+    held_by: dict[str, list[Holder]] = {}
+    for h in entries:
+        held_by.setdefault(h.host, []).append(h)
+    assert place_in_queue("me", ["h1", "h2"], held_by) == want
 
 
 def mk(name: str) -> Host:

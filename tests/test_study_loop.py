@@ -37,6 +37,7 @@ from provision.run.trialplaces import HostLocks, Places
 from provision.run.trialrun import (
     Handle,
     JobEnded,
+    Paused,
     Removed,
     Reported,
     SettingUp,
@@ -707,3 +708,196 @@ def test_an_adopted_trial_not_yet_running_is_planned_where_its_state_placed_it(
     finally:
         ctx.close()
     assert [s["chief-0"].accelerators for s in planned] == [(2,)], planned
+
+
+# --------------------------------------------------------------------------- paused trials (issue 42 item 4)
+
+PAUSED_WHY = "preempted by deadline-run (ana, priority high); resumes when 1 GPU is free"
+STUDY = INV + (
+    "tune:\n  metric: {name: loss, goal: minimize}\n  parameters: {lr: {type: double, min: 0.0, max: 1.0}}\n"
+    "  max_trials: 3\n"
+)
+
+
+def _steps(study: Study, number: int) -> dict[int, float]:
+    return dict(study.study.get_trials(deepcopy=False)[number - 1].intermediate_values)
+
+
+def test_a_preempted_trial_pauses_untold_and_resumes_as_the_same_trial(tmp_path: Path) -> None:
+    """Trial 1's job is preempted after two reports: it is not told (Optuna's trial stays
+    running, its reports kept), its place goes to trial 2, the study does not end while it
+    is paused, and it resumes as trial 1, its reports going on from step 2."""
+    seen: dict[str, object] = {}
+    lines: list[str] = []
+
+    def work(w: TrialWork, h: Handle) -> None:
+        w.post(Started(h.number, {"chief-0": "a"}))
+        if h.number == 2:
+            w.post(JobEnded(2, Ended(Ending.SUCCEEDED, "", 0.8, 0)))
+            assert h.told_event.wait(5)
+            w.post(Removed(2, Ended(Ending.SUCCEEDED, "", 0.8, 0)))
+            return
+        w.post(Reported(1, (Report(0, 1.0), Report(1, 0.9))))
+        assert _until(lambda: _steps(study, 1) == {0: 1.0, 1: 0.9})
+        w.post(Paused(1, PAUSED_WHY))
+        # Trial 2 took its place, ran and was removed; the study goes on for trial 1.
+        seen["second"] = _until(lambda: bool(study.study.user_attrs.get("removed-2")))
+        seen["untold"] = study.is_running(1)
+        seen["why"] = _why(study, 1)
+        seen["counted"] = study.running_anywhere(loop.me)
+        time.sleep(0.3)  # a few of the loop's polls: it must not end the study meanwhile
+        seen["ended"] = study.ended(2)
+        w.post(Started(1, {"chief-0": "a"}))  # resumed (PROVISION_RESUME=1 on the hosts)
+        w.post(Reported(1, tuple(Report(s, 1.0 - s / 10) for s in range(4))))
+        ended = Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.7, 3)
+        w.post(JobEnded(1, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(1, ended))
+
+    tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    loop.w.say = lines.append
+    tells: list[int] = []
+    tell = study.tell
+    study.tell = lambda n, e: tells.append(n) or tell(n, e)  # type: ignore[method-assign]
+    end = loop.run()
+    assert end.code == 0 and end.why == "the study ended: 2 trials", end.why
+    assert seen == {
+        "second": True,
+        "untold": True,
+        "why": f"paused: {PAUSED_WHY}",
+        "counted": 0,
+        "ended": None,
+    }, seen
+    assert tells == [2, 1]  # trial 1 told once, after its resume
+    assert [(r.number, r.state, r.value) for r in study.rows()] == [
+        (1, TrialState.SUCCEEDED, 0.7),
+        (2, TrialState.SUCCEEDED, 0.8),
+    ]
+    assert _steps(study, 1) == {0: 1.0, 1: 0.9, 2: 0.8, 3: 0.7}  # its reports before and after, one trial
+    assert f"trial 1 paused: {PAUSED_WHY}" in lines and "trial 1 resumed on a (from its checkpoint)" in lines
+
+
+def test_a_paused_trial_whose_runner_died_is_adopted_paused(tmp_path: Path) -> None:
+    tune = _tune(max_trials=1, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    study = memory_study(tune, "sweep", seed=1)
+    dead = _dead_runner()
+    assert study.ask(1) is not None
+    study.claim(1, dead, "sweep-t1")
+    study.report(1, 1.0, 0)
+    study.beat(1, phase="paused", doing=f"paused: {PAUSED_WHY}")
+    assert study.running_anywhere(Runner.here()) == 0  # it holds no GPU
+    seen: dict[str, object] = {}
+    lines: list[str] = []
+
+    def work(w: TrialWork, h: Handle) -> None:
+        seen.update(phase=h.phase, adopt=h.adopt, holding=loop.mine.holding())
+        w.post(Started(1, {"chief-0": "a"}))
+        w.post(Reported(1, (Report(0, 1.0), Report(1, 0.5))))
+        ended = Ended(Ending.SUCCEEDED, "", 0.5, 1)
+        w.post(JobEnded(1, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(1, ended))
+
+    loop, study, _ = _loop(tmp_path, tune, work, study=study)
+    loop.w.say = lines.append
+    assert loop.run().code == 0
+    assert seen == {"phase": "paused", "adopt": True, "holding": 0}, seen
+    assert f"trial 1: its runner ({dead.id}) is gone: adopted (paused: {PAUSED_WHY})" in lines, lines
+    assert "trial 1 resumed on a (from its checkpoint)" in lines
+    assert [(r.number, r.state, r.value) for r in study.rows()] == [(1, TrialState.SUCCEEDED, 0.5)]
+    assert _steps(study, 1) == {0: 1.0, 1: 0.5}
+
+
+def test_the_worker_pauses_a_preempted_trial_and_queues_its_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_trial: a follow that ends Preempted posts Paused (not its end), takes the state's
+    lock again and starts the same trial as a queued apply; the metric reader goes on."""
+    (tmp_path / "study.yaml").write_text(STUDY)
+    inv = parse(STUDY, tmp_path / "study.yaml", "study.yaml")
+    starts: list[tuple[str, bool]] = []
+    readers: list[object] = []
+    follows = iter([Ended(Ending.PAUSED, PAUSED_WHY), Ended(Ending.SUCCEEDED, "chief-0 exited 0", 0.5, 3)])
+
+    def start(w: TrialWork, ctx: Context, h: Handle) -> None:
+        starts.append((h.phase, ctx.lock is not None))
+
+    def follow(w: TrialWork, ctx: Context, h: Handle, reader: object) -> Ended:
+        readers.append(reader)
+        return next(follows)
+
+    def wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) -> tuple[Ended, bool]:
+        w.post(JobEnded(h.number, ended))
+        return ended, True
+
+    monkeypatch.setattr(trialrun, "_start", start)
+    monkeypatch.setattr(trialrun, "_follow", follow)
+    monkeypatch.setattr(trialrun, "_wind_up", wind_up)
+    posts: list[object] = []
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"),
+        inv=inv,
+        tune=_tune(),
+        logs_dir=tmp_path,
+        stop=threading.Event(),
+        say=print,
+        post=posts.append,
+    )
+    trialrun.run_trial(work, Handle(1, {"lr": 0.5}))
+    assert starts == [("", True), ("paused", True)], posts
+    assert len(readers) == 2 and readers[0] is readers[1]
+    assert [type(p).__name__ for p in posts] == ["Started", "Paused", "Started", "JobEnded", "Removed"]
+    assert posts[1] == Paused(1, PAUSED_WHY)
+
+
+def test_a_follow_that_sees_its_job_preempted_and_stopped_pauses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provision.core.lifecycle import JobPhase, TaskState
+    from provision.rules.status import JobStatus, TaskStatus
+
+    (tmp_path / "study.yaml").write_text(INV)
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    mark = {"phase": "Preempted", "preempted": {"by": "deadline-run", "who": "ana", "priority_name": "high"}}
+
+    def status(state: TaskState) -> JobStatus:
+        task = TaskStatus("chief-0", "chief", "a", "192.0.2.1", [0], state, None, 0, None, "")
+        return JobStatus("sweep-t1", JobPhase.PREEMPTED, "at 14:02 by deadline-run", (task,), stopped=mark)
+
+    looks = iter([status(TaskState.RUNNING), status(TaskState.STOPPED)])  # saving its checkpoint, then stopped
+    monkeypatch.setattr(trialrun, "look", lambda ctx: (next(looks), None))
+    monkeypatch.setattr(trialrun, "_host_wait", lambda w, ctx, st: True)
+
+    class Reader:
+        def read(self, ctx: Context) -> tuple[Report, ...]:
+            return (Report(0, 1.0),)
+
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"), inv=inv, tune=_tune(), logs_dir=tmp_path, stop=threading.Event(), say=print
+    )
+    ctx = open_context(
+        str(tmp_path / "study.yaml"), state_path=str(tmp_path / "t1.json"), loaded=inv, operation="apply"
+    )
+    try:
+        got = trialrun._follow(work, ctx, Handle(1, {"lr": 0.5}), Reader())  # type: ignore[arg-type]
+    finally:
+        ctx.close()
+    assert got == Ended(Ending.PAUSED, PAUSED_WHY)
+
+
+def test_a_resumed_runs_metric_file_goes_after_the_reports_before_its_pause() -> None:
+    from provision.run.trialmetric import after
+
+    before = (Report(1, 0.9), Report(2, 0.8), Report(3, 0.7))
+    assert after(before, (Report(3, 0.65), Report(4, 0.6))) == (
+        Report(1, 0.9),
+        Report(2, 0.8),
+        *(Report(3, 0.65), Report(4, 0.6)),
+    )
+    assert after(before, ()) == before  # resumed, nothing reported yet
+    assert after(before, (Report(1, 0.9), Report(2, 0.8), Report(3, 0.7), Report(4, 0.6))) == (
+        *before,
+        Report(4, 0.6),
+    )  # a file kept whole
+    assert after((), before) == before

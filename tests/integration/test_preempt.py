@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import cli, ok, sh, status, wait_until
+from clirun import cli, ok, output_until, sh, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,8 @@ def test_preempted_saves_then_resumes_from_its_checkpoint(box, sandbox_inventory
         st = status(tmp_path, low)
         assert st["phase"] == "Preempted", st
         assert re.fullmatch(
-            r"at \d\d:\d\d by pre-high \(ana@lab, priority high\): 2 GPUs on host-1; resumes when 2 GPUs are free",
+            r"at \d\d:\d\d by pre-high \(ana@lab, priority high\): 2 GPUs on host-1; resumes when 2 GPUs are free"
+            r" \(1st in the queue\)",
             st["reason"],
         ), st["reason"]
         text = ok(cli("status", low, cwd=tmp_path)).stdout
@@ -344,3 +345,97 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
             serve.kill()
         print((svc / "serve.log").read_text(errors="replace"))
         destroy(hi, low)
+
+
+# A study's trainer (issue 42 item 4): one step every 0.25 s up to 30, each reported as
+# cloudml-hypertune does (its file rewritten whole with this run's reports), logged to
+# AIP_CHECKPOINT_DIR/steps.log; on SIGTERM it saves its step and leaves; resumed
+# (PROVISION_RESUME=1) it goes on from that step.
+TRIAL_TRAINER = r"""
+import json, os, signal, sys, time
+d = os.environ["AIP_CHECKPOINT_DIR"]
+os.makedirs(d, exist_ok=True)
+ck, log = os.path.join(d, "step"), open(os.path.join(d, "steps.log"), "a")
+metric = os.environ["CLOUD_ML_HP_METRIC_FILE"]
+os.makedirs(os.path.dirname(metric), exist_ok=True)
+last = 30
+step = int(open(ck).read()) if os.environ.get("PROVISION_RESUME") == "1" and os.path.exists(ck) else 0
+log.write("start %d resume %s\n" % (step, os.environ.get("PROVISION_RESUME", "0"))); log.flush()
+stop, lines = [], []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+while step < last:
+    time.sleep(0.25)
+    if stop:
+        open(ck + ".tmp", "w").write(str(step)); os.rename(ck + ".tmp", ck)
+        log.write("saved %d\n" % step); log.flush()
+        sys.exit(0)
+    step += 1
+    lines.append(json.dumps({"global_step": str(step), "loss": str(1.0 / step), "timestamp": time.time()}))
+    open(metric, "w").write("\n".join(lines) + "\n")
+    log.write("step %d\n" % step); log.flush()
+"""
+
+
+def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inventory, tmp_path):
+    """A low-priority study's trial holds both GPUs; a high-priority apply preempts it: the
+    trial is paused (not failed, not told), resumes as trial 1 from its checkpoint once the
+    high job is gone, and the study ends with it succeeded, its step count going on."""
+    study = write(
+        box,
+        sandbox_inventory,
+        tmp_path,
+        "pt-sweep",
+        command=["/usr/bin/python3", "-c", TRIAL_TRAINER],
+        priority="low",
+        preemption={"grace": "5s"},
+        outputs="/data/pt-sweep",
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"lr": {"type": "double", "min": 0.1, "max": 0.2}},
+            "max_trials": 1,
+            "parallel_trials": 1,
+        },
+    )
+    hi = high(box, sandbox_inventory, tmp_path, "pt-high", 600)
+    env = as_owner("bob@lab")
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "provision", "tune", "--poll", "0.3", str(study)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    log = "pt-sweep/1"
+    try:
+        wait_until(lambda: steps(box, log) >= 4, 60, 0.25, what="trial 1 to take 4 steps")
+        r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        assert "preempted job pt-sweep-t1 (bob@lab, priority low)" in r.stderr, r.stderr
+        said = output_until(
+            tune,
+            "trial 1 paused: preempted by pt-high (ana@lab, priority high); resumes when 2 GPUs are free",
+            30,
+        )
+        trials = json.loads(ok(cli("tune", "--status", "--json", study, cwd=tmp_path)).stdout)["trials"]
+        assert [(t["number"], t["state"]) for t in trials] == [(1, "running")], trials
+        assert trials[0]["why"].startswith("paused: preempted by pt-high"), trials[0]
+        saved = int(next(x for x in steps_log(box, log) if x.startswith("saved ")).split()[1])
+
+        destroy(hi)  # room returns: the trial resumes as trial 1, from its checkpoint
+        said += output_until(tune, "trial 1 resumed on host-1", 60)
+        out, _ = tune.communicate(timeout=90)
+        said += out.decode(errors="replace")
+        assert tune.returncode == 0, said
+        lines = steps_log(box, log)
+        assert f"start {saved} resume 1" in lines, lines
+        after = [int(x.split()[1]) for x in lines[lines.index(f"start {saved} resume 1") :] if x.startswith("step ")]
+        assert after[0] == saved + 1 and after[-1] == 30, lines
+        trials = json.loads(ok(cli("tune", "--status", "--json", study, cwd=tmp_path)).stdout)["trials"]
+        assert [(t["number"], t["state"], t["steps"]) for t in trials] == [(1, "succeeded", 30)], trials
+        assert trials[0]["value"] == pytest.approx(1 / 30), trials[0]
+        assert "trial 1 succeeded: loss=0.0333333 at step 30" in said, said
+        assert "1 trial: 1 succeeded, 0 stopped early, 0 failed, 0 running" in said, said  # no retry
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+            tune.wait(30)
+        destroy(hi)  # (a trial left by a failure goes with the module's sandbox)

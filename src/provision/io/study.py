@@ -64,6 +64,9 @@ STALE = 60.0  # seconds (storage clock) without a heartbeat after which another 
 PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
 ENDED_ATTR = "study-ended"  # the study attribute mark_ended writes
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
+# Its job was preempted (issue 42): Optuna's trial stays RUNNING (never told: its reports
+# and a pruner's rungs stay), it holds no GPU, and it resumes as the same trial.
+PAUSED = "paused"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -151,9 +154,10 @@ class TrialInfo:
     number: int
     params: dict[str, Value]
     runner: str
-    phase: str  # "" (not started yet), RUNNING or ENDED
+    phase: str  # "" (not started yet), RUNNING, PAUSED or ENDED
     told: bool  # its outcome is in the study: only its removal from the hosts is left
     recorded: Ended | None = None  # phase ENDED: the outcome its runner recorded
+    doing: str = ""  # where it was, in words (a paused one: why)
 
 
 class _Grid(optuna.samplers.GridSampler):
@@ -363,12 +367,14 @@ class Study:
 
     @_storage_errors
     def running_anywhere(self, me: Runner) -> int:
-        """Trials that hold GPUs now, over every live runner."""
+        """Trials that hold GPUs now, over every live runner (a paused one holds none)."""
         now = self.now()
         return sum(
             1
             for t in self.study.get_trials(deepcopy=False, states=(OptunaState.RUNNING,))
-            if not t.user_attrs.get("surplus") and self._alive(*_runner_of(t), me, now)
+            if not t.user_attrs.get("surplus")
+            and t.user_attrs.get("phase") != PAUSED
+            and self._alive(*_runner_of(t), me, now)
         )
 
     @_storage_errors
@@ -396,6 +402,7 @@ class Study:
                     phase=str(ua.get("phase", "")),
                     told=told,
                     recorded=_recorded(ua) if ua.get("phase") == ENDED else None,
+                    doing=str(ua.get("doing", "")),
                 )
             )
         return out

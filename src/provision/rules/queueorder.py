@@ -76,6 +76,24 @@ def waits_behind(
     return tuple(out)
 
 
+def place_in_queue(job: str, hosts: Collection[str], held_by: Mapping[str, Sequence[Holder]]) -> int | None:
+    """The job's place in the queue on `hosts` (a preempted job's: where it held GPUs), 1
+    first: one more than the waiting work there that needs GPUs and goes before it (its own
+    entry's priority, then submission; work counted once however many hosts it waits on).
+    None: the job has no entry there to order it by."""
+    own = next((h for host in sorted(hosts) for h in held_by.get(host, ()) if h.job == job), None)
+    if own is None:
+        return None
+    mine = _key(own)
+    ahead = {
+        h.job
+        for host in hosts
+        for h in held_by.get(host, ())
+        if h.job != job and h.hold is Hold.QUEUED and h.queued_gpus > 0 and _key(h) < mine
+    }
+    return 1 + len(ahead)
+
+
 def behind_line(behind: Sequence[Behind], now: float, policy: Policy) -> str:
     """The reason in one line: 'waiting behind bert (ana@lab, priority high, queued 3m ago)
     for GPUs on gpu-1'."""

@@ -28,6 +28,8 @@ from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.rules import preempted
+from provision.rules.queueorder import place_in_queue
+from provision.rules.tenancy import holders
 from provision.spec.placement import PlacedTask
 
 
@@ -192,7 +194,10 @@ def _preempted(rows: list[TaskStatus], reports: Mapping[str, ProbeReport], job: 
         ex = rep.exits.get(layout.unit_name(job, r.task)) if rep is not None else None
         why = preempted.killed_at_deadline(found, ex[-1] if ex else None) if r.state.ended else None
         out.append(replace(r, detail=why) if why else r)
-    return out, preempted.reason(found)
+    # Its place in the queue where it held GPUs, from the ledgers a tenancy probe brought.
+    held_by = {h: holders(h, r, r.now) for h, r in reports.items() if r.ledger is not None}
+    place = place_in_queue(job, [h for h, _ in found], held_by) if held_by else None
+    return out, preempted.reason(found, place=place)
 
 
 def _setup_reason(rows: Sequence[TaskStatus]) -> str | None:

@@ -11,8 +11,13 @@ trials, without waiting for their plans but on the same hosts), planned without 
 checks its hosts passed a moment ago, and the ended one's logs and removal wait until it
 started.
 
+A trial whose job is preempted (issue 42) pauses, not ends: its worker posts `Paused` (the
+loop does not tell it), waits in the queue as before its first start, and resumes it as
+the same trial: an apply of its Preempted job (PROVISION_RESUME=1, the same
+AIP_CHECKPOINT_DIR), followed as before, its reports going on.
+
 The worker never touches the study: it posts what happened (`Started`, `Reported`,
-`JobEnded`, `Removed`) to the study loop (run/tune.py), which alone asks, tells and decides,
+`Paused`, `JobEnded`, `Removed`) to the study loop (run/tune.py), which alone asks, tells and decides,
 and answers through the trial's `Handle` (recorded, stop early).
 
 Every step is the same code `apply`, `status`, `stop`, `logs -o` and `destroy` run: a trial
@@ -40,16 +45,9 @@ from provision.core.trialend import Ended, Ending
 from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
 from provision.host import layout
 from provision.host.protocol import DestroyReport, DestroyRequest
-from provision.io.journal import host_lines_after
 from provision.io.ssh import Session, call_agent
 from provision.io.steps import Step, run_step
-from provision.rules.metrics import (
-    METRIC_FILE_CAP,
-    metric_read_command,
-    metric_read_problem,
-    parse_log_lines,
-    parse_metric_file,
-)
+from provision.rules import preempted
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
 from provision.run.apply import HostOutcome, apply_plan
@@ -59,6 +57,7 @@ from provision.run.jobend import end_job, look
 from provision.run.logs import run_logs
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
+from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
 from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
@@ -108,6 +107,15 @@ class Reported:
 
 
 @dataclass(frozen=True)
+class Paused:
+    """The trial's job was preempted (issue 42): its GPUs are free, it is not told; it
+    waits in the queue at its priority and resumes as the same trial (Started again)."""
+
+    number: int
+    why: str  # "preempted by X (ana, priority high); resumes when 1 GPU is free"
+
+
+@dataclass(frozen=True)
 class JobEnded:
     """The trial's job ended (its GPUs are free from now): record and tell it. `slots`:
     where its tasks ran (the next trial is placed there: no placement to find again)."""
@@ -126,7 +134,7 @@ class Removed:
     left: bool = False
 
 
-Post = Started | Waiting | SettingUp | Reported | JobEnded | Removed
+Post = Started | Waiting | SettingUp | Reported | Paused | JobEnded | Removed
 
 
 @dataclass
@@ -135,7 +143,7 @@ class Handle:
 
     number: int
     params: dict[str, Value]
-    phase: str = ""  # how far a dead runner got: "", "running" or "ended"
+    phase: str = ""  # how far a dead runner got: "", "running", "paused" or "ended"
     told: bool = False  # adopted after its outcome was told: only its removal is left
     recorded: Ended | None = None  # phase "ended": the outcome that runner recorded
     adopt: bool = False
@@ -184,52 +192,6 @@ class TrialWork:
     local_state: bool = True
 
 
-def metric_task(inv: Inventory) -> str:
-    """Whose metric counts: the chief's, else the first worker's (Vertex's workerpool0)."""
-    roles = [p.role for p in inv.pools if p.replicas > 0]
-    return "chief-0" if "chief" in roles else f"{roles[0]}-0" if roles else "chief-0"
-
-
-class MetricRefused(Exception):
-    """The trial's metric file is not believed (a link, too large, ...): the trial fails."""
-
-
-@dataclass
-class MetricReader:
-    """The metric so far, one round trip to the task's host per read: its hypertune file
-    (bounded, never through a link: rules/metrics.py), or with `metric.regex` its log lines
-    since the last read (a journal cursor)."""
-
-    tune: Tune
-    task: str
-    cursor: str | None = None
-    found: tuple[Report, ...] = ()  # the regex's reports so far
-
-    def read(self, ctx: Context) -> tuple[Report, ...]:
-        placed = {t.name: t for t in ctx.rendered.placement.tasks}
-        t = placed.get(self.task)
-        if t is None:
-            return ()
-        target: Target = ctx.targets[t.host.name]
-        if self.tune.metric.regex:
-            lines, self.cursor = host_lines_after(ctx.session, target, ctx.inventory.job, self.task, self.cursor)
-            self.found += parse_log_lines(lines, self.tune.metric.regex, before=len(self.found))
-            return self.found
-        path = layout.metric_file(ctx.inventory.job, self.task)
-        got = bytearray()
-
-        def sink(data: bytes) -> None:
-            got.extend(data)
-            if len(got) > METRIC_FILE_CAP:
-                raise MetricRefused(f"the host sent more than {METRIC_FILE_CAP} bytes")
-
-        res = ctx.session.download(target, metric_read_command(path), sink, timeout=60)
-        problem = metric_read_problem(res.exit_status, res.stderr, len(got))
-        if problem is not None:
-            raise MetricRefused(f"{self.task}'s metric file on {t.host.name} ({path}) is {problem}")
-        return parse_metric_file(bytes(got), self.tune.metric.name)
-
-
 def run_trial(w: TrialWork, h: Handle) -> None:
     """The worker: start (or adopt) the trial, follow it to its end, post that, keep its
     logs, remove it, post that. Raises nothing: a bug fails the trial with its words."""
@@ -273,17 +235,9 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
         if h.phase == ENDED and h.recorded is not None:
             ended = h.recorded
         else:
-            if h.phase != RUNNING:
-                failed = _start(w, ctx, h)
-                _handed_off(h)
-                if failed is not None:
-                    return failed, posted
-                # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
-                w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
-            else:
-                w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
-            ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
-            ended = _follow(w, ctx, h)
+            ended, started = _run_on(w, ctx, h)
+            if not started:
+                return ended, posted
         if ended.ending is Ending.LEFT_RUNNING:
             return ended, posted
         return _wind_up(w, ctx, h, ended, posted)
@@ -295,7 +249,47 @@ def _run(w: TrialWork, h: Handle, posted: bool) -> tuple[Ended, bool]:
         ctx.close()
 
 
-RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (io/study.py records it)
+def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
+    """Start (or adopt) the trial and follow it to its end. Preempted, it pauses: its GPUs
+    go, the loop is told (Paused, not its end), and it waits in the queue as before its
+    first start; its resume is an apply of the same job (the hosts' Preempted marker makes
+    it one: PROVISION_RESUME=1, the same AIP_CHECKPOINT_DIR), followed as before. False: it
+    never started: nothing to wind up."""
+    reader = MetricReader(w.tune, metric_task(ctx.inventory))  # kept through a pause: reports go on
+    while True:
+        if h.phase != RUNNING:  # new, adopted before it ran, or paused: a queued apply
+            failed = _start(w, ctx, h)
+            _handed_off(h)
+            if failed is not None:
+                return failed, h.phase == PAUSED  # a paused one is on its hosts: wound up
+            # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
+            w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
+        else:
+            w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
+        ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
+        ended = _follow(w, ctx, h, reader)
+        if ended.ending is not Ending.PAUSED:
+            return ended, True
+        w.places.leave(h.number)  # its GPUs are the preemptor's now
+        reader.pause()
+        w.post(Paused(h.number, ended.why))
+        h.phase, h.hint = PAUSED, None  # it resumes where its state placed it
+        if not _relock(w, ctx):  # its resume is an apply
+            return Ended(Ending.LEFT_RUNNING, "tune was interrupted"), True
+
+
+def _relock(w: TrialWork, ctx: Context) -> bool:
+    """The trial's state lock again (waited for while another command holds it a moment);
+    False: Ctrl-C meanwhile."""
+    lock = ctx.state.store.lock("apply")
+    while lock.try_acquire() is not None:
+        if w.stop.wait(w.poll):
+            return False
+    ctx.lock = lock
+    return True
+
+
+RUNNING, PAUSED, ENDED = "running", "paused", "ended"  # how far a trial's runner got (io/study.py records it)
 
 
 HANDOFF_WAIT = 5.0  # seconds an ended trial's wind-up waits for its successor's start
@@ -337,10 +331,14 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     it), then apply. None: started. A plan with a problem is made once more before the
     trial fails: another runner's trial leaving a shared file may have been half-way."""
     number = h.number
+    # Not for a paused trial: its own entry there is Preempted (tenancy.judge: a mark counts
+    # for nothing in the queue's order), and a mark would change the entry's token while the
+    # preemptor's reservation of its GPUs counts on it (the preemptor would lose its race).
+    marks = ledger_marks(ctx) if h.phase != PAUSED else lambda waiting: None
     queue = Queue(
         None,
         lambda line: None,
-        ledger_marks(ctx),
+        marks,
         poll=w.poll,
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
@@ -427,10 +425,10 @@ def _placed_and_applied(
         w.starting.release(held)
 
 
-def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
-    """Poll the trial's status and metric until its job ends, posting its reports; the loop
-    may say to stop it early (the median rule)."""
-    reader = MetricReader(w.tune, metric_task(ctx.inventory))
+def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader) -> Ended:
+    """Poll the trial's status and metric until its job ends (or, preempted, its tasks
+    stopped: PAUSED), posting its reports; the loop may say to stop it early (the median
+    rule)."""
     reports: tuple[Report, ...] = ()
     seen = False  # the job was found on its hosts at least once
     while True:
@@ -454,6 +452,9 @@ def _follow(w: TrialWork, ctx: Context, h: Handle) -> Ended:
             return _ending(w, st, reports)
         if reports:
             w.post(Reported(h.number, reports))
+        if st.phase is JobPhase.PREEMPTED and not any(t.state.live for t in st.tasks):  # saved and stopped
+            gpus = sum(len(t.accelerators) for t in ctx.rendered.placement.tasks)
+            return Ended(Ending.PAUSED, preempted.paused((st.stopped or {}).get("preempted"), gpus))
         ended = _told_to_end(w, ctx, h, st, reports)
         if ended is not None:
             return ended

@@ -9,6 +9,12 @@ started; as soon as a trial's job ends (its worker posts it, before its logs are
 it is removed) Optuna is told and the next one starts on what it freed. Past
 `max_failed_trials` failures no new trial starts and the study ends with why. Ctrl-C leaves
 the running trials running: the next `tune` adopts them.
+
+A trial whose job was preempted (issue 42) is paused (its worker posts `Paused`): not told
+(Optuna's trial stays running: its reports and a pruner's rungs stay), not counted among
+the trials that hold GPUs, and resumed as the same trial by its worker when room returns.
+The study ends only when no trial is paused; a paused trial a dead runner left is adopted
+paused (the study records the phase).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
 from provision.io.study import (
+    PAUSED,
     Runner,
     Study,
     StudyUnavailable,
@@ -43,6 +50,7 @@ from provision.rules.stopping import words as stop_words
 from provision.run.trialrun import (
     Handle,
     JobEnded,
+    Paused,
     Post,
     Removed,
     Reported,
@@ -87,10 +95,13 @@ class _Mine:
     asked: dict[int, TrialRow] = field(default_factory=dict)  # asked, not yet on the hosts: its "started" line
     # Trials told since the last look, with where they ran: the next trials asked go there.
     freed: list[tuple[Handle, Mapping[str, Slot]]] = field(default_factory=list)
+    paused: dict[int, str] = field(default_factory=dict)  # preempted trials waiting to resume: why
 
     def holding(self) -> int:
-        """Trials that hold GPUs (not yet told)."""
-        return sum(1 for h in self.handles.values() if not h.told_event.is_set() and not h.told)
+        """Trials that hold GPUs (not yet told, nor paused)."""
+        return sum(
+            1 for n, h in self.handles.items() if not h.told_event.is_set() and not h.told and n not in self.paused
+        )
 
 
 class StudyLoop:
@@ -243,8 +254,12 @@ class StudyLoop:
 
     def _adopt(self, info: TrialInfo) -> None:
         if not info.told:
-            self.w.say(f"trial {info.number}: its runner ({info.runner}) is gone: adopted")
+            paused = f" ({info.doing})" if info.phase == PAUSED else ""
+            self.w.say(f"trial {info.number}: its runner ({info.runner}) is gone: adopted{paused}")
             self.study.claim(info.number, self.me, trial_job(self.w.inv.job, info.number))
+        if info.phase == PAUSED:  # it waits to resume: no GPU, its place not counted
+            self.mine.paused[info.number] = info.doing.removeprefix("paused: ")
+            self.waiting[info.number] = info.doing
         self._submit(
             Handle(info.number, info.params, phase=info.phase, told=info.told, recorded=info.recorded, adopt=True)
         )
@@ -261,29 +276,49 @@ class StudyLoop:
         if h is None:
             return
         if isinstance(post, Started):
-            on = ", ".join(sorted(set(post.hosts.values())))
-            self.study.beat(
-                post.number, phase="running", hosts=post.hosts, doing=f"running on {on}" if on else "running"
-            )
-            row = self.mine.asked.pop(post.number, None)
-            if row is not None:
-                self.on_row(row)
+            self._started(post)
         elif isinstance(post, (Waiting, SettingUp)):
             self._where(post)
         elif isinstance(post, Reported):
             self._reported(h, post.reports)
+        elif isinstance(post, Paused):
+            self._paused(post)
         elif isinstance(post, JobEnded):
             self._ended(h, post.ended, post.slots)
         elif isinstance(post, Removed):
             del self.mine.handles[post.number]
             self.mine.asked.pop(post.number, None)
+            self.mine.paused.pop(post.number, None)
             self.waiting.pop(post.number, None)
             if not post.left:
                 self.study.mark_removed(post.number)
 
+    def _started(self, post: Started) -> None:
+        """Its job is on the hosts: a new trial's "started" line, or a paused one resumed."""
+        on = ", ".join(sorted(set(post.hosts.values())))
+        self.study.beat(post.number, phase="running", hosts=post.hosts, doing=f"running on {on}" if on else "running")
+        row = self.mine.asked.pop(post.number, None)
+        if row is not None:
+            self.on_row(row)
+        if self.mine.paused.pop(post.number, None) is not None:
+            self.waiting.pop(post.number, None)
+            self.w.say(f"trial {post.number} resumed on {on or 'its hosts'} (from its checkpoint)")
+
+    def _paused(self, post: Paused) -> None:
+        """Its job was preempted: not told (its reports and rungs stay in the study), its
+        place not counted while it waits in the queue to resume as the same trial."""
+        self.mine.paused[post.number] = post.why
+        self.waiting[post.number] = f"paused: {post.why}"
+        self.study.beat(post.number, phase=PAUSED, doing=f"paused: {post.why}")
+        self.w.say(f"trial {post.number} paused: {post.why}")
+
     def _where(self, post: Waiting | SettingUp) -> None:
         """Where a trial is before it runs, said once per change and kept on the study (its
-        row's why while it runs: `tune --status`)."""
+        row's why while it runs: `tune --status`). A paused trial's wait is its pause."""
+        if post.number in self.mine.paused and isinstance(post, Waiting):
+            if post.why is None:
+                self.study.beat(post.number, doing="resuming (room returned)")
+            return
         if isinstance(post, SettingUp):
             words = f"setting up on {', '.join(post.hosts)}"
             self.waiting[post.number] = words
