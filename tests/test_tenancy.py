@@ -497,3 +497,14 @@ def test_a_port_only_on_loopback_is_avoided_but_not_named():
     held = held_for("j", [], [22, 40000, 5000], NOW, local=[40000])
     assert 40000 in held.ports and 5000 in held.ports
     assert held.by == ("port 5000 in use by processes provision did not start",)
+
+
+def test_a_queue_mark_is_not_a_change_of_what_the_entry_holds(ledger_dir):
+    """A preempted job waiting to resume marks its entry queued; its preemptor, which saw the
+    entry at plan, still takes the GPUs it left (the mark holds nothing)."""
+    me = {"lineage": "L-a", "who": "ana@lab", "host": HERE, "pid": os.getpid(), "state": "/s"}
+    assert ledger.reserve(res("a", [0, 1], [2222]), NOW) == []
+    tok = ledger.read_all()["a"]["token"]
+    ledger.queue("a", me, "2 GPUs on h1", NOW + 1)
+    assert ledger.read_all()["a"]["token"] == tok
+    assert ledger.reserve(res("b", [0, 1], [2300], free={"a": tok}), NOW + 2) == []

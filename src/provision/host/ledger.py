@@ -390,7 +390,10 @@ def queue(
         elif entry.pop("queued", None) is not None and not (entry.get("units") or entry.get("gpus")):
             os.unlink(path)
             return []
-        entry.update(updated=now, token=_token())
+        # The token says what the entry holds changed (conflicts: "taken since plan"); a
+        # queue mark holds nothing: a preempted job waiting to resume must not make its
+        # preemptor's reservation of the GPUs it left fail as a lost race.
+        entry.update(updated=now, token=entry.get("token") or _token())
         _write(job, entry)
     return []  # nothing to report: a failed write is the agent's fatal error
 
