@@ -19,7 +19,7 @@ from provision.core.errors import ProvisionError
 from provision.core.target import Target
 from provision.io import connection as C
 from provision.io import ssh
-from provision.io.connection import Connection, new_config
+from provision.io.connection import Connection, _Transport, new_config
 from provision.io.hostkeys import KnownHosts, MissingKeyPolicy, key_id
 from provision.io.ssh import Session
 
@@ -230,3 +230,13 @@ def test_commands_that_need_no_host_do_not_load_the_ssh_layer():
         "print(sorted({'fabric', 'invoke', 'paramiko'} & set(sys.modules)))"
     )
     assert python(code).strip().splitlines()[-1] == "[]"
+
+
+def test_connections_prefer_aes_gcm_and_idle_quietly() -> None:
+    """paramiko's defaults cost the controller: CTR + an HMAC checked byte by byte in Python,
+    and every idle connection's thread awake ten times a second (the service keeps 128)."""
+    assert _Transport._preferred_ciphers[0].startswith("aes128-gcm")
+    assert set(_Transport._preferred_ciphers) == set(paramiko.Transport._preferred_ciphers)  # type: ignore[attr-defined]
+    assert _Transport._active_check_timeout >= 1.0
+    conn = Connection("h", config=fabric.Config())
+    assert conn.connect_kwargs["transport_factory"] is _Transport
