@@ -256,3 +256,33 @@ def test_one_look_finds_candidates_leaving_victims_and_the_need():
     assert seen.leaving == (("low", "h"),) and seen.free == (("h", 3),) and [r.job for r in seen.running] == ["mid"]
     # Nothing placeable even with every preemptible job gone: no need.
     assert look("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
+
+
+def test_planned_goes_on_from_the_callers_held_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply tries its plan before it loads the preemption step (cli/change.py): the step
+    goes on from that try's error, not with a second plan first; an error that is not
+    held is raised as it was."""
+    from provision.run import preempt as run_preempt
+    from provision.spec.placement import PlacementError
+
+    monkeypatch.setattr(run_preempt, "TICK", 0.0)
+    pre = run_preempt.Preemptor.__new__(run_preempt.Preemptor)
+    steps: list[int] = []
+
+    def step() -> float:
+        steps.append(len(steps))
+        return 5.0
+
+    monkeypatch.setattr(pre, "step", step)
+    plans: list[int] = []
+
+    def make() -> str:
+        plans.append(len(plans))
+        return "planned"
+
+    assert pre.planned(make, held=PlacementError("worker", "held", held=True)) == "planned"
+    assert (steps, plans) == ([0], [0])  # one look, then one plan: the caller's try was not repeated
+    not_held = PlacementError("worker", "does not fit")
+    with pytest.raises(PlacementError) as e:
+        pre.planned(make, held=not_held)
+    assert e.value is not_held and steps == [0]

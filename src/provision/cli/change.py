@@ -7,7 +7,7 @@ import json as _json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -33,8 +33,11 @@ from provision.run.destroy import destroy as engine_destroy
 from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
-from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, ledger_marks
+from provision.spec.placement import PlacementError
+
+if TYPE_CHECKING:  # types only: the preemption step loads only for an apply that is held
+    from provision.run.preempt import Preemptor
 
 
 def note_change(ctx: Context, operation: str, summary: str) -> None:
@@ -201,10 +204,26 @@ class _Applying:
         self.flags = plan_flags
 
     def plan(self, ctx: Context) -> Plan:
-        pre = Preemptor(ctx, progress_line)  # held by lower-priority work: it leaves (issue 42)
+        pre: list[Preemptor] = []  # this plan's preemption step, made when first held
+
+        def make() -> Plan:
+            return build_plan(ctx, **self.flags)
 
         def one() -> Plan:
-            return pre.planned(lambda: build_plan(ctx, **self.flags))
+            if pre:
+                return pre[0].planned(make)
+            try:
+                return make()
+            except PlacementError as e:
+                if not e.held:
+                    raise
+                held = e
+            # Held by other work: lower-priority work leaves (issue 42). Loaded only here:
+            # run/preempt and rules/preemption cost every apply's start-up ~6 ms of import.
+            from provision.run.preempt import Preemptor
+
+            pre.append(Preemptor(ctx, progress_line))
+            return pre[0].planned(make, held=held)
 
         return one() if self.queue is None else self.queue.plan(one)
 

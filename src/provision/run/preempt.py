@@ -127,21 +127,25 @@ class Preemptor:
         self.renewed: dict[tuple[str, str], float] = {}  # (victim, host) -> when last marked
         self.taken: list[Taken] = []
 
-    def planned(self, make: Callable[[], T]) -> T:
+    def planned(self, make: Callable[[], T], held: PlacementError | None = None) -> T:
+        """held: what make() just raised (the caller's first try), to go on from."""
         until: float | None = None
         while True:
-            try:
-                return make()
-            except PlacementError as e:
-                if not e.held:
-                    raise
-                grace = self.step()
-                if grace is None:
-                    raise
-                until = until or time.monotonic() + grace + MARGIN
-                if time.monotonic() > until:
-                    raise  # the victims did not leave in time: wait as any held apply does
-                time.sleep(TICK)
+            if held is None:
+                try:
+                    return make()
+                except PlacementError as e:
+                    held = e
+            err, held = held, None
+            if not err.held:
+                raise err
+            grace = self.step()
+            if grace is None:
+                raise err
+            until = until or time.monotonic() + grace + MARGIN
+            if time.monotonic() > until:
+                raise err  # the victims did not leave in time: wait as any held apply does
+            time.sleep(TICK)
 
     def step(self) -> float | None:
         """One look and what it calls for: the grace to wait for victims leaving for this
