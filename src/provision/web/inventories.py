@@ -42,9 +42,9 @@ if TYPE_CHECKING:  # the reader imports Optuna: loaded at the first study asked
     from provision.io.studyread import Snapshot, StudyReader
 
 LOG_TAIL = 200  # lines of each task a page starts with
-# A probe of every host answers the pages for HOSTS_AGAIN s, then while the next is asked
-# behind it, up to HOSTS_FRESH s old: a page waits for a probe only after 2 s without one.
-HOSTS_AGAIN, HOSTS_FRESH = 1.0, 2.0
+# A probe of every host answers the pages for HOSTS_FRESH s, then while the next is asked
+# behind it, up to HOSTS_STALE s old: a page waits for a probe only after 4 s without one.
+HOSTS_FRESH, HOSTS_STALE = 2.0, 4.0
 # A job's status (a probe of its hosts): answered from one probe for JOB_FRESH s, then while
 # the next is asked behind it, up to JOB_STALE s old (its logs are asked apart: live).
 JOB_FRESH, JOB_STALE = 1.0, 2.0
@@ -56,7 +56,7 @@ class InventorySource:
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._hosts: Recent[dict[str, Any]] = Recent(HOSTS_AGAIN, HOSTS_FRESH)
+        self._hosts: Recent[dict[str, Any]] = Recent(HOSTS_FRESH, HOSTS_STALE)
         self._reading = threading.RLock()
         self._loaded: dict[str, tuple[tuple[int, int, int] | None, Inventory]] = {}  # path -> (stat, inventory)
         # The sampling rounds' contexts, kept while their file is unchanged: a round opens no

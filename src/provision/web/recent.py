@@ -18,7 +18,9 @@ class Recent(Generic[V]):
     def __init__(self, fresh: float, stale: float):
         assert stale >= fresh
         self.fresh, self.stale = fresh, stale
-        self._got: dict[Hashable, tuple[float, V]] = {}  # key -> (monotonic time its asking began, answer)
+        # key -> (monotonic time it was answered, answer): a probe that took long under load
+        # still answers the next `fresh` seconds (stamped at its start, it would be stale at once).
+        self._got: dict[Hashable, tuple[float, V]] = {}
         self._locks: dict[Hashable, threading.Lock] = {}
         self._forgot: dict[Hashable, float] = {}  # key -> when forget() was called
         self._guard = threading.Lock()
@@ -46,9 +48,7 @@ class Recent(Generic[V]):
         with self._guard:
             if began < self._forgot.get(key, float("-inf")):
                 return  # asked before an action changed it
-            got = self._got.get(key)
-            if got is None or got[0] <= began:
-                self._got[key] = (began, value)
+            self._got[key] = (time.monotonic(), value)
 
     def forget(self, key: Hashable) -> None:
         """An action changed it: the next request asks."""
