@@ -118,8 +118,10 @@ def seed_study(inv_path: Path, url: str) -> None:
         study.study.add_trials(batch)
 
 
-def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int]:
-    r = client.get(url)  # warm-up (the first probe opens the SSH connections)
+def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int, float]:
+    t = time.perf_counter()
+    r = client.get(url)  # warm-up (the first probe opens the SSH connections; the first read of a study)
+    first = time.perf_counter() - t
     size = len(r.content)
     times, bad = [], 0
     for _ in range(n):
@@ -127,7 +129,7 @@ def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int
         r = client.get(url)
         times.append(time.perf_counter() - t)
         bad += r.status_code != 200
-    return times, size, bad
+    return times, size, bad, first
 
 
 def first_paint(url: str, loads: int) -> list[float]:
@@ -193,14 +195,15 @@ def measure(rep: Report, base: str, pid: int, urls: list[str], args: argparse.Na
     worst: list[tuple[str, float]] = []
     with httpx.Client(base_url=base, timeout=300) as client:
         for u in urls:
-            # The study's pages and /metrics (which reads every study) take seconds each at
-            # 10,000 trials: --slow requests of those, not --requests.
+            # The study's pages and /metrics (which reads every study) took seconds each at
+            # 10,000 trials (before the study's reader, io/studyread.py): --slow requests of those.
             slow = "/studies/" in u or u == "/metrics"
-            times, size, bad = timed(client, u, args.slow if slow else args.requests)
+            times, size, bad, first = timed(client, u, args.slow if slow else args.requests)
             worst.append((u, p95(times)))
             rep.say(
                 f"{u:42s} p50 {1000 * median(times):7.1f} ms  p95 {1000 * p95(times):7.1f} ms  "
-                f"max {1000 * max(times):7.1f} ms  ({size} bytes, {bad} not 200, {len(times)} requests)"
+                f"max {1000 * max(times):7.1f} ms  ({size} bytes, {bad} not 200, {len(times)} requests; "
+                f"the warm-up before them {1000 * first:.0f} ms)"
             )
     paints = first_paint(base + "/", args.loads) if args.loads else []
     if paints:
@@ -228,7 +231,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     ap.add_argument("--loads", type=int, default=10)
     ap.add_argument("--attach", metavar="BASE", help="measure a service already serving (http://HOST:PORT): no seeding")
     ap.add_argument("--pid", type=int, help="with --attach: the service's process")
-    ap.add_argument("--urls", help="with --attach: comma-separated paths (default: all)")
+    ap.add_argument("--urls", help="comma-separated paths to measure (default: all)")
     ap.add_argument("--sandbox", help="a running sandbox's name (else one is started and removed)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--name", default="2026-11-27-issue41-dashboard-load")
@@ -287,7 +290,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         base = f"http://127.0.0.1:{port}"
         svc = Serve(tmp / "serve", env, ("--listen", f"127.0.0.1:{port}", "--inventory", str(path)))
         svc.wait_for("Dashboard on", 120)
-        measure(rep, base, svc.p.pid, URLS, args)
+        measure(rep, base, svc.p.pid, args.urls.split(",") if args.urls else URLS, args)
     finally:
         if svc is not None:
             svc.stop()

@@ -412,28 +412,8 @@ class Study:
     @_storage_errors
     def rows(self) -> list[TrialRow]:
         """Every trial of the study (surplus asks of racing runners left out), by number."""
-        out = []
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state not in _STATES or t.user_attrs.get("surplus"):
-                continue
-            ua = t.user_attrs
-            start = t.datetime_start.timestamp() if t.datetime_start else None
-            end = t.datetime_complete.timestamp() if t.datetime_complete else time.time()
-            out.append(
-                TrialRow(
-                    number=t.number + 1,
-                    params=tuple((k, _plain(v)) for k, v in t.params.items()),
-                    state=_STATES[t.state],
-                    value=t.value if t.state is OptunaState.COMPLETE else _float(ua.get("value")),
-                    steps=ua.get("steps"),
-                    seconds=(end - start) if start is not None else None,
-                    # A running trial's: where it is (waiting for GPUs, setting up, running, stopping).
-                    why=str(ua.get("why") or (ua.get("doing", "") if t.state is OptunaState.RUNNING else "")),
-                    job=str(ua.get("job", trial_job(self.job, t.number + 1))),
-                    retry_of=ua.get("retry_of"),
-                )
-            )
-        return sorted(out, key=lambda r: r.number)
+        rows = (trial_row(self.job, t) for t in self.study.get_trials(deepcopy=False))
+        return sorted((r for r in rows if r is not None), key=lambda r: r.number)
 
     @_storage_errors
     def record_of(self, number: int) -> tuple[dict[str, Value], dict[str, str]] | None:
@@ -443,6 +423,28 @@ class Study:
                 hosts = t.user_attrs.get("hosts")
                 return dict(_params(t)), dict(hosts) if isinstance(hosts, dict) else {}
         return None
+
+
+def trial_row(job: str, t: FrozenTrial) -> TrialRow | None:
+    """A trial as provision shows it (None: a surplus ask of a racing runner, or one not
+    begun). Study.rows and the dashboard's reader (io/studyread.py) both read trials so."""
+    if t.state not in _STATES or t.user_attrs.get("surplus"):
+        return None
+    ua = t.user_attrs
+    start = t.datetime_start.timestamp() if t.datetime_start else None
+    end = t.datetime_complete.timestamp() if t.datetime_complete else time.time()
+    return TrialRow(
+        number=t.number + 1,
+        params=tuple((k, _plain(v)) for k, v in t.params.items()),
+        state=_STATES[t.state],
+        value=t.value if t.state is OptunaState.COMPLETE else _float(ua.get("value")),
+        steps=ua.get("steps"),
+        seconds=(end - start) if start is not None else None,
+        # A running trial's: where it is (waiting for GPUs, setting up, running, stopping).
+        why=str(ua.get("why") or (ua.get("doing", "") if t.state is OptunaState.RUNNING else "")),
+        job=str(ua.get("job", trial_job(job, t.number + 1))),
+        retry_of=ua.get("retry_of"),
+    )
 
 
 def _runner_of(t: FrozenTrial) -> tuple[str, float | None]:

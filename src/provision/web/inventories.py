@@ -18,13 +18,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provision.core.errors import ProvisionError
 from provision.core.lifecycle import STOP_PHASE, TaskState
 from provision.core.model import Inventory
 from provision.core.target import HostError
-from provision.core.tuning import TrialRow, TrialState
 from provision.host.protocol import ProbeReport
 from provision.io.ssh import Session
 from provision.io.steps import GroupResult
@@ -36,10 +35,19 @@ from provision.run.context import Ask, Context, open_context, probe
 from provision.run.jobend import collect, end_job, look
 from provision.run.logs import log_entries
 from provision.spec.inventory import load
+from provision.web.recent import Recent
 from provision.web.source import NotFound, masked_env
 
+if TYPE_CHECKING:  # the reader imports Optuna: loaded at the first study asked
+    from provision.io.studyread import Snapshot, StudyReader
+
 LOG_TAIL = 200  # lines of each task a page starts with
-HOSTS_FRESH = 2.0  # seconds a probe of the hosts answers the pages that ask meanwhile
+# A probe of every host answers the pages for HOSTS_FRESH s, then while the next is asked
+# behind it, up to HOSTS_STALE s old: a page waits for a probe only after 4 s without one.
+HOSTS_FRESH, HOSTS_STALE = 2.0, 4.0
+# A job's status (a probe of its hosts): answered from one probe for JOB_FRESH s, then while
+# the next is asked behind it, up to JOB_STALE s old (its logs are asked apart: live).
+JOB_FRESH, JOB_STALE = 1.0, 2.0
 
 
 class InventorySource:
@@ -48,12 +56,17 @@ class InventorySource:
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._hosts: tuple[float, dict[str, Any]] | None = None
+        self._hosts: Recent[dict[str, Any]] = Recent(HOSTS_FRESH, HOSTS_STALE)
         self._reading = threading.RLock()
         self._loaded: dict[str, tuple[tuple[int, int, int] | None, Inventory]] = {}  # path -> (stat, inventory)
         # The sampling rounds' contexts, kept while their file is unchanged: a round opens no
         # state and renders nothing (path -> (stat, the context)).
         self._kept: dict[str, tuple[tuple[int, int, int] | None, Context]] = {}
+        self._jobs: Recent[dict[str, Any]] = Recent(JOB_FRESH, JOB_STALE)
+        # Each study's reader, kept (io/studyread.py: read again only where it changed), and
+        # the JSON made from its last snapshot: (snapshot, tune, document) by study.
+        self._readers: dict[tuple[str | None, str, str], StudyReader] = {}
+        self._study_docs: dict[str, tuple[Snapshot | None, Any, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -114,6 +127,9 @@ class InventorySource:
         for _, ctx in self._kept.values():
             ctx.close()
         self._kept.clear()
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
 
     # ------------------------------------------------------------------ reading
 
@@ -121,10 +137,15 @@ class InventorySource:
         """`provision jobs --json` over every inventory's hosts (each host once), with its
         labels and what its GPUs do (`gpu_use`, from the same round trip). fresh (the GPU
         sampler): probe again even when a probe of the last HOSTS_FRESH seconds could answer,
-        on connections of its own."""
-        cached = self._hosts
-        if not fresh and cached is not None and time.monotonic() - cached[0] < HOSTS_FRESH:
-            return cached[1]
+        on connections of its own (its answer answers the pages too)."""
+        if fresh:
+            began = time.monotonic()
+            doc = self._probe_all("sample")
+            self._hosts.put("", doc, began)
+            return doc
+        return self._hosts.get("", lambda: self._probe_all(""))
+
+    def _probe_all(self, lane: str) -> dict[str, Any]:
         invs = self._inventories()
         mine: dict[str, set[str]] = {}  # job -> the hosts its probe asks: each host once
         seen: set[str] = set()
@@ -135,7 +156,6 @@ class InventorySource:
         asked = [(job, *invs[job]) for job, names in mine.items() if names]
         # Every inventory's hosts at once (one round trip each, all in parallel).
         with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
-            lane = "sample" if fresh else ""
             got = list(pool.map(lambda a: self._probe_hosts(a[0], a[1], mine[a[0]], lane), asked))
         answers = [res for res, _ in got]
         policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
@@ -157,7 +177,6 @@ class InventorySource:
         doc = jobs_json(list(views.values()), now, policy)
         for name, more in extra.items():
             doc["hosts"][name].update(more)
-        self._hosts = (time.monotonic(), doc)
         return doc
 
     def _probe_hosts(
@@ -194,7 +213,11 @@ class InventorySource:
         return self.hosts()
 
     def job(self, name: str) -> dict[str, Any]:
-        """`provision status --json`, with the env (secrets masked), its study and its actions."""
+        """`provision status --json`, with the env (secrets masked), its study and its actions:
+        one probe of its hosts answers the requests of the next JOB_FRESH s (Recent)."""
+        return self._jobs.get(name, lambda: self._job(name))
+
+    def _job(self, name: str) -> dict[str, Any]:
         path, inv = self._find(name)
         with self._ctx(name, path) as ctx:
             st = collect(ctx)
@@ -222,9 +245,33 @@ class InventorySource:
         """`provision tune --status --json` (picture: none, the page draws its own), with its space."""
         path, inv = self._find(name, study=True)
         assert inv.tune is not None
-        rows, ended = _trials(path, inv)
-        doc = study_json(name, inv.tune, rows, ended=ended, picture=None)
-        return {**doc, "space": space_json(inv.tune)}
+        snap = self._snapshot(path, inv)
+        got = self._study_docs.get(name)
+        if got is not None and got[0] is snap and got[1] == inv.tune:
+            return got[2]  # nothing changed since: the same document (the pages cache what they make of it)
+        rows, ended = (snap.rows, snap.ended) if snap is not None else ((), None)
+        doc = {**study_json(name, inv.tune, rows, ended=ended, picture=None), "space": space_json(inv.tune)}
+        self._study_docs[name] = (snap, inv.tune, doc)
+        return doc
+
+    def _snapshot(self, path: str, inv: Inventory) -> Snapshot | None:
+        """The study's trials now (at most studyread.FRESH s old), from its kept reader."""
+        # Lazy: the reader imports Optuna (about a second of start-up).
+        from provision.io.studyread import StudyReader
+        from provision.run.tune import _where
+
+        assert inv.tune is not None
+        url, journal, _ = _where(path, inv)
+        key = (url, str(journal), inv.job)
+        with self._reading:
+            reader = self._readers.get(key)
+            if reader is None:
+                reader = self._readers[key] = StudyReader(inv.tune, inv.job, url, journal)
+                known = {j for j, (_, i) in self._inventories().items() if i.tune is not None}
+                for gone in [k for k in self._readers if k[2] not in known]:
+                    self._readers.pop(gone).close()
+            reader.tune = inv.tune
+        return reader.read()
 
     def usage(self) -> dict[str, Any]:
         # No history here (the service keeps it): what the hosts hold now is all there is.
@@ -252,7 +299,8 @@ class InventorySource:
             stopped = end_job(ctx, st, marker=marker)
             msg = f"Stopped {len(stopped)} task{'s' if len(stopped) != 1 else ''} (by {who}, from the dashboard)."
             ctx.state.note(who, "stop", msg)
-        self._hosts = None
+        self._hosts.forget("")
+        self._jobs.forget(name)
         return {"ok": True, "message": msg, "stopped": stopped}
 
     def rerun(self, name: str, who: str) -> dict[str, Any]:
@@ -273,7 +321,8 @@ class InventorySource:
                 ctx.state.note(who, "apply", msg)
         except ProvisionError as e:
             return {"ok": False, "message": e.message}
-        self._hosts = None
+        self._hosts.forget("")
+        self._jobs.forget(name)
         return {"ok": not bad, "message": msg}
 
     def cancel(self, name: str, who: str) -> dict[str, Any]:
@@ -285,7 +334,8 @@ class InventorySource:
 
         path, inv = self._find(name, study=True)
         assert inv.tune is not None
-        row = next((r for r in _trials(path, inv)[0] if r.number == trial), None)
+        snap = self._snapshot(path, inv)
+        row = next((r for r in (snap.rows if snap is not None else ()) if r.number == trial), None)
         if row is None:
             return {"ok": False, "message": f"study {name} has no trial {trial}"}
         value = f"{inv.tune.metric.name}={row.value:.6g}" if row.value is not None else "no value"
@@ -300,19 +350,6 @@ class InventorySource:
             out_dir=here,
         )
         return {"ok": True, "message": f"trial {row.number} ({value}) as job {name}", "inventory": text}
-
-
-def _trials(path: str, inv: Inventory) -> tuple[list[TrialRow], str | None]:
-    """The study's trials as `tune --status` reads them, and why it ended (None: it goes on)."""
-    # Lazy: the study's storage imports Optuna (about a second of start-up).
-    from provision.run.tune import existing_study
-
-    study = existing_study(path, inv)
-    if study is None:
-        return [], None
-    rows = study.rows()
-    running = any(r.state is TrialState.RUNNING for r in rows)
-    return rows, study.ended(len(rows)) if rows and not running else None
 
 
 def _marker(who: str) -> dict[str, str]:
