@@ -17,7 +17,7 @@ from clirun import wait_until
 from provision.core.trialend import Ended, Ending
 from provision.io import studyread
 from provision.io.study import Runner, open_study
-from provision.run.tune import _where
+from provision.run.tune import study_storage
 from provision.spec.inventory import load
 from provision.web import charts
 from provision.web.app import make_app
@@ -143,7 +143,7 @@ def test_a_study_is_read_again_only_when_it_changed(tmp_path: Path, monkeypatch:
     path.write_text(INV)
     inv = load(path)
     assert inv.tune is not None
-    url, journal, _ = _where(str(path), inv)
+    url, journal, _ = study_storage(str(path), inv)
     assert url is None
     src = InventorySource([path])
     assert src.study("sweep")["trials"] == []  # not started: no trials

@@ -386,7 +386,7 @@ class StudyLoop:
 # --------------------------------------------------------------------------- opening
 
 
-def _where(where: str, inv: Inventory) -> tuple[str | None, Path, bool]:
+def study_storage(where: str, inv: Inventory) -> tuple[str | None, Path, bool]:
     """The study's database URL (None: a journal file), its journal, and whether the
     state is local."""
     assert inv.tune is not None
@@ -401,7 +401,7 @@ def open_work(
 ) -> tuple[TrialWork, Study]:
     """The study opened (created if new) in its storage, and what each trial's thread needs."""
     assert inv.tune is not None
-    url, journal, local = _where(where, inv)
+    url, journal, local = study_storage(where, inv)
     study = open_study(inv.tune, inv.job, url, journal, seed)
     base = default_state_path(Path(where), inv.job)
     work = TrialWork(
@@ -423,7 +423,7 @@ def existing_study(where: str, inv: Inventory) -> Study | None:
     """The study as it is in its storage, creating nothing (None: never started)."""
     if inv.tune is None:
         raise ProvisionError(f"{where}: no tune: section, so no study (see docs/tuning.md)")
-    url, journal, _ = _where(where, inv)
+    url, journal, _ = study_storage(where, inv)
     return load_study(inv.tune, inv.job, url, journal)
 
 

@@ -258,10 +258,10 @@ class InventorySource:
         """The study's trials now (at most studyread.FRESH s old), from its kept reader."""
         # Lazy: the reader imports Optuna (about a second of start-up).
         from provision.io.studyread import StudyReader
-        from provision.run.tune import _where
+        from provision.run.tune import study_storage
 
         assert inv.tune is not None
-        url, journal, _ = _where(path, inv)
+        url, journal, _ = study_storage(path, inv)
         key = (url, str(journal), inv.job)
         with self._reading:
             reader = self._readers.get(key)
