@@ -19,6 +19,7 @@ invoke's runner (threads and sleep-polling per command) costs more than a round 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import getpass
 import os
@@ -71,6 +72,14 @@ class _Transport(paramiko.Transport):
     # 0.1 s). Ten wake-ups a second per host were most of an idle service's CPU (128 hosts
     # kept open); data and close() do not wait for it (close marks the packetizer closed).
     _active_check_timeout = 5.0
+
+    def close(self) -> None:
+        """paramiko's close, after waking its thread: a recv() does not return when another
+        thread closes its socket, and the thread would sleep on for the timeout above (an
+        evicted connection's thread outliving it: --parallelism bounds the threads)."""
+        with contextlib.suppress(Exception):  # a socket or channel already closed or broken
+            self.sock.shutdown(socket.SHUT_RDWR)
+        super().close()
 
 
 class Connection(fabric.Connection):
