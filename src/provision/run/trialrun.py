@@ -331,14 +331,10 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     it), then apply. None: started. A plan with a problem is made once more before the
     trial fails: another runner's trial leaving a shared file may have been half-way."""
     number = h.number
-    # Not for a paused trial: its own entry there is Preempted (tenancy.judge: a mark counts
-    # for nothing in the queue's order), and a mark would change the entry's token while the
-    # preemptor's reservation of its GPUs counts on it (the preemptor would lose its race).
-    marks = ledger_marks(ctx) if h.phase != PAUSED else lambda waiting: None
     queue = Queue(
         None,
         lambda line: None,
-        marks,
+        ledger_marks(ctx),
         poll=w.poll,
         stop=w.stop,
         waiting=lambda why: w.post(Waiting(number, why)),
