@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import wait_until
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.serve.service import Service, _die_with_parent
 from provision.serve.watch import AGAIN_S, Watched, to_look_at
@@ -91,3 +92,27 @@ def test_a_cancel_signal_before_the_workers_handler_does_not_kill_it() -> None:
     proc.send_signal(signal.SIGUSR1)  # as the service's cancel would, during the worker's imports
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and out.strip() == "alive"
+
+
+def test_a_submission_goes_to_the_spare_worker_started_ahead_with_its_owner_and_log(tmp_path: Path) -> None:
+    """The leader keeps one worker started ahead (its imports done); a submission is handed
+    to it on its stdin, and it runs as a worker started for it would: the submitter as owner,
+    its own log. Its snapshot is empty here, so the work fails: said in its log and its row."""
+    store = ServiceStore.open_local(tmp_path / "svc.sqlite")
+    svc = Service(store, _NoLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
+    try:
+        svc._drive()  # nothing to do: a spare is started
+        spare = svc.spare
+        assert spare is not None and spare.poll() is None
+        store.submit(_sub("a"))
+        svc._drive()
+        assert svc.workers["a"].proc is spare  # handed over, not started anew
+        assert svc.spare is not None and svc.spare is not spare  # the next one, ahead
+        wait_until(lambda: spare.poll() is not None, timeout=60, what="the handed worker's end")
+        log = (tmp_path / "work" / "a.log").read_text()
+        assert "submission a: apply of job j for ann@lab" in log, log
+        got = store.get("a")
+        assert got is not None and got.status is Status.FAILED, got
+    finally:
+        svc._stop_workers()
+    assert spare.poll() is not None and svc.spare is None

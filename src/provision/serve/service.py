@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from provision.core.errors import ProvisionError
 from provision.io.servicelead import POLL, Leadership
@@ -81,6 +83,10 @@ class Service:
     to_look_at: Callable[[list[Watched]], tuple[set[str], set[str]]] | None = None
     since: dict[str, float] = field(default_factory=dict)  # submission -> watched since (time.time())
     looked: dict[str, float] = field(default_factory=dict)  # submission -> a worker last looked
+    # A worker started ahead, its imports done (a second of CPU: Optuna, the run layer), waiting
+    # on its stdin for a submission: handed work starts at once (issue 40: the service's
+    # overhead on a study). Kept only while leading.
+    spare: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         host = socket.gethostname()
@@ -169,6 +175,8 @@ class Service:
                 self.say(f"{sub.id}: cancel asked by {sub.cancel}")
                 w.proc.send_signal(signal.SIGUSR1)
         self._reap()
+        if self.spare is None or self.spare.poll() is not None:
+            self.spare = self._spawn(["--warm"], subprocess.DEVNULL, subprocess.PIPE)
 
     def _reap(self) -> None:
         """Workers that ended: their submission finished, left (started again), or failed."""
@@ -211,25 +219,50 @@ class Service:
         workdir = self.work_root / sub.id
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log = workdir.parent / f"{sub.id}.log"
-        env = dict(os.environ, PROVISION_OWNER=sub.owner, PROVISION_STATE=sub.backend)
-        args = [sys.executable, "-m", "provision.serve.worker", "--place", self.url, "--id", sub.id]
-        args += ["--workdir", str(workdir)]
-        if self.store.path is not None:
-            args += ["--db", str(self.store.path)]
-        with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
-            proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # a Ctrl-C on the service's terminal reaches the service alone
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl must run in the child
-            )
+        env = {"PROVISION_OWNER": sub.owner, "PROVISION_STATE": sub.backend}
+        proc = self._hand(sub, workdir, log, env)
+        if proc is None:  # no spare ready: a worker of its own, its imports paid now
+            with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
+                proc = self._spawn(["--id", sub.id, "--workdir", str(workdir)], out, subprocess.DEVNULL, env)
         self.workers[sub.id] = _Worker(sub, proc, log)
         self.say(f"{sub.id}: {sub.kind.value} of job {sub.job} for {sub.owner} (pid {proc.pid})")
 
+    def _hand(self, sub: Submission, workdir: Path, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """The spare worker takes the submission (one line on its stdin), or None."""
+        spare, self.spare = self.spare, None
+        if spare is None or spare.poll() is not None or spare.stdin is None:
+            return None
+        line = json.dumps({"id": sub.id, "workdir": str(workdir), "log": str(log), "env": env}) + "\n"
+        try:
+            spare.stdin.write(line.encode())
+            spare.stdin.close()
+        except OSError:  # it died meanwhile
+            spare.kill()
+            spare.wait()
+            return None
+        return spare
+
+    def _spawn(
+        self, extra: list[str], out: int | IO[bytes], stdin: int, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        args = [sys.executable, "-m", "provision.serve.worker", "--place", self.url]
+        if self.store.path is not None:
+            args += ["--db", str(self.store.path)]
+        return subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            args + extra,
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, **(env or {})),
+            start_new_session=True,  # a Ctrl-C on the service's terminal reaches the service alone
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl must run in the child
+        )
+
     def _stop_workers(self) -> None:
+        if self.spare is not None:  # it holds no work: no grace
+            self.spare.kill()
+            self.spare.wait()
+            self.spare = None
         for w in self.workers.values():
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)  # leave: trials run on, the next leader adopts them

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import signal
 import sys
@@ -301,6 +302,23 @@ def _watch(
     return Status.WATCHING, f"applied; the job is {st.phase.value}: the service watches it"
 
 
+def _handed(args: argparse.Namespace) -> bool:
+    """A spare's submission: one JSON line from the service, read once this process's imports
+    are done; from then on it is the worker any other is (its owner, its backend, its log)."""
+    line = sys.stdin.readline()
+    if not line:
+        return False
+    job = json.loads(line)
+    os.environ.update(job["env"])
+    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    args.id, args.workdir = job["id"], job["workdir"]
+    return True
+
+
 def _leave(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -309,9 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="provision.serve.worker")
     ap.add_argument("--place", required=True)  # "local" or the PostgreSQL URL
     ap.add_argument("--db", default="")  # the embedded file
-    ap.add_argument("--id", required=True)
-    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--id", default="")
+    ap.add_argument("--workdir", default="")
+    ap.add_argument("--warm", action="store_true")  # a spare: its submission comes on stdin
     args = ap.parse_args(argv)
+    if args.warm and not _handed(args):
+        return 0  # the service left (or dropped its spare) before handing it anything
     signal.signal(signal.SIGTERM, _leave)
     signal.signal(signal.SIGUSR1, lambda signum, frame: CANCEL.set())
     store = open_place(args.place, Path(args.db) if args.db else None)
