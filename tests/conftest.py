@@ -35,9 +35,14 @@ def in_ci() -> bool:
 def pytest_collection_modifyitems(config, items):
     # Tests that get real hosts are integration tests even without the explicit marker, so
     # `-m "not integration"` leaves them out.
+    # Under xdist (scripts/test.sh: -n 2 --dist loadgroup) they all run in one worker, one
+    # after another as without xdist (they share module-scoped hosts and load the machine),
+    # while the other worker runs the rest.
     for item in items:
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.xdist_group("hosts"))
 
 
 @pytest.fixture(scope="session")
