@@ -155,6 +155,17 @@ def test_usage_summed_by_the_database_as_in_hand(store):
     assert any(d for d in got)
 
 
+def test_the_usage_page_is_summed_once_for_a_few_seconds(store, tmp_path, monkeypatch):
+    """One sum of the history answers the next USAGE_FRESH s (it says when it was made)."""
+    src = ServiceSource(store, tmp_path / "work")
+    sums: list[int] = []
+    real = store.gpu_hours_in
+    monkeypatch.setattr(store, "gpu_hours_in", lambda *a: sums.append(1) or real(*a))
+    first = src.usage()
+    assert src.usage() is first and len(sums) == 1
+    assert set(first) == {"format_version", "days", "weeks", "idle", "as_of"} and first["as_of"].endswith("Z")
+
+
 def test_cancel_from_the_dashboard_takes_back_a_waiting_submission(store, tmp_path):
     sub = Submission("s1", Kind.APPLY, "bert", "ana", "local", "", "inv.yaml", {})
     store.submit(sub)

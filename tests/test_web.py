@@ -192,7 +192,7 @@ class FakeSource:
     def usage(self) -> dict[str, Any]:
         return USAGE_EXAMPLE
 
-    def owner(self, name: str) -> str | None:
+    def owner(self, name: str, recent: bool = False) -> str | None:
         return {"bert": "ana", "gpt": "bob", "s": "ana"}.get(name)
 
     def _did(self, what: str, name: str, who: str) -> dict[str, Any]:

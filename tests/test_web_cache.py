@@ -24,6 +24,7 @@ from provision.web.app import make_app
 from provision.web.auth import CSRF_COOKIE, Auth
 from provision.web.inventories import InventorySource
 from provision.web.recent import Recent
+from provision.web.views import TRIALS_PAGE
 from test_web import HERE, FakeSource, _study_doc
 
 # ------------------------------------------------------------------ Recent
@@ -76,6 +77,26 @@ def test_recent_an_error_is_the_askers() -> None:
     assert r.get("j", lambda: 5) == 5
 
 
+def test_recent_last_never_waits_once_it_has_an_answer() -> None:
+    asked: list[float] = []
+    gate = threading.Event()
+
+    def ask() -> int:
+        asked.append(time.monotonic())
+        if len(asked) > 1:
+            gate.wait(5)  # a slow probe: nobody waits for it
+        return len(asked)
+
+    r: Recent[int] = Recent(fresh=0.1, stale=0.2)
+    assert r.last("h", ask) == 1  # none yet: asked
+    time.sleep(0.3)  # past stale: get() would wait; last() answers and asks behind
+    t = time.monotonic()
+    assert r.last("h", ask) == 1 and r.last("h", ask) == 1 and time.monotonic() - t < 0.5
+    gate.set()
+    wait_until(lambda: r.last("h", ask) == 2, timeout=5, every=0.01)
+    assert len(asked) == 2
+
+
 # ------------------------------------------------------------------ the app keeps what it made
 
 
@@ -95,7 +116,7 @@ def test_a_study_page_is_made_once_per_document(monkeypatch: pytest.MonkeyPatch)
     src = SameDoc()
     drawn: list[int] = []
     real = charts.objective_svg
-    monkeypatch.setattr(charts, "objective_svg", lambda s: drawn.append(1) or real(s))
+    monkeypatch.setattr(charts, "objective_svg", lambda s, shown=None: drawn.append(1) or real(s, shown))
     client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
     pages = [client.get("/studies/s") for _ in range(3)]
     assert all(p.status_code == 200 for p in pages) and len(drawn) == 1
@@ -111,6 +132,35 @@ def test_a_study_page_is_made_once_per_document(monkeypatch: pytest.MonkeyPatch)
     src.doc["trials"] = src.doc["trials"][:2]
     assert client.get("/studies/s").status_code == 200 and len(drawn) == 2
     assert len(client.get("/api/v1/studies/s").json()["trials"]) == 2
+
+
+def test_a_big_study_page_is_thin_and_paged() -> None:
+    """10,000 trials: the charts draw charts.CHART_TRIALS of them and say so; the table
+    shows a page of views.TRIALS_PAGE rows, sorted over all of them on the server."""
+    src = SameDoc()
+    one = src.doc["trials"][0]
+    src.doc["trials"] = [
+        {
+            **one,
+            "number": n,
+            "job": f"s-t{n}",
+            "value": 1.0 + (n * 7919 % 10_000) / 1000,
+            "params": {"lr": 1e-3, "opt": "adam"},
+        }
+        for n in range(1, 10_001)
+    ]
+    client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
+    page = client.get("/studies/s")
+    assert page.status_code == 200 and len(page.content) < 2_000_000
+    assert f"The charts show {charts.CHART_TRIALS} of 10000 trials" in page.text
+    assert page.text.count("<tr class=") == TRIALS_PAGE and 'data-trial="100"' in page.text
+    assert "page 1 of 100" in page.text and "sort=number&amp;order=asc&amp;page=100" in page.text
+    best = client.get("/studies/s?sort=value&order=asc&page=1").text
+    low = min(src.doc["trials"], key=lambda t: t["value"])["number"]
+    assert f'data-trial="{low}"' in best
+    last = client.get("/studies/s?sort=number&order=asc&page=100").text
+    assert 'data-trial="10000"' in last and 'data-trial="1"' not in last
+    assert client.get("/studies/s?sort=bogus").status_code == 400
 
 
 # ------------------------------------------------------------------ InventorySource's study and job

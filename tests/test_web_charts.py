@@ -11,7 +11,7 @@ from provision.rules.studyview import space_json, study_json
 from provision.web import charts
 from provision.web.inventories import _cursors, _token
 from provision.web.source import SECRET_MASK, masked_env
-from provision.web.views import BadFilter, cluster_groups, job_filter, page_of
+from provision.web.views import BadFilter, cluster_groups, job_filter, page_of, pager, sorted_trials, trial_order
 from test_tuneview import ROWS, TUNE  # a study's rows and tune: (tests/ is on the path)
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -115,3 +115,56 @@ def test_charts_read_the_real_study_json():
     lr = next(p for p in doc["space"] if p["name"] == "learning_rate")
     assert "learning_rate (log)" in str(charts.param_svg(doc, lr))
     ET.fromstring(str(charts.parallel_svg(doc)))
+
+
+def _many(n):
+    """n trials: every fifth stopped early, every 50th failed, the last two running."""
+    out = []
+    for k in range(1, n + 1):
+        state = "failed" if k % 50 == 0 else "stopped early" if k % 5 == 0 else "succeeded"
+        state = "running" if k > n - 2 else state
+        value = None if state == "failed" else 1.0 + ((k * 7919) % 1000) / 100.0
+        out.append(_t(k, value, state, lr=10 ** -(1 + (k * 31) % 40 / 10), opt=("a", "b")[k % 2]))
+    out[4321]["value"] = 0.01  # the best, a succeeded one
+    out[4321]["state"] = "succeeded"
+    out[777]["params"]["lr"] = 1e-9  # a parameter's extreme
+    return out
+
+
+def test_a_chart_draws_at_most_its_share_of_trials_keeping_what_matters():
+    trials = _many(10_000)
+    study = _study(trials, [LR])
+    shown = charts.chart_trials(study, limit=1000)
+    numbers = [t["number"] for t in shown]
+    assert len(shown) == 1000 and numbers == sorted(numbers)
+    assert {1, 10_000, 9_999, 4322, 778} <= set(numbers)  # the ends, the running, the best, an extreme lr
+    steps = {n for n, _ in charts.best_so_far(trials, "minimize")}
+    assert steps <= set(numbers)
+    pruned = sum(t["state"] == "stopped early" for t in shown)
+    assert 100 <= pruned <= 250  # about their share (a fifth of the rest)
+    assert any(t["state"] == "failed" for t in shown)
+    assert charts.chart_trials(_study(trials[:50]), limit=1000) == trials[:50]  # few: all of them
+    # The charts of a thinned study draw their marks; the best-so-far line is every trial's.
+    d = charts.drawn(study)
+    svg = str(charts.objective_svg(study, d["trials"]))
+    ET.fromstring(svg)
+    assert svg.count("<circle") + svg.count('class="pruned"') + svg.count('class="failed"') <= 1000
+    assert len(svg) < 300_000
+    ET.fromstring(str(charts.parallel_svg(d)))
+
+
+def test_the_trials_table_sorted_on_the_server_and_paged():
+    trials = [_t(1, 3.0, lr=0.1), _t(2, None, "failed", lr=0.5), _t(3, 1.0, opt="b"), _t(4, 2.0, opt="a")]
+    by = lambda s, desc=False: [t["number"] for t in sorted_trials(trials, s, desc)]  # noqa: E731
+    assert by("number") == [1, 2, 3, 4] and by("number", True) == [4, 3, 2, 1]
+    assert by("value") == [3, 4, 1, 2] and by("value", True) == [1, 4, 3, 2]  # the empty value last either way
+    assert by("param.opt") == [4, 3, 1, 2] and by("param.opt", True) == [3, 4, 1, 2]
+    assert by("param.lr") == [1, 2, 3, 4]
+    assert trial_order({"sort": "param.lr", "order": "desc", "page": "3"}, ["lr"]).page == 3
+    for q, word in (({"sort": "nope"}, "sort"), ({"order": "up"}, "order"), ({"page": "0"}, "page")):
+        with pytest.raises(BadFilter, match=f"^{word}:"):
+            trial_order(q, ["lr"])
+    o = trial_order({"sort": "value"}, [])
+    assert o.toggled("value") == "sort=value&order=desc&page=1" and o.toggled("state") == "sort=state&order=asc&page=1"
+    assert pager(1, 1) == [1] and pager(50, 100) == [1, None, 48, 49, 50, 51, 52, None, 100]
+    assert pager(2, 4) == [1, 2, 3, 4]

@@ -29,7 +29,19 @@ from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
-from provision.web.views import ACTIONS, BadFilter, cluster_groups, job_filter, job_sections, page_of
+from provision.web.views import (
+    ACTIONS,
+    TRIALS_PAGE,
+    BadFilter,
+    TrialOrder,
+    cluster_groups,
+    job_filter,
+    job_sections,
+    page_of,
+    pager,
+    sorted_trials,
+    trial_order,
+)
 
 HERE = Path(__file__).parent
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
@@ -85,10 +97,10 @@ class Dashboard:
         env.globals.update(charts=charts)
         self.templates = Jinja2Templates(env=env)
         # What a study's document made, kept while the Source gives the same document (it
-        # gives a new one when the study changed): the page's charts and table by (study,
-        # with the Promote column), the API's JSON by study. 10,000 trials are ~15 MB of
-        # markup, ~3 s to make; a Source that makes a new document each time keeps nothing.
-        self._bodies: dict[tuple[str, bool], tuple[dict[str, Any], Markup]] = {}
+        # gives a new one when the study changed): the page's charts and its trials in each
+        # order asked, the API's JSON, by study. A Source that makes a new document each time
+        # keeps nothing.
+        self._made: dict[str, tuple[dict[str, Any], Markup, dict[tuple[str, bool], list[Any]]]] = {}
         self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
 
     def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
@@ -172,21 +184,37 @@ class Dashboard:
     async def study(self, request: Request, viewer: Viewer) -> Response:
         name = request.path_params["name"]
         doc = await call(self.source.study, name)
-        owner = await call(self.source.owner, name)
+        order = trial_order(request.query_params, [p["name"] for p in doc.get("space") or []])
+        # Whether the Promote buttons show: the owner as the hosts were last seen (a POST
+        # checks it again, fresh); the page never waits for a probe of the hosts.
+        owner = await call(self.source.owner, name, True)
         may = viewer.may_act_on(owner)
-        body = await call(self._study_body, name, doc, may)
-        return self.render(request, viewer, "study.html", study=doc, may_promote=may, body=body)
+        drawn, trials = await call(self._study_made, name, doc, order)
+        rows, pages = page_of(trials, order.page, TRIALS_PAGE)
+        return self.render(
+            request,
+            viewer,
+            "study.html",
+            study=doc,
+            may_promote=may,
+            charts_body=drawn,
+            rows=rows,
+            order=order,
+            pages=pages,
+            pager=pager(order.page, pages),
+            page_size=TRIALS_PAGE,
+        )
 
-    def _study_body(self, name: str, doc: dict[str, Any], may_promote: bool) -> Markup:
-        got = self._bodies.get((name, may_promote))
-        if got is not None and got[0] is doc:
-            return got[1]
-        template = self.templates.env.get_template("study_trials.html")
-        body = Markup(template.render(study=doc, may_promote=may_promote))
-        for key in [k for k, (d, _) in list(self._bodies.items()) if k[0] == name and d is not doc]:
-            del self._bodies[key]  # the study changed: its other variant is stale too
-        self._bodies[(name, may_promote)] = (doc, body)
-        return body
+    def _study_made(self, name: str, doc: dict[str, Any], order: TrialOrder) -> tuple[Markup, list[Any]]:
+        """The study's charts and its trials in `order`'s sort, made once per document."""
+        got = self._made.get(name)
+        if got is None or got[0] is not doc:  # the study changed (or was never shown)
+            body = Markup(self.templates.env.get_template("study_charts.html").render(study=doc))
+            got = self._made[name] = (doc, body, {})
+        key = (order.sort, order.desc)
+        if key not in got[2]:
+            got[2][key] = sorted_trials(doc.get("trials") or [], order.sort, order.desc)
+        return got[1], got[2][key]
 
     async def usage(self, request: Request, viewer: Viewer) -> Response:
         return self.render(request, viewer, "usage.html", usage=await call(self.source.usage))

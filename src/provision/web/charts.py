@@ -10,7 +10,7 @@ running ones hollow, failed ones red crosses along the bottom (they have no valu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,9 @@ from provision.core.tuning import TrialState
 W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
 LOG_RATIO = 30.0  # as the study's PNG (cli/tuneview.log_scale): a log axis past this ratio
+# Trials a chart draws at most: 10,000 trials' marks and lines were ~10 MB of SVG per page
+# (issue 41); a 640-pixel chart shows no more than this many apart.
+CHART_TRIALS = 1000
 
 # The trial states of `tune --status --json` (core/tuning.TrialState's values).
 SUCCEEDED, PRUNED = TrialState.SUCCEEDED.value, TrialState.STOPPED_EARLY.value
@@ -128,12 +131,72 @@ def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, 
     return out
 
 
-def objective_svg(study: dict[str, Any]) -> Markup:
-    """The objective over trials, the best so far as a step line."""
+def chart_trials(study: dict[str, Any], limit: int = CHART_TRIALS) -> list[dict[str, Any]]:
+    """The trials the charts draw, in the study's order: all of them up to `limit`; past it,
+    `limit` of them: the running ones, where the best so far changed, the best tenth, the
+    extremes (the first and last trial, the lowest and highest value and parameter), then an
+    even sample of the rest over trial order (pruned and failed trials keep their share)."""
+    trials = study["trials"]
+    if len(trials) <= limit:
+        return list(trials)
+    goal = study["metric"]["goal"]
+    valued = [(i, v) for i, t in enumerate(trials) if (v := _value_of(t)) is not None]
+    steps = {n for n, _ in best_so_far(trials, goal)}
+    ranked = sorted((iv for iv in valued if trials[iv[0]]["state"] == SUCCEEDED), key=lambda iv: iv[1])
+    if goal == "maximize":
+        ranked.reverse()
+    # The trials' indexes in the order they were chosen (a dict keeps it, once each).
+    picked: dict[int, None] = dict.fromkeys(i for i, t in enumerate(trials) if t["state"] == RUNNING)
+    picked.update(dict.fromkeys(i for i, t in enumerate(trials) if t["state"] == SUCCEEDED and t["number"] in steps))
+    picked.update(dict.fromkeys(i for i, _ in ranked[: limit // 10]))
+    picked.update(dict.fromkeys(_extremes(trials, valued, study.get("space") or [])))
+    chosen = list(picked)[:limit]
+    rest = [i for i in range(len(trials)) if i not in picked]
+    room = min(limit - len(chosen), len(rest))
+    chosen += [rest[int(k * len(rest) / room)] for k in range(room)] if room > 0 else []
+    return [trials[i] for i in sorted(chosen)]
+
+
+def drawn(study: dict[str, Any]) -> dict[str, Any]:
+    """The study as its charts draw it: its trials thinned (chart_trials)."""
+    return {**study, "trials": chart_trials(study)}
+
+
+def _extremes(
+    trials: Sequence[dict[str, Any]], valued: list[tuple[int, float]], space: list[dict[str, Any]]
+) -> list[int]:
+    """The first and last trial, the lowest and highest value and each numeric parameter's
+    lowest and highest (of the valued trials): a thinned chart keeps its axes."""
+    out = [0, len(trials) - 1]
+    keys: list[Callable[[tuple[int, float]], float | None]] = [lambda iv: iv[1]]
+    for key in keys + [_param_key(p["name"], trials) for p in space]:
+        got = [(i, k) for i, v in valued if (k := key((i, v))) is not None]
+        if got:
+            out += [min(got, key=lambda ik: ik[1])[0], max(got, key=lambda ik: ik[1])[0]]
+    return out
+
+
+def _param_key(name: str, trials: Sequence[dict[str, Any]]) -> Callable[[tuple[int, float]], float | None]:
+    def key(iv: tuple[int, float]) -> float | None:
+        p = (trials[iv[0]].get("params") or {}).get(name)
+        return float(p) if isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) else None
+
+    return key
+
+
+def _value_of(t: dict[str, Any]) -> float | None:
+    v = t.get("value")
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def objective_svg(study: dict[str, Any], shown: Sequence[dict[str, Any]] | None = None) -> Markup:
+    """The objective over trials (those `shown`: chart_trials), the best so far (over every
+    trial) as a step line."""
     trials, metric, goal = study["trials"], study["metric"]["name"], study["metric"]["goal"]
     if not trials:
         return _svg([f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no trials yet</text>'], "no trials yet")
-    valued = _valued(trials)
+    marked = trials if shown is None else shown
+    valued = _valued(marked)
     x = Axis.of([float(t["number"]) for t in trials], LEFT, W - RIGHT)
     y = Axis.of([v for _, v in valued], H - BOTTOM, TOP, log=log_wanted([v for _, v in valued]))
     numbers = sorted(t["number"] for t in trials)
@@ -155,7 +218,7 @@ def objective_svg(study: dict[str, Any]) -> Markup:
     for t, v in valued:
         if v > 0 or not y.log:
             body.append(_mark(x(t["number"]), y(v), t["state"], _tip(t, metric)))
-    for t in trials:
+    for t in marked:
         if t["state"] == FAILED:
             body.append(_mark(x(t["number"]), H - BOTTOM - 6, FAILED, _tip(t, metric)))
     return _svg(body, f"{metric} over trials")

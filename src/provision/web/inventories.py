@@ -277,9 +277,14 @@ class InventorySource:
         # No history here (the service keeps it): what the hosts hold now is all there is.
         return {"format_version": 1, "days": [], "weeks": [], "idle": []}
 
-    def owner(self, name: str) -> str | None:
-        """The job's owner as the hosts' ledgers name it; a study's: its trials' owner."""
-        jobs: dict[str, str | None] = {j["job"]: j.get("owner") for j in self.hosts()["jobs"]}
+    def owner(self, name: str, recent: bool = False) -> str | None:
+        """The job's owner as the hosts' ledgers name it; a study's: its trials' owner.
+        recent: from the last probe of the hosts however old (one asked behind it), never
+        waiting for one (issue 41: a study page waited seconds for a probe of every host)."""
+        # The probe's own answer (InventorySource.hosts): no GPU history (a subclass's hosts()
+        # reads it from its database) is needed to name an owner.
+        doc = self._hosts.last("", lambda: self._probe_all("")) if recent else InventorySource.hosts(self)
+        jobs: dict[str, str | None] = {j["job"]: j.get("owner") for j in doc["jobs"]}
         if name in jobs:
             return jobs[name]
         return next((o for j, o in sorted(jobs.items()) if j.startswith(f"{name}-t") and o), None)

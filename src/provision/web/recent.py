@@ -43,6 +43,19 @@ class Recent(Generic[V]):
                 return got[1]  # asked by another request meanwhile
             return self._ask(key, ask)
 
+    def last(self, key: Hashable, ask: Callable[[], V]) -> V:
+        """The last answer however old, without waiting: past `fresh`, one thread asks
+        behind it (what no request should wait for, such as whether a page shows a
+        button). Only when there is none yet, the request asks as get() does."""
+        with self._guard:
+            got = self._got.get(key)
+            lock = self._locks.setdefault(key, threading.Lock())
+        if got is None:
+            return self.get(key, ask)
+        if time.monotonic() - got[0] >= self.fresh and lock.acquire(blocking=False):
+            threading.Thread(target=self._behind, args=(key, ask, lock), daemon=True).start()
+        return got[1]
+
     def put(self, key: Hashable, value: V, began: float) -> None:
         """An answer asked elsewhere (began: its asking's monotonic time)."""
         with self._guard:

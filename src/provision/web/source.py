@@ -67,8 +67,10 @@ class Source(Protocol):
 
     def usage(self) -> dict[str, Any]: ...
 
-    def owner(self, name: str) -> str | None:
-        """Who owns the job or study `name` (as the hosts' ledgers name them); None: unknown."""
+    def owner(self, name: str, recent: bool = False) -> str | None:
+        """Who owns the job or study `name` (as the hosts' ledgers name them); None: unknown.
+        recent: as the hosts were last seen, without waiting for a probe (what a page shows);
+        else as a probe of the last few seconds says (before an action)."""
         ...
 
     # Actions: `who` is the authenticated user (the hosts' history names them). Each returns

@@ -1,11 +1,13 @@
 """What the pages show, from the Source's JSON: the cluster's hosts grouped by label with each
-GPU's holder, the jobs filtered and paginated in their sections. Pure."""
+GPU's holder, the jobs filtered and paginated in their sections, a study's trials sorted and
+paginated. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
@@ -131,3 +133,77 @@ def cluster_groups(doc: Mapping[str, Any]) -> list[tuple[str, list[HostRow]]]:
         row = HostRow(name, h.get("error"), _gpus(h, owners), tuple(h.get("foreign_ports") or ()))
         groups.setdefault(key, []).append(row)
     return sorted(groups.items(), key=lambda kv: (kv[0] == "no labels", kv[0]))
+
+
+# ------------------------------------------------------------------ a study's trials table
+
+TRIALS_PAGE = 100  # rows of a study's trials table per page (10,000 rows were ~4 MB of markup)
+TRIAL_COLUMNS = ("number", "state", "value", "steps", "why")  # and "param.NAME" for each parameter
+
+
+@dataclass(frozen=True)
+class TrialOrder:
+    """The trials table's page: sorted by `sort` (a TRIAL_COLUMNS name or "param.NAME"), on
+    the server, over every trial (a page sorted alone would mislead)."""
+
+    sort: str = "number"
+    desc: bool = False
+    page: int = 1
+
+    def link(self, sort: str | None = None, desc: bool | None = None, page: int | None = None) -> str:
+        """The query string of this order with what is given changed."""
+        s = self.sort if sort is None else sort
+        d = self.desc if desc is None else desc
+        return f"sort={quote(s)}&order={'desc' if d else 'asc'}&page={self.page if page is None else page}"
+
+    def toggled(self, col: str) -> str:
+        """A header's link: by `col` from page 1; on the column sorted by, the other way."""
+        return self.link(sort=col, desc=not self.desc if col == self.sort else False, page=1)
+
+
+def trial_order(q: Mapping[str, str], params: Sequence[str]) -> TrialOrder:
+    sort = q.get("sort", "number") or "number"
+    known = (*TRIAL_COLUMNS, *(f"param.{p}" for p in params))
+    if sort not in known:
+        raise BadFilter(f"sort: expected one of {', '.join(known)}, got {sort!r}")
+    order = q.get("order", "asc") or "asc"
+    if order not in ("asc", "desc"):
+        raise BadFilter(f"order: expected asc or desc, got {order!r}")
+    raw = q.get("page", "1") or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadFilter(f"page: expected a number from 1, got {raw!r}")
+    return TrialOrder(sort, order == "desc", int(raw))
+
+
+def sorted_trials(trials: Sequence[Mapping[str, Any]], sort: str, desc: bool) -> list[Mapping[str, Any]]:
+    """The trials by one column ("number", "value", "param.lr"...): the numbers, then the
+    texts, each either way; the empty cells last either way; ties in trial order."""
+
+    def cell(t: Mapping[str, Any]) -> Any:
+        if sort.startswith("param."):
+            return (t.get("params") or {}).get(sort[len("param.") :])
+        return t.get(sort)
+
+    base = sorted(trials, key=lambda t: t.get("number") or 0)
+    nums = [t for t in base if isinstance(cell(t), int | float) and not isinstance(cell(t), bool)]
+    counted = {id(t) for t in nums}
+    empty = [t for t in base if id(t) not in counted and cell(t) in (None, "")]
+    gone = counted | {id(t) for t in empty}
+    texts = [t for t in base if id(t) not in gone]
+    return (
+        sorted(nums, key=lambda t: float(cell(t)), reverse=desc)
+        + sorted(texts, key=lambda t: str(cell(t)), reverse=desc)
+        + empty
+    )
+
+
+def pager(page: int, pages: int, around: int = 2) -> list[int | None]:
+    """The page links to show: the first, the last and `around` each side of `page`; None
+    where some are left out."""
+    want = sorted({1, pages, *range(max(1, page - around), min(pages, page + around) + 1)})
+    out: list[int | None] = []
+    for n in want:
+        if out and isinstance(out[-1], int) and n > out[-1] + 1:
+            out.append(None)
+        out.append(n)
+    return out
