@@ -191,6 +191,62 @@ def test_the_next_start_resumes_and_a_fresh_one_does_not(host_dirs):
     assert not os.path.exists(layout.resume_env_path("low"))
 
 
+def test_the_jobs_own_stop_on_another_host_follows_and_reserves_nothing(host_dirs):
+    """A job preempted on another host is stopped here by its own side (issue 42: preempted
+    whole): the same marker and stop, but its GPUs wait for nobody once its units ended."""
+    assert ledger.reserve(res("low", [0, 1]), NOW) == []
+    os.makedirs(layout.job_dir("low"))
+    by = {"who": "ana@lab"}
+    rep = host_preempt.op_preempt(PreemptRequest("low", "high", by, 1000, "high", 0, follows="host-1"))
+    assert not rep.errors and not rep.refused and rep.grace == 10.0
+    assert ["systemctl", "stop", "--no-block", "--", "provision-low-c.service"] in host_dirs
+    e = ledger.read_all()["low"]
+    assert e["preempted"]["follows"] == "host-1" and e["preempted"]["by"] == "high" and e["preempted"]["pid"] == 0
+    marker = ledger.read_entry(layout.lifecycle_path("low"))
+    assert marker["phase"] == "Preempted" and marker["preempted"]["follows"] == "host-1"
+    assert judge(e, {}, NOW) is Hold.ENDED  # units ended: nobody's reservation
+    assert judge(e, {"provision-low-c.service": ACTIVE}, NOW) is Hold.RUNNING  # still saving
+    # Asked again (a second look): the mark stays as it was.
+    again = host_preempt.op_preempt(PreemptRequest("low", "high", by, 1000, "high", 0, follows="host-1"))
+    assert not again.refused and again.deadline == rep.deadline
+    # Marked for another preemptor: refused, as a preemptor would be.
+    assert host_preempt.op_preempt(PreemptRequest("low", "other", by, 1000, "high", 0, follows="h")).refused == "high"
+    # Its resume takes its GPUs back here: nothing waits for a preemptor.
+    assert ledger.reserve(res("low", [0, 1]), NOW) == []
+
+
+@pytest.mark.parametrize(
+    "marked, live, want",
+    [
+        ((), {"h1": True, "h2": True}, ()),  # not preempted anywhere
+        (("h1",), {"h1": False, "h2": True}, ("h2",)),  # preempted on h1, running on h2
+        (("h1",), {"h1": True, "h2": True, "h3": False}, ("h2",)),  # h1 stopping, h3 ended
+        (("h1", "h2"), {"h1": False, "h2": True}, ()),  # h2 marked too: stopping
+        (("h2",), {"h1": True, "h2": False, "h3": True}, ("h1", "h3")),
+    ],
+)
+def test_a_job_preempted_on_one_host_is_preempted_on_the_others(marked, live, want):
+    assert preempted.to_stop(set(marked), live) == want
+
+
+def test_the_rest_of_a_job_preempted_in_part_and_its_words():
+    mark = {"by": "high", "who": "ana", "priority_name": "high", "at": NOW, "deadline": NOW + 10, "gpus": [0]}
+    pre = {"phase": "Preempted", "preempted": mark}
+    follow = {"phase": "Preempted", "preempted": dict(mark, follows="h1")}
+    assert preempted.rest({"h1": pre, "h2": None}, {"h1": False, "h2": False}) is None  # ended everywhere
+    assert preempted.rest({"h1": None, "h2": None}, {"h1": True, "h2": True}) is None  # not preempted
+    r = preempted.rest({"h1": pre, "h2": None}, {"h1": False, "h2": True})
+    assert r == preempted.Rest("h1", mark, ("h2",), ())
+    assert preempted.rest_words(r).startswith("; still running on h2: not preempted there yet")
+    r = preempted.rest({"h1": pre, "h2": follow}, {"h1": False, "h2": True})
+    assert r == preempted.Rest("h1", mark, (), ("h2",))
+    assert preempted.rest_words(r) == "; stopping on h2 (its tasks save a checkpoint)"
+    assert preempted.rest_words(None) == ""
+    # Its preemptor's marker goes first (when, by whom), whatever the hosts' names.
+    r = preempted.rest({"a": follow, "h1": pre}, {"a": True, "h1": False})
+    assert r is not None and r.first == "h1" and r.stopping == ("a",)
+
+
 @pytest.mark.parametrize(
     "text, want", [("10s", 10.0), ("2min", 120.0), ("1min 30s", 90.0), ("500ms", 0.5), ("infinity", None), ("", None)]
 )

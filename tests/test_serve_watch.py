@@ -42,6 +42,26 @@ def test_which_watched_jobs_a_round_sends_a_worker_to(state, errors, at, looked,
     assert to_look_at(_doc(state, errors), at, [w]) == want
 
 
+@pytest.mark.parametrize(
+    ("hosts", "looked", "want"),
+    [
+        # Preempted on h1 (its entry marked), still running on h2: a worker preempts it whole, at once.
+        ({"h1": ("ended", "hi"), "h2": ("running", None)}, 100.0, {"s"}),
+        ({"h1": ("running", "hi"), "h2": ("running", None)}, 0.0, {"s"}),  # h1 still saving
+        ({"h1": ("ended", "hi"), "h2": ("running", "hi")}, 0.0, set()),  # h2 marked too: stopping
+        ({"h1": ("running", None), "h2": ("running", None)}, 0.0, set()),  # runs as applied
+    ],
+)
+def test_a_job_preempted_on_some_hosts_is_looked_at_every_round(hosts, looked, want):
+    job = {
+        "job": "j",
+        "state": "running",
+        "hosts": {h: {"state": st, "preempted_by": by} for h, (st, by) in hosts.items()},
+    }
+    doc = {"jobs": [job], "hosts": {h: {"error": None} for h in sorted(HOSTS)}}
+    assert to_look_at(doc, 100.0, [Watched("s", "j", HOSTS, since=60.0, looked=looked)]) == (want, set())
+
+
 def _sub(sid: str) -> Submission:
     return Submission(sid, Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {}, {})
 

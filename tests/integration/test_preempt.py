@@ -2,8 +2,10 @@
 GPUs. A low-priority preemptible trainer holds both; a high-priority apply takes them within
 the trainer's grace (10 s) + 5 s; the trainer saves its step on SIGTERM and, resumed by its
 owner's apply (PROVISION_RESUME=1, the same AIP_CHECKPOINT_DIR), continues from it. A sampler
-on the host (every 200 ms, the whole module) checks that no two jobs ever hold one GPU or
-port: by the ledger entries of running units, and by the processes' CUDA_VISIBLE_DEVICES."""
+on the hosts (every 200 ms, the whole module) checks that no two jobs ever hold one GPU or
+port: by the ledger entries of running units, and by the processes' CUDA_VISIBLE_DEVICES.
+host-2 serves a job of two hosts whose preemptor knows host-1 alone: it is preempted whole
+by its own side (its owner's apply, the service)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from clirun import cli, ok, output_until, sh, status, wait_until
+from provision.serve.gpusample import QUIET_EVERY
 
 pytestmark = pytest.mark.integration
 
 GRACE = 10
 HOST = "host-1"
+HOST2 = "host-2"
 
 # The trainer: one step every 0.2 s, logged to AIP_CHECKPOINT_DIR/steps.log; on SIGTERM it
 # saves the step it is at and leaves (argv[1] == "ignore": it ignores SIGTERM instead).
@@ -89,11 +93,16 @@ while not os.path.exists("/tmp/preempt-sampler.stop"):
 
 @pytest.fixture(scope="module")
 def box(sandbox_factory):
-    sb = sandbox_factory(hosts=1, gpus_per_host=2)
-    sb.container(HOST).exec_run(["python3", "-c", SAMPLER], detach=True)
+    sb = sandbox_factory(hosts=2, gpus_per_host=2)  # host-2: a job of two hosts, preempted on one
+    for h in (HOST, HOST2):
+        sb.container(h).exec_run(["python3", "-c", SAMPLER], detach=True)
     yield sb
-    sh(sb, HOST, "touch /tmp/preempt-sampler.stop")
-    samples = [json.loads(x) for x in sh(sb, HOST, "cat /tmp/preempt-samples.jsonl").splitlines() if x.startswith("{")]
+    samples = []
+    for h in (HOST, HOST2):
+        sh(sb, h, "touch /tmp/preempt-sampler.stop")
+        samples += [
+            json.loads(x) for x in sh(sb, h, "cat /tmp/preempt-samples.jsonl").splitlines() if x.startswith("{")
+        ]
     sandbox_factory.down(sb)
     assert len(samples) > 50, "the sampler did not run"
     for s in samples:
@@ -127,12 +136,12 @@ def high(sb, make, d: Path, job: str, seconds: int) -> Path:
     return write(sb, make, d, job, command=["/bin/sh", "-c", f"sleep {seconds}"], priority="high")
 
 
-def steps_log(sb, job: str) -> list[str]:
-    return sh(sb, HOST, f"cat /data/{job}/checkpoints/steps.log 2>/dev/null").splitlines()
+def steps_log(sb, job: str, host: str = HOST) -> list[str]:
+    return sh(sb, host, f"cat /data/{job}/checkpoints/steps.log 2>/dev/null").splitlines()
 
 
-def steps(sb, job: str) -> int:
-    return max((int(x.split()[1]) for x in steps_log(sb, job) if x.startswith("step ")), default=0)
+def steps(sb, job: str, host: str = HOST) -> int:
+    return max((int(x.split()[1]) for x in steps_log(sb, job, host) if x.startswith("step ")), default=0)
 
 
 def as_owner(who: str) -> dict[str, str]:
@@ -303,19 +312,10 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
         "PROVISION_OWNER": "bob@lab",
         "PROVISION_QUEUE_POLL": "1",
     }
-    log = open(svc / "serve.log", "wb")  # noqa: SIM115 - the process keeps it
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
-        cwd=svc,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **env},
-    )
-    log.close()
+    serve = _serve(svc, env)
     low = trainer(box, sandbox_inventory, tmp_path, "svc-low")
     hi = high(box, sandbox_inventory, tmp_path, "svc-high", 10)
     try:
-        wait_until(lambda: "leading" in (svc / "serve.log").read_text(errors="replace"), 60, what="the service")
         ok(cli("apply", "--queue", "--detach", low, cwd=tmp_path, env=env))
         wait_until(lambda: steps(box, "svc-low") >= 3, 120, what="the handed-over trainer to take 3 steps")
         r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
@@ -338,13 +338,32 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
         assert len(runs) == 2, runs  # the preempted run, and the resumed one
     finally:
         cli("cancel", low, cwd=tmp_path, env=env)
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-        print((svc / "serve.log").read_text(errors="replace"))
+        _unserve(serve, svc)
         destroy(hi, low)
+
+
+def _serve(svc: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`provision serve` in `svc` (its log there), once it leads."""
+    log = open(svc / "serve.log", "wb")  # noqa: SIM115 - the process keeps it
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "provision", "serve", "--poll", "0.5", "--listen", "none"],
+        cwd=svc,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    log.close()
+    wait_until(lambda: "leading" in (svc / "serve.log").read_text(errors="replace"), 60, what="the service")
+    return serve
+
+
+def _unserve(serve: subprocess.Popen, svc: Path) -> None:
+    serve.send_signal(signal.SIGTERM)
+    try:
+        serve.wait(60)
+    except subprocess.TimeoutExpired:
+        serve.kill()
+    print((svc / "serve.log").read_text(errors="replace"))
 
 
 # A study's trainer (issue 42 item 4): one step every 0.25 s up to 30, each reported as
@@ -439,3 +458,179 @@ def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inv
             tune.kill()
             tune.wait(30)
         destroy(hi)  # (a trial left by a failure goes with the module's sandbox)
+
+
+# --------------------------------------------------------------------------- a job of two hosts
+
+WHOLE_GRACE = 5  # seconds: the two-host job's preemption grace
+
+
+def two_hosts(sb, make, d: Path, job: str) -> Path:
+    """A synchronous job of two tasks of 2 GPUs, one on each host (the trainer on both)."""
+    cmd = ["/usr/bin/python3", "-c", TRAINER, "save"]
+    inv = d / f"{job}.yaml"
+    make(
+        sb,
+        job=job,
+        pools={r: {"replicas": 1, "accelerators": 2, "command": cmd} for r in ("chief", "worker")},
+        path=inv,
+        hosts=[HOST, HOST2],
+        priority="low",
+        preemptible=True,
+        preemption={"grace": f"{WHOLE_GRACE}s"},
+        outputs=f"/data/{job}",
+    )
+    return inv
+
+
+def saved_on(sb, job: str, host: str) -> list[str]:
+    return [x for x in steps_log(sb, job, host) if x.startswith("saved ")]
+
+
+def resumed_on(sb, job: str, host: str) -> list[str]:
+    return [x for x in steps_log(sb, job, host) if x.startswith("start ") and " resume 1 " in x]
+
+
+def preempted_on_host_1(box, tmp_path, low: Path, hi: Path) -> None:
+    """The job runs on both hosts; a high-priority apply naming host-1 alone preempts it there."""
+    wait_until(lambda: steps(box, low.stem) >= 3 and steps(box, low.stem, HOST2) >= 3, 120, what="both tasks to step")
+    r = ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+    assert f"preempted job {low.stem} (bob@lab, priority low) on host-1: GPUs 0, 1" in r.stderr, r.stderr
+    assert HOST2 not in r.stderr, r.stderr  # its preemptor knows host-1 alone
+    assert saved_on(box, low.stem, HOST)
+
+
+def test_a_job_preempted_on_one_host_is_preempted_whole_by_its_owners_apply(box, sandbox_inventory, tmp_path):
+    """Its preemptor stops it on host-1 only; its task on host-2 runs on until someone acting
+    for the job looks: here its owner's apply, which stops it there (the same signal and
+    grace) before it resumes the job as one run on both hosts."""
+    low = two_hosts(box, sandbox_inventory, tmp_path, "whole-low")
+    hi = high(box, sandbox_inventory, tmp_path, "whole-high", 20)
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        preempted_on_host_1(box, tmp_path, low, hi)
+        at = steps(box, "whole-low", HOST2)
+        wait_until(lambda: steps(box, "whole-low", HOST2) >= at + 3, 10, 0.25, what="host-2's task to run on")
+        # Read from another state (it may not change the job): status says what is left, honestly.
+        other = tmp_path / "elsewhere.state.json"
+        r = ok(cli("status", "--json", "--state", other, low, cwd=tmp_path, env=as_owner("eve@lab")))
+        st = json.loads(r.stdout)
+        assert st["phase"] == "Preempted", st
+        assert "still running on host-2: not preempted there yet" in st["reason"], st["reason"]
+        assert not saved_on(box, "whole-low", HOST2)
+
+        r = ok(cli("apply", "-y", "--queue", "--timeout", "120", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        assert (
+            f"job whole-low was preempted on host-1 by whole-high: preempted whole, its tasks on host-2 have "
+            f"{WHOLE_GRACE} s to save a checkpoint" in r.stderr
+        ), r.stderr
+        assert "resumes after preemption" in r.stdout, r.stdout
+        assert status(tmp_path, hi)["phase"] == "Succeeded"  # it waited for the GPUs on host-1
+        saved = saved_on(box, "whole-low", HOST2)
+        assert len(saved) == 1, steps_log(box, "whole-low", HOST2)
+        assert float(saved[0].split()[3]) > time.time() - 120  # host-2's own deadline, read from PROVISION_PREEMPT_AT
+        # One run on both hosts, each from its own checkpoint.
+        for h in (HOST, HOST2):
+            wait_until(lambda h=h: resumed_on(box, "whole-low", h), 60, what=f"the task on {h} to resume")
+            step = saved_on(box, "whole-low", h)[0].split()[1]
+            assert resumed_on(box, "whole-low", h)[0].startswith(f"start {step} resume 1 "), steps_log(
+                box, "whole-low", h
+            )
+        assert status(tmp_path, low)["phase"] == "Running"
+    finally:
+        destroy(hi, low)
+
+
+def test_the_service_preempts_a_watched_job_whole(box, sandbox_inventory, tmp_path):
+    """Applied through the service and watched: the round after its preemption on host-1
+    sends a worker, which stops it on host-2 (within the grace + one round), waits for its
+    tasks to end, and queues it; it resumes as one run on both hosts when room returns."""
+    svc = tmp_path / "svc"
+    svc.mkdir()
+    env = {"PROVISION_SERVICE_DB": str(svc / "service.sqlite"), **as_owner("bob@lab")}
+    serve = _serve(svc, env)
+    low = two_hosts(box, sandbox_inventory, tmp_path, "svcw-low")
+    hi = high(box, sandbox_inventory, tmp_path, "svcw-high", 600)
+    try:
+        ok(cli("apply", "--queue", "--detach", low, cwd=tmp_path, env=env))
+        preempted_on_host_1(box, tmp_path, low, hi)
+        t0 = time.monotonic()
+        wait_until(
+            lambda: saved_on(box, "svcw-low", HOST2), WHOLE_GRACE + QUIET_EVERY + 30, 0.5, what="host-2's task to stop"
+        )
+        took = time.monotonic() - t0
+        assert took <= WHOLE_GRACE + QUIET_EVERY + 15, f"host-2's task stopped {took:.1f} s after the preemption"
+        st = status(tmp_path, low)
+        assert st["phase"] == "Preempted" and "2 GPUs on host-1, 2 GPUs on host-2" in st["reason"], st
+        assert not resumed_on(box, "svcw-low", HOST)  # the GPUs on host-1 are the high job's
+        destroy(hi)  # room returns: one run on both hosts
+        for h in (HOST, HOST2):
+            wait_until(lambda h=h: resumed_on(box, "svcw-low", h), 60, 0.5, what=f"the service to resume it on {h}")
+        h = json.loads(ok(cli("history", "--json", cwd=svc, env=env)).stdout)
+        runs = [e for e in h["events"] if e["kind"] == "run" and e["job"] == "svcw-low"]
+        assert len(runs) == 2, runs  # the preempted run, and the resumed one
+    finally:
+        cli("cancel", low, cwd=tmp_path, env=env)
+        _unserve(serve, svc)
+        destroy(hi, low)
+
+
+def test_a_paused_trial_is_adopted_by_the_next_runner(box, sandbox_inventory, tmp_path):
+    """A low-priority study's trial is preempted and paused; its runner is killed (SIGKILL)
+    meanwhile. `provision tune` again adopts the paused trial, which resumes as trial 1 from
+    its checkpoint when the GPUs free, and the study ends with no trial run twice."""
+    study = write(
+        box,
+        sandbox_inventory,
+        tmp_path,
+        "ptk-sweep",
+        command=["/usr/bin/python3", "-c", TRIAL_TRAINER],
+        priority="low",
+        preemption={"grace": "5s"},
+        outputs="/data/ptk-sweep",
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"lr": {"type": "double", "min": 0.1, "max": 0.2}},
+            "max_trials": 1,
+            "parallel_trials": 1,
+        },
+    )
+    hi = high(box, sandbox_inventory, tmp_path, "ptk-high", 600)
+    env = {**os.environ, **as_owner("bob@lab")}
+    argv = [sys.executable, "-m", "provision", "tune", "--poll", "0.3", str(study)]
+    first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    second = None
+    log = "ptk-sweep/1"
+    try:
+        wait_until(lambda: steps(box, log) >= 4, 60, 0.25, what="trial 1 to take 4 steps")
+        ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        output_until(first, "trial 1 paused: preempted by ptk-high", 30)
+        first.kill()  # SIGKILL while the trial is paused
+        first.wait(30)
+        saved = int(next(x for x in steps_log(box, log) if x.startswith("saved ")).split()[1])
+
+        second = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        said = output_until(second, "trial 1: its runner", 60)
+        trials = json.loads(ok(cli("tune", "--status", "--json", study, cwd=tmp_path)).stdout)["trials"]
+        assert [(t["number"], t["state"]) for t in trials] == [(1, "running")], trials
+        assert not [x for x in steps_log(box, log) if x.startswith("start ")][1:]  # not started again while held
+
+        destroy(hi)  # room returns: the adopted trial resumes as trial 1, from its checkpoint
+        said += output_until(second, "trial 1 resumed on host-1", 60)
+        out, _ = second.communicate(timeout=90)
+        said += out.decode(errors="replace")
+        assert second.returncode == 0, said
+        lines = steps_log(box, log)
+        starts = [x for x in lines if x.startswith("start ")]
+        assert starts == ["start 0 resume 0", f"start {saved} resume 1"], lines  # no trial run twice
+        after = [int(x.split()[1]) for x in lines[lines.index(starts[-1]) :] if x.startswith("step ")]
+        assert after[0] == saved + 1 and after[-1] == 30, lines
+        trials = json.loads(ok(cli("tune", "--status", "--json", study, cwd=tmp_path)).stdout)["trials"]
+        assert [(t["number"], t["state"], t["steps"]) for t in trials] == [(1, "succeeded", 30)], trials
+        assert "1 trial: 1 succeeded, 0 stopped early, 0 failed, 0 running" in said, said
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(30)
+        destroy(hi)

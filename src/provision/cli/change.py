@@ -207,7 +207,7 @@ class _Applying:
         pre: list[Preemptor] = []  # this plan's preemption step, made when first held
 
         def make() -> Plan:
-            return build_plan(ctx, **self.flags)
+            return build_plan(ctx, **self.flags, whole=progress_line)  # preempted whole first (run/victim.py)
 
         def one() -> Plan:
             if pre:

@@ -244,7 +244,8 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
     mark = own.get("preempted") if isinstance(own, dict) else None
     # Preempted (issue 42): its GPUs wait for the preemptor, unless the controller saw that
     # reservation lapse (the preemptor gone) and nothing changed since.
-    if isinstance(mark, dict) and own is not None and res.free.get(res.job) != own.get("token"):
+    follows = isinstance(mark, dict) and bool(mark.get("follows"))  # the job's own stop: reserved for nobody
+    if isinstance(mark, dict) and not follows and own is not None and res.free.get(res.job) != own.get("token"):
         g = sorted(gpus & set(own.get("gpus") or []))
         if g:
             out.append("GPU %s reserved for job %s, which preempted this job" % (_span(g), mark.get("by", "?")))

@@ -15,6 +15,11 @@ The preemptor's controller asks (PreemptRequest); here, in order:
 The entry's units ending frees nothing for others: until the preemptor's reserve takes the
 GPUs (ledger.reserve drops them from the entry), they are held for it (tenancy.judge).
 
+A job is preempted whole: whoever acts for it (the service, its owner's status or apply)
+asks its other hosts the same with `follows` (the host whose marker it follows), and the
+preemptor's words: the same marker and stop, but no reservation (the preemptor may not
+know this host), so its GPUs are free once its units have ended.
+
 The next start of the job (its owner's apply, or the service's) clears the marker, and,
 because it resumes, writes layout.resume_env_path (PROVISION_RESUME=1): clear_lifecycle.
 
@@ -78,6 +83,9 @@ def _mark(req: P.PreemptRequest, grace: float, now: float) -> tuple[Any, str]:
         if isinstance(old, dict) and old.get("by") not in (None, req.by):
             return None, "refused:" + str(old.get("by"))
         mark = dict(old) if isinstance(old, dict) else {"at": now, "deadline": now + grace}
+        if old is not None and req.follows:
+            return entry, ""  # marked here already (by its preemptor, or an earlier follow)
+        mark.pop("follows", None)  # its preemptor's own mark replaces a follow
         mark.update(
             by=req.by,
             who=str(req.owner.get("who", "?")),
@@ -89,6 +97,8 @@ def _mark(req: P.PreemptRequest, grace: float, now: float) -> tuple[Any, str]:
             gpus=list(entry.get("gpus") or []),
             updated=now,  # the preemptor's heartbeat: its reservation lapses without one
         )
+        if req.follows:  # the job's own stop: nobody's reservation (tenancy.judge)
+            mark.update(follows=req.follows, host="", pid=0)
         entry["preempted"] = mark
         entry.update(updated=now, token=os.urandom(8).hex())
         ledger.write_entry(req.job, entry)
@@ -109,7 +119,11 @@ def _end_marker(job: str, mark: dict[str, Any]) -> None:
         "reason": "preempted by %s" % mark["by"],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mark["at"])),
         "host_time": mark["at"],
-        "preempted": {k: mark[k] for k in ("by", "who", "priority", "priority_name", "at", "deadline", "gpus", "need")},
+        "preempted": {
+            k: mark[k]
+            for k in ("by", "who", "priority", "priority_name", "at", "deadline", "gpus", "need", "follows")
+            if k in mark
+        },
     }
     _atomic(path, json.dumps(marker).encode(), 0o600)
 

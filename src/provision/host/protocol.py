@@ -355,6 +355,9 @@ class PreemptRequest:
     priority: int = 0
     priority_name: str = ""  # as users name it ("high"), for status
     gpus: int = 0  # how many GPUs the preemptor needs here
+    # The job's side (issue 42): preempted on this host (its marker) and asked by whoever acts
+    # for the job to stop here too (a job is preempted whole): its GPUs wait for nobody.
+    follows: str = ""
 
     op = "preempt"
 

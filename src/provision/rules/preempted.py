@@ -1,5 +1,6 @@
 """What a preempted job's status says (issue 42), from the end markers host/preempt.py wrote
-on its hosts: who preempted it, when, for what, and when it resumes. Pure.
+on its hosts: who preempted it, when, for what, and when it resumes; and, preempted on some
+of its hosts only, where it must be stopped too (a job is preempted whole: rest). Pure.
 
     Preempted at 14:02 by deadline-run (ana, priority high): 2 GPUs on gpu-3; resumes when
     2 GPUs are free (3rd in the queue)
@@ -8,7 +9,8 @@ on its hosts: who preempted it, when, for what, and when it resumes. Pure.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from provision.core.lifecycle import PREEMPT_PHASE
@@ -24,6 +26,60 @@ def marks(lifecycles: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for host, lc in sorted(lifecycles.items()):
         if isinstance(lc, dict) and lc.get("phase") == PREEMPT_PHASE and isinstance(lc.get("preempted"), dict):
             out.append((host, lc["preempted"]))
+    return out
+
+
+@dataclass(frozen=True)
+class Rest:
+    """A job preempted on some of its hosts, not yet on all: a synchronous job is preempted
+    whole, so whoever acts for it (the service watching it, its owner's status or apply)
+    stops its tasks on the others. Its preemptor does not: it may not know those hosts, and
+    must not connect to hosts another host's ledger names (host-sent data is untrusted)."""
+
+    first: str  # the first host (in name order) whose marker says Preempted
+    mark: Mapping[str, Any]  # that marker's "preempted" record: by whom, at what priority
+    stop: tuple[str, ...]  # hosts where its tasks run with no Preempted marker: to preempt
+    stopping: tuple[str, ...]  # hosts marked Preempted whose tasks have not ended yet
+
+
+def to_stop(marked: Collection[str], live: Mapping[str, bool]) -> tuple[str, ...]:
+    """The rule: once any host marks the job Preempted, every other host where its tasks
+    still run is preempted too (name order)."""
+    return tuple(sorted(h for h, running in live.items() if running and h not in marked)) if marked else ()
+
+
+def rest(lifecycles: Mapping[str, Any], live: Mapping[str, bool]) -> Rest | None:
+    """`lifecycles`: host -> the job's end marker there; `live`: host -> do its tasks there
+    run (or stop: not ended yet). None when no host marks it Preempted, or when it has
+    stopped everywhere."""
+    found = marks(lifecycles)
+    marked = {h for h, _ in found}
+    stop = to_stop(marked, live)
+    stopping = tuple(sorted(h for h in marked if live.get(h)))
+    if not found or not (stop or stopping):
+        return None
+    first, mark = _preemptors(found)[0]
+    return Rest(first, mark, stop, stopping)
+
+
+def _preemptors(found: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The markers its preemptor wrote first, then those its own side wrote following them."""
+    return sorted(found, key=lambda hm: (bool(hm[1].get("follows")), hm[0]))
+
+
+def rest_words(r: Rest | None) -> str:
+    """What status adds to a job preempted on part of its hosts: '; still running on
+    host-2 (...)' or '; stopping on host-2'."""
+    if r is None:
+        return ""
+    out = ""
+    if r.stop:
+        out += (
+            f"; still running on {', '.join(r.stop)}: not preempted there yet (a job is preempted whole: "
+            "the service watching it, or its owner's status or apply, stops it there)"
+        )
+    if r.stopping:
+        out += f"; stopping on {', '.join(r.stopping)} (its tasks save a checkpoint)"
     return out
 
 
@@ -56,7 +112,7 @@ def reason(found: Sequence[tuple[str, dict[str, Any]]], clock: Any = time.localt
     (`place`: rules/queueorder.place_in_queue) its place in the queue."""
     if not found:
         return "preempted"
-    first = found[0][1]
+    first = _preemptors(found)[0][1]  # when and by whom: as its preemptor marked it
     at = first.get("at")
     when = f"at {time.strftime('%H:%M', clock(at))} " if isinstance(at, (int, float)) else ""
     held = [(h, len(m.get("gpus") or [])) for h, m in found]

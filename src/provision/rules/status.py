@@ -81,6 +81,9 @@ class JobStatus:
     stopped: Mapping[str, Any] | None = None  # `provision stop`'s marker, when it stopped the job
     run: Run | None = None  # the latest run (core/runs.py)
     setup_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # host -> a failed setup's last lines
+    # Preempted on some hosts, its tasks still running (or stopping) on others (issue 42):
+    # who acts for the job preempts it there too (run/victim.py).
+    rest: preempted.Rest | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -160,16 +163,27 @@ def job_status(
                 ended_at,
             )
         )
+    return _judged(inv, rows, reports, unreachable)
+
+
+def _judged(
+    inv: Inventory, rows: list[TaskStatus], reports: Mapping[str, ProbeReport], unreachable: Mapping[str, str]
+) -> JobStatus:
+    """The job's phase and why from its tasks' rows and its hosts' end markers."""
     stopped = stop_marker(reports)
     rows, preempted_why = _preempted(rows, reports, inv.job)
     phase, why = job_phase(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
     )
+    rest = None
+    if phase is JobPhase.PREEMPTED:  # preempted on some hosts, running on others (issue 42)
+        live = {h: any(r.state.live for r in rows if r.host == h) for h in reports}
+        rest = preempted.rest({h: r.lifecycle for h, r in reports.items()}, live)
+        preempted_why += preempted.rest_words(rest)
     why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
-    return JobStatus(
-        inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=runs[-1] if runs else None
-    )
+    last = runs[-1] if runs else None
+    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest)
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:

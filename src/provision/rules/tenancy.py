@@ -197,6 +197,8 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
     ):
         return Hold.RUNNING
     mark = entry.get("preempted")
+    if isinstance(mark, dict) and mark.get("follows"):
+        return Hold.ENDED  # stopped by its own side, preempted elsewhere: its GPUs wait for nobody
     if isinstance(mark, dict):
         # Its GPUs wait for the preemptor while the preemptor lives (its pid here, else its
         # last renewal of the mark), so a preemptor killed on the way gives them back.
@@ -461,7 +463,15 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "priority_level": prio,
                 "preemptible": any(h.preemptible for h in hs),
                 "submitted": iso(submitted),
-                "hosts": {h.host: {"state": h.hold.value, "gpus": list(h.gpus), "ports": list(h.ports)} for h in hs},
+                "hosts": {
+                    h.host: {
+                        "state": h.hold.value,
+                        "gpus": list(h.gpus),
+                        "ports": list(h.ports),
+                        "preempted_by": h.preempted_by or None,  # its entry there is marked (issue 42)
+                    }
+                    for h in hs
+                },
             }
         )
     return {

@@ -7,7 +7,8 @@ reduction servers. Every host that runs a task is marked (/etc/provision/<job>/l
 so that a no-op apply does not start the finished job again, and so that status can say
 that provision stopped a task and why. Any command that sees the end does this: `status`,
 `wait`, `apply --wait`. Stopping is idempotent: a command that sees an ended job with a
-task still running (an earlier stop was interrupted) stops it again.
+task still running (an earlier stop was interrupted) stops it again. So is a preemption:
+a job preempted on some of its hosts is preempted on the others too (run/victim.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from provision.rules.gpuuse import with_task_util
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
+from provision.run.victim import finish
 
 
 def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
@@ -83,6 +85,11 @@ def collect(ctx: Context) -> JobStatus:
     reports), and is left out when only some hosts were asked (--target): a part of the job
     cannot tell that the whole has ended."""
     st, unmarked, foreign, running_left = _status(ctx)
+    if st.rest is not None and st.rest.stop and foreign is None and not ctx.subset:
+        with _locked(ctx, "preempted whole") as mine:  # preempted on some hosts: on all (run/victim.py)
+            if mine:
+                finish(ctx, st.rest, lambda line: click.echo(line, err=True), wait=False)
+                st, unmarked, foreign, running_left = _status(ctx)
     if running_left and foreign is None:
         with _locked(ctx, "tasks left behind") as mine:
             if mine:

@@ -24,15 +24,18 @@ from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
 from provision.rules.queueorder import check_turn
 from provision.rules.sharing import OtherJob, Shared, setup_done
+from provision.rules.status import job_status
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import (
     Ask,
     Context,
+    Progress,
     probe,
     probe_request,
     settled,
     with_interfaces,
 )
+from provision.run.victim import finish
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.placement import place
 from provision.spec.render import render
@@ -90,18 +93,19 @@ def build_plan(
     checks: bool = False,
     thorough: bool = False,
     timings: dict[str, tuple[float, float]] | None = None,
+    whole: Progress | None = None,
 ) -> Plan:
     """checks: the pre-flight checks in the same round trip (failures refuse the apply).
     A settled host is asked without them, and again with them only if it turns out to
-    need a change (rare). thorough: every host with everything (`provision check`)."""
+    need a change (rare). thorough: every host with everything (`provision check`). whole: _whole_first."""
     timings = {} if timings is None else timings
     _known_tasks(ctx, replace or set())
     interface = thorough or uses_socket_ifname(ctx.inventory)  # the cluster address's (check: always)
     ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
-
     reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
+    reports = _whole_first(ctx, ask, reports, whole, quiet, timings)
     now = time.time()
     reports, quiet = _place_around_others(ctx, ask, reports, quiet, timings, now)
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
@@ -132,13 +136,32 @@ def build_plan(
     drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
     if drifted:
         quiet -= drifted
-        more = probe(ctx, ask, fast=True, only=drifted, timings=timings)
-        reports = reports.updated(more)
+        reports = reports.updated(probe(ctx, ask, fast=True, only=drifted, timings=timings))
         held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
         with_interfaces(ctx, reports)
         p = plan_now()
     shared = _other_owners(ctx, p, held_by)  # pushed files other jobs have too
     return provenance.mark(plan_now(shared) if shared else p, ctx.state.hosts, ctx.state.keyed, ctx.owner.who)
+
+
+def _whole_first(
+    ctx: Context,
+    ask: Ask,
+    reports: GroupResult[ProbeReport],
+    whole: Progress | None,
+    quiet: set[str],
+    timings: dict[str, tuple[float, float]],
+) -> GroupResult[ProbeReport]:
+    """An apply (`whole`: its progress) of a job preempted on some of its hosts preempts it
+    on the others first, and waits until its tasks have ended everywhere (run/victim.py):
+    its resume is one run on all its hosts. `provision plan` (None) changes nothing. The
+    reports, as the hosts are after."""
+    if whole is None or ctx.subset:  # --target: a part of the job cannot tell the whole
+        return reports
+    st = job_status(ctx.inventory, list(ctx.rendered.placement.tasks), reports.ok, {})
+    if not finish(ctx, st.rest, whole):
+        return reports
+    return probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
 
 
 def _other_owners(ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]]) -> Shared:

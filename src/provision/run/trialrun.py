@@ -59,6 +59,7 @@ from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
+from provision.run.victim import finish
 from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
 from provision.spec.trial import trial_inventory
@@ -396,7 +397,7 @@ def _placed_and_applied(
         held.extend(w.starting.acquire(hosts))
         try:
             trace(number, "planning")
-            plan = build_plan(ctx, checks=checks, facts=checks)
+            plan = build_plan(ctx, checks=checks, facts=checks, whole=lambda line: None)
             trace(number, "planned")
             return plan
         except BaseException:
@@ -448,12 +449,23 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader) -> Ende
             return _ending(w, st, reports)
         if reports:
             w.post(Reported(h.number, reports))
-        if st.phase is JobPhase.PREEMPTED and not any(t.state.live for t in st.tasks):  # saved and stopped
-            gpus = sum(len(t.accelerators) for t in ctx.rendered.placement.tasks)
-            return Ended(Ending.PAUSED, preempted.paused((st.stopped or {}).get("preempted"), gpus))
-        ended = _told_to_end(w, ctx, h, st, reports)
+        ended = _paused(ctx, st) or _told_to_end(w, ctx, h, st, reports)
         if ended is not None:
             return ended
+
+
+def _paused(ctx: Context, st: JobStatus) -> Ended | None:
+    """Preempted: paused once its tasks have stopped (saved a checkpoint). Preempted on some
+    of its hosts only, it is preempted on the others first (run/victim.py): its runner acts
+    for it."""
+    if st.phase is not JobPhase.PREEMPTED:
+        return None
+    if not any(t.state.live for t in st.tasks):
+        gpus = sum(len(t.accelerators) for t in ctx.rendered.placement.tasks)
+        return Ended(Ending.PAUSED, preempted.paused((st.stopped or {}).get("preempted"), gpus))
+    if st.rest is not None and st.rest.stop:
+        finish(ctx, st.rest, lambda line: None, wait=False)
+    return None
 
 
 def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended | None:

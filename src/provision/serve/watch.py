@@ -3,7 +3,8 @@ hosts and 100 idle jobs in < 5 % of a core and < 200 MiB).
 
 An applied job is watched from the service's one round per host (serve/gpusample.py's, the
 hosts' ledgers and units as `provision jobs --json` reports them), not by a process of its
-own: a worker comes back only when a round says something changed. Pure: the round's
+own: a worker comes back only when a round says something changed (or that the job is
+preempted on some of its hosts only: the worker preempts it whole). Pure: the round's
 document in, the submissions to look at out.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from provision.rules.preempted import to_stop
 
 # A job in these states runs as applied: nothing to look at (tenancy.Hold's values).
 QUIET = frozenset({"running", "reserved", "queued"})
@@ -42,6 +45,15 @@ def to_look_at(doc: Mapping[str, Any], at: float, watched: Collection[Watched]) 
             if w.hosts and w.hosts <= answered:
                 gone.add(w.sid)
             continue
-        if j.get("state") not in QUIET and at - w.looked >= AGAIN_S:
+        if (j.get("state") not in QUIET and at - w.looked >= AGAIN_S) or preempted_in_part(j):
             look.add(w.sid)
     return look, gone
+
+
+def preempted_in_part(job: Mapping[str, Any]) -> bool:
+    """Preempted on a host (its entry there marked) and running on another: a job is
+    preempted whole (rules/preempted.to_stop), so a worker looks at once, without waiting
+    AGAIN_S: its preemptor may not know the other hosts, and nobody else stops it there."""
+    hosts = {n: h for n, h in (job.get("hosts") or {}).items() if isinstance(h, Mapping)}
+    marked = {n for n, h in hosts.items() if h.get("preempted_by")}
+    return bool(to_stop(marked, {n: h.get("state") == "running" for n, h in hosts.items()}))

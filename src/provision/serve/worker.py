@@ -48,6 +48,7 @@ from provision.run.planning import build_plan
 from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.tune import StudyLoop, existing_study, open_work
+from provision.run.victim import finish
 from provision.serve.places import open_place
 from provision.serve.service import LEFT
 from provision.serve.snapshot import materialise
@@ -248,7 +249,7 @@ def _queue_and_apply(
     pre = Preemptor(ctx, say)  # held by lower-priority work: it leaves
 
     def plan() -> Plan:
-        return q.plan(lambda: pre.planned(lambda: build_plan(ctx, rerun=rerun, checks=checks)))
+        return q.plan(lambda: pre.planned(lambda: build_plan(ctx, rerun=rerun, checks=checks, whole=say)))
 
     try:
         p = plan()
@@ -284,6 +285,8 @@ def _watch(
         row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
     try:
         st, _ = look(ctx)
+        if finish(ctx, st.rest, say):  # preempted on some hosts: on all, and its tasks ended (run/victim.py)
+            st, _ = look(ctx)
     except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
         return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
     if CANCEL.is_set() and not st.phase.ended:
