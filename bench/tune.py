@@ -158,6 +158,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--poll", type=float, default=0.3)
     ap.add_argument("--trace", action="store_true", help="each hand-off in steps, timed (the trials' trace)")
+    ap.add_argument("--trace-out", type=Path, help="with --trace: the tune process's stderr (the trace) kept here")
     args = ap.parse_args()
     sb = sandbox.up(hosts=2, gpus_per_host=2, progress=lambda m: print(f"  {m}", file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="bench-tune-"))
@@ -215,6 +216,8 @@ def main() -> int:
         print(
             f"trials' span {span:.1f} s (first trial's first line to the last one's last): {100 * ideal / span:.0f} % of the ideal"
         )
+        if args.trace_out is not None:
+            args.trace_out.write_text(r.stderr)
         if args.trace:
             for line in steps_of_handoffs(tmp / ".provision" / "btune.tune", r.stderr):
                 print(line)

@@ -176,6 +176,12 @@ def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, pol
     """--detach: hand the study to the service (0). A study a service holds: followed (its
     exit code). None: this terminal runs it."""
     # Here: the service's modules load only for a `tune` (start-up of the other commands).
+    from provision.io.servicestore import default_db
+    from provision.spec.statebackend import backend_of
+
+    if not detach and backend_of(inv, inventory).local and not default_db().exists():
+        return None  # no service here to hold it (servecmd's handed_over, without its import time)
+    # (start-up, as above)
     from provision.cli.servecmd import detach_study, follow_handed_over
     from provision.run.tune import existing_study, study_dir  # (start-up, as above: Optuna)
 
