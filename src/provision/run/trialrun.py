@@ -73,7 +73,8 @@ def trace(number: int | None, what: str) -> None:
     """A trial's step (None: the tune process's own, its start and end)."""
     if TRACE:
         who = "tune" if number is None else f"trial {number}"
-        print(f"{time.time():.3f} {who}: {what}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"{time.time():.3f} {who}: {what}\n")  # one write: threads' lines never interleave
+        sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- what a worker posts
