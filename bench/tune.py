@@ -123,6 +123,34 @@ def steps_of_handoffs(logs: Path, stderr: str) -> list[str]:
     return out
 
 
+def phases(logs: Path, stderr: str, t0: float, t1: float, slots: int) -> list[str]:
+    """The tune process's own start and end, in steps (its start and exit, the trace, the logs)."""
+    tr = traced(stderr)
+    sp = spans_by_trial(logs)
+    if not tr or not sp:
+        return []
+    first = sorted(tr)[:slots]  # the first wave
+    last_end = max(e for _, e in sp.values())
+    last = max(sp, key=lambda n: sp[n][1])
+
+    def at(n: int, word: str) -> float:
+        return tr.get(n, {}).get(word, float("nan"))
+
+    wave_applied = max(at(n, "applied") for n in first)
+    wave_line = max(sp[n][0] for n in first if n in sp)
+    removed = max((t.get("removed", 0.0) for t in tr.values()), default=float("nan"))
+    own = [ln.split(" ", 2) for ln in stderr.splitlines() if ln.split(" ", 2)[1:2] == ["tune:"]]
+    return [
+        "the tune process's start and end (s from its start; the first wave: the first trials asked):",
+        "  its own steps: " + ", ".join(f"{w[2]} {float(w[0]) - t0:.2f}" for w in own if len(w) == 3),
+        f"  first trial asked {min(at(n, 'submitted') for n in first) - t0:.2f}, "
+        f"first planned {min(at(n, 'planned') for n in first) - t0:.2f}, "
+        f"first wave applied {wave_applied - t0:.2f}, its last first line {wave_line - t0:.2f}",
+        f"  last trial's last line {last_end - t0:.2f}, seen {at(last, 'ended') - t0:.2f}, "
+        f"last removal {removed - t0:.2f}, exit {t1 - t0:.2f} (last line to exit {t1 - last_end:.2f})",
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=40)
@@ -130,6 +158,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--poll", type=float, default=0.3)
     ap.add_argument("--trace", action="store_true", help="each hand-off in steps, timed (the trials' trace)")
+    ap.add_argument("--trace-out", type=Path, help="with --trace: the tune process's stderr (the trace) kept here")
     args = ap.parse_args()
     sb = sandbox.up(hosts=2, gpus_per_host=2, progress=lambda m: print(f"  {m}", file=sys.stderr))
     tmp = Path(tempfile.mkdtemp(prefix="bench-tune-"))
@@ -161,7 +190,7 @@ def main() -> int:
             },
         )
         (tmp / "study.yaml").write_text(dump(inv, sb))
-        t0 = time.monotonic()
+        t0, e0 = time.monotonic(), time.time()
         r = subprocess.run(
             [sys.executable, "-m", "provision", "tune", "--poll", str(args.poll), "study.yaml"],
             cwd=tmp,
@@ -169,7 +198,7 @@ def main() -> int:
             text=True,
             env={**os.environ, "PROVISION_TUNE_TRACE": "1"} if args.trace else None,
         )
-        wall = time.monotonic() - t0
+        wall, e1 = time.monotonic() - t0, time.time()
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             return 1
@@ -187,8 +216,12 @@ def main() -> int:
         print(
             f"trials' span {span:.1f} s (first trial's first line to the last one's last): {100 * ideal / span:.0f} % of the ideal"
         )
+        if args.trace_out is not None:
+            args.trace_out.write_text(r.stderr)
         if args.trace:
             for line in steps_of_handoffs(tmp / ".provision" / "btune.tune", r.stderr):
+                print(line)
+            for line in phases(tmp / ".provision" / "btune.tune", r.stderr, e0, e1, args.slots):
                 print(line)
         return 0
     finally:

@@ -194,6 +194,8 @@ def test_following_a_handed_over_study_ends_as_the_terminal_does(tmp_path, monke
         study.claim(asked.number, me, f"sweep-t{asked.number}")
         study.tell(asked.number, Ended(Ending.SUCCEEDED, "", value=value, steps=3))
     study.mark_ended("the study ended: 2 trials")
+    (tmp_path / "service.sqlite").touch()  # a service's database here: tune looks for its submission
+    monkeypatch.setenv("PROVISION_SERVICE_DB", str(tmp_path / "service.sqlite"))
     monkeypatch.setattr(servecmd, "follow_handed_over", lambda *a: 0)
     monkeypatch.setattr(tune_mod, "existing_study", lambda where, inv: study)
     monkeypatch.setattr(tunecmd, "_draw", lambda *a: None)

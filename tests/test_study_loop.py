@@ -31,8 +31,11 @@ from provision.core.tuning import (
     Tune,
 )
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
+from provision.rules.plan import Plan
 from provision.run import trialrun
+from provision.run.apply import HostOutcome
 from provision.run.context import Context, open_context
+from provision.run.queue import Queue
 from provision.run.trialplaces import HostLocks, Places
 from provision.run.trialrun import (
     Handle,
@@ -708,6 +711,51 @@ def test_an_adopted_trial_not_yet_running_is_planned_where_its_state_placed_it(
     finally:
         ctx.close()
     assert [s["chief-0"].accelerators for s in planned] == [(2,)], planned
+
+
+def test_a_hosts_checks_are_made_once_by_the_first_trials_planned_there_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first wave: two trials placed on one host at once plan in turn; the second,
+    planned once the first one's apply is done, finds the host checked just now (looked at
+    under the turn, not before waiting for it) and is planned without the checks."""
+    (tmp_path / "study.yaml").write_text(INV)
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    checked: list[bool] = []  # each plan: made with the checks
+
+    def build_plan(ctx: Context, *, checks: bool, facts: bool, **more: object) -> Plan:  # whole=, ...: not its concern
+        checked.append(checks)
+        return Plan(ctx.inventory.job, ())
+
+    monkeypatch.setattr(trialrun, "build_plan", build_plan)
+    monkeypatch.setattr(trialrun, "apply_plan", lambda ctx, plan, say: {"a": HostOutcome("a")})
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"), inv=inv, tune=_tune(), logs_dir=tmp_path, stop=threading.Event(), say=print
+    )
+    turn = work.starting.acquire({"a"})  # both wait for the host's turn, as behind a first apply
+    done: list[object] = []
+
+    def start(n: int) -> None:
+        ctx = open_context(
+            str(tmp_path / "study.yaml"), state_path=str(tmp_path / f"t{n}.json"), loaded=inv, operation="apply"
+        )
+        try:
+            queue = Queue(None, lambda line: None, poll=0.05, stop=work.stop)
+            done.append(trialrun._placed_and_applied(work, ctx, n, queue, {"a"}, may_skip_checks=True))
+        finally:
+            ctx.close()
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    work.starting.release(turn)
+    for t in threads:
+        t.join(10)
+    assert len(done) == 2
+    assert checked == [True, False]
+    work.checked["a"] -= trialrun.CHECKED_FOR  # a minute later: checked again
+    start(3)
+    assert checked == [True, False, True]
 
 
 # --------------------------------------------------------------------------- paused trials (issue 42 item 4)

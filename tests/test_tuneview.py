@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pytest
 
+from provision.cli import tunecmd
 from provision.cli.tuneview import (
     _off_the_chart,
     best_so_far,
@@ -306,3 +307,21 @@ def test_no_matplotlib_warning_reaches_the_terminal(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
+
+
+def test_the_last_picture_is_drawn_once_every_trial_is_told_and_not_again_at_the_end(tmp_path, monkeypatch):
+    """The study's last picture starts as soon as no trial runs (beside the last trials'
+    removal), and the end draws it again only if the rows changed since."""
+    drawn: list[int] = []
+    monkeypatch.setattr(tunecmd, "_draw", lambda path, rows, tune: drawn.append(len(rows)))
+    pic = tunecmd._Picture(tmp_path / "study.png", TUNE)
+    told = [r for r in ROWS if r.state is not S.RUNNING]
+    pic.maybe(list(ROWS))
+    assert drawn == []  # within EVERY seconds of the start: not yet
+    pic.maybe(told, final=True)
+    pic.wait()
+    assert drawn == [len(told)]
+    pic.last(list(told))
+    assert drawn == [len(told)]  # nothing changed: not drawn again
+    pic.last(told[:-1])
+    assert drawn == [len(told), len(told) - 1]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from provision.cli.tuneview import draw_png, event_line, study_json, table_lines
+from provision.cli.tuneview import draw_png, event_line, study_json, table_lines, warm_matplotlib
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best
@@ -110,9 +110,10 @@ def tune_cmd(
     assert inv.tune is not None
     # Local: Optuna and SQLAlchemy take about a second to import (start-up of every other
     # command stays as it was: only this one loads them).
-    from provision.io.study import Runner, StudyUnavailable
-    from provision.run.tune import StudyLoop, existing_study, open_work, study_dir  # (start-up, as above)
+    from provision.run.trialrun import trace
+    from provision.run.tune import existing_study, study_dir  # (start-up, as above)
 
+    trace(None, "imported")
     if as_json and not show:
         raise ProvisionError("--json goes with --status")
     picture = study_dir(inventory, inv.job) / PICTURE
@@ -126,36 +127,61 @@ def tune_cmd(
         return
     if (code := _service(inventory, inv, detach, seed, poll)) is not None:
         sys.exit(code)
+    trace(None, "no service holds it")
+    sys.exit(_run(inventory, inv, picture, seed=seed, poll=poll, verbose=verbose))
+
+
+def _run(inventory: str, inv: Inventory, picture: Path, *, seed: int | None, poll: float, verbose: bool) -> int:
+    """This terminal runs the study: its trials' lines, the picture, the table; the exit code."""
+    # Local: Optuna's modules, as tune_cmd's (the other commands' start-up; no cost here).
+    from provision.io.study import Runner, StudyUnavailable
+    from provision.run.trialrun import trace  # (start-up, as above)
+    from provision.run.tune import StudyLoop, open_work, trial_cap  # (start-up, as above)
+
+    assert inv.tune is not None
     screen = _Screen(inv.tune)
     work, study = open_work(inventory, inv, say=screen.say, poll=poll, verbose=verbose, seed=seed)
+    trace(None, "study opened")
     _header(inv, study)
     pic = _Picture(picture, inv.tune)
     loop: StudyLoop | None = None
+    cap = trial_cap(inv.tune)
 
     def tick(rows: list[TrialRow]) -> None:
         screen.tick(rows, loop.waiting if loop is not None else {})
-        pic.maybe(rows)
+        asked_all = len(rows) >= cap
+        if asked_all and loop is not None and not loop.mine.asked:
+            pic.warm()  # every trial is on its hosts: matplotlib's import while they run
+        pic.maybe(rows, final=asked_all and not any(r.state is TrialState.RUNNING for r in rows))
 
     loop = StudyLoop(work, study, Runner.here(), on_row=screen.row, on_tick=tick)
     end = loop.run()
+    trace(None, "loop ended")
     screen.say("")
-    pic.wait()
     try:
         rows = study.rows()
     except StudyUnavailable:
+        pic.wait()
         click.echo(f"{end.why[0].upper()}{end.why[1:]}.")  # the table would read the storage that is gone
-        sys.exit(end.code)
-    _draw(picture, rows, inv.tune)
+        return end.code
+    pic.last(rows)
+    trace(None, "picture drawn")
     for line in table_lines(rows, inv.tune):
         click.echo(line)
     click.echo(f"\n{end.why[0].upper()}{end.why[1:]}. Picture: {picture}")
-    sys.exit(end.code)
+    return end.code
 
 
 def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, poll: float) -> int | None:
     """--detach: hand the study to the service (0). A study a service holds: followed (its
     exit code). None: this terminal runs it."""
     # Here: the service's modules load only for a `tune` (start-up of the other commands).
+    from provision.io.servicestore import default_db
+    from provision.spec.statebackend import backend_of
+
+    if not detach and backend_of(inv, inventory).local and not default_db().exists():
+        return None  # no service here to hold it (servecmd's handed_over, without its import time)
+    # (start-up, as above)
     from provision.cli.servecmd import detach_study, follow_handed_over
     from provision.run.tune import existing_study, study_dir  # (start-up, as above: Optuna)
 
@@ -193,27 +219,47 @@ class _Picture:
     """The study's PNG, redrawn while it runs when trials ended since, at most every half
     minute, on a thread of its own: drawing takes half a second of this process's CPU (the
     first one, importing matplotlib, more), and a trial starting meanwhile waits for the
-    interpreter between its round trips (every 5 s slowed each hand-off of short trials)."""
+    interpreter between its round trips (every 5 s slowed each hand-off of short trials).
+    The last picture is drawn as soon as every trial is told (`final`), beside the last
+    trials' logs and removal, and not again at the end unless the rows changed since."""
 
     EVERY = 30.0
 
     def __init__(self, path: Path, tune: Tune):
         self.path, self.tune = path, tune
         self.drawn, self.at = -1, time.monotonic()
+        self.rows: list[TrialRow] | None = None  # what the last picture started shows
         self.thread: threading.Thread | None = None
+        self.warming: threading.Thread | None = None
 
-    def maybe(self, rows: list[TrialRow]) -> None:
+    def maybe(self, rows: list[TrialRow], *, final: bool = False) -> None:
         ended = sum(r.state.ended for r in rows)
-        busy = self.thread is not None and self.thread.is_alive()
-        if ended == self.drawn or busy or time.monotonic() - self.at < self.EVERY:
+        if self.thread is not None and self.thread.is_alive():
             return
-        self.drawn, self.at = ended, time.monotonic()
+        if final:
+            if rows == self.rows:
+                return
+        elif ended == self.drawn or time.monotonic() - self.at < self.EVERY:
+            return
+        self.drawn, self.at, self.rows = ended, time.monotonic(), list(rows)
         self.thread = threading.Thread(target=_draw, args=(self.path, rows, self.tune), daemon=True)
         self.thread.start()
+
+    def warm(self) -> None:
+        """matplotlib imported on a thread now (about a second), not at the last picture."""
+        if self.warming is None:
+            self.warming = threading.Thread(target=warm_matplotlib, daemon=True)
+            self.warming.start()
 
     def wait(self) -> None:
         if self.thread is not None:
             self.thread.join()
+
+    def last(self, rows: list[TrialRow]) -> None:
+        """The study's end: its picture, drawn unless the last one drawn shows these rows."""
+        self.wait()
+        if rows != self.rows:
+            _draw(self.path, rows, self.tune)
 
 
 def _draw(picture: Path, rows: list[TrialRow], tune: Tune) -> None:

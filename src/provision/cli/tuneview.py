@@ -155,6 +155,15 @@ def draw_png(path: Path, rows: Sequence[TrialRow], tune: Tune, *, job: str | Non
         raise
 
 
+def warm_matplotlib() -> None:
+    """figure's imports done ahead (on a thread, while trials run): the picture drawn at
+    the study's end does not wait for them."""
+    # Lazy: as in figure (matplotlib's import is `tune`'s alone).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+    from matplotlib.ticker import MaxNLocator  # noqa: F401
+
+
 def _quiet_matplotlib() -> None:
     """matplotlib's warnings are about the drawing, not the study: none reaches the terminal
     (a line like "No artists with labels found" among the trials' lines). Its warn_external

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,9 +32,8 @@ from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import optuna
-import sqlalchemy
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
@@ -83,11 +83,18 @@ def _storage_errors(f: Callable[P, R]) -> Callable[P, R]:
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return f(*args, **kwargs)
-        # Optuna turns a database's errors inside its sessions into StorageInternalError.
-        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
+        # Optuna turns a database's errors inside its sessions into StorageInternalError;
+        # SQLAlchemy's own are known once a database's storage loaded it (never for a journal).
+        except _unavailable() as e:
             raise StudyUnavailable(f"the study's storage stopped answering: {_first_line(e)}") from None
 
     return call
+
+
+def _unavailable() -> tuple[type[Exception], ...]:
+    exc = sys.modules.get("sqlalchemy.exc")
+    sa = (exc.SQLAlchemyError,) if exc is not None else ()
+    return (optuna.exceptions.StorageInternalError, OSError, *sa)
 
 
 _STATES = {
@@ -486,6 +493,9 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
                 f"{journal}: the study's journal cannot be read ({why}): written by another version of Optuna, "
                 "or damaged; move it away to start the study anew"
             ) from None
+    import sqlalchemy  # here: its import time (a quarter of a second, start-up) for a database only
+    from optuna.storages import RDBStorage  # (start-up, as above)
+
     try:
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, skip_table_creation=not create)
     except Exception as e:  # SQLAlchemy's and the driver's errors alike: say where, not a traceback
@@ -497,12 +507,11 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
 
 def _offset(storage: optuna.storages.BaseStorage) -> float:
     """The database's clock against this machine's (0 for a journal file: written here)."""
-    if not isinstance(storage, RDBStorage):
-        return 0.0
+    engine = getattr(storage, "engine", None)  # RDBStorage's (SQLAlchemy loaded with it)
     try:
-        with storage.engine.connect() as c:
-            db_now = c.execute(sqlalchemy.text("SELECT EXTRACT(EPOCH FROM CURRENT_TIMESTAMP)")).scalar()
-    except Exception:  # another database, or none answering: this machine's clock it is
+        with engine.connect() as c:  # type: ignore[union-attr]  # None: the except's 0
+            db_now = c.execute(sys.modules["sqlalchemy"].text("SELECT EXTRACT(EPOCH FROM CURRENT_TIMESTAMP)")).scalar()
+    except Exception:  # a journal file, another database, or none answering: this machine's clock it is
         return 0.0
     return float(db_now) - time.time() if db_now is not None else 0.0
 

@@ -26,6 +26,7 @@ is an ordinary job (its own ledger entries, so two trials never share a GPU or a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -36,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from provision.core.errors import ProvisionError
 from provision.core.lifecycle import JobPhase, TaskState
@@ -64,12 +66,16 @@ from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
 from provision.spec.trial import trial_inventory
 
+T = TypeVar("T")
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
 
 
-def trace(number: int, what: str) -> None:
+def trace(number: int | None, what: str) -> None:
+    """A trial's step (None: the tune process's own, its start and end)."""
     if TRACE:
-        print(f"{time.time():.3f} trial {number}: {what}", file=sys.stderr, flush=True)
+        who = "tune" if number is None else f"trial {number}"
+        sys.stderr.write(f"{time.time():.3f} {who}: {what}\n")  # one write: threads' lines never interleave
+        sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- what a worker posts
@@ -352,10 +358,8 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
         ctx.rendered = render(ctx.inventory, previous=hint, secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
     second_look = True
     while True:
-        now = time.monotonic()
-        fresh = hint is not None and all(now - w.checked.get(s.host, -math.inf) < CHECKED_FOR for s in hint.values())
         hosts = {s.host for s in hint.values()} if hint else set(ctx.targets)
-        done = _placed_and_applied(w, ctx, number, queue, hosts, checks=not fresh)
+        done = _placed_and_applied(w, ctx, number, queue, hosts, may_skip_checks=hint is not None)
         if isinstance(done, Ended):
             return done
         plan, outcomes = done
@@ -375,27 +379,30 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
             _remove(w, ctx)
             return Ended(Ending.FAILED, errors[0])
         w.places.hold(number, ctx.rendered.placement.slots())  # where it is (the plan may have moved it)
-        if not fresh:
-            w.checked.update({t.host.name: now for t in ctx.rendered.placement.tasks})
         return None
 
 
 def _placed_and_applied(
-    w: TrialWork, ctx: Context, number: int, queue: Queue, hosts: set[str], *, checks: bool = True
+    w: TrialWork, ctx: Context, number: int, queue: Queue, hosts: set[str], *, may_skip_checks: bool = False
 ) -> tuple[Plan, dict[str, HostOutcome]] | Ended:
     """One plan (waited for as the queue waits) and its apply, holding `hosts`' turns
     (`starting`) from the plan that worked to the end of its apply: this runner's trials on
     a host are placed one after another, each seeing the last one's files and reservation.
-    `checks`: the host's facts and pre-flight checks (not when a trial of this runner
-    passed them there just now)."""
+    `may_skip_checks` (placed already): without the hosts' facts and pre-flight checks when
+    a trial of this runner passed them there just now (looked at once the turn is held: the
+    first wave's second trial on a host is planned right after the first one's apply)."""
     held: list[threading.Lock] = []
+    checks = True
 
     def attempt() -> Plan:
         # Trials share the study's pushed files: a trial leaving takes a shared file away
         # only when no other job's manifest lists it, and an apply counting on it finds it
         # gone under the same lock on the host (a conflict: planned again by the caller).
+        nonlocal checks
         held.extend(w.starting.acquire(hosts))
         try:
+            now = time.monotonic()
+            checks = not may_skip_checks or any(now - w.checked.get(n, -math.inf) >= CHECKED_FOR for n in hosts)
             trace(number, "planning")
             plan = build_plan(ctx, checks=checks, facts=checks, whole=lambda line: None)
             trace(number, "planned")
@@ -412,7 +419,11 @@ def _placed_and_applied(
         setups = tuple(sorted(hp.name for hp in plan.hosts if hp.setup is not None and hp.error is None))
         if setups:
             w.post(SettingUp(number, setups))
-        return plan, apply_plan(ctx, plan, lambda line: None)
+        outcomes = apply_plan(ctx, plan, lambda line: None)
+        if checks and not any(o.lost_race or o.error for o in outcomes.values()):
+            now = time.monotonic()  # under the turn: the next trial there sees it
+            w.checked.update({t.host.name: now for t in ctx.rendered.placement.tasks})
+        return plan, outcomes
     except Stopped:
         return Ended(Ending.LEFT_RUNNING, "interrupted before it started")
     except PlacementError as e:
@@ -430,14 +441,18 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader) -> Ende
     seen = False  # the job was found on its hosts at least once
     while True:
         # Read-only: an ended trial's leftovers are stopped by its removal, not here (two
-        # round trips fewer between its end and the next trial's start on its GPUs).
+        # round trips fewer between its end and the next trial's start on its GPUs). The
+        # metric is read beside the look (its round trip in the same time).
+        read = _beside(lambda: reader.read(ctx))
         st, _ = look(ctx)
         if any(t.detail != "not applied" for t in st.tasks):
             seen = True
         elif not seen:
+            with contextlib.suppress(Exception):  # its metric no longer counts
+                read()
             return Ended(Ending.LOST, "not on its hosts any more (removed while no tune followed it)")
         try:
-            reports = reader.read(ctx) or reports
+            reports = read() or reports
         except HostError:
             pass  # a host that does not answer now may at the next poll; status says so
         except MetricRefused as e:
@@ -466,6 +481,30 @@ def _paused(ctx: Context, st: JobStatus) -> Ended | None:
     if st.rest is not None and st.rest.stop:
         finish(ctx, st.rest, lambda line: None, wait=False)
     return None
+
+
+def _beside(f: Callable[[], T]) -> Callable[[], T]:
+    """f called on a thread of its own now; the function returned waits for its result (or
+    raises what it raised)."""
+    out: list[T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(f())
+        except BaseException as e:  # noqa: BLE001 - raised again by the caller's wait
+            err.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> T:
+        t.join()
+        if err:
+            raise err[0]
+        return out[0]
+
+    return wait
 
 
 def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended | None:
