@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from provision.core.errors import ProvisionError
 from provision.io.pgstate import LOCK_BOUND, lock_session_settings
 from provision.io.servicelead import CUT_OFF, Leadership
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
@@ -108,3 +109,27 @@ def test_a_leader_frozen_past_a_take_over_takes_nothing_when_it_wakes(tmp_path: 
     assert lead.looks == 1 and started == []
     got = store.get("a")
     assert got is not None and got.status is Status.WAITING  # not claimed: the new leader's to take
+
+
+class _LostLead(_FrozenLead):
+    def try_take(self) -> bool:
+        raise AssertionError("a lead lost is not taken again in the same look")
+
+
+def test_a_leader_cut_off_from_the_database_stops_leading_while_it_is_away(tmp_path: Path, monkeypatch) -> None:
+    """The lead is looked at first: while the database is away (every store call fails), a
+    leader whose lock's session is gone stops its workers all the same."""
+    store = ServiceStore.open_local(tmp_path / "svc.sqlite")
+    svc = Service(store, _LostLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
+    svc.row = dataclasses.replace(svc.row, leader=True)
+    svc.away = 1.0  # the database stopped answering a look ago
+    stopped: list[bool] = []
+    monkeypatch.setattr(svc, "_stop_workers", lambda: stopped.append(True))
+
+    def away() -> float:
+        raise ProvisionError("postgresql://db/ml: the service's database: timed out")
+
+    monkeypatch.setattr(store, "now", away)
+    with pytest.raises(ProvisionError):
+        svc._look()
+    assert stopped == [True] and not svc.row.leader and svc.dropped

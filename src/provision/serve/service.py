@@ -122,18 +122,20 @@ class Service:
             self.away = None
 
     def _look(self) -> None:
-        if self.away is not None:  # said back before anything else is said
-            self.store.now()  # raises while it is still away
-            self._back()
-        if not self.row.leader:
-            if self.lead.try_take():
-                self.row = dataclasses.replace(self.row, leader=True)
-                self.followed = ""
-                self.say("leading: driving every unfinished submission")
-        elif not self.lead.still_held():
+        # The lead first, even while the database is away: a leader cut off from it (the
+        # others still reach it) stops its workers before the server frees the lead.
+        led = self.row.leader
+        if led and not self.lead.still_held():
             self._stop_workers()
             self.row = dataclasses.replace(self.row, leader=False)
             self.dropped = True
+        if self.away is not None:  # said back before anything else is said
+            self.store.now()  # raises while it is still away
+            self._back()
+        if not led and self.lead.try_take():  # a lead lost is said before it is taken again
+            self.row = dataclasses.replace(self.row, leader=True)
+            self.followed = ""
+            self.say("leading: driving every unfinished submission")
         self.store.beat(self.row)
         if not self.row.leader:
             self._say_whom()
