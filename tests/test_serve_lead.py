@@ -15,7 +15,7 @@ import pytest
 
 from provision.core.errors import ProvisionError
 from provision.io.pgstate import LOCK_BOUND, lock_session_settings
-from provision.io.servicelead import CUT_OFF, Leadership
+from provision.io.servicelead import CUT_OFF, POLL, Leadership
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.io.state import open_store
 from provision.serve.service import Service
@@ -35,7 +35,7 @@ def test_a_silent_clients_session_ends_within_the_bound(bound: int) -> None:
 
 def test_the_server_default_is_below_the_take_over_bound() -> None:
     assert LOCK_BOUND + 1 <= 15 - 2  # + a follower's poll (1 s) and its connect: <= 15 s
-    assert CUT_OFF < LOCK_BOUND - 1  # a cut-off leader stops before a follower can lead
+    assert 2 * CUT_OFF + POLL < LOCK_BOUND - 1  # a cut-off leader stops before a follower can lead
 
 
 def _server_side(conn: Any) -> dict[str, int]:

@@ -24,7 +24,11 @@ from provision.core.errors import ProvisionError
 
 POLL = 1.0  # seconds between a follower's tries
 LEAD_KEY = 0x70726F766C656164  # "provlead": the advisory lock's key
-CUT_OFF = 5  # seconds a leader's unanswered word to the database takes to end its lead
+# Seconds a word to the database may go unacknowledged before the connection fails (the
+# lead's and the service store's): a cut-off leader's look fails within CUT_OFF after it
+# was sent, and one stuck in a store call looks at the lead (dead by then) after it: both
+# within 2 * CUT_OFF + POLL, before the server's LOCK_BOUND frees the lead for a follower.
+CUT_OFF = 3
 
 
 class Leadership:
@@ -62,15 +66,17 @@ class Leadership:
         from provision.io.pgstate import bound_session, connect_url, why  # (start-up, as above)
 
         try:
-            # The client's side: keepalives while idle, TCP_USER_TIMEOUT while a word goes
-            # unanswered (the leader's look every POLL s keeps it from ever idling that long).
+            # The client's side: TCP_USER_TIMEOUT fails a word unanswered CUT_OFF s; keepalives
+            # after 1 s idle end the connection as soon while the loop is stuck elsewhere (a
+            # store call), so its next look fails at once (Linux: the user timeout, counted from
+            # the last answer, ends it once a probe is out).
             conn = connect_url(
                 self.pg_url or "",
                 "provision serve (leader)",
                 keepalives=1,
-                keepalives_idle=CUT_OFF,
+                keepalives_idle=1,
                 keepalives_interval=1,
-                keepalives_count=3,
+                keepalives_count=CUT_OFF,
                 tcp_user_timeout=CUT_OFF * 1000,
             )
         except psycopg.Error as e:
