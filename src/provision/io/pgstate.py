@@ -14,7 +14,8 @@ collide), with their schema version in provision_meta (a newer one is refused):
 
 The lock is a session advisory lock (pg_try_advisory_lock) on a key derived from the job
 name, held on a connection of its own for the command's duration: the server frees it when
-the session ends, however the client ends (SIGKILL, a lost laptop). Saves go through that
+the session ends, however the client ends (SIGKILL, a lost laptop: bound_session makes the
+server see a vanished machine within LOCK_BOUND seconds). Saves go through that
 connection and are compare-and-set on the serial this run read: a state is never written by
 two runs, nor by one whose lock was taken from it (force-unlock ends its session).
 
@@ -96,6 +97,36 @@ DDL = (
 )
 
 T = TypeVar("T")
+
+# A lock's session ends on the server within LOCK_BOUND s of its client's machine vanishing
+# (power off, network gone: no FIN or RST reaches the server, which by default keeps the
+# session, and its lock, for the kernel's 2 hours of keepalive). libpq's keepalives are the
+# client's; the server's are session settings any user may set (PostgreSQL >= 12).
+LOCK_BOUND = 10
+
+
+def lock_session_settings(bound: int = LOCK_BOUND) -> dict[str, int]:
+    """The server's side of a lock's connection, ending a silent client's session within
+    `bound` s of its last word: keepalive probes after bound - 6 s idle, 2 s apart, 3 unanswered
+    (Linux ends it at tcp_user_timeout once a probe went unanswered), and tcp_user_timeout for
+    data the server sent that the client never acknowledged (it died mid-answer)."""
+    interval, count = 2, 3
+    return {
+        "tcp_keepalives_idle": max(1, bound - interval * count),
+        "tcp_keepalives_interval": interval,
+        "tcp_keepalives_count": count,
+        "tcp_user_timeout": bound * 1000,
+    }
+
+
+def bound_session(conn: psycopg.Connection[Any], bound: int = LOCK_BOUND) -> None:
+    """Apply lock_session_settings to this session (before it takes a lock: never unbounded).
+    On a Unix socket the server ignores them (a local client's death is always seen)."""
+    settings = lock_session_settings(bound)
+    conn.execute(
+        "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+        [x for name, value in settings.items() for x in (name, str(value))],
+    )
 
 
 def lock_key(job: str) -> int:
@@ -404,6 +435,7 @@ class PgLock:
         s = self.store
         conn = s.connect()
         try:
+            bound_session(conn)  # a dead operator's machine holds the job's lock seconds, not hours
             for _ in range(3):
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(s.job),)).fetchone()
                 if row and row[0]:

@@ -1,12 +1,16 @@
 """Which `provision serve` leads: the database decides, no consensus code of provision's.
 
 - PostgreSQL: a session advisory lock held on a connection of its own (as the state lock in
-  io/pgstate.py); the server frees it when the leader's session ends (its process dies, or
-  its machine: TCP keepalives end the session within seconds).
+  io/pgstate.py); the server frees it when the leader's session ends: at once when its
+  process dies (the kernel closes the connection), within pgstate.LOCK_BOUND (10) s of its
+  last word when its machine dies or is cut off (no FIN reaches the server: the server's own
+  keepalives and TCP_USER_TIMEOUT, set on the session, end it).
 - The embedded SQLite file: an fcntl lock on a file beside the database, freed by the
   kernel when the leader's process dies.
 
-A follower tries again every POLL seconds (take-over within POLL + the keepalive's bound).
+A follower tries again every POLL seconds (take-over within POLL + that bound). A leader cut
+off from the database learns it within CUT_OFF s (its own TCP_USER_TIMEOUT on the lock's
+connection, shorter than the server's bound): it stops leading before a follower can start.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from provision.core.errors import ProvisionError
 
 POLL = 1.0  # seconds between a follower's tries
 LEAD_KEY = 0x70726F766C656164  # "provlead": the advisory lock's key
+# Seconds a word to the database may go unacknowledged before the connection fails (the
+# lead's and the service store's): a cut-off leader's look fails within CUT_OFF after it
+# was sent, and one stuck in a store call looks at the lead (dead by then) after it: both
+# within 2 * CUT_OFF + POLL, before the server's LOCK_BOUND frees the lead for a follower.
+CUT_OFF = 3
 
 
 class Leadership:
@@ -54,21 +63,30 @@ class Leadership:
         # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
         import psycopg
 
-        from provision.io.pgstate import connect_url, why  # (start-up, as above)
+        from provision.io.pgstate import bound_session, connect_url, why  # (start-up, as above)
 
         try:
-            # Keepalives: a leader whose machine died is seen gone by the server within ~11 s.
+            # The client's side: TCP_USER_TIMEOUT fails a word unanswered CUT_OFF s; keepalives
+            # after 1 s idle end the connection as soon while the loop is stuck elsewhere (a
+            # store call), so its next look fails at once (Linux: the user timeout, counted from
+            # the last answer, ends it once a probe is out).
             conn = connect_url(
                 self.pg_url or "",
                 "provision serve (leader)",
                 keepalives=1,
-                keepalives_idle=5,
-                keepalives_interval=2,
-                keepalives_count=3,
+                keepalives_idle=1,
+                keepalives_interval=1,
+                keepalives_count=CUT_OFF,
+                tcp_user_timeout=CUT_OFF * 1000,
             )
         except psycopg.Error as e:
             raise ProvisionError(f"the service's database: cannot connect to take the lead: {why(e)}") from None
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEAD_KEY - (1 << 63),)).fetchone()
+        try:
+            bound_session(conn)  # the server's side: a dead leader's machine frees the lead in seconds
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEAD_KEY - (1 << 63),)).fetchone()
+        except psycopg.Error as e:
+            conn.close()
+            raise ProvisionError(f"the service's database: cannot take the lead: {why(e)}") from None
         if not row or not row[0]:
             conn.close()
             return False

@@ -559,8 +559,11 @@ def token_hash(token: str) -> str:
 def _pg_connect(url: str) -> Any:
     # Here, not at the top: only a team's service needs psycopg (start-up of the embedded path).
     from provision.io.pgstate import connect_url
+    from provision.io.servicelead import CUT_OFF  # (start-up, as above)
 
-    return connect_url(url, "provision serve")
+    # A word the server never acknowledges fails after CUT_OFF s, not the kernel's ~15 min of
+    # retries: a service cut off from its database says so, and its leader stops leading.
+    return connect_url(url, "provision serve", tcp_user_timeout=CUT_OFF * 1000)
 
 
 _PG_SCHEMA_LOCK = 0x70726F7673657276  # "provserv": the tables are made by one service at a time

@@ -8,7 +8,8 @@ again (apply is idempotent).
 The database going away (a restart, a network cut) is said once when it stops answering and
 once when it answers again; the service looks again every poll meanwhile and never dies of
 it. A leader whose lock's session ended stops its workers (their trials run on) and takes
-the lead again, or follows whoever took it.
+the lead again, or follows whoever took it. It asks again right before it takes or ends a
+submission (_leading): one frozen past a take-over (SIGSTOP, a suspended VM) wakes to nothing.
 
 Nothing is kept in memory that the database does not have: a submission's status and claim
 (which service drives it) are rows; a restart reads them and goes on.
@@ -127,18 +128,20 @@ class Service:
             self.away = None
 
     def _look(self) -> None:
-        if self.away is not None:  # said back before anything else is said
-            self.store.now()  # raises while it is still away
-            self._back()
-        if not self.row.leader:
-            if self.lead.try_take():
-                self.row = dataclasses.replace(self.row, leader=True)
-                self.followed = ""
-                self.say("leading: driving every unfinished submission")
-        elif not self.lead.still_held():
+        # The lead first, even while the database is away: a leader cut off from it (the
+        # others still reach it) stops its workers before the server frees the lead.
+        led = self.row.leader
+        if led and not self.lead.still_held():
             self._stop_workers()
             self.row = dataclasses.replace(self.row, leader=False)
             self.dropped = True
+        if self.away is not None:  # said back before anything else is said
+            self.store.now()  # raises while it is still away
+            self._back()
+        if not led and self.lead.try_take():  # a lead lost is said before it is taken again
+            self.row = dataclasses.replace(self.row, leader=True)
+            self.followed = ""
+            self.say("leading: driving every unfinished submission")
         self.store.beat(self.row)
         if not self.row.leader:
             self._say_whom()
@@ -189,7 +192,8 @@ class Service:
             if code == LEFT:
                 self.say(f"{sid}: its worker left; started again")
                 continue
-            if got is not None and not got.status.finished and got.status is not Status.WATCHING:
+            live = got is not None and not got.status.finished and got.status is not Status.WATCHING
+            if live and self._leading():
                 self.store.finish(sid, Status.FAILED, f"its worker ended with exit code {code} (its log: {w.log})")
             self.say(f"{sid}: {(got.status.value if got else '?')} ({w.log})")
 
@@ -207,14 +211,23 @@ class Service:
 
     def _gone(self, sub: Submission) -> None:
         """Destroyed by its owner (no host has it): its run ends in the history."""
+        if not self._leading():
+            return
         row = self.store.open_event(sub.id, "run")
         if row is not None:
             self.store.closed(row, self.store.now(), "gone from its hosts (destroyed)")
         self.store.finish(sub.id, Status.DONE, "applied; the job was destroyed")
         self.say(f"{sub.id}: done (the job {sub.job} is gone from its hosts)")
 
+    def _leading(self) -> bool:
+        """The lead asked again right before an act that needs it (taking a submission, ending
+        one): a leader frozen since its loop's look (SIGSTOP, a suspended VM) may wake here after
+        a follower took over. Its lock's session is gone then (the follower could not lead
+        otherwise), so the look fails: at once, or within CUT_OFF s while still cut off."""
+        return self.lead.still_held()
+
     def _start(self, sub: Submission) -> None:
-        if not self.store.claim(sub.id, self.id):
+        if not self._leading() or not self.store.claim(sub.id, self.id):
             return
         workdir = self.work_root / sub.id
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
