@@ -149,6 +149,8 @@ class Service:
             self.mirror.beat(self.row)
         if self.row.leader:
             self._drive()
+            if not led:
+                self._warm()  # a spare worker from the moment it leads
 
     def _say_whom(self) -> None:
         """A follower names the leader it follows (once per leader): a second service
@@ -178,8 +180,8 @@ class Service:
                 self.say(f"{sub.id}: cancel asked by {sub.cancel}")
                 w.proc.send_signal(signal.SIGUSR1)
         self._reap()
-        if self.spare is None or self.spare.poll() is not None:
-            self.spare = self._spawn(["--warm"], subprocess.DEVNULL, subprocess.PIPE)
+        if self.spare is not None and self.spare.poll() is not None:
+            self._warm()  # it died (killed by hand, out of memory): another
 
     def _reap(self) -> None:
         """Workers that ended: their submission finished, left (started again), or failed."""
@@ -239,6 +241,13 @@ class Service:
                 proc = self._spawn(["--id", sub.id, "--workdir", str(workdir)], out, subprocess.DEVNULL, env)
         self.workers[sub.id] = _Worker(sub, proc, log)
         self.say(f"{sub.id}: {sub.kind.value} of job {sub.job} for {sub.owner} (pid {proc.pid})")
+        self._warm()  # the next one, ahead (the lead was just asked: this service leads)
+
+    def _warm(self) -> None:
+        """A spare worker, started ahead while this service leads (after taking the lead, and
+        after each start): never by a service that may have lost it."""
+        if self.spare is None or self.spare.poll() is not None:
+            self.spare = self._spawn(["--warm"], subprocess.DEVNULL, subprocess.PIPE)
 
     def _hand(self, sub: Submission, workdir: Path, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """The spare worker takes the submission (one line on its stdin), or None."""
