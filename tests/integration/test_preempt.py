@@ -541,6 +541,76 @@ def test_a_job_preempted_on_one_host_is_preempted_whole_by_its_owners_apply(box,
         destroy(hi, low)
 
 
+def test_a_host_unreachable_during_preemption_is_preempted_when_it_returns(box, sandbox_inventory, tmp_path):
+    """The victim runs on both hosts; the preemptor needs both, and host-2 does not answer
+    (paused): nothing is preempted for nothing, on host-1 either (the victim's GPUs there
+    would not let it start), and the queued apply says what it waits for. host-2 answers
+    again: its next look preempts the victim on both hosts and its tasks run."""
+    low = two_hosts(box, sandbox_inventory, tmp_path, "unr-low")
+    hi = tmp_path / "unr-high.yaml"
+    sleep = {"replicas": 1, "accelerators": 2, "command": ["/bin/sh", "-c", "sleep 600"]}
+    sandbox_inventory(
+        box,
+        job="unr-high",
+        pools={"chief": sleep, "worker": sleep},
+        path=hi,
+        hosts=[HOST, HOST2],
+        priority="high",
+        ssh={"connect_timeout": 3},  # each look at the paused host costs this
+    )
+    p = None
+    paused = False
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        wait_until(lambda: steps(box, "unr-low") >= 3 and steps(box, "unr-low", HOST2) >= 3, 120, what="both to step")
+        box.container(HOST2).pause()
+        paused = True
+        p = subprocess.Popen(
+            [sys.executable, "-m", "provision", "apply", "-y", "--queue", "--timeout", "180", str(hi)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **as_owner("ana@lab")},
+        )
+        said = output_until(p, "waiting for", 60)
+        assert "queued (" in said, said
+        assert "host-2: cannot be reached (" in said and "nothing is preempted for this job until it answers" in said
+        assert "preempted job" not in said, said
+        # A few looks while host-2 is away: the victim runs on, on host-1 too; nothing taken.
+        at = steps(box, "unr-low")
+        wait_until(lambda: steps(box, "unr-low") >= at + 30, 30, what="host-1's task to run on for 6 s")
+        assert p.poll() is None, said
+        assert not saved_on(box, "unr-low", HOST), steps_log(box, "unr-low")
+        view = json.loads(ok(cli("jobs", "--json", "--target", HOST, hi, cwd=tmp_path)).stdout)
+        assert view["hosts"][HOST]["held"]["unr-low"]["gpus"] == [0, 1], view
+        assert not view["hosts"][HOST]["held"].get("unr-high", {}).get("gpus"), view
+        jobs = {j["job"]: j for j in view["jobs"]}
+        assert jobs["unr-low"]["hosts"][HOST]["preempted_by"] is None, jobs
+        assert jobs["unr-high"]["queued"], jobs  # host-2 itself is frozen: nothing can change there
+
+        box.container(HOST2).unpause()
+        paused = False
+        t0 = time.monotonic()
+        out, _ = p.communicate(timeout=120)
+        said += out.decode(errors="replace")
+        took = time.monotonic() - t0
+        assert p.returncode == 0, said
+        for h in (HOST, HOST2):
+            assert f"preempted job unr-low (bob@lab, priority low) on {h}: GPUs 0, 1" in said, said
+            assert len(saved_on(box, "unr-low", h)) == 1, steps_log(box, "unr-low", h)
+        assert took <= WHOLE_GRACE + 15, f"the high job ran {took:.1f} s after host-2 answered again"
+        st = status(tmp_path, hi)
+        assert st["phase"] == "Running", st
+        assert status(tmp_path, low)["phase"] == "Preempted"
+    finally:
+        if paused:
+            box.container(HOST2).unpause()
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(30)
+        destroy(hi, low)
+
+
 def test_the_service_preempts_a_watched_job_whole(box, sandbox_inventory, tmp_path):
     """Applied through the service and watched: the round after its preemption on host-1
     sends a worker, which stops it on host-2 (within the grace + one round), waits for its

@@ -126,6 +126,7 @@ class Preemptor:
         self.ctx, self.progress = ctx, progress
         self.renewed: dict[tuple[str, str], float] = {}  # (victim, host) -> when last marked
         self.taken: list[Taken] = []
+        self.said_away: tuple[str, ...] = ()  # the hosts it needs that did not answer, as last said
 
     def planned(self, make: Callable[[], T], held: PlacementError | None = None) -> T:
         """held: what make() just raised (the caller's first try), to go on from."""
@@ -178,10 +179,22 @@ class Preemptor:
         submitted = turn.submitted if turn.submitted is not None else now
         if victims and waits_behind(job, turn.priority, submitted, {h: range(n) for h, n in seen.need}, by_host):
             victims = ()  # waiting work ahead of it goes first (rules/queueorder), and preempts for itself
+        if victims is None:
+            self.away(reports.errors, seen.need)  # the likely why, when a host it needs did not answer
         if victims is None or (not victims and not seen.leaving):
             return None
         grace = self.preempt(victims, by_host, dict(seen.need))
         return grace if grace is not None or not seen.leaving else self.renew(seen.leaving, dict(seen.need))
+
+    def away(self, errors: Mapping[str, HostError], need: Iterable[tuple[str, int]]) -> None:
+        """Say (once per change) which hosts it needs did not answer: nothing is preempted
+        for it until they do, and their GPUs are not given away."""
+        hosts = tuple(sorted(h for h, _ in need if h in errors))
+        for h in hosts if hosts != self.said_away else ():
+            self.progress(
+                f"{h}: cannot be reached ({errors[h].message}): nothing is preempted for this job until it answers"
+            )
+        self.said_away = hosts
 
     def preempt(
         self, victims: Iterable[Victim], by_host: Mapping[str, list[Holder]], need: dict[str, int]
