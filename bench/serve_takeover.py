@@ -25,11 +25,8 @@ The services run with the default --poll (1 s) and no pages.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,60 +34,23 @@ from pathlib import Path
 
 from servebench import Report, Serve, median, pg_env
 
+from provision.sandbox.netcut import machine_dead
+
 BOUND = 15.0
 WAKE = 30.0  # seconds a woken old leader has to say it lost the lead
-TAG = ("-m", "comment", "--comment", "provision-bench")
-
-
-def leader_ports(pid: int, pg_port: int) -> list[int]:
-    """The local ports of `pid`'s established TCP connections to PostgreSQL on loopback."""
-    out = subprocess.run(
-        ["ss", "-tnpH", "state", "established", "dport", "=", f":{pg_port}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return sorted(
-        int(m.group(1)) for m in re.finditer(rf"127\.0\.0\.1:(\d+)\s+127\.0\.0\.1:{pg_port}\s.*pid={pid},", out)
-    )
-
-
-def rules(ports: list[int], pg_port: int) -> list[list[str]]:
-    """iptables rule specs dropping every packet of these connections, both ways."""
-    out = []
-    for p in ports:
-        out.append(["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(p), "--dport", str(pg_port), *TAG, "-j", "DROP"])
-        out.append(["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(pg_port), "--dport", str(p), *TAG, "-j", "DROP"])
-    return out
-
-
-def iptables(op: str, spec: list[str]) -> None:
-    subprocess.run(["iptables", "-w", op, *spec], check=True, capture_output=True)
 
 
 def die_as_a_machine(leader: Serve, follower: Serve, pg_port: int, wait: float) -> tuple[float | None, str]:
     """Freeze the leader and cut its connections: the take-over's time (None: none within
     `wait` s). Then the network back and the old leader woken: what it did (it must give the
     lead up and not lead again)."""
-    ports = leader_ports(leader.p.pid, pg_port)
-    if not ports:
-        raise RuntimeError(f"no connection of the leader (pid {leader.p.pid}) to port {pg_port} found by ss")
-    cut: list[list[str]] = []
     took: float | None = None
-    try:
-        os.kill(leader.p.pid, signal.SIGSTOP)
+    with machine_dead(leader.p.pid, pg_port, "provision-bench") as ports:
         died = time.monotonic()
-        for spec in rules(ports, pg_port):
-            iptables("-I", spec)
-            cut.append(spec)
         try:
             took = follower.wait_for("leading", wait, after=died) - died
         except RuntimeError:
             pass
-    finally:
-        for spec in cut:
-            iptables("-D", spec)
-        os.kill(leader.p.pid, signal.SIGCONT)
     woke = time.monotonic()
     try:
         lost = f"said it lost the lead after {leader.wait_for('the lead was lost', WAKE, after=woke) - woke:.3f} s"

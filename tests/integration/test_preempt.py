@@ -395,19 +395,18 @@ while step < last:
 """
 
 
-def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inventory, tmp_path):
-    """A low-priority study's trial holds both GPUs; a high-priority apply preempts it: the
-    trial is paused (not failed, not told), resumes as trial 1 from its checkpoint once the
-    high job is gone, and the study ends with it succeeded, its step count going on."""
-    study = write(
+def sweep(box, sandbox_inventory, tmp_path, job):
+    """A low-priority study of one trial (TRIAL_TRAINER: it saves its step when told to
+    stop, and goes on from it), preemptible with a grace of 5 s."""
+    return write(
         box,
         sandbox_inventory,
         tmp_path,
-        "pt-sweep",
+        job,
         command=["/usr/bin/python3", "-c", TRIAL_TRAINER],
         priority="low",
         preemption={"grace": "5s"},
-        outputs="/data/pt-sweep",
+        outputs=f"/data/{job}",
         tune={
             "metric": {"name": "loss", "goal": "minimize"},
             "parameters": {"lr": {"type": "double", "min": 0.1, "max": 0.2}},
@@ -415,6 +414,13 @@ def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inv
             "parallel_trials": 1,
         },
     )
+
+
+def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inventory, tmp_path):
+    """A low-priority study's trial holds both GPUs; a high-priority apply preempts it: the
+    trial is paused (not failed, not told), resumes as trial 1 from its checkpoint once the
+    high job is gone, and the study ends with it succeeded, its step count going on."""
+    study = sweep(box, sandbox_inventory, tmp_path, "pt-sweep")
     hi = high(box, sandbox_inventory, tmp_path, "pt-high", 600)
     env = as_owner("bob@lab")
     tune = subprocess.Popen(
@@ -649,22 +655,7 @@ def test_a_paused_trial_is_adopted_by_the_next_runner(box, sandbox_inventory, tm
     """A low-priority study's trial is preempted and paused; its runner is killed (SIGKILL)
     meanwhile. `provision tune` again adopts the paused trial, which resumes as trial 1 from
     its checkpoint when the GPUs free, and the study ends with no trial run twice."""
-    study = write(
-        box,
-        sandbox_inventory,
-        tmp_path,
-        "ptk-sweep",
-        command=["/usr/bin/python3", "-c", TRIAL_TRAINER],
-        priority="low",
-        preemption={"grace": "5s"},
-        outputs="/data/ptk-sweep",
-        tune={
-            "metric": {"name": "loss", "goal": "minimize"},
-            "parameters": {"lr": {"type": "double", "min": 0.1, "max": 0.2}},
-            "max_trials": 1,
-            "parallel_trials": 1,
-        },
-    )
+    study = sweep(box, sandbox_inventory, tmp_path, "ptk-sweep")
     hi = high(box, sandbox_inventory, tmp_path, "ptk-high", 600)
     env = {**os.environ, **as_owner("bob@lab")}
     argv = [sys.executable, "-m", "provision", "tune", "--poll", "0.3", str(study)]

@@ -13,43 +13,18 @@ many reps: bench/serve_takeover.py --dead-machine.
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
 import time
 
 import pytest
 
 from clirun import wait_until
+from provision.sandbox.netcut import machine_dead
 
 from .servehelp import Service, service_env, show_logs
 
 pytestmark = pytest.mark.integration
 
 TAKE_OVER = 15.0  # issue 40's bound
-TAG = ("-m", "comment", "--comment", "provision-test")
-
-
-def _ports(pid: int, pg_port: int) -> list[int]:
-    """`pid`'s local ports of its established connections to the database on loopback."""
-    out = subprocess.run(
-        ["ss", "-tnpH", "state", "established", "dport", "=", f":{pg_port}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return sorted(int(m[1]) for m in re.finditer(rf"127\.0\.0\.1:(\d+)\s+127\.0\.0\.1:{pg_port}\s.*pid={pid},", out))
-
-
-def _rules(ports: list[int], pg_port: int) -> list[list[str]]:
-    both = [(p, pg_port) for p in ports] + [(pg_port, p) for p in ports]
-    return [
-        ["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(a), "--dport", str(b), *TAG, "-j", "DROP"] for a, b in both
-    ]
-
-
-def _iptables(op: str, rule: list[str]) -> None:
-    subprocess.run(["iptables", "-w", op, *rule], check=True, capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -65,21 +40,10 @@ def _die_as_a_machine(a: Service, b: Service, pg_port: int) -> float:
     """Freeze `a` and drop its packets until `b` leads (how long that took); then its
     network back and `a` woken."""
     assert a.p is not None
-    ports = _ports(a.p.pid, pg_port)
-    assert ports, "no connection of the leader to the database found by ss"
-    cut: list[list[str]] = []
-    try:
-        os.kill(a.p.pid, signal.SIGSTOP)
+    with machine_dead(a.p.pid, pg_port, "provision-test"):
         died = time.monotonic()
-        for rule in _rules(ports, pg_port):
-            _iptables("-I", rule)
-            cut.append(rule)
         wait_until(lambda: b.lines("leading"), timeout=TAKE_OVER, every=0.1, what="the follower to lead")
         return time.monotonic() - died
-    finally:
-        for rule in cut:
-            _iptables("-D", rule)
-        os.kill(a.p.pid, signal.SIGCONT)
 
 
 def test_the_follower_leads_when_the_leaders_machine_dies(root, tmp_path, postgres):
