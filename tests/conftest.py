@@ -32,6 +32,7 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads xdist_group to group the tests
 def pytest_collection_modifyitems(config, items):
     # Tests that get real hosts are integration tests even without the explicit marker, so
     # `-m "not integration"` leaves them out.
