@@ -25,14 +25,8 @@ from provision.run.trialrun import Handle, JobEnded, Removed, Started, TrialWork
 from provision.serve import worker
 from provision.serve.service import Service
 from provision.spec.inventory import parse
+from test_study_loop import INV  # the study loop's one-host sweep
 
-INV = """\
-job: sweep
-hosts:
-  - {name: a, address: 192.0.2.1, accelerators: {type: nvidia-tesla-t4, count: 4}}
-pools:
-  chief: {replicas: 1, accelerators: 1, command: [python3, /opt/t.py]}
-"""
 TUNE = """\
 tune:
   metric: {name: loss, goal: minimize}

@@ -25,6 +25,7 @@ from provision.web.auth import CSRF_COOKIE, Auth
 from provision.web.inventories import InventorySource
 from provision.web.recent import Recent
 from provision.web.views import TRIALS_PAGE
+from test_study_loop import INV as SWEEP  # the study loop's one-host sweep
 from test_web import HERE, FakeSource, _study_doc
 
 # ------------------------------------------------------------------ Recent
@@ -165,12 +166,9 @@ def test_a_big_study_page_is_thin_and_paged() -> None:
 
 # ------------------------------------------------------------------ InventorySource's study and job
 
-INV = """\
-job: sweep
-hosts:
-  - {name: a, address: 192.0.2.1, accelerators: {type: nvidia-tesla-t4, count: 4}}
-pools:
-  chief: {replicas: 1, accelerators: 1, command: [python3, /opt/t.py]}
+INV = (
+    SWEEP
+    + """\
 tune:
   metric: {name: loss, goal: minimize}
   parameters:
@@ -178,6 +176,7 @@ tune:
   algorithm: random
   max_trials: 20
 """
+)
 
 
 def _trial(study: Any, value: float) -> None:

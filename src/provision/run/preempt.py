@@ -16,7 +16,6 @@ tasks have ended (within their grace) and their GPUs are its own.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -30,12 +29,10 @@ from provision.rules.priority import name_of
 from provision.rules.queueorder import waits_behind
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import Ask, Context, probe
+from provision.run.victim import MARGIN, TICK  # the victims' grace is waited for as their own side waits
 from provision.spec.placement import Held, PlacementError, place
 
 T = TypeVar("T")
-# Beyond the victims' grace: systemd's kill, the exit records and a probe take a moment.
-MARGIN = float(os.environ.get("PROVISION_PREEMPT_MARGIN", 15))
-TICK = float(os.environ.get("PROVISION_PREEMPT_TICK", 1))  # seconds between looks while victims leave
 RENEW = 15.0  # seconds between renewals of the preemptor's mark (its heartbeat: tenancy.judge)
 
 

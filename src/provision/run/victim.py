@@ -14,6 +14,7 @@ then ends one run everywhere, and its resume is one run on all hosts (PROVISION_
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -24,8 +25,11 @@ from provision.rules.preempted import Rest
 from provision.rules.status import job_status
 from provision.run.context import Ask, Context, probe
 
-MARGIN = 15.0  # beyond the grace: systemd's kill and the exit records take a moment
-TICK = 1.0  # seconds between looks while the tasks stop
+# Both sides of a preemption wait the same: the preemptor for its victims (run/preempt.py),
+# the victim's side for its own tasks. Beyond the grace: systemd's kill, the exit records and
+# a probe take a moment.
+MARGIN = float(os.environ.get("PROVISION_PREEMPT_MARGIN", 15))
+TICK = float(os.environ.get("PROVISION_PREEMPT_TICK", 1))  # seconds between looks while tasks stop
 
 
 def preempt_rest(ctx: Context, rest: Rest, progress: Callable[[str], None]) -> float:
