@@ -267,6 +267,20 @@ def test_reserve_is_compare_and_set(ledger_dir):
     assert ledger.reserve(res("c", [0], [], free={"a": tok}), NOW) != []
 
 
+def test_an_entry_said_ended_whose_units_run_now_is_a_conflict(ledger_dir, tmp_path, monkeypatch):
+    # The controller looked between the entry's start mark and its units' start (or any
+    # other misjudgment): the host, which sees the run's invocation link, refuses.
+    monkeypatch.setattr(layout, "INVOCATION_PREFIX", str(tmp_path / "invocation:"))
+    assert ledger.reserve(res("a", [0, 1], [2222]), NOW) == []
+    ledger.mark_started("a", NOW)
+    tok = ledger.read_all()["a"]["token"]
+    (tmp_path / "invocation:provision-a-chief-0.service").symlink_to("0123abcd")
+    why = ledger.reserve(res("b", [0, 1], [2300], free={"a": tok}), NOW)
+    assert why == ["GPU 0, 1 taken by job a (me@here) since plan"]
+    (tmp_path / "invocation:provision-a-chief-0.service").unlink()  # its run ended
+    assert ledger.reserve(res("b", [0, 1], [2300], free={"a": tok}), NOW) == []
+
+
 def test_a_take_over_since_plan_is_a_conflict(ledger_dir):
     assert ledger.reserve(res("j", [0], lineage="L-alice"), NOW) == []
     why = ledger.reserve(res("j", [0], lineage="L-bob", expect=None), NOW)

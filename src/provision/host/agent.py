@@ -444,7 +444,6 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
         if verb == "start":
             reset_exits(job, units)
             if units:
-                ledger.mark_started(job, time.time())
                 start_at_boot(job, True, errors)
                 # The gate's records live here: made now, the gate's shell needs no mkdir.
                 _mkdirs(layout.state_dir(job), [])
@@ -453,6 +452,10 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
         if verb == "start":
             start(units, errors)
+            if units:
+                # Only now: "started" with units not running reads as ended (tenancy.judge),
+                # and a probe between the mark and the start gave its GPUs away.
+                ledger.mark_started(job, time.time())
         else:
             systemctl(verb, units, errors)
         for u in waiting:
