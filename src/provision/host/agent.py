@@ -67,7 +67,7 @@ def unit_states(units: Iterable[str], known_only: bool = False, live: bool = Fal
     units = sorted(set(units))
     if not units:
         return {}
-    running = [u for u in units if os.path.islink(layout.INVOCATION_PREFIX + u)] if live else []
+    running = [u for u in units if ledger.runs_now(u)] if live else []
     rest = [u for u in units if u not in running]
     shown = [u for u in rest if any(os.path.lexists(p) for p in layout.unit_known_paths(u))] if known_only else rest
     out = run(["systemctl", "show", "--property=" + ",".join(UNIT_PROPS), "--"] + shown)[1] if shown else ""

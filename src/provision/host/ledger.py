@@ -232,19 +232,18 @@ def _span(xs: list[int]) -> str:
     return ", ".join(str(x) for x in xs)
 
 
-def running_now(entries: dict[str, Any]) -> set[str]:
-    """The jobs among `entries` with a unit whose run is live now (its invocation link is
-    there: systemd removes it when the run ends), whatever the controller judged."""
-    return {
-        job
-        for job, e in entries.items()
-        if any(isinstance(u, str) and os.path.islink(layout.INVOCATION_PREFIX + u) for u in e.get("units") or [])
-    }
+def runs_now(unit: str) -> bool:
+    """Whether the unit has a live run: its invocation link is there (systemd removes it
+    when the run ends or fails). A stat, no systemctl (the agent's probes use it too)."""
+    return os.path.islink(layout.INVOCATION_PREFIX + unit)
 
 
-def conflicts(entries: dict[str, Any], res: Reservation, running: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Why res cannot be taken now, given the ledger's entries and the jobs whose units run
-    now (empty: it can)."""
+def _runs(entry: dict[str, Any]) -> bool:
+    return any(isinstance(u, str) and runs_now(u) for u in entry.get("units") or [])
+
+
+def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
+    """Why res cannot be taken now, given the ledger's entries (empty: it can)."""
     out = []
     own = entries.get(res.job)
     own_lineage = (own.get("owner") or {}).get("lineage") if isinstance(own, dict) else None
@@ -266,8 +265,10 @@ def conflicts(entries: dict[str, Any], res: Reservation, running: set[str] | fro
         if "_unreadable" in e:  # what it holds is unknown: it may hold what res asks for
             out.append("ledger entry %s cannot be read (%s)" % (layout.ledger_path(job), e["_unreadable"]))
             continue
-        if res.free.get(job) is not None and res.free.get(job) == e.get("token") and job not in running:
-            continue  # finished or stale when the controller looked, unchanged since, not running
+        # Finished or stale when the controller looked, and unchanged since: free, unless its
+        # units run now (the host is the arbiter: a look between two steps of a start erred).
+        if res.free.get(job) is not None and res.free.get(job) == e.get("token") and not _runs(e):
+            continue
         who = (e.get("owner") or {}).get("who", "?")
         g = sorted(gpus & set(e.get("gpus") or []))
         p = sorted(ports & set(e.get("ports") or []))
@@ -282,14 +283,7 @@ def reserve(res: Reservation, now: float) -> list[str]:
     """Compare-and-set: take what res asks for, or nothing (returning why not)."""
     with _Locked():
         entries = read_all()
-        # The host is the arbiter: an entry the controller took as ended whose units run
-        # now (it looked between two steps of a start) still holds what it names.
-        said_free = {
-            j: e
-            for j, e in entries.items()
-            if j != res.job and "_unreadable" not in e and res.free.get(j) == e.get("token")
-        }
-        why = conflicts(entries, res, running_now(said_free))
+        why = conflicts(entries, res)
         if why:
             return why
         old = entries.get(res.job)
