@@ -8,7 +8,16 @@ PostgreSQL (tests/pgserver.py, on loopback):
   io/study.py's open_study, the trials added with Optuna's add_trials: 3 parameters, one
   log-scaled, a value each);
 - the study's inventory (`--inventory`: a job run from a terminal) holds --hosts sandbox
-  hosts of 8 fake GPUs each: the Cluster page and /api/v1/hosts probe them over SSH.
+  hosts of 8 fake GPUs each: the Cluster page and /api/v1/hosts probe them over SSH;
+- or, with --fake-hosts N (issue 41's 1,000 hosts x 8 GPUs: this machine runs ~128 sandbox
+  hosts at most), N hosts that exist only as canned probe answers: the service runs with
+  provision.run.context.probe_host (the one call that talks to a host, per host) replaced,
+  in this bench's service process only, by one that returns a ProbeReport built from the
+  real report types (ledger entries of jobs of 40 owners, their units active, nvidia-smi's
+  facts and compute processes); everything above it (the probe rounds, the sampler, the
+  pages) is the service's own code. The first --hosts of them are the study's inventory,
+  the rest a second one (labelled by rack and GPU kind). The sampler's last hour is seeded
+  too: a sample of every GPU every SAMPLE_EVERY s (one bulk COPY), the same holders.
 
 Every page and /api/v1 answer (and /metrics) is asked --requests times in a row with httpx
 after one warm-up: p50, p95, max. The Cluster page's first paint in Debian's chromium
@@ -17,6 +26,7 @@ fresh loads. The service's RSS (its process and any child) sampled throughout.
 
     PYTHONPATH=$PWD/src python bench/dashboard_load.py [--hosts 128] [--requests 60]
         [--sandbox NAME (reuse a running sandbox)] [--keep]
+        [--fake-hosts 1000 --gpus 8 (no sandbox: canned probe answers)]
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ import datetime as dt
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 from servebench import Report, Sampler, Serve, median, p95, pg_env
@@ -64,7 +77,7 @@ def seed_history(server: object, now: float) -> None:
     server.sql("ANALYZE provision_service_history")  # type: ignore[attr-defined]  # as autovacuum soon would
 
 
-def seed_study(inv_path: Path, url: str) -> None:
+def seed_study(inv_path: Path, url: str, trials: int = TRIALS) -> None:
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -82,7 +95,7 @@ def seed_study(inv_path: Path, url: str) -> None:
     rnd = random.Random(1)
     batch = []
     t0 = time.time() - 7 * 86400
-    for n in range(TRIALS):
+    for n in range(trials):
         params = {
             "lr": 10 ** rnd.uniform(-5, -1),
             "layers": rnd.randint(1, 12),
@@ -118,6 +131,176 @@ def seed_study(inv_path: Path, url: str) -> None:
         study.study.add_trials(batch)
 
 
+# ---------------------------------------------------------------- --fake-hosts: the canned fleet
+# Host i of N: which job holds each GPU, its owner and how busy it is, a pure function of i
+# (the canned probe answers and the seeded samples agree). About a third of the hosts run an
+# evaluation on GPUs 0-3, the others a training job (of two hosts) on GPUs 0-5; one job in
+# ten idles (1 %: the Usage page flags it); a host in 97 does not answer; one in 125 is drained.
+FLEET_OWNERS = 40
+GPU_MIB = 81920
+
+
+def fake_name(i: int) -> str:
+    return f"fake-{i:04d}"
+
+
+def fake_holder(i: int, g: int) -> str | None:
+    if i % 3 == 0:
+        return f"eval-{i}" if g < 4 else None
+    return f"train-{i // 2}" if g < 6 else None
+
+
+def fake_owner(job: str) -> str:
+    return f"user{zlib.crc32(job.encode()) % FLEET_OWNERS}@ws-{zlib.crc32(job.encode()) % 7}"
+
+
+def fake_util(i: int, g: int, t: float) -> int:
+    job = fake_holder(i, g)
+    if job is None:
+        return 0
+    if zlib.crc32(job.encode()) % 10 == 3:
+        return 1
+    return 50 + zlib.crc32(f"{job}/{g}".encode()) % 40 + int(t // 10) % 10
+
+
+def fake_unreachable(i: int) -> bool:
+    return i % 97 == 5
+
+
+def fake_inventory(job: str, first: int, last: int, gpus: int, key: Path, **extra: Any) -> dict[str, Any]:
+    """Hosts first..last-1 (addresses never dialled: the probe is canned), labelled by rack and kind."""
+    from provision.sandbox.hosts import ACCELERATOR_TYPE
+
+    hosts = [
+        {
+            "name": fake_name(i),
+            "address": f"10.254.{i // 250}.{i % 250 + 1}",
+            "accelerators": {"type": ACCELERATOR_TYPE, "count": gpus},
+            "labels": {"rack": f"r{i // 100:02d}", "kind": "a100" if i % 2 else "h100"},
+            **({"drain": True} if i % 125 == 1 else {}),
+        }
+        for i in range(first, last)
+    ]
+    return {
+        "job": job,
+        "ssh": {"user": "bench", "identity_file": str(key), "host_key_policy": "accept-new"},
+        "hosts": hosts,
+        "pools": {"chief": {"replicas": 1, "accelerators": 1, "command": ["sleep", "1"]}},
+        **extra,
+    }
+
+
+def canned_report(i: int, gpus: int, now: float) -> Any:
+    """What `_probe_hosts` gets for host i from a tenancy + GPU probe: each job's ledger
+    entry (host/ledger.py's shape), its unit active, nvidia-smi's facts and processes."""
+    from provision.host.protocol import ProbeReport
+
+    by_job: dict[str, list[int]] = {}
+    for g in range(gpus):
+        job = fake_holder(i, g)
+        if job is not None:
+            by_job.setdefault(job, []).append(g)
+    ledger, units, apps = {}, {}, []
+    for job, held in by_job.items():
+        unit = f"provision-{job}-chief-0.service"
+        who = fake_owner(job)
+        ledger[job] = {
+            "job": job,
+            "owner": {"lineage": f"lin-{job}", "who": who, "host": "ws", "pid": 1, "state": "postgresql://team"},
+            "since": now - 7200,
+            "updated": now - 7200,
+            "token": f"tok-{job}",
+            "gpus": held,
+            "gpu_uuids": [f"GPU-{i:04d}-{g}" for g in held],
+            "ports": [],
+            "units": [unit],
+            "started": True,
+        }
+        units[unit] = {"ActiveState": "active", "SubState": "running"}
+        apps += [
+            {"gpu_uuid": f"GPU-{i:04d}-{g}", "pid": 4000 + g, "name": "python3", "used_mib": 30000 + 1000 * g,
+             "owner": {"unit": unit}}
+            for g in held
+        ]  # fmt: skip
+    facts = {
+        "gpus": [
+            {"index": g, "uuid": f"GPU-{i:04d}-{g}", "util_pct": fake_util(i, g, now),
+             "memory_used_mib": 30000 + 1000 * g if fake_holder(i, g) else 0, "memory_mib": GPU_MIB}
+            for g in range(gpus)
+        ]
+    }  # fmt: skip
+    return ProbeReport(facts=facts, ledger=ledger, ledger_units=units, listening=[], checks={"gpus": {"apps": apps}})
+
+
+def serve_canned(gpus: int, serve_args: list[str]) -> None:
+    """The service's process of a --fake-hosts run: `provision serve` with each host's round
+    trip answered by canned_report (module docstring)."""
+    import provision.run.context as context
+    from provision.core.target import HostError, Target
+    from provision.host.protocol import ProbeReport, ProbeRequest
+    from provision.io.ssh import Session
+
+    def probe_host(session: Session, t: Target, req: ProbeRequest) -> ProbeReport:
+        i = int(t.name.rsplit("-", 1)[1])
+        if fake_unreachable(i):
+            raise HostError(t, "ssh: connect timed out (canned)", unreachable=True)
+        return canned_report(i, gpus, time.time())  # type: ignore[no-any-return]
+
+    context.probe_host = probe_host  # type: ignore[attr-defined]
+    from provision.cli.app import run
+
+    sys.argv = ["provision", "serve", *serve_args]
+    run()
+
+
+class CannedServe(Serve):
+    """Serve, its process serve_canned's (this file run with --as-service)."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], gpus: int, args: tuple[str, ...]):
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.cwd = cwd
+        self.lines = []
+        self.p = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--as-service", str(gpus), "--", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+
+def seed_samples(server: object, hosts: int, gpus: int, now: float) -> int:
+    """The sampler's last hour of every reachable GPU (a round every SAMPLE_EVERY s), one COPY."""
+    import psycopg
+
+    from provision.serve.gpusample import SAMPLE_EVERY
+
+    rounds = int(3600 // SAMPLE_EVERY)
+    cols = "host, gpu, t, util, memory_mib, memory_total_mib, job, owner"
+    n = 0
+    with psycopg.connect(server.url(password=True)) as conn:  # type: ignore[attr-defined]
+        with conn.cursor() as cur, cur.copy(f"COPY provision_service_gpu_samples ({cols}) FROM STDIN") as cp:
+            for i in range(hosts):
+                if fake_unreachable(i):
+                    continue
+                lines = []
+                for g in range(gpus):
+                    job = fake_holder(i, g)
+                    tail = (
+                        f"{30000 + 1000 * g}\t{GPU_MIB}\t{job}\t{fake_owner(job)}" if job else f"0\t{GPU_MIB}\t\\N\t\\N"
+                    )
+                    for k in range(rounds):
+                        t = now - 3600 + SAMPLE_EVERY * (k + 1)
+                        lines.append(f"{fake_name(i)}\t{g}\t{t}\t{fake_util(i, g, t)}\t{tail}\n")
+                cp.write("".join(lines).encode())
+                n += len(lines)
+        conn.execute("ANALYZE provision_service_gpu_samples")
+    return n
+
+
 def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int, float]:
     t = time.perf_counter()
     r = client.get(url)  # warm-up (the first probe opens the SSH connections; the first read of a study)
@@ -128,6 +311,8 @@ def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int
         t = time.perf_counter()
         r = client.get(url)
         times.append(time.perf_counter() - t)
+        if r.status_code != 200 and not bad:  # what it said, once (a 503 page says why)
+            print(f"  {url}: {r.status_code}: {' '.join(r.text.split())[-300:]}", flush=True)
         bad += r.status_code != 200
     return times, size, bad, first
 
@@ -236,7 +421,10 @@ def measure(rep: Report, base: str, pid: int, urls: list[str], args: argparse.Na
     stop.set()
     mem.sample()
     rss = mem.rss_max()
-    rep.say(f"the service's RSS: max {rss:.1f} MiB over these requests ({len(mem.samples)} samples)")
+    rep.say(
+        f"the service's RSS: max {rss:.1f} MiB over these requests ({len(mem.samples)} samples); "
+        f"its CPU: {100 * mem.cpu_share():.0f} % of a core (the pages and the sampler's rounds)"
+    )
     for u, p in worst:
         rep.verdict(f"p95 <= {1000 * P95_BOUND:g} ms: {u}", f"{1000 * p:.1f} ms", p <= P95_BOUND)
     if paints:
@@ -246,9 +434,25 @@ def measure(rep: Report, base: str, pid: int, urls: list[str], args: argparse.Na
     rep.verdict(f"the service's memory <= {RSS_BOUND:g} MiB", f"{rss:.1f} MiB", rss <= RSS_BOUND)
 
 
+STUDY_TUNE = {
+    "metric": {"name": "loss", "goal": "minimize"},
+    "parameters": {
+        "lr": {"type": "double", "min": 1e-5, "max": 1e-1, "scale": "log"},
+        "layers": {"type": "integer", "min": 1, "max": 12},
+        "opt": {"type": "categorical", "values": ["adam", "sgd", "lamb"]},
+    },
+    "algorithm": "random",
+    "max_trials": TRIALS,
+    "parallel_trials": 4,
+}
+
+
 def main() -> int:  # noqa: C901  one bench's steps in order, each with its report lines
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=int, default=128)
+    ap.add_argument("--hosts", type=int, default=128, help="the study's hosts (sandbox hosts, or the first fake ones)")
+    ap.add_argument("--fake-hosts", type=int, default=0, help="hosts in all, canned (no sandbox)")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs a host")
+    ap.add_argument("--trials", type=int, default=TRIALS, help="the study's trials")
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--slow", type=int, default=60, help="requests of the study's pages and /metrics")
     ap.add_argument("--loads", type=int, default=10)
@@ -268,16 +472,19 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     from pgserver import free_port, start_server
 
     rep = Report(args.name, "Issue 41: the dashboard over a seeded PostgreSQL")
+    urls = args.urls.split(",") if args.urls else URLS
     if args.attach:
-        measure(rep, args.attach, args.pid, args.urls.split(",") if args.urls else URLS, args)
+        measure(rep, args.attach, args.pid, urls, args)
         rep.write()
         return 0
-    sb = (
-        sandbox.load(args.sandbox)
-        if args.sandbox
-        else sandbox.up("servebench", hosts=args.hosts, gpus_per_host=8, timeout=900)
-    )
-    hosts = [h.name for h in sb.hosts][: args.hosts]
+    fake = args.fake_hosts > 0
+    sb = None
+    if not fake:
+        sb = (
+            sandbox.load(args.sandbox)
+            if args.sandbox
+            else sandbox.up("servebench", hosts=args.hosts, gpus_per_host=args.gpus, timeout=900)
+        )
     server = start_server()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     svc: Serve | None = None
@@ -286,25 +493,29 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         t = time.monotonic()
         seed_history(server, now)
         rep.say(f"seeded {RUNS} finished runs over {WEEKS} weeks in {time.monotonic() - t:.0f} s")
-        inv = sandbox.inventory_dict(
-            sb,
-            job="bigstudy",
-            hosts=hosts,
-            pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["sleep", "1"]}},
-            tune={
-                "metric": {"name": "loss", "goal": "minimize"},
-                "parameters": {
-                    "lr": {"type": "double", "min": 1e-5, "max": 1e-1, "scale": "log"},
-                    "layers": {"type": "integer", "min": 1, "max": 12},
-                    "opt": {"type": "categorical", "values": ["adam", "sgd", "lamb"]},
-                },
-                "algorithm": "random",
-                "max_trials": TRIALS,
-                "parallel_trials": 4,
-            },
-        )
-        path = tmp / "bigstudy.yaml"
-        path.write_text(dump(inv, sb))
+        tune = {**STUDY_TUNE, "max_trials": max(1, args.trials)}
+        paths = [tmp / "bigstudy.yaml"]
+        if fake:
+            key = tmp / "key"
+            key.write_text("")
+            key.chmod(0o600)
+            paths[0].write_text(dump(fake_inventory("bigstudy", 0, args.hosts, args.gpus, key, tune=tune)))
+            paths.append(tmp / "fleet.yaml")
+            paths[1].write_text(dump(fake_inventory("fleet", args.hosts, args.fake_hosts, args.gpus, key)))
+            t = time.monotonic()
+            n = seed_samples(server, args.fake_hosts, args.gpus, now)
+            rep.say(f"seeded {n} GPU samples (the last hour, a round every 10 s) in {time.monotonic() - t:.0f} s")
+        else:
+            assert sb is not None
+            hosts = [h.name for h in sb.hosts][: args.hosts]
+            inv = sandbox.inventory_dict(
+                sb,
+                job="bigstudy",
+                hosts=hosts,
+                pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["sleep", "1"]}},
+                tune=tune,
+            )
+            paths[0].write_text(dump(inv, sb))
         env = {
             **pg_env(server),
             "PROVISION_OWNER": "bench@example.com",
@@ -312,23 +523,39 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         }
         os.environ.update(env)
         t = time.monotonic()
-        seed_study(path, "postgresql+psycopg://" + server.url(password=True).split("://", 1)[1])
-        rep.say(f"seeded a study of {TRIALS} trials in {time.monotonic() - t:.0f} s")
-        rep.say(f"the study's inventory: {len(hosts)} sandbox hosts x 8 fake GPUs (every host probed over SSH)")
+        seed_study(paths[0], "postgresql+psycopg://" + server.url(password=True).split("://", 1)[1], args.trials)
+        rep.say(f"seeded a study of {args.trials} trials in {time.monotonic() - t:.0f} s")
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        svc = Serve(tmp / "serve", env, ("--listen", f"127.0.0.1:{port}", "--inventory", str(path)))
+        serve_args: tuple[str, ...] = ("--listen", f"127.0.0.1:{port}")
+        for path in paths:
+            serve_args += ("--inventory", str(path))
+        if fake:
+            rep.say(
+                f"the inventories: {args.fake_hosts} hosts x {args.gpus} GPUs, canned probe answers "
+                f"(the study's: {args.hosts} of them; {sum(map(fake_unreachable, range(args.fake_hosts)))} never answer)"
+            )
+            svc = CannedServe(tmp / "serve", env, args.gpus, serve_args)
+        else:
+            rep.say(
+                f"the study's inventory: {args.hosts} sandbox hosts x {args.gpus} fake GPUs (every host probed over SSH)"
+            )
+            svc = Serve(tmp / "serve", env, serve_args)
         svc.wait_for("Dashboard on", 120)
-        measure(rep, base, svc.p.pid, args.urls.split(",") if args.urls else URLS, args)
+        measure(rep, base, svc.p.pid, urls, args)
     finally:
         if svc is not None:
             svc.stop()
         server.cleanup()
-        if not args.keep and not args.sandbox:
+        if sb is not None and not args.keep and not args.sandbox:
             sandbox.down(sb.name)
+        shutil.rmtree(tmp, ignore_errors=True)
     rep.write()
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--as-service"]:  # the service's own process of a --fake-hosts run
+        serve_canned(int(sys.argv[2]), sys.argv[4:])
+        sys.exit(0)
     sys.exit(main())

@@ -22,6 +22,8 @@ from provision.serve.gpusample import (
     SAMPLE_EVERY,
     Sampler,
     history_json,
+    history_of,
+    history_step,
     idle_json,
     idle_window,
     round_every,
@@ -100,6 +102,47 @@ def test_the_store_keeps_an_hour(tmp_path: Path) -> None:
     assert [(s.t, s.util) for s in store.gpu_samples(0)] == [(4000.0, 5), (4601.0, 6)]
     assert store.gpu_samples(4500.0)[0] == _s(4601.0, 6)
     store.add_gpu_samples([])
+    store.close()
+
+
+def test_a_large_cluster_gets_fewer_points_a_gpu() -> None:
+    assert history_step(16) == 30.0  # 120 points an hour
+    assert history_step(1000) == 3600.0 / 32
+    assert history_step(8000) == 300.0  # 12 points at least
+    assert history_of([("h", 0, 10.4, 50.0), ("h", 0, 40.0, 7.26)]) == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
+
+
+def _round(store: ServiceStore, t: float, utils: list[int | None], job: str | None = "bert") -> None:
+    store.add_gpu_samples([_s(t, u, job=job, gpu=g) for g, u in enumerate(utils)])
+
+
+def _check_the_database_averages_and_picks_idle_candidates(store: ServiceStore, t0: float) -> None:
+    for k in range(6):  # GPU 0 busy, GPU 1 idle, GPU 2 idle but free, GPU 3 idle until the last round
+        _round(store, t0 + 10 * k, [80 + k, 1, 0, 1 if k < 5 else 50])
+    store.add_gpu_samples([_s(t0 + 55, 0, job=None, gpu=2)])  # its latest: no job holds it
+    got = store.gpu_history(t0, 30.0)
+    assert [(g, round(u, 1)) for _, g, _, u in got if g == 0] in (
+        [(0, 81.0), (0, 84.0)],  # slots [0, 30) and [30, 60) (SQLite's CAST truncates) ...
+        [(0, 80.5), (0, 83.0), (0, 85.0)],  # ... or [-15, 15), [15, 45), [45, 75) (PostgreSQL's rounds)
+    ), got
+    assert {g for _, g, _, _ in got} == {0, 1, 2, 3}
+    picked = store.gpu_samples(t0, held_below=5)
+    assert {s.gpu for s in picked} == {1} and len(picked) == 6
+    assert len(store.gpu_samples(t0)) == 25
+
+
+def test_the_database_averages_the_history_and_picks_the_idle_candidates(tmp_path: Path) -> None:
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    _check_the_database_averages_and_picks_idle_candidates(store, 3000.0)
+    store.close()
+
+
+def test_postgresql_averages_the_history_and_picks_the_idle_candidates(postgres, monkeypatch) -> None:
+    for k, v in postgres.env().items():
+        monkeypatch.setenv(k, v)
+    store = ServiceStore.open_pg(postgres.url(), "the team's database")
+    store._do("DELETE FROM provision_service_gpu_samples")
+    _check_the_database_averages_and_picks_idle_candidates(store, 3000.0)
     store.close()
 
 

@@ -11,7 +11,17 @@ from provision.rules.studyview import space_json, study_json
 from provision.web import charts
 from provision.web.inventories import _cursors, _token
 from provision.web.source import SECRET_MASK, masked_env
-from provision.web.views import BadFilter, cluster_groups, job_filter, page_of, pager, sorted_trials, trial_order
+from provision.web.views import (
+    BadFilter,
+    cluster_groups,
+    cluster_page,
+    host_spark,
+    job_filter,
+    page_of,
+    pager,
+    sorted_trials,
+    trial_order,
+)
 from test_tuneview import ROWS, TUNE  # a study's rows and tune: (tests/ is on the path)
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -94,6 +104,38 @@ def test_hosts_grouped_by_label_with_each_gpu():
     h1 = groups["rack=r1"][0]
     assert [(g.state, g.job, g.owner) for g in h1.gpus] == [("held", "a", "ana"), ("free", None, None)]
     assert [g.state for h in groups["no labels"] for g in h.gpus] == ["drained", "unreachable"]
+
+
+def test_a_large_cluster_is_counted_by_group_and_shown_a_page_of_hosts_at_a_time():
+    hosts = {
+        f"h{i:02d}": {
+            "gpus": 2,
+            "labels": {"rack": f"r{i % 2}"},
+            "free_gpus": [1],
+            "held": {f"j{i}": {"gpus": [0]}},
+            "gpu_use": {"0": {"utilization": 90}, "1": {"utilization": 0}},
+            "gpu_history": {"0": [[0.0, 80.0], [30.0, 90.0]], "1": [[30.0, 0.0]]},
+        }
+        for i in range(10)
+    }
+    hosts["h03"] = {"gpus": 2, "labels": {"rack": "r1"}, "error": "refused"}
+    view = cluster_page({"jobs": [], "hosts": hosts}, page=2, size=4)
+    assert [(g.label, g.hosts, g.unreachable, g.gpus, g.held, g.free, g.page) for g in view.groups] == [
+        ("rack=r0", 5, 0, 10, 5, 5, 1),
+        ("rack=r1", 5, 1, 10, 4, 4, 2),
+    ]
+    assert view.groups[0].utilization == 45.0
+    assert (view.page, view.pages, view.hosts) == (2, 3, 10)
+    # Page 2: the last of rack=r0 (h08), the first three of rack=r1.
+    assert [(label, [h.name for h in rows]) for label, rows in view.shown] == [
+        ("rack=r0", ["h08"]),
+        ("rack=r1", ["h01", "h03", "h05"]),
+    ]
+    assert view.sparks["h08"] == ((30.0, 45.0),) and view.sparks["h03"] == ()
+    assert host_spark({"gpu_history": {"0": [[0.0, 10.0], [30.0, 20.0]], "1": [[0.0, 30.0], [30.0, 40.0]]}}) == (
+        (0.0, 20.0),
+        (30.0, 30.0),
+    )
 
 
 def test_secrets_masked_and_the_log_cursor_round_trips():

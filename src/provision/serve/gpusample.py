@@ -25,6 +25,10 @@ SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something c
 QUIET_EVERY = 60.0
 LOOKING_S = 120.0  # seconds after a page (or /metrics) read the samples that it counts as looked at
 HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: 30 s a point at most
+# ... and fewer for a large cluster: the hosts' document carries at most about this many
+# points in all (8,000 GPUs x 120 points was 20 MB of JSON every 10 s), 12 a GPU at least.
+HISTORY_BUDGET = 32_000
+HISTORY_FEWEST = 12
 # A test knob, not a setting: the Usage page's idle window in seconds (default: the rule's 10 minutes),
 # so a browser test sees a GPU flagged idle in seconds. docs/dashboard.md names it.
 IDLE_WINDOW_ENV = "PROVISION_TEST_IDLE_WINDOW_S"
@@ -78,6 +82,22 @@ def history_json(samples: Iterable[GpuSample], most: int = HISTORY_POINTS) -> di
                 k = -(-len(points) // most)
                 runs = [points[i : i + k] for i in range(0, len(points), k)]
                 gpus[g] = [[sum(p[0] for p in r) / len(r), sum(p[1] for p in r) / len(r)] for r in runs]
+    return out
+
+
+def history_step(gpus: int, span: float = 3600.0) -> float:
+    """Seconds a history point averages for a cluster of `gpus` GPUs: span / HISTORY_POINTS
+    while the points fit HISTORY_BUDGET, coarser past it (at least HISTORY_FEWEST a GPU)."""
+    points = max(HISTORY_FEWEST, min(HISTORY_POINTS, HISTORY_BUDGET // max(1, gpus)))
+    return span / points
+
+
+def history_of(rows: Iterable[tuple[str, int, float, float]]) -> dict[str, dict[str, list[list[float]]]]:
+    """history_json's shape from points averaged already (ServiceStore.gpu_history), in order;
+    whole seconds and tenths of a percent (the hosts' JSON of 8,000 GPUs is megabytes)."""
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for host, gpu, t, util in rows:
+        out.setdefault(host, {}).setdefault(str(gpu), []).append([round(t), round(util, 1)])
     return out
 
 

@@ -31,12 +31,14 @@ from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
 from provision.web.views import (
     ACTIONS,
+    HOSTS_PAGE,
     TRIALS_PAGE,
     BadFilter,
     TrialOrder,
-    cluster_groups,
+    cluster_page,
     job_filter,
     job_sections,
+    page_number,
     page_of,
     pager,
     sorted_trials,
@@ -102,6 +104,7 @@ class Dashboard:
         # keeps nothing.
         self._made: dict[str, tuple[dict[str, Any], Markup, dict[tuple[str, bool], list[Any]]]] = {}
         self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self._metrics: tuple[tuple[int, ...], Any, str] | None = None  # (the documents' ids, them, the text)
 
     def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
         """The page, with this session's CSRF token (a cookie, set on the first page)."""
@@ -159,8 +162,20 @@ class Dashboard:
     # ------------------------------------------------------------------ pages
 
     async def cluster(self, request: Request, viewer: Viewer) -> Response:
+        page = page_number(request.query_params)
         doc = await call(self.source.hosts)
-        return self.render(request, viewer, "cluster.html", groups=cluster_groups(doc), jobs=doc.get("jobs") or [])
+        view = cluster_page(doc, page)
+        shown = {h.name for _, hosts in view.shown for h in hosts}
+        jobs = [j for j in doc.get("jobs") or [] if view.pages == 1 or shown & set(j.get("hosts") or ())]
+        return self.render(
+            request,
+            viewer,
+            "cluster.html",
+            view=view,
+            jobs=jobs,
+            pager=pager(view.page, view.pages),
+            page_size=HOSTS_PAGE,
+        )
 
     async def jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
@@ -305,4 +320,12 @@ class Dashboard:
                 studies[name] = self.source.study(name)
             except NotFound:
                 continue  # not started: no trials to count
-        return exposition(self.source.latest(), studies, time.time())
+        latest = self.source.latest()
+        # The same documents (a sampling round's hosts, unchanged studies): the same text,
+        # made once (8,000 GPUs' gauges are ~30,000 lines). The documents are kept with it,
+        # so their ids are not reused meanwhile; the queue's waits are as of that round.
+        key = (id(latest), *(id(d) for d in studies.values()))
+        got = self._metrics
+        if got is None or got[0] != key:
+            got = self._metrics = (key, (latest, studies), exposition(latest, studies, time.time()))
+        return got[2]

@@ -309,3 +309,21 @@ def series_svg(points: Sequence[tuple[float, float]], *, label: str, top: float 
     pts = " ".join(f"{x(t - t0):.1f},{y(min(v, top)):.1f}" for t, v in points)
     body.append(f'<polyline points="{pts}" fill="none" class="series"/>')
     return _svg(body, label)
+
+
+def spark_svg(points: Sequence[tuple[float, float]], *, label: str, span: float = 3600.0, top: float = 100.0) -> Markup:
+    """A small line of a value over the last `span` seconds (a host's mean GPU utilization on
+    the Cluster page: one of these a host, not a chart a GPU), no axes; the newest at the right."""
+    w, h = 120, 24
+    if not points:
+        return Markup("")
+    end = points[-1][0]
+    pts = " ".join(
+        f"{w * max(0.0, 1 - (end - t) / span):.0f},{h - 1 - (h - 2) * min(max(v, 0.0), top) / top:.0f}"
+        for t, v in points
+    )
+    return Markup(
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+        f'role="img" aria-label="{escape(label)}"><title>{escape(label)}</title>'
+        f'<polyline points="{pts}" fill="none"/></svg>'
+    )

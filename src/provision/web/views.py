@@ -40,14 +40,18 @@ class JobFilter:
         return not t or t in j["job"].lower() or t in (j.get("owner") or "").lower()
 
 
+def page_number(q: Mapping[str, str]) -> int:
+    raw = q.get("page", "1") or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadFilter(f"page: expected a number from 1, got {raw!r}")
+    return int(raw)
+
+
 def job_filter(q: Mapping[str, str]) -> JobFilter:
     phase = q.get("phase", "")
     if phase and phase not in PHASES:
         raise BadFilter(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
-    raw = q.get("page", "1") or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadFilter(f"page: expected a number from 1, got {raw!r}")
-    return JobFilter(q.get("owner", ""), phase, q.get("q", ""), int(raw))
+    return JobFilter(q.get("owner", ""), phase, q.get("q", ""), page_number(q))
 
 
 def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[list[Any], int]:
@@ -123,16 +127,91 @@ def _app_words(a: Mapping[str, Any]) -> str:
     return f"{a.get('pid') or '?'} {a.get('name') or ''}{mib}{whose}"
 
 
+def _group_of(h: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or "no labels"
+
+
+def _group_order(label: str) -> tuple[bool, str]:
+    return (label == "no labels", label)
+
+
 def cluster_groups(doc: Mapping[str, Any]) -> list[tuple[str, list[HostRow]]]:
     """The hosts of `provision jobs --json` grouped by their labels ("k=v, ..."), unlabelled last."""
     owners = {j["job"]: j.get("owner") for j in doc.get("jobs") or []}
     groups: dict[str, list[HostRow]] = {}
     for name, h in sorted((doc.get("hosts") or {}).items()):
-        labels = h.get("labels") or {}
-        key = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels"
         row = HostRow(name, h.get("error"), _gpus(h, owners), tuple(h.get("foreign_ports") or ()))
-        groups.setdefault(key, []).append(row)
-    return sorted(groups.items(), key=lambda kv: (kv[0] == "no labels", kv[0]))
+        groups.setdefault(_group_of(h), []).append(row)
+    return sorted(groups.items(), key=lambda kv: _group_order(kv[0]))
+
+
+HOSTS_PAGE = 32  # hosts (and their GPUs' rows) on a page of the Cluster page: 1,000 hosts x 8 GPUs were 8,000 rows
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """A label group of the whole cluster, as the Cluster page's first table counts it."""
+
+    label: str
+    hosts: int
+    unreachable: int  # hosts
+    gpus: int
+    held: int
+    free: int
+    utilization: float | None  # the mean of its GPUs that report one, now
+    page: int  # the page its first host is on
+
+
+@dataclass(frozen=True)
+class ClusterPage:
+    groups: tuple[GroupSummary, ...]
+    shown: list[tuple[str, list[HostRow]]]  # this page's hosts, by group
+    sparks: dict[str, tuple[tuple[float, float], ...]]  # host -> its GPUs' mean utilization over the last hour
+    page: int
+    pages: int
+    hosts: int
+
+
+def host_spark(h: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
+    """A host's GPUs' mean utilization over its history (the GPUs' points are of the same
+    rounds: matched from the newest)."""
+    series = [s for s in (h.get("gpu_history") or {}).values() if s]
+    if not series:
+        return ()
+    n = min(len(s) for s in series)
+    return tuple(
+        (float(series[0][-n + k][0]), sum(float(s[-n + k][1]) for s in series) / len(series)) for k in range(n)
+    )
+
+
+def cluster_page(doc: Mapping[str, Any], page: int, size: int = HOSTS_PAGE) -> ClusterPage:
+    """The Cluster page: every label group counted, and page `page` of the hosts (by group,
+    then name) with each GPU's row; only those rows are made."""
+    hosts = doc.get("hosts") or {}
+    order = sorted(hosts, key=lambda n: (*_group_order(_group_of(hosts[n])), n))
+    counts: dict[str, list[Any]] = {}
+    for i, name in enumerate(order):
+        h = hosts[name]
+        c = counts.setdefault(_group_of(h), [0, 0, 0, 0, 0, 0.0, 0, i // size + 1])
+        n = int(h.get("gpus") or 0)
+        c[0] += 1
+        c[2] += n
+        if h.get("error"):
+            c[1] += 1
+            continue
+        c[3] += sum(len(held.get("gpus") or ()) for held in (h.get("held") or {}).values())
+        c[4] += 0 if h.get("drain") else len(h.get("free_gpus") or ())
+        for u in (h.get("gpu_use") or {}).values():
+            if isinstance(u.get("utilization"), int | float):
+                c[5] += u["utilization"]
+                c[6] += 1
+    groups = tuple(
+        GroupSummary(label, c[0], c[1], c[2], c[3], c[4], c[5] / c[6] if c[6] else None, c[7])
+        for label, c in counts.items()
+    )
+    names, pages = page_of(order, page, size)
+    shown = cluster_groups({"jobs": doc.get("jobs") or [], "hosts": {n: hosts[n] for n in names}})
+    return ClusterPage(groups, shown, {n: host_spark(hosts[n]) for n in names}, min(page, pages), pages, len(order))
 
 
 # ------------------------------------------------------------------ a study's trials table
