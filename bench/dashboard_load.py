@@ -36,7 +36,6 @@ import datetime as dt
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -253,23 +252,9 @@ def serve_canned(gpus: int, serve_args: list[str]) -> None:
     run()
 
 
-class CannedServe(Serve):
+def canned_serve(cwd: Path, env: dict[str, str], gpus: int, args: tuple[str, ...]) -> Serve:
     """Serve, its process serve_canned's (this file run with --as-service)."""
-
-    def __init__(self, cwd: Path, env: dict[str, str], gpus: int, args: tuple[str, ...]):
-        cwd.mkdir(parents=True, exist_ok=True)
-        self.cwd = cwd
-        self.lines = []
-        self.p = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--as-service", str(gpus), "--", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+    return Serve(cwd, env, ("--", *args), (sys.executable, str(Path(__file__).resolve()), "--as-service", str(gpus)))
 
 
 def seed_samples(server: object, hosts: int, gpus: int, now: float) -> int:
@@ -535,7 +520,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
                 f"the inventories: {args.fake_hosts} hosts x {args.gpus} GPUs, canned probe answers "
                 f"(the study's: {args.hosts} of them; {sum(map(fake_unreachable, range(args.fake_hosts)))} never answer)"
             )
-            svc = CannedServe(tmp / "serve", env, args.gpus, serve_args)
+            svc = canned_serve(tmp / "serve", env, args.gpus, serve_args)
         else:
             rep.say(
                 f"the study's inventory: {args.hosts} sandbox hosts x {args.gpus} fake GPUs (every host probed over SSH)"

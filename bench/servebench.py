@@ -85,12 +85,18 @@ def pg_env(server: object) -> dict[str, str]:
 class Serve:
     """A `provision serve` process; each output line kept with this machine's monotonic clock."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], args: tuple[str, ...] = ("--listen", "none")):
+    def __init__(
+        self,
+        cwd: Path,
+        env: dict[str, str],
+        args: tuple[str, ...] = ("--listen", "none"),
+        command: tuple[str, ...] = (sys.executable, "-m", "provision", "serve"),
+    ):
         cwd.mkdir(parents=True, exist_ok=True)
         self.cwd = cwd
         self.lines: list[tuple[float, str]] = []
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "provision", "serve", *args],
+            [*command, *args],
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
