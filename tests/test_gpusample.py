@@ -128,6 +128,10 @@ def _check_the_database_averages_and_picks_idle_candidates(store: ServiceStore, 
     assert {g for _, g, _, _ in got} == {0, 1, 2, 3}
     picked = store.gpu_samples(t0, held_below=5)
     assert {s.gpu for s in picked} == {1} and len(picked) == 6
+    # Only a latest sample of the last rounds counts: a GPU not sampled since is on a host
+    # that did not answer, not idle now.
+    assert {s.gpu for s in store.gpu_samples(t0, held_below=5, latest_after=t0 + 45)} == {1}
+    assert store.gpu_samples(t0, held_below=5, latest_after=t0 + 51) == []
     assert len(store.gpu_samples(t0)) == 25
 
 
@@ -284,3 +288,26 @@ def test_the_service_samples_fast_while_a_page_reads_or_a_job_changes(tmp_path: 
     src._round = (time.time(), preempted)
     src._changing = True  # what sample() concludes from such a round
     assert src.every() == SAMPLE_EVERY
+
+
+def test_a_round_answers_the_pages_without_a_probe_of_their_own(tmp_path: Path) -> None:
+    """Issue 41 at 1,000 hosts: the pages probing every 2-4 s beside the rounds were the p95."""
+    from provision.serve.source import PAGES_FRESH
+    from provision.web.inventories import InventorySource
+
+    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
+    probes: list[str] = []
+
+    def probe_all(lane: str) -> dict[str, object]:
+        probes.append(lane)
+        return DOC
+
+    src._probe_all = probe_all  # type: ignore[method-assign]  # the hosts' round trips
+    src.sample()  # the sampler's round
+    assert probes == ["sample"]
+    assert InventorySource.hosts(src) is DOC  # a page, right after it
+    assert src._hosts.fresh == PAGES_FRESH > SAMPLE_EVERY  # ... and until the next round
+    assert probes == ["sample"]
+    src._hosts.forget("")  # an action changed the hosts: the next page asks
+    InventorySource.hosts(src)
+    assert probes == ["sample", ""]

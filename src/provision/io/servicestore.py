@@ -476,11 +476,14 @@ class ServiceStore:
                 raise
             c.execute("COMMIT")
 
-    def gpu_samples(self, since: float, held_below: int | None = None) -> list[GpuSample]:
+    def gpu_samples(
+        self, since: float, held_below: int | None = None, latest_after: float | None = None
+    ) -> list[GpuSample]:
         """Every sample from `since` on (the database's clock), by host, GPU and time.
-        held_below: only the GPUs whose latest sample since then is held by a job and below
-        that utilization (the idle rule's candidates: the Usage page read 500,000 samples of
-        8,000 GPUs to find a few idle ones)."""
+        held_below: only the GPUs whose latest sample since then (since `latest_after`, when
+        given: the last rounds, read through the t index) is held by a job and below that
+        utilization (the idle rule's candidates: the Usage page read 500,000 samples of 8,000
+        GPUs to find a few idle ones)."""
         sql = f"SELECT {_GPU_COLS} FROM provision_service_gpu_samples WHERE t >= ? ORDER BY host, gpu, t"
         args: tuple[Any, ...] = (since,)
         if held_below is not None:
@@ -493,7 +496,7 @@ class ServiceStore:
                 f"SELECT {cols} FROM provision_service_gpu_samples s JOIN c ON s.host = c.host AND s.gpu = c.gpu "
                 "WHERE s.t >= ? ORDER BY s.host, s.gpu, s.t"
             )
-            args = (since, held_below, since)
+            args = (since if latest_after is None else max(since, latest_after), held_below, since)
         rows = self._all(sql, args)
         return [
             GpuSample(str(r[0]), int(r[1]), float(r[2]), _opt_int(r[3]), _opt_int(r[4]), _opt_int(r[5]),

@@ -25,6 +25,7 @@ from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
 from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import (
+    QUIET_EVERY,
     SAMPLE_EVERY,
     history_of,
     history_step,
@@ -46,12 +47,19 @@ USAGE_FRESH, USAGE_STALE = 5.0, 10.0  # seconds: the Usage page is at most USAGE
 # round's time or a third of a point's, then, up to HISTORY_STALE s more, while the next is
 # made behind it.
 HISTORY_STALE = 120.0
+# The pages' hosts: the sampler's rounds (every SAMPLE_EVERY s while someone looks) answer
+# them, a round's period and its own time; only older, a page probes for itself (behind the
+# answer, up to PAGES_STALE). Probing every 2-4 s beside the rounds cost 1,000 hosts' round
+# trips and a document of 8,000 GPUs each time (issue 41's p95 spikes and memory).
+PAGES_FRESH, PAGES_STALE = SAMPLE_EVERY + 3.0, 2 * SAMPLE_EVERY + 5.0
+LATEST_WITHIN = QUIET_EVERY + SAMPLE_EVERY  # seconds: a GPU's latest sample, at the slowest cadence
 DAY = 86400.0
 
 
 class ServiceSource(InventorySource):
     def __init__(self, store: ServiceStore, work_root: Path, extra: Sequence[str | Path] = ()):
         super().__init__(extra)
+        self._hosts = Recent(PAGES_FRESH, PAGES_STALE)  # the rounds answer the pages (PAGES_FRESH)
         self.store = store
         self.work_root = work_root
         self.extra = [str(p) for p in extra]
@@ -152,7 +160,11 @@ class ServiceSource(InventorySource):
         doc = usage_doc(wins, self.store.gpu_hours_in([(w[2], w[3]) for w in wins], now, sorted(HOLDING)))
         # The samples reach back a round more than the window: the rule needs the run's start.
         # Only the GPUs held and below the rule's threshold at their latest sample can be idle.
-        samples = self.store.gpu_samples(now - self.idle_window - 2 * SAMPLE_EVERY, held_below=IDLE_BELOW_PCT)
+        # A GPU whose latest sample is older than a quiet round's period is on a host that did
+        # not answer: not idle now, not a candidate.
+        samples = self.store.gpu_samples(
+            now - self.idle_window - 2 * SAMPLE_EVERY, held_below=IDLE_BELOW_PCT, latest_after=now - LATEST_WITHIN
+        )
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {**doc, "idle": idle_json(samples, now, self.idle_window), "as_of": as_of}
 
