@@ -4,6 +4,7 @@ and the pages when the database is away (issue 41, Bad input)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -105,11 +106,38 @@ def test_the_store_keeps_an_hour(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_large_cluster_gets_fewer_points_a_gpu() -> None:
-    assert history_step(16) == 30.0  # 120 points an hour
-    assert history_step(1000) == 3600.0 / 32
-    assert history_step(8000) == 300.0  # 12 points at least
+def test_a_point_per_round_until_a_gpu_has_its_points_then_wider_points() -> None:
+    # A fresh service draws a point per round at once (the browser test: 3 points within a minute).
+    assert history_step(1, 16) is None and history_step(120, 16) is None
+    assert history_step(121, 16) == 2 * SAMPLE_EVERY  # an hour at a round every 10 s: 360 samples
+    assert history_step(360, 16) == 3 * SAMPLE_EVERY  # ... 120 points
+    # A large cluster: fewer points a GPU (HISTORY_BUDGET in all), 12 at least.
+    assert history_step(32, 1000) is None and history_step(33, 1000) == 2 * SAMPLE_EVERY
+    assert history_step(12, 8000) is None and history_step(360, 8000) == 30 * SAMPLE_EVERY
+    for gpus in (1, 16, 1000, 8000):
+        for n in range(1, 400):
+            step = history_step(n, gpus)
+            most = max(12, min(120, 32_000 // gpus))
+            # Rounds SAMPLE_EVERY apart in slots of `step`: at most one more slot than points a GPU gets.
+            assert (n if step is None else (n - 1) * SAMPLE_EVERY // step + 2) <= most + 1, (n, gpus)
     assert history_of([("h", 0, 10.4, 50.0), ("h", 0, 40.0, 7.26)]) == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
+
+
+def test_each_round_makes_the_history_a_point_per_round(tmp_path: Path) -> None:
+    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
+    util = iter(range(10, 100, 10))
+
+    def probe_all(lane: str) -> dict[str, Any]:
+        got = copy.deepcopy(DOC)
+        got["hosts"]["gpu-1"]["gpu_use"]["0"]["utilization"] = next(util)
+        return got
+
+    src._probe_all = probe_all  # type: ignore[method-assign]  # the hosts' round trips
+    for k in range(3):
+        src.sample()
+        got = src.hosts()["hosts"]["gpu-1"]["gpu_history"]["0"]
+        assert [u for _, u in got] == [10.0, 20.0, 30.0][: k + 1]  # this round's point is in at once
+    src.store.close()
 
 
 def _round(store: ServiceStore, t: float, utils: list[int | None], job: str | None = "bert") -> None:
@@ -120,6 +148,9 @@ def _check_the_database_averages_and_picks_idle_candidates(store: ServiceStore, 
     for k in range(6):  # GPU 0 busy, GPU 1 idle, GPU 2 idle but free, GPU 3 idle until the last round
         _round(store, t0 + 10 * k, [80 + k, 1, 0, 1 if k < 5 else 50])
     store.add_gpu_samples([_s(t0 + 55, 0, job=None, gpu=2)])  # its latest: no job holds it
+    assert store.gpu_rounds(t0) == 7 and store.gpu_rounds(t0 + 45) == 2  # GPU 2, sampled last: 6 rounds and 1
+    each = store.gpu_history(t0, None)  # a point per sample: a round's
+    assert [round(u) for _, g, _, u in each if g == 0] == [80, 81, 82, 83, 84, 85]
     got = store.gpu_history(t0, 30.0)
     assert [(g, round(u, 1)) for _, g, _, u in got if g == 0] in (
         [(0, 81.0), (0, 84.0)],  # slots [0, 30) and [30, 60) (SQLite's CAST truncates) ...

@@ -504,16 +504,33 @@ class ServiceStore:
             for r in rows
         ]  # fmt: skip
 
-    def gpu_history(self, since: float, step: float) -> list[tuple[str, int, float, float]]:
-        """(host, gpu, t, utilization %) of every GPU from `since` on, the samples averaged
-        over slots of `step` seconds by the database, by host, GPU and time (the Cluster
-        page's last hour: 2.9 million samples of 8,000 GPUs were read one by one)."""
-        rows = self._all(
-            "SELECT host, gpu, AVG(t), AVG(util) FROM provision_service_gpu_samples WHERE t >= ? AND util IS NOT NULL "
-            "GROUP BY host, gpu, CAST(t / ? AS BIGINT) ORDER BY host, gpu, 3",
-            (since, float(step)),
-        )
+    def gpu_history(self, since: float, step: float | None) -> list[tuple[str, int, float, float]]:
+        """(host, gpu, t, utilization %) of every GPU from `since` on, by host, GPU and time:
+        each sample (step None), or the samples averaged over slots of `step` seconds by the
+        database (the Cluster page's last hour: 2.9 million samples of 8,000 GPUs were read
+        one by one)."""
+        if step is None:
+            sql = (
+                "SELECT host, gpu, t, util FROM provision_service_gpu_samples WHERE t >= ? AND util IS NOT NULL "
+                "ORDER BY host, gpu, t"
+            )
+            rows = self._all(sql, (since,))
+        else:
+            rows = self._all(
+                "SELECT host, gpu, AVG(t), AVG(util) FROM provision_service_gpu_samples WHERE t >= ? "
+                "AND util IS NOT NULL GROUP BY host, gpu, CAST(t / ? AS BIGINT) ORDER BY host, gpu, 3",
+                (since, float(step)),
+            )
         return [(str(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in rows]
+
+    def gpu_rounds(self, since: float) -> int:
+        """How many samples the latest sampled GPU has from `since` on (a round samples every
+        GPU at once: how many rounds the history holds), through the indexes."""
+        last = self._all("SELECT host, gpu FROM provision_service_gpu_samples ORDER BY t DESC LIMIT 1")
+        if not last:
+            return 0
+        sql = "SELECT COUNT(*) FROM provision_service_gpu_samples WHERE host = ? AND gpu = ? AND t >= ?"
+        return int(self._all(sql, (last[0][0], last[0][1], since))[0][0])
 
     def gpu_hours_in(
         self, windows: Sequence[tuple[float, float]], now: float, kinds: Sequence[str]

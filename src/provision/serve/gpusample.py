@@ -24,7 +24,8 @@ SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something c
 # 128 hosts every 10 s would be 13 % of a core for samples nobody reads (issue 40: < 5 %).
 QUIET_EVERY = 60.0
 LOOKING_S = 120.0  # seconds after a page (or /metrics) read the samples that it counts as looked at
-HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: 30 s a point at most
+HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: a point per round while it has
+# this many samples or fewer (a fresh service draws at once), a point per few rounds beyond.
 # ... and fewer for a large cluster: the hosts' document carries at most about this many
 # points in all (8,000 GPUs x 120 points was 20 MB of JSON every 10 s), 12 a GPU at least.
 HISTORY_BUDGET = 32_000
@@ -85,11 +86,15 @@ def history_json(samples: Iterable[GpuSample], most: int = HISTORY_POINTS) -> di
     return out
 
 
-def history_step(gpus: int, span: float = 3600.0) -> float:
-    """Seconds a history point averages for a cluster of `gpus` GPUs: span / HISTORY_POINTS
-    while the points fit HISTORY_BUDGET, coarser past it (at least HISTORY_FEWEST a GPU)."""
-    points = max(HISTORY_FEWEST, min(HISTORY_POINTS, HISTORY_BUDGET // max(1, gpus)))
-    return span / points
+def history_step(samples: int, gpus: int) -> float | None:
+    """Seconds a history point averages when each GPU has `samples` samples in the hour and
+    the cluster `gpus` GPUs: None (a point per sample: one per round) while the samples fit
+    the points a GPU gets (HISTORY_POINTS; fewer past HISTORY_BUDGET in all, HISTORY_FEWEST
+    at least), else as many whole rounds a point as keep them within it."""
+    most = max(HISTORY_FEWEST, min(HISTORY_POINTS, HISTORY_BUDGET // max(1, gpus)))
+    if samples <= most:
+        return None
+    return SAMPLE_EVERY * -(-samples // most)
 
 
 def history_of(rows: Iterable[tuple[str, int, float, float]]) -> dict[str, dict[str, list[list[float]]]]:

@@ -43,10 +43,6 @@ DEFAULT_LISTEN = "127.0.0.1:8470"
 USAGE_DAYS = 14  # days and ISO weeks the Usage page shows
 USAGE_WEEKS = 8
 USAGE_FRESH, USAGE_STALE = 5.0, 10.0  # seconds: the Usage page is at most USAGE_STALE s old (it says when)
-# The GPUs' last hour (averaged by the database: ~1 s for 8,000 GPUs) answers the pages for a
-# round's time or a third of a point's, then, up to HISTORY_STALE s more, while the next is
-# made behind it.
-HISTORY_STALE = 120.0
 # The pages' hosts: the sampler's rounds (every SAMPLE_EVERY s while someone looks) answer
 # them, a round's period and its own time; only older, a page probes for itself (behind the
 # answer, up to PAGES_STALE). Probing every 2-4 s beside the rounds cost 1,000 hosts' round
@@ -65,7 +61,9 @@ class ServiceSource(InventorySource):
         self.extra = [str(p) for p in extra]
         self.idle_window = idle_window()
         self._sampled: tuple[float, dict[str, Any]] | None = None  # (monotonic, the last round's hosts)
-        self._history: dict[float, Recent[dict[str, Any]]] = {}  # a point's seconds -> gpu_history by host
+        # The GPUs' last hour by host, made again by each round as it stores its samples (a
+        # page waits for none); older than a round's period, as the hosts above.
+        self._history: Recent[dict[str, Any]] = Recent(PAGES_FRESH, PAGES_STALE)
         self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
         self._verdict: tuple[Any, tuple[set[str], set[str]]] | None = None  # to_look_at's last (key, answer)
         self._looked = -math.inf  # (monotonic) when a page last read the samples
@@ -97,13 +95,14 @@ class ServiceSource(InventorySource):
     def sample(self) -> int:
         """One round: every host probed (gpusample.Sampler calls this every SAMPLE_EVERY s),
         its GPUs' samples stored; how many."""
-        began = time.time()
+        began, started = time.time(), time.monotonic()
         doc = InventorySource.hosts(self, fresh=True)
         self._sampled = (time.monotonic(), doc)
         self._round = (began, doc)
         self._changing = any(j.get("state") not in QUIET for j in doc.get("jobs") or [])
         got = samples_of(doc, self.store.now())
         self.store.add_gpu_samples(got)
+        self._history.put("", self._history_now(doc), started)
         return len(got)
 
     def every(self) -> float:
@@ -115,19 +114,18 @@ class ServiceSource(InventorySource):
         if not fresh:  # a page's (the rounds ask fresh)
             self._looked = time.monotonic()
         doc = super().hosts(fresh=fresh)
-        # A point a GPU every 30 s; fewer for a large cluster (gpusample.history_step).
-        step = history_step(sum(int(h.get("gpus") or 0) for h in doc.get("hosts", {}).values()))
-        kept = self._history.get(step)
-        if kept is None:
-            young = max(SAMPLE_EVERY, step / 3)
-            kept = self._history[step] = Recent(young, young + HISTORY_STALE)
-        history = kept.get("", lambda: self._history_now(step))
+        history = self._history.get("", lambda: self._history_now(doc))
         for name, h in doc.get("hosts", {}).items():
             h["gpu_history"] = history.get(name, {})
         return doc
 
-    def _history_now(self, step: float) -> dict[str, Any]:
-        return history_of(self.store.gpu_history(self.store.now() - GPU_KEEP, step))
+    def _history_now(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Each GPU's last hour: a point per round, wider points only past what a GPU gets
+        (gpusample.history_step: a large cluster's hour stays a few points a GPU)."""
+        since = self.store.now() - GPU_KEEP
+        gpus = sum(int(h.get("gpus") or 0) for h in doc.get("hosts", {}).values())
+        step = history_step(self.store.gpu_rounds(since), gpus)
+        return history_of(self.store.gpu_history(since, step))
 
     def latest(self) -> dict[str, Any]:
         """The last round's hosts (/metrics' GPU gauges), or a probe now when none is recent."""
