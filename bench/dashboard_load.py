@@ -5,8 +5,8 @@ PostgreSQL (tests/pgserver.py, on loopback):
   the store's own schema: ServiceStore.open_pg makes the tables), spread over 8 weeks,
   40 owners, 8 GPUs each;
 - one study of 10,000 finished trials in the state's database (the study opened with
-  io/study.py's open_study, the trials added with Optuna's add_trials: 3 parameters, one
-  log-scaled, a value each);
+  io/study.py's open_study, its trials, made by Optuna's create_trial, written into Optuna's
+  tables with a COPY each: 3 parameters, one log-scaled, a value each);
 - the study's inventory (`--inventory`: a job run from a terminal) holds --hosts sandbox
   hosts of 8 fake GPUs each: the Cluster page and /api/v1/hosts probe them over SSH;
 - or, with --fake-hosts N (issue 41's 1,000 hosts x 8 GPUs: this machine runs ~128 sandbox
@@ -76,23 +76,19 @@ def seed_history(server: object, now: float) -> None:
     server.sql("ANALYZE provision_service_history")  # type: ignore[attr-defined]  # as autovacuum soon would
 
 
-def seed_study(inv_path: Path, url: str, trials: int = TRIALS) -> None:
+def study_trials(trials: int, job: str) -> list[Any]:
+    """The study's finished trials (Optuna's FrozenTrial, as create_trial makes them): 3
+    parameters, one log-scaled; a value each; one in five pruned at step 3."""
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    from provision.io.study import open_study
-    from provision.spec.inventory import load
-
-    inv = load(inv_path)
-    assert inv.tune is not None
-    study = open_study(inv.tune, inv.job, url, Path("/nonexistent"))
     dists = {
         "lr": FloatDistribution(1e-5, 1e-1, log=True),
         "layers": IntDistribution(1, 12),
         "opt": CategoricalDistribution(["adam", "sgd", "lamb"]),
     }
     rnd = random.Random(1)
-    batch = []
+    out = []
     t0 = time.time() - 7 * 86400
     for n in range(trials):
         params = {
@@ -103,31 +99,77 @@ def seed_study(inv_path: Path, url: str, trials: int = TRIALS) -> None:
         value = rnd.uniform(0.05, 2.0)
         pruned = n % 5 == 4
         start = dt.datetime.fromtimestamp(t0 + n * 60, dt.UTC)
-        batch.append(
-            optuna.trial.create_trial(
-                state=optuna.trial.TrialState.PRUNED if pruned else optuna.trial.TrialState.COMPLETE,
-                value=None if pruned else value,
-                params=params,
-                distributions=dists,
-                user_attrs={
-                    "runner": "bench:1:x",
-                    "job": f"{inv.job}-t{n + 1}",
-                    "phase": "ended",
-                    "ending": "stopped_early" if pruned else "succeeded",
-                    "value": value,
-                    "steps": 10,
-                    **({"why": "median rule at step 3"} if pruned else {}),
-                },
-                intermediate_values={s: value + 0.1 * (10 - s) for s in range(0, 10, 3)},
-            )
+        trial = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED if pruned else optuna.trial.TrialState.COMPLETE,
+            value=None if pruned else value,
+            params=params,
+            distributions=dists,
+            user_attrs={
+                "runner": "bench:1:x",
+                "job": f"{job}-t{n + 1}",
+                "phase": "ended",
+                "ending": "stopped_early" if pruned else "succeeded",
+                "value": value,
+                "steps": 10,
+                **({"why": "median rule at step 3"} if pruned else {}),
+            },
+            intermediate_values={s: value + 0.1 * (10 - s) for s in range(0, 10, 3)},
         )
-        batch[-1].datetime_start = start
-        batch[-1].datetime_complete = start + dt.timedelta(seconds=300)
-        if len(batch) == 500:
-            study.study.add_trials(batch)
-            batch = []
-    if batch:
-        study.study.add_trials(batch)
+        trial.datetime_start = start
+        trial.datetime_complete = start + dt.timedelta(seconds=300)
+        out.append(trial)
+    return out
+
+
+# Optuna's RDB tables a finished trial fills, and their columns (optuna/storages/_rdb/models.py).
+TRIAL_TABLES = {
+    "trials": "trial_id, number, study_id, state, datetime_start, datetime_complete",
+    "trial_params": "param_id, trial_id, param_name, param_value, distribution_json",
+    "trial_values": "trial_value_id, trial_id, objective, value, value_type",
+    "trial_user_attributes": "trial_user_attribute_id, trial_id, key, value_json",
+    "trial_intermediate_values": "trial_intermediate_value_id, trial_id, step, intermediate_value, "
+    "intermediate_value_type",
+}
+
+
+def seed_study(inv_path: Path, url: str, dsn: str, trials: int = TRIALS) -> None:
+    """The study made by io/study.py's open_study, its trials written straight into Optuna's
+    tables with one COPY each (add_trials took 479 s for 10,000: a few statements a row)."""
+    import json
+
+    import psycopg
+    from optuna.distributions import distribution_to_json
+
+    from provision.io.study import open_study
+    from provision.spec.inventory import load
+
+    inv = load(inv_path)
+    assert inv.tune is not None
+    study_id = open_study(inv.tune, inv.job, url, Path("/nonexistent")).study._study_id
+    rows: dict[str, list[tuple[Any, ...]]] = {t: [] for t in TRIAL_TABLES}
+    utc = dt.UTC
+    for n, tr in enumerate(study_trials(trials, inv.job)):
+        tid = n + 1
+        start, end = (d.astimezone(utc).replace(tzinfo=None) for d in (tr.datetime_start, tr.datetime_complete))
+        rows["trials"].append((tid, n, study_id, tr.state.name, start, end))
+        for name, v in tr.params.items():
+            d = tr.distributions[name]
+            rows["trial_params"].append((None, tid, name, d.to_internal_repr(v), distribution_to_json(d)))
+        if tr.value is not None:
+            rows["trial_values"].append((None, tid, 0, tr.value, "FINITE"))
+        for k, v in tr.user_attrs.items():
+            rows["trial_user_attributes"].append((None, tid, k, json.dumps(v)))
+        for step, v in tr.intermediate_values.items():
+            rows["trial_intermediate_values"].append((None, tid, step, v, "FINITE"))
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        for table, cols in TRIAL_TABLES.items():
+            key = cols.split(", ")[0]
+            with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as cp:
+                for k, r in enumerate(rows[table]):
+                    cp.write_row(r if r[0] is not None else (k + 1, *r[1:]))
+            # The ids given here: the table's sequence goes on after them (Optuna's next insert).
+            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), (SELECT MAX({key}) FROM {table}))")
+        cur.execute("ANALYZE")
 
 
 # ---------------------------------------------------------------- --fake-hosts: the canned fleet
@@ -508,7 +550,8 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         }
         os.environ.update(env)
         t = time.monotonic()
-        seed_study(paths[0], "postgresql+psycopg://" + server.url(password=True).split("://", 1)[1], args.trials)
+        dsn = server.url(password=True)
+        seed_study(paths[0], "postgresql+psycopg://" + dsn.split("://", 1)[1], dsn, args.trials)
         rep.say(f"seeded a study of {args.trials} trials in {time.monotonic() - t:.0f} s")
         port = free_port()
         base = f"http://127.0.0.1:{port}"

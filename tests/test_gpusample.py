@@ -21,9 +21,9 @@ from provision.serve.gpusample import (
     LOOKING_S,
     QUIET_EVERY,
     SAMPLE_EVERY,
+    GpuHistory,
     Sampler,
     history_json,
-    history_of,
     history_step,
     idle_json,
     idle_window,
@@ -118,9 +118,29 @@ def test_a_point_per_round_until_a_gpu_has_its_points_then_wider_points() -> Non
         for n in range(1, 400):
             step = history_step(n, gpus)
             most = max(12, min(120, 32_000 // gpus))
-            # Rounds SAMPLE_EVERY apart in slots of `step`: at most one more slot than points a GPU gets.
-            assert (n if step is None else (n - 1) * SAMPLE_EVERY // step + 2) <= most + 1, (n, gpus)
-    assert history_of([("h", 0, 10.4, 50.0), ("h", 0, 40.0, 7.26)]) == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
+            # n rounds SAMPLE_EVERY apart (at most an hour's) in slots of `step`: a point per
+            # slot, at most one more than the points a GPU gets.
+            times = [1_000_003.7 + SAMPLE_EVERY * k for k in range(min(n, 361))]
+            points = len(times) if step is None else len({t // step for t in times})
+            assert points <= most + 1, (n, gpus)
+    assert history_step(361, 16) == history_step(360, 16)  # an hour's round more now and then: the same points
+
+
+def test_the_kept_history_adds_each_round_to_its_last_point_and_drops_the_hour_gone() -> None:
+    rows = [("h", 0, 0.0, 10.4, 50.0, 2), ("h", 0, 1.0, 40.0, 7.26, 1)]  # slots of 30 s
+    h = GpuHistory(30.0, rows, [0.0, 20.0, 40.0])
+    assert h.doc == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
+    before = h.doc["h"]["0"]
+    assert h.rounds_after(50.0, 0.0) == 4
+    h.add([GpuSample("h", 0, 50.0, 10, 1, 2), GpuSample("gpu-1", 1, 50.0, 99, 1, 2)], 0.0)
+    assert h.doc == {"h": {"0": [[10, 50.0], [45, 8.6]]}, "gpu-1": {"1": [[50, 99.0]]}}
+    assert before == [[10, 50.0], [40, 7.3]]  # what a page holds is not changed under it
+    h.add([_s(65.0, 20, gpu=1)], 30.0)  # the slot [0, 30) has ended an hour ago
+    assert h.doc == {"h": {"0": [[45, 8.6]]}, "gpu-1": {"1": [[50, 99.0], [65, 20.0]]}}
+    assert h.rounds == [40.0, 50.0, 65.0]
+    each = GpuHistory(None, [("h", 0, 5.0, 5.0, 1.0, 1)], [5.0])  # a point per round
+    each.add([GpuSample("h", 0, 15.0, 2, 1, 2)], 6.0)
+    assert each.doc == {"h": {"0": [[15, 2.0]]}}
 
 
 def test_each_round_makes_the_history_a_point_per_round(tmp_path: Path) -> None:
@@ -148,15 +168,14 @@ def _check_the_database_averages_and_picks_idle_candidates(store: ServiceStore, 
     for k in range(6):  # GPU 0 busy, GPU 1 idle, GPU 2 idle but free, GPU 3 idle until the last round
         _round(store, t0 + 10 * k, [80 + k, 1, 0, 1 if k < 5 else 50])
     store.add_gpu_samples([_s(t0 + 55, 0, job=None, gpu=2)])  # its latest: no job holds it
-    assert store.gpu_rounds(t0) == 7 and store.gpu_rounds(t0 + 45) == 2  # GPU 2, sampled last: 6 rounds and 1
+    assert len(store.gpu_round_times(t0)) == 7  # GPU 2, sampled last: 6 rounds and 1
+    assert store.gpu_round_times(t0 + 45) == [t0 + 50, t0 + 55]
     each = store.gpu_history(t0, None)  # a point per sample: a round's
-    assert [round(u) for _, g, _, u in each if g == 0] == [80, 81, 82, 83, 84, 85]
+    assert [round(u) for _, g, _, _, u, _ in each if g == 0] == [80, 81, 82, 83, 84, 85]
     got = store.gpu_history(t0, 30.0)
-    assert [(g, round(u, 1)) for _, g, _, u in got if g == 0] in (
-        [(0, 81.0), (0, 84.0)],  # slots [0, 30) and [30, 60) (SQLite's CAST truncates) ...
-        [(0, 80.5), (0, 83.0), (0, 85.0)],  # ... or [-15, 15), [15, 45), [45, 75) (PostgreSQL's rounds)
-    ), got
-    assert {g for _, g, _, _ in got} == {0, 1, 2, 3}
+    # Slots [3000, 3030) and [3030, 3060): 100 and 101 of 30 s.
+    assert [(g, s, round(u, 1), n) for _, g, s, _, u, n in got if g == 0] == [(0, 100.0, 81.0, 3), (0, 101.0, 84.0, 3)]
+    assert {g for _, g, _, _, _, _ in got} == {0, 1, 2, 3}
     picked = store.gpu_samples(t0, held_below=5)
     assert {s.gpu for s in picked} == {1} and len(picked) == 6
     # Only a latest sample of the last rounds counts: a GPU not sampled since is on a host

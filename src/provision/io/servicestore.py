@@ -504,33 +504,34 @@ class ServiceStore:
             for r in rows
         ]  # fmt: skip
 
-    def gpu_history(self, since: float, step: float | None) -> list[tuple[str, int, float, float]]:
-        """(host, gpu, t, utilization %) of every GPU from `since` on, by host, GPU and time:
-        each sample (step None), or the samples averaged over slots of `step` seconds by the
-        database (the Cluster page's last hour: 2.9 million samples of 8,000 GPUs were read
-        one by one)."""
+    def gpu_history(self, since: float, step: float | None) -> list[tuple[str, int, float, float, float, int]]:
+        """(host, gpu, slot, t, utilization %, samples) of every GPU from `since` on, by host,
+        GPU and time: each sample (step None: its slot is its t), or the samples averaged
+        over slots of `step` seconds by the database (slot: floor(t / step); the Cluster
+        page's last hour: 2.9 million samples of 8,000 GPUs were read one by one)."""
         if step is None:
             sql = (
-                "SELECT host, gpu, t, util FROM provision_service_gpu_samples WHERE t >= ? AND util IS NOT NULL "
+                "SELECT host, gpu, t, t, util, 1 FROM provision_service_gpu_samples WHERE t >= ? AND util IS NOT NULL "
                 "ORDER BY host, gpu, t"
             )
             rows = self._all(sql, (since,))
         else:
+            slot = "FLOOR(t / ?)" if self._pg else "CAST(t / ? AS INTEGER)"  # SQLite's CAST truncates: t > 0
             rows = self._all(
-                "SELECT host, gpu, AVG(t), AVG(util) FROM provision_service_gpu_samples WHERE t >= ? "
-                "AND util IS NOT NULL GROUP BY host, gpu, CAST(t / ? AS BIGINT) ORDER BY host, gpu, 3",
-                (since, float(step)),
+                f"SELECT host, gpu, {slot} AS slot, AVG(t), AVG(util), COUNT(*) FROM provision_service_gpu_samples "
+                "WHERE t >= ? AND util IS NOT NULL GROUP BY host, gpu, slot ORDER BY host, gpu, slot",
+                (float(step), since),
             )
-        return [(str(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in rows]
+        return [(str(r[0]), int(r[1]), float(r[2]), float(r[3]), float(r[4]), int(r[5])) for r in rows]
 
-    def gpu_rounds(self, since: float) -> int:
-        """How many samples the latest sampled GPU has from `since` on (a round samples every
-        GPU at once: how many rounds the history holds), through the indexes."""
+    def gpu_round_times(self, since: float) -> list[float]:
+        """When the latest sampled GPU's samples from `since` on were taken (a round samples
+        every GPU at once: the rounds the history holds), through the indexes."""
         last = self._all("SELECT host, gpu FROM provision_service_gpu_samples ORDER BY t DESC LIMIT 1")
         if not last:
-            return 0
-        sql = "SELECT COUNT(*) FROM provision_service_gpu_samples WHERE host = ? AND gpu = ? AND t >= ?"
-        return int(self._all(sql, (last[0][0], last[0][1], since))[0][0])
+            return []
+        sql = "SELECT t FROM provision_service_gpu_samples WHERE host = ? AND gpu = ? AND t >= ? ORDER BY t"
+        return [float(r[0]) for r in self._all(sql, (last[0][0], last[0][1], since))]
 
     def gpu_hours_in(
         self, windows: Sequence[tuple[float, float]], now: float, kinds: Sequence[str]

@@ -92,18 +92,83 @@ def history_step(samples: int, gpus: int) -> float | None:
     the points a GPU gets (HISTORY_POINTS; fewer past HISTORY_BUDGET in all, HISTORY_FEWEST
     at least), else as many whole rounds a point as keep them within it."""
     most = max(HISTORY_FEWEST, min(HISTORY_POINTS, HISTORY_BUDGET // max(1, gpus)))
+    # An hour holds a round more now and then (rounds a little over 10 s apart, the oldest
+    # dropped at the next): the same step for both, not a new history every other round.
+    samples = min(samples, int(3600 // SAMPLE_EVERY))
     if samples <= most:
         return None
     return SAMPLE_EVERY * -(-samples // most)
 
 
-def history_of(rows: Iterable[tuple[str, int, float, float]]) -> dict[str, dict[str, list[list[float]]]]:
-    """history_json's shape from points averaged already (ServiceStore.gpu_history), in order;
-    whole seconds and tenths of a percent (the hosts' JSON of 8,000 GPUs is megabytes)."""
-    out: dict[str, dict[str, list[list[float]]]] = {}
-    for host, gpu, t, util in rows:
-        out.setdefault(host, {}).setdefault(str(gpu), []).append([round(t), round(util, 1)])
-    return out
+Bucket = tuple[float, float, float, int]  # a point's (slot, sum of t, sum of utilization, samples)
+HistoryRow = tuple[str, int, float, float, float, int]  # ServiceStore.gpu_history's (host, gpu, slot, t, util, n)
+
+
+def _point(t: float, util: float) -> list[float]:
+    # Whole seconds and tenths of a percent (the hosts' JSON of 8,000 GPUs is megabytes).
+    return [round(t), round(util, 1)]
+
+
+class GpuHistory:
+    """Each GPU's last hour as the pages draw it (`doc`: host -> {"<gpu>": [[t, utilization
+    %], ...]}, the hosts' `gpu_history`), from the database's points (history_step's slots),
+    then kept round by round: a round's samples join each GPU's last point or start one,
+    and the points whose slot ended over an hour ago go. Made again from the database each
+    round instead, 8,000 GPUs' points held the GIL ~0.5 s a round (every page's p95). `doc`
+    is a new dict each round and a GPU's list of points a new list when it changed: a page
+    reading the last one is never changed under it."""
+
+    def __init__(self, step: float | None, rows: Iterable[HistoryRow], rounds: Iterable[float]):
+        self.step = step
+        self.rounds = sorted(rounds)  # when the hour's rounds were (history_step counts them)
+        self._buckets: dict[tuple[str, int], list[Bucket]] = {}
+        self._points: dict[tuple[str, int], list[list[float]]] = {}
+        for host, gpu, slot, t, util, n in rows:
+            self._buckets.setdefault((host, gpu), []).append((slot, t * n, util * n, n))
+            self._points.setdefault((host, gpu), []).append(_point(t, util))
+        self.doc = self._publish()
+
+    def rounds_after(self, t: float, since: float) -> int:
+        """How many rounds the hour from `since` holds with one more at `t`."""
+        return sum(1 for r in self.rounds if r >= since) + 1
+
+    def add(self, samples: Sequence[GpuSample], since: float) -> None:
+        """A round's samples (all of one time), and the hour now from `since`."""
+        self.rounds = [r for r in self.rounds if r >= since] + [s.t for s in samples[:1]]
+        got = {(s.host, s.gpu): s for s in samples if s.util is not None}
+        for key in self._buckets.keys() | got.keys():
+            b, p = self._buckets.get(key, []), self._points.get(key, [])
+            drop = 0
+            while drop < len(b) and self._ended(b[drop][0], since):
+                drop += 1
+            s = got.get(key)
+            if not drop and s is None:
+                continue
+            b, p = b[drop:], p[drop:]  # new lists: the published ones stay as they were
+            if s is not None and s.util is not None:
+                slot = s.t if self.step is None else float(s.t // self.step)
+                last = b[-1] if b and b[-1][0] == slot else None
+                if last is None:
+                    b.append((slot, s.t, float(s.util), 1))
+                    p.append(_point(s.t, s.util))
+                else:
+                    b[-1] = (slot, last[1] + s.t, last[2] + s.util, last[3] + 1)
+                    p[-1] = _point(b[-1][1] / b[-1][3], b[-1][2] / b[-1][3])
+            if b:
+                self._buckets[key], self._points[key] = b, p
+            else:
+                self._buckets.pop(key, None)
+                self._points.pop(key, None)
+        self.doc = self._publish()
+
+    def _ended(self, slot: float, since: float) -> bool:
+        return slot < since if self.step is None else (slot + 1) * self.step <= since
+
+    def _publish(self) -> dict[str, dict[str, list[list[float]]]]:
+        out: dict[str, dict[str, list[list[float]]]] = {}
+        for (host, gpu), points in sorted(self._points.items()):
+            out.setdefault(host, {})[str(gpu)] = points
+        return out
 
 
 def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[dict[str, Any]]:

@@ -21,13 +21,13 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
-from provision.io.servicestore import GPU_KEEP, Event, ServiceStore, Status
+from provision.io.servicestore import GPU_KEEP, Event, GpuSample, ServiceStore, Status
 from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import (
     QUIET_EVERY,
     SAMPLE_EVERY,
-    history_of,
+    GpuHistory,
     history_step,
     idle_json,
     idle_window,
@@ -64,6 +64,10 @@ class ServiceSource(InventorySource):
         # The GPUs' last hour by host, made again by each round as it stores its samples (a
         # page waits for none); older than a round's period, as the hosts above.
         self._history: Recent[dict[str, Any]] = Recent(PAGES_FRESH, PAGES_STALE)
+        self._kept_history: GpuHistory | None = None  # the sampler's (its thread's only)
+        self._with_history: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = (
+            None  # (hosts, history, both)
+        )
         self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
         self._verdict: tuple[Any, tuple[set[str], set[str]]] | None = None  # to_look_at's last (key, answer)
         self._looked = -math.inf  # (monotonic) when a page last read the samples
@@ -100,10 +104,26 @@ class ServiceSource(InventorySource):
         self._sampled = (time.monotonic(), doc)
         self._round = (began, doc)
         self._changing = any(j.get("state") not in QUIET for j in doc.get("jobs") or [])
-        got = samples_of(doc, self.store.now())
+        t = self.store.now()
+        got = samples_of(doc, t)
         self.store.add_gpu_samples(got)
-        self._history.put("", self._history_now(doc), started)
+        self._history.put("", self._history_round(got, t - GPU_KEEP, _gpus(doc)), started)
         return len(got)
+
+    def _history_round(self, got: Sequence[GpuSample], since: float, gpus: int) -> dict[str, Any]:
+        """The GPUs' last hour with this round's samples: added to the kept history, or all
+        of it read again when its points change width (gpusample.history_step)."""
+        kept = self._kept_history
+        if kept is None or history_step(kept.rounds_after(since + GPU_KEEP, since), gpus) != kept.step:
+            kept = self._kept_history = self._history_read(since, gpus)
+        else:
+            kept.add(got, since)
+        return kept.doc
+
+    def _history_read(self, since: float, gpus: int) -> GpuHistory:
+        rounds = self.store.gpu_round_times(since)
+        step = history_step(len(rounds), gpus)
+        return GpuHistory(step, self.store.gpu_history(since, step), rounds)
 
     def every(self) -> float:
         """Seconds between sampling rounds now (gpusample.round_every)."""
@@ -115,17 +135,17 @@ class ServiceSource(InventorySource):
             self._looked = time.monotonic()
         doc = super().hosts(fresh=fresh)
         history = self._history.get("", lambda: self._history_now(doc))
-        for name, h in doc.get("hosts", {}).items():
-            h["gpu_history"] = history.get(name, {})
-        return doc
+        got = self._with_history
+        if got is not None and got[0] is doc and got[1] is history:
+            return got[2]  # the same document for the same round: /api/v1/hosts encodes it once
+        hosts = {name: {**h, "gpu_history": history.get(name, {})} for name, h in doc.get("hosts", {}).items()}
+        out = {**doc, "hosts": hosts}
+        self._with_history = (doc, history, out)
+        return out
 
     def _history_now(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """Each GPU's last hour: a point per round, wider points only past what a GPU gets
-        (gpusample.history_step: a large cluster's hour stays a few points a GPU)."""
-        since = self.store.now() - GPU_KEEP
-        gpus = sum(int(h.get("gpus") or 0) for h in doc.get("hosts", {}).values())
-        step = history_step(self.store.gpu_rounds(since), gpus)
-        return history_of(self.store.gpu_history(since, step))
+        """Each GPU's last hour read now (no round recent: a follower's pages, a quiet minute)."""
+        return self._history_read(self.store.now() - GPU_KEEP, _gpus(doc)).doc
 
     def latest(self) -> dict[str, Any]:
         """The last round's hosts (/metrics' GPU gauges), or a probe now when none is recent."""
@@ -186,6 +206,10 @@ class ServiceSource(InventorySource):
         # A handed-over job not started yet is on no host's ledger: its submitter owns it.
         subs = self.store.submissions(unfinished=True, job=name)
         return subs[0].owner if subs else super().owner(name, recent)
+
+
+def _gpus(doc: dict[str, Any]) -> int:
+    return sum(int(h.get("gpus") or 0) for h in doc.get("hosts", {}).values())
 
 
 def usage_windows(now: float) -> list[tuple[str, str, float, float]]:

@@ -104,6 +104,7 @@ class Dashboard:
         # keeps nothing.
         self._made: dict[str, tuple[dict[str, Any], Markup, dict[tuple[str, bool], list[Any]]]] = {}
         self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self._hosts_encoded: tuple[dict[str, Any], bytes] | None = None  # (the hosts' document, its JSON)
         self._metrics: tuple[tuple[int, ...], Any, str] | None = None  # (the documents' ids, them, the text)
 
     def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
@@ -284,7 +285,15 @@ class Dashboard:
 
     async def api_hosts(self, request: Request, viewer: Viewer) -> Response:
         doc = await call(self.source.hosts)
-        return JSONResponse({k: v for k, v in doc.items() if k != "jobs"})
+        return Response(await call(self._hosts_body, doc), media_type="application/json")
+
+    def _hosts_body(self, doc: dict[str, Any]) -> bytes:
+        """The hosts' JSON, encoded once per document (1,000 hosts x 8 GPUs with their last
+        hour: 3 MB, encoded again for every request before)."""
+        got = self._hosts_encoded
+        if got is None or got[0] is not doc:
+            got = self._hosts_encoded = (doc, bytes(JSONResponse({k: v for k, v in doc.items() if k != "jobs"}).body))
+        return got[1]
 
     async def api_jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
