@@ -300,32 +300,33 @@ def canned_serve(cwd: Path, env: dict[str, str], gpus: int, args: tuple[str, ...
 
 
 def seed_samples(server: object, hosts: int, gpus: int, now: float) -> int:
-    """The sampler's last hour of every reachable GPU (a round every SAMPLE_EVERY s), one COPY."""
+    """The sampler's last hour of every reachable GPU (a round every SAMPLE_EVERY s), one COPY,
+    round after round as the sampler writes them (host after host, the last rounds' rows
+    were spread over every page of the table: the Usage page's latest samples read 8,000
+    pages for 250)."""
     import psycopg
 
     from provision.serve.gpusample import SAMPLE_EVERY
 
     rounds = int(3600 // SAMPLE_EVERY)
     cols = "host, gpu, t, util, memory_mib, memory_total_mib, job, owner"
-    n = 0
+    gpus_of = []  # (host i, gpu, the row's columns after t but util)
+    for i in range(hosts):
+        if fake_unreachable(i):
+            continue
+        for g in range(gpus):
+            job = fake_holder(i, g)
+            tail = f"{30000 + 1000 * g}\t{GPU_MIB}\t{job}\t{fake_owner(job)}" if job else f"0\t{GPU_MIB}\t\\N\t\\N"
+            gpus_of.append((i, g, f"{fake_name(i)}\t{g}", tail))
     with psycopg.connect(server.url(password=True)) as conn:  # type: ignore[attr-defined]
         with conn.cursor() as cur, cur.copy(f"COPY provision_service_gpu_samples ({cols}) FROM STDIN") as cp:
-            for i in range(hosts):
-                if fake_unreachable(i):
-                    continue
-                lines = []
-                for g in range(gpus):
-                    job = fake_holder(i, g)
-                    tail = (
-                        f"{30000 + 1000 * g}\t{GPU_MIB}\t{job}\t{fake_owner(job)}" if job else f"0\t{GPU_MIB}\t\\N\t\\N"
-                    )
-                    for k in range(rounds):
-                        t = now - 3600 + SAMPLE_EVERY * (k + 1)
-                        lines.append(f"{fake_name(i)}\t{g}\t{t}\t{fake_util(i, g, t)}\t{tail}\n")
-                cp.write("".join(lines).encode())
-                n += len(lines)
+            for k in range(rounds):
+                t = now - 3600 + SAMPLE_EVERY * (k + 1)
+                cp.write(
+                    "".join(f"{head}\t{t}\t{fake_util(i, g, t)}\t{tail}\n" for i, g, head, tail in gpus_of).encode()
+                )
         conn.execute("ANALYZE provision_service_gpu_samples")
-    return n
+    return rounds * len(gpus_of)
 
 
 def timed(client: httpx.Client, url: str, n: int) -> tuple[list[float], int, int, float]:

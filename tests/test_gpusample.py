@@ -26,6 +26,7 @@ from provision.serve.gpusample import (
     history_json,
     history_step,
     idle_json,
+    idle_of,
     idle_window,
     round_every,
     samples_of,
@@ -176,13 +177,23 @@ def _check_the_database_averages_and_picks_idle_candidates(store: ServiceStore, 
     # Slots [3000, 3030) and [3030, 3060): 100 and 101 of 30 s.
     assert [(g, s, round(u, 1), n) for _, g, s, _, u, n in got if g == 0] == [(0, 100.0, 81.0, 3), (0, 101.0, 84.0, 3)]
     assert {g for _, g, _, _, _, _ in got} == {0, 1, 2, 3}
-    picked = store.gpu_samples(t0, held_below=5)
-    assert {s.gpu for s in picked} == {1} and len(picked) == 6
+    assert store.gpu_idle_runs(t0, 5, t0) == [("gpu-1", 1, "bert", "ana@example.com", t0)]
     # Only a latest sample of the last rounds counts: a GPU not sampled since is on a host
     # that did not answer, not idle now.
-    assert {s.gpu for s in store.gpu_samples(t0, held_below=5, latest_after=t0 + 45)} == {1}
-    assert store.gpu_samples(t0, held_below=5, latest_after=t0 + 51) == []
+    assert [r[1] for r in store.gpu_idle_runs(t0, 5, latest_after=t0 + 45)] == [1]
+    assert store.gpu_idle_runs(t0, 5, latest_after=t0 + 51) == []
     assert len(store.gpu_samples(t0)) == 25
+    # The database's runs are idle_json's rule: another holder's samples are not the job's, a
+    # sample at or above 5 % or without a number ends a run.
+    t1 = t0 + 100
+    for k, (u4, job4, u5) in enumerate(
+        [(1, "old", 1), (50, "bert", None), (1, "bert", 2), (2, None, 3), (1, "bert", 1)]
+    ):
+        store.add_gpu_samples([_s(t1 + 10 * k, u4, job=job4, gpu=4), _s(t1 + 10 * k, u5, gpu=5)])
+    for now, window in [(t1 + 40, 10.0), (t1 + 40, 20.0), (t1 + 40, 30.0), (t1 + 45, 30.0)]:
+        want = idle_json(store.gpu_samples(t1), now, window)
+        assert idle_of(store.gpu_idle_runs(t1, 5, t1 + 35), now, window) == want, (now, window)
+    assert [i["gpu"] for i in idle_json(store.gpu_samples(t1), t1 + 40, 10.0)] == [4, 5]
 
 
 def test_the_database_averages_the_history_and_picks_the_idle_candidates(tmp_path: Path) -> None:

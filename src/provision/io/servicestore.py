@@ -476,33 +476,41 @@ class ServiceStore:
                 raise
             c.execute("COMMIT")
 
-    def gpu_samples(
-        self, since: float, held_below: int | None = None, latest_after: float | None = None
-    ) -> list[GpuSample]:
-        """Every sample from `since` on (the database's clock), by host, GPU and time.
-        held_below: only the GPUs whose latest sample since then (since `latest_after`, when
-        given: the last rounds, read through the t index) is held by a job and below that
-        utilization (the idle rule's candidates: the Usage page read 500,000 samples of 8,000
-        GPUs to find a few idle ones)."""
-        sql = f"SELECT {_GPU_COLS} FROM provision_service_gpu_samples WHERE t >= ? ORDER BY host, gpu, t"
-        args: tuple[Any, ...] = (since,)
-        if held_below is not None:
-            cols = ", ".join(f"s.{c}" for c in _GPU_COLS.split(", "))
-            sql = (
-                "WITH m AS (SELECT host, gpu, MAX(t) AS t FROM provision_service_gpu_samples WHERE t >= ? "
-                "GROUP BY host, gpu), "
-                "c AS (SELECT DISTINCT l.host, l.gpu FROM provision_service_gpu_samples l "
-                "JOIN m ON l.host = m.host AND l.gpu = m.gpu AND l.t = m.t WHERE l.job IS NOT NULL AND l.util < ?) "
-                f"SELECT {cols} FROM provision_service_gpu_samples s JOIN c ON s.host = c.host AND s.gpu = c.gpu "
-                "WHERE s.t >= ? ORDER BY s.host, s.gpu, s.t"
-            )
-            args = (since if latest_after is None else max(since, latest_after), held_below, since)
-        rows = self._all(sql, args)
+    def gpu_samples(self, since: float) -> list[GpuSample]:
+        """Every sample from `since` on (the database's clock), by host, GPU and time."""
+        rows = self._all(
+            f"SELECT {_GPU_COLS} FROM provision_service_gpu_samples WHERE t >= ? ORDER BY host, gpu, t", (since,)
+        )
         return [
             GpuSample(str(r[0]), int(r[1]), float(r[2]), _opt_int(r[3]), _opt_int(r[4]), _opt_int(r[5]),
                       None if r[6] is None else str(r[6]), None if r[7] is None else str(r[7]))
             for r in rows
         ]  # fmt: skip
+
+    def gpu_idle_runs(
+        self, since: float, held_below: int, latest_after: float
+    ) -> list[tuple[str, int, str, str | None, float]]:
+        """(host, gpu, job, owner, t) of each GPU whose latest sample since `latest_after` is held
+        and below `held_below`: t begins its trailing run below that from `since` on, under that
+        job (rules/gpuuse.idle_since as gpusample.idle_json applies it; reading the candidates'
+        30,000 samples into Python held the GIL ~1 s a Usage sum: issue 41's benchmark)."""
+        sql = (
+            "WITH m AS (SELECT host, gpu, MAX(t) AS t FROM provision_service_gpu_samples WHERE t >= ? "
+            "GROUP BY host, gpu), "
+            "c AS (SELECT l.host, l.gpu, MAX(l.job) AS job, MAX(l.owner) AS owner FROM provision_service_gpu_samples l "
+            "JOIN m ON l.host = m.host AND l.gpu = m.gpu AND l.t = m.t WHERE l.t >= ? AND l.job IS NOT NULL "
+            "AND l.util < ? GROUP BY l.host, l.gpu), "
+            "b AS (SELECT c.host, c.gpu, MAX(x.t) AS t FROM c JOIN provision_service_gpu_samples x "
+            "ON x.host = c.host AND x.gpu = c.gpu AND x.job = c.job WHERE x.t >= ? AND (x.util IS NULL OR x.util >= ?) "
+            "GROUP BY c.host, c.gpu) "
+            "SELECT c.host, c.gpu, c.job, c.owner, MIN(x.t) FROM c JOIN provision_service_gpu_samples x "
+            "ON x.host = c.host AND x.gpu = c.gpu AND x.job = c.job LEFT JOIN b ON b.host = c.host AND b.gpu = c.gpu "
+            "WHERE x.t >= ? AND (b.t IS NULL OR x.t > b.t) GROUP BY c.host, c.gpu, c.job, c.owner ORDER BY c.host, c.gpu"
+        )
+        # (l.t >= ? as m's: PostgreSQL read the whole table for the latest rows otherwise.)
+        latest = max(since, latest_after)
+        rows = self._all(sql, (latest, latest, held_below, since, held_below, since))
+        return [(str(r[0]), int(r[1]), str(r[2]), None if r[3] is None else str(r[3]), float(r[4])) for r in rows]
 
     def gpu_history(self, since: float, step: float | None) -> list[tuple[str, int, float, float, float, int]]:
         """(host, gpu, slot, t, utilization %, samples) of every GPU from `since` on, by host,

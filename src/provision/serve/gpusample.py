@@ -147,7 +147,7 @@ class GpuHistory:
             b, p = b[drop:], p[drop:]  # new lists: the published ones stay as they were
             if s is not None and s.util is not None:
                 slot = s.t if self.step is None else float(s.t // self.step)
-                last = b[-1] if b and b[-1][0] == slot else None
+                last = b[-1] if self.step is not None and b and b[-1][0] == slot else None  # else: a point a round
                 if last is None:
                     b.append((slot, s.t, float(s.util), 1))
                     p.append(_point(s.t, s.util))
@@ -190,6 +190,16 @@ def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[d
             minutes = int((now - since) // 60)
             out.append({"host": host, "gpu": gpu, "job": last.job, "owner": last.owner, "idle_minutes": minutes})
     return out
+
+
+def idle_of(runs: Iterable[tuple[str, int, str, str | None, float]], now: float, window: float) -> list[dict[str, Any]]:
+    """idle_json's list from each candidate's run below 5 % (ServiceStore.gpu_idle_runs:
+    host, gpu, job, owner, when the run began): those idle for `window` seconds by now."""
+    return [
+        {"host": host, "gpu": gpu, "job": job, "owner": owner, "idle_minutes": int((now - since) // 60)}
+        for host, gpu, job, owner, since in sorted(runs)
+        if now - since >= window
+    ]
 
 
 def round_every(looked_ago: float, busy: bool) -> float:

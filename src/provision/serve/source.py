@@ -29,7 +29,7 @@ from provision.serve.gpusample import (
     SAMPLE_EVERY,
     GpuHistory,
     history_step,
-    idle_json,
+    idle_of,
     idle_window,
     round_every,
     samples_of,
@@ -180,11 +180,11 @@ class ServiceSource(InventorySource):
         # Only the GPUs held and below the rule's threshold at their latest sample can be idle.
         # A GPU whose latest sample is older than a quiet round's period is on a host that did
         # not answer: not idle now, not a candidate.
-        samples = self.store.gpu_samples(
-            now - self.idle_window - 2 * SAMPLE_EVERY, held_below=IDLE_BELOW_PCT, latest_after=now - LATEST_WITHIN
+        runs = self.store.gpu_idle_runs(
+            now - self.idle_window - 2 * SAMPLE_EVERY, IDLE_BELOW_PCT, latest_after=now - LATEST_WITHIN
         )
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        return {**doc, "idle": idle_json(samples, now, self.idle_window), "as_of": as_of}
+        return {**doc, "idle": idle_of(runs, now, self.idle_window), "as_of": as_of}
 
     def cancel(self, name: str, who: str) -> dict[str, Any]:
         """`provision cancel`: taken back if no worker started it, else its worker stops it."""
