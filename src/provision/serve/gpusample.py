@@ -121,10 +121,10 @@ class GpuHistory:
     def __init__(self, step: float | None, rows: Iterable[HistoryRow], rounds: Iterable[float]):
         self.step = step
         self.rounds = sorted(rounds)  # when the hour's rounds were (history_step counts them)
-        self._buckets: dict[tuple[str, int], list[Bucket]] = {}
+        self._last: dict[tuple[str, int], Bucket] = {}  # each GPU's last point's sums (only it changes)
         self._points: dict[tuple[str, int], list[list[float]]] = {}
         for host, gpu, slot, t, util, n in rows:
-            self._buckets.setdefault((host, gpu), []).append((slot, t * n, util * n, n))
+            self._last[(host, gpu)] = (slot, t * n, util * n, n)
             self._points.setdefault((host, gpu), []).append(_point(t, util))
         self.doc = self._publish()
 
@@ -136,33 +136,35 @@ class GpuHistory:
         """A round's samples (all of one time), and the hour now from `since`."""
         self.rounds = [r for r in self.rounds if r >= since] + [s.t for s in samples[:1]]
         got = {(s.host, s.gpu): s for s in samples if s.util is not None}
-        for key in self._buckets.keys() | got.keys():
-            b, p = self._buckets.get(key, []), self._points.get(key, [])
+        for key in self._points.keys() | got.keys():
+            p = self._points.get(key, [])
             drop = 0
-            while drop < len(b) and self._ended(b[drop][0], since):
+            while drop < len(p) and self._ended(p[drop][0], since):
                 drop += 1
             s = got.get(key)
             if not drop and s is None:
                 continue
-            b, p = b[drop:], p[drop:]  # new lists: the published ones stay as they were
+            p = p[drop:]  # a new list: the published one stays as it was
             if s is not None and s.util is not None:
                 slot = s.t if self.step is None else float(s.t // self.step)
-                last = b[-1] if self.step is not None and b and b[-1][0] == slot else None  # else: a point a round
-                if last is None:
-                    b.append((slot, s.t, float(s.util), 1))
+                last = self._last.get(key) if self.step is not None and p else None
+                if last is None or last[0] != slot:  # a new point (always, a point a round)
+                    self._last[key] = (slot, s.t, float(s.util), 1)
                     p.append(_point(s.t, s.util))
                 else:
-                    b[-1] = (slot, last[1] + s.t, last[2] + s.util, last[3] + 1)
-                    p[-1] = _point(b[-1][1] / b[-1][3], b[-1][2] / b[-1][3])
-            if b:
-                self._buckets[key], self._points[key] = b, p
+                    n = last[3] + 1
+                    self._last[key] = (slot, last[1] + s.t, last[2] + s.util, n)
+                    p[-1] = _point((last[1] + s.t) / n, (last[2] + s.util) / n)
+            if p:
+                self._points[key] = p
             else:
-                self._buckets.pop(key, None)
                 self._points.pop(key, None)
+                self._last.pop(key, None)
         self.doc = self._publish()
 
-    def _ended(self, slot: float, since: float) -> bool:
-        return slot < since if self.step is None else (slot + 1) * self.step <= since
+    def _ended(self, t: float, since: float) -> bool:
+        """Whether the point at `t` (in its slot: an average of its samples' times) ended before `since`."""
+        return t < since if self.step is None else (t // self.step + 1) * self.step <= since
 
     def _publish(self) -> dict[str, dict[str, list[list[float]]]]:
         out: dict[str, dict[str, list[list[float]]]] = {}
