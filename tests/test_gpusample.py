@@ -372,3 +372,9 @@ def test_a_round_answers_the_pages_without_a_probe_of_their_own(tmp_path: Path) 
     src._hosts.forget("")  # an action changed the hosts: the next page asks
     InventorySource.hosts(src)
     assert probes == ["sample", ""]
+
+
+def test_a_round_gives_the_freed_heap_back_where_it_can() -> None:
+    from provision.serve.gpusample import give_back_memory
+
+    give_back_memory()  # glibc's malloc_trim here; elsewhere nothing

@@ -165,8 +165,17 @@ class Dashboard:
 
     async def cluster(self, request: Request, viewer: Viewer) -> Response:
         page = page_number(request.query_params)
-        doc = await call(self.source.hosts)
+        doc = self._current(await call(self.source.hosts))
         return self.render(request, viewer, "cluster.html", body=await call(self._cluster_body, doc, page))
+
+    def _current(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The hosts' document now: what was made from an older one goes (each held a document
+        of 8,000 GPUs alive until its own page was asked again: the service's memory)."""
+        if self._cluster is not None and self._cluster[0] is not doc:
+            self._cluster = None
+        if self._hosts_encoded is not None and self._hosts_encoded[0] is not doc:
+            self._hosts_encoded = None
+        return doc
 
     def _cluster_body(self, doc: dict[str, Any], page: int) -> Markup:
         """The Cluster page's content, made once per hosts' document and page (a round's
@@ -185,7 +194,7 @@ class Dashboard:
 
     async def jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
-        doc = await call(self.source.jobs)
+        doc = self._current(await call(self.source.jobs))
         everyone = doc.get("jobs") or []
         picked = [j for j in everyone if flt.matches(j)]
         shown, pages = page_of(picked, flt.page)
@@ -289,7 +298,7 @@ class Dashboard:
     # ------------------------------------------------------------------ for machines
 
     async def api_hosts(self, request: Request, viewer: Viewer) -> Response:
-        doc = await call(self.source.hosts)
+        doc = self._current(await call(self.source.hosts))
         return Response(await call(self._hosts_body, doc), media_type="application/json")
 
     def _hosts_body(self, doc: dict[str, Any]) -> bytes:
@@ -302,7 +311,7 @@ class Dashboard:
 
     async def api_jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
-        doc = await call(self.source.jobs)
+        doc = self._current(await call(self.source.jobs))
         rest = {k: v for k, v in doc.items() if k != "hosts"}
         return JSONResponse({**rest, "jobs": [j for j in doc.get("jobs") or [] if flt.matches(j)]})
 
