@@ -23,7 +23,6 @@ from provision.serve.gpusample import (
     SAMPLE_EVERY,
     GpuHistory,
     Sampler,
-    history_json,
     history_step,
     idle_json,
     idle_of,
@@ -54,15 +53,19 @@ def test_a_round_is_every_gpu_that_answered_with_its_holder() -> None:
         GpuSample("gpu-1", 0, 100.0, 0, 0, None, None, None),
         GpuSample("gpu-1", 1, 100.0, 87, 40000, None, "bert", "ana@example.com"),
     ]
-    assert history_json(got + [GpuSample("gpu-1", 1, 110.0, None, None, None)]) == {
-        "gpu-1": {"0": [[100.0, 0.0]], "1": [[100.0, 87.0]]}
-    }
+    history = GpuHistory(None, [], [])
+    history.add(got, 0.0)
+    history.add([GpuSample("gpu-1", 1, 110.0, None, None, None)], 0.0)  # no number: nothing to draw
+    assert history.doc == {"gpu-1": {"0": [[100.0, 0.0]], "1": [[100.0, 87.0]]}}
 
 
 def test_a_long_history_is_averaged_to_a_few_points_a_gpu() -> None:
-    samples = [GpuSample("gpu-1", 0, float(t), t % 2 * 10, 1, 2) for t in range(360)]
-    (points,) = history_json(samples, most=120)["gpu-1"].values()
-    assert len(points) == 120 and points[0] == [1.0, 10 / 3] and points[-1] == [358.0, 20 / 3]
+    step = history_step(360, 1)  # an hour of rounds 10 s apart: 3 rounds a point
+    history = GpuHistory(step, [], [])
+    for k in range(360):
+        history.add([GpuSample("gpu-1", 0, 10.0 * k, k % 2 * 10, 1, 2)], 0.0)
+    (points,) = history.doc["gpu-1"].values()
+    assert len(points) == 120 and points[0] == [10, 3.3] and points[-1] == [3580, 6.7]
 
 
 def _s(t: float, util: int | None, job: str | None = "bert", gpu: int = 0) -> GpuSample:
@@ -132,7 +135,7 @@ def test_the_kept_history_adds_each_round_to_its_last_point_and_drops_the_hour_g
     h = GpuHistory(30.0, rows, [0.0, 20.0, 40.0])
     assert h.doc == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
     before = h.doc["h"]["0"]
-    assert h.rounds_after(50.0, 0.0) == 4
+    assert h.rounds_after(0.0) == 4
     h.add([GpuSample("h", 0, 50.0, 10, 1, 2), GpuSample("gpu-1", 1, 50.0, 99, 1, 2)], 0.0)
     assert h.doc == {"h": {"0": [[10, 50.0], [45, 8.6]]}, "gpu-1": {"1": [[50, 99.0]]}}
     assert before == [[10, 50.0], [40, 7.3]]  # what a page holds is not changed under it

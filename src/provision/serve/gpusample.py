@@ -70,23 +70,6 @@ def samples_of(doc: Mapping[str, Any], t: float) -> list[GpuSample]:
     return out
 
 
-def history_json(samples: Iterable[GpuSample], most: int = HISTORY_POINTS) -> dict[str, dict[str, list[list[float]]]]:
-    """host -> {"<gpu>": [[t, utilization %], ...]} (the hosts' `gpu_history`), oldest first,
-    at most `most` points a GPU (runs of consecutive samples averaged: a page of many GPUs
-    stays small); samples without a number are left out (nothing to draw there)."""
-    out: dict[str, dict[str, list[list[float]]]] = {}
-    for s in samples:
-        if s.util is not None:
-            out.setdefault(s.host, {}).setdefault(str(s.gpu), []).append([s.t, float(s.util)])
-    for gpus in out.values():
-        for g, points in gpus.items():
-            if len(points) > most:
-                k = -(-len(points) // most)
-                runs = [points[i : i + k] for i in range(0, len(points), k)]
-                gpus[g] = [[sum(p[0] for p in r) / len(r), sum(p[1] for p in r) / len(r)] for r in runs]
-    return out
-
-
 def history_step(samples: int, gpus: int) -> float | None:
     """Seconds a history point averages when each GPU has `samples` samples in the hour and
     the cluster `gpus` GPUs: None (a point per sample: one per round) while the samples fit
@@ -129,8 +112,8 @@ class GpuHistory:
             self._points.setdefault((host, gpu), []).append(_point(t, util))
         self.doc = self._publish()
 
-    def rounds_after(self, t: float, since: float) -> int:
-        """How many rounds the hour from `since` holds with one more at `t`."""
+    def rounds_after(self, since: float) -> int:
+        """How many rounds the hour from `since` holds with the round being added."""
         return sum(1 for r in self.rounds if r >= since) + 1
 
     def add(self, samples: Sequence[GpuSample], since: float) -> None:

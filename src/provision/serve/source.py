@@ -114,7 +114,7 @@ class ServiceSource(InventorySource):
         """The GPUs' last hour with this round's samples: added to the kept history, or all
         of it read again when its points change width (gpusample.history_step)."""
         kept = self._kept_history
-        if kept is None or history_step(kept.rounds_after(since + GPU_KEEP, since), gpus) != kept.step:
+        if kept is None or history_step(kept.rounds_after(since), gpus) != kept.step:
             kept = self._kept_history = self._history_read(since, gpus)
         else:
             kept.add(got, since)
