@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -151,6 +152,32 @@ def phases(logs: Path, stderr: str, t0: float, t1: float, slots: int) -> list[st
     ]
 
 
+def _machine_busy() -> float:
+    """Seconds of CPU the whole machine has spent busy (not idle, not waiting for I/O), from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _container_cpu(container: str) -> float:
+    """Seconds of CPU a container's processes have used (cgroup v1 or v2); 0 when neither is readable."""
+    try:
+        cid = subprocess.run(
+            ["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True, text=True
+        ).stdout.strip()
+        v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
+        if v1.exists():
+            return int(v1.read_text()) / 1e9
+        for v2 in (
+            Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"),
+            Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat"),
+        ):
+            if v2.exists():
+                return int(v2.read_text().split()[1]) / 1e6
+    except OSError:
+        pass
+    return 0.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=40)
@@ -190,6 +217,8 @@ def main() -> int:
             },
         )
         (tmp / "study.yaml").write_text(dump(inv, sb))
+        hosts_cpu0 = sum(_container_cpu(h.container) for h in sb.hosts)
+        busy0, kids0 = _machine_busy(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0, e0 = time.monotonic(), time.time()
         r = subprocess.run(
             [sys.executable, "-m", "provision", "tune", "--poll", str(args.poll), "study.yaml"],
@@ -199,6 +228,9 @@ def main() -> int:
             env={**os.environ, "PROVISION_TUNE_TRACE": "1"} if args.trace else None,
         )
         wall, e1 = time.monotonic() - t0, time.time()
+        kids1, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), _machine_busy()
+        hosts_cpu = sum(_container_cpu(h.container) for h in sb.hosts) - hosts_cpu0
+        tune_cpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             return 1
@@ -215,6 +247,11 @@ def main() -> int:
         print(f"wall {wall:.1f} s (the tune process), ideal {ideal:.1f} s: {100 * ideal / wall:.0f} % of the ideal")
         print(
             f"trials' span {span:.1f} s (first trial's first line to the last one's last): {100 * ideal / span:.0f} % of the ideal"
+        )
+        cores = os.cpu_count() or 1
+        print(
+            f"CPU in the study's wall time: the tune process {tune_cpu:.1f} s, the hosts {hosts_cpu:.1f} s, "
+            f"the machine {busy1 - busy0:.1f} s of {cores * wall:.1f} ({cores} cores busy {100 * (busy1 - busy0) / (cores * wall):.0f} %)"
         )
         if args.trace_out is not None:
             args.trace_out.write_text(r.stderr)

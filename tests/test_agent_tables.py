@@ -145,7 +145,10 @@ if verb == "show":
     for u in units:
         st = {{"Id": u, "LoadState": "loaded" if loaded(u) else "not-found", "ActiveState": "inactive",
               "SubState": "dead" if loaded(u) else "", **state.get(u, {{}})}}
-        blocks.append("".join("%s=%s\n" % (p, st[p]) for p in props if st.get(p)))
+        if "--value" in args:
+            blocks.append("".join("%s\n" % st[p] for p in props if st.get(p)))
+        else:
+            blocks.append("".join("%s=%s\n" % (p, st[p]) for p in props if st.get(p)))
     sys.stdout.write("\n".join(blocks))
 elif verb == "start":
     for u in units:

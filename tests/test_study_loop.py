@@ -32,6 +32,7 @@ from provision.core.tuning import (
 )
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
 from provision.rules.plan import Plan
+from provision.rules.trialwait import end_wait_command
 from provision.run import trialrun
 from provision.run.apply import HostOutcome
 from provision.run.context import Context, open_context
@@ -47,7 +48,6 @@ from provision.run.trialrun import (
     Started,
     TrialWork,
     Waiting,
-    end_wait_command,
 )
 from provision.run.tune import StudyLoop
 from provision.spec.inventory import parse
@@ -617,20 +617,21 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     state = tmp_path / "active"
     state.write_text("active")
     fake = tmp_path / "systemctl"
-    fake.write_text(f'#!/bin/sh\nif [ "$1" = is-active ]; then cat {state}; else cat {tmp_path}/pid; fi\n')
+    # `show -p ActiveState -p MainPID --value`: the two values, one per line
+    fake.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$(cat {state})" "$(cat {tmp_path}/pid)"\n')
     fake.chmod(0o755)
     (tmp_path / "pid").write_text(str(proc.pid))
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
 
-    def run(seconds: float) -> tuple[str, float]:
+    def run(seconds: float, units: int = 1) -> tuple[str, float]:
         t0 = time.monotonic()
-        out = subprocess.run(
-            end_wait_command(["provision-x-chief-0.service"], seconds), shell=True, env=env, capture_output=True
-        )
+        names = [f"provision-x-chief-{i}.service" for i in range(units)]
+        out = subprocess.run(end_wait_command(names, seconds), shell=True, env=env, capture_output=True)
         return out.stdout.decode().strip(), time.monotonic() - t0
 
     try:
-        assert run(0.3)[0] == "timeout"
+        assert run(0.3)[0] == "timeout"  # one process: `tail --pid` watches it
+        assert run(0.3, units=2)[0] == "timeout"  # several: the loop of sleeps
         threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()  # reaped, as systemd does
         said, took = run(10)
         assert said == "ended" and took < 2, (said, took)
@@ -871,7 +872,7 @@ def test_the_worker_pauses_a_preempted_trial_and_queues_its_resume(
     def start(w: TrialWork, ctx: Context, h: Handle) -> None:
         starts.append((h.phase, ctx.lock is not None))
 
-    def follow(w: TrialWork, ctx: Context, h: Handle, reader: object) -> Ended:
+    def follow(w: TrialWork, ctx: Context, h: Handle, reader: object, *, started: bool = False) -> Ended:
         readers.append(reader)
         return next(follows)
 
@@ -914,7 +915,7 @@ def test_a_follow_that_sees_its_job_preempted_and_stopped_pauses(
         return JobStatus("sweep-t1", JobPhase.PREEMPTED, "at 14:02 by deadline-run", (task,), stopped=mark)
 
     looks = iter([status(TaskState.RUNNING), status(TaskState.STOPPED)])  # saving its checkpoint, then stopped
-    monkeypatch.setattr(trialrun, "look", lambda ctx: (next(looks), None))
+    monkeypatch.setattr(trialrun, "look", lambda ctx, util=True: (next(looks), None))
     monkeypatch.setattr(trialrun, "_host_wait", lambda w, ctx, st: True)
 
     class Reader:

@@ -114,6 +114,43 @@ def test_apply_converges_and_second_apply_does_nothing(sandbox4, sandbox_invento
     assert r.returncode == 0 and "No changes" in r.stdout
 
 
+def test_destroy_needs_no_daemon_reload_and_the_next_apply_runs_its_new_command(
+    sandbox4, sandbox_inventory, job_name, tmp_path
+):
+    """destroy removes an ended job's units without a daemon-reload (PID 1 busy for
+    0.1-0.5 s, every systemctl of the host waiting: a study's trials start there): systemd
+    let the stopped units go, so they are "not-found" once their files are gone. A new
+    apply of the same job then runs what its new unit file says, not the old one."""
+    inv = tmp_path / "inv.yaml"
+    task = "chief-0"
+    pools = {"chief": {"replicas": 1, "command": ["/bin/sh", "-c", "echo run-one"]}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    host = placement(tmp_path, inv)[task]["host"]
+    wait_until(lambda: unit_props(sandbox4, host, job_name, task)["ActiveState"] != "active", what="the task ended")
+    since = sh(sandbox4, host, "date +%s", check=True).strip()
+    r = cli("destroy", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reloads = sh(sandbox4, host, f"journalctl _PID=1 --since=@{since} -o cat | grep -c '^Reloading'")
+    assert reloads.strip() == "0", reloads
+    unit = f"provision-{job_name}-{task}.service"
+    assert sh(sandbox4, host, f"systemctl show -p LoadState --value {unit}").strip() == "not-found"
+
+    pools = {"chief": {"replicas": 1, "command": ["/bin/sh", "-c", "echo run-two; exec sleep 600"]}}
+    sandbox_inventory(sandbox4, job=job_name, pools=pools, path=inv)
+    since = sh(sandbox4, host, "date +%s", check=True).strip()
+    r = cli("apply", "-y", inv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    host = placement(tmp_path, inv)[task]["host"]
+    ran = f"journalctl -u {unit} --since=@{since} -o cat"
+    wait_until(lambda: "run-two" in sh(sandbox4, host, ran), what="the new command ran")
+    assert "run-one" not in sh(sandbox4, host, ran)
+    r = cli("destroy", "-y", inv, cwd=tmp_path)  # a running task: stopped, then let go too
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(sandbox4, host, f"systemctl show -p LoadState --value {unit}").strip() == "not-found"
+
+
 def test_drift_is_planned_and_repaired(sandbox4, sandbox_inventory, job_name, tmp_path):
     inv = tmp_path / "inv.yaml"
     pools = {"chief": {"replicas": 1, "command": LONG}, "worker": {"replicas": 2, "command": LONG}}

@@ -546,10 +546,12 @@ def op_destroy(req: P.DestroyRequest) -> P.DestroyReport:  # noqa: C901  destroy
                 os.rmdir(d)  # only when no other job is left
             except OSError:
                 pass
-    code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
-    if code != 0:
-        errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
     systemctl("reset-failed", units, [])  # none (a study's destroy): not every unit of the host
+    if lazy("unitgc").needs_reload(manifest, units):
+        code, _, err = run(["systemctl", "daemon-reload"], timeout=120)
+        if code != 0:
+            errors.append("systemctl daemon-reload: " + (err.strip() or "exit %d" % code))
+        systemctl("reset-failed", units, [])
     return P.DestroyReport(removed, units, errors)
 
 

@@ -35,10 +35,10 @@ from provision.run.context import Ask, Context, probe
 from provision.run.victim import finish
 
 
-def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
+def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], str | None, set[str]]:
     """The status, the reachable hosts without the end marker, why this state may not
     stop the job (another state owns it), if so, and the hosts the job left that still run
-    some of it."""
+    some of it. `util`: each task's GPU utilization too (an nvidia-smi run on each host)."""
     tasks = list(ctx.rendered.placement.tasks)
     hosts = {t.host.name for t in tasks} & set(ctx.targets)
     # Hosts the job left that the state still records (an apply could not reach them).
@@ -46,11 +46,11 @@ def _status(ctx: Context) -> tuple[JobStatus, list[str], str | None, set[str]]:
     # The shell probe (and the clocks for how long each task has been in its state); the
     # ledger says who owns the job, its listening ports are not needed; the GPUs' facts give
     # each task's utilization (the same nvidia-smi run plan's checks make, on GPU hosts only).
-    ask = Ask(facts="check", files=False, tenancy=True, listening=False, clocks=True)
+    ask = Ask(facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True)
     res = probe(ctx, ask, fast=True, only=hosts | left)
     answered = {n: r for n, r in res.ok.items() if n in hosts}
     st = job_status(ctx.inventory, tasks, answered, {n: e.message for n, e in res.errors.items() if n in hosts})
-    st = with_task_util(st, answered)
+    st = with_task_util(st, answered) if util else st
     behind, running = [], set()
     for n in sorted(left):
         units = {t.unit: name for name, t in ctx.state.hosts[n].tasks.items()}
@@ -140,10 +140,11 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def look(ctx: Context) -> tuple[JobStatus, str | None]:
+def look(ctx: Context, *, util: bool = True) -> tuple[JobStatus, str | None]:
     """The status as the hosts report it, changing nothing, and why this state may not
-    change the job (another state owns it), if so."""
-    st, _, foreign, _ = _status(ctx)
+    change the job (another state owns it), if so. `util=False`: without the GPUs'
+    utilization (no nvidia-smi run: 50-300 ms of a host's CPU at each of a trial's looks)."""
+    st, _, foreign, _ = _status(ctx, util=util)
     return st, foreign
 
 

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shlex
 import sys
 import threading
 import time
@@ -52,6 +51,7 @@ from provision.io.steps import Step, run_step
 from provision.rules import preempted
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
+from provision.rules.trialwait import end_wait_command
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
 from provision.run.destroy import destroy, destroy_plan, study_of
@@ -264,7 +264,8 @@ def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
     never started: nothing to wind up."""
     reader = MetricReader(w.tune, metric_task(ctx.inventory))  # kept through a pause: reports go on
     while True:
-        if h.phase != RUNNING:  # new, adopted before it ran, or paused: a queued apply
+        started = h.phase != RUNNING
+        if started:  # new, adopted before it ran, or paused: a queued apply
             failed = _start(w, ctx, h)
             _handed_off(h)
             if failed is not None:
@@ -274,7 +275,7 @@ def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
         else:
             w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
         ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
-        ended = _follow(w, ctx, h, reader)
+        ended = _follow(w, ctx, h, reader, started=started)
         if ended.ending is not Ending.PAUSED:
             return ended, True
         w.places.leave(h.number)  # its GPUs are the preemptor's now
@@ -433,18 +434,21 @@ def _placed_and_applied(
         w.starting.release(held)
 
 
-def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader) -> Ended:
+def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, started: bool = False) -> Ended:
     """Poll the trial's status and metric until its job ends (or, preempted, its tasks
     stopped: PAUSED), posting its reports; the loop may say to stop it early (the median
-    rule)."""
+    rule). `started`: this worker's apply just started its tasks: the first look is the
+    wait on the host (a look now would only say they run: two round trips a trial)."""
     reports: tuple[Report, ...] = ()
-    seen = False  # the job was found on its hosts at least once
+    seen = started  # the job was found on its hosts at least once
+    if started and not w.stop.is_set():
+        _host_wait(w, ctx, [(t.host.name, t.name) for t in ctx.rendered.placement.tasks])
     while True:
         # Read-only: an ended trial's leftovers are stopped by its removal, not here (two
         # round trips fewer between its end and the next trial's start on its GPUs). The
         # metric is read beside the look (its round trip in the same time).
         read = _beside(lambda: reader.read(ctx))
-        st, _ = look(ctx)
+        st, _ = look(ctx, util=False)  # a trial's status needs no GPU utilization
         if any(t.detail != "not applied" for t in st.tasks):
             seen = True
         elif not seen:
@@ -517,51 +521,33 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
         h.quiet = True  # stopped in order
         last = reports[-1] if reports else None
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
-    if not _host_wait(w, ctx, st) and w.stop.wait(w.poll):
+    running = [(t.host, t.task) for t in st.tasks if t.state is TaskState.RUNNING]
+    if not _host_wait(w, ctx, running) and w.stop.wait(w.poll):
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     return None
 
 
-WAIT_SLICE = 0.05  # seconds between the host-side wait's looks at its processes (no fork but `sleep`)
 WAIT_LONGEST = 3.0  # without early stopping, seconds between looks while nothing ends (the loop's beat)
 
 
-def end_wait_command(units: list[str], seconds: float) -> str:
-    """A shell command that returns as soon as one of `units` ends (its main process is
-    gone: a look at /proc, not a round trip per look), or after `seconds`. It prints
-    "ended", "timeout", or "none" (no main process to watch: the caller waits its poll)."""
-    turns = max(1, round(seconds / WAIT_SLICE))
-    script = (
-        'pids=; for u in "$@"; do '
-        'case "$(systemctl is-active "$u")" in active|activating|reloading|deactivating) ;; *) echo ended; exit 0;; esac; '
-        'p=$(systemctl show -p MainPID --value "$u"); [ "${p:-0}" -gt 0 ] 2>/dev/null && pids="$pids $p"; '
-        "done; "
-        '[ -n "$pids" ] || { echo none; exit 0; }; '
-        f"i=0; while [ $i -lt {turns} ]; do "
-        'for p in $pids; do [ -d "/proc/$p" ] || { echo ended; exit 0; }; done; '
-        f"sleep {WAIT_SLICE}; i=$((i+1)); done; echo timeout"
-    )
-    return "sh -c " + shlex.quote(script) + " sh " + " ".join(shlex.quote(u) for u in units)
-
-
-def _host_wait(w: TrialWork, ctx: Context, st: JobStatus) -> bool:
+def _host_wait(w: TrialWork, ctx: Context, running: list[tuple[str, str]]) -> bool:
     """Wait on the host of the trial's metric task (else of its first running task) until
     a running task of it there ends, or the next look is due: its end is seen within a
     twentieth of a second, with one command in flight instead of a look per poll. With
     early stopping the next look is due after `poll` (its reports decide), else after a few
-    seconds (a task on another host that ends is seen then). False: not waited (nothing to
-    watch, or the host did not answer): the caller waits its poll."""
-    running = [t for t in st.tasks if t.state is TaskState.RUNNING]
+    seconds (a task on another host that ends is seen then). `running`: (host, task) of
+    each task running. False: not waited (nothing to watch, or the host did not answer):
+    the caller waits its poll."""
     if not running:
         return False
     task = metric_task(ctx.inventory)
-    host = next((t.host for t in running if t.task == task), running[0].host)
+    host = next((hn for hn, tn in running if tn == task), running[0][0])
     target = ctx.targets.get(host)
     if target is None:
         return False
-    units = [layout.unit_name(ctx.inventory.job, t.task) for t in running if t.host == host]
+    units = [layout.unit_name(ctx.inventory.job, tn) for hn, tn in running if hn == host]
     longest = w.poll if w.tune.early_stopping is not EarlyStopping.NONE else max(w.poll, WAIT_LONGEST)
     said: list[bytes] = []
     try:
