@@ -21,7 +21,8 @@ from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tu
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.io.study import Runner, Study, StudyUnavailable, memory_study
 from provision.run import tune as tune_mod
-from provision.run.trialrun import Handle, JobEnded, Removed, Started, TrialWork
+from provision.run.trialposts import JobEnded, Removed, Started
+from provision.run.trialrun import Handle, TrialWork
 from provision.serve import worker
 from provision.serve.service import Service
 from provision.spec.inventory import parse

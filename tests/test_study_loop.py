@@ -32,22 +32,25 @@ from provision.core.tuning import (
 )
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
 from provision.rules.plan import Plan
-from provision.rules.trialwait import end_wait_command
+from provision.rules.trialwait import end_wait_command, settled_free
 from provision.run import trialrun
 from provision.run.apply import HostOutcome
 from provision.run.context import Context, open_context
 from provision.run.queue import Queue
 from provision.run.trialplaces import HostLocks, Places
-from provision.run.trialrun import (
-    Handle,
+from provision.run.trialposts import (
+    Freed,
     JobEnded,
     Paused,
     Removed,
     Reported,
     SettingUp,
     Started,
-    TrialWork,
     Waiting,
+)
+from provision.run.trialrun import (
+    Handle,
+    TrialWork,
 )
 from provision.run.tune import StudyLoop
 from provision.spec.inventory import parse
@@ -583,6 +586,50 @@ def test_the_next_trial_is_given_the_place_the_ended_one_left_and_that_one_waits
     assert "wound up 5" in order  # the last: no successor, its wind-up goes on at once
 
 
+def test_a_freed_place_goes_to_the_next_trial_before_the_ended_one_is_told(tmp_path: Path) -> None:
+    """Freed (the host's wait saw the trial's only task end and its unit settle): the next
+    trial is asked and given that place while the ended one is still being looked at, at
+    most parallel_trials hold places, and the place is handed on once, not again when the
+    end is told."""
+    slots = {1: Slot("a", 2222, (0,)), 2: Slot("a", 2223, (1,))}
+    got: dict[int, tuple[Mapping[str, Slot] | None, int | None]] = {}
+    told_before_next: dict[int, bool] = {}
+    lock = threading.Lock()
+    holding: set[int] = set()
+    most = 0
+
+    def work(w: TrialWork, h: Handle) -> None:
+        nonlocal most
+        got[h.number] = (h.hint, h.after.number if h.after else None)
+        slot = slots.get(h.number) or (h.hint or {})["chief-0"]
+        with lock:
+            holding.add(h.number)
+            most = max(most, len(holding))
+        w.post(Started(h.number, {"chief-0": "a"}))
+        if h.after is not None:
+            with lock:
+                told_before_next[h.after.number] = h.after.told_event.is_set()
+            h.after.handed_off.set()
+        with lock:
+            holding.discard(h.number)
+        w.post(Freed(h.number, {"chief-0": slot}))
+        # Its look, slow: the next trial starts meanwhile on its place (5 trials: one waits).
+        _until(lambda: any(a == h.number for _, a in got.values()) or len(got) >= 5)
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0), {"chief-0": slot}))
+        assert h.told_event.wait(5)
+        h.handed_off.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", 1.0, 0)))
+
+    loop, study, _ = _loop(tmp_path, _tune(max_trials=5, parallel_trials=2), work)
+    assert loop.run().code == 0
+    assert len(study.rows()) == 5 and all(r.state is TrialState.SUCCEEDED for r in study.rows())
+    assert most <= 2
+    later = {n: (dict(hint or {}), after) for n, (hint, after) in got.items() if n > 2}
+    assert all(after is not None and hint["chief-0"] in slots.values() for hint, after in later.values()), later
+    assert len({after for _, after in later.values()}) == len(later)  # each place handed on once
+    assert any(not told for told in told_before_next.values()), told_before_next  # before the tell
+
+
 def test_a_running_trial_says_where_it_is(tmp_path: Path) -> None:
     seen: dict[str, str] = {}
 
@@ -617,8 +664,11 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     state = tmp_path / "active"
     state.write_text("active")
     fake = tmp_path / "systemctl"
-    # `show -p ActiveState -p MainPID --value`: the two values, one per line
-    fake.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$(cat {state})" "$(cat {tmp_path}/pid)"\n')
+    # `is-active`: the state; `show -p ActiveState -p MainPID --value`: the two values, one per line
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = is-active ]; then cat {state}; echo; exit 0; fi\n'
+        f'printf \'%s\\n\' "$(cat {state})" "$(cat {tmp_path}/pid)"\n'
+    )
     fake.chmod(0o755)
     (tmp_path / "pid").write_text(str(proc.pid))
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
@@ -626,22 +676,45 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     def run(seconds: float, units: int = 1) -> tuple[str, float]:
         t0 = time.monotonic()
         names = [f"provision-x-chief-{i}.service" for i in range(units)]
-        out = subprocess.run(end_wait_command(names, seconds), shell=True, env=env, capture_output=True)
+        cmd = end_wait_command(names, seconds, str(tmp_path / "preempt-at"))
+        out = subprocess.run(cmd, shell=True, env=env, capture_output=True)
         return out.stdout.decode().strip(), time.monotonic() - t0
 
     try:
         assert run(0.3)[0] == "timeout"  # one process: `tail --pid` watches it
         assert run(0.3, units=2)[0] == "timeout"  # several: the loop of sleeps
-        threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()  # reaped, as systemd does
+        # Reaped, as systemd does, then its unit settles (its ExecStopPost) a moment later.
+        threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()
+        threading.Timer(0.4, lambda: state.write_text("inactive")).start()
         said, took = run(10)
-        assert said == "ended" and took < 2, (said, took)
+        assert said == "ended inactive" and took < 2, (said, took)  # settled: its place is free
+        assert settled_free(said)
     finally:
         proc.kill()
         proc.wait()
+    state.write_text("active")
+    proc = subprocess.Popen(["sleep", "0.2"])
+    (tmp_path / "pid").write_text(str(proc.pid))
+    threading.Timer(0.1, proc.wait).start()
+    said, took = run(10)  # gone, its unit never settles (a restart pending): not a free place
+    assert said == "ended active" and not settled_free(said) and took < 2, (said, took)
+    # Stopped by a preemption (its mark written before the stop): its GPUs are not free.
+    (tmp_path / "preempt-at").write_text("1700000000.000\n")
+    state.write_text("inactive")
+    proc = subprocess.Popen(["sleep", "0.2"])
+    (tmp_path / "pid").write_text(str(proc.pid))
+    state.write_text("active")
+    threading.Timer(0.1, proc.wait).start()
+    threading.Timer(0.25, lambda: state.write_text("inactive")).start()
+    said, _ = run(10)
+    assert said == "ended inactive preempted" and not settled_free(said), said
+    (tmp_path / "preempt-at").unlink()
+    state.write_text("active")
     (tmp_path / "pid").write_text("0")
     assert run(10)[0] == "none"  # no main process to watch (a unit between its start and its process)
-    state.write_text("inactive")
-    assert run(10)[0] == "ended"
+    state.write_text("failed")
+    assert run(10)[0] == "ended failed"
+    assert settled_free("ended failed") and not settled_free("ended") and not settled_free("timeout")
 
 
 def test_trials_starting_at_once_are_placed_apart_by_their_runner(tmp_path: Path) -> None:
@@ -916,7 +989,7 @@ def test_a_follow_that_sees_its_job_preempted_and_stopped_pauses(
 
     looks = iter([status(TaskState.RUNNING), status(TaskState.STOPPED)])  # saving its checkpoint, then stopped
     monkeypatch.setattr(trialrun, "look", lambda ctx, util=True: (next(looks), None))
-    monkeypatch.setattr(trialrun, "_host_wait", lambda w, ctx, st: True)
+    monkeypatch.setattr(trialrun, "_host_wait", lambda w, ctx, running: "timeout")
 
     class Reader:
         def read(self, ctx: Context) -> tuple[Report, ...]:

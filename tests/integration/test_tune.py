@@ -319,10 +319,11 @@ def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tm
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    # 4 s trials: b is on the study before a's first ones end; from then on each runs its
-    # share (parallel_trials split between the two).
-    inv_a = _study(sandbox_inventory, sandbox4, a, "tpg", tune, steps=4, step_seconds=1.0)
-    inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=1.0)
+    # 8 s trials: b is on the study, and a has seen it at a heartbeat (every 3 s), before
+    # a's first ones end (4 s trials left that to a second or less once hand-offs got
+    # faster); from then on each runs its share (parallel_trials split between the two).
+    inv_a = _study(sandbox_inventory, sandbox4, a, "tpg", tune, steps=4, step_seconds=2.0)
+    inv_b = _study(sandbox_inventory, sandbox4, b, "tpg", tune, steps=4, step_seconds=2.0)
     env = postgres.env()
     pa = _popen(inv_a, a, env)
     early_a = output_until(pa, "trial 1 started", 120)  # b asks while a's first trials run

@@ -22,31 +22,39 @@ from .hostlib import run
 
 def needs_reload(manifest: dict[str, Any], units: Sequence[str]) -> bool:
     """After destroy removed the job's files and reset its units: True unless every unit
-    whose file or drop-in went (and every unit it stopped) is unknown to systemd now."""
+    whose file or drop-in went (a stopped one's file too) is unknown to systemd now."""
     names = _units_changed(manifest, units)
     return names is None or not _forgotten(names)
 
 
+# Where systemd reads unit files, drop-ins and its own configuration: a file there that is
+# not one of provision's unit files (a `replace: true` push, its original put back by
+# destroy) may change what systemd would load: reload.
+SYSTEMD_ROOTS = ("/etc/systemd", "/run/systemd", "/usr/lib/systemd", "/lib/systemd", "/usr/local/lib/systemd")
+
+
 def _units_changed(manifest: dict[str, Any], units: Sequence[str]) -> list[str] | None:
-    """The units whose files (or drop-ins) are gone, with those stopped; None when that
-    cannot be told (no manifest lists the files, or a file systemd reads that is neither)."""
+    """The units whose files (or drop-ins) destroy took away, and the stopped units whose
+    file is gone; None when that cannot be told (no manifest lists the files, or a file
+    systemd reads that is not provision's own unit file)."""
     files = manifest.get("files") or {}
     if not isinstance(files, dict) or not files:
         return None
-    names = set(units)
+    # A stopped unit whose file is still there (a setup another job or the study holds)
+    # did not change: systemd may keep it.
+    names = {u for u in units if not os.path.lexists(layout.SYSTEMD_DIR + "/" + u)}
     for path in files:
-        if os.path.lexists(path):
-            continue  # kept (another job lists it): nothing changed for systemd
         d, base = os.path.split(path)
         owner = layout.dropin_unit(path)
         if d == layout.SYSTEMD_DIR and base.startswith(layout.PREFIX):
-            names.add(base)
-        elif d.endswith(".wants") and base.startswith(layout.PREFIX):
+            if not os.path.lexists(path):  # else kept for another job (the directory is provision's own)
+                names.add(base)
+        elif d.startswith(layout.SYSTEMD_DIR + "/") and d.endswith(".wants") and base.startswith(layout.PREFIX):
             continue  # a boot's link: read at boot only (agent.start_at_boot)
-        elif owner is not None and not owner.endswith("-." + owner.rsplit(".", 1)[-1]):
+        elif owner is not None and not owner.endswith("-." + owner.rsplit(".", 1)[-1]) and not os.path.lexists(path):
             names.add(owner)
-        elif owner is not None or any(d == b or d.startswith(b + "/") for b in layout.DROPIN_BASES):
-            return None  # a drop-in for every unit of a prefix, or another file systemd reads
+        elif owner is not None or any(path.startswith(r + "/") for r in SYSTEMD_ROOTS):
+            return None  # a drop-in kept or put back, one for a prefix, another file systemd reads
     return sorted(names)
 
 

@@ -51,7 +51,7 @@ from provision.io.steps import Step, run_step
 from provision.rules import preempted
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
-from provision.rules.trialwait import end_wait_command
+from provision.rules.trialwait import end_wait_command, settled_free
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
 from provision.run.destroy import destroy, destroy_plan, study_of
@@ -61,6 +61,17 @@ from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
+from provision.run.trialposts import (
+    Freed,
+    JobEnded,
+    Paused,
+    Post,
+    Removed,
+    Reported,
+    SettingUp,
+    Started,
+    Waiting,
+)
 from provision.run.victim import finish
 from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
@@ -78,72 +89,6 @@ def trace(number: int | None, what: str) -> None:
         sys.stderr.flush()
 
 
-# --------------------------------------------------------------------------- what a worker posts
-
-
-@dataclass(frozen=True)
-class Started:
-    """The trial's job is on its hosts (where each task runs: for `fetch --trial`)."""
-
-    number: int
-    hosts: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The trial waits for room (None: it no longer does)."""
-
-    number: int
-    why: str | None
-
-
-@dataclass(frozen=True)
-class SettingUp:
-    """The trial's setup runs on these hosts before its tasks start (found room: planned)."""
-
-    number: int
-    hosts: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Reported:
-    """Every report the trial's metric has so far."""
-
-    number: int
-    reports: tuple[Report, ...]
-
-
-@dataclass(frozen=True)
-class Paused:
-    """The trial's job was preempted (issue 42): its GPUs are free, it is not told; it
-    waits in the queue at its priority and resumes as the same trial (Started again)."""
-
-    number: int
-    why: str  # "preempted by X (ana, priority high); resumes when 1 GPU is free"
-
-
-@dataclass(frozen=True)
-class JobEnded:
-    """The trial's job ended (its GPUs are free from now): record and tell it. `slots`:
-    where its tasks ran (the next trial is placed there: no placement to find again)."""
-
-    number: int
-    ended: Ended
-    slots: Mapping[str, Slot] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Removed:
-    """The worker is done: the trial is gone from the hosts (or, `left`, runs on for the next tune)."""
-
-    number: int
-    ended: Ended
-    left: bool = False
-
-
-Post = Started | Waiting | SettingUp | Reported | Paused | JobEnded | Removed
-
-
 @dataclass
 class Handle:
     """One trial as its worker and the loop share it. The loop answers through it."""
@@ -155,6 +100,8 @@ class Handle:
     recorded: Ended | None = None  # phase "ended": the outcome that runner recorded
     adopt: bool = False
     stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
+    freed: bool = False  # set by the loop: its place was given up (Freed) before its end was told
+    free_posted: bool = False  # its worker posted Freed
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
     quiet: bool = False  # its job ended with none of its tasks running (its removal: one round trip)
     # Where the trial that ended before it ran (its GPUs, its ports): placed there first
@@ -440,9 +387,12 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, star
     rule). `started`: this worker's apply just started its tasks: the first look is the
     wait on the host (a look now would only say they run: two round trips a trial)."""
     reports: tuple[Report, ...] = ()
-    seen = started  # the job was found on its hosts at least once
+    # The job was found on its hosts at least once. Not taken from the apply: a trial
+    # removed right after its start is lost, as before (the look after the wait sees a
+    # task that ran, its exit records).
+    seen = False
     if started and not w.stop.is_set():
-        _host_wait(w, ctx, [(t.host.name, t.name) for t in ctx.rendered.placement.tasks])
+        _waited(w, ctx, h, [(t.host.name, t.name) for t in ctx.rendered.placement.tasks])
     while True:
         # Read-only: an ended trial's leftovers are stopped by its removal, not here (two
         # round trips fewer between its end and the next trial's start on its GPUs). The
@@ -522,7 +472,7 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
         last = reports[-1] if reports else None
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
     running = [(t.host, t.task) for t in st.tasks if t.state is TaskState.RUNNING]
-    if not _host_wait(w, ctx, running) and w.stop.wait(w.poll):
+    if not _waited(w, ctx, h, running) and w.stop.wait(w.poll):
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
     if w.stop.is_set():
         return Ended(Ending.LEFT_RUNNING, "tune was interrupted")
@@ -532,29 +482,48 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
 WAIT_LONGEST = 3.0  # without early stopping, seconds between looks while nothing ends (the loop's beat)
 
 
-def _host_wait(w: TrialWork, ctx: Context, running: list[tuple[str, str]]) -> bool:
+def _waited(w: TrialWork, ctx: Context, h: Handle, running: list[tuple[str, str]]) -> bool:
+    """The wait on the host (_host_wait). When it saw the trial's only task end and its unit
+    settle, the trial's place is freed at once (Freed): the next trial is asked, planned and
+    started before this one's look. False: not waited."""
+    said = _host_wait(w, ctx, running)
+    tasks = ctx.rendered.placement.tasks
+    if said is not None and len(tasks) == 1 and not h.free_posted and settled_free(said):
+        h.free_posted = True
+        trace(h.number, "ended")
+        w.places.leave(h.number)
+        w.post(Freed(h.number, ctx.rendered.placement.slots()))
+        # Its look (how it ended) waits until the next trial is on its place: the two would
+        # share the host and the connection, and the next trial's start is what waits.
+        h.handed_off.wait(HANDOFF_WAIT)
+    return said is not None
+
+
+def _host_wait(w: TrialWork, ctx: Context, running: list[tuple[str, str]]) -> str | None:
     """Wait on the host of the trial's metric task (else of its first running task) until
     a running task of it there ends, or the next look is due: its end is seen within a
     twentieth of a second, with one command in flight instead of a look per poll. With
     early stopping the next look is due after `poll` (its reports decide), else after a few
     seconds (a task on another host that ends is seen then). `running`: (host, task) of
-    each task running. False: not waited (nothing to watch, or the host did not answer):
-    the caller waits its poll."""
+    each task running. Its answer (end_wait_command's line); None: not waited (nothing to
+    watch, or the host did not answer): the caller waits its poll."""
     if not running:
-        return False
+        return None
     task = metric_task(ctx.inventory)
     host = next((hn for hn, tn in running if tn == task), running[0][0])
     target = ctx.targets.get(host)
     if target is None:
-        return False
+        return None
     units = [layout.unit_name(ctx.inventory.job, tn) for hn, tn in running if hn == host]
     longest = w.poll if w.tune.early_stopping is not EarlyStopping.NONE else max(w.poll, WAIT_LONGEST)
     said: list[bytes] = []
     try:
-        ctx.session.stream(target, end_wait_command(units, longest), said.append, stop=w.stop)
+        preempted = layout.preempt_at_path(ctx.inventory.job)
+        ctx.session.stream(target, end_wait_command(units, longest, preempted), said.append, stop=w.stop)
     except Exception:  # noqa: BLE001 - a wait that fails is a poll's sleep: the next look says why
-        return False
-    return b"none" not in said and bool(said)
+        return None
+    text = b"".join(said).decode("utf-8", "replace").strip()
+    return text if text and text != "none" else None
 
 
 def _ending(w: TrialWork, st: JobStatus, reports: tuple[Report, ...]) -> Ended:

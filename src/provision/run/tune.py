@@ -47,8 +47,8 @@ from provision.io.study import (
     storage_url,
 )
 from provision.rules.stopping import words as stop_words
-from provision.run.trialrun import (
-    Handle,
+from provision.run.trialposts import (
+    Freed,
     JobEnded,
     Paused,
     Post,
@@ -56,8 +56,11 @@ from provision.run.trialrun import (
     Reported,
     SettingUp,
     Started,
-    TrialWork,
     Waiting,
+)
+from provision.run.trialrun import (
+    Handle,
+    TrialWork,
     run_trial,
     trace,
 )
@@ -98,9 +101,20 @@ class _Mine:
     paused: dict[int, str] = field(default_factory=dict)  # preempted trials waiting to resume: why
 
     def holding(self) -> int:
-        """Trials that hold GPUs (not yet told, nor paused)."""
+        """Trials that hold GPUs (not yet told, nor paused, nor freed)."""
         return sum(
-            1 for n, h in self.handles.items() if not h.told_event.is_set() and not h.told and n not in self.paused
+            1
+            for n, h in self.handles.items()
+            if not h.told_event.is_set() and not h.told and n not in self.paused and not h.freed
+        )
+
+    def freed_untold(self) -> int:
+        """Trials whose places were freed but which the study still counts running (not
+        told, nor paused: the study does not count those)."""
+        return sum(
+            1
+            for n, h in self.handles.items()
+            if h.freed and not h.told_event.is_set() and not h.told and n not in self.paused
         )
 
 
@@ -229,7 +243,7 @@ class StudyLoop:
         """Ask for one more trial and start it, if there is room. True: one was started."""
         if self.mine.holding() >= self._share() or self._asked_all(rows, cap):
             return False
-        if self.study.running_anywhere(self.me) >= self.w.tune.parallel_trials:
+        if self.study.running_anywhere(self.me) - self.mine.freed_untold() >= self.w.tune.parallel_trials:
             return False
         asked = self.study.ask(cap)
         if asked is None:
@@ -283,6 +297,9 @@ class StudyLoop:
             self._reported(h, post.reports)
         elif isinstance(post, Paused):
             self._paused(post)
+        elif isinstance(post, Freed):
+            h.freed = True
+            self.mine.freed.append((h, post.slots))  # its place goes to the next trial asked
         elif isinstance(post, JobEnded):
             self._ended(h, post.ended, post.slots)
         elif isinstance(post, Removed):
@@ -295,6 +312,9 @@ class StudyLoop:
 
     def _started(self, post: Started) -> None:
         """Its job is on the hosts: a new trial's "started" line, or a paused one resumed."""
+        h = self.mine.handles.get(post.number)
+        if h is not None:
+            h.freed = False  # it holds its (new) place again
         on = ", ".join(sorted(set(post.hosts.values())))
         self.study.beat(post.number, phase="running", hosts=post.hosts, doing=f"running on {on}" if on else "running")
         row = self.mine.asked.pop(post.number, None)
@@ -362,7 +382,7 @@ class StudyLoop:
         next trial asked."""
         if h.told or h.told_event.is_set():
             return
-        if slots:
+        if slots and not h.freed:
             self.mine.freed.append((h, slots))
         told = self.study.tell(h.number, ended)
         h.told_event.set()  # its worker may remove it now
