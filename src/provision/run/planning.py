@@ -3,12 +3,14 @@ hold moved a task, and build the plan (rules/plan.make_plan) from what came back
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from provision.core.errors import ProvisionError
 from provision.core.imagechange import ImageChange
 from provision.core.target import HostError, Target
+from provision.host import layout
 from provision.host.protocol import (
     OwnersReport,
     OwnersRequest,
@@ -38,7 +40,7 @@ from provision.run.context import (
 from provision.run.victim import finish
 from provision.spec.clusterenv import uses_socket_ifname
 from provision.spec.placement import place
-from provision.spec.render import render
+from provision.spec.render import FileKind, render
 
 
 def _known_tasks(ctx: Context, replace: set[str]) -> None:
@@ -94,12 +96,17 @@ def build_plan(
     thorough: bool = False,
     timings: dict[str, tuple[float, float]] | None = None,
     whole: Progress | None = None,
+    owners_ahead: bool = False,
 ) -> Plan:
     """checks: the pre-flight checks in the same round trip (failures refuse the apply).
     A settled host is asked without them, and again with them only if it turns out to
-    need a change (rare). thorough: every host with everything (`provision check`). whole: _whole_first."""
+    need a change (rare). thorough: every host with everything (`provision check`). whole: _whole_first.
+    owners_ahead: the other owners of the job's pushed files are asked beside the probe, not
+    after the plan that finds it needs them (a study's trials share their files: each
+    trial's start one round trip shorter)."""
     timings = {} if timings is None else timings
     _known_tasks(ctx, replace or set())
+    ahead = _owners_beside(ctx) if owners_ahead else None
     interface = thorough or uses_socket_ifname(ctx.inventory)  # the cluster address's (check: always)
     ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
     forced = thorough or rerun or force_setup or bool(replace)
@@ -140,7 +147,7 @@ def build_plan(
         held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
         with_interfaces(ctx, reports)
         p = plan_now()
-    shared = _other_owners(ctx, p, held_by)  # pushed files other jobs have too
+    shared = _other_owners(ctx, p, held_by, ahead)  # pushed files other jobs have too
     return provenance.mark(plan_now(shared) if shared else p, ctx.state.hosts, ctx.state.keyed, ctx.owner.who)
 
 
@@ -164,23 +171,63 @@ def _whole_first(
     return probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
 
 
-def _other_owners(ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]]) -> Shared:
+Asked = dict[str, tuple[list[str], OwnersReport]]  # host -> the paths asked, the answer
+
+
+def _owners_beside(ctx: Context) -> Callable[[], Asked]:
+    """The other owners of every file the job pushes (and of its setup's unit), asked on a
+    thread now, beside the probe; the function returned waits for the answers (the hosts
+    that gave one)."""
+    paths: dict[str, list[str]] = {}
+    for name, b in ctx.rendered.hosts.items():
+        mine = [f.path for f in b.files if f.kind is FileKind.FILE]
+        mine += [layout.setup_unit_path(b.setup.key)] if b.setup is not None else []
+        if mine and name in ctx.targets:
+            paths[name] = sorted(mine)
+    got: Asked = {}
+
+    def ask(t: Target) -> OwnersReport:
+        rep: OwnersReport = call_agent(ctx.session, t, OwnersRequest(ctx.inventory.job, paths[t.name]))
+        got[t.name] = (paths[t.name], rep)
+        return rep
+
+    thread = threading.Thread(
+        target=lambda: run_step(ctx.session, Step.PROBE, ask, [ctx.targets[n] for n in sorted(paths)]), daemon=True
+    )
+    thread.start()
+
+    def wait() -> Asked:
+        thread.join()
+        return got
+
+    return wait
+
+
+def _other_owners(
+    ctx: Context, p: Plan, held_by: Mapping[str, list[Holder]], ahead: Callable[[], Asked] | None = None
+) -> Shared:
     """host -> path -> the other jobs whose manifests there list it (and who applied them,
     as the host's ledger says), for the paths plan must judge so (a variant of a job pushes
-    the same files): one more round trip, only to those hosts. A host that does not answer
-    is judged without it: plan then refuses what it cannot tell from a host's own file."""
+    the same files): one more round trip, only to those hosts, unless they were asked
+    beside the probe (`ahead`: every path wanted among those asked). A host that does not
+    answer is judged without it: plan then refuses what it cannot tell from a host's own file."""
     wanted = {hp.name: owners_wanted(hp) for hp in p.hosts if hp.error is None}
     wanted = {n: w for n, w in wanted.items() if w}
     if not wanted:
         return {}
+    answered: dict[str, OwnersReport] = {}
+    for name, (asked, rep) in (ahead() if ahead is not None else {}).items():
+        if name in wanted and set(wanted[name]) <= set(asked):
+            answered[name] = OwnersReport({k: v for k, v in rep.owners.items() if k in wanted[name]})
 
     def ask(t: Target) -> OwnersReport:
         rep: OwnersReport = call_agent(ctx.session, t, OwnersRequest(ctx.inventory.job, wanted[t.name]))
         return rep
 
-    res = run_step(ctx.session, Step.PROBE, ask, [ctx.targets[n] for n in sorted(wanted)])
+    rest = [ctx.targets[n] for n in sorted(wanted) if n not in answered]
+    res = run_step(ctx.session, Step.PROBE, ask, rest) if rest else None
     out: dict[str, dict[str, list[OtherJob]]] = {}
-    for name, rep in res.ok.items():
+    for name, rep in {**answered, **(res.ok if res is not None else {})}.items():
         who = {h.job: h.who for h in held_by.get(name, [])}
         idle = {h.job for h in held_by.get(name, []) if h.hold in (Hold.ENDED, Hold.HELD, Hold.STALE)}
         for path, jobs in rep.owners.items():

@@ -352,7 +352,9 @@ def _placed_and_applied(
             now = time.monotonic()
             checks = not may_skip_checks or any(now - w.checked.get(n, -math.inf) >= CHECKED_FOR for n in hosts)
             trace(number, "planning")
-            plan = build_plan(ctx, checks=checks, facts=checks, whole=lambda line: None)
+            # Placed where a trial just ended (it fits: no waiting look to pay for): the
+            # shared files' owners are asked beside the probe.
+            plan = build_plan(ctx, checks=checks, facts=checks, whole=lambda line: None, owners_ahead=may_skip_checks)
             trace(number, "planned")
             return plan
         except BaseException:
