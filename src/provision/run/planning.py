@@ -98,12 +98,9 @@ def build_plan(
     whole: Progress | None = None,
     owners_ahead: bool = False,
 ) -> Plan:
-    """checks: the pre-flight checks in the same round trip (failures refuse the apply).
-    A settled host is asked without them, and again with them only if it turns out to
-    need a change (rare). thorough: every host with everything (`provision check`). whole: _whole_first.
-    owners_ahead: the other owners of the job's pushed files are asked beside the probe, not
-    after the plan that finds it needs them (a study's trials share their files: each
-    trial's start one round trip shorter)."""
+    """checks: the pre-flight checks in the same round trip (failures refuse the apply; a
+    settled host is asked without). thorough: every host with everything (`provision
+    check`). whole: _whole_first. owners_ahead: _owners_beside, beside the probe."""
     timings = {} if timings is None else timings
     _known_tasks(ctx, replace or set())
     ahead = _owners_beside(ctx) if owners_ahead else None
@@ -138,9 +135,7 @@ def build_plan(
         )
 
     p = plan_now()
-    # A settled host that needs a change after all (a task ended, a file edited by hand): ask
-    # it again with the checks, the interface and the listening ports (placement stands).
-    drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}
+    drifted = {hp.name for hp in p.hosts if hp.name in quiet and hp.error is None and hp.changed}  # asked in full
     if drifted:
         quiet -= drifted
         reports = reports.updated(probe(ctx, ask, fast=True, only=drifted, timings=timings))
