@@ -137,8 +137,9 @@ def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_
             p.kill()
     doc = _trials(inv, tmp_path)
     numbers = [t["number"] for t in doc["trials"]]
-    assert numbers == list(range(1, 9)), doc["trials"]
-    assert all(t["state"] == "succeeded" for t in doc["trials"]), doc["trials"]
+    states = [(t["number"], t["state"], t["why"]) for t in doc["trials"]]
+    assert numbers == list(range(1, 9)), states
+    assert all(t["state"] == "succeeded" for t in doc["trials"]), (states, first, again.stdout)
     assert "adopted" in again.stdout, again.stdout
     # Each trial's task started once: its kept log has one start line, whoever followed it.
     logs = tmp_path / ".provision" / f"{job}.tune"
