@@ -52,6 +52,7 @@ from provision.rules import preempted
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
 from provision.rules.trialwait import end_wait_command, settled_free
+from provision.run import trialposts as posts
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Context, open_context
 from provision.run.destroy import destroy, destroy_plan, study_of
@@ -61,17 +62,6 @@ from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
-from provision.run.trialposts import (
-    Freed,
-    JobEnded,
-    Paused,
-    Post,
-    Removed,
-    Reported,
-    SettingUp,
-    Started,
-    Waiting,
-)
 from provision.run.victim import finish
 from provision.spec.placement import PlacementError, Slot
 from provision.spec.render import render
@@ -125,7 +115,7 @@ class TrialWork:
     logs_dir: Path  # the study's directory beside the state: trial-N/<task>.log
     stop: threading.Event  # set by Ctrl-C: leave the trials running
     say: Callable[[str], None]
-    post: Callable[[Post], None] = lambda event: None  # to the study loop
+    post: Callable[[posts.Post], None] = lambda event: None  # to the study loop
     poll: float = 1.0
     verbose: bool = False
     # One trial planned and applied at a time on a host by this runner: two trials' plans
@@ -162,8 +152,8 @@ def run_trial(w: TrialWork, h: Handle) -> None:
             ended = Ended(Ending.LEFT_RUNNING, "tune was interrupted")
         left = ended.ending is Ending.LEFT_RUNNING
         if not posted and not left:
-            w.post(JobEnded(h.number, ended))
-        w.post(Removed(h.number, ended, left=left))
+            w.post(posts.JobEnded(h.number, ended))
+        w.post(posts.Removed(h.number, ended, left=left))
 
 
 def _handed_off(h: Handle) -> None:
@@ -218,7 +208,7 @@ def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
             if failed is not None:
                 return failed, h.phase == PAUSED  # a paused one is on its hosts: wound up
             # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
-            w.post(Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
+            w.post(posts.Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
         else:
             w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
         ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
@@ -227,7 +217,7 @@ def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
             return ended, True
         w.places.leave(h.number)  # its GPUs are the preemptor's now
         reader.pause()
-        w.post(Paused(h.number, ended.why))
+        w.post(posts.Paused(h.number, ended.why))
         h.phase, h.hint = PAUSED, None  # it resumes where its state placed it
         if not _relock(w, ctx):  # its resume is an apply
             return Ended(Ending.LEFT_RUNNING, "tune was interrupted"), True
@@ -259,7 +249,7 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
     outcome: a tune killed in between leaves the outcome, and the removal, for the next one."""
     w.places.leave(h.number)  # its GPUs are free from now
     if not posted and ended.ending is not Ending.FAILED:
-        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
+        w.post(posts.JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
         trace(h.number, "told")
         until = time.monotonic() + HANDOFF_WAIT
@@ -270,7 +260,7 @@ def _wind_up(w: TrialWork, ctx: Context, h: Handle, ended: Ended, posted: bool) 
     if ended.ending is Ending.FAILED and not ended.lines:
         ended = _with_kept_lines(ended, w.logs_dir / f"trial-{h.number}" / f"{metric_task(ctx.inventory)}.log")
     if not posted:
-        w.post(JobEnded(h.number, ended, ctx.rendered.placement.slots()))
+        w.post(posts.JobEnded(h.number, ended, ctx.rendered.placement.slots()))
         posted = True
     while not h.told and not h.told_event.wait(w.poll):
         if w.stop.is_set():
@@ -292,7 +282,7 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
         ledger_marks(ctx),
         poll=w.poll,
         stop=w.stop,
-        waiting=lambda why: w.post(Waiting(number, why)),
+        waiting=lambda why: w.post(posts.Waiting(number, why)),
     )
     # Where it goes beside this runner's other trials (first where the trial before it ran,
     # when it took an ended one's place): rendered there from the start, the plan's probe
@@ -368,7 +358,7 @@ def _placed_and_applied(
             return plan, {}
         setups = tuple(sorted(hp.name for hp in plan.hosts if hp.setup is not None and hp.error is None))
         if setups:
-            w.post(SettingUp(number, setups))
+            w.post(posts.SettingUp(number, setups))
         outcomes = apply_plan(ctx, plan, lambda line: None)
         if checks and not any(o.lost_race or o.error for o in outcomes.values()):
             now = time.monotonic()  # under the turn: the next trial there sees it
@@ -419,7 +409,7 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, star
             h.quiet = not any(t.state.live or t.state is TaskState.UNKNOWN for t in st.tasks)
             return _ending(w, st, reports)
         if reports:
-            w.post(Reported(h.number, reports))
+            w.post(posts.Reported(h.number, reports))
         ended = _paused(ctx, st) or _told_to_end(w, ctx, h, st, reports)
         if ended is not None:
             return ended
@@ -494,7 +484,7 @@ def _waited(w: TrialWork, ctx: Context, h: Handle, running: list[tuple[str, str]
         h.free_posted = True
         trace(h.number, "ended")
         w.places.leave(h.number)
-        w.post(Freed(h.number, ctx.rendered.placement.slots()))
+        w.post(posts.Freed(h.number, ctx.rendered.placement.slots()))
         # Its look (how it ended) waits until the next trial is on its place: the two would
         # share the host and the connection, and the next trial's start is what waits.
         h.handed_off.wait(HANDOFF_WAIT)
