@@ -662,7 +662,12 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     soon as the unit's main process is gone."""
     proc = subprocess.Popen(["sleep", "30"])
     state = tmp_path / "active"
-    state.write_text("active")
+
+    def set_state(value: str) -> None:  # whole, as systemd answers: the fake never reads half a write
+        (tmp_path / "active.new").write_text(value)
+        (tmp_path / "active.new").replace(state)
+
+    set_state("active")
     fake = tmp_path / "systemctl"
     # `is-active`: the state; `show -p ActiveState -p MainPID --value`: the two values, one per line
     fake.write_text(
@@ -685,14 +690,14 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
         assert run(0.3, units=2)[0] == "timeout"  # several: the loop of sleeps
         # Reaped, as systemd does, then its unit settles (its ExecStopPost) a moment later.
         threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()
-        threading.Timer(0.4, lambda: state.write_text("inactive")).start()
+        threading.Timer(0.4, lambda: set_state("inactive")).start()
         said, took = run(10)
         assert said == "ended inactive" and took < 2, (said, took)  # settled: its place is free
         assert settled_free(said)
     finally:
         proc.kill()
         proc.wait()
-    state.write_text("active")
+    set_state("active")
     proc = subprocess.Popen(["sleep", "0.2"])
     (tmp_path / "pid").write_text(str(proc.pid))
     threading.Timer(0.1, proc.wait).start()
@@ -700,19 +705,19 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     assert said == "ended active" and not settled_free(said) and took < 2, (said, took)
     # Stopped by a preemption (its mark written before the stop): its GPUs are not free.
     (tmp_path / "preempt-at").write_text("1700000000.000\n")
-    state.write_text("inactive")
+    set_state("inactive")
     proc = subprocess.Popen(["sleep", "0.2"])
     (tmp_path / "pid").write_text(str(proc.pid))
-    state.write_text("active")
+    set_state("active")
     threading.Timer(0.1, proc.wait).start()
-    threading.Timer(0.25, lambda: state.write_text("inactive")).start()
+    threading.Timer(0.25, lambda: set_state("inactive")).start()
     said, _ = run(10)
     assert said == "ended inactive preempted" and not settled_free(said), said
     (tmp_path / "preempt-at").unlink()
-    state.write_text("active")
+    set_state("active")
     (tmp_path / "pid").write_text("0")
     assert run(10)[0] == "none"  # no main process to watch (a unit between its start and its process)
-    state.write_text("failed")
+    set_state("failed")
     assert run(10)[0] == "ended failed"
     assert settled_free("ended failed") and not settled_free("ended") and not settled_free("timeout")
 
@@ -1006,6 +1011,48 @@ def test_a_follow_that_sees_its_job_preempted_and_stopped_pauses(
     finally:
         ctx.close()
     assert got == Ended(Ending.PAUSED, PAUSED_WHY)
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_an_adopted_trial_holds_its_place_only_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, live: bool
+) -> None:
+    """A dead runner may have freed a trial's place (Freed) and started the next trial
+    there before it died: the adopting runner holds an adopted trial's place only when its
+    first look finds it running."""
+    from provision.core.lifecycle import JobPhase, TaskState
+    from provision.rules.status import JobStatus, TaskStatus
+
+    (tmp_path / "study.yaml").write_text(INV)
+    inv = parse(INV, tmp_path / "study.yaml", "study.yaml")
+    state, phase = (TaskState.RUNNING, JobPhase.RUNNING) if live else (TaskState.SUCCEEDED, JobPhase.SUCCEEDED)
+    task = TaskStatus("chief-0", "chief", "a", "192.0.2.1", [0], state, None, 0, None, "")
+    held: list[int] = []
+    work = TrialWork(
+        where=str(tmp_path / "study.yaml"), inv=inv, tune=_tune(), logs_dir=tmp_path, stop=threading.Event(), say=print
+    )
+
+    def look(ctx: Context, util: bool = True) -> tuple[JobStatus, None]:
+        held.append(1 in work.places._taken)
+        work.stop.set()  # one look is enough: then Ctrl-C
+        return JobStatus("sweep-t1", phase, "", (task,)), None
+
+    monkeypatch.setattr(trialrun, "look", look)
+    monkeypatch.setattr(trialrun, "_host_wait", lambda w, ctx, running: "timeout")
+
+    class Reader:
+        def read(self, ctx: Context) -> tuple[Report, ...]:
+            return (Report(0, 1.0),)
+
+    ctx = open_context(
+        str(tmp_path / "study.yaml"), state_path=str(tmp_path / "t1.json"), loaded=inv, operation="apply"
+    )
+    try:
+        trialrun._follow(work, ctx, Handle(1, {"lr": 0.5}, phase="running", adopt=True), Reader())  # type: ignore[arg-type]
+    finally:
+        ctx.close()
+    assert held == [False]  # nothing held before its first look
+    assert (1 in work.places._taken) is live
 
 
 def test_a_resumed_runs_metric_file_goes_after_the_reports_before_its_pause() -> None:

@@ -209,8 +209,6 @@ def _run_on(w: TrialWork, ctx: Context, h: Handle) -> tuple[Ended, bool]:
                 return failed, h.phase == PAUSED  # a paused one is on its hosts: wound up
             # Where its tasks ran, for `fetch --trial` once it is gone from the hosts.
             w.post(posts.Started(h.number, {t.name: t.host.name for t in ctx.rendered.placement.tasks}))
-        else:
-            w.places.hold(h.number, ctx.rendered.placement.slots())  # adopted: where it runs
         ctx.release_lock()  # other operators may look meanwhile; the trial may run for hours
         ended = _follow(w, ctx, h, reader, started=started)
         if ended.ending is not Ending.PAUSED:
@@ -391,6 +389,7 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, star
         # metric is read beside the look (its round trip in the same time).
         read = _beside(lambda: reader.read(ctx))
         st, _ = look(ctx, util=False)  # a trial's status needs no GPU utilization
+        _hold_adopted(w, ctx, h, st, first=not (started or seen))
         if any(t.detail != "not applied" for t in st.tasks):
             seen = True
         elif not seen:
@@ -413,6 +412,14 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, star
         ended = _paused(ctx, st) or _told_to_end(w, ctx, h, st, reports)
         if ended is not None:
             return ended
+
+
+def _hold_adopted(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, *, first: bool) -> None:
+    """At an adopted trial's first look (`first`), if it still runs: where it runs is this
+    runner's to keep free. One whose job ended is not held: its dead runner may have given
+    its place to the next trial already (Freed), and that one runs there now."""
+    if first and any(t.state.live for t in st.tasks):
+        w.places.hold(h.number, ctx.rendered.placement.slots())
 
 
 def _paused(ctx: Context, st: JobStatus) -> Ended | None:
