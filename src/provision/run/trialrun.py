@@ -479,6 +479,7 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
 
 
 WAIT_LONGEST = 3.0  # without early stopping, seconds between looks while nothing ends (the loop's beat)
+WAIT_ANSWER_MAX = 256  # bytes of the host-side wait's answer kept ("ended inactive preempted" and the like)
 
 
 def _waited(w: TrialWork, ctx: Context, h: Handle, running: list[tuple[str, str]]) -> bool:
@@ -515,13 +516,17 @@ def _host_wait(w: TrialWork, ctx: Context, running: list[tuple[str, str]]) -> st
         return None
     units = [layout.unit_name(ctx.inventory.job, tn) for hn, tn in running if hn == host]
     longest = w.poll if w.tune.early_stopping is not EarlyStopping.NONE else max(w.poll, WAIT_LONGEST)
-    said: list[bytes] = []
+    said = bytearray()
+
+    def keep(data: bytes) -> None:  # one short line is the answer: a host sending more is not kept
+        said.extend(data[: max(0, WAIT_ANSWER_MAX - len(said))])
+
     try:
         preempted = layout.preempt_at_path(ctx.inventory.job)
-        ctx.session.stream(target, end_wait_command(units, longest, preempted), said.append, stop=w.stop)
+        ctx.session.stream(target, end_wait_command(units, longest, preempted), keep, stop=w.stop)
     except Exception:  # noqa: BLE001 - a wait that fails is a poll's sleep: the next look says why
         return None
-    text = b"".join(said).decode("utf-8", "replace").strip()
+    text = bytes(said).decode("utf-8", "replace").strip()
     return text if text and text != "none" else None
 
 

@@ -100,22 +100,17 @@ class _Mine:
     freed: list[tuple[Handle, Mapping[str, Slot]]] = field(default_factory=list)
     paused: dict[int, str] = field(default_factory=dict)  # preempted trials waiting to resume: why
 
+    def _untold(self) -> list[Handle]:
+        """Trials the study counts running: not yet told, nor paused."""
+        return [h for n, h in self.handles.items() if not h.told_event.is_set() and not h.told and n not in self.paused]
+
     def holding(self) -> int:
-        """Trials that hold GPUs (not yet told, nor paused, nor freed)."""
-        return sum(
-            1
-            for n, h in self.handles.items()
-            if not h.told_event.is_set() and not h.told and n not in self.paused and not h.freed
-        )
+        """Trials that hold GPUs (untold, and their places not freed)."""
+        return sum(not h.freed for h in self._untold())
 
     def freed_untold(self) -> int:
-        """Trials whose places were freed but which the study still counts running (not
-        told, nor paused: the study does not count those)."""
-        return sum(
-            1
-            for n, h in self.handles.items()
-            if h.freed and not h.told_event.is_set() and not h.told and n not in self.paused
-        )
+        """Trials whose places were freed but which the study still counts running."""
+        return sum(h.freed for h in self._untold())
 
 
 class StudyLoop:
