@@ -190,7 +190,7 @@ def test_promote_writes_a_plain_inventory_with_the_trials_arguments(tmp_path):
         out_dir=tmp_path / "elsewhere",
     )
     doc = yaml.safe_load(out)
-    assert "tune" not in doc and doc["job"] == "sweep"
+    assert "tune" not in doc and doc["job"] == "sweep-p7"  # not the study's (its destroy would remove it)
     assert doc["pools"]["chief"]["command"][-3:] == ["--learning_rate=0.02", "--optimizer=sgd", "--momentum=0.9"]
     assert doc["files"][0]["src"] == "../study/train.py"
     assert out.startswith("# Trial 7 of study sweep")

@@ -214,6 +214,17 @@ def test_the_median_rule_stops_a_trial_far_behind(sandbox4, sandbox_inventory, t
     assert promoted["pools"]["chief"]["command"][-1] == f"--quality={doc['best']['params']['quality']}"
     plan = cli("plan", "--detailed-exitcode", tmp_path / "promoted" / "best.yaml", cwd=tmp_path)
     assert plan.returncode == 2, plan.stdout + plan.stderr
+    # A job of its own: applied, the study's destroy leaves it (it had the study's name, and
+    # `destroy study.yaml` stopped and removed the promoted job).
+    job = f"tmed-p{doc['best']['number']}"
+    assert promoted["job"] == job and f"as job {job}" in out.stdout, out.stdout
+    ok(cli("apply", "-y", tmp_path / "promoted" / "best.yaml", cwd=tmp_path))
+    unit = f"provision-{job}-chief-0.service"
+    on = [h for h in HOSTS if sh(sandbox4, h, f"systemctl cat {unit}").code == 0]
+    assert len(on) == 1, on
+    ok(cli("destroy", "-y", inv, cwd=tmp_path))
+    assert sh(sandbox4, on[0], f"systemctl cat {unit}").code == 0, "the study's destroy removed the promoted job"
+    ok(cli("destroy", "-y", tmp_path / "promoted" / "best.yaml", cwd=tmp_path))
 
 
 def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_inventory, tmp_path):

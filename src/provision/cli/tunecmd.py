@@ -16,7 +16,7 @@ import click
 from provision.cli.tuneview import draw_png, event_line, study_json, table_lines, warm_matplotlib
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
-from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best
+from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best, promoted_job
 from provision.rules.space import grid_size, space_size
 from provision.spec.inventory import load
 from provision.spec.promote import promoted
@@ -348,4 +348,6 @@ def _promote(where: str, inv: Inventory, study: Study | None, which: str, out: P
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    click.echo(f"Wrote {out}: trial {row.number} ({value}) as job {inv.job}. Next: provision plan {out}")
+    click.echo(
+        f"Wrote {out}: trial {row.number} ({value}) as job {promoted_job(inv.job, row.number)}. Next: provision plan {out}"
+    )

@@ -231,3 +231,11 @@ def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRo
 def trial_job(job: str, number: int) -> str:
     """The trial's job name: the study's job and its number (a DNS label)."""
     return f"{job}-t{number}"
+
+
+def promoted_job(job: str, number: int) -> str:
+    """The job `tune --promote N` writes: a name of its own, as long as the trial's. Not the
+    study's: the study's `destroy` would remove it, and its destroy the study's shared
+    setup (a host keeps a study's setup under the study's name). Not the trial's: the
+    study's trials are its to remove."""
+    return f"{job}-p{number}"

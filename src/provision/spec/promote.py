@@ -1,8 +1,8 @@
 """From study to job: the study's inventory with one trial's exact arguments and no `tune:`,
 ready for `provision plan` / `apply`. Pure (the file's text in, the new text out).
 
-The job keeps the study's name (the study itself never runs on the hosts, only its trials
-`<job>-t<N>` do); `files:` sources are rewritten relative to where the new file goes, so
+The job is named `<job>-p<N>` (core/tuning.promoted_job: not the study's own name, whose
+destroy would remove it, nor the trial's `<job>-t<N>`); `files:` sources are rewritten relative to where the new file goes, so
 they still name the same files. `outputs:` becomes the trial's own, `<base>/<N>`: `fetch`
 of the promoted job brings back that trial's model, and a run of it writes there.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from provision.core.tuning import Tune, Value
+from provision.core.tuning import Tune, Value, promoted_job
 from provision.spec.trial import flags, with_flags
 
 
@@ -25,6 +25,9 @@ def promoted(
 ) -> str:
     doc: dict[str, Any] = yaml.safe_load(text)
     doc.pop("tune", None)
+    study = doc.get("job")
+    if isinstance(study, str):
+        doc["job"] = promoted_job(study, number)
     extra = list(flags(tune, params))
     for pool in (doc.get("pools") or {}).values():
         if not isinstance(pool, dict):
@@ -39,6 +42,6 @@ def promoted(
     for f in doc.get("files") or []:
         if isinstance(f, dict) and isinstance(f.get("src"), str) and not os.path.isabs(os.path.expanduser(f["src"])):
             f["src"] = os.path.relpath((src_dir / f["src"]).resolve(), out_dir.resolve())
-    head = f"# Trial {number} of study {doc.get('job')}, promoted by `provision tune --promote`: {why}\n"
+    head = f"# Trial {number} of study {study}, promoted by `provision tune --promote`: {why}\n"
     head += "# Its arguments: " + " ".join(extra) + "\n"
     return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=1000)

@@ -24,6 +24,7 @@ from provision.core.errors import ProvisionError
 from provision.core.lifecycle import STOP_PHASE, TaskState
 from provision.core.model import Inventory
 from provision.core.target import HostError
+from provision.core.tuning import promoted_job
 from provision.host.protocol import ProbeReport
 from provision.io.ssh import Session
 from provision.io.steps import GroupResult
@@ -354,7 +355,8 @@ class InventorySource:
             src_dir=here,
             out_dir=here,
         )
-        return {"ok": True, "message": f"trial {row.number} ({value}) as job {name}", "inventory": text}
+        job = promoted_job(inv.job, row.number)
+        return {"ok": True, "message": f"trial {row.number} ({value}) as job {job}", "inventory": text}
 
 
 def _marker(who: str) -> dict[str, str]:
