@@ -283,8 +283,8 @@ def _stepwise(value: Callable[[Handle], float], steps: int = 10) -> tuple[Worker
     def hook(loop: StudyLoop) -> None:
         reported = loop._reported
 
-        def and_say(h: Handle, reports: tuple[Report, ...]) -> None:
-            reported(h, reports)
+        def and_say(h: Handle, reports: tuple[Report, ...], *, final: bool = False) -> None:
+            reported(h, reports, final=final)
             looked[h.number] = reports[-1].step
 
         loop._reported = and_say  # type: ignore[method-assign]
@@ -366,6 +366,78 @@ def test_hyperband_stops_trials_at_the_rungs_optuna_recorded(tmp_path: Path) -> 
         assert f"loss {r.number}, not in the best 1/3 of the " in r.why
     # Brackets start stopping at different rungs: bracket 1's first rung is at step 3.
     assert any("of bracket 1, step 3:" in r.why for r in stopped), [r.why for r in stopped]
+
+
+def _curve(study: Study, number: int) -> dict[int, float]:
+    return dict(study.study.get_trials(deepcopy=False)[number - 1].intermediate_values)
+
+
+def _at_once(curves: dict[int, dict[int, float]], seen: int | None = None) -> Worker:
+    """A worker whose trial's reports come in one look (a trial of short steps, or a slow
+    poll): all of them; or (`seen`) the first `seen` before its end and all of them with its
+    end's look (final)."""
+
+    def work(w: TrialWork, h: Handle) -> None:
+        reports = tuple(Report(s, v) for s, v in sorted(curves[h.number].items()))
+        if seen is None:
+            w.post(Reported(h.number, reports))
+        else:
+            if reports[:seen]:
+                w.post(Reported(h.number, reports[:seen]))
+            w.post(Reported(h.number, reports, final=True))
+        # As the worker does: stopped where the rule decided, else it ran to its end.
+        _until(lambda: h.stop_early is not None, 0.2)
+        last = h.stop_at or reports[-1]
+        ending = Ending.STOPPED_EARLY if h.stop_early is not None else Ending.SUCCEEDED
+        ended = Ended(ending, h.stop_early or "", last.value, last.step)
+        w.post(JobEnded(h.number, ended))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, ended))
+
+    return work
+
+
+def _by_step(*values: float) -> dict[int, float]:
+    return dict(enumerate(values))
+
+
+def test_a_look_that_brings_several_steps_is_judged_at_each_and_stops_at_the_first_behind(tmp_path: Path) -> None:
+    # Trial 1 completes: 3, 3, then 0.3: its running averages 3, 3, 2.1, 1.65, 1.38, 1.16.
+    # Trial 2 (2.0 at every step) comes in one look: not behind until step 3 (2 > 1.65),
+    # so it stopped at step 3 (not 5, the look's last), said with step 3's numbers, and
+    # the study keeps its curve to step 3 only.
+    curves = {1: _by_step(3, 3, 0.3, 0.3, 0.3, 0.3), 2: _by_step(2, 2, 2, 2, 2, 2)}
+    tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    loop, study, _ = _loop(tmp_path, tune, _at_once(curves))
+    assert loop.run().code == 0
+    rows = study.rows()
+    assert rows[1].state is TrialState.STOPPED_EARLY
+    assert rows[1].steps == 3 and rows[1].value == 2.0
+    assert rows[1].why == "best loss 2, median of 1 completed trial's running average to step 3: 1.65"
+    assert sorted(_curve(study, 2)) == [0, 1, 2, 3]
+
+
+def test_a_completed_trials_reports_after_the_last_look_count_in_the_median(tmp_path: Path) -> None:
+    # Trial 1's last two steps (3.0) come only with its end's look: its running average to
+    # step 3 is (1 + 1 + 3 + 3) / 4 = 2, and trial 2 (1.5 at step 3) is not behind it.
+    # Counted without them (an average of 1.0), trial 2 would have been stopped.
+    curves = {1: _by_step(1, 1, 3, 3), 2: {3: 1.5}}
+    tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    loop, study, _ = _loop(tmp_path, tune, _at_once(curves, seen=2))
+    assert loop.run().code == 0
+    assert _curve(study, 1) == {0: 1.0, 1: 1.0, 2: 3.0, 3: 3.0}
+    assert [r.state for r in study.rows()] == [TrialState.SUCCEEDED, TrialState.SUCCEEDED]
+
+
+def test_rungs_take_the_value_at_their_own_step_when_a_look_brings_several(tmp_path: Path) -> None:
+    # asha's rungs (after trial 1's 10 steps) are at steps 1 and 4: trial 2's values there,
+    # not the value at the look's last step, though all ten came in one look.
+    curves = {1: _by_step(*[1.0] * 10), 2: _by_step(*[5.0 + s / 100 for s in range(10)])}
+    tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.ASHA)
+    loop, study, _ = _loop(tmp_path, tune, _at_once(curves))
+    assert loop.run().code == 0
+    attrs = study.study.get_trials(deepcopy=False)[1].system_attrs
+    assert attrs["completed_rung_0"] == curves[2][1] and attrs["completed_rung_1"] == curves[2][4], attrs
 
 
 @pytest.mark.parametrize("algorithm", [Algorithm.BAYESIAN, Algorithm.RANDOM])

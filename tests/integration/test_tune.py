@@ -67,6 +67,17 @@ def _popen(inv: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
     )
 
 
+def _curves(inv: Path, job: str) -> dict[int, dict[int, float]]:
+    """trial number -> its reports as the study's journal keeps them (step -> value)."""
+    from optuna.storages import JournalStorage  # Optuna's own reading of the journal
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    journal = str(inv.parent / ".provision" / f"{job}.tune" / "study.journal")
+    storage = JournalStorage(JournalFileBackend(journal, lock_obj=JournalFileOpenLock(journal)))
+    study = storage.get_study_id_from_name(job)
+    return {t.number + 1: dict(t.intermediate_values) for t in storage.get_all_trials(study)}
+
+
 def _trials(inv: Path, cwd: Path, env: dict | None = None) -> dict:
     return json.loads(ok(cli("tune", "--status", "--json", inv, cwd=cwd, env=env)).stdout)
 
@@ -206,6 +217,14 @@ def test_the_median_rule_stops_a_trial_far_behind(sandbox4, sandbox_inventory, t
     # The others ran to their end, or were behind the median at some step too (1.03 after
     # 1.0, 1.01, 1.02 is): never failed.
     assert {t["state"] for t in doc["trials"]} <= {"succeeded", "stopped early"}, doc["trials"]
+    # A completed trial's whole curve is the study's, the reports after its last look too (the
+    # median rule averages them): those came only with the look that found its job ended.
+    curves = _curves(inv, "tmed")
+    for t in doc["trials"]:
+        if t["state"] == "succeeded":
+            assert sorted(curves[t["number"]]) == list(range(1, 13)), (t, curves[t["number"]])
+        else:  # stopped where the rule decided: its curve ends at that step
+            assert max(curves[t["number"]]) == t["steps"], (t, curves[t["number"]])
     # The best trial as a plain job: its arguments, no tune:, and plan takes it.
     out = ok(_tune("--promote", "best", "-o", tmp_path / "promoted" / "best.yaml", inv, cwd=tmp_path))
     assert f"trial {doc['best']['number']}" in out.stdout

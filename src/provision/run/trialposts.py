@@ -37,10 +37,12 @@ class SettingUp:
 
 @dataclass(frozen=True)
 class Reported:
-    """Every report the trial's metric has so far."""
+    """Every report the trial's metric has so far. `final`: read once its job ended (its
+    last reports, which the study keeps whatever the early-stopping rule said before)."""
 
     number: int
     reports: tuple[Report, ...]
+    final: bool = False
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class Handle:
     told: bool = False  # adopted after its outcome was told: only its removal is left
     recorded: Ended | None = None  # phase "ended": the outcome that runner recorded
     adopt: bool = False
-    stop_early: str | None = None  # set by the loop: the median rule stops it (why, in words)
+    stop_early: str | None = None  # set by the loop: the early-stopping rule stops it (why, in words)
+    stop_at: Report | None = None  # set with stop_early: the report at which the rule decided
     freed: bool = False  # set by the loop: its place was given up (Freed) before its end was told
     free_posted: bool = False  # its worker posted Freed
     told_event: threading.Event = field(default_factory=threading.Event)  # set by the loop once told
@@ -404,14 +405,22 @@ def _follow(w: TrialWork, ctx: Context, h: Handle, reader: MetricReader, *, star
             end_job(ctx, st)
             return Ended(Ending.FAILED, str(e))
         if st.phase.ended:
-            trace(h.number, "ended")
-            h.quiet = not any(t.state.live or t.state is TaskState.UNKNOWN for t in st.tasks)
-            return _ending(w, st, reports)
+            return _job_ended(w, h, st, reports)
         if reports:
             w.post(posts.Reported(h.number, reports))
         ended = _paused(ctx, st) or _told_to_end(w, ctx, h, st, reports)
         if ended is not None:
             return ended
+
+
+def _job_ended(w: TrialWork, h: Handle, st: JobStatus, reports: tuple[Report, ...]) -> Ended:
+    """The look that found its job ended: its reports go to the study, those since the last
+    look too (a completed trial's whole curve counts in the median rule), and how it ended."""
+    trace(h.number, "ended")
+    h.quiet = not any(t.state.live or t.state is TaskState.UNKNOWN for t in st.tasks)
+    if reports:
+        w.post(posts.Reported(h.number, reports, final=True))
+    return _ending(w, st, reports)
 
 
 def _hold_adopted(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, *, first: bool) -> None:
@@ -468,7 +477,7 @@ def _told_to_end(w: TrialWork, ctx: Context, h: Handle, st: JobStatus, reports: 
     if h.stop_early is not None:
         end_job(ctx, st)
         h.quiet = True  # stopped in order
-        last = reports[-1] if reports else None
+        last = h.stop_at or (reports[-1] if reports else None)  # where the rule stopped it
         return Ended(Ending.STOPPED_EARLY, h.stop_early, last.value if last else None, last.step if last else None)
     running = [(t.host, t.task) for t in st.tasks if t.state is TaskState.RUNNING]
     if not _waited(w, ctx, h, running) and w.stop.wait(w.poll):

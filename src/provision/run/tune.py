@@ -289,7 +289,7 @@ class StudyLoop:
         elif isinstance(post, (Waiting, SettingUp)):
             self._where(post)
         elif isinstance(post, Reported):
-            self._reported(h, post.reports)
+            self._reported(h, post.reports, final=post.final)
         elif isinstance(post, Paused):
             self._paused(post)
         elif isinstance(post, Freed):
@@ -347,22 +347,28 @@ class StudyLoop:
             self.w.say(f"trial {post.number} waits for room: {post.why}")
         self.study.beat(post.number, doing=words)
 
-    def _reported(self, h: Handle, reports: tuple[Report, ...]) -> None:
-        """New steps go to the pruner (with early stopping); it may stop the trial (its
-        worker ends the job). The last step and value are written with the next heartbeat:
-        each write is an fsync of the journal, and the live line can wait a beat."""
+    def _reported(self, h: Handle, reports: tuple[Report, ...], *, final: bool = False) -> None:
+        """New steps go to the study (with early stopping), and the rule judges the trial at
+        each of them, in order, as if they came one by one (a look may bring several): the
+        first that stops it is where it stopped (its words, its step and value), and the
+        study keeps none after it, unless the job ended first (`final`: its whole curve
+        counts, as a completed trial's). The last step and value are written with the next
+        heartbeat: each write is an fsync of the journal, and the live line can wait a beat."""
         last = reports[-1]
         self.mine.progress[h.number] = (last.step, last.value)
-        if self.w.tune.early_stopping is EarlyStopping.NONE:
+        if self.w.tune.early_stopping is EarlyStopping.NONE or (h.stop_early is not None and not final):
             return
         told = self.mine.told_steps.setdefault(h.number, set())
-        new = [r for r in reports if r.step not in told]
-        for r in new:
+        for r in reports:
+            if r.step in told:
+                continue
             told.add(r.step)
             self.study.report(h.number, r.value, r.step)
-        if new and h.stop_early is None and self.study.should_prune(h.number):
-            h.stop_early = self._median_words(last)
-            self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
+            if not final and r.step >= 0 and self.study.should_prune(h.number):
+                h.stop_at = r
+                h.stop_early = self._median_words(r)
+                self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
+                return
 
     def _median_words(self, last: Report) -> str:
         """Why the early-stopping rule stopped it, with the numbers that decided (the
