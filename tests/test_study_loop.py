@@ -348,6 +348,9 @@ def test_asha_stops_a_trial_at_a_rung_and_says_which(tmp_path: Path) -> None:
     assert rows[2].why == "asha at rung 0, step 1: loss 10, not in the best 1/4 of the 2 trials there (the cut: 5)"
     assert _rungs(study, 3) == [0]  # the rung Optuna recorded is the one said
     assert _rungs(study, 2) == [0, 1] and _rungs(study, 4) == [0, 1]  # promoted at steps 1 and 4
+    # The rung each reached is its status (tune --status: the RUNG column and "rung").
+    assert [r.rung for r in rows] == [None, 1, 0, 1]
+    assert [r.to_json()["rung"] for r in rows] == [None, 1, 0, 1]
 
 
 def test_hyperband_stops_trials_at_the_rungs_optuna_recorded(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from provision.cli.tuneview import (
     study_json,
     table_lines,
 )
-from provision.core.tuning import Goal, Metric, Param, ParamType, Scale, TrialRow, TrialState, Tune
+from provision.core.tuning import EarlyStopping, Goal, Metric, Param, ParamType, Scale, TrialRow, TrialState, Tune
 from test_json_shapes import TUNING, check, documented
 
 S = TrialState
@@ -104,6 +104,18 @@ def test_table_lines():
         "Best: trial 5, val_loss=0.2501 (--learning_rate=0.002 --batch_size=64 --optimizer=adam)",
         "7 trials: 3 succeeded, 1 stopped early, 1 failed, 2 running (max_trials 12, parallel 4)",
     ]
+
+
+def test_the_table_has_a_rung_column_with_hyperband_and_asha():
+    rows = (TrialRow(1, (), S.SUCCEEDED, 0.2, 9, 5.0, rung=2), TrialRow(2, (), S.RUNNING, 0.5, 2, 1.0))
+    for rule in (EarlyStopping.HYPERBAND, EarlyStopping.ASHA):
+        lines = table_lines(rows, Tune(Metric("loss", Goal.MINIMIZE), (), max_trials=2, early_stopping=rule))
+        assert lines[:3] == [
+            "TRIAL  STATE      loss  STEP  RUNG  TIME  WHY",
+            "1      succeeded  0.2   9     2     5s",
+            "2      running    0.5   2           1s",
+        ], lines
+    assert "RUNG" not in table_lines(rows, Tune(Metric("loss", Goal.MINIMIZE), (), max_trials=2))[0]
 
 
 def test_table_of_no_trials_and_of_a_maximized_metric():

@@ -22,7 +22,18 @@ import click
 from provision.cli.output import table
 from provision.core.errors import no_color
 from provision.core.text import duration, plural
-from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState, Tune, Value, best, format_value
+from provision.core.tuning import (
+    EarlyStopping,
+    Param,
+    ParamType,
+    Scale,
+    TrialRow,
+    TrialState,
+    Tune,
+    Value,
+    best,
+    format_value,
+)
 
 # Re-exported: the --json builder lives in rules/ (the dashboard serves it too).
 from provision.rules.studyview import COUNTED as COUNTED
@@ -71,7 +82,8 @@ def table_lines(rows: Sequence[TrialRow], tune: Tune) -> list[str]:
     """The trials table, then the best trial and the counts."""
     d = digits([r.value for r in rows if r.value is not None])
     names = [p.name for p in tune.params]
-    cells = [("TRIAL", *names, "STATE", tune.metric.name, "STEP", "TIME", "WHY")]
+    rungs = tune.early_stopping in (EarlyStopping.HYPERBAND, EarlyStopping.ASHA)  # the rung each reached
+    cells = [("TRIAL", *names, "STATE", tune.metric.name, "STEP", *(("RUNG",) if rungs else ()), "TIME", "WHY")]
     for r in rows:
         params = dict(r.params)
         trial = str(r.number) + (f" (retry of {r.retry_of})" if r.retry_of is not None else "")
@@ -82,6 +94,7 @@ def table_lines(rows: Sequence[TrialRow], tune: Tune) -> list[str]:
                 r.state.value,
                 "" if r.value is None else f"{r.value:.{d}g}",
                 "" if r.steps is None else str(r.steps),
+                *(("" if r.rung is None else str(r.rung),) if rungs else ()),
                 "" if r.seconds is None else duration(round(r.seconds)),
                 r.why,
             )

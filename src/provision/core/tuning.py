@@ -200,6 +200,7 @@ class TrialRow:
     why: str = ""  # why it ended, in words
     job: str = ""  # the trial's job name on the hosts
     retry_of: int | None = None  # a lost or failed trial's parameters run again
+    rung: int | None = None  # hyperband's and asha's: the highest rung it reached (from 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -212,6 +213,7 @@ class TrialRow:
             "seconds": round(self.seconds, 3) if self.seconds is not None else None,
             "why": self.why or None,
             "retry_of": self.retry_of,
+            "rung": self.rung,
         }
 
 

@@ -7,7 +7,8 @@
   at different rungs).
 
 Successive halving records, in each trial's system attributes, its value at every rung it
-reached (`completed_rung_N`); the rung a stopped trial is named by is the last of these.
+reached (`completed_rung_N`); the rung a stopped trial is named by is the last of these, and
+the rung a trial reached (its status) is read back after each decision.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class VertexMedian(BasePruner):
         return call is not None and call.stop
 
 
+def _reached(study: optuna.Study, trial: FrozenTrial) -> int | None:
+    """The highest rung the trial reached, as the pruner just recorded it (None: none yet)."""
+    attrs = study._storage.get_trial(trial._trial_id).system_attrs
+    return max((int(k[len(RUNG) :]) for k in attrs if k.startswith(RUNG) and k[len(RUNG) :].isdigit()), default=None)
+
+
 def _rung_call(
     rule: str, study: optuna.Study, trial: FrozenTrial, reduction: int, peers: list[FrozenTrial], bracket: int | None
 ) -> RungCall:
@@ -68,10 +75,12 @@ class Asha(SuccessiveHalvingPruner):
     def __init__(self) -> None:
         super().__init__(reduction_factor=ASHA_REDUCTION)
         self.last: Call | None = None
+        self.reached: int | None = None
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         self.last = None
         stop = super().prune(study, trial)
+        self.reached = _reached(study, trial)
         if stop:
             peers = study._storage.get_all_trials(study._study_id, deepcopy=False)
             self.last = _rung_call("asha", study, trial, ASHA_REDUCTION, peers, None)
@@ -82,10 +91,12 @@ class Hyperband(HyperbandPruner):
     def __init__(self) -> None:
         super().__init__(reduction_factor=HYPERBAND_REDUCTION)
         self.last: Call | None = None
+        self.reached: int | None = None
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         self.last = None
         stop = super().prune(study, trial)
+        self.reached = _reached(study, trial)
         if stop:
             # Its bracket's trials are the ones it competed with (Optuna's own bracket rule).
             bracket = self._get_bracket_id(study, trial)
@@ -111,3 +122,8 @@ def pruner(rule: EarlyStopping) -> BasePruner:
 def last_call(p: BasePruner) -> Call | None:
     """The numbers of the pruner's last decision (None: a pruner that keeps none)."""
     return p.last if isinstance(p, VertexMedian | Asha | Hyperband) else None
+
+
+def reached_rung(p: BasePruner) -> int | None:
+    """The rung the trial of the pruner's last decision reached (None: none, or no rungs)."""
+    return p.reached if isinstance(p, Asha | Hyperband) else None

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial
@@ -52,8 +51,9 @@ from provision.core.tuning import (
     Value,
     trial_job,
 )
-from provision.io.pruners import last_call, pruner
+from provision.io.pruners import last_call, pruner, reached_rung
 from provision.io.samplers import unseen
+from provision.io.studyspace import distribution, same_space
 from provision.rules.liveness import process_alive
 from provision.rules.stopping import Call
 
@@ -187,7 +187,7 @@ def _sampler(tune: Tune, seed: int | None) -> optuna.samplers.BaseSampler:
         # constant_liar: parallel trials do not all get the same suggestion while others run.
         base = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     # A finite space: no point twice while unseen ones remain (io/samplers.py).
-    return unseen(base, tune.params, {p.name: _distribution(p) for p in tune.params}, seed)
+    return unseen(base, tune.params, {p.name: distribution(p) for p in tune.params}, seed)
 
 
 def _pruner(tune: Tune) -> optuna.pruners.BasePruner:
@@ -290,6 +290,11 @@ class Study:
         """The numbers of the pruner's last decision (`should_prune` just before, on this
         thread): what a stopped trial's `why` says."""
         return last_call(self.study.pruner)
+
+    def rung_reached(self) -> int | None:
+        """The rung the trial of the last `should_prune` reached (hyperband, asha; on this
+        thread, right after it)."""
+        return reached_rung(self.study.pruner)
 
     @_storage_errors
     def is_running(self, number: int) -> bool:
@@ -451,6 +456,7 @@ def trial_row(job: str, t: FrozenTrial) -> TrialRow | None:
         why=str(ua.get("why") or (ua.get("doing", "") if t.state is OptunaState.RUNNING else "")),
         job=str(ua.get("job", trial_job(job, t.number + 1))),
         retry_of=ua.get("retry_of"),
+        rung=ua["rung"] if isinstance(ua.get("rung"), int) else None,
     )
 
 
@@ -533,7 +539,7 @@ def open_study(tune: Tune, job: str, url: str | None, journal: Path, seed: int |
     except Exception as e:
         raise ProvisionError(f"the study {job}: {_first_line(e)}") from None
     _same_direction(study, job, tune)
-    _same_space(study, job, tune)
+    same_space(study, job, tune)
     return Study(tune, job, study, _offset(storage))
 
 
@@ -564,46 +570,6 @@ def load_study(tune: Tune, job: str, url: str | None, journal: Path) -> Study | 
             return None  # a database where no study was ever made (no tables)
         raise ProvisionError(f"the study {job}: {_first_line(e)}") from None
     return Study(tune, job, study)
-
-
-def _distribution(p: Param) -> BaseDistribution:
-    log = p.scale is Scale.LOG
-    if p.type is ParamType.DOUBLE:
-        return FloatDistribution(float(p.min or 0), float(p.max or 0), log=log)
-    if p.type is ParamType.INTEGER:
-        return IntDistribution(int(p.min or 0), int(p.max or 0), log=log)
-    return CategoricalDistribution(list(p.values))
-
-
-def _words(d: BaseDistribution) -> str:
-    if isinstance(d, FloatDistribution | IntDistribution):
-        kind = "double" if isinstance(d, FloatDistribution) else "integer"
-        return f"{kind} {d.low:g}..{d.high:g}{' (log)' if d.log else ''}"
-    if isinstance(d, CategoricalDistribution):
-        return f"values {list(d.choices)}"
-    return type(d).__name__
-
-
-def _same_space(study: optuna.Study, job: str, tune: Tune) -> None:
-    """A resumed study searches the space its trials were asked in: Optuna cannot mix two
-    distributions of one parameter, and a best trial outside the declared space would be
-    named without a word. A change is refused, saying what changed."""
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus") and t.distributions]
-    if not trials:
-        return
-    then: dict[str, BaseDistribution] = {}
-    for t in trials:
-        for name, d in t.distributions.items():
-            then.setdefault(name, d)
-    now = {p.name: _distribution(p) for p in tune.params}
-    changes = [f"{n} was {_words(d)}, now {_words(now[n])}" for n, d in then.items() if n in now and now[n] != d]
-    changes += [f"{n} was {_words(d)}, now gone" for n, d in then.items() if n not in now]
-    if changes:
-        raise ProvisionError(
-            f"tune.parameters changed since study {job} began ({'; '.join(changes)}): its {len(trials)} trials were "
-            "asked in the old space. Put the old parameters back to resume it, or start a new study "
-            "(another `job:` name)"
-        )
 
 
 def _same_direction(study: optuna.Study, job: str, tune: Tune) -> None:

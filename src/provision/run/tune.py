@@ -93,6 +93,7 @@ class _Mine:
 
     handles: dict[int, Handle] = field(default_factory=dict)  # number -> handle, until its worker is done
     told_steps: dict[int, set[int]] = field(default_factory=dict)
+    rungs: dict[int, int] = field(default_factory=dict)  # the rung each reached (hyperband, asha)
     progress: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last (steps, value) seen
     written: dict[int, tuple[int | None, float | None]] = field(default_factory=dict)  # last progress written
     asked: dict[int, TrialRow] = field(default_factory=dict)  # asked, not yet on the hosts: its "started" line
@@ -364,11 +365,23 @@ class StudyLoop:
                 continue
             told.add(r.step)
             self.study.report(h.number, r.value, r.step)
-            if not final and r.step >= 0 and self.study.should_prune(h.number):
+            if final or r.step < 0:
+                continue
+            stop = self.study.should_prune(h.number)
+            self._rung(h.number)
+            if stop:
                 h.stop_at = r
                 h.stop_early = self._median_words(r)
                 self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
                 return
+
+    def _rung(self, number: int) -> None:
+        """hyperband's and asha's: the rung the trial reached, written when it is a new one
+        (`tune --status` shows it)."""
+        rung = self.study.rung_reached()
+        if rung is not None and self.mine.rungs.get(number) != rung:
+            self.mine.rungs[number] = rung
+            self.study.beat(number, rung=rung)
 
     def _median_words(self, last: Report) -> str:
         """Why the early-stopping rule stopped it, with the numbers that decided (the
