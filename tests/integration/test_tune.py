@@ -336,6 +336,9 @@ def test_a_trial_waiting_for_gpus_is_a_queued_apply_that_jobs_shows(sandbox4, sa
     # It says what it waits for, and "started" only once its job is on the hosts.
     assert "trial 1 waits for room: " in out and "trial 1 started" in out, out
     assert out.index("trial 1 waits for room") < out.index("trial 1 started"), out
+    # What it waits for, not what a failed apply would advise (it is waiting already).
+    waits = next(line for line in out.splitlines() if "trial 1 waits for room: " in line)
+    assert "does not fit" in waits and "apply --queue" not in waits and "below" not in waits, waits
 
 
 def test_two_tunes_share_one_study_in_postgresql(sandbox4, sandbox_inventory, tmp_path, postgres):

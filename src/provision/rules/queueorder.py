@@ -138,4 +138,4 @@ def check_turn(
     role = next(t.role for t in placement.tasks if t.host.name == behind[0].host and t.accelerators)
     line = behind_line(behind, now, policy)
     details = tuple(f"{b.host}: waiting work {b.describe(now, policy)} goes first" for b in behind)
-    raise PlacementError(role, f"{line} (`provision apply --queue` waits its turn)", held=True, details=details)
+    raise PlacementError(role, line, held=True, details=details, hint=" (`provision apply --queue` waits its turn)")

@@ -83,17 +83,17 @@ class Queue:
                     waited = duration(int(time.monotonic() - self.start))
                     if self.expired():
                         raise ProvisionError(
-                            f"--queue: gave up after {waited}: {e.message}",
+                            f"--queue: gave up after {waited}: {e.waiting}",
                             details=list(e.details),
                             exit_code=EXIT_TIMEOUT,
                         ) from None
-                    now = _AGE.sub("", "; ".join((e.message, *e.details)))
+                    now = _AGE.sub("", "; ".join((e.waiting, *e.details)))
                     if now != said:
-                        self.progress(f"queued ({waited} so far): {e.message}")
+                        self.progress(f"queued ({waited} so far): {e.waiting}")
                         for line in e.details:
                             self.progress(f"  waiting for {line}")
-                        self.mark("; ".join((e.message, *e.details)))
-                        self.waiting(e.message)
+                        self.mark("; ".join((e.waiting, *e.details)))
+                        self.waiting(e.waiting)
                         said = now
                     left = self.poll if self.deadline is None else self.deadline - time.monotonic()
                     if self.stop.wait(max(0.0, min(self.poll, left))):

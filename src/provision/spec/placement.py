@@ -86,11 +86,14 @@ class Held:
 
 
 class PlacementError(ProvisionError):
-    def __init__(self, role: str, reason: str, *, held: bool = False, details: tuple[str, ...] = ()):
-        super().__init__(f"pools.{role}: {reason}", details=list(details))
+    def __init__(self, role: str, reason: str, *, held: bool = False, details: tuple[str, ...] = (), hint: str = ""):
+        super().__init__(f"pools.{role}: {reason}{hint}", details=list(details))
         self.role = role
         self.reason = reason
         self.held = held  # it would fit were it not for what other jobs hold: worth waiting
+        # What a queued apply or a study's trial says it waits for: the reason without the
+        # hint an apply that fails gives (`apply --queue` waits...), which those are doing.
+        self.waiting = f"pools.{role}: {reason}"
 
 
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
@@ -225,6 +228,5 @@ def _no_fit(pool: Pool, index: int, states: dict[str, _HostState], held: Mapping
         f"accelerator{'' if pool.accelerators == 1 else 's'} on one host; "
         f"free on eligible hosts: {free}{more}"
     )
-    if could:
-        reason += " (held by other jobs, below; `provision apply --queue` waits until it fits)"
-    return PlacementError(pool.role, reason, held=could, details=by)
+    hint = " (held by other jobs, below; `provision apply --queue` waits until it fits)" if could else ""
+    return PlacementError(pool.role, reason, held=could, details=by, hint=hint)
