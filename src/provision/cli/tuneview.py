@@ -22,18 +22,7 @@ import click
 from provision.cli.output import table
 from provision.core.errors import no_color
 from provision.core.text import duration, plural
-from provision.core.tuning import (
-    EarlyStopping,
-    Param,
-    ParamType,
-    Scale,
-    TrialRow,
-    TrialState,
-    Tune,
-    Value,
-    best,
-    format_value,
-)
+from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState, Tune, Value, best, format_value
 
 # Re-exported: the --json builder lives in rules/ (the dashboard serves it too).
 from provision.rules.studyview import COUNTED as COUNTED
@@ -82,7 +71,7 @@ def table_lines(rows: Sequence[TrialRow], tune: Tune) -> list[str]:
     """The trials table, then the best trial and the counts."""
     d = digits([r.value for r in rows if r.value is not None])
     names = [p.name for p in tune.params]
-    rungs = tune.early_stopping in (EarlyStopping.HYPERBAND, EarlyStopping.ASHA)  # the rung each reached
+    rungs = tune.early_stopping.has_rungs  # the rung each reached: a column
     cells = [("TRIAL", *names, "STATE", tune.metric.name, "STEP", *(("RUNG",) if rungs else ()), "TIME", "WHY")]
     for r in rows:
         params = dict(r.params)

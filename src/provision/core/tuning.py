@@ -52,6 +52,11 @@ class EarlyStopping(StrEnum):
     HYPERBAND = "hyperband"  # Optuna's HyperbandPruner
     ASHA = "asha"  # Optuna's SuccessiveHalvingPruner (asynchronous successive halving)
 
+    @property
+    def has_rungs(self) -> bool:
+        """Successive halving's rules: a trial reaches rungs (its status says which)."""
+        return self in (EarlyStopping.HYPERBAND, EarlyStopping.ASHA)
+
 
 class TrialState(StrEnum):
     RUNNING = "running"
