@@ -196,6 +196,32 @@ def _seed_with_last(values: list[float], last: float) -> int:
     raise AssertionError("no seed puts it last")
 
 
+def test_with_more_trials_at_once_than_gpus_each_is_told_as_soon_as_it_ends(sandbox4, sandbox_inventory, tmp_path):
+    """6 trials at once on 4 GPUs: 2 wait for room, and when the first 4 end the 4 trials
+    asked next are given their GPUs while the 2 waiting ones take 2 of them first. The ended trial is told
+    (its result in the study) at once, not after the next one's start (up to 5 s later,
+    HANDOFF_WAIT: "after 12s" said of a 3 s trial)."""
+    tune = {
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+        "algorithm": "random",
+        "max_trials": 10,
+        "parallel_trials": 6,
+    }
+    # Trials of 3 s: a trial that waited for the next one's start was told ~3 s late, one
+    # told at once is told within a start's time (~0.5 s here; 2 s leaves room for load).
+    inv = _study(sandbox_inventory, sandbox4, tmp_path, "tlag", tune, steps=3, step_seconds=1.0)
+    r = ok(_tune("--seed", "1", inv, cwd=tmp_path, env={**os.environ, "PROVISION_TUNE_TRACE": "1"}))
+    assert [t["state"] for t in _trials(inv, tmp_path)["trials"]] == ["succeeded"] * 10
+    seen: dict[str, dict[int, float]] = {"ended": {}, "told": {}}
+    for line in r.stderr.splitlines():  # the trace: "TIME trial N: WHAT"
+        at, who, n, what = (line.split(" ", 3) + ["", "", ""])[:4]
+        if who == "trial" and what in seen:
+            seen[what].setdefault(int(n.rstrip(":")), float(at))
+    lags = {n: round(seen["told"][n] - at, 2) for n, at in seen["ended"].items() if n in seen["told"]}
+    assert len(lags) == 10 and max(lags.values()) < 2.0, lags
+
+
 def test_the_median_rule_stops_a_trial_far_behind(sandbox4, sandbox_inventory, tmp_path):
     values = [1.0, 1.01, 1.02, 1.03, 50.0]
     tune = {

@@ -275,14 +275,7 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
     it), then apply. None: started. A plan with a problem is made once more before the
     trial fails: another runner's trial leaving a shared file may have been half-way."""
     number = h.number
-    queue = Queue(
-        None,
-        lambda line: None,
-        ledger_marks(ctx),
-        poll=w.poll,
-        stop=w.stop,
-        waiting=lambda why: w.post(posts.Waiting(number, why)),
-    )
+    queue = Queue(None, lambda line: None, ledger_marks(ctx), poll=w.poll, stop=w.stop, waiting=_waiting(w, h))
     # Where it goes beside this runner's other trials (first where the trial before it ran,
     # when it took an ended one's place): rendered there from the start, the plan's probe
     # asks the right hosts the right questions (no second round trip), and the plan waits
@@ -309,7 +302,8 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
             return Ended(Ending.FAILED, plan.problems[0])
         trace(number, "applied")
         if any(o.lost_race for o in outcomes.values()):
-            hint = None  # another runner's trial took the GPUs first: plan again, in turn
+            hint = None  # another trial took the GPUs first (one waiting for room): plan again, in turn
+            _handed_off(h)  # and the trial whose place that was winds up now, not once this one starts
             continue
         errors = [f"{n}: {o.error}" for n, o in outcomes.items() if o.error]
         if errors:
@@ -317,6 +311,17 @@ def _start(w: TrialWork, ctx: Context, h: Handle) -> Ended | None:
             return Ended(Ending.FAILED, errors[0])
         w.places.hold(number, ctx.rendered.placement.slots())  # where it is (the plan may have moved it)
         return None
+
+
+def _waiting(w: TrialWork, h: Handle) -> Callable[[str | None], None]:
+    """What the trial's queue calls with what it waits for (None: it waits no more)."""
+
+    def said(why: str | None) -> None:
+        if why is not None:  # no quick start: the trial whose place it was given winds up now
+            _handed_off(h)
+        w.post(posts.Waiting(h.number, why))
+
+    return said
 
 
 def _placed_and_applied(
