@@ -375,10 +375,23 @@ def _curve(study: Study, number: int) -> dict[int, float]:
     return dict(study.study.get_trials(deepcopy=False)[number - 1].intermediate_values)
 
 
-def _at_once(curves: dict[int, dict[int, float]], seen: int | None = None) -> Worker:
+def _at_once(
+    curves: dict[int, dict[int, float]], seen: int | None = None
+) -> tuple[Worker, Callable[[StudyLoop], None]]:
     """A worker whose trial's reports come in one look (a trial of short steps, or a slow
     poll): all of them; or (`seen`) the first `seen` before its end and all of them with its
-    end's look (final)."""
+    end's look (final); and the hook that makes the loop say when it has judged them."""
+    judged: set[int] = set()
+
+    def hook(loop: StudyLoop) -> None:
+        reported = loop._reported
+
+        def and_say(h: Handle, reports: tuple[Report, ...], *, final: bool = False) -> None:
+            reported(h, reports, final=final)
+            if final or seen is None:
+                judged.add(h.number)
+
+        loop._reported = and_say  # type: ignore[method-assign]
 
     def work(w: TrialWork, h: Handle) -> None:
         reports = tuple(Report(s, v) for s, v in sorted(curves[h.number].items()))
@@ -388,8 +401,9 @@ def _at_once(curves: dict[int, dict[int, float]], seen: int | None = None) -> Wo
             if reports[:seen]:
                 w.post(Reported(h.number, reports[:seen]))
             w.post(Reported(h.number, reports, final=True))
-        # As the worker does: stopped where the rule decided, else it ran to its end.
-        _until(lambda: h.stop_early is not None, 0.2)
+        # As the worker does, once the loop judged them: stopped where the rule decided,
+        # else it ran to its end.
+        assert _until(lambda: h.number in judged)
         last = h.stop_at or reports[-1]
         ending = Ending.STOPPED_EARLY if h.stop_early is not None else Ending.SUCCEEDED
         ended = Ended(ending, h.stop_early or "", last.value, last.step)
@@ -397,7 +411,7 @@ def _at_once(curves: dict[int, dict[int, float]], seen: int | None = None) -> Wo
         assert h.told_event.wait(5)
         w.post(Removed(h.number, ended))
 
-    return work
+    return work, hook
 
 
 def _by_step(*values: float) -> dict[int, float]:
@@ -411,7 +425,9 @@ def test_a_look_that_brings_several_steps_is_judged_at_each_and_stops_at_the_fir
     # the study keeps its curve to step 3 only.
     curves = {1: _by_step(3, 3, 0.3, 0.3, 0.3, 0.3), 2: _by_step(2, 2, 2, 2, 2, 2)}
     tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
-    loop, study, _ = _loop(tmp_path, tune, _at_once(curves))
+    work, hook = _at_once(curves)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
     assert loop.run().code == 0
     rows = study.rows()
     assert rows[1].state is TrialState.STOPPED_EARLY
@@ -426,10 +442,64 @@ def test_a_completed_trials_reports_after_the_last_look_count_in_the_median(tmp_
     # Counted without them (an average of 1.0), trial 2 would have been stopped.
     curves = {1: _by_step(1, 1, 3, 3), 2: {3: 1.5}}
     tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
-    loop, study, _ = _loop(tmp_path, tune, _at_once(curves, seen=2))
+    work, hook = _at_once(curves, seen=2)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
     assert loop.run().code == 0
     assert _curve(study, 1) == {0: 1.0, 1: 1.0, 2: 3.0, 3: 3.0}
     assert [r.state for r in study.rows()] == [TrialState.SUCCEEDED, TrialState.SUCCEEDED]
+
+
+def _told(study: Study, number: int, curve: Mapping[int, float]) -> None:
+    """Trial `number`, asked, reported `curve` and succeeded, as a runner before did it."""
+    assert study.ask(10) is not None
+    for step, v in curve.items():
+        study.report(number, v, step)
+    study.tell(number, Ended(Ending.SUCCEEDED, "", curve[max(curve)], max(curve)))
+
+
+def test_an_adopted_trial_is_judged_only_past_the_steps_its_dead_runner_reported(tmp_path: Path) -> None:
+    # Trial 1 completed at 1.0. Trial 2's dead runner reported steps 0-5 (2.0, behind from
+    # the start: its runner died before it stopped it). The adopter's first look brings
+    # steps 0-5 again (the host's file has them all): kept, not judged again at step 0 (its
+    # words would be about step 5, the study's last); step 6, new, decides.
+    tune = _tune(max_trials=3, parallel_trials=1, early_stopping=EarlyStopping.MEDIAN)
+    loop, study, _ = _loop(tmp_path, tune, _succeeds())
+    _told(study, 1, _by_step(*[1.0] * 8))
+    assert study.ask(10) is not None
+    for step in range(6):
+        study.report(2, 2.0, step)
+    h = Handle(2, {"lr": 0.5}, phase="running", adopt=True)
+    loop._reported(h, tuple(Report(s, 2.0) for s in range(6)))
+    assert h.stop_early is None and h.stop_at is None
+    loop._reported(h, tuple(Report(s, 2.0) for s in range(7)))
+    assert h.stop_at == Report(6, 2.0)
+    assert h.stop_early == "best loss 2, median of 1 completed trial's running average to step 6: 1"
+
+
+def test_reports_and_beats_for_a_trial_another_runner_told_are_no_crash(tmp_path: Path) -> None:
+    # Two runners adopted one trial: the other told it first. This one's last reports and
+    # heartbeat come after: Optuna refuses them (a finished trial); the runner goes on.
+    study = memory_study(_tune(), "sweep", seed=1)
+    _told(study, 1, {0: 1.0})
+    study.report(1, 0.5, 1)
+    study.beat(1, steps=1)
+    assert study.steps(1) == {0}
+    assert study.tell(1, Ended(Ending.SUCCEEDED, "", 0.5, 1)) is False  # theirs stands
+
+
+def test_a_completed_trials_last_reports_record_the_rungs_it_passed(tmp_path: Path) -> None:
+    # asha's rungs (after trial 1's 10 steps) are at steps 1 and 4. Trial 2's steps past 2
+    # come only with its end's look (final): not judged, but rung 1 is recorded, and is its
+    # status: later trials compete with its value there.
+    curves = {1: _by_step(*[1.0] * 10), 2: _by_step(*[0.5] * 10)}
+    tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.ASHA)
+    work, hook = _at_once(curves, seen=3)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
+    assert loop.run().code == 0
+    assert _rungs(study, 2) == [0, 1]
+    assert [r.rung for r in study.rows()] == [None, 1]
 
 
 def test_rungs_take_the_value_at_their_own_step_when_a_look_brings_several(tmp_path: Path) -> None:
@@ -437,7 +507,9 @@ def test_rungs_take_the_value_at_their_own_step_when_a_look_brings_several(tmp_p
     # not the value at the look's last step, though all ten came in one look.
     curves = {1: _by_step(*[1.0] * 10), 2: _by_step(*[5.0 + s / 100 for s in range(10)])}
     tune = _tune(max_trials=2, parallel_trials=1, early_stopping=EarlyStopping.ASHA)
-    loop, study, _ = _loop(tmp_path, tune, _at_once(curves))
+    work, hook = _at_once(curves)
+    loop, study, _ = _loop(tmp_path, tune, work)
+    hook(loop)
     assert loop.run().code == 0
     attrs = study.study.get_trials(deepcopy=False)[1].system_attrs
     assert attrs["completed_rung_0"] == curves[2][1] and attrs["completed_rung_1"] == curves[2][4], attrs

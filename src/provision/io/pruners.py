@@ -8,12 +8,14 @@
 
 Successive halving records, in each trial's system attributes, its value at every rung it
 reached (`completed_rung_N`); the rung a stopped trial is named by is the last of these, and
-the rung a trial reached (its status) is read back after each decision.
+so is the rung a trial reached (its status).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import optuna
 from optuna.pruners import BasePruner, HyperbandPruner, SuccessiveHalvingPruner
@@ -47,12 +49,6 @@ class VertexMedian(BasePruner):
         return call is not None and call.stop
 
 
-def _reached(study: optuna.Study, trial: FrozenTrial) -> int | None:
-    """The highest rung the trial reached, as the pruner just recorded it (None: none yet)."""
-    attrs = study._storage.get_trial(trial._trial_id).system_attrs
-    return max((int(k[len(RUNG) :]) for k in attrs if k.startswith(RUNG) and k[len(RUNG) :].isdigit()), default=None)
-
-
 def _rung_call(
     rule: str, study: optuna.Study, trial: FrozenTrial, reduction: int, peers: list[FrozenTrial], bracket: int | None
 ) -> RungCall:
@@ -75,12 +71,10 @@ class Asha(SuccessiveHalvingPruner):
     def __init__(self) -> None:
         super().__init__(reduction_factor=ASHA_REDUCTION)
         self.last: Call | None = None
-        self.reached: int | None = None
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         self.last = None
         stop = super().prune(study, trial)
-        self.reached = _reached(study, trial)
         if stop:
             peers = study._storage.get_all_trials(study._study_id, deepcopy=False)
             self.last = _rung_call("asha", study, trial, ASHA_REDUCTION, peers, None)
@@ -91,12 +85,10 @@ class Hyperband(HyperbandPruner):
     def __init__(self) -> None:
         super().__init__(reduction_factor=HYPERBAND_REDUCTION)
         self.last: Call | None = None
-        self.reached: int | None = None
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         self.last = None
         stop = super().prune(study, trial)
-        self.reached = _reached(study, trial)
         if stop:
             # Its bracket's trials are the ones it competed with (Optuna's own bracket rule).
             bracket = self._get_bracket_id(study, trial)
@@ -124,6 +116,7 @@ def last_call(p: BasePruner) -> Call | None:
     return p.last if isinstance(p, VertexMedian | Asha | Hyperband) else None
 
 
-def reached_rung(p: BasePruner) -> int | None:
-    """The rung the trial of the pruner's last decision reached (None: none, or no rungs)."""
-    return p.reached if isinstance(p, Asha | Hyperband) else None
+def reached_rung(system_attrs: Mapping[str, Any]) -> int | None:
+    """The highest rung a trial reached, as successive halving recorded it (None: none yet)."""
+    rungs = [int(k[len(RUNG) :]) for k in system_attrs if k.startswith(RUNG) and k[len(RUNG) :].isdigit()]
+    return max(rungs, default=None)

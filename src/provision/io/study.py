@@ -263,8 +263,12 @@ class Study:
 
     def _set(self, number: int, attrs: Mapping[str, Any]) -> None:
         tid = self._id(number)
-        for k, v in attrs.items():
-            self.study._storage.set_trial_user_attr(tid, k, v)
+        try:
+            for k, v in attrs.items():
+                self.study._storage.set_trial_user_attr(tid, k, v)
+        except RuntimeError:  # Optuna's UpdateFinishedTrialError: another runner told it first
+            if self.is_running(number):
+                raise
 
     @_storage_errors
     def claim(self, number: int, me: Runner, job: str, **attrs: Any) -> None:
@@ -279,7 +283,16 @@ class Study:
     def report(self, number: int, value: float, step: int) -> None:
         if step < 0:
             return  # not a step Optuna's pruners know (a host's file says what it likes)
-        self.study._storage.set_trial_intermediate_value(self._id(number), step, value)
+        try:
+            self.study._storage.set_trial_intermediate_value(self._id(number), step, value)
+        except RuntimeError:  # told by another runner first (theirs stands: tell says so)
+            if self.is_running(number):
+                raise
+
+    @_storage_errors
+    def steps(self, number: int) -> set[int]:
+        """The steps the study holds reports at (an adopted trial's, from its dead runner)."""
+        return set(self.study._storage.get_trial(self._id(number)).intermediate_values)
 
     @_storage_errors
     def should_prune(self, number: int) -> bool:
@@ -291,10 +304,13 @@ class Study:
         thread): what a stopped trial's `why` says."""
         return last_call(self.study.pruner)
 
-    def rung_reached(self) -> int | None:
-        """The rung the trial of the last `should_prune` reached (hyperband, asha; on this
-        thread, right after it)."""
-        return reached_rung(self.study.pruner)
+    @_storage_errors
+    def rung_reached(self, number: int) -> int | None:
+        """The highest rung the trial reached (hyperband, asha: the pruner records each in
+        the trial's system attributes); None: none yet, or a rule without rungs (no query)."""
+        if not self.tune.early_stopping.has_rungs:
+            return None
+        return reached_rung(self.study._storage.get_trial(self._id(number)).system_attrs)
 
     @_storage_errors
     def is_running(self, number: int) -> bool:

@@ -350,35 +350,48 @@ class StudyLoop:
 
     def _reported(self, h: Handle, reports: tuple[Report, ...], *, final: bool = False) -> None:
         """New steps go to the study (with early stopping), and the rule judges the trial at
-        each of them, in order, as if they came one by one (a look may bring several): the
-        first that stops it is where it stopped (its words, its step and value), and the
-        study keeps none after it, unless the job ended first (`final`: its whole curve
-        counts, as a completed trial's). The last step and value are written with the next
-        heartbeat: each write is an fsync of the journal, and the live line can wait a beat."""
+        each step past the last it was judged at, in order, as if they came one by one (a
+        look may bring several): the first that stops it is where it stopped (its words, its
+        step and value), and the study keeps none after it, unless the job ended first
+        (`final`: its whole curve counts, as a completed trial's, and successive halving
+        records the rungs it passed; no answer is taken). The last step and value are
+        written with the next heartbeat: each write is an fsync of the journal, and the live
+        line can wait a beat."""
         last = reports[-1]
         self.mine.progress[h.number] = (last.step, last.value)
         if self.w.tune.early_stopping is EarlyStopping.NONE or (h.stop_early is not None and not final):
             return
-        told = self.mine.told_steps.setdefault(h.number, set())
+        told = self._told_steps(h.number)
+        top = max(told, default=-1)  # a step at or below one judged is kept, not judged again
         for r in reports:
             if r.step in told:
                 continue
             told.add(r.step)
             self.study.report(h.number, r.value, r.step)
-            if final or r.step < 0:
+            if r.step <= top or (final and not self.w.tune.early_stopping.has_rungs):
                 continue
-            stop = self.study.should_prune(h.number)
-            self._rung(h.number)
-            if stop:
+            top = r.step
+            if self.study.should_prune(h.number) and not final:
                 h.stop_at = r
                 h.stop_early = self._median_words(r)
+                self.mine.progress[h.number] = (r.step, r.value)
                 self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
-                return
+                break
+        self._rung(h.number)
+
+    def _told_steps(self, number: int) -> set[int]:
+        """The steps of the trial the study holds: at this runner's first sight of it, those
+        it holds already (an adopted trial's dead runner reported them: not again, and not
+        judged again at steps below its last)."""
+        told = self.mine.told_steps.get(number)
+        if told is None:
+            told = self.mine.told_steps[number] = self.study.steps(number)
+        return told
 
     def _rung(self, number: int) -> None:
         """hyperband's and asha's: the rung the trial reached, written when it is a new one
-        (`tune --status` shows it)."""
-        rung = self.study.rung_reached()
+        (`tune --status` shows it). One read per look, not per step."""
+        rung = self.study.rung_reached(number)
         if rung is not None and self.mine.rungs.get(number) != rung:
             self.mine.rungs[number] = rung
             self.study.beat(number, rung=rung)
