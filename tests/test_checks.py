@@ -755,6 +755,49 @@ def test_a_study_asks_whether_its_python_imports_hypertune(tmp_path, extra, want
     )
 
 
+ONE_CHIEF_STUDY = """
+job: s
+hosts:
+  - {name: h1, address: 10.0.0.1, accelerators: {type: nvidia-h100, count: 2}}
+  - {name: h2, address: 10.0.0.2, accelerators: {type: nvidia-h100, count: 2}}
+  - {name: cpu, address: 10.0.0.3}
+pools:
+  chief: {replicas: 1, accelerators: 1, command: [python3, train.py]}
+tune:
+  metric: {name: val_loss, goal: minimize}
+  parameters: {lr: {type: double, min: 0.001, max: 0.1}}
+  max_trials: 4
+"""
+
+
+def test_every_host_a_trial_could_run_on_is_asked_and_judged_not_only_the_plain_jobs(tmp_path):
+    # The plain job's one chief goes on h1; a trial may go on h2 too (not on cpu: no GPU).
+    inv = parse(ONE_CHIEF_STUDY, tmp_path / "inventory.yaml")
+    rendered = render(inv)
+    assert set(rendered.hosts) == {"h1"}
+    by = {h.name: h for h in inv.hosts}
+    for name in ("h1", "h2"):
+        got = checks.request_fields(inv, by[name], rendered.hosts.get(name), [], checks=True)
+        assert got["checks"]["hypertune"] == [["python3", None]], name
+    assert checks.request_fields(inv, by["cpu"], None, [], checks=True) == {}
+    plain = parse(ONE_CHIEF_STUDY.split("tune:")[0], tmp_path / "inventory.yaml")
+    assert checks.request_fields(plain, plain.hosts[1], None, [], checks=True) == {}
+    # h2's answer is judged like h1's.
+    targets = {h.name: Target.from_host(h) for h in inv.hosts}
+    missing = report()
+    missing.checks["hypertune"] = [
+        {
+            "python": "python3",
+            "pythonpath": None,
+            "ok": False,
+            "error": "ModuleNotFoundError: No module named 'hypertune'",
+        }
+    ]
+    p = make_plan(rendered, targets, {n: missing if n == "h2" else report() for n in targets})
+    ok, seen = has(checks.judge(inv, p), "h2", "hypertune", Status.FAIL, "python3 cannot import hypertune")
+    assert ok, seen
+
+
 def test_an_image_pool_and_a_non_python_command_are_not_asked(tmp_path):
     text = STUDY.replace("command: [python3, train.py]}", "command: [torchrun, train.py]}", 1).replace(
         "worker: {replicas: 2, accelerators: 1, command: [python3, train.py]}",

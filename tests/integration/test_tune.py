@@ -598,6 +598,8 @@ def test_check_says_a_study_host_has_no_hypertune_and_how_to_bring_it(sandbox4, 
 
     code, found = check()
     assert code == 1 and found, found
+    # Every host a trial could run on is asked, not only the plain job's (its one chief's).
+    assert {h for h, _, _ in found} == set(HOSTS), found
     for _, status, detail in found:
         assert status == "fail", found
         assert detail.startswith("python3 cannot import hypertune (ModuleNotFoundError: No module named 'hypertune')")

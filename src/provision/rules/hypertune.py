@@ -10,8 +10,7 @@ import posixpath
 import re
 from typing import Any
 
-from provision.core.model import Inventory
-from provision.spec.render import HostBundle
+from provision.core.model import Host, Inventory
 
 PYTHON = re.compile(r"^python[0-9.]*$")
 HYPERTUNE_FIX = (
@@ -40,11 +39,13 @@ def brings_hypertune(inv: Inventory) -> str | None:
     return None
 
 
-def pythons(inv: Inventory, bundle: HostBundle) -> list[list[str | None]]:
+def pythons(inv: Inventory, host: Host) -> list[list[str | None]]:
     """For a study (`tune:` without metric.regex; the study's own inventory, not a trial's
-    of `provision tune`, whose start this would slow): [python, PYTHONPATH] of each pool with
-    a task here whose command starts with a python, whose trials must import hypertune.
-    Empty when the inventory brings the library itself (brings_hypertune)."""
+    of `provision tune`, whose start this would slow): [python, PYTHONPATH] of each pool a
+    trial's task could run in here (eligible, with the accelerators it needs: a trial goes
+    wherever there is room, not where the plain job's placement puts the pool) whose command
+    starts with a python, whose trials must import hypertune. Empty when the inventory
+    brings the library itself (brings_hypertune)."""
     tune = inv.tune
     if tune is None or tune.metric.regex is not None or inv.tf_config.trial is not None:
         return []
@@ -52,9 +53,10 @@ def pythons(inv: Inventory, bundle: HostBundle) -> list[list[str | None]]:
         return []
     env = dict(inv.env)
     out: list[list[str | None]] = []
-    for role in sorted({u.task.role for u in bundle.tasks}):
-        pool = inv.pool(role)
-        if pool is None or pool.image or not pool.command or not PYTHON.match(posixpath.basename(pool.command[0])):
+    for pool in sorted(inv.pools, key=lambda p: p.role):
+        if not pool.eligible(host) or host.accelerator_count < pool.accelerators:
+            continue
+        if pool.image or not pool.command or not PYTHON.match(posixpath.basename(pool.command[0])):
             continue
         item: list[str | None] = [pool.command[0], {**env, **dict(pool.env)}.get("PYTHONPATH")]
         if item not in out:

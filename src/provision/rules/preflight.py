@@ -129,8 +129,11 @@ def request_fields(
     `interface` its cluster address to resolve (for a host that runs tasks whose env takes
     NCCL's and Gloo's interface: clusterenv.uses_socket_ifname), and with `checks` what
     they read."""
-    if host is None or bundle is None:
+    if host is None:
         return {}
+    if bundle is None:  # no task of the job here: a study's trials may run here all the same
+        asked = hypertune.pythons(inv, host) if checks else []
+        return {"checks": {"hypertune": asked}} if asked else {}
     out: dict[str, Any] = {"cluster_address": host.cluster_address} if interface else {}
     if checks:
         out["checks"] = {
@@ -143,7 +146,7 @@ def request_fields(
         acc = host.accelerators
         if acc is not None and acc.kind == "tpu" and acc.count:
             out["checks"]["tpu"] = True  # who holds the chips (the agent answers: io/probe.py)
-        pythons = hypertune.pythons(inv, bundle)
+        pythons = hypertune.pythons(inv, host)
         if pythons:
             out["checks"]["hypertune"] = pythons  # the agent answers (io/probe.py)
     return out
@@ -505,7 +508,10 @@ def judge(
             out.append(Finding(name, "ssh", Status.FAIL, hp.error.message))
             continue
         host, report = hosts.get(name), hp.report
-        if hp.bundle is None or host is None or report is None:
+        if host is None or report is None:
+            continue
+        if hp.bundle is None:  # no task of the job here: a study's trials may run here all the same
+            out += _hypertune_findings(name, inv, report)
             continue
         facts = report.facts or {}
         problems = mismatches(host, facts) if report.facts is not None else []
