@@ -54,12 +54,11 @@ def _rung_call(
 ) -> RungCall:
     """The rung a trial was just stopped at, read back from what the pruner recorded."""
     attrs = study._storage.get_trial(trial._trial_id).system_attrs
-    rungs = [int(k[len(RUNG) :]) for k in attrs if k.startswith(RUNG) and k[len(RUNG) :].isdigit()]
+    rung = reached_rung(attrs)
     step = trial.last_step if trial.last_step is not None else -1
     value = trial.intermediate_values.get(step, math.nan)
-    if math.isnan(value) or not rungs:  # stopped for a value that is not a number, before any rung
-        return RungCall(rule, max(rungs, default=-1) + 1, step, value, None, 0, reduction, True, bracket)
-    rung = max(rungs)
+    if math.isnan(value) or rung is None:  # stopped for a value that is not a number, before any rung
+        return RungCall(rule, 0 if rung is None else rung + 1, step, value, None, 0, reduction, True, bracket)
     key = f"{RUNG}{rung}"
     competing = [float(t.system_attrs[key]) for t in peers if key in t.system_attrs and t._trial_id != trial._trial_id]
     competing.append(float(attrs[key]))

@@ -19,13 +19,14 @@ Optuna is imported by `provision tune` and `fetch --trial` only (it is slow to i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import wraps
 from pathlib import Path
@@ -261,14 +262,22 @@ class Study:
                 self._ids[t.number + 1] = t._trial_id
         return self._ids[number]
 
-    def _set(self, number: int, attrs: Mapping[str, Any]) -> None:
-        tid = self._id(number)
+    @contextlib.contextmanager
+    def _unless_told(self, number: int) -> Iterator[None]:
+        """A write to the trial that Optuna refuses because it is finished (its
+        UpdateFinishedTrialError, a RuntimeError) is dropped: another runner told it first,
+        and theirs stands (tell says so)."""
         try:
-            for k, v in attrs.items():
-                self.study._storage.set_trial_user_attr(tid, k, v)
-        except RuntimeError:  # Optuna's UpdateFinishedTrialError: another runner told it first
+            yield
+        except RuntimeError:
             if self.is_running(number):
                 raise
+
+    def _set(self, number: int, attrs: Mapping[str, Any]) -> None:
+        tid = self._id(number)
+        with self._unless_told(number):
+            for k, v in attrs.items():
+                self.study._storage.set_trial_user_attr(tid, k, v)
 
     @_storage_errors
     def claim(self, number: int, me: Runner, job: str, **attrs: Any) -> None:
@@ -283,11 +292,8 @@ class Study:
     def report(self, number: int, value: float, step: int) -> None:
         if step < 0:
             return  # not a step Optuna's pruners know (a host's file says what it likes)
-        try:
+        with self._unless_told(number):
             self.study._storage.set_trial_intermediate_value(self._id(number), step, value)
-        except RuntimeError:  # told by another runner first (theirs stands: tell says so)
-            if self.is_running(number):
-                raise
 
     @_storage_errors
     def steps(self, number: int) -> set[int]:

@@ -362,7 +362,7 @@ class StudyLoop:
         if self.w.tune.early_stopping is EarlyStopping.NONE or (h.stop_early is not None and not final):
             return
         told = self._told_steps(h.number)
-        top = max(told, default=-1)  # a step at or below one judged is kept, not judged again
+        before = top = max(told, default=-1)  # a step at or below one judged is kept, not judged again
         for r in reports:
             if r.step in told:
                 continue
@@ -377,7 +377,8 @@ class StudyLoop:
                 self.mine.progress[h.number] = (r.step, r.value)
                 self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
                 break
-        self._rung(h.number)
+        if top > before:  # a rung is passed only where a step was judged
+            self._rung(h.number)
 
     def _told_steps(self, number: int) -> set[int]:
         """The steps of the trial the study holds: at this runner's first sight of it, those

@@ -91,9 +91,12 @@ class PlacementError(ProvisionError):
         self.role = role
         self.reason = reason
         self.held = held  # it would fit were it not for what other jobs hold: worth waiting
-        # What a queued apply or a study's trial says it waits for: the reason without the
-        # hint an apply that fails gives (`apply --queue` waits...), which those are doing.
-        self.waiting = f"pools.{role}: {reason}"
+
+    @property
+    def waiting(self) -> str:
+        """What a queued apply or a study's trial says it waits for: the reason without the
+        hint an apply that fails gives (`apply --queue` waits...), which those are doing."""
+        return f"pools.{self.role}: {self.reason}"
 
 
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:

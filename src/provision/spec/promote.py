@@ -2,9 +2,10 @@
 ready for `provision plan` / `apply`. Pure (the file's text in, the new text out).
 
 The job is named `<job>-p<N>` (core/tuning.promoted_job: not the study's own name, whose
-destroy would remove it, nor the trial's `<job>-t<N>`); `files:` sources are rewritten relative to where the new file goes, so
-they still name the same files. `outputs:` becomes the trial's own, `<base>/<N>`: `fetch`
-of the promoted job brings back that trial's model, and a run of it writes there.
+destroy would remove it, nor the trial's `<job>-t<N>`); `files:` sources are rewritten
+relative to where the new file goes, so they still name the same files. `outputs:` becomes
+the trial's own, `<base>/<N>`: `fetch` of the promoted job brings back that trial's model,
+and a run of it writes there.
 """
 
 from __future__ import annotations
