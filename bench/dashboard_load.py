@@ -140,8 +140,8 @@ def seed_study(inv_path: Path, url: str, dsn: str, trials: int = TRIALS) -> None
     import psycopg
     from optuna.distributions import distribution_to_json
 
+    from provision.inventory.inventory import load
     from provision.io.study import open_study
-    from provision.spec.inventory import load
 
     inv = load(inv_path)
     assert inv.tune is not None

@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile load+render, top 25 by cumulative time")
     args = ap.parse_args(argv)
 
-    from provision.spec.inventory import load
-    from provision.spec.placement import place
-    from provision.spec.render import render, write_tree
+    from provision.inventory.inventory import load
+    from provision.placement.tasks import place
+    from provision.render.files import render, write_tree
 
     work = Path(tempfile.mkdtemp(prefix="provision-bench-", dir=args.dir))
     try:

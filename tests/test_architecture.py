@@ -25,15 +25,17 @@ PACKAGE = SRC / "provision"
 LAYERS = {
     "host": 0,  # runs on the hosts too: stdlib only, imports nothing of provision outside host/
     "core": 1,
-    "spec": 2,
-    "rules": 3,
-    "io": 4,
-    "run": 5,
-    "importers": 5,
-    "sandbox": 5,
-    "web": 6,  # the dashboard: reads what run/ and io/ return, as cli/ does
-    "serve": 7,  # the service: drives handed-over work by calling run/; hosts web/
-    "cli": 8,
+    "placement": 2,  # where every task runs: a pure function of core's model
+    "inventory": 3,  # the inventory as written: parsed, validated (asks placement whether it fits)
+    "render": 4,  # what each host gets for the placed job: env, files
+    "rules": 5,
+    "io": 6,
+    "run": 7,
+    "importers": 7,
+    "sandbox": 7,
+    "web": 8,  # the dashboard: reads what run/ and io/ return, as cli/ does
+    "serve": 9,  # the service: drives handed-over work by calling run/; hosts web/
+    "cli": 10,
 }
 MAX_TOP_MODULES = 6
 MAX_MODULE_LINES = 650

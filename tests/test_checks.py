@@ -11,13 +11,13 @@ from provision.core.target import HostError, Target
 from provision.host import hostcheck, hostfacts, ledger
 from provision.host.protocol import NetcheckReport, ProbeReport
 from provision.host.taskenv import parse_env
+from provision.inventory.inventory import parse
+from provision.render.files import render
 from provision.rules import network
 from provision.rules import preflight as checks
 from provision.rules.planner import Checks, make_plan
 from provision.rules.preflight import Finding, Status
 from provision.run import context
-from provision.spec.inventory import parse
-from provision.spec.render import render
 
 UNIT = "provision-j-chief-0.service"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -811,7 +811,7 @@ def test_an_image_pool_and_a_non_python_command_are_not_asked(tmp_path):
 
 
 def test_a_trial_is_not_asked(tmp_path):
-    from provision.spec.trial import trial_inventory
+    from provision.inventory.trial import trial_inventory
 
     inv = trial_inventory(parse(STUDY, tmp_path / "inventory.yaml"), 2, {"lr": 0.01})
     assert (

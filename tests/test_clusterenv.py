@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from provision.spec.clusterenv import job_cluster, task_env, uses_socket_ifname
-from provision.spec.inventory import load, parse
-from provision.spec.placement import place
-from provision.spec.tpu import is_tpu
+from provision.inventory.inventory import load, parse
+from provision.placement.tasks import place
+from provision.placement.tpu import is_tpu
+from provision.render.clusterenv import job_cluster, task_env, uses_socket_ifname
 
 ROOT = Path(__file__).resolve().parent.parent
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))
@@ -220,7 +220,7 @@ def test_pytorch_and_jax_variables(inv):
         rank = int(env["RANK"])
         assert int(env["PET_NODE_RANK"]) == int(env["JAX_PROCESS_ID"]) == rank
         assert int(env["PET_NPROC_PER_NODE"]) == max(1, inv.pool(t.role).accelerators)
-        if is_tpu(master):  # JAX's coordinator beside libtpu's port (spec/tpu.py)
+        if is_tpu(master):  # JAX's coordinator beside libtpu's port (placement/tpu.py)
             assert env["JAX_COORDINATOR_ADDRESS"] == f"{master.host.cluster_address}:{master.port + 6}"
         else:
             assert env["JAX_COORDINATOR_ADDRESS"] == master.address
@@ -380,7 +380,7 @@ def test_outputs_give_vertex_output_directories(tmp_path):
         "/data/runs/checkpoints/",
         "/data/runs/logs/",
     )
-    from provision.spec.render import render
+    from provision.render.files import render
 
     unit = next(f for b in render(inv).hosts.values() for f in b.files if f.kind == "unit").data().decode()
     # Made by host/outdirs.py's guard, each directory on the way checked (tests/test_trust.py).

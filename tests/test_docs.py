@@ -236,7 +236,7 @@ def test_link_checker_catches_bad_links(tmp_path):
 
 def test_every_inventory_key_is_documented():
     from provision.core import model
-    from provision.spec import inventory
+    from provision.inventory import inventory
 
     spans = code_spans((DOCS / "inventory.md").read_text(encoding="utf-8"))
     wanted = {
@@ -259,7 +259,7 @@ def test_every_inventory_key_is_documented():
 
 
 def test_every_task_variable_is_documented():
-    from provision.spec.clusterenv import RESERVED_ENV
+    from provision.core.envnames import RESERVED_ENV
 
     spans = code_spans((DOCS / "environment.md").read_text(encoding="utf-8"))
     missing = sorted(v for v in RESERVED_ENV if v not in spans)
@@ -362,7 +362,7 @@ def _validate_example(text: str, tmp_path: Path) -> None:
     """Validate an example inventory, with empty stand-ins for the `files:` it pushes."""
     import yaml
 
-    from provision.spec.inventory import parse
+    from provision.inventory.inventory import parse
 
     for entry in (yaml.safe_load(text) or {}).get("files") or []:
         src = tmp_path / entry["src"]
@@ -410,8 +410,8 @@ def test_readme_first_inventory_fits_sandbox_hosts():
 def test_environment_example_matches_render(tmp_path):
     """The env file quoted in docs/environment.md is what `provision render` writes for the
     example inventory (lines shortened with '...' in the page are skipped)."""
-    from provision.spec.inventory import load
-    from provision.spec.render import render, write_tree
+    from provision.inventory.inventory import load
+    from provision.render.files import render, write_tree
 
     text = (DOCS / "environment.md").read_text(encoding="utf-8")
     m = re.search(r"`(out/([a-z0-9][a-z0-9._-]*)/(etc/provision/[a-z0-9-]+/[a-z0-9_-]+\.env))`", text)

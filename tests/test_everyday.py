@@ -15,8 +15,8 @@ from provision.cli.app import main
 from provision.cli.everyday import init_text
 from provision.core.errors import ValidationError
 from provision.core.target import Target
+from provision.inventory.inventory import load, parse
 from provision.run.remote import NOT_APPLIED, exec_script, shell_command, ssh_argv
-from provision.spec.inventory import load, parse
 
 JOB = """\
 job: j
@@ -31,7 +31,7 @@ pools:
 
 
 def test_exec_script_loads_the_env_file_as_systemd_does(tmp_path):
-    from provision.spec.render import render, write_tree
+    from provision.render.files import render, write_tree
 
     inv = parse(JOB, tmp_path / "inv.yaml")
     write_tree(render(inv), tmp_path / "out")

@@ -11,8 +11,8 @@ import pytest
 
 from provision.core.lifecycle import TaskState, task_state
 from provision.host import layout
-from provision.spec.inventory import load
-from provision.spec.render import FileKind, render
+from provision.inventory.inventory import load
+from provision.render.files import FileKind, render
 
 
 def unit_lines(tmp_path) -> dict[str, str]:

@@ -194,8 +194,8 @@ def _status(states, phase=JobPhase.RUNNING):
 
 
 def test_with_lines_makes_the_detail_and_reason_precise(tmp_path):
+    from provision.inventory.inventory import parse
     from provision.rules.status import needs_lines, with_lines
-    from provision.spec.inventory import parse
 
     inv = parse(
         "job: j\nhosts:\n- {name: h1, address: 192.0.2.1}\npools:\n  worker: {replicas: 2, command: [/opt/x]}\n",
@@ -253,9 +253,9 @@ def test_progress_redraws_in_place_on_a_terminal():
 
 
 def test_program_warnings(tmp_path):
+    from provision.inventory.inventory import parse
+    from provision.render.files import render
     from provision.rules import programs
-    from provision.spec.inventory import parse
-    from provision.spec.render import render
 
     (tmp_path / "run.sh").write_text("echo hi\n")
     (tmp_path / "run.sh").chmod(0o644)

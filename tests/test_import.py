@@ -22,9 +22,9 @@ import yaml
 
 from clirun import run
 from provision.host.taskenv import parse_env
-from provision.spec.inventory import load, parse
-from provision.spec.placement import place
-from provision.spec.render import render
+from provision.inventory.inventory import load, parse
+from provision.placement.tasks import place
+from provision.render.files import render
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "import"

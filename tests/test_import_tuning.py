@@ -719,8 +719,8 @@ def test_a_trial_of_an_imported_script_replaces_its_flags(tmp_path: Path) -> Non
     """A trial's parameters replace the same flags of the user arguments (batch_size given
     as 128 after `--`): the trainer sees the trial's value once; a categorical value with
     spaces is one argument."""
-    from provision.spec.inventory import parse
-    from provision.spec.trial import trial_inventory
+    from provision.inventory.inventory import parse
+    from provision.inventory.trial import trial_inventory
 
     aip_project(tmp_path, AIP_SCRIPTS[0][1])
     copy(tmp_path, "hosts-cpu.yaml")
@@ -858,7 +858,7 @@ def test_a_huge_categorical_parameter_is_named_by_count_in_one_short_line(tmp_pa
 
 
 def test_show_values_caps_each_value_and_the_list() -> None:
-    from provision.spec.yamldoc import show_values
+    from provision.inventory.yamldoc import show_values
 
     assert show_values(["a", "b"]) == "a, b"
     assert show_values(list(range(6))) == "0, 1, 2, 3, 4, ... (6 values)"

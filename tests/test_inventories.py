@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.spec.inventory import load
-from provision.spec.render import render, write_tree
+from provision.inventory.inventory import load
+from provision.render.files import render, write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))

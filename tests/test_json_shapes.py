@@ -172,8 +172,8 @@ pools:
 
 @pytest.fixture
 def first(tmp_path):
-    from provision.spec.inventory import parse
-    from provision.spec.render import render
+    from provision.inventory.inventory import parse
+    from provision.render.files import render
 
     inv = parse(INVENTORY, tmp_path / "inventory.yaml")
     return inv, render(inv)
@@ -237,7 +237,7 @@ def test_state_show_json_shape_offline(tmp_path):
     from provision.core.records import HostRecord, TaskRecord
     from provision.io.state import LocalStore, State
     from provision.io.stateops import show_json
-    from provision.spec.placement import Slot
+    from provision.placement.tasks import Slot
 
     store = LocalStore(tmp_path / "mnist.state.json")
     st = State.load(store, "mnist")

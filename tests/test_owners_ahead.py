@@ -10,9 +10,9 @@ import pytest
 
 from provision.core.target import Target
 from provision.host.protocol import OwnersReport, OwnersRequest
+from provision.render.files import FileKind
 from provision.rules.sharing import OtherJob
 from provision.run import planning
-from provision.spec.render import FileKind
 
 
 @dataclass

@@ -14,8 +14,8 @@ import pytest
 from clirun import wait_until
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
+from provision.inventory.statebackend import Backend
 from provision.io.state import State, open_store
-from provision.spec.statebackend import Backend
 
 pytest.importorskip("psycopg")
 
@@ -40,7 +40,7 @@ HOLD = """
 import os, sys, time
 from pathlib import Path
 from provision.io.state import open_store
-from provision.spec.statebackend import Backend
+from provision.inventory.statebackend import Backend
 lock = open_store(Backend(sys.argv[1]), Path("/nonexistent/x.json"), sys.argv[2]).lock("apply").acquire()
 print(lock.info.id, flush=True)
 time.sleep(120)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from provision.core.model import ROLES, Accelerators, Host, Inventory, Pool, SSHSettings
-from provision.spec.placement import PlacementError, place, task_order
+from provision.placement.tasks import PlacementError, place, task_order
 
 # Modest by default (the whole offline suite stays fast); PROVISION_HYPOTHESIS_EXAMPLES=5000
 # for a longer hunt.

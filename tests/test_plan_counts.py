@@ -16,10 +16,10 @@ from provision.core.imagechange import ImageChange
 from provision.core.target import Target
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
+from provision.inventory.inventory import parse
+from provision.render.files import Rendered, render
 from provision.rules.plan import Plan, plan_host
 from provision.rules.planner import make_plan
-from provision.spec.inventory import parse
-from provision.spec.render import Rendered, render
 
 INVENTORY = """\
 job: counts

@@ -75,9 +75,9 @@ def test_stored_in_the_team_database_and_read_where_levels_are_computed(
 ) -> None:
     """io/policystore against a real PostgreSQL; open_context reads it (a job's class)."""
     pytest.importorskip("psycopg")
+    from provision.inventory.statebackend import Backend
     from provision.io import policystore  # here: psycopg, only for this test
     from provision.run.context import open_context
-    from provision.spec.statebackend import Backend
 
     monkeypatch.setenv("PGPASSWORD", postgres.env()["PGPASSWORD"])
     monkeypatch.setenv("PROVISION_OWNER", "ana@lab.example")

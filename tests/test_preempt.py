@@ -16,10 +16,10 @@ from provision.core.model import Host, SSHSettings
 from provision.host import layout, ledger
 from provision.host import preempt as host_preempt
 from provision.host.protocol import PreemptRequest, ProbeReport, Reservation
+from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
 from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
 from provision.run.preempt import look
-from provision.spec.placement import PlacedTask
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -317,8 +317,8 @@ def test_planned_goes_on_from_the_callers_held_try(monkeypatch: pytest.MonkeyPat
     """apply tries its plan before it loads the preemption step (cli/change.py): the step
     goes on from that try's error, not with a second plan first; an error that is not
     held is raised as it was."""
+    from provision.placement.tasks import PlacementError
     from provision.run import preempt as run_preempt
-    from provision.spec.placement import PlacementError
 
     monkeypatch.setattr(run_preempt, "TICK", 0.0)
     pre = run_preempt.Preemptor.__new__(run_preempt.Preemptor)

@@ -18,12 +18,12 @@ from provision.core.errors import ProvisionError
 from provision.core.records import Applied, HostRecord, stamped
 from provision.core.target import Target
 from provision.host.protocol import FileInfo, ProbeReport
+from provision.inventory.inventory import parse
 from provision.io import state as S
+from provision.render.files import Rendered, render
 from provision.rules import provenance
 from provision.rules.plan import FileAction, Plan
 from provision.rules.planner import make_plan
-from provision.spec.inventory import parse
-from provision.spec.render import Rendered, render
 
 INVENTORY = """\
 job: prov

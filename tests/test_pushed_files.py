@@ -12,9 +12,9 @@ import pytest
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import FileSpec
-from provision.spec.inventory import parse
-from provision.spec.pushed import PushedFile, normalize_dest, pushed_mode, walk_spec
-from provision.spec.render import pushed_files, render
+from provision.inventory.inventory import parse
+from provision.inventory.pushed import PushedFile, normalize_dest, pushed_mode, walk_spec
+from provision.render.files import pushed_files, render
 
 BASE = """\
 job: ptest

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from provision.core.model import Host, Pool, SSHSettings
+from provision.placement.tasks import PlacedTask, Placement, PlacementError
 from provision.rules.priority import Policy
 from provision.rules.queueorder import check_turn, place_in_queue, takes, waits_behind
 from provision.rules.tenancy import Hold, Holder, Owner, Turn
-from provision.spec.placement import PlacedTask, Placement, PlacementError
 
 NOW = 1_800_000_000.0
 LOW, NORMAL, HIGH = 100, 500, 1000

@@ -35,10 +35,10 @@ from provision.core.lifecycle import (
 from provision.core.model import RestartPolicy
 from provision.host import layout
 from provision.host.protocol import ProbeReport
+from provision.inventory.inventory import load
+from provision.placement.tasks import place
+from provision.render.files import FileKind, render
 from provision.rules.status import job_status
-from provision.spec.inventory import load
-from provision.spec.placement import place
-from provision.spec.render import FileKind, render
 
 JOB, TASK = "rb", "worker-0"
 NEVER = RestartPolicy("Never", 0)

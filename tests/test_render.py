@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 from provision.host import layout
-from provision.spec.clusterenv import job_cluster, task_env
-from provision.spec.inventory import parse
-from provision.spec.render import earlier_units, render, write_tree
+from provision.inventory.inventory import parse
+from provision.render.clusterenv import job_cluster, task_env
+from provision.render.files import earlier_units, render, write_tree
 
 _spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
 _ports = importlib.util.module_from_spec(_spec)

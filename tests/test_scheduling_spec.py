@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from provision.core.scheduling import PreemptSignal, Scheduling
-from provision.spec.inventory import parse
-from provision.spec.scheduling import duration_s
+from provision.inventory.inventory import parse
+from provision.inventory.scheduling import duration_s
 
 BASE = """\
 job: j

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from provision.core.errors import ProvisionError
+from provision.inventory.statebackend import Backend
 from provision.io.pgstate import LOCK_BOUND, lock_session_settings
 from provision.io.servicelead import CUT_OFF, POLL, Leadership
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.io.state import open_store
 from provision.serve.service import Service
-from provision.spec.statebackend import Backend
 
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)  # Linux's number (Python < 3.12 lacks the name)
 

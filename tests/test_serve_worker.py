@@ -18,6 +18,7 @@ from provision.cli import servecmd, tunecmd
 from provision.core.errors import ProvisionError
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tune
+from provision.inventory.inventory import parse
 from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.io.study import Runner, Study, StudyUnavailable, memory_study
 from provision.run import tune as tune_mod
@@ -25,7 +26,6 @@ from provision.run.trialposts import JobEnded, Removed, Started
 from provision.run.trialrun import Handle, TrialWork
 from provision.serve import worker
 from provision.serve.service import Service
-from provision.spec.inventory import parse
 from test_study_loop import INV  # the study loop's one-host sweep
 
 TUNE = """\

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from clirun import run, wait_until
+from provision.inventory.inventory import load
 from provision.io.servicelead import Leadership
 from provision.io.servicestore import Event, Kind, ServiceRow, ServiceStore, Status, Submission
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve.snapshot import collect, materialise, store_files
-from provision.spec.inventory import load
 
 INVENTORY = """
 job: {job}

@@ -13,11 +13,11 @@ import pytest
 
 from provision.host import layout, ledger, setups
 from provision.host.protocol import FileInfo, ProbeReport, SetupReport, SetupRequest
+from provision.inventory.inventory import parse
+from provision.inventory.trial import trial_inventory
+from provision.render.files import SetupUnit, render
 from provision.rules.sharing import setup_done, setup_note, setup_reason
 from provision.run.destroy import study_of
-from provision.spec.inventory import parse
-from provision.spec.render import SetupUnit, render
-from provision.spec.trial import trial_inventory
 
 INV = """\
 job: {job}

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from provision.host.protocol import FileInfo
+from provision.render.files import FileKind
 from provision.rules.plan import _Draft, _judged_as_shared
 from provision.rules.sharing import OtherJob, _other_owner_problem, finished_users_note
-from provision.spec.render import FileKind
 
 V1, V2 = "1" * 64, "2" * 64
 PATH = "/opt/x/train.py"

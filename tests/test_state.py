@@ -12,7 +12,7 @@ import pytest
 
 from provision.core.errors import ProvisionError
 from provision.io import state as S
-from provision.spec.placement import Slot
+from provision.placement.tasks import Slot
 
 
 def test_an_empty_lock_file_is_never_taken_over_as_stale(tmp_path):

@@ -14,11 +14,11 @@ import pytest
 
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord
+from provision.inventory.statebackend import ENV, Backend, backend_of, chosen, problem
 from provision.io import state as S
 from provision.io.stateops import migrate, show_json, show_lines
 from provision.io.statestore import Change, LockInfo, Store
 from provision.rules.tenancy import Hold, Holder, Owner, owner_problem
-from provision.spec.statebackend import ENV, Backend, backend_of, chosen, problem
 
 URL = "postgresql://provision@db.internal:5432/jobs"
 
@@ -80,7 +80,7 @@ def test_the_place_names_the_database_whoever_logs_in():
 
 
 def test_a_state_file_beside_a_database_is_refused(tmp_path, monkeypatch):
-    from provision.spec.inventory import parse
+    from provision.inventory.inventory import parse
 
     monkeypatch.delenv(ENV, raising=False)
     inv = parse(

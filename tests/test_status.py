@@ -14,8 +14,8 @@ from provision.core.lifecycle import restarts, task_state
 from provision.core.model import Host, Inventory, Pool, RestartPolicy, SSHSettings
 from provision.host.layout import unit_name
 from provision.host.protocol import ProbeReport
+from provision.placement.tasks import place
 from provision.rules.status import job_status
-from provision.spec.placement import place
 
 ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
 AUTO_RESTART = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "auto-restart"}
@@ -278,7 +278,7 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
     inventory whose files exist and whose tasks land where the comments say."""
     from provision import sandbox
     from provision.cli.sandboxcmd import job_from_file
-    from provision.spec.inventory import load
+    from provision.inventory.inventory import load
 
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "id_ed25519").write_text("not a real key\n")

@@ -30,7 +30,9 @@ from provision.core.tuning import (
     TrialState,
     Tune,
 )
+from provision.inventory.inventory import parse
 from provision.io.study import Runner, Study, load_study, memory_study, open_study
+from provision.placement.tasks import Slot
 from provision.rules.plan import Plan
 from provision.rules.trialwait import end_wait_command, settled_free
 from provision.run import trialrun
@@ -53,8 +55,6 @@ from provision.run.trialrun import (
     TrialWork,
 )
 from provision.run.tune import StudyLoop
-from provision.spec.inventory import parse
-from provision.spec.placement import Slot
 
 INV = """\
 job: sweep

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from provision.spec import render
+from provision.render import files as render
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSetting
 from provision.host import layout, ledger
 from provision.host.protocol import ProbeReport, Reservation
 from provision.io.steps import GroupResult, Step
+from provision.placement.tasks import Held, PlacementError, place
 from provision.rules.priority import Policy
 from provision.rules.tenancy import (
     Hold,
@@ -30,7 +31,6 @@ from provision.rules.tenancy import (
     queued_lines,
     reservation,
 )
-from provision.spec.placement import Held, PlacementError, place
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()

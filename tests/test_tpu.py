@@ -1,4 +1,4 @@
-"""TPU slices' variables (spec/tpu.py) as tables: 1 host, a 4-host slice, 2 slices of 4,
+"""TPU slices' variables (placement/tpu.py) as tables: 1 host, a 4-host slice, 2 slices of 4,
 several processes on one host, and the layouts refused. No hosts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from provision.core.errors import ProvisionError
-from provision.spec.inventory import load
-from provision.spec.render import render
+from provision.inventory.inventory import load
+from provision.render.files import render
 
 KEYS = (
     "TPU_WORKER_ID",

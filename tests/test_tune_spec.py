@@ -23,10 +23,10 @@ from provision.core.tuning import (
     best,
     measured,
 )
-from provision.spec.inventory import parse
-from provision.spec.promote import promoted
-from provision.spec.render import render
-from provision.spec.trial import trial_inventory, with_flags
+from provision.inventory.inventory import parse
+from provision.inventory.promote import promoted
+from provision.inventory.trial import trial_inventory, with_flags
+from provision.render.files import render
 
 _spec = importlib.util.spec_from_file_location("_provision_test_encode", Path(__file__).with_name("test_encode.py"))
 _ports = importlib.util.module_from_spec(_spec)

@@ -25,7 +25,7 @@ import pytest
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.importers.common import parse_structured
-from provision.spec.inventory import load, parse
+from provision.inventory.inventory import load, parse
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation-errors.md"
 NAME = "inventory.yaml"  # how the file is named in every message below

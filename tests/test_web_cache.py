@@ -15,10 +15,10 @@ from starlette.testclient import TestClient
 
 from clirun import wait_until
 from provision.core.trialend import Ended, Ending
+from provision.inventory.inventory import load
 from provision.io import studyread
 from provision.io.study import Runner, open_study
 from provision.run.tune import study_storage
-from provision.spec.inventory import load
 from provision.web import charts
 from provision.web.app import make_app
 from provision.web.auth import CSRF_COOKIE, Auth

@@ -176,8 +176,8 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
     import sys
 
     from clirun import sh, wait_until
-    from provision.spec.inventory import parse
-    from provision.spec.render import render
+    from provision.inventory.inventory import parse
+    from provision.render.files import render
 
     inv = tmp_path / "inv.yaml"
     sandbox_inventory(

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from clirun import wait_until
-from provision.spec.clusterenv import job_cluster, task_env
-from provision.spec.inventory import parse
-from provision.spec.render import render
+from provision.inventory.inventory import parse
+from provision.render.clusterenv import job_cluster, task_env
+from provision.render.files import render
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from clirun import cli, ok, sh, wait_until
+from provision.inventory.inventory import load
+from provision.render.files import render
 from provision.sandbox.inventory import dump
-from provision.spec.inventory import load
-from provision.spec.render import render
 
 pytestmark = pytest.mark.integration
 

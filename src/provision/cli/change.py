@@ -24,6 +24,7 @@ from provision.cli.progress import phase_line, wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
 from provision.core.lifecycle import TaskState
 from provision.host import layout
+from provision.placement.tasks import PlacementError
 from provision.rules import provenance
 from provision.rules.plan import Plan
 from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
@@ -34,7 +35,6 @@ from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, ledger_marks
-from provision.spec.placement import PlacementError
 
 if TYPE_CHECKING:  # types only: the preemption step loads only for an apply that is held
     from provision.run.preempt import Preemptor

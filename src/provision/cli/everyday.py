@@ -17,13 +17,13 @@ from provision.core.errors import ProvisionError
 from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import ALL_FACTS, ProbeRequest
+from provision.inventory.address import split as address_split
+from provision.inventory.inventory import DNS_LABEL, HOST_NAME
 from provision.io.hostkeys import KnownHosts
 from provision.io.outfile import check_output, write_output
 from provision.io.ssh import Session, call_agent
 from provision.run.context import open_context
 from provision.run.remote import complete_tasks, exec_script, run_exec, shell_command, ssh_argv
-from provision.spec.address import split as address_split
-from provision.spec.inventory import DNS_LABEL, HOST_NAME
 
 
 def _words(command: Sequence[str]) -> list[str]:

@@ -10,10 +10,10 @@ from provision.cli.common import progress_line
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.core.target import HostError
+from provision.inventory.inventory import load
+from provision.inventory.trial import trial_inventory
 from provision.run.context import open_context
 from provision.run.fetch import fetch
-from provision.spec.inventory import load
-from provision.spec.trial import trial_inventory
 
 
 @click.command("fetch")

@@ -12,8 +12,8 @@ import click
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.importers import import_job, load_hosts
+from provision.inventory.inventory import parse
 from provision.io.outfile import check_output, write_output
-from provision.spec.inventory import parse
 
 
 @click.group("import")

@@ -10,13 +10,13 @@ import click
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import Inventory
 from provision.core.text import plural
+from provision.inventory.inventory import load
+from provision.inventory.localcheck import identity_problems, job_file_hint, secret_problems
+from provision.inventory.statebackend import backend_of
 from provision.io.state import State, default_state_path, open_store
-from provision.spec.inventory import load
-from provision.spec.localcheck import identity_problems, job_file_hint, secret_problems
-from provision.spec.placement import Placement, Slot, place
-from provision.spec.render import render as do_render
-from provision.spec.render import write_tree
-from provision.spec.statebackend import backend_of
+from provision.placement.tasks import Placement, Slot, place
+from provision.render.files import render as do_render
+from provision.render.files import write_tree
 
 
 def _summary(inv: Inventory, placement: Placement) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from provision.core.errors import ProvisionError
+from provision.inventory.statebackend import ENV, LOCAL, Backend, problem
 from provision.rules import policyfile
 from provision.rules.priority import Policy
-from provision.spec.statebackend import ENV, LOCAL, Backend, problem
 
 POLICY_FORMAT = 1
 _STATE_HELP = "The team's PostgreSQL URL (default: PROVISION_STATE, else the local state, which has no policy)."

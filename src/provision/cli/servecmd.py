@@ -20,6 +20,9 @@ import click
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.text import duration
+from provision.inventory.inventory import load
+from provision.inventory.statebackend import backend_of
+from provision.inventory.statebackend import problem as backend_problem
 from provision.io.servicestore import Event, Kind, ServiceRow, ServiceStore, Status, Submission, default_db
 from provision.io.state import default_state_path
 from provision.rules.priority import level
@@ -31,9 +34,6 @@ from provision.serve.places import leadership, open_backend, open_place, work_ro
 from provision.serve.service import Service
 from provision.serve.snapshot import collect, store_files
 from provision.serve.source import DEFAULT_LISTEN, Listen, ServiceSource, choose_auth, parse_listen
-from provision.spec.inventory import load
-from provision.spec.statebackend import backend_of
-from provision.spec.statebackend import problem as backend_problem
 
 HISTORY_FORMAT = 1
 

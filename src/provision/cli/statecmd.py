@@ -14,12 +14,12 @@ import click
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
+from provision.inventory.inventory import load
+from provision.inventory.statebackend import ENV, LOCAL, Backend, backend_of, chosen, problem
 from provision.io.state import State, default_state_path, open_store
 from provision.io.stateops import change_line, history_json, migrate, show_json, show_lines
 from provision.io.statestore import Store
 from provision.rules.tenancy import identity
-from provision.spec.inventory import load
-from provision.spec.statebackend import ENV, LOCAL, Backend, backend_of, chosen, problem
 
 F = TypeVar("F", bound=Callable[..., object])
 

@@ -17,9 +17,9 @@ from provision.cli.tuneview import draw_png, event_line, study_json, table_lines
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best, promoted_job
+from provision.inventory.inventory import load
+from provision.inventory.promote import promoted
 from provision.rules.space import grid_size, space_size
-from provision.spec.inventory import load
-from provision.spec.promote import promoted
 
 if TYPE_CHECKING:  # the study's modules import Optuna: loaded only when a study is opened (below)
     from provision.io.study import Study
@@ -176,8 +176,8 @@ def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, pol
     """--detach: hand the study to the service (0). A study a service holds: followed (its
     exit code). None: this terminal runs it."""
     # Here: the service's modules load only for a `tune` (start-up of the other commands).
+    from provision.inventory.statebackend import backend_of
     from provision.io.servicestore import default_db
-    from provision.spec.statebackend import backend_of
 
     if not detach and backend_of(inv, inventory).local and not default_db().exists():
         return None  # no service here to hold it (servecmd's handed_over, without its import time)

@@ -22,7 +22,7 @@ RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 SUCCESS_POLICIES = ("chief", "all_workers")
 DEFAULT_PORT = 2222
-TPU_PROCESS_PORT = 8476  # libtpu's port: the default of a pool's tasks on TPU hosts (spec/tpu.py)
+TPU_PROCESS_PORT = 8476  # libtpu's port: the default of a pool's tasks on TPU hosts (placement/tpu.py)
 
 
 def default_port(host: Host) -> int:
@@ -156,7 +156,7 @@ class Inventory:
     # `outputs:` the base of Vertex's output directories on every host (AIP_MODEL_DIR ...).
     outputs: str | None = None
     # Where the job's state lives: "local" (beside the inventory) or a PostgreSQL URL
-    # without a password (spec/statebackend.py; PROVISION_STATE wins over it).
+    # without a password (inventory/statebackend.py; PROVISION_STATE wins over it).
     state: str = "local"
     # `tune:` a hyperparameter study over this job (core/tuning.py; `provision tune`).
     tune: Tune | None = None

@@ -1,7 +1,7 @@
 """A hyperparameter study (`tune:`) and its trials, as values. Pure.
 
-The inventory's `tune:` section becomes a `Tune` (spec/tunespec.py); each trial is a job of
-its own (spec/trial.py derives it); the study's record lives in Optuna's storage
+The inventory's `tune:` section becomes a `Tune` (inventory/tunespec.py); each trial is a job of
+its own (inventory/trial.py derives it); the study's record lives in Optuna's storage
 (run/study.py) and is read back as `TrialRow`s for the table, the JSON and the picture
 (cli/tuneview.py). Enums, not free strings: their values are what users and --json see.
 """

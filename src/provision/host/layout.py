@@ -357,7 +357,7 @@ def job_of_ledger_path(path: str) -> str:
 # --------------------------------------------------------------------------- setup
 #
 # A `setup:` on a host is keyed by what it is (its commands, env, user, timeout and the
-# contents of its inputs: spec/render.py), not by the job: every job that needs the same
+# contents of its inputs: render/files.py), not by the job: every job that needs the same
 # one shares one run of it and its result. Its script, env and oneshot unit are named by
 # the key (a sha256, hex: nothing of the inventory reaches a name); each job's manifest
 # lists them as it lists a shared pushed file, so the last job to leave removes them.

@@ -9,7 +9,7 @@ The preemptor's controller asks (PreemptRequest); here, in order:
    preemptible job's env) and the Preempted end marker to the job's lifecycle file;
 3. the job's units are stopped without waiting (`systemctl stop --no-block`). A preemptible
    job's units carry the preemption's signal as KillSignal= and its grace in
-   TimeoutStopSec= (spec/render.py): systemd itself sends the signal, and kills what is
+   TimeoutStopSec= (render/files.py): systemd itself sends the signal, and kills what is
    left at the deadline, even if the preemptor is gone by then; the stop is recorded as one
    (no automatic restart, and ExecStop= marks the exit).
 The entry's units ending frees nothing for others: until the preemptor's reserve takes the

@@ -17,13 +17,13 @@ from typing import NoReturn
 import yaml
 
 from provision.core.encode import ENV_KEY  # what a name in an env file may be
-from provision.core.errors import ProvisionError
-from provision.core.tuning import Tune
 
 # Variables provision sets itself; a spec may not set them.
-from provision.spec.clusterenv import RESERVED_ENV
-from provision.spec.yamldoc import SYNTAX_ERRORS, syntax_error
-from provision.spec.yamldoc import show_value as show
+from provision.core.envnames import RESERVED_ENV
+from provision.core.errors import ProvisionError
+from provision.core.tuning import Tune
+from provision.inventory.yamldoc import SYNTAX_ERRORS, syntax_error
+from provision.inventory.yamldoc import show_value as show
 
 JSON = object  # a value decoded from JSON or YAML
 

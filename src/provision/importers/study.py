@@ -27,8 +27,8 @@ from provision.core.tuning import (
     Tune,
     Value,
 )
-from provision.spec.yamldoc import show_value as show
-from provision.spec.yamldoc import show_values
+from provision.inventory.yamldoc import show_value as show
+from provision.inventory.yamldoc import show_values
 
 from .common import JSON, Note, StudyPlan, Where, boolean, check_keys, integer, items, mapping, note, string
 

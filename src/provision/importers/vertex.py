@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from provision.spec.clusterenv import OUTPUT_DIRS
+from provision.render.clusterenv import OUTPUT_DIRS
 
 from .common import (
     JSON,

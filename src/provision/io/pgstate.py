@@ -20,7 +20,7 @@ connection and are compare-and-set on the serial this run read: a state is never
 two runs, nor by one whose lock was taken from it (force-unlock ends its session).
 
 Credentials come from libpq's environment (PGPASSWORD, PGUSER, ...) or ~/.pgpass, never
-from the inventory (spec/statebackend.py refuses a password in the URL). Every database
+from the inventory (inventory/statebackend.py refuses a password in the URL). Every database
 error is one line naming the URL (without a password: it cannot hold one).
 """
 
@@ -41,9 +41,9 @@ from typing import Any, TypeVar
 import psycopg
 
 from provision.core.errors import ProvisionError
+from provision.inventory.statebackend import Backend
 from provision.io.statestore import FORMAT_VERSION, Change, LockInfo, Store, locked_error
 from provision.rules.tenancy import identity
-from provision.spec.statebackend import Backend
 
 SCHEMA_VERSION = 1
 CONNECT_TIMEOUT = 10  # seconds, unless PGCONNECT_TIMEOUT or the URL says otherwise

@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 
 from provision.core.errors import ProvisionError
+from provision.inventory.statebackend import Backend
 from provision.io.pgstate import PgStore, why
 from provision.rules import policyfile
 from provision.rules.priority import Policy
 from provision.rules.tenancy import identity
-from provision.spec.statebackend import Backend
 
 ROW = "team"
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord, stamped
+from provision.inventory.statebackend import Backend
 from provision.io.statestore import (
     FORMAT_VERSION,
     MOVED_TO,
@@ -49,10 +50,9 @@ from provision.io.statestore import (
     locked_error,
     migrated_path,
 )
+from provision.placement.tasks import Slot
 from provision.rules.liveness import process_alive
 from provision.rules.tenancy import identity
-from provision.spec.placement import Slot
-from provision.spec.statebackend import Backend
 
 
 def default_state_path(inventory_path: Path, job: str) -> Path:

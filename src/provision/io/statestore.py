@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from provision.spec.statebackend import Backend
+from provision.inventory.statebackend import Backend
 
 # The state document's format, the same in every backend (the file's JSON, the database's
 # column): io/state.py reads 1 and 2 and writes 2. A field added with a default that the

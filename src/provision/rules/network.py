@@ -9,6 +9,7 @@ from typing import Any
 
 from provision.core.model import Inventory
 from provision.host.protocol import NetcheckReport, NetcheckRequest
+from provision.placement.tasks import PlacedTask, Placement
 from provision.rules.plan import Plan
 from provision.rules.preflight import (
     ALL_TO_ALL_HOSTS,
@@ -20,7 +21,6 @@ from provision.rules.preflight import (
     _mine,
     _own_units,
 )
-from provision.spec.placement import PlacedTask, Placement
 
 
 def peers(inv: Inventory, placement: Placement) -> dict[str, list[PlacedTask]]:

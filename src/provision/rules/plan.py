@@ -36,9 +36,9 @@ from provision.core.target import HostError, Target
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport, Reservation
 from provision.host.taskenv import parse_env
+from provision.render.files import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile, TaskUnit
 from provision.rules.facts import mismatches
 from provision.rules.sharing import OtherJob, judge, setup_note, setup_reason, taken_problem
-from provision.spec.render import SECRET_MASK, FileKind, HostBundle, Rendered, RenderedFile, TaskUnit
 
 
 class FileAction(StrEnum):

@@ -17,6 +17,9 @@ from dataclasses import replace as with_fields
 from provision.core.imagechange import ImageChange
 from provision.core.target import HostError, Target
 from provision.host.protocol import ProbeReport
+from provision.placement.tasks import Placement
+from provision.placement.tpu import coordinator_ports
+from provision.render.files import Rendered
 from provision.rules.plan import HostPlan, Plan, as_a_unit, plan_host
 from provision.rules.preflight import Status, judge
 from provision.rules.sharing import Shared
@@ -30,9 +33,6 @@ from provision.rules.tenancy import (
     unreadable_entries,
     unreadable_problem,
 )
-from provision.spec.placement import Placement
-from provision.spec.render import Rendered
-from provision.spec.tpu import coordinator_ports
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _fold_images(hp: HostPlan, images: Images, warnings: Sequence[str]) -> HostP
 
 def _fold_tenancy(plan: Plan, t: Tenancy, placement: Placement | None = None) -> Plan:
     """Ownership (refuse another state's job) and the ledger entry each host needs (a TPU
-    job's JAX coordinator port too: spec/tpu.py)."""
+    job's JAX coordinator port too: placement/tpu.py)."""
     job = plan.job
     ranked = [*placement.by_role("chief"), *placement.by_role("worker")] if placement is not None else []
     extra = coordinator_ports(ranked)

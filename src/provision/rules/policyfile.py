@@ -15,9 +15,9 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from provision.core.errors import ValidationError
+from provision.inventory.scheduling import CLASS_NAME, PRIORITY_BOUND
+from provision.inventory.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
 from provision.rules.priority import DEFAULT_CLASSES, Policy
-from provision.spec.scheduling import CLASS_NAME, PRIORITY_BOUND
-from provision.spec.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
 
 KEYS = ("classes", "guarantees", "groups")
 MAX_GPUS = 1_000_000

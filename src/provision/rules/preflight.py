@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from provision.core.model import Host, Inventory
 from provision.host.protocol import ProbeReport
+from provision.render.files import FileKind, HostBundle
 from provision.rules import hypertune
 from provision.rules.facts import mismatches
 from provision.rules.plan import FileAction, HostPlan, Plan
-from provision.spec.render import FileKind, HostBundle
 
 if TYPE_CHECKING:
     pass

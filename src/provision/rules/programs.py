@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from provision.core.model import Inventory
 from provision.core.records import HostRecord
 from provision.host.protocol import FileInfo
-from provision.spec.render import HostBundle
+from provision.render.files import HostBundle
 
 # systemd's search path for a bare ExecStart= name (systemd.service(5), "Command lines").
 SYSTEMD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")

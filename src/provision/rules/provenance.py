@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from provision.core.records import Applied, HostRecord, short
+from provision.render.files import FileKind
 from provision.rules.plan import FileAction, FileChange, HostPlan, Plan
-from provision.spec.render import FileKind
 
 
 def mark(plan: Plan, recorded: Mapping[str, HostRecord], keyed: Callable[[str], str], me: str) -> Plan:

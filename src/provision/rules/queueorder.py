@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from provision.core.model import Inventory
 from provision.core.text import duration
+from provision.placement.tasks import Placement, PlacementError
 from provision.rules.priority import Policy, name_of, queue_key
 from provision.rules.tenancy import Hold, Holder, Turn
-from provision.spec.placement import Placement, PlacementError
 
 
 @dataclass(frozen=True)

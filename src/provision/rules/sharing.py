@@ -1,6 +1,6 @@
 """What jobs on a host share: pushed files two jobs list (a variant of a job pushes the
 same files): who may change one, and what a finished job's claim means; and a `setup:`
-(keyed by what it is, spec/render.setup_key): whether it runs, or is done there already
+(keyed by what it is, render/files.setup_key): whether it runs, or is done there already
 for every job that needs it. Pure; plan.py applies the verdicts.
 
 The host's owners report (ledger.other_owners) says which other jobs' manifests list a
@@ -17,7 +17,7 @@ from typing import Any
 
 from provision.host import layout
 from provision.host.protocol import FileInfo, ProbeReport
-from provision.spec.render import SetupUnit
+from provision.render.files import SetupUnit
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from provision.core.model import Inventory
 from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
+from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
-from provision.spec.placement import PlacedTask
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from typing import Any
 from provision.core.text import duration
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
+from provision.placement.tasks import Held, PlacedTask
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of
-from provision.spec.placement import Held, PlacedTask
 
 STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
 # Listeners below this (sshd, DNS...) are the host's own services: held, but not worth a

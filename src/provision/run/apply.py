@@ -37,6 +37,8 @@ from provision.io import images
 from provision.io.journal import host_last_lines, setup_follow_command, terminal_text
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
+from provision.render.clusterenv import output_dirs
+from provision.render.files import FileKind, manifest_bytes
 from provision.rules.plan import FileAction, HostPlan, Plan, TaskChange
 from provision.rules.tenancy import STALE_AFTER
 from provision.run.context import (
@@ -44,8 +46,6 @@ from provision.run.context import (
     Progress,
     kept,
 )
-from provision.spec.clusterenv import output_dirs
-from provision.spec.render import FileKind, manifest_bytes
 
 SETUP_TICK = float(os.environ.get("PROVISION_SETUP_TICK", 30))  # seconds between "setup still running" lines
 

@@ -28,22 +28,22 @@ from provision.host.protocol import (
     ProbeReport,
     ProbeRequest,
 )
+from provision.inventory.inventory import load
+from provision.inventory.localcheck import identity_problems, secret_problems
+from provision.inventory.statebackend import backend_of
 from provision.io.hostkeys import KnownHosts
 from provision.io.probe import probe_host
 from provision.io.ssh import Session, call_agent
 from provision.io.state import State, default_state_path, open_store, writable_dir
 from provision.io.statestore import Lock
 from provision.io.steps import GroupResult, Step, run_step
+from provision.render.clusterenv import uses_socket_ifname
+from provision.render.files import FileKind, HostBundle, Rendered, render
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
 from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
 from provision.rules.tenancy import Owner, Turn
-from provision.spec.clusterenv import uses_socket_ifname
-from provision.spec.inventory import load
-from provision.spec.localcheck import identity_problems, secret_problems
-from provision.spec.render import FileKind, HostBundle, Rendered, render
-from provision.spec.statebackend import backend_of
 
 Progress = Callable[[str], None]
 Facts = Literal["none", "check", "all"]

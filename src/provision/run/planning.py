@@ -20,6 +20,9 @@ from provision.host.protocol import (
 from provision.io import images
 from provision.io.ssh import call_agent
 from provision.io.steps import GroupResult, Step, run_step
+from provision.placement.tasks import place
+from provision.render.clusterenv import uses_socket_ifname
+from provision.render.files import FileKind, render
 from provision.rules import provenance
 from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
@@ -38,9 +41,6 @@ from provision.run.context import (
     with_interfaces,
 )
 from provision.run.victim import finish
-from provision.spec.clusterenv import uses_socket_ifname
-from provision.spec.placement import place
-from provision.spec.render import FileKind, render
 
 
 def _known_tasks(ctx: Context, replace: set[str]) -> None:

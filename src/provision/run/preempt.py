@@ -24,13 +24,13 @@ from typing import TypeVar
 from provision.core.target import HostError
 from provision.host.protocol import PreemptReport, PreemptRequest
 from provision.io.ssh import call_agent
+from provision.placement.tasks import Held, PlacementError, place
 from provision.rules.preemption import Running, Victim, Waiting, decide
 from provision.rules.priority import name_of
 from provision.rules.queueorder import waits_behind
 from provision.rules.tenancy import Hold, Holder, held_for, holders
 from provision.run.context import Ask, Context, probe
 from provision.run.victim import MARGIN, TICK  # the victims' grace is waited for as their own side waits
-from provision.spec.placement import Held, PlacementError, place
 
 T = TypeVar("T")
 RENEW = 15.0  # seconds between renewals of the preemptor's mark (its heartbeat: tenancy.judge)

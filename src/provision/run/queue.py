@@ -27,9 +27,9 @@ from provision.core.text import duration
 from provision.host.protocol import QueueReport, QueueRequest
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
+from provision.placement.tasks import PlacementError
 from provision.rules.queueorder import need_on
 from provision.run.context import Context
-from provision.spec.placement import PlacementError
 
 T = TypeVar("T")
 POLL = float(os.environ.get("PROVISION_QUEUE_POLL", 5))  # seconds between looks

@@ -27,9 +27,9 @@ from click.shell_completion import CompletionItem
 from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_UNREACHABLE, ProvisionError
 from provision.core.target import HostError, Target
 from provision.host import bundle, layout
+from provision.inventory.inventory import load
+from provision.placement.tasks import place
 from provision.run.context import Context
-from provision.spec.inventory import load
-from provision.spec.placement import place
 
 NOT_APPLIED = 125  # the script's own code when the env file is not there
 

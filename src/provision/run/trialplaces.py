@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable, Mapping
 
 from provision.core.model import Inventory
-from provision.spec.placement import Held, PlacementError, Slot, place
+from provision.placement.tasks import Held, PlacementError, Slot, place
 
 
 class HostLocks:

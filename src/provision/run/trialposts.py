@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from provision.core.trialend import Ended
 from provision.core.tuning import Report
-from provision.spec.placement import Slot
+from provision.placement.tasks import Slot
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,11 @@ from provision.core.trialend import Ended, Ending
 from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
 from provision.host import layout
 from provision.host.protocol import DestroyReport, DestroyRequest
+from provision.inventory.trial import trial_inventory
 from provision.io.ssh import Session, call_agent
 from provision.io.steps import Step, run_step
+from provision.placement.tasks import PlacementError, Slot
+from provision.render.files import render
 from provision.rules import preempted
 from provision.rules.plan import Plan
 from provision.rules.status import JobStatus
@@ -63,9 +66,6 @@ from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
 from provision.run.victim import finish
-from provision.spec.placement import PlacementError, Slot
-from provision.spec.render import render
-from provision.spec.trial import trial_inventory
 
 T = TypeVar("T")
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)

@@ -32,6 +32,7 @@ from provision.core.errors import EXIT_ERROR, EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Algorithm, EarlyStopping, Report, TrialRow, TrialState, Tune, trial_job
+from provision.inventory.statebackend import backend_of
 from provision.io.hostkeys import KnownHosts
 from provision.io.ssh import Session
 from provision.io.state import default_state_path
@@ -46,6 +47,7 @@ from provision.io.study import (
     open_study,
     storage_url,
 )
+from provision.placement.tasks import Slot
 from provision.rules.stopping import words as stop_words
 from provision.run.trialposts import (
     Freed,
@@ -64,8 +66,6 @@ from provision.run.trialrun import (
     run_trial,
     trace,
 )
-from provision.spec.placement import Slot
-from provision.spec.statebackend import backend_of
 
 BEAT_EVERY = 3.0  # seconds between a runner's "still here" on the study and its trials' heartbeats
 # Where a trial is, as its row's why says while it runs (`tune --status`): this, then

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provision.inventory.statebackend import Backend
 from provision.io.servicelead import Leadership
 from provision.io.servicestore import ServiceStore, default_db
-from provision.spec.statebackend import Backend
 
 
 def open_place(place: str, db: Path | None = None) -> ServiceStore:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
+from provision.inventory.pushed import walk_spec
 from provision.io.servicestore import ServiceStore
-from provision.spec.pushed import walk_spec
 
 
 @dataclass(frozen=True)

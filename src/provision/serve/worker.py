@@ -38,6 +38,7 @@ from provision.core.errors import ProvisionError
 from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
+from provision.inventory.inventory import load
 from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission
 from provision.io.study import Runner, StudyUnavailable
 from provision.rules.plan import Plan
@@ -52,7 +53,6 @@ from provision.run.victim import finish
 from provision.serve.places import open_place
 from provision.serve.service import LEFT
 from provision.serve.snapshot import materialise
-from provision.spec.inventory import load
 
 CANCEL = threading.Event()  # set by SIGUSR1 (the service: its owner cancelled it)
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)  # seconds between looks at a storage that does not answer

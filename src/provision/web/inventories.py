@@ -26,6 +26,7 @@ from provision.core.model import Inventory
 from provision.core.target import HostError
 from provision.core.tuning import promoted_job
 from provision.host.protocol import ProbeReport
+from provision.inventory.inventory import load
 from provision.io.ssh import Session
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
@@ -35,7 +36,6 @@ from provision.rules.tenancy import HostView, host_view, jobs_json
 from provision.run.context import Ask, Context, open_context, probe
 from provision.run.jobend import collect, end_job, look
 from provision.run.logs import log_entries
-from provision.spec.inventory import load
 from provision.web.recent import Recent
 from provision.web.source import NotFound, masked_env
 
@@ -336,7 +336,7 @@ class InventorySource:
 
     def promote(self, name: str, trial: int, who: str) -> dict[str, Any]:
         """`provision tune --promote N`: the inventory text (shown, not written anywhere)."""
-        from provision.spec.promote import promoted  # (start-up: only a promotion needs it)
+        from provision.inventory.promote import promoted  # (start-up: only a promotion needs it)
 
         path, inv = self._find(name, study=True)
         assert inv.tune is not None

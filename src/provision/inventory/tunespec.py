@@ -25,8 +25,8 @@ from provision.core.tuning import (
     regex_problem,
     trial_job,
 )
-from provision.spec.statebackend import problem as url_problem
-from provision.spec.yamldoc import Checker, KeyPath, show_value, show_values
+from provision.inventory.statebackend import problem as url_problem
+from provision.inventory.yamldoc import Checker, KeyPath, show_value, show_values
 
 TUNE_KEYS = (
     "metric",

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from provision.core.tuning import Tune, Value, promoted_job
-from provision.spec.trial import flags, with_flags
+from provision.inventory.trial import flags, with_flags
 
 
 def promoted(
@@ -38,7 +38,7 @@ def promoted(
         else:  # as the trial ran: a flag the command has is replaced, not given twice
             command = pool.get("command") or []
             pool["command"] = [*command[:1], *with_flags(command[1:], extra)]
-    if isinstance(doc.get("outputs"), str):  # the trial's own directory (spec/trial.py), not every trial's
+    if isinstance(doc.get("outputs"), str):  # the trial's own directory (inventory/trial.py), not every trial's
         doc["outputs"] = f"{doc['outputs'].rstrip('/')}/{number}"
     for f in doc.get("files") or []:
         if isinstance(f, dict) and isinstance(f.get("src"), str) and not os.path.isabs(os.path.expanduser(f["src"])):

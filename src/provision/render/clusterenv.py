@@ -17,8 +17,8 @@ from provision.core.model import (
     Inventory,
 )
 from provision.host import layout
-from provision.spec.placement import PlacedTask, Placement
-from provision.spec.tpu import TPU_KEYS, TpuSlices, tpu_env, tpu_slices
+from provision.placement.tasks import PlacedTask, Placement
+from provision.placement.tpu import TpuSlices, tpu_env, tpu_slices
 
 
 def _json(value: object) -> str:
@@ -39,7 +39,7 @@ class JobCluster:
     dmlc_root: PlacedTask | None
     n_workers: int
     n_ps: int
-    tpu: TpuSlices | None = None  # the processes on TPU hosts (spec/tpu.py)
+    tpu: TpuSlices | None = None  # the processes on TPU hosts (placement/tpu.py)
 
 
 def job_cluster(inv: Inventory, placement: Placement) -> JobCluster:
@@ -264,43 +264,3 @@ def task_env(  # noqa: C901  one branch per variable family provision sets (docs
     for k, v in env:
         merged[k] = v
     return list(merged.items())
-
-
-# Variables provision itself sets for every task; an inventory may not override them,
-# or tasks would disagree about the cluster.
-RESERVED_ENV = frozenset(
-    {
-        "TF_CONFIG",
-        "CLUSTER_SPEC",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "WORLD_SIZE",
-        "RANK",
-        "PET_NNODES",
-        "PET_NODE_RANK",
-        "PET_MASTER_ADDR",
-        "PET_MASTER_PORT",
-        "PET_NPROC_PER_NODE",
-        "JAX_COORDINATOR_ADDRESS",
-        "JAX_NUM_PROCESSES",
-        "JAX_PROCESS_ID",
-        "DMLC_ROLE",
-        "DMLC_PS_ROOT_URI",
-        "DMLC_PS_ROOT_PORT",
-        "DMLC_NUM_WORKER",
-        "DMLC_NUM_SERVER",
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "TPU_VISIBLE_CHIPS",
-        *TPU_KEYS,
-        "PROVISION_JOB",
-        "PROVISION_TASK",
-        "PROVISION_TASK_TYPE",
-        "PROVISION_TASK_INDEX",
-        "PROVISION_PREEMPT_AT",
-        "PROVISION_RESUME",
-        "CLOUD_ML_TRIAL_ID",
-        "CLOUD_ML_HP_METRIC_FILE",
-        "CLOUD_ML_HP_METRIC_TAG",
-    }
-)

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from provision.core.scheduling import DEFAULT_GRACE_S, DEFAULT_PRIORITY, PreemptSignal, Scheduling
-from provision.spec.yamldoc import Checker, show_value
+from provision.inventory.yamldoc import Checker, show_value
 
 KEYS = ("priority", "preemptible", "preemption")
 # A class name as the policy names it: a short plain word.

@@ -24,9 +24,9 @@ from provision.core.errors import ProvisionError
 from provision.core.lifecycle import LONG_LIVED, boot_gate, restart_budget, start_phase, systemd_restart
 from provision.core.model import FileSpec, Host, Inventory, Pool
 from provision.host import layout, outdirs
-from provision.spec.clusterenv import JobCluster, job_cluster, output_dirs, preemptible, task_env
-from provision.spec.placement import PlacedTask, Placement, Slot, place
-from provision.spec.pushed import walk_spec
+from provision.inventory.pushed import walk_spec
+from provision.placement.tasks import PlacedTask, Placement, Slot, place
+from provision.render.clusterenv import JobCluster, job_cluster, output_dirs, preemptible, task_env
 
 MANIFEST_VERSION = 1
 SECRET_MASK = "(sensitive value)"

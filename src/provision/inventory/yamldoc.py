@@ -14,7 +14,7 @@ from typing import Any, cast
 import yaml
 
 from provision.core.encode import ENV_KEY
-from provision.spec.clusterenv import RESERVED_ENV
+from provision.core.envnames import RESERVED_ENV
 
 KeyPath = tuple[str | int, ...]  # a key path such as ("pools", "worker", "replicas")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.encode import ENV_KEY, EXECUTABLE
+from provision.core.envnames import RESERVED_ENV
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import (
     GRACE_PERIOD,
@@ -35,18 +36,17 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
-from provision.spec import scheduling as sched
-from provision.spec.address import split as split_address
-from provision.spec.clusterenv import RESERVED_ENV
-from provision.spec.filespec import check_files
-from provision.spec.jobspec import job_spec_of
-from provision.spec.placement import PlacementError, place
-from provision.spec.pushed import normalize_dest
-from provision.spec.statebackend import LOCAL
-from provision.spec.statebackend import problem as state_problem
-from provision.spec.tpu import tpu_slices
-from provision.spec.tunespec import parse_tune
-from provision.spec.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
+from provision.inventory import scheduling as sched
+from provision.inventory.address import split as split_address
+from provision.inventory.filespec import check_files
+from provision.inventory.jobspec import job_spec_of
+from provision.inventory.pushed import normalize_dest
+from provision.inventory.statebackend import LOCAL
+from provision.inventory.statebackend import problem as state_problem
+from provision.inventory.tunespec import parse_tune
+from provision.inventory.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
+from provision.placement.tasks import PlacementError, place
+from provision.placement.tpu import tpu_slices
 
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # DNS-1035, <= 40 chars
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
@@ -244,7 +244,7 @@ def _same_address(address: str) -> str:
 
 
 def _address(c: Checker, value: Any, path: KeyPath) -> tuple[str | None, int | None]:
-    """A host's address: a host name or an IP literal (spec/address), with an optional port."""
+    """A host's address: a host name or an IP literal (inventory/address), with an optional port."""
     text = c.string(value, path)
     if text is None:
         return None, None
@@ -560,7 +560,7 @@ def _outputs(c: Checker, value: Any) -> str | None:
 
 
 def _state(c: Checker, value: Any) -> str:
-    """`state:` local, or a PostgreSQL URL without a password (spec/statebackend.py)."""
+    """`state:` local, or a PostgreSQL URL without a password (inventory/statebackend.py)."""
     why = state_problem(value)
     if why:
         c.add(("state",), why)
@@ -601,7 +601,7 @@ def _check_capacity(inv: Inventory, c: Checker) -> None:
     except PlacementError as e:
         c.add(("pools", e.role), e.reason)
         return
-    try:  # a TPU slice JAX or libtpu could not take (spec/tpu.py)
+    try:  # a TPU slice JAX or libtpu could not take (placement/tpu.py)
         tpu_slices([*placement.by_role("chief"), *placement.by_role("worker")])
     except ProvisionError as e:
         c.add(("pools",), e.message)

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
-from provision.spec.placement import PlacedTask
+from provision.placement.tasks import PlacedTask
 
 COORDINATOR_OFFSET = 6  # JAX's default coordinator port 8482 = 8476 + 6
 SLICE_LABEL = "tpu_slice"
@@ -146,23 +146,3 @@ def tpu_env(task: PlacedTask, ts: TpuSlices, job: str) -> list[tuple[str, str]]:
             ("MEGASCALE_SLICE_ID", str(s)),
         ]
     return env
-
-
-# What task_env sets for TPU processes: an inventory may not override them.
-TPU_KEYS = frozenset(
-    {
-        "TPU_SKIP_MDS_QUERY",
-        "TPU_NAME",
-        "TPU_WORKER_ID",
-        "TPU_WORKER_HOSTNAMES",
-        "TPU_PROCESS_ADDRESSES",
-        "TPU_PROCESS_PORT",
-        "JAX_COORDINATOR_PORT",
-        "TPU_CHIPS_PER_PROCESS_BOUNDS",
-        "TPU_PROCESS_BOUNDS",
-        "CLOUD_TPU_TASK_ID",
-        "MEGASCALE_COORDINATOR_ADDRESS",
-        "MEGASCALE_NUM_SLICES",
-        "MEGASCALE_SLICE_ID",
-    }
-)

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from provision.core.model import Inventory
-from provision.spec.yamldoc import KeyPath, compose, dotted
+from provision.inventory.yamldoc import KeyPath, compose, dotted
 
 
 def _lines(inv: Inventory) -> dict[KeyPath, int]:

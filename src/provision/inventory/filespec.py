@@ -12,8 +12,8 @@ from provision.core.model import (
     FileSpec,
 )
 from provision.host.layout import RESERVED_DIRS
-from provision.spec.pushed import into_directory, normalize_dest, walk_spec
-from provision.spec.yamldoc import Checker, KeyPath, show_value
+from provision.inventory.pushed import into_directory, normalize_dest, walk_spec
+from provision.inventory.yamldoc import Checker, KeyPath, show_value
 
 
 def reserved_dir(dest: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from provision.spec.yamldoc import Checker, KeyPath, show_value
+from provision.inventory.yamldoc import Checker, KeyPath, show_value
 
 
 def job_spec_of(c: Checker, value: Any) -> dict[str, object] | None:
