@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from clirun import run
 from provision.core.errors import ProvisionError
-from provision.io.servicestore import Event, Kind, ServiceStore, Submission, token_hash
+from provision.io.servicestore import HistoryRow, Kind, ServiceStore, Submission, token_hash
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.source import Listen, ServiceSource, choose_auth, parse_listen, usage_json, usage_windows
 from provision.web.app import make_app
@@ -115,9 +115,9 @@ def test_usage_per_day_and_week_from_history():
     now = calendar.timegm((2026, 11, 27, 12, 0, 0))  # a Friday, noon UTC
     day = 86400.0
     events = [
-        Event("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),  # 2 GPUs x 2 h
-        Event("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),  # still running: half an hour so far
-        Event("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),  # a wait holds nothing
+        HistoryRow("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),  # 2 GPUs x 2 h
+        HistoryRow("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),  # still running: half an hour so far
+        HistoryRow("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),  # a wait holds nothing
     ]
     doc = usage_json(events, now)
     assert doc["format_version"] == 1 and doc["idle"] == []
@@ -137,11 +137,13 @@ def test_usage_summed_by_the_database_as_in_hand(store):
     now = calendar.timegm((2026, 11, 27, 12, 0, 0))
     day = 86400.0
     events = [
-        Event("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),
-        Event("run", "gpt", "ana", now - 12 * 3600 - 1800, now - 11 * 3600, "completed", ("h1",), 8),  # across midnight
-        Event("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),
-        Event("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),
-        Event("run", "old", "cy", now - 90 * day, now - 89 * day, "completed", ("h1",), 4),  # before every window
+        HistoryRow("run", "bert", "ana", now - day - 3600, now - day + 3600, "completed", ("h1",), 2),
+        HistoryRow(
+            "run", "gpt", "ana", now - 12 * 3600 - 1800, now - 11 * 3600, "completed", ("h1",), 8
+        ),  # across midnight
+        HistoryRow("trial", "s-t1", "bo", now - 1800, None, "", ("h1",), 1),
+        HistoryRow("wait", "bert", "ana", now - 3 * day, now - 2 * day, "started", (), 0),
+        HistoryRow("run", "old", "cy", now - 90 * day, now - 89 * day, "completed", ("h1",), 4),  # before every window
     ]
     for e in events:
         store.record(e)

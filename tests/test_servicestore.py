@@ -17,7 +17,7 @@ import pytest
 from clirun import run, wait_until
 from provision.inventory.inventory import load
 from provision.io.servicelead import Leadership
-from provision.io.servicestore import Event, Kind, ServiceRow, ServiceStore, Status, Submission
+from provision.io.servicestore import HistoryRow, Kind, ServiceRow, ServiceStore, Status, Submission
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve.snapshot import collect, materialise, store_files
@@ -152,9 +152,9 @@ def test_services_heartbeat_on_the_databases_clock(store):
 
 def test_history_is_kept_and_filtered(store):
     now = store.now()
-    a = store.record(Event("trial", "j-t1", "ann", now - 7200, None, "", ("h1",), 2, "s1"))
-    store.record(Event("wait", "q", "bob", now - 100, now - 50, "fitted", ("h1",), 1, "s2"))
-    store.record(Event("trial", "old", "ann", now - 30 * 86400, now - 29 * 86400, "succeeded", (), 1, "s0"))
+    a = store.record(HistoryRow("trial", "j-t1", "ann", now - 7200, None, "", ("h1",), 2, "s1"))
+    store.record(HistoryRow("wait", "q", "bob", now - 100, now - 50, "fitted", ("h1",), 1, "s2"))
+    store.record(HistoryRow("trial", "old", "ann", now - 30 * 86400, now - 29 * 86400, "succeeded", (), 1, "s0"))
     assert store.open_event("s1", "trial") == a and store.open_event("s1", "run") is None
     store.closed(a, now - 3600, "succeeded, 0.5")
     assert store.open_event("s1", "trial") is None

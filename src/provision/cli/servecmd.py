@@ -23,7 +23,7 @@ from provision.core.text import duration
 from provision.inventory.inventory import load
 from provision.inventory.statebackend import backend_of
 from provision.inventory.statebackend import problem as backend_problem
-from provision.io.servicestore import Event, Kind, ServiceRow, ServiceStore, Status, Submission, default_db
+from provision.io.servicestore import HistoryRow, Kind, ServiceRow, ServiceStore, Status, Submission, default_db
 from provision.io.state import default_state_path
 from provision.rules.priority import level
 from provision.rules.tenancy import identity
@@ -483,14 +483,14 @@ def history(owner: str | None, since: str | None, as_json: bool, state: str | No
     click.echo("\nGPU-hours: " + (", ".join(f"{o} {h:.2f}" for o, h in hours.items()) or "none"))
 
 
-def _event_json(e: Event) -> dict[str, Any]:
+def _event_json(e: HistoryRow) -> dict[str, Any]:
     return {
         "kind": e.kind, "job": e.job, "owner": e.owner, "started": e.started, "ended": e.ended, "how": e.how,
         "hosts": list(e.hosts), "gpus": e.gpus, "submission": e.submission,
     }  # fmt: skip
 
 
-def _event_line(e: Event, now: float) -> str:
+def _event_line(e: HistoryRow, now: float) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.started))
     took = duration(round((e.ended if e.ended is not None else now) - e.started))
     how = e.how or "still running"

@@ -115,7 +115,7 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
-class Event:
+class HistoryRow:
     """One history row: a run, a trial or a queue wait."""
 
     kind: str  # "study", "trial", "run" (an applied job's), "wait" (a queued apply's)
@@ -407,7 +407,7 @@ class ServiceStore:
 
     # -- history
 
-    def record(self, e: Event) -> int:
+    def record(self, e: HistoryRow) -> int:
         """A new history row; its id (to close it with `closed`)."""
         args = (e.kind, e.job, e.owner, e.started, e.ended, e.how, json.dumps(list(e.hosts)), e.gpus, e.submission)
         sql = (
@@ -431,7 +431,7 @@ class ServiceStore:
     def closed(self, row_id: int, ended: float, how: str) -> None:
         self._do("UPDATE provision_service_history SET ended = ?, how = ? WHERE id = ?", (ended, how, row_id))
 
-    def history(self, *, owner: str | None = None, since: float | None = None) -> list[Event]:
+    def history(self, *, owner: str | None = None, since: float | None = None) -> list[HistoryRow]:
         sql = "SELECT kind, job, owner, started, ended, how, hosts, gpus, submission FROM provision_service_history WHERE 1 = 1"
         args: list[Any] = []
         if owner:
@@ -442,7 +442,7 @@ class ServiceStore:
             args.append(since)
         rows = self._all(sql + " ORDER BY started, id", args)
         return [
-            Event(str(r[0]), str(r[1]), str(r[2]), float(r[3]), None if r[4] is None else float(r[4]), str(r[5]),
+            HistoryRow(str(r[0]), str(r[1]), str(r[2]), float(r[3]), None if r[4] is None else float(r[4]), str(r[5]),
                   tuple(json.loads(r[6])), int(r[7]), str(r[8]))
             for r in rows
         ]  # fmt: skip

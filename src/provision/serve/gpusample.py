@@ -85,7 +85,7 @@ def history_step(samples: int, gpus: int) -> float | None:
 
 
 Bucket = tuple[float, float, float, int]  # a point's (slot, sum of t, sum of utilization, samples)
-HistoryRow = tuple[str, int, float, float, float, int]  # ServiceStore.gpu_history's (host, gpu, slot, t, util, n)
+GpuHistoryRow = tuple[str, int, float, float, float, int]  # ServiceStore.gpu_history's (host, gpu, slot, t, util, n)
 
 
 def _point(t: float, util: float) -> list[float]:
@@ -102,7 +102,7 @@ class GpuHistory:
     is a new dict each round and a GPU's list of points a new list when it changed: a page
     reading the last one is never changed under it."""
 
-    def __init__(self, step: float | None, rows: Iterable[HistoryRow], rounds: Iterable[float]):
+    def __init__(self, step: float | None, rows: Iterable[GpuHistoryRow], rounds: Iterable[float]):
         self.step = step
         self.rounds = sorted(rounds)  # when the hour's rounds were (history_step counts them)
         self._last: dict[tuple[str, int], Bucket] = {}  # each GPU's last point's sums (only it changes)

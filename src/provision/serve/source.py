@@ -21,7 +21,7 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
-from provision.io.servicestore import GPU_KEEP, Event, GpuSample, ServiceStore, Status
+from provision.io.servicestore import GPU_KEEP, GpuSample, HistoryRow, ServiceStore, Status
 from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import (
@@ -237,7 +237,7 @@ def usage_doc(wins: list[tuple[str, str, float, float]], hours: list[dict[str, f
     return doc
 
 
-def usage_json(events: Iterable[Event], now: float) -> dict[str, Any]:
+def usage_json(events: Iterable[HistoryRow], now: float) -> dict[str, Any]:
     """usage_doc from history rows in hand (the service sums its database's: ServiceStore.gpu_hours_in)."""
     uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
     wins = usage_windows(now)

@@ -39,7 +39,7 @@ from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
 from provision.inventory.inventory import load
-from provision.io.servicestore import Event, Kind, ServiceStore, Status, Submission
+from provision.io.servicestore import HistoryRow, Kind, ServiceStore, Status, Submission
 from provision.io.study import Runner, StudyUnavailable
 from provision.rules.plan import Plan
 from provision.run.apply import apply_plan
@@ -154,7 +154,7 @@ def run_tune(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status,
         say(f"trial {r.number}: {r.state.value}" + (f" ({r.why})" if r.why else ""))
         if r.state.ended:
             history.add(
-                lambda ended: Event(
+                lambda ended: HistoryRow(
                     "trial", r.job, sub.owner, ended - (r.seconds or 0.0), ended, _how(r), hosts, gpus, sub.id
                 )
             )
@@ -180,9 +180,9 @@ class _History:
 
     def __init__(self, store: ServiceStore):
         self.store = store
-        self.pending: list[tuple[float, Callable[[float], Event]]] = []
+        self.pending: list[tuple[float, Callable[[float], HistoryRow]]] = []
 
-    def add(self, make: Callable[[float], Event]) -> None:
+    def add(self, make: Callable[[float], HistoryRow]) -> None:
         self.pending.append((time.time(), make))
         self.flush()
 
@@ -237,7 +237,9 @@ def _queue_and_apply(
 
     def waiting(why: str | None) -> None:
         if why is not None and not waits:
-            waits.append(store.record(Event("wait", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id)))
+            waits.append(
+                store.record(HistoryRow("wait", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
+            )
         elif why is None and waits:
             store.closed(waits.pop(), store.now(), "cancelled" if stop.is_set() else "fitted")
 
@@ -282,7 +284,7 @@ def _watch(
     service ~80 MiB a job."""
     row = store.open_event(sub.id, "run")
     if row is None:
-        row = store.record(Event("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
+        row = store.record(HistoryRow("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
     try:
         st, _ = look(ctx)
         if finish(ctx, st.rest, say):  # preempted on some hosts: on all, and its tasks ended (run/victim.py)
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if sub.kind is Kind.TUNE:
             began = sub.started if sub.started is not None else sub.created
-            ended = Event("study", sub.job, sub.owner, began, store.now(), f"{status.value}: {why}", (), 0, sub.id)
+            ended = HistoryRow("study", sub.job, sub.owner, began, store.now(), f"{status.value}: {why}", (), 0, sub.id)
             store.record(ended)
         if status is Status.WATCHING:
             store.watching(sub.id, why)
