@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 
 from clirun import wait_until
 from provision.core.errors import ProvisionError
-from provision.io.servicestore import GpuSample, ServiceStore
+from provision.io.servicehistory import GpuSample
+from provision.io.servicestore import ServiceStore
 from provision.serve.gpusample import (
     IDLE_WINDOW_ENV,
     LOOKING_S,

@@ -16,8 +16,9 @@ import pytest
 
 from clirun import run, wait_until
 from provision.inventory.inventory import load
+from provision.io.servicehistory import HistoryRow
 from provision.io.servicelead import Leadership
-from provision.io.servicestore import HistoryRow, Kind, ServiceRow, ServiceStore, Status, Submission
+from provision.io.servicestore import Kind, ServiceRow, ServiceStore, Status, Submission
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve.snapshot import collect, materialise, store_files

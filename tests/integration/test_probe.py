@@ -130,6 +130,15 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     # Another job's ledger entry (one unit there, one gone) and a listener provision did not start.
     other = {"job": "other", "units": ["provision-probe-chief-0.service", "provision-other-gone.service"], "gpus": [1]}
     sh(sb, "host-1", f"echo '{json.dumps(other)}' > /var/lib/provision/.ledger/other.json", check=True)
+    # ... with its runs and end marker (the service's rounds tell its end from them).
+    sh(
+        sb,
+        "host-1",
+        "mkdir -p /var/lib/provision/other /etc/provision/other && "
+        """echo '[{"run": 2, "at": 1.5, "by": "ana"}]' > /var/lib/provision/other/runs.json && """
+        """echo '{"phase": "Stopped", "reason": "by ana"}' > /etc/provision/other/lifecycle.json""",
+        check=True,
+    )
     sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290", check=True)
     # ... on a port of the job's (the checks name the process), whose pid is busy on a GPU too.
     sh(sb, "host-1", "systemd-run --unit probe-listener2 python3 -m http.server 2222", check=True)
@@ -151,7 +160,8 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     sh(
         sb,
         "host-1",
-        "systemctl stop probe-listener probe-listener2; rm /var/lib/provision/.ledger/other.json",
+        "systemctl stop probe-listener probe-listener2; rm -r /var/lib/provision/.ledger/other.json "
+        "/var/lib/provision/other /etc/provision/other",
         check=True,
     )
     sh(sb, "host-1", "rm /etc/provision-sandbox/busy-gpus", check=True)
@@ -161,6 +171,10 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert sorted(t1["ledger"]) == ["other", "probe"] and 2290 in t1["listening"] and 22 in t1["listening"]
     assert t1["ledger_units"]["provision-probe-chief-0.service"]["ActiveState"] in ("active", "inactive")
     assert t1["ledger_units"]["provision-other-gone.service"]["LoadState"] == "not-found"
+    assert t1["ledger_records"]["other"] == {
+        "runs": [{"run": 2, "at": 1.5, "by": "ana"}],
+        "lifecycle": {"phase": "Stopped", "reason": "by ana"},
+    }
     c1 = fast["host-1+checks"]["checks"]
     assert [o["unit"] for o in c1["ports"]["2222"]] == ["probe-listener2.service"]  # chief-0's port
     assert [a["owner"]["unit"] for a in c1["gpus"]["apps"]] == ["probe-listener2.service"]

@@ -23,7 +23,9 @@ from provision.core.text import duration
 from provision.inventory.inventory import load
 from provision.inventory.statebackend import backend_of
 from provision.inventory.statebackend import problem as backend_problem
-from provision.io.servicestore import HistoryRow, Kind, ServiceRow, ServiceStore, Status, Submission, default_db
+from provision.io.servicedb import default_db
+from provision.io.servicehistory import HistoryRow
+from provision.io.servicestore import Kind, ServiceRow, ServiceStore, Status, Submission
 from provision.io.state import default_state_path
 from provision.rules.priority import level
 from provision.rules.tenancy import identity

@@ -177,7 +177,7 @@ def _service(inventory: str, inv: Inventory, detach: bool, seed: int | None, pol
     exit code). None: this terminal runs it."""
     # Here: the service's modules load only for a `tune` (start-up of the other commands).
     from provision.inventory.statebackend import backend_of
-    from provision.io.servicestore import default_db
+    from provision.io.servicedb import default_db
 
     if not detach and backend_of(inv, inventory).local and not default_db().exists():
         return None  # no service here to hold it (servecmd's handed_over, without its import time)

@@ -168,7 +168,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
     if req.cluster_address:
         interface = lazy("hostcheck").interface(req.cluster_address)
     boot_id = layout.boot_id()
-    held = held_units = listening = local = None
+    held = held_units = listening = local = records = None
     if req.tenancy:
         held = ledger.read_all()
         # Only units whose file is there: the shell probe shows the same ones.
@@ -178,6 +178,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
             held_units = unit_states(others, live=not req.clocks)
         for u in ledger.units_of(held, job):
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
+        records = ledger_records(held, job)
         listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
     return P.ProbeReport(
         manifest=manifest,
@@ -198,7 +199,23 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         runs=read_json(layout.runs_path(job)),
         listening_local=local,
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
+        ledger_records=records,
     )
+
+
+def ledger_records(held: dict[str, Any], job: str) -> dict[str, dict[str, Any]]:
+    """Each other job of the ledger's runs and end marker here (ProbeReport.ledger_records);
+    the shell probe reads the same files."""
+    out = {}
+    for other in held:
+        if other == job:
+            continue
+        got: dict[str, Any] = {}
+        for key, path in (("runs", layout.runs_path(other)), ("lifecycle", layout.lifecycle_path(other))):
+            if os.path.isfile(path):
+                got[key] = read_json(path)
+        out[other] = got
+    return out
 
 
 def _mkdirs(path: str, created: list[str]) -> None:

@@ -7,8 +7,8 @@
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
 #   GPUS   empty, or "SECONDS COMMAND...": nvidia-smi's query (agent.NVIDIA_SMI) and its timeout
 #   TPU    empty, or 1 to count /dev/accelN
-#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN" (host/layout.py) for the host's
-#          ledger (every job's entry, every provision unit's state) and with LISTEN 1 the
+#   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN ETC VAR" (host/layout.py) for the host's
+#          ledger (every job's entry, its runs and end marker, every provision unit's state) and with LISTEN 1 the
 #          listening TCP sockets ("PORT INODE [lo]" lines, from ss or /proc/net/tcp and tcp6)
 #   CLOCK  empty, 1 for the host's clock (date +%s.%N), or 2 for that and /proc/uptime (the
 #          seconds since boot, as systemd's monotonic timestamps count them on a host that
@@ -89,7 +89,11 @@ rest=${tenancy#* }
 prefix=${rest%% *}
 rest=${rest#* }
 own=${rest%% *}
-scan=${rest#* }
+rest=${rest#* }
+scan=${rest%% *}
+rest=${rest#* }
+edir=${rest%% *}
+vdir=${rest#* }
 listen=
 if [ -n "$ports" ] || { [ -n "$tenancy" ] && [ "$scan" = 1 ]; }; then
     proc=1
@@ -132,7 +136,14 @@ if [ -n "$tenancy" ]; then
     for f in $ldir/*.json; do
         if [ -f "$f" ]; then
             set -- "$@" "$f"
-            if [ "$f" != "$own" ]; then others=1; fi
+            if [ "$f" != "$own" ]; then
+                others=1
+                # Its runs and end marker: what the service's rounds tell a run's end from.
+                j=${f##*/}
+                j=${j%.json}
+                if [ -f "$vdir/$j/runs.json" ]; then set -- "$@" "$vdir/$j/runs.json"; fi
+                if [ -f "$edir/$j/lifecycle.json" ]; then set -- "$@" "$edir/$j/lifecycle.json"; fi
+            fi
         fi
     done
     # Other jobs units states only when other jobs have entries here (the common case of

@@ -108,6 +108,10 @@ class ProbeReport:
     # Every drop-in file of a provision-*.d directory systemd reads (layout.DROPIN_BASES),
     # sorted: plan picks those of the job's units (layout.dropin_applies). None: not read.
     dropins: list[str] | None = None
+    # With tenancy: each other job of the ledger's runs and end marker here ({"runs": [...],
+    # "lifecycle": {...}}, either absent when the host has none): how a job the service's
+    # rounds watch ended, and which run it was.
+    ledger_records: dict[str, dict[str, Any]] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -130,6 +134,7 @@ class ProbeReport:
             runs=self.runs,
             listening_local=self.listening_local,
             dropins=self.dropins,
+            ledger_records=self.ledger_records,
         )
 
 

@@ -101,7 +101,8 @@ def command(req: ProbeRequest) -> str | None:
         " ".join(units),
         gpus,
         "1" if "tpu" in facts else "",
-        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX} {layout.ledger_path(req.job)} {int(req.listening)}"
+        f"{layout.LEDGER_DIR} {layout.SYSTEMD_DIR}/{layout.PREFIX} {layout.ledger_path(req.job)} {int(req.listening)} "
+        f"{layout.ETC} {layout.VAR}"
         if req.tenancy
         else "",
         *checks,
@@ -321,7 +322,16 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         stats[name] = (int(size_s), int(mode_s, 16), int(uid_s))
     # With tenancy the script adds the ledger's files after the paths asked for.
     held_paths = [p for p in stats if req.tenancy and p.startswith(layout.LEDGER_DIR + "/") and p not in paths]
-    paths = paths + held_paths
+    # ... and each other job's runs and end marker (ProbeReport.ledger_records).
+    held_jobs = {layout.job_of_ledger_path(p) for p in held_paths} - {req.job}
+    record_paths = {
+        path: (other, key)
+        for other in held_jobs
+        for key, path in (("runs", layout.runs_path(other)), ("lifecycle", layout.lifecycle_path(other)))
+        if path in stats and path not in paths
+    }
+    # In the order the script read them (each ledger entry, then that job's records).
+    paths = paths + [p for p in stats if p not in paths and (p in record_paths or p in held_paths)]
     regular = [p for p in paths if p in stats and stat.S_ISREG(stats[p][1])]
     if int(text.split()[1]) != len(regular):
         raise _Mismatch("a file changed type while probed")
@@ -390,8 +400,12 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
     for u in units:
         record = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
         exits[u] = layout.parse_exits(record.decode("utf-8", "replace")) if record is not None else []
-    held = held_units = None
+    held = held_units = records = None
     if req.tenancy:
+        got: dict[str, dict[str, Any]] = {other: {} for other in sorted(held_jobs)}
+        for path, (other, key) in sorted(record_paths.items()):
+            got[other][key] = as_json(path)
+        records = got
         held = {}
         for p in held_paths:
             entry = ledger.parse_entry(whole(p) or b"")
@@ -418,6 +432,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         interface=interface,
         setup_key=(whole(layout.setup_key_path(job)) or b"").decode("utf-8", "replace").strip() or None,
         runs=as_json(layout.runs_path(job)),
+        ledger_records=records,
         dropins=sorted(dropins) if req.files else None,
     )
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from provision.core.errors import ProvisionError
-from provision.io.servicestore import GpuSample
+from provision.io.servicehistory import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
 
 SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (issue 41: at most 10 s)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from provision.inventory.statebackend import Backend
+from provision.io.servicedb import default_db
 from provision.io.servicelead import Leadership
-from provision.io.servicestore import ServiceStore, default_db
+from provision.io.servicestore import ServiceStore
 
 
 def open_place(place: str, db: Path | None = None) -> ServiceStore:

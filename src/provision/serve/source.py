@@ -21,7 +21,8 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
-from provision.io.servicestore import GPU_KEEP, GpuSample, HistoryRow, ServiceStore, Status
+from provision.io.servicehistory import GPU_KEEP, GpuSample, HistoryRow
+from provision.io.servicestore import ServiceStore, Status
 from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.gpusample import (

@@ -39,7 +39,8 @@ from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.tuning import TrialRow
 from provision.inventory.inventory import load
-from provision.io.servicestore import HistoryRow, Kind, ServiceStore, Status, Submission
+from provision.io.servicehistory import HistoryRow
+from provision.io.servicestore import Kind, ServiceStore, Status, Submission
 from provision.io.study import Runner, StudyUnavailable
 from provision.rules.plan import Plan
 from provision.run.apply import apply_plan

@@ -1,0 +1,76 @@
+"""A round: every watched host probed once (one round trip each, all at once), as one frozen
+value. The service's sampler (serve/rounds.py) makes one every 10-60 s and hands it to
+its subscribers (the service's loop, the GPU samples, the event stream, the dashboard); each
+reads the same value, none asks the hosts again.
+
+What a round holds per host is what `provision jobs --json` is made from (the ledger's
+entries judged: rules/tenancy.py), the states of the units those entries name, and each
+job's runs and end marker there (ProbeReport.ledger_records): enough to tell, without
+another look, that a job started, ended and how (rules/events.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from provision.core import runs
+from provision.host.protocol import ProbeReport
+from provision.rules.tenancy import HostView, host_view
+
+
+@dataclass(frozen=True)
+class HostSeen:
+    """One host in a round: its ledger judged (view.error: it did not answer), the states of
+    the units its entries name, and each job's records there ({"runs", "lifecycle"})."""
+
+    view: HostView
+    units: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> bool:
+        return self.view.error is None
+
+    def run_of(self, job: str) -> int | None:
+        """The job's latest run recorded here (core/runs.py), None before its first start."""
+        got = runs.parse((self.records.get(job) or {}).get("runs"))
+        return got[-1].number if got else None
+
+    def marker_of(self, job: str) -> Mapping[str, Any] | None:
+        """The job's end marker here (`provision stop`, a preemption), if any."""
+        m = (self.records.get(job) or {}).get("lifecycle")
+        return m if isinstance(m, dict) and "_unreadable" not in m else None
+
+
+def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -> HostSeen:
+    """A host as a round sees it from a tenancy probe of `job` (whose own units, runs and
+    marker the probe reports apart from the other jobs')."""
+    records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
+    records[job] = {"runs": report.runs, "lifecycle": report.lifecycle}
+    units = {**(report.ledger_units or {}), **report.units}
+    return HostSeen(host_view(name, gpus, report, now), units, records)
+
+
+def unreachable(name: str, gpus: int, why: str) -> HostSeen:
+    return HostSeen(HostView(name, gpus, error=why))
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: when it began (this machine's clock), every host, and the hosts' document
+    the pages and /api/v1/hosts show (`provision jobs --json` with each host's labels and
+    GPU use). `studies`: the studies of the inventories surveyed (their trials' ends are
+    trials' ends); `success`: each surveyed inventory's success policy by job."""
+
+    number: int
+    began: float
+    hosts: Mapping[str, HostSeen]
+    doc: Mapping[str, Any]
+    studies: frozenset[str] = frozenset()
+    success: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> frozenset[str]:
+        return frozenset(n for n, h in self.hosts.items() if h.answered)
