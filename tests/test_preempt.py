@@ -12,14 +12,15 @@ import time
 import pytest
 
 from provision.core.lifecycle import Action, JobPhase, Reason, TaskRow, TaskState, decide, job_phase
-from provision.core.model import Host, SSHSettings
+from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSettings
 from provision.host import layout, ledger
 from provision.host import preempt as host_preempt
 from provision.host.protocol import PreemptRequest, ProbeReport, Reservation
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.preemption import Replica
 from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
-from provision.run.preempt import look
+from provision.run.preempt import look, replicas
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -366,6 +367,24 @@ def test_one_look_finds_candidates_leaving_victims_and_the_need():
     assert seen.leaving == (("low", "h"),) and seen.free == (("h", 3),) and [r.job for r in seen.running] == ["mid"]
     # Nothing placeable even with every preemptible job gone: no need.
     assert look("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
+
+
+def test_the_waiting_jobs_replicas_may_go_on_any_host_their_pool_may_use():
+    def host(name: str, drain: bool = False) -> Host:
+        return Host(name, "10.0.0.1", SSHSettings(), "10.0.0.1", Accelerators("nvidia-h100", 4), drain=drain)
+
+    pools = (
+        Pool("chief", 1, 4, ("/bin/true",)),
+        Pool("worker", 2, 2, ("/bin/true",), host_names=("h2", "h3")),
+        Pool("ps", 1, 0, ("/bin/true",)),
+    )
+    inv = Inventory(None, "j", SSHSettings(), (host("h1"), host("h2"), host("h3"), host("h4", drain=True)), pools)
+    # h3 was not reached (nothing known there: nothing placed there), h4 is drained.
+    assert replicas(inv, {"h1", "h2", "h4"}) == (
+        Replica(4, ("h1", "h2")),
+        Replica(2, ("h2",)),
+        Replica(2, ("h2",)),
+    )
 
 
 def test_planned_goes_on_from_the_callers_held_try(monkeypatch: pytest.MonkeyPatch) -> None:
