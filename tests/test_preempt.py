@@ -12,14 +12,15 @@ import time
 import pytest
 
 from provision.core.lifecycle import Action, JobPhase, Reason, TaskRow, TaskState, decide, job_phase
-from provision.core.model import Host, SSHSettings
+from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSettings
 from provision.host import layout, ledger
 from provision.host import preempt as host_preempt
 from provision.host.protocol import PreemptRequest, ProbeReport, Reservation
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.preemption import Replica
 from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
-from provision.run.preempt import look
+from provision.run.preempt import look, replicas
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -214,6 +215,61 @@ def test_the_jobs_own_stop_on_another_host_follows_and_reserves_nothing(host_dir
     assert ledger.reserve(res("low", [0, 1]), NOW) == []
 
 
+LOW_UNIT = "provision-low-c.service"
+LOW_TASK = PlacedTask("chief", 0, Host("h", "10.0.0.1", SSHSettings(), "10.0.0.1"), 2222, (0, 1))
+LOW_OWNER = Owner("L-low", "bob@lab", "ws", 1, "/s")
+
+
+def low_holders(units: dict) -> list[Holder]:
+    return holders("h", ProbeReport(ledger=ledger.read_all(), units=units, listening=[]), NOW)
+
+
+def preempted_earlier(how: str) -> None:
+    """The job `low` ran here and its earlier run was preempted, as `how` says."""
+    r = reservation("low", [LOW_TASK], [LOW_UNIT], [], LOW_OWNER, {})
+    assert r is not None and ledger.reserve(r, NOW) == []
+    ledger.mark_started("low", NOW)
+    os.makedirs(layout.job_dir("low"))
+    ana = {"who": "ana@lab", "host": HERE, "pid": os.getpid()}
+    if how == "follows":  # its preemptor knew another host: its own side stopped it here
+        rep = host_preempt.op_preempt(PreemptRequest("low", "high", ana, 1000, "high", 0, follows="host-1"))
+    elif how == "lapsed":  # its preemptor died before it took the GPUs
+        gone = dict(ana, pid=dead_pid())
+        rep = host_preempt.op_preempt(PreemptRequest("low", "high", gone, 1000, "high", 2))
+    else:  # its preemptor took the GPUs, ran, and left
+        rep = host_preempt.op_preempt(PreemptRequest("low", "high", ana, 1000, "high", 2))
+        token = ledger.read_all()["low"]["token"]
+        assert ledger.reserve(res("high", [0, 1], free={"low": token}), NOW) == []
+        ledger.release("high")
+    assert not rep.errors and not rep.refused
+    assert ledger.read_all()["low"]["preempted"]["by"] == "high"
+
+
+@pytest.mark.parametrize("how", ["follows", "lapsed", "taken"])
+def test_a_resumed_run_carries_no_mark_of_the_earlier_runs_preemption(host_dirs, how):
+    """A job preempted in part (its preemptor named some of its hosts) is resumed as one new
+    run everywhere: on a host where its entry is unchanged (same GPUs, ports and units) the
+    plan reserves nothing, yet the new run must not keep the earlier run's mark, or it could
+    never be preempted again (a second preemptor is refused, and looks skip it)."""
+    preempted_earlier(how)
+    hs = low_holders({LOW_UNIT: ENDED})
+    r = reservation("low", [LOW_TASK], [LOW_UNIT], hs, LOW_OWNER, {})
+    if r is not None:  # the resume's plan reserves where the entry changed (the GPUs were taken)
+        assert ledger.reserve(r, NOW + 1) == []
+    ledger.mark_started("low", NOW + 2)  # its units start: the new run
+
+    e = ledger.read_all()["low"]
+    assert "preempted" not in e and e["gpus"] == [0, 1], e
+    (h,) = low_holders({LOW_UNIT: ACTIVE})
+    assert (h.hold, h.preempted_by) == (Hold.RUNNING, "")
+    seen = look("urgent", {"h": 2}, {"h": [h]}, lambda held: {"h": 2}, {}, NOW)
+    assert [(c.job, c.gpus) for c in seen.running] == [("low", (("h", 2),))]  # a candidate again
+    urgent = {"who": "cy@lab", "host": HERE, "pid": os.getpid()}
+    rep = host_preempt.op_preempt(PreemptRequest("low", "urgent", urgent, 2000, "urgent", 2))
+    assert not rep.refused and not rep.errors
+    assert ledger.read_all()["low"]["preempted"]["by"] == "urgent"
+
+
 @pytest.mark.parametrize(
     "marked, live, want",
     [
@@ -311,6 +367,24 @@ def test_one_look_finds_candidates_leaving_victims_and_the_need():
     assert seen.leaving == (("low", "h"),) and seen.free == (("h", 3),) and [r.job for r in seen.running] == ["mid"]
     # Nothing placeable even with every preemptible job gone: no need.
     assert look("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
+
+
+def test_the_waiting_jobs_replicas_may_go_on_any_host_their_pool_may_use():
+    def host(name: str, drain: bool = False) -> Host:
+        return Host(name, "10.0.0.1", SSHSettings(), "10.0.0.1", Accelerators("nvidia-h100", 4), drain=drain)
+
+    pools = (
+        Pool("chief", 1, 4, ("/bin/true",)),
+        Pool("worker", 2, 2, ("/bin/true",), host_names=("h2", "h3")),
+        Pool("ps", 1, 0, ("/bin/true",)),
+    )
+    inv = Inventory(None, "j", SSHSettings(), (host("h1"), host("h2"), host("h3"), host("h4", drain=True)), pools)
+    # h3 was not reached (nothing known there: nothing placed there), h4 is drained.
+    assert replicas(inv, {"h1", "h2", "h4"}) == (
+        Replica(4, ("h1", "h2")),
+        Replica(2, ("h2",)),
+        Replica(2, ("h2",)),
+    )
 
 
 def test_planned_goes_on_from_the_callers_held_try(monkeypatch: pytest.MonkeyPatch) -> None:

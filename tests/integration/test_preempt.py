@@ -547,6 +547,36 @@ def test_a_job_preempted_on_one_host_is_preempted_whole_by_its_owners_apply(box,
         destroy(hi, low)
 
 
+def test_a_job_resumed_after_a_preemption_in_part_can_be_preempted_again(box, sandbox_inventory, tmp_path):
+    """Preempted on host-1 only, stopped on host-2 by its own side, resumed by its owner's
+    apply as one new run: that run carries no mark of the earlier preemption on either
+    host, so a higher-priority job that needs host-2's GPUs preempts it there at once."""
+    low = two_hosts(box, sandbox_inventory, tmp_path, "again-low")
+    hi = high(box, sandbox_inventory, tmp_path, "again-high", 15)
+    hi2 = tmp_path / "again-high2.yaml"
+    pools = {"chief": {"replicas": 1, "accelerators": 2, "command": ["/bin/sh", "-c", "sleep 600"]}}
+    sandbox_inventory(box, job="again-high2", pools=pools, path=hi2, hosts=[HOST2], priority="high")
+    try:
+        ok(cli("apply", "-y", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        preempted_on_host_1(box, tmp_path, low, hi)
+        r = ok(cli("apply", "-y", "--queue", "--timeout", "120", low, cwd=tmp_path, env=as_owner("bob@lab")))
+        assert "resumes after preemption" in r.stdout, r.stdout
+        for h in (HOST, HOST2):
+            wait_until(lambda h=h: resumed_on(box, "again-low", h), 60, what=f"the task on {h} to resume")
+        view = json.loads(ok(cli("jobs", "--json", low, cwd=tmp_path)).stdout)
+        marks = {h: v["preempted_by"] for h, v in {j["job"]: j for j in view["jobs"]}["again-low"]["hosts"].items()}
+        assert marks == {HOST: None, HOST2: None}, view
+
+        r = cli("apply", "-y", hi2, cwd=tmp_path, env=as_owner("ana@lab"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "preempted job again-low (bob@lab, priority low) on host-2: GPUs 0, 1" in r.stderr, r.stderr
+        assert "being preempted by" not in r.stderr, r.stderr
+        assert status(tmp_path, hi2)["phase"] == "Running"
+        wait_until(lambda: len(saved_on(box, "again-low", HOST2)) == 2, 30, what="host-2's task to save again")
+    finally:
+        destroy(hi2, hi, low)
+
+
 def test_a_host_unreachable_during_preemption_is_preempted_when_it_returns(box, sandbox_inventory, tmp_path):
     """The victim runs on both hosts; the preemptor needs both, and host-2 does not answer
     (paused): nothing is preempted for nothing, on host-1 either (the victim's GPUs there

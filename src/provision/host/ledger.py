@@ -348,14 +348,23 @@ def renewing(job: str, every: float) -> Any:
 
 def mark_started(job: str, now: float) -> None:
     """The job's units were started here: its entry is no longer a bare reservation, nor
-    held by a stop (its units hold what it needs while they run, as any job's)."""
+    held by a stop (its units hold what it needs while they run, as any job's), nor
+    preempted. A start is a new run (a resume too), and the plan reserves nothing where the
+    entry is unchanged (a host its own side stopped, `follows`; a preemptor that lapsed):
+    an earlier run's mark left there would refuse the next preemptor and hide the job from
+    every look (run/preempt.py), so it could never be preempted again."""
     path = layout.ledger_path(job)
     if not os.path.exists(path):
         return
     with _Locked():
         entry = read_entry(path)
-        if isinstance(entry, dict) and "_unreadable" not in entry and (not entry.get("started") or entry.get("held")):
+        if (
+            isinstance(entry, dict)
+            and "_unreadable" not in entry
+            and (not entry.get("started") or entry.get("held") or "preempted" in entry)
+        ):
             entry.pop("held", None)
+            entry.pop("preempted", None)
             entry.update(started=True, updated=now, token=_token())
             _write(job, entry)
 

@@ -22,6 +22,8 @@ know this host), so its GPUs are free once its units have ended.
 
 The next start of the job (its owner's apply, or the service's) clears the marker, and,
 because it resumes, writes layout.resume_env_path (PROVISION_RESUME=1): clear_lifecycle.
+Its units' start clears the entry's mark on every host (ledger.mark_started): the resumed
+run is a new one, which the next preemptor may preempt again.
 
 Runs on the host (shipped by host/bundle.py, imported only by the requests that use it),
 stdlib only.

@@ -17,15 +17,16 @@ tasks have ended (within their grace) and their GPUs are its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from provision.core.model import Inventory
 from provision.core.target import HostError
 from provision.host.protocol import PreemptReport, PreemptRequest
 from provision.io.ssh import call_agent
 from provision.placement.tasks import Held, PlacementError, place
-from provision.rules.preemption import Running, Victim, Waiting, decide
+from provision.rules.preemption import Replica, Running, Victim, Waiting, decide
 from provision.rules.priority import name_of
 from provision.rules.queueorder import waits_behind
 from provision.rules.tenancy import Hold, Holder, held_for, holders
@@ -88,12 +89,33 @@ def look(
         taken = {g for h in by_host[host] if h.holds_for(job) and h.job not in gone for g in h.gpus}
         free[host] = len([g for g in range(count) if g not in taken])
     candidates = gone | {r.job for r in running if r.preemptible}
+    need = place_without(held_without(job, by_host, candidates, listening, now))
+    return Look(tuple(leaving), running, tuple(sorted(free.items())), tuple(sorted(need.items())) if need else None)
+
+
+def held_without(
+    job: str,
+    by_host: Mapping[str, list[Holder]],
+    gone: Collection[str],
+    listening: Mapping[str, tuple[list[int], list[int]]],
+    now: float,
+) -> dict[str, Held]:
+    """What placement may not give `job` on each host once the jobs `gone` have left."""
     held = {}
     for host, hs in by_host.items():
         listen, local = listening.get(host, ([], []))
-        held[host] = held_for(job, [h for h in hs if h.job not in candidates], listen, now, local)
-    need = place_without(held)
-    return Look(tuple(leaving), running, tuple(sorted(free.items())), tuple(sorted(need.items())) if need else None)
+        held[host] = held_for(job, [h for h in hs if h.job not in gone], listen, now, local)
+    return held
+
+
+def replicas(inv: Inventory, hosts: Collection[str]) -> tuple[Replica, ...]:
+    """The job's tasks that need GPUs, each on any host of `hosts` its pool may run on."""
+    return tuple(
+        Replica(p.accelerators, tuple(h.name for h in inv.hosts if h.name in hosts and p.eligible(h)))
+        for p in inv.pools
+        if p.accelerators
+        for _ in range(p.replicas)
+    )
 
 
 @dataclass(frozen=True)
@@ -169,19 +191,41 @@ class Preemptor:
         seen = look(job, gpus, by_host, place_without, listening, now)
         if seen.need is None:
             return None
-        turn = ctx.turn
-        victims = decide(
-            Waiting(job, ctx.owner.who, turn.priority, seen.need), seen.running, dict(seen.free), ctx.policy
-        )
+        turn, free = ctx.turn, dict(seen.free)
+        # Where it goes is part of the decision (rules/preemption): any host its pools may use.
+        w = Waiting(job, ctx.owner.who, turn.priority, replicas(inv, free))
+        victims = decide(w, seen.running, free, ctx.policy)
+        need = self._need(w, victims, seen, by_host, listening, now, place_without)
+        if need is None:  # placement would not find that room: as placed with every candidate gone
+            need = dict(seen.need)
+            victims = decide(Waiting.placed(job, w.owner, w.priority, need), seen.running, free, ctx.policy)
         submitted = turn.submitted if turn.submitted is not None else now
-        if victims and waits_behind(job, turn.priority, submitted, {h: range(n) for h, n in seen.need}, by_host):
+        if victims and waits_behind(job, turn.priority, submitted, {h: range(n) for h, n in need.items()}, by_host):
             victims = ()  # waiting work ahead of it goes first (rules/queueorder), and preempts for itself
         if victims is None:
             self.away(reports.errors, seen.need)  # the likely why, when a host it needs did not answer
         if victims is None or (not victims and not seen.leaving):
             return None
-        grace = self.preempt(victims, by_host, dict(seen.need))
-        return grace if grace is not None or not seen.leaving else self.renew(seen.leaving, dict(seen.need))
+        grace = self.preempt(victims, by_host, need)
+        return grace if grace is not None or not seen.leaving else self.renew(seen.leaving, need)
+
+    @staticmethod
+    def _need(
+        w: Waiting,
+        victims: tuple[Victim, ...] | None,
+        seen: Look,
+        by_host: Mapping[str, list[Holder]],
+        listening: Mapping[str, tuple[list[int], list[int]]],
+        now: float,
+        place_without: Callable[[Mapping[str, Held]], dict[str, int] | None],
+    ) -> dict[str, int] | None:
+        """Where the job takes GPUs once the victims (and those leaving for it) left, as the
+        placement itself puts it: None when there is no decision, or when placement (first
+        fit, not a search) would not find the room the decision counted on."""
+        if victims is None:
+            return None
+        gone = {v.job for v in victims} | {j for j, _ in seen.leaving}
+        return place_without(held_without(w.job, by_host, gone, listening, now))
 
     def away(self, errors: Mapping[str, HostError], need: Iterable[tuple[str, int]]) -> None:
         """Say (once per change) which hosts it needs did not answer: nothing is preempted
