@@ -8,7 +8,7 @@ A sandbox of --hosts hosts (8 fake GPUs each); --jobs jobs spread over them (eve
 holds one job: the first hosts - jobs jobs have two hosts), each one task per host that
 sleeps (`sleep infinity`, one GPU), handed to a `provision serve` (embedded database,
 default --poll, no pages) with `provision apply --queue --detach`: the service applies
-each and then watches it until it ends (serve/watch.py: from the service's round of every
+each and then watches it until it ends (rules/watch.py: from the service's round of every
 host every 10 s while looked at, else every minute; before d7640a1, a worker process per job looked every 10 s). Jobs applied from a terminal are not watched by the service
 (only --inventory pages probe them, when a page asks), so handing them over is the case.
 

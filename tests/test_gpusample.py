@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,14 @@ from clirun import wait_until
 from provision.core.errors import ProvisionError
 from provision.io.servicehistory import GpuSample
 from provision.io.servicestore import ServiceStore
+from provision.rules.rounds import Round
+from provision.run.survey import Inventories, KeptContexts
 from provision.serve.gpusample import (
     IDLE_WINDOW_ENV,
     LOOKING_S,
     QUIET_EVERY,
     SAMPLE_EVERY,
     GpuHistory,
-    Sampler,
     history_step,
     idle_json,
     idle_of,
@@ -31,6 +33,7 @@ from provision.serve.gpusample import (
     round_every,
     samples_of,
 )
+from provision.serve.rounds import GpuRecorder, Rounds
 from provision.serve.source import ServiceSource
 from provision.web.app import make_app
 from provision.web.auth import Auth
@@ -149,20 +152,33 @@ def test_the_kept_history_adds_each_round_to_its_last_point_and_drops_the_hour_g
 
 
 def test_each_round_makes_the_history_a_point_per_round(tmp_path: Path) -> None:
-    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
-    util = iter(range(10, 100, 10))
-
-    def probe_all(lane: str) -> dict[str, Any]:
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    docs = []
+    for util in (10, 20, 30):
         got = copy.deepcopy(DOC)
-        got["hosts"]["gpu-1"]["gpu_use"]["0"]["utilization"] = next(util)
-        return got
-
-    src._probe_all = probe_all  # type: ignore[method-assign]  # the hosts' round trips
+        got["hosts"]["gpu-1"]["gpu_use"]["0"]["utilization"] = util
+        docs.append(got)
+    rounds, gpus = _rounds(store, docs)
+    src = ServiceSource(store, tmp_path / "work", rounds=rounds, gpus=gpus)
     for k in range(3):
-        src.sample()
+        rounds.round()
         got = src.hosts()["hosts"]["gpu-1"]["gpu_history"]["0"]
         assert [u for _, u in got] == [10.0, 20.0, 30.0][: k + 1]  # this round's point is in at once
-    src.store.close()
+    store.close()
+
+
+def _rounds(store: ServiceStore, docs: Any, subscribers: Any = None) -> tuple[Rounds, GpuRecorder]:
+    """Rounds over stand-in surveys (each call: the next of `docs`), with a GPU recorder."""
+    gpus = GpuRecorder(store)
+    it = iter(docs)
+
+    def look(found: Any, contexts: Any, n: int) -> Round:
+        return Round(n, time.time(), {}, next(it))
+
+    lead = threading.Event()
+    lead.set()
+    r = Rounds(dict, None, [gpus] if subscribers is None else subscribers, lead, print, look=look)  # type: ignore[arg-type]
+    return r, gpus
 
 
 def _round(store: ServiceStore, t: float, utils: list[int | None], job: str | None = "bert") -> None:
@@ -257,20 +273,31 @@ def test_token_pages_with_the_database_down_say_so(flaky: FlakyStore, tmp_path: 
     assert client.get("/usage", headers={"Authorization": f"Bearer {token}"}).status_code == 200
 
 
-def test_the_sampler_says_a_failed_round_once_and_goes_on() -> None:
+def test_a_round_says_a_failing_subscriber_once_and_goes_on(tmp_path: Path) -> None:
     said: list[str] = []
-    calls = iter([ProvisionError("db away"), ProvisionError("db away"), 3])
+    calls = iter([ProvisionError("db away"), ProvisionError("db away"), None])
+    seen: list[int] = []
 
-    def sample() -> int:
-        got = next(calls)
-        if isinstance(got, Exception):
-            raise got
-        return got
+    class Flaky:
+        name = "GPU samples"
 
-    s = Sampler(sample, lambda: True, said.append)
+        def on_round(self, r: Round) -> None:
+            got = next(calls)
+            if got is not None:
+                raise got
+
+    class Other:
+        name = "events"
+
+        def on_round(self, r: Round) -> None:
+            seen.append(r.number)
+
+    rounds, _ = _rounds(ServiceStore.open_local(tmp_path / "s.sqlite"), [DOC] * 3, [Flaky(), Other()])
+    rounds.say = said.append
     for _ in range(3):
-        s.round()
-    assert said == ["GPU samples not stored: db away", "GPU samples stored again"]
+        assert rounds.round() is not None
+    assert said == ["GPU samples: not stored this round: db away", "GPU samples: stored again"]
+    assert seen == [1, 2, 3]  # the others had every round
 
 
 def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgres, monkeypatch, tmp_path: Path) -> None:
@@ -298,10 +325,10 @@ def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgre
 
 
 def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
-    import time
-
-    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
-    src._sampled = (time.monotonic(), DOC)  # what Sampler's last round saw
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    rounds, gpus = _rounds(store, [DOC])
+    rounds.round()  # what the last round saw
+    src = ServiceSource(store, tmp_path / "work", rounds=rounds, gpus=gpus)
     text = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 1)).get("/metrics").text
     assert 'provision_gpu_utilization_percent{host="gpu-1",gpu="1",job="bert",owner="ana@example.com"} 87' in text
     assert 'provision_gpu_memory_used_mib{host="gpu-1",gpu="0"} 0' in text
@@ -323,59 +350,61 @@ def test_rounds_come_every_10_s_while_looked_at_or_changing_else_every_minute(
     assert round_every(looked_ago, busy) == every
 
 
-def test_the_sampler_asks_its_period_again_every_second() -> None:
+def test_the_rounds_ask_their_period_again_every_second(tmp_path: Path) -> None:
     """A quiet minute's wait ends when a page comes: the next round within a second."""
-    rounds: list[float] = []
+    stamps: list[float] = []
     period = [QUIET_EVERY]
-    s = Sampler(lambda: rounds.append(time.monotonic()) or 0, lambda: True, print, every=lambda: period[0])
-    s.start()
+
+    class Stamp:
+        name = "stamps"
+
+        def on_round(self, r: Round) -> None:
+            stamps.append(time.monotonic())
+
+    rounds, _ = _rounds(ServiceStore.open_local(tmp_path / "s.sqlite"), [DOC] * 100, [Stamp()])
+    rounds.every = lambda: period[0]  # type: ignore[method-assign]
+    rounds.contexts = KeptContexts(Inventories())
+    rounds.start()
     try:
-        wait_until(lambda: len(rounds) == 1, timeout=5, every=0.02, what="the first round at once")
+        wait_until(lambda: len(stamps) == 1, timeout=5, every=0.02, what="the first round at once")
         time.sleep(1.2)
-        assert len(rounds) == 1  # the next one is a minute away
+        assert len(stamps) == 1  # the next one is a minute away
         period[0] = 0.1
         asked = time.monotonic()
-        wait_until(lambda: len(rounds) >= 3, timeout=5, every=0.02, what="rounds at the short period")
-        assert rounds[1] - asked <= 1.1, rounds
+        wait_until(lambda: len(stamps) >= 3, timeout=5, every=0.02, what="rounds at the short period")
+        assert stamps[1] - asked <= 1.1, stamps
     finally:
-        s.stop()
+        rounds.stop()
 
 
 def test_the_service_samples_fast_while_a_page_reads_or_a_job_changes(tmp_path: Path) -> None:
-    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
-    assert src.every() == QUIET_EVERY  # nobody looked yet, no round
-    src.latest = lambda: DOC  # type: ignore[method-assign]  # (no hosts here: the page's read is what counts)
-    ServiceSource.usage(src)
-    assert src.every() == SAMPLE_EVERY
-    src._looked -= LOOKING_S + 1
-    assert src.every() == QUIET_EVERY
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
     preempted = {**DOC, "jobs": [{"job": "bert", "owner": "ana@example.com", "state": "preempted"}]}
-    src._round = (time.time(), preempted)
-    src._changing = True  # what sample() concludes from such a round
-    assert src.every() == SAMPLE_EVERY
+    rounds, gpus = _rounds(store, [DOC, preempted])
+    src = ServiceSource(store, tmp_path / "work", rounds=rounds, gpus=gpus)
+    assert rounds.every() == QUIET_EVERY  # nobody looked yet, no round
+    ServiceSource.usage(src)  # a page reads
+    assert rounds.every() == SAMPLE_EVERY
+    rounds.looked -= LOOKING_S + 1
+    assert rounds.every() == QUIET_EVERY
+    rounds.round()
+    assert rounds.every() == QUIET_EVERY  # running as applied
+    rounds.round()
+    assert rounds.every() == SAMPLE_EVERY  # a job not simply running
 
 
 def test_a_round_answers_the_pages_without_a_probe_of_their_own(tmp_path: Path) -> None:
-    """Issue 41 at 1,000 hosts: the pages probing every 2-4 s beside the rounds were the p95."""
-    from provision.serve.source import PAGES_FRESH
-    from provision.web.inventories import InventorySource
-
-    src = ServiceSource(ServiceStore.open_local(tmp_path / "s.sqlite"), tmp_path / "work")
-    probes: list[str] = []
-
-    def probe_all(lane: str) -> dict[str, object]:
-        probes.append(lane)
-        return DOC
-
-    src._probe_all = probe_all  # type: ignore[method-assign]  # the hosts' round trips
-    src.sample()  # the sampler's round
-    assert probes == ["sample"]
-    assert InventorySource.hosts(src) is DOC  # a page, right after it
-    assert src._hosts.fresh == PAGES_FRESH > SAMPLE_EVERY  # ... and until the next round
-    assert probes == ["sample"]
-    src._hosts.forget("")  # an action changed the hosts: the next page asks
-    InventorySource.hosts(src)
-    assert probes == ["sample", ""]
+    """At 1,000 hosts, the pages looking every 2-4 s beside the rounds were the p95."""
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    rounds, gpus = _rounds(store, [DOC])
+    src = ServiceSource(store, tmp_path / "work", rounds=rounds, gpus=gpus)
+    looks: list[str] = []
+    src.inventory.hosts = lambda: looks.append("page") or DOC  # type: ignore[method-assign]
+    src.hosts()
+    assert looks == ["page"]  # no round yet: the page looks itself
+    rounds.round()
+    assert src.hosts()["jobs"] == DOC["jobs"] and src.latest() == DOC
+    assert looks == ["page"]  # ... and not while a round is recent
 
 
 def test_a_round_gives_the_freed_heap_back_where_it_can() -> None:

@@ -6,7 +6,6 @@ The take-over itself, with the leader's packets dropped: bench/serve_takeover.py
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,13 @@ from typing import Any
 import pytest
 
 from provision.core.errors import ProvisionError
+from provision.core.submission import Kind, Status
 from provision.inventory.statebackend import Backend
 from provision.io.pgstate import LOCK_BOUND, lock_session_settings
 from provision.io.servicelead import CUT_OFF, POLL, Leadership
-from provision.io.servicestore import Kind, ServiceStore, Status, Submission
+from provision.io.servicestore import ServiceStore, Submission
 from provision.io.state import open_store
-from provision.serve.service import Service
+from provision.serve.service import Mode, Service
 
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)  # Linux's number (Python < 3.12 lacks the name)
 
@@ -95,16 +95,19 @@ class _FrozenLead:
     def release(self) -> None:
         pass
 
+    def backend(self) -> int | None:
+        return None
+
 
 def test_a_leader_frozen_past_a_take_over_takes_nothing_when_it_wakes(tmp_path: Path, monkeypatch) -> None:
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
     lead = _FrozenLead()
     lines: list[str] = []
     svc = Service(store, lead, tmp_path / "work", say=lines.append)  # type: ignore[arg-type]
-    svc.row = dataclasses.replace(svc.row, leader=True)  # it led when it froze
+    svc.mode, svc.holds = Mode.LEADING, True  # it led when it froze
     started: list[str] = []
     monkeypatch.setattr("subprocess.Popen", lambda *a, **kw: started.append("worker"))
-    store.submit(Submission("a", Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {}, {}))
+    store.submit(Submission("a", Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {}))
     svc._drive()  # where it woke: after its loop's look, before it takes the submission
     assert lead.looks == 1 and started == []
     got = store.get("a")
@@ -121,8 +124,7 @@ def test_a_leader_cut_off_from_the_database_stops_leading_while_it_is_away(tmp_p
     leader whose lock's session is gone stops its workers all the same."""
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
     svc = Service(store, _LostLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
-    svc.row = dataclasses.replace(svc.row, leader=True)
-    svc.away = 1.0  # the database stopped answering a look ago
+    svc.mode, svc.holds = Mode.CUT_OFF, True  # it led, and the database stopped answering a look ago
     stopped: list[bool] = []
     monkeypatch.setattr(svc, "_stop_workers", lambda: stopped.append(True))
 
@@ -132,4 +134,4 @@ def test_a_leader_cut_off_from_the_database_stops_leading_while_it_is_away(tmp_p
     monkeypatch.setattr(store, "now", away)
     with pytest.raises(ProvisionError):
         svc._look()
-    assert stopped == [True] and not svc.row.leader and svc.dropped
+    assert stopped == [True] and not svc.holds and svc.lost

@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 
 from clirun import run
 from provision.core.errors import ProvisionError
+from provision.core.submission import Kind
 from provision.io.servicehistory import HistoryRow
-from provision.io.servicestore import Kind, ServiceStore, Submission, token_hash
+from provision.io.servicestore import ServiceStore, Submission, token_hash
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.serve.source import Listen, ServiceSource, choose_auth, parse_listen, usage_json, usage_windows
 from provision.web.app import make_app

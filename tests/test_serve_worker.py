@@ -16,10 +16,11 @@ import pytest
 from clirun import run, wait_until
 from provision.cli import servecmd, tunecmd
 from provision.core.errors import ProvisionError
+from provision.core.submission import Kind, Status
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tune
 from provision.inventory.inventory import parse
-from provision.io.servicestore import Kind, ServiceStore, Status, Submission
+from provision.io.servicestore import ServiceStore, Submission
 from provision.io.study import Runner, Study, StudyUnavailable, memory_study
 from provision.run import tune as tune_mod
 from provision.run.trialposts import JobEnded, Removed, Started
@@ -235,6 +236,16 @@ class _Place:
     def leave(self, sid) -> None:
         pass
 
+    def lead_is(self, sid, backend) -> None:
+        pass
+
+    def unfinished(self):
+        self._answer()
+        return [], []
+
+    def frozen_leader(self, me):
+        return None
+
     # the lead
     def try_take(self) -> bool:
         self._answer()
@@ -245,6 +256,9 @@ class _Place:
 
     def release(self) -> None:
         pass
+
+    def backend(self) -> int | None:
+        return None
 
 
 def test_the_service_says_a_database_outage_in_one_line_and_its_end_in_another(tmp_path) -> None:

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from clirun import run, wait_until
+from provision.core.submission import Kind, Options, Status
 from provision.inventory.inventory import load
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicelead import Leadership
-from provision.io.servicestore import Kind, ServiceRow, ServiceStore, Status, Submission
+from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.serve.snapshot import collect, materialise, store_files
@@ -86,8 +87,8 @@ def test_embedded_file_is_private(local_store):
 
 
 def test_submission_lifecycle(store):
-    s = store.submit(_sub("s1", options={"seed": 3}))
-    assert s.status is Status.WAITING and s.created > 0 and s.options == {"seed": 3}
+    s = store.submit(_sub("s1", options=Options(seed=3)))
+    assert s.status is Status.WAITING and s.created > 0 and s.options == Options(seed=3)
     assert s.manifest == {"inv.yaml": ("ab", 0o644)}
     assert [x.id for x in store.submissions(unfinished=True, job="j")] == ["s1"]
     assert store.claim("s1", "svc-a")
@@ -115,7 +116,7 @@ def test_submission_lifecycle(store):
 def test_queued_submissions_in_the_queues_order(local_store):
     """Issue 42: the higher priority first, then the earlier submission (older ones: normal)."""
     for sid, prio in (("a", 100), ("b", None), ("c", 1000), ("d", 500)):
-        local_store.submit(_sub(sid, job=sid, options={} if prio is None else {"priority": prio}))
+        local_store.submit(_sub(sid, job=sid, options=Options() if prio is None else Options(priority=prio)))
     assert [x.id for x in local_store.submissions(unfinished=True)] == ["c", "b", "d", "a"]
     assert [x.id for x in local_store.submissions()] == ["a", "b", "c", "d"]  # history: by time
 
@@ -349,8 +350,75 @@ def test_a_second_connection_in_the_process_loses_no_write(tmp_path):
         head = f"from pathlib import Path\nfrom provision.io.servicestore import *\ns = ServiceStore.open_local(Path({str(db)!r}))\n"
         return subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, check=True).stdout
 
-    other_process("s.submit(Submission('c1', Kind.APPLY, 'j', 'o', 'local', '', 'i', {}, {}))")
+    other_process("s.submit(Submission('c1', Kind.APPLY, 'j', 'o', 'local', '', 'i', {}))")
     assert first.claim("c1", "svc-a")
     assert other_process("print(s.get('c1').status.value)").strip() == "running"
     second.close()
     first.close()
+
+
+# --------------------------------------------------------------------------- the event stream
+
+
+def test_events_are_kept_once_by_key_with_what_the_rounds_saw(store):
+    from provision.core.events import Event, How
+    from provision.core.events import Kind as EventKind
+
+    ended = Event(EventKind.JOB_ENDED, "end:bert:1", "bert", "ana", "gpu-1", "job bert succeeded", How.SUCCEEDED, 1)
+    started = Event(
+        EventKind.JOB_STARTED, "start:bert:1", "bert", "ana", "gpu-1", "job bert started", None, 1, ("gpu-1",), 2
+    )
+    ids = store.emit([started, ended], ("rounds", {"jobs": {}}))
+    assert len(ids) == 2 and ids[0] < ids[1]
+    assert store.emit([ended]) == []  # the same happening told again (a run's own end): kept once
+    got = store.events()
+    assert [s.event for s in got] == [started, ended] and got[0].time > 0
+    assert store.events(after=ids[0]) == got[1:] and store.events(job="x") == []
+    assert [s.id for s in store.events(kinds=(EventKind.JOB_ENDED,))] == [ids[1]]
+    assert store.seen("rounds") == {"jobs": {}} and store.seen("other") is None
+    # A subscriber's cursor never moves back.
+    assert store.cursor("history") is None
+    store.advance("history", ids[1])
+    store.advance("history", ids[0])
+    assert store.cursor("history") == ids[1]
+    assert got[1].to_json()["how"] == "succeeded" and got[0].to_json()["hosts"] == ["gpu-1"]
+
+
+def test_a_row_this_version_cannot_read_is_set_aside_and_the_others_go_on(local_store):
+    local_store.submit(_sub("good"))
+    bad = [
+        ("k1", "kind", "bogus"),  # a kind no version knows
+        ("../../../escape", "id", None),  # an id that would walk out of the work directory
+        ("o1", "options", '{"take_over": "yes"}'),
+        ("i1", "inventory", "../../etc/passwd"),
+    ]
+    for sid, column, value in bad:
+        local_store.submit(_sub("tmp"))
+        if column == "id":
+            local_store._do("UPDATE provision_service_submissions SET id = ? WHERE id = 'tmp'", (sid,))
+        else:
+            local_store._do(
+                f"UPDATE provision_service_submissions SET {column} = ?, id = ? WHERE id = 'tmp'", (value, sid)
+            )
+    assert [s.id for s in local_store.submissions(unfinished=True)] == ["good"]
+    why = dict(local_store.bad_rows())
+    assert sorted(why) == sorted(sid for sid, _, _ in bad)
+    assert "'bogus' is not a valid Kind" in why["k1"] and "not a submission id" in why["../../../escape"]
+    assert "options.take_over" in why["o1"] and "inside its snapshot" in why["i1"]
+    for sid in why:
+        assert local_store.set_aside(sid, why[sid])
+    assert local_store.bad_rows() == []  # failed: never run, not said again
+    assert local_store.get("k1") is None  # unreadable: not given to anyone
+
+
+def test_each_move_of_a_submission_says_whether_it_took(local_store):
+    local_store.submit(_sub("s"))
+    assert not local_store.watching("s", "x")  # waiting: not applied yet
+    assert local_store.claim("s", "svc") and local_store.queued("s", "queued: room")
+    assert local_store.get("s").status is Status.QUEUED  # type: ignore[union-attr]
+    assert not local_store.finish("s", Status.DONE, "x")  # a queued apply is not done
+    assert local_store.claim("s", "svc") and local_store.finish("s", Status.DONE, "applied")
+    assert not local_store.finish("s", Status.FAILED, "late")  # once
+    local_store.submit(_sub("q"))
+    assert local_store.claim("q", "svc") and local_store.queued("q", "queued")
+    assert local_store.cancel("q", "ann") is Status.CANCELLED  # a row, no worker: taken back at once

@@ -37,6 +37,7 @@ COMMANDS = {
     "serve": "provision.cli.servecmd:serve",
     "cancel": "provision.cli.servecmd:cancel",
     "history": "provision.cli.servecmd:history",
+    "events": "provision.cli.eventscmd:events",
     "policy": "provision.cli.policycmd:policy_group",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",

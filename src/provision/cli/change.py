@@ -298,8 +298,7 @@ def apply(
     if detach:
         return _detach(click.get_current_context().params)
     began = time.time()
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply")
-    ctx.take_over = take_over
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply", take_over=take_over)
     q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
     lines = _setup_line if wait_after and stream_logs else None
     how = _Applying(
@@ -353,8 +352,16 @@ def destroy(
 
     do_destroy = functools.partial(engine_destroy, remove_images=remove_images)
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, operation="destroy")
-    ctx.take_over = take_over
+    ctx = open_ctx(
+        inventory,
+        state_path,
+        targets,
+        parallelism,
+        verbose,
+        render_secrets=False,
+        operation="destroy",
+        take_over=take_over,
+    )
     try:
         code = _change(
             ctx,
@@ -395,8 +402,16 @@ def stop(
 
     if targets:
         raise ProvisionError("stop ends the whole job: --target is not supported (destroy or drain a host instead)")
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, operation="stop")
-    ctx.take_over = take_over
+    ctx = open_ctx(
+        inventory,
+        state_path,
+        targets,
+        parallelism,
+        verbose,
+        render_secrets=False,
+        operation="stop",
+        take_over=take_over,
+    )
     try:
         code = _stop(ctx, auto_approve=auto_approve, as_json=as_json, hold=hold)
     finally:

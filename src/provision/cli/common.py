@@ -56,6 +56,7 @@ def open_ctx(
     *,
     render_secrets: bool = True,
     operation: str | None = None,
+    take_over: bool = False,
 ) -> Context:
     return open_context(
         inventory,
@@ -65,6 +66,7 @@ def open_ctx(
         verbose=verbose,
         render_secrets=render_secrets,
         operation=operation,
+        take_over=take_over,
     )
 
 

@@ -4,6 +4,7 @@ the service (docs/service.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json as _json
 import os
 import signal
@@ -19,23 +20,26 @@ import click
 
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
+from provision.core.submission import Kind, Options, Status
 from provision.core.text import duration
 from provision.inventory.inventory import load
 from provision.inventory.statebackend import backend_of
 from provision.inventory.statebackend import problem as backend_problem
 from provision.io.servicedb import default_db
 from provision.io.servicehistory import HistoryRow
-from provision.io.servicestore import Kind, ServiceRow, ServiceStore, Status, Submission
+from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.io.state import default_state_path
 from provision.rules.priority import level
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
+from provision.run.survey import KeptContexts
 from provision.serve import install as unit
-from provision.serve.gpusample import Sampler
 from provision.serve.places import leadership, open_backend, open_place, work_root
+from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
 from provision.serve.snapshot import collect, store_files
-from provision.serve.source import DEFAULT_LISTEN, Listen, ServiceSource, choose_auth, parse_listen
+from provision.serve.source import DEFAULT_LISTEN, Known, Listen, ServiceSource, choose_auth, parse_listen
+from provision.serve.stream import Delivery, HistoryWriter
 
 HISTORY_FORMAT = 1
 
@@ -74,7 +78,7 @@ def _secrets_line(inv: Inventory, store: ServiceStore) -> str | None:
     return None
 
 
-def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options: dict[str, Any] | None = None) -> None:
+def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options: Options | None = None) -> None:
     """Hand INVENTORY's study or queued apply to the service of its state backend; print how
     to follow it; return at once. Bad input ends here, before anything is stored."""
     inv = load(inventory)
@@ -102,7 +106,8 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
         sid = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         sub = Submission(
             sid, kind, inv.job, identity(socket.gethostname()), backend.url, state, snap.inventory,
-            store_files(store, snap), {**(options or {}), "priority": level(inv.scheduling.priority, policy)},
+            store_files(store, snap),
+            dataclasses.replace(options or Options(), priority=level(inv.scheduling.priority, policy)),
         )  # fmt: skip
         sub = store.submit(sub)
         alive = store.services()
@@ -128,7 +133,7 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
 
 
 def detach_study(inventory: str, *, seed: int | None, poll: float) -> None:
-    detach(inventory, Kind.TUNE, options={"seed": seed, "poll": poll})
+    detach(inventory, Kind.TUNE, options=Options(seed=seed, poll=poll))
 
 
 def detach_apply(params: dict[str, Any]) -> None:
@@ -137,7 +142,12 @@ def detach_apply(params: dict[str, Any]) -> None:
     p = params
     if not p["queue"] or p["targets"] or p["wait_after"] or p["replace"] or p["partial"] or p["force_setup"]:
         raise ProvisionError("--detach goes with --queue (and --take-over, --rerun, --timeout, --skip-checks)")
-    options = {k: p[k] for k in ("take_over", "rerun", "timeout", "skip_checks")}
+    options = Options(
+        take_over=bool(p["take_over"]),
+        rerun=bool(p["rerun"]),
+        timeout=float(p["timeout"]) if p["timeout"] is not None else None,
+        skip_checks=bool(p["skip_checks"]),
+    )
     detach(p["inventory"], Kind.APPLY, state_path=p["state_path"], options=options)
 
 
@@ -204,7 +214,7 @@ def follow_study(
 # --------------------------------------------------------------------------- serve
 
 
-def _place(state: str | None) -> str:
+def place_of(state: str | None) -> str:
     value = state or os.environ.get("PROVISION_STATE", "").strip() or "local"
     why = backend_problem(value)
     if why:
@@ -262,14 +272,36 @@ def serve(
         pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
         _unit(state, poll, install, uninstall, user, pages + (["--trust-header", trust_header] if trust_header else []))
         return
-    url = _place(state)
-    where = parse_listen(listen)
+    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll)
+
+
+def _run(url: str, where: Listen | None, inventories: tuple[str, ...], trust_header: str | None, poll: float) -> None:
+    """The service, its rounds, the event stream's subscribers and the pages, until stopped."""
     store = open_place(url)
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
-    svc = Service(store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror)
-    # The leader alone samples the hosts (two services on one database: one set of samples);
-    # the same rounds watch the applied jobs (serve/watch.py), with or without pages.
-    web = _rounds(svc, url, where, inventories, trust_header, work_root(store))
+    # The rounds and the pages on a connection of their own: a slow page or round never
+    # holds up the service's loop. The leader alone makes rounds (two services on one
+    # database: one set of samples, one stream of events).
+    side = open_place(url)
+    leading = threading.Event()
+    known = Known(side, work_root(store), inventories)
+    gpus = GpuRecorder(side)
+    deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
+    made = EventMaker(side, wake=lambda: _wake(deliveries))
+    rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
+    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
+    try:
+        stop_pages = _web(side, source, where, trust_header) if where is not None else None
+    except BaseException:
+        side.close()
+        raise
+    svc = Service(
+        store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror,
+        rounds=rounds, leading=leading,
+    )  # fmt: skip
+    rounds.start()
+    for d in deliveries:
+        d.start()
 
     def stop(signum: int, frame: object) -> None:
         svc.stopping.set()
@@ -279,36 +311,19 @@ def serve(
     try:
         svc.run()
     finally:
-        web()
+        rounds.stop()
+        for d in deliveries:
+            d.stop()
+        if stop_pages is not None:
+            stop_pages()
+        source.close()
+        side.close()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
 
 
-def _rounds(
-    svc: Service, url: str, where: Listen | None, inventories: tuple[str, ...], trust_header: str | None, root: Path
-) -> Callable[[], None]:
-    """The hosts' sampling rounds in a thread (while leading: GPUs sampled, applied jobs
-    watched), and the dashboard in another when `where` (leader or follower: pages only
-    read); returns what stops both. A refused --listen says so in one line before the
-    service starts."""
-    store = open_place(url)  # its own connection: a slow page or round never holds up the service's loop
-    source = ServiceSource(store, root, inventories)
-    try:
-        pages = _web(store, source, where, trust_header) if where is not None else None
-    except BaseException:
-        store.close()
-        raise
-    svc.to_look_at = source.to_look_at
-    sampler = Sampler(source.sample, lambda: svc.row.leader, _stamped, every=source.every)
-    sampler.start()
-
-    def stop() -> None:
-        sampler.stop()
-        if pages is not None:
-            pages()
-        source.close()
-        store.close()
-
-    return stop
+def _wake(deliveries: list[Delivery]) -> None:
+    for d in deliveries:
+        d.wake()
 
 
 def _web(store: ServiceStore, source: ServiceSource, where: Listen, trust_header: str | None) -> Callable[[], None]:
@@ -362,7 +377,7 @@ def token() -> None:
     service's database."""
 
 
-_STATE_OPTION = click.option(
+STATE_OPTION = click.option(
     "--state", "state", metavar="URL", help="The team's PostgreSQL (default: PROVISION_STATE, else the embedded file)."
 )
 
@@ -370,10 +385,10 @@ _STATE_OPTION = click.option(
 @token.command("create")
 @click.option("--owner", required=True, metavar="NAME", help="Whose token: the jobs they may act on are theirs.")
 @click.option("--admin", is_flag=True, help="May act on every job.")
-@_STATE_OPTION
+@STATE_OPTION
 def token_create(owner: str, admin: bool, state: str | None) -> None:
     """Make a token and print it once (only its hash is kept)."""
-    store = open_place(_place(state))
+    store = open_place(place_of(state))
     try:
         row, secret = store.create_token(owner.strip(), admin)
     finally:
@@ -383,10 +398,10 @@ def token_create(owner: str, admin: bool, state: str | None) -> None:
 
 
 @token.command("list")
-@_STATE_OPTION
+@STATE_OPTION
 def token_list(state: str | None) -> None:
     """Every token's id, owner, admin and when it was made (never the token)."""
-    store = open_place(_place(state))
+    store = open_place(place_of(state))
     try:
         rows = store.tokens()
     finally:
@@ -402,10 +417,10 @@ def token_list(state: str | None) -> None:
 
 @token.command("revoke")
 @click.argument("token_id", metavar="ID")
-@_STATE_OPTION
+@STATE_OPTION
 def token_revoke(token_id: str, state: str | None) -> None:
     """Revoke a token: the next request with it is refused."""
-    store = open_place(_place(state))
+    store = open_place(place_of(state))
     try:
         gone = store.revoke_token(token_id)
     finally:
@@ -457,7 +472,7 @@ def cancel(inventory: str, take_over: bool) -> None:
 def history(owner: str | None, since: str | None, as_json: bool, state: str | None) -> None:
     """Every run, trial and queue wait the service recorded (kept after destroy), and
     GPU-hours per owner."""
-    store = open_place(_place(state))
+    store = open_place(place_of(state))
     try:
         now = store.now()
         try:

@@ -62,6 +62,8 @@ class Event:
     words: str = ""  # what happened, in the words `status` would use
     how: How | None = None
     run: int | None = None
+    hosts: tuple[str, ...] = ()  # a job's: the hosts it held something on
+    gpus: int = 0  # a job's: the GPUs it held
 
 
 class EventJson(TypedDict):
@@ -74,6 +76,8 @@ class EventJson(TypedDict):
     words: str
     how: str | None
     run: int | None
+    hosts: list[str]
+    gpus: int
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class Stored:
             "words": e.words,
             "how": e.how.value if e.how is not None else None,
             "run": e.run,
+            "hosts": list(e.hosts),
+            "gpus": e.gpus,
         }
 
 

@@ -17,3 +17,11 @@ def duration(secs: int | None) -> str:
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 file', '2 files', '0 files' (`many` for irregular plurals)."""
     return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control characters (escape sequences among them) shown
+    as escapes, never interpreted (names and words from hosts, databases and other users)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode() for c in text)

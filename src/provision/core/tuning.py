@@ -206,6 +206,7 @@ class TrialRow:
     job: str = ""  # the trial's job name on the hosts
     retry_of: int | None = None  # a lost or failed trial's parameters run again
     rung: int | None = None  # hyperband's and asha's: the highest rung it reached (from 0)
+    hosts: tuple[str, ...] = ()  # where its tasks ran (the history's; not in the JSON)
 
     def to_json(self) -> dict[str, Any]:
         return {

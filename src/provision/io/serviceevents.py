@@ -18,12 +18,13 @@ from provision.io.servicedb import ServiceDB
 
 EVENTS_KEEP = 200_000  # rows: months of a busy team's events; docs/service.md says so
 _PRUNE_EVERY = 1000  # events between two prunes
-_COLS = "id, t, kind, key, job, owner, host, words, how, run"
+_COLS = "id, t, kind, key, job, owner, host, words, how, run, hosts, gpus"
 
 _DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS provision_service_events (
         id {serial}, t {real} NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL UNIQUE, job TEXT NOT NULL,
-        owner TEXT NOT NULL, host TEXT NOT NULL, words TEXT NOT NULL, how TEXT, run INTEGER)""",
+        owner TEXT NOT NULL, host TEXT NOT NULL, words TEXT NOT NULL, how TEXT, run INTEGER,
+        hosts TEXT NOT NULL, gpus INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS provision_service_events_t ON provision_service_events (t)",
     "CREATE INDEX IF NOT EXISTS provision_service_events_job ON provision_service_events (job, id)",
     """CREATE TABLE IF NOT EXISTS provision_service_cursors (name TEXT PRIMARY KEY, after BIGINT NOT NULL)""",
@@ -39,8 +40,8 @@ class EventTables(ServiceDB):
         """Store the events not stored yet (by key), and `seen` (its name, a JSON value) with
         them, in one transaction; the new events' ids."""
         insert = (
-            "INSERT INTO provision_service_events (t, kind, key, job, owner, host, words, how, run) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
+            "INSERT INTO provision_service_events (t, kind, key, job, owner, host, words, how, run, hosts, gpus) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
         )
         ids: list[int] = []
         with self._tx() as c:
@@ -56,6 +57,8 @@ class EventTables(ServiceDB):
                     e.words,
                     e.how.value if e.how else None,
                     e.run,
+                    json.dumps(list(e.hosts)),
+                    e.gpus,
                 )
                 if self._pg:
                     row = c.execute(self._q(insert + " RETURNING id"), args).fetchone()
@@ -146,4 +149,9 @@ def _stored(r: Any) -> Stored | None:
     except ValueError:
         return None
     run = None if r[9] is None else int(r[9])
-    return Stored(int(r[0]), float(r[1]), Event(kind, str(r[3]), str(r[4]), str(r[5]), str(r[6]), str(r[7]), how, run))
+    try:
+        hosts = tuple(str(h) for h in json.loads(r[10]))
+    except (ValueError, TypeError):
+        hosts = ()
+    event = Event(kind, str(r[3]), str(r[4]), str(r[5]), str(r[6]), str(r[7]), how, run, hosts, int(r[11] or 0))
+    return Stored(int(r[0]), float(r[1]), event)

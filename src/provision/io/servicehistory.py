@@ -86,6 +86,19 @@ class HistoryTables(ServiceDB):
         )
         return int(rows[-1][0]) if rows else None
 
+    def open_row_of(self, job: str, kind: str, submission_prefix: str) -> int | None:
+        """The job's latest row of this kind not ended, among those whose submission begins
+        with the prefix (the history writer's: "event:")."""
+        rows = self._all(
+            "SELECT id FROM provision_service_history WHERE job = ? AND kind = ? AND ended IS NULL "
+            "AND submission LIKE ? ORDER BY id DESC LIMIT 1",
+            (job, kind, submission_prefix + "%"),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def has_rows(self, submission: str) -> bool:
+        return bool(self._all("SELECT 1 FROM provision_service_history WHERE submission = ? LIMIT 1", (submission,)))
+
     def closed(self, row_id: int, ended: float, how: str) -> None:
         self._do("UPDATE provision_service_history SET ended = ?, how = ? WHERE id = ?", (ended, how, row_id))
 

@@ -38,6 +38,7 @@ class Leadership:
         self.lock_file, self.pg_url = lock_file, pg_url
         self._fd: int | None = None
         self._conn: Any = None
+        self._backend: int | None = None  # the lock's session on the server (PostgreSQL)
 
     @property
     def held(self) -> bool:
@@ -91,7 +92,17 @@ class Leadership:
             conn.close()
             return False
         self._conn = conn
+        try:
+            got = conn.execute("SELECT pg_backend_pid()").fetchone()
+            self._backend = int(got[0]) if got else None
+        except psycopg.Error:
+            self._backend = None
         return True
+
+    def backend(self) -> int | None:
+        """The server process of the lock's session (PostgreSQL), so that a follower can end
+        a frozen leader's session (its kernel still answers for it: the lock would live on)."""
+        return self._backend if self._conn is not None else None
 
     def still_held(self) -> bool:
         """The lock's connection still answers (PostgreSQL); a file lock holds while we live."""

@@ -15,39 +15,17 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from provision.core.errors import ProvisionError
+from provision.core.submission import MOVES, BadRow, Kind, Options, Status, valid_id
 from provision.io.serviceevents import EventTables
 from provision.io.servicehistory import HistoryTables
-from provision.rules.priority import DEFAULT_CLASSES, queue_key
+from provision.rules.priority import queue_key
 
 ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
-
-
-class Status(StrEnum):
-    WAITING = "waiting"  # handed over, no service runs it yet
-    RUNNING = "running"  # a service's worker drives it (a queued apply waits for room here)
-    # Applied: the service watches its run with its one round per host (serve/watch.py), no
-    # worker of its own; a worker comes back to look when the hosts say it ended, or to cancel.
-    WATCHING = "watching"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (Status.DONE, Status.FAILED, Status.CANCELLED)
-
-
-_LIVE = (Status.WAITING.value, Status.RUNNING.value, Status.WATCHING.value)  # not finished
-
-
-class Kind(StrEnum):
-    TUNE = "tune"
-    APPLY = "apply"
 
 
 @dataclass(frozen=True)
@@ -60,7 +38,7 @@ class Submission:
     state_path: str  # the submitter's resolved state path (local), or "" (database)
     inventory: str  # the inventory's path inside the snapshot
     manifest: dict[str, tuple[str, int]]  # relative path -> (sha256, mode)
-    options: dict[str, Any] = field(default_factory=dict)  # take_over, timeout, seed, ...
+    options: Options = field(default_factory=Options)
     created: float = 0.0
     status: Status = Status.WAITING
     claimed_by: str = ""
@@ -101,6 +79,8 @@ _DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS provision_service_services (
         id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, place TEXT NOT NULL,
         env_names TEXT NOT NULL, leader INTEGER NOT NULL, heartbeat {real} NOT NULL)""",
+    # Which server session holds the lead (PostgreSQL): a follower ends a frozen leader's.
+    """CREATE TABLE IF NOT EXISTS provision_service_leads (service TEXT PRIMARY KEY, backend INTEGER NOT NULL)""",
     # The dashboard's tokens: only their sha256 (a token is printed once, when made).
     """CREATE TABLE IF NOT EXISTS provision_service_tokens (
         id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, owner TEXT NOT NULL, admin INTEGER NOT NULL,
@@ -143,13 +123,15 @@ class ServiceStore(EventTables, HistoryTables):
     # -- submissions
 
     def submit(self, s: Submission) -> Submission:
+        if not valid_id(s.id):
+            raise ProvisionError(f"submission id {s.id!r}: letters, digits, '-' and '_' only")
         created = self.now()
         manifest = json.dumps({k: list(v) for k, v in s.manifest.items()}, sort_keys=True)
         self._do(
             f"INSERT INTO provision_service_submissions ({_SUB_COLS}) VALUES ({', '.join('?' * 16)})",
             (
                 s.id, s.kind.value, s.job, s.owner, s.backend, s.state_path, s.inventory, manifest,
-                json.dumps(s.options), created, Status.WAITING.value, "", "", "", None, None,
+                s.options.to_json(), created, Status.WAITING.value, "", "", "", None, None,
             ),
         )  # fmt: skip
         got = self.get(s.id)
@@ -157,53 +139,103 @@ class ServiceStore(EventTables, HistoryTables):
         return got
 
     def get(self, sid: str) -> Submission | None:
+        """The submission; None when there is none, or its row cannot be read (set_aside)."""
         rows = self._all(f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE id = ?", (sid,))
-        return _submission(rows[0]) if rows else None
+        if not rows:
+            return None
+        try:
+            return _submission(rows[0])
+        except BadRow:
+            return None
 
     def submissions(self, *, unfinished: bool = False, job: str | None = None) -> list[Submission]:
+        """The readable submissions (unfinished: in the queue's order); a row that cannot
+        be read is left out (bad_rows names it)."""
+        return [s for s in self._rows(unfinished, job) if isinstance(s, Submission)]
+
+    def bad_rows(self) -> list[tuple[str, str]]:
+        """(id, why) of each unfinished row this version cannot read: set aside by the
+        service (never run), each said once."""
+        return self.unfinished()[1]
+
+    def unfinished(self) -> tuple[list[Submission], list[tuple[str, str]]]:
+        """The unfinished submissions in the queue's order, and the rows it cannot read."""
+        rows = self._rows(True, None)
+        return [s for s in rows if isinstance(s, Submission)], [s for s in rows if not isinstance(s, Submission)]
+
+    def _rows(self, unfinished: bool, job: str | None) -> list[Submission | tuple[str, str]]:
         sql = f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE 1 = 1"
         args: list[Any] = []
         if unfinished:
-            sql += " AND status IN (?, ?, ?)"
-            args += [Status.WAITING.value, Status.RUNNING.value, Status.WATCHING.value]
+            # Not finished: any status but the finished ones (a status this version does not
+            # know is a row to set aside, not one to skip).
+            sql += " AND status NOT IN (?, ?, ?)"
+            args += [s.value for s in Status if s.finished]
         if job is not None:
             sql += " AND job = ?"
             args.append(job)
-        subs = [_submission(r) for r in self._all(sql + " ORDER BY created, id", args)]
-        # The queue's order (issue 42): the higher priority first, then the earlier submission.
-        return sorted(subs, key=lambda s: queue_key(priority_of(s), s.created, s.id)) if unfinished else subs
+        out: list[Submission | tuple[str, str]] = []
+        for r in self._all(sql + " ORDER BY created, id", args):
+            try:
+                out.append(_submission(r))
+            except BadRow as e:
+                out.append((str(r[0]), str(e)))
+        if unfinished:  # the queue's order: the higher priority first, then the earlier submission
+            out.sort(
+                key=lambda s: (
+                    queue_key(s.options.priority, s.created, s.id) if isinstance(s, Submission) else (0, 0.0, s[0])
+                )
+            )
+        return out
 
-    def claim(self, sid: str, service: str) -> bool:
-        """This service drives it (a leader's claim: a dead leader's is taken over)."""
+    def _move(
+        self, sid: str, to: Status, sets: str = "", args: Sequence[Any] = (), frm: Iterable[Status] | None = None
+    ) -> bool:
+        """The one place a submission's status changes: a compare-and-set from the states
+        core/submission.MOVES allows (or `frm`, a part of them); whether it took."""
+        allowed = sorted(MOVES[to] if frm is None else set(frm) & MOVES[to])
+        if not allowed:
+            return False
         n = self._do(
-            "UPDATE provision_service_submissions SET claimed_by = ?, status = ?, "
-            "started = coalesce(started, ?) WHERE id = ? AND status IN (?, ?, ?)",
-            (service, Status.RUNNING.value, self.now(), sid, *_LIVE),
+            f"UPDATE provision_service_submissions SET status = ?{sets} WHERE id = ? "
+            f"AND status IN ({', '.join('?' for _ in allowed)})",
+            (to.value, *args, sid, *(s.value for s in allowed)),
         )
         return n > 0
 
-    def watching(self, sid: str, why: str) -> None:
-        """Applied: the service's rounds watch it from now on (its worker ends)."""
-        self._do(
-            "UPDATE provision_service_submissions SET status = ?, why = ? WHERE id = ? AND status = ?",
-            (Status.WATCHING.value, why, sid, Status.RUNNING.value),
+    def claim(self, sid: str, service: str) -> bool:
+        """This service drives it (a leader's claim: a dead leader's is taken over)."""
+        return self._move(
+            sid, Status.RUNNING, ", claimed_by = ?, started = coalesce(started, ?)", (service, self.now())
         )
 
-    def finish(self, sid: str, status: Status, why: str) -> None:
-        self._do(
-            "UPDATE provision_service_submissions SET status = ?, why = ?, ended = ? WHERE id = ? AND status IN (?, ?, ?)",
-            (status.value, why, self.now(), sid, *_LIVE),
-        )
+    def watching(self, sid: str, why: str) -> bool:
+        """Applied: the service's rounds watch it from now on (its worker ends)."""
+        return self._move(sid, Status.WATCHING, ", why = ?", (why,))
+
+    def queued(self, sid: str, why: str) -> bool:
+        """No room: it waits as a row, with no worker, until a round admits it."""
+        return self._move(sid, Status.QUEUED, ", why = ?", (why,))
+
+    def finish(self, sid: str, status: Status, why: str) -> bool:
+        """Done, failed or cancelled; False when it had finished already (or cannot end so)."""
+        assert status.finished
+        return self._move(sid, status, ", why = ?, ended = ?", (why, self.now()))
+
+    def set_aside(self, sid: str, why: str) -> bool:
+        """A row this version cannot read: failed, with why, never run."""
+        return self._move(sid, Status.FAILED, ", why = ?, ended = ?", (f"set aside: {why}", self.now()), frm=Status)
 
     def cancel(self, sid: str, who: str) -> Status | None:
-        """Taken back when no service holds it yet (CANCELLED); else the service is asked to
-        stop it (RUNNING); None: it had finished."""
-        taken = self._do(
-            "UPDATE provision_service_submissions SET status = ?, why = ?, cancel = ?, ended = ? "
-            "WHERE id = ? AND status = ?",
-            (Status.CANCELLED.value, f"taken back by {who}", who, self.now(), sid, Status.WAITING.value),
-        )
-        if taken:
+        """Taken back when no worker holds it (waiting or queued: CANCELLED); else the service
+        is asked to stop it (RUNNING); None: it had finished."""
+        if self._move(
+            sid, Status.CANCELLED, ", why = ?, cancel = ?, ended = ?", (f"taken back by {who}", who, self.now()),
+            frm=(Status.WAITING, Status.QUEUED),
+        ):  # fmt: skip
+            wait = self.open_event(sid, "wait")  # a queued apply's wait ends with it
+            if wait is not None:
+                self.closed(wait, self.now(), "cancelled")
             return Status.CANCELLED
         asked = self._do(
             "UPDATE provision_service_submissions SET cancel = ? WHERE id = ? AND status IN (?, ?)",
@@ -233,6 +265,44 @@ class ServiceStore(EventTables, HistoryTables):
                     ),
                     (s.id, *args),
                 )
+
+    def lead_is(self, service_id: str, backend: int | None) -> None:
+        """The leader's lock session (PostgreSQL's backend pid), written once per lead."""
+        if backend is None or self._said_lead == (service_id, backend):
+            return
+        self._do("DELETE FROM provision_service_leads WHERE service <> ?", (service_id,))
+        self._do(
+            "INSERT INTO provision_service_leads (service, backend) VALUES (?, ?) "
+            "ON CONFLICT (service) DO UPDATE SET backend = excluded.backend",
+            (service_id, backend),
+        )
+        self._said_lead = (service_id, backend)
+
+    _said_lead: tuple[str, int] | None = None
+
+    def frozen_leader(self, me: str) -> str | None:
+        """A service that says it leads, whose heartbeat is older than ALIVE_AFTER, and whose
+        lock's session is known: it is frozen (or its machine is), and holds the lead."""
+        if not self._pg:
+            return None  # a file lock: the kernel frees it when the process dies, not before
+        now = self.now()
+        for s in self.services(alive_only=False):
+            if s.leader and s.id != me and now - s.heartbeat > ALIVE_AFTER:
+                if self._all("SELECT 1 FROM provision_service_leads WHERE service = ?", (s.id,)):
+                    return s.id
+        return None
+
+    def end_lead(self, service_id: str) -> None:
+        """End the lock's session of a frozen leader (its lock goes with it); its row says it
+        leads no more."""
+        rows = self._all("SELECT backend FROM provision_service_leads WHERE service = ?", (service_id,))
+        for (backend,) in rows:
+            try:
+                self._all("SELECT pg_terminate_backend(?)", (int(backend),))
+            except ProvisionError:
+                pass  # gone already, or not ours to end: the lead stays where it is
+        self._do("DELETE FROM provision_service_leads WHERE service = ?", (service_id,))
+        self._do("UPDATE provision_service_services SET leader = 0 WHERE id = ?", (service_id,))
 
     def leave(self, service_id: str) -> None:
         self._do("DELETE FROM provision_service_services WHERE id = ?", (service_id,))
@@ -279,29 +349,38 @@ class ServiceStore(EventTables, HistoryTables):
         return None
 
 
-def priority_of(s: Submission) -> int:
-    """The level the submitter's policy gave it (options["priority"]; older ones: normal)."""
-    p = s.options.get("priority")
-    return p if isinstance(p, int) and not isinstance(p, bool) else DEFAULT_CLASSES["normal"]
-
-
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _submission(r: Any) -> Submission:
+    """A row as a Submission; BadRow names what this version cannot read in it."""
+    sid = str(r[0])
+    if not valid_id(sid):
+        raise BadRow(f"id {sid[:80]!r} is not a submission id (letters, digits, '-' and '_')")
+    try:
+        kind, status = Kind(r[1]), Status(r[10])
+    except ValueError as e:
+        raise BadRow(str(e)) from None
+    inventory = str(r[6])
+    if not inventory or inventory.startswith("/") or ".." in inventory.split("/"):
+        raise BadRow(f"inventory {inventory[:80]!r} is not a path inside its snapshot")
+    try:
+        manifest = {str(k): (str(v[0]), int(v[1])) for k, v in json.loads(r[7]).items()}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+        raise BadRow(f"manifest: {e}") from None
     return Submission(
-        id=str(r[0]),
-        kind=Kind(r[1]),
+        id=sid,
+        kind=kind,
         job=str(r[2]),
         owner=str(r[3]),
         backend=str(r[4]),
         state_path=str(r[5]),
-        inventory=str(r[6]),
-        manifest={k: (str(v[0]), int(v[1])) for k, v in json.loads(r[7]).items()},
-        options=json.loads(r[8]),
+        inventory=inventory,
+        manifest=manifest,
+        options=Options.from_json(str(r[8])),
         created=float(r[9]),
-        status=Status(r[10]),
+        status=status,
         claimed_by=str(r[11]),
         why=str(r[12]),
         cancel=str(r[13]),

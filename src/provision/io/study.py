@@ -479,6 +479,7 @@ def trial_row(job: str, t: FrozenTrial) -> TrialRow | None:
         job=str(ua.get("job", trial_job(job, t.number + 1))),
         retry_of=ua.get("retry_of"),
         rung=ua["rung"] if isinstance(ua.get("rung"), int) else None,
+        hosts=tuple(sorted({str(h) for h in ua["hosts"].values()})) if isinstance(ua.get("hosts"), dict) else (),
     )
 
 

@@ -14,8 +14,11 @@ The rules, in one place:
   policy where the service knows its inventory, else the chief's); a run that started and
   ended between two rounds gives both;
 - a preempted job is `job.preempted` and ends (`job.ended`, how preempted); a job gone from
-  every host it was on while it ran was destroyed;
-- a trial (a job `STUDY-tN` of a study surveyed) ends as `trial.ended`; its start says nothing;
+  every host it was on while it ran was destroyed; a run whose tasks were all stopped with
+  no end marker is judged at the next round: gone, it was destroyed (destroy stops the
+  tasks first), still there, it was stopped;
+- a trial (a job `STUDY-tN` of a study surveyed) says nothing here: its study's runner tells
+  its end (`trial.ended`), as it tells the study its result;
 - a task seen failed, or restarted since the last round (systemd's NRestarts), is
   `task.failed` once;
 - a host that stops answering is `host.unreachable`, and `host.back` when it answers again;
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -40,6 +43,7 @@ from provision.rules.tenancy import Hold, Holder
 class State(StrEnum):
     WAITING = "waiting"  # reserved or queued, not started
     RUNNING = "running"
+    STOPPING = "stopping"  # every task stopped, no end marker: destroy under way, or a stop by hand
     PREEMPTED = "preempted"
     ENDED = "ended"
 
@@ -50,6 +54,7 @@ class JobSeen:
     run: int | None
     owner: str
     hosts: tuple[str, ...]
+    gpus: int = 0
     failed: tuple[str, ...] = ()  # its tasks already said failed in this run
     restarts: tuple[tuple[str, int], ...] = ()  # task -> systemd's NRestarts in this run
 
@@ -59,6 +64,7 @@ class JobSeen:
             "run": self.run,
             "owner": self.owner,
             "hosts": list(self.hosts),
+            "gpus": self.gpus,
             "failed": list(self.failed),
             "restarts": [list(r) for r in self.restarts],
         }
@@ -71,6 +77,7 @@ class JobSeen:
             run if isinstance(run, int) else None,
             str(d.get("owner", "")),
             tuple(str(h) for h in d.get("hosts") or ()),
+            int(d.get("gpus") or 0),
             tuple(str(t) for t in d.get("failed") or ()),
             tuple((str(t), int(n)) for t, n in d.get("restarts") or ()),
         )
@@ -121,6 +128,7 @@ class _Now:
     how: How | None
     words: str
     preempted_by: str
+    gpus: int
     tasks: tuple[tuple[str, str, TaskState, str, int], ...]  # (task, host, state, detail, NRestarts)
 
 
@@ -152,58 +160,65 @@ def diff(prev: Seen, cur: Round) -> tuple[list[Event], Seen]:
     jobs: dict[str, JobSeen] = {}
     for job in sorted(set(prev.jobs) | set(now)):
         p, c = prev.jobs.get(job), now.get(job)
-        kept, more = _job(job, p, c, prev.hosts, answered, cur)
-        events += more
+        kept, more = _job(job, p, c, prev.hosts, answered)
+        if study_of(job, cur.studies) is None:
+            events += more
         if kept is not None:
             jobs[job] = kept
     return events, Seen(jobs, prev.hosts | frozenset(cur.hosts), outages, frozenset(away))
 
 
 def _job(
-    job: str, p: JobSeen | None, c: _Now | None, watched: frozenset[str], answered: frozenset[str], cur: Round
+    job: str, p: JobSeen | None, c: _Now | None, watched: frozenset[str], answered: frozenset[str]
 ) -> tuple[JobSeen | None, list[Event]]:
     """One job's events, and what is kept of it."""
-    trial = study_of(job, cur.studies) is not None
     if c is None:
-        return _gone(job, p, answered, trial)
+        return _gone(job, p, answered)
     if p is not None and not set(p.hosts) <= answered and c.state is not State.RUNNING:
         return p, []  # part of it is away and what answers does not run it: unknown
     events: list[Event] = []
     new_run = c.run is not None and (p is None or p.run is None or c.run > p.run)
     known = p is not None or bool(set(c.hosts) & watched)  # else: the watch begins here
-    if known and new_run and c.state in (State.RUNNING, State.ENDED, State.PREEMPTED) and not trial:
+    if known and new_run and c.state in (State.RUNNING, State.ENDED, State.PREEMPTED):
         resumed = p is not None and p.state is State.PREEMPTED
         kind = Kind.JOB_RESUMED if resumed else Kind.JOB_STARTED
         what = "resumed after its preemption" if resumed else "started"
         words = f"job {job} {what} (run {c.run}) on {', '.join(c.hosts)}"
-        events.append(Event(kind, started_key(job, c.run), job, c.owner, c.hosts[0], words, run=c.run))
-    ran = p is not None and p.state is State.RUNNING and not new_run
+        events.append(
+            Event(kind, started_key(job, c.run), job, c.owner, c.hosts[0], words, None, c.run, c.hosts, c.gpus)
+        )
+    if c.state is State.STOPPING and p is not None and p.state is State.ENDED and not new_run:
+        c = replace(c, state=State.ENDED)  # said already
+    ran = p is not None and p.state in (State.RUNNING, State.STOPPING) and not new_run
     if known and (new_run or ran):
         events += _failures(job, c, p if not new_run else None)
-        if c.state is State.PREEMPTED:
+        if c.state is State.STOPPING and p is not None and p.state is State.STOPPING and not new_run:
+            events.append(_end(job, c.run, c.owner, How.STOPPED, c.words, c.hosts, c.gpus))
+            c = replace(c, state=State.ENDED)
+        elif c.state is State.PREEMPTED:
             words = f"job {job} was preempted" + (f" by {c.preempted_by}" if c.preempted_by else "")
             events.append(
                 Event(Kind.JOB_PREEMPTED, f"preempt:{job}:{c.run}", job, c.owner, c.hosts[0], words, run=c.run)
             )
-            events.append(_end(job, c.run, c.owner, How.PREEMPTED, words, trial, c.hosts))
+            events.append(_end(job, c.run, c.owner, How.PREEMPTED, words, c.hosts, c.gpus))
         elif c.state is State.ENDED and c.how is not None:
-            events.append(_end(job, c.run, c.owner, c.how, c.words, trial, c.hosts))
+            events.append(_end(job, c.run, c.owner, c.how, c.words, c.hosts, c.gpus))
     failed = tuple(sorted({t for t, _, s, _, _ in c.tasks if s is TaskState.FAILED}))
     restarts = tuple(sorted((t, n) for t, _, _, _, n in c.tasks))
     if p is not None and not new_run:
         failed = tuple(sorted(set(failed) | set(p.failed)))
-    return JobSeen(c.state, c.run, c.owner, c.hosts, failed, restarts), events
+    return JobSeen(c.state, c.run, c.owner, c.hosts, c.gpus, failed, restarts), events
 
 
-def _gone(job: str, p: JobSeen | None, answered: frozenset[str], trial: bool) -> tuple[JobSeen | None, list[Event]]:
+def _gone(job: str, p: JobSeen | None, answered: frozenset[str]) -> tuple[JobSeen | None, list[Event]]:
     """A job no answering host has: destroyed if it ran; unknown while a host it was on is away."""
     if p is None:
         return None, []
     if not set(p.hosts) <= answered:
         return p, []
-    if p.state is State.RUNNING:
+    if p.state in (State.RUNNING, State.STOPPING):
         words = f"job {job} was destroyed while it ran (gone from {', '.join(p.hosts)})"
-        return None, [_end(job, p.run, p.owner, How.DESTROYED, words, trial, p.hosts)]
+        return None, [_end(job, p.run, p.owner, How.DESTROYED, words, p.hosts, p.gpus)]
     return None, []
 
 
@@ -224,9 +239,10 @@ def _failures(job: str, c: _Now, p: JobSeen | None) -> list[Event]:
     return out
 
 
-def _end(job: str, run: int | None, owner: str, how: How, words: str, trial: bool, hosts: tuple[str, ...]) -> Event:
-    kind = Kind.TRIAL_ENDED if trial else Kind.JOB_ENDED
-    return Event(kind, ended_key(job, run), job, owner, hosts[0] if hosts else "", words, how, run)
+def _end(job: str, run: int | None, owner: str, how: How, words: str, hosts: tuple[str, ...], gpus: int) -> Event:
+    return Event(
+        Kind.JOB_ENDED, ended_key(job, run), job, owner, hosts[0] if hosts else "", words, how, run, hosts, gpus
+    )
 
 
 _HOW = {
@@ -275,12 +291,16 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
     else:
         state = State.ENDED
     how, words = None, ""
-    if state is State.ENDED:
+    if state is State.ENDED and marker is None and rows and all(r.state is TaskState.STOPPED for r in rows):
+        state, how = State.STOPPING, How.STOPPED
+        words = f"job {job} stopped: {rows[0].task} was {rows[0].detail}"
+    elif state is State.ENDED:
         phase, why = job_phase(success, rows, marker)
         how = _HOW.get(phase)
         words = f"job {job} {phase.value.lower()}" + (f": {why}" if why else "")
     hosts = tuple(sorted({h.host for _, h in on}))
-    return _Now(state, run, owner, hosts, how, words, preempted_by, tuple(sorted(tasks)))
+    gpus = sum(len(h.gpus) for _, h in on)
+    return _Now(state, run, owner, hosts, how, words, preempted_by, gpus, tuple(sorted(tasks)))
 
 
 def _int(v: Any) -> int:

@@ -61,8 +61,9 @@ def unreachable(name: str, gpus: int, why: str) -> HostSeen:
 class Round:
     """One round: when it began (this machine's clock), every host, and the hosts' document
     the pages and /api/v1/hosts show (`provision jobs --json` with each host's labels and
-    GPU use). `studies`: the studies of the inventories surveyed (their trials' ends are
-    trials' ends); `success`: each surveyed inventory's success policy by job."""
+    GPU use). Of the inventories surveyed, by job: `jobs` the hosts each names, `success`
+    its success policy, `demand` its replicas' GPUs and hosts; `studies` those with a study
+    (their trials' runners tell their ends)."""
 
     number: int
     began: float
@@ -70,6 +71,9 @@ class Round:
     doc: Mapping[str, Any]
     studies: frozenset[str] = frozenset()
     success: Mapping[str, str] = field(default_factory=dict)
+    jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # ... and what each replica needs: (its GPUs, the hosts it may run on), one per replica.
+    demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
 
     @property
     def answered(self) -> frozenset[str]:

@@ -65,8 +65,8 @@ class Context:
     # host → NCCL's and Gloo's interface that `rendered` was rendered with (checks.py).
     ifnames: dict[str, str] = field(default_factory=dict)
     own_session: bool = True  # False: another Context's (a study's trials share one); not closed here
-    # Issue 42: when this work was submitted (the queue's order: the service sets its
-    # submission's time), and the team's priority classes (the state backend's policy).
+    # When this work was submitted (the queue's order: the service gives its submission's
+    # time), and the team's priority classes (the state backend's policy).
     submitted: float = field(default_factory=time.time)
     policy: Policy = field(default_factory=Policy)
 
@@ -136,11 +136,14 @@ def open_context(
     operation: str | None = None,
     loaded: Inventory | None = None,
     session: Session | None = None,
+    take_over: bool = False,
+    submitted: float | None = None,
+    keep_session: bool = False,
 ) -> Context:
-    """Load (`loaded`: the job is given, made from the file's, as a study's trial is;
-    `session`: connections shared with other contexts, as a study's trials share them),
-    lock (when `operation` changes hosts: before the state is read, so no other
-    run can save over what this one read), read the state, render."""
+    """Load (`loaded`: the job as given, as a study's trial's), lock (when `operation` changes
+    hosts: before the state is read), read the state, render. `session`: connections shared
+    (a study's trials'); `keep_session`: the caller keeps those made here; `take_over`: this
+    state becomes the job's owner; `submitted`: when the work was handed over (default now)."""
     inv = loaded if loaded is not None else load(inventory_path)
     backend = backend_of(inv, inventory_path, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
@@ -175,14 +178,12 @@ def open_context(
             lock.release()
         store.close()
         raise
-    own = session is None
+    own = session is None and not keep_session
     session = session or Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
-    ctx = Context(
-        inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, ifnames=ifnames
-    )
-    ctx.own_session = own
-    ctx.policy = policy
-    return ctx
+    return Context(
+        inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, take_over,
+        ifnames=ifnames, own_session=own, submitted=submitted if submitted is not None else time.time(), policy=policy,
+    )  # fmt: skip
 
 
 def _team_policy(store: object) -> Policy:

@@ -114,6 +114,10 @@ class _Mine:
         return sum(h.freed for h in self._untold())
 
 
+class _Leaving(Exception):
+    """The loop was asked to leave (StudyLoop.leave): as Ctrl-C, the trials run on."""
+
+
 class StudyLoop:
     def __init__(
         self,
@@ -123,8 +127,10 @@ class StudyLoop:
         on_row: Callable[[TrialRow], None],
         on_tick: Callable[[list[TrialRow]], None] = lambda rows: None,
         run: Callable[[TrialWork, Handle], None] = run_trial,
+        leave: threading.Event | None = None,
     ):
         self.w = work
+        self.leave = leave or threading.Event()  # set: leave as Ctrl-C does (the trials run on)
         self.study = study
         self.me = me
         self.on_row = on_row  # a trial started or ended: one line
@@ -145,7 +151,7 @@ class StudyLoop:
             end = self._loop()  # the study's own end (max_trials, or max_failed_trials passed)
             self.study.mark_ended(end.why)
             return end
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Leaving):
             self.w.stop.set()
             n = len(self.mine.handles)
             return StudyEnd(
@@ -175,6 +181,8 @@ class StudyLoop:
         tune = self.w.tune
         cap = trial_cap(tune)
         while True:
+            if self.leave.is_set():
+                raise _Leaving
             self._beat()
             rows = self.study.rows()  # once per look: with PostgreSQL, a query
             self.on_tick(rows)

@@ -3,20 +3,16 @@ SAMPLE_EVERY seconds (the dashboard's one probe round trip per host, all hosts i
 web/inventories.py), keeps the samples an hour in its database (io/servicestore.py), and
 answers the Cluster page's history, the Usage page's idle GPUs and /metrics from them.
 
-The functions are pure (samples in, the pages' JSON out); `Sampler` is the loop.
+The functions are pure (samples in, the pages' JSON out); serve/rounds.py is the loop.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
 import os
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from provision.core.errors import ProvisionError
 from provision.io.servicehistory import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
 
@@ -211,57 +207,3 @@ def give_back_memory() -> None:
     <= 300 MiB). A few ms."""
     if _TRIM is not None:
         _TRIM(0)
-
-
-class Sampler:
-    """A round every `every()` seconds while `leading()` (one service samples a team's
-    hosts): `sample()` (ServiceSource.sample: probe, store). A round that fails (the
-    database or a host away) is said and the next one comes as usual. The period is asked
-    again every second: a page opened during a quiet minute gets its rounds at once."""
-
-    def __init__(
-        self,
-        sample: Callable[[], int],
-        leading: Callable[[], bool],
-        say: Callable[[str], None],
-        every: Callable[[], float] = lambda: SAMPLE_EVERY,
-    ):
-        self.sample, self.leading, self.say, self.every = sample, leading, say, every
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="gpu-sampler", daemon=True)
-        self._failing = False
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=30)
-
-    def run(self) -> None:
-        last = -math.inf
-        while not self.stopping.is_set():
-            if not self.leading():  # a follower: look again soon (it may lead in a moment)
-                last = -math.inf
-                self.stopping.wait(1.0)
-                continue
-            due = last + self.every() - time.monotonic()
-            if due > 0:
-                self.stopping.wait(min(1.0, due))
-                continue
-            last = time.monotonic()
-            self.round()
-
-    def round(self) -> None:
-        try:
-            self.sample()
-            give_back_memory()
-        except Exception as e:  # the database away, an inventory unreadable: say it once, sample again next round
-            if not self._failing:
-                why = e.message if isinstance(e, ProvisionError) else f"{type(e).__name__}: {e}"
-                self.say(f"GPU samples not stored: {why}")
-            self._failing = True
-            return
-        if self._failing:
-            self.say("GPU samples stored again")
-        self._failing = False

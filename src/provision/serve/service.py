@@ -30,16 +30,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
 from provision.core.errors import ProvisionError
+from provision.core.submission import Status
 from provision.io.servicelead import POLL, Leadership
-from provision.io.servicestore import ServiceRow, ServiceStore, Status, Submission
-from provision.serve.watch import Watched
+from provision.io.servicestore import ALIVE_AFTER, ServiceRow, ServiceStore, Submission
+from provision.rules.admission import Queued, admit
+from provision.rules.watch import Watched, to_look_at
+from provision.serve.ends import LEFT, SERVICE_ENV, record_end
+from provision.serve.rounds import Rounds
 
 PR_SET_PDEATHSIG = 1
-LEFT = 130  # a worker that left its work (a signal): the work goes on with another
 LEAVE_GRACE = 15.0  # seconds a worker has to leave when the service stops
 
 
@@ -63,6 +67,25 @@ class _Worker:
     cancelling: bool = False
 
 
+class Mode(StrEnum):
+    """What the service is doing: one value, its changes in `next_mode` (and said there)."""
+
+    FOLLOWING = "following"  # another leads (or nobody yet): it tries to take the lead every poll
+    LEADING = "leading"  # it holds the lead: it drives every unfinished submission
+    CUT_OFF = "cut off"  # the database does not answer: it drives nothing, looks again every poll
+    LEAVING = "leaving"  # asked to stop: its workers leave, the lead goes
+
+
+def next_mode(mode: Mode, *, answered: bool, holds: bool, took: bool, stopping: bool) -> Mode:
+    """The mode after one look: `answered` the database answered, `holds` the lead is still
+    this service's (asked first, even while cut off), `took` it took the lead in this look."""
+    if stopping:
+        return Mode.LEAVING
+    if not answered:
+        return Mode.CUT_OFF
+    return Mode.LEADING if holds or took else Mode.FOLLOWING
+
+
 @dataclass
 class Service:
     store: ServiceStore
@@ -76,23 +99,32 @@ class Service:
     # A team's service also says in this machine's embedded file that it runs (a `--detach`
     # of a local state here names it: "the work goes to ...").
     mirror: ServiceStore | None = None
-    away: float | None = None  # since when (monotonic) the database does not answer
-    dropped: bool = False  # the lead was lost and not yet said
-    followed: str = ""  # the leader this follower last said it follows
-    # The sampling rounds' verdict on the applied jobs it watches (ServiceSource.to_look_at);
-    # None: no rounds, so nothing watched is looked at again (tests of the loop alone).
-    to_look_at: Callable[[list[Watched]], tuple[set[str], set[str]]] | None = None
+    # The rounds (serve/rounds.py): which watched jobs to look at again, which queued applies
+    # may fit; None: no rounds (tests of the loop alone): nothing watched is looked at again.
+    rounds: Rounds | None = None
+    mode: Mode = Mode.FOLLOWING
+    # Set while it leads (the mode's): the rounds' thread samples only then.
+    leading: threading.Event = field(default_factory=threading.Event)
+    away_since: float | None = None  # (monotonic) since when the database does not answer
+    followed: str = ""  # the leader this follower last named (said once per leader)
+    holds: bool = False  # the lead's lock is this service's (as last asked)
+    lost: bool = False  # the lead was lost and that is not said yet
     since: dict[str, float] = field(default_factory=dict)  # submission -> watched since (time.time())
-    looked: dict[str, float] = field(default_factory=dict)  # submission -> a worker last looked
+    looked: dict[str, float] = field(default_factory=dict)  # submission -> a round last sent a worker to look
+    admitted: dict[str, float] = field(default_factory=dict)  # queued submission -> last admitted
+    set_aside: set[str] = field(default_factory=set)  # rows this version cannot read, said once
     # A worker started ahead, its imports done (a second of CPU: Optuna, the run layer), waiting
-    # on its stdin for a submission: handed work starts at once (issue 40: the service's
-    # overhead on a study). Kept only while leading.
+    # on its stdin for a submission: handed work starts at once. Kept only while leading.
     spare: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         host = socket.gethostname()
         self.id = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.row = ServiceRow(self.id, host, os.getpid(), self.store.place, tuple(sorted(os.environ)), False, 0.0)
+
+    @property
+    def leads(self) -> bool:
+        return self.mode is Mode.LEADING
 
     def run(self) -> None:
         """Until `stopping` is set (SIGTERM, Ctrl-C): follow, lead, drive."""
@@ -101,56 +133,84 @@ class Service:
         self.say(f"service {self.id} on {self.store.place}: following until it can lead")
         try:
             while not self.stopping.is_set():
+                why = ""
                 try:
                     self._look()
                 except ProvisionError as e:  # the database is away: said once, looked at again
-                    self._away(e.message)
-                else:
-                    self._back()
+                    why = e.message
+                if why:
+                    self._lead_kept()  # a leader cut off says at once whether it lost the lead too
+                    self._become(Mode.CUT_OFF, why)
                 self.stopping.wait(self.poll)
         finally:
+            self._become(Mode.LEAVING)
             self._leave()
 
-    def _away(self, why: str) -> None:
-        if self.away is not None:
+    def _become(self, mode: Mode, why: str = "") -> None:
+        """The one place the mode changes, and what each change says. Cut off, a leader
+        keeps its workers while it holds the lead (the lock is looked at every poll)."""
+        was = self.mode
+        if mode is was:
             return
-        self.away = time.monotonic()
-        lost = "; the lead was lost: its workers left, their trials run on" if self.dropped else ""
-        self.dropped = False
-        self.say(f"the database does not answer ({why}){lost}; looking again every {self.poll:g} s")
-
-    def _back(self) -> None:
-        if self.dropped:  # the lock's session ended while the database answered (a terminated backend)
-            self.dropped = False
+        self.mode = mode
+        if mode is not Mode.LEADING:
+            self.leading.clear()
+        if mode in (Mode.FOLLOWING, Mode.LEAVING):
+            self._stop_workers()  # their trials run on: the next leader adopts them
+        if mode is Mode.CUT_OFF:
+            self.away_since = time.monotonic()
+            more = "; the lead was lost: its workers left, their trials run on" if self.lost else ""
+            self.lost = False
+            self.say(f"the database does not answer ({why}){more}; looking again every {self.poll:g} s")
+            return
+        if was is Mode.CUT_OFF and self.away_since is not None:
+            self.say(f"the database answers again after {time.monotonic() - self.away_since:.0f} s: going on")
+            self.away_since = None
+        if self.lost:
+            self.lost = False
             self.say("the lead was lost (the database ended its session): its workers left, their trials run on")
-        if self.away is not None:
-            self.say(f"the database answers again after {time.monotonic() - self.away:.0f} s: going on")
-            self.away = None
+        if mode is Mode.LEADING:
+            self.leading.set()
+            self.followed = ""
+            self.say("leading: driving every unfinished submission")
+            self._warm()  # a spare worker from the moment it leads
 
     def _look(self) -> None:
         # The lead first, even while the database is away: a leader cut off from it (the
         # others still reach it) stops its workers before the server frees the lead.
-        led = self.row.leader
-        if led and not self.lead.still_held():
-            self._stop_workers()
-            self.row = dataclasses.replace(self.row, leader=False)
-            self.dropped = True
-        if self.away is not None:  # said back before anything else is said
+        self._lead_kept()
+        if self.mode is Mode.CUT_OFF:
             self.store.now()  # raises while it is still away
-            self._back()
-        if not led and self.lead.try_take():  # a lead lost is said before it is taken again
-            self.row = dataclasses.replace(self.row, leader=True)
-            self.followed = ""
-            self.say("leading: driving every unfinished submission")
+        took = not self.holds and self._take()
+        self.holds = self.holds or took
+        self._become(next_mode(self.mode, answered=True, holds=self.holds, took=took, stopping=self.stopping.is_set()))
+        self.row = dataclasses.replace(self.row, leader=self.leads)
         self.store.beat(self.row)
-        if not self.row.leader:
-            self._say_whom()
         if self.mirror is not None:
             self.mirror.beat(self.row)
-        if self.row.leader:
+        if self.leads:
+            self.store.lead_is(self.id, self.lead.backend())
             self._drive()
-            if not led:
-                self._warm()  # a spare worker from the moment it leads
+        else:
+            self._say_whom()
+
+    def _lead_kept(self) -> None:
+        """Whether the lead is still this service's; a lost one's workers stop at once."""
+        if self.holds and not self.lead.still_held():
+            self.holds, self.lost = False, True
+            self._stop_workers()
+
+    def _take(self) -> bool:
+        """Take the lead when it is free; a leader that stopped beating (frozen: SIGSTOP, a
+        suspended VM, whose kernel still answers for its session) is made to let go first."""
+        if self.lead.try_take():
+            return True
+        frozen = self.store.frozen_leader(self.id)
+        if frozen is not None:
+            self.say(f"the leader {frozen} has not beaten for {ALIVE_AFTER:g} s: ending its session to take over")
+            self.store.end_lead(frozen)
+            return self.lead.try_take()
+        return False
 
     def _say_whom(self) -> None:
         """A follower names the leader it follows (once per leader): a second service
@@ -163,25 +223,55 @@ class Service:
             )
 
     def _drive(self) -> None:
-        subs = self.store.submissions(unfinished=True)
+        subs, bad = self.store.unfinished()
+        self._set_aside(bad)
         look, gone = self._watch(subs)
+        admitted = set(self._admit(subs))
         for sub in subs:
             w = self.workers.get(sub.id)
-            if w is None and sub.status is Status.WATCHING and not sub.cancel:
+            if w is not None:
+                if sub.cancel and not w.cancelling:
+                    w.cancelling = True
+                    self.say(f"{sub.id}: cancel asked by {sub.cancel}")
+                    w.proc.send_signal(signal.SIGUSR1)
+            elif sub.status is Status.WATCHING and not sub.cancel:
                 if sub.id in gone:
                     self._gone(sub)
                 elif sub.id in look:
                     self.looked[sub.id] = time.time()
                     self._start(sub)  # its hosts say it ended (or changed): a worker looks once
-            elif w is None:
+            elif sub.status is Status.QUEUED:
+                if sub.id in admitted:
+                    self.admitted[sub.id] = time.time()
+                    self._start(sub)  # a round says it may fit now
+            else:
                 self._start(sub)  # new, or a dead leader's (or ours, before we lost the lead)
-            elif sub.cancel and not w.cancelling:
-                w.cancelling = True
-                self.say(f"{sub.id}: cancel asked by {sub.cancel}")
-                w.proc.send_signal(signal.SIGUSR1)
         self._reap()
         if self.spare is not None and self.spare.poll() is not None:
             self._warm()  # it died (killed by hand, out of memory): another
+
+    def _set_aside(self, bad: list[tuple[str, str]]) -> None:
+        """Rows this version cannot read (a kind it does not know, an id that is no id):
+        failed with why, once, never run; the service goes on with the others."""
+        for sid, why in bad:
+            if sid in self.set_aside:
+                continue
+            self.set_aside.add(sid)
+            if self._leading():
+                self.store.set_aside(sid, why)
+            self.say(f"submission {sid[:80]!r} set aside: {why}")
+
+    def _admit(self, subs: list[Submission]) -> list[str]:
+        """The queued applies a worker looks at now (rules/admission.py)."""
+        queued = [
+            Queued(s.id, s.job, s.options.priority, s.created, self.admitted.get(s.id, 0.0))
+            for s in subs
+            if s.status is Status.QUEUED and not s.cancel
+        ]
+        if not queued:
+            return []
+        running = sum(1 for w in self.workers.values() if w.sub.status is Status.QUEUED)
+        return admit(queued, self.rounds.latest if self.rounds is not None else None, time.time(), running)
 
     def _reap(self) -> None:
         """Workers that ended: their submission finished, left (started again), or failed."""
@@ -194,22 +284,26 @@ class Service:
             if code == LEFT:
                 self.say(f"{sid}: its worker left; started again")
                 continue
-            live = got is not None and not got.status.finished and got.status is not Status.WATCHING
+            live = got is not None and got.status is Status.RUNNING
             if live and self._leading():
                 self.store.finish(sid, Status.FAILED, f"its worker ended with exit code {code} (its log: {w.log})")
             self.say(f"{sid}: {(got.status.value if got else '?')} ({w.log})")
 
     def _watch(self, subs: list[Submission]) -> tuple[set[str], set[str]]:
-        """Applied jobs are watched from the sampling rounds (serve/watch.py), not by workers."""
+        """Applied jobs are watched from the rounds (rules/watch.py), not by workers."""
+        r = self.rounds.latest if self.rounds is not None else None
         now = time.time()
         watched = [
-            Watched(s.id, s.job, frozenset(), self.since.setdefault(s.id, now), self.looked.get(s.id, 0.0))
+            Watched(s.id, s.job, r.jobs.get(s.job, frozenset()) if r is not None else frozenset(),
+                    self.since.setdefault(s.id, now), self.looked.get(s.id, 0.0))
             for s in subs
             if s.status is Status.WATCHING and s.id not in self.workers and not s.cancel
-        ]
-        if self.to_look_at is None or not watched:
+        ]  # fmt: skip
+        if r is None or not watched:
             return set(), set()
-        return self.to_look_at(watched)
+        if any(w.since > r.began for w in watched) and self.rounds is not None:
+            self.rounds.soon()  # newly watched: the next round comes soon
+        return to_look_at(r.doc, r.began, watched)
 
     def _gone(self, sub: Submission) -> None:
         """Destroyed by its owner (no host has it): its run ends in the history."""
@@ -218,7 +312,7 @@ class Service:
         row = self.store.open_event(sub.id, "run")
         if row is not None:
             self.store.closed(row, self.store.now(), "gone from its hosts (destroyed)")
-        self.store.finish(sub.id, Status.DONE, "applied; the job was destroyed")
+        record_end(self.store, sub, Status.DONE, "applied; the job was destroyed")
         self.say(f"{sub.id}: done (the job {sub.job} is gone from its hosts)")
 
     def _leading(self) -> bool:
@@ -234,7 +328,7 @@ class Service:
         workdir = self.work_root / sub.id
         workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log = workdir.parent / f"{sub.id}.log"
-        env = {"PROVISION_OWNER": sub.owner, "PROVISION_STATE": sub.backend}
+        env = {"PROVISION_OWNER": sub.owner, "PROVISION_STATE": sub.backend, SERVICE_ENV: self.id}
         proc = self._hand(sub, workdir, log, env)
         if proc is None:  # no spare ready: a worker of its own, its imports paid now
             with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:

@@ -1,18 +1,17 @@
 """The dashboard the service serves (`provision serve --listen`): its Source, and which Auth
 an address gets (docs/dashboard.md).
 
-ServiceSource is an InventorySource over the inventories the service knows: each
-unfinished submission's materialised snapshot, plus the `--inventory` files (jobs run from
-terminals); usage() from the service's history, cancel() through the store as `provision
-cancel` does; the GPUs' samples (serve/gpusample.py) for each GPU's last hour, the idle
-list and /metrics.
+ServiceSource composes what the service has: the inventories it knows (each unfinished
+submission's materialised snapshot, plus the `--inventory` files: jobs run from terminals)
+read through an InventorySource (a job's status, its logs, a study, the actions, as the
+CLI's --json gives them); the hosts from the latest round (serve/rounds.py) with each GPU's
+last hour (its GpuRecorder); usage() from the service's history, cancel() through the store
+as `provision cancel` does, and the events. It decides nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,155 +19,144 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.errors import ProvisionError
+from provision.core.events import EVENTS_FORMAT, Kind
 from provision.core.model import Inventory
-from provision.io.servicehistory import GPU_KEEP, GpuSample, HistoryRow
-from provision.io.servicestore import ServiceStore, Status
+from provision.core.submission import Status
+from provision.io.servicehistory import GPU_KEEP, HistoryRow
+from provision.io.servicestore import ServiceStore
 from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.usage import HOLDING, Use, gpu_hours
-from provision.serve.gpusample import (
-    QUIET_EVERY,
-    SAMPLE_EVERY,
-    GpuHistory,
-    history_step,
-    idle_of,
-    idle_window,
-    round_every,
-    samples_of,
-)
-from provision.serve.watch import QUIET, Watched, to_look_at
+from provision.run.survey import Inventories
+from provision.serve.gpusample import QUIET_EVERY, SAMPLE_EVERY, idle_of, idle_window
+from provision.serve.rounds import GpuRecorder, Rounds, fresh, gpus_of
 from provision.web.auth import Auth, TokenCheck
-from provision.web.inventories import InventorySource
+from provision.web.inventories import InventorySource, owner_in
 from provision.web.recent import Recent
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
 USAGE_DAYS = 14  # days and ISO weeks the Usage page shows
 USAGE_WEEKS = 8
 USAGE_FRESH, USAGE_STALE = 5.0, 10.0  # seconds: the Usage page is at most USAGE_STALE s old (it says when)
-# The pages' hosts: the sampler's rounds (every SAMPLE_EVERY s while someone looks) answer
-# them, a round's period and its own time; only older, a page probes for itself (behind the
-# answer, up to PAGES_STALE). Probing every 2-4 s beside the rounds cost 1,000 hosts' round
-# trips and a document of 8,000 GPUs each time (issue 41's p95 spikes and memory).
-PAGES_FRESH, PAGES_STALE = SAMPLE_EVERY + 3.0, 2 * SAMPLE_EVERY + 5.0
+# The pages' hosts: the latest round answers them while it is younger than ROUND_FRESH (a
+# round's period and its own time); only older (a follower, a quiet minute), a page looks at
+# the hosts for itself. Looking every 2-4 s beside the rounds cost 1,000 hosts' round trips
+# and a document of 8,000 GPUs each time (the pages' p95 and the service's memory).
+ROUND_FRESH = 2 * SAMPLE_EVERY + 5.0
 LATEST_WITHIN = QUIET_EVERY + SAMPLE_EVERY  # seconds: a GPU's latest sample, at the slowest cadence
 DAY = 86400.0
+EVENTS_PAGE = 500  # events an answer of /api/v1/events holds at most
 
 
-class ServiceSource(InventorySource):
+class Known(Inventories):
+    """The inventories the service knows, read again at each look: the unfinished
+    submissions' snapshots (they come and go) and the `--inventory` files."""
+
     def __init__(self, store: ServiceStore, work_root: Path, extra: Sequence[str | Path] = ()):
-        super().__init__(extra)
-        self._hosts = Recent(PAGES_FRESH, PAGES_STALE)  # the rounds answer the pages (PAGES_FRESH)
+        super().__init__()
+        self.store, self.work_root, self.extra = store, work_root, [str(p) for p in extra]
+
+    def read(self) -> dict[str, tuple[str, Inventory]]:
+        subs = self.store.submissions(unfinished=True)
+        handed = [self.work_root / s.id / s.inventory for s in subs]
+        with self.lock:
+            self.paths = [str(p) for p in handed if p.is_file()] + self.extra
+            return super().read()
+
+
+class ServiceSource:
+    def __init__(
+        self,
+        store: ServiceStore,
+        work_root: Path,
+        extra: Sequence[str | Path] = (),
+        *,
+        rounds: Rounds | None = None,
+        gpus: GpuRecorder | None = None,
+        known: Known | None = None,
+    ):
         self.store = store
-        self.work_root = work_root
-        self.extra = [str(p) for p in extra]
+        self.known = known or Known(store, work_root, extra)
+        self.inventory = InventorySource(self.known)
+        self.rounds, self.gpus = rounds, gpus
         self.idle_window = idle_window()
-        self._sampled: tuple[float, dict[str, Any]] | None = None  # (monotonic, the last round's hosts)
-        # The GPUs' last hour by host, made again by each round as it stores its samples (a
-        # page waits for none); older than a round's period, as the hosts above.
-        self._history: Recent[dict[str, Any]] = Recent(PAGES_FRESH, PAGES_STALE)
-        self._kept_history: GpuHistory | None = None  # the sampler's (its thread's only)
-        self._with_history: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = (
-            None  # (hosts, history, both)
-        )
-        self._round: tuple[float, dict[str, Any]] | None = None  # (time.time() it began, the hosts)
-        self._verdict: tuple[Any, tuple[set[str], set[str]]] | None = None  # to_look_at's last (key, answer)
-        self._looked = -math.inf  # (monotonic) when a page last read the samples
-        self._changing = False  # the last round saw a job not simply running
-        self._new_watch = False  # a job is watched that no round has seen yet
         self._usage: Recent[dict[str, Any]] = Recent(USAGE_FRESH, USAGE_STALE)
+        # The hosts' document with each GPU's last hour, made once per round (and history):
+        # /api/v1/hosts encodes the same document once.
+        self._with_history: tuple[Any, Any, dict[str, Any]] | None = None
+        self._history: Recent[dict[str, Any]] = Recent(ROUND_FRESH, ROUND_FRESH)  # a follower's, read from the database
 
-    def to_look_at(self, watched: Sequence[Watched]) -> tuple[set[str], set[str]]:
-        """The watched submissions a worker must look at, and those gone from every host,
-        by the last sampling round (serve/watch.py); nothing before the first round."""
-        got = self._round
-        if got is None or not watched:
-            return set(), set()
-        key = (got[0], tuple(watched))
-        if self._verdict is not None and self._verdict[0] == key:  # the service asks every poll; rounds come every 10 s
-            return self._verdict[1]
-        invs = self._inventories()
-        full = [
-            dataclasses.replace(w, hosts=frozenset(h.name for h in invs[w.job][1].hosts)) if w.job in invs else w
-            for w in watched
-        ]
-        answer = to_look_at(got[1], got[0], full)
-        self._new_watch = any(w.since > got[0] for w in watched)
-        self._verdict = (key, answer)
-        return answer
+    # ------------------------------------------------------------------ the hosts: the rounds
 
-    # ------------------------------------------------------------------ GPU samples
+    def _looked(self) -> None:
+        if self.rounds is not None:
+            self.rounds.look()
 
-    def sample(self) -> int:
-        """One round: every host probed (gpusample.Sampler calls this every SAMPLE_EVERY s),
-        its GPUs' samples stored; how many."""
-        began, started = time.time(), time.monotonic()
-        doc = InventorySource.hosts(self, fresh=True)
-        self._sampled = (time.monotonic(), doc)
-        self._round = (began, doc)
-        self._changing = any(j.get("state") not in QUIET for j in doc.get("jobs") or [])
-        t = self.store.now()
-        got = samples_of(doc, t)
-        self.store.add_gpu_samples(got)
-        self._history.put("", self._history_round(got, t - GPU_KEEP, _gpus(doc)), started)
-        return len(got)
+    def _doc(self) -> dict[str, Any]:
+        """The latest round's hosts when it is recent, else a look at the hosts now."""
+        r = fresh(self.rounds.latest if self.rounds is not None else None, ROUND_FRESH)
+        return dict(r.doc) if r is not None else self.inventory.hosts()
 
-    def _history_round(self, got: Sequence[GpuSample], since: float, gpus: int) -> dict[str, Any]:
-        """The GPUs' last hour with this round's samples: added to the kept history, or all
-        of it read again when its points change width (gpusample.history_step)."""
-        kept = self._kept_history
-        if kept is None or history_step(kept.rounds_after(since), gpus) != kept.step:
-            kept = self._kept_history = self._history_read(since, gpus)
-        else:
-            kept.add(got, since)
-        return kept.doc
-
-    def _history_read(self, since: float, gpus: int) -> GpuHistory:
-        rounds = self.store.gpu_round_times(since)
-        step = history_step(len(rounds), gpus)
-        return GpuHistory(step, self.store.gpu_history(since, step), rounds)
-
-    def every(self) -> float:
-        """Seconds between sampling rounds now (gpusample.round_every)."""
-        return round_every(time.monotonic() - self._looked, self._changing or self._new_watch)
-
-    def hosts(self, *, fresh: bool = False) -> dict[str, Any]:
-        """The hosts now (a probe of the last seconds), each with its GPUs' last hour."""
-        if not fresh:  # a page's (the rounds ask fresh)
-            self._looked = time.monotonic()
-        doc = super().hosts(fresh=fresh)
-        history = self._history.get("", lambda: self._history_now(doc))
+    def hosts(self) -> dict[str, Any]:
+        """The hosts now (a round of the last seconds), each with its GPUs' last hour."""
+        self._looked()
+        doc = self._doc()
+        history = self._gpu_history(doc)
         got = self._with_history
         if got is not None and got[0] is doc and got[1] is history:
-            return got[2]  # the same document for the same round: /api/v1/hosts encodes it once
+            return got[2]
         hosts = {name: {**h, "gpu_history": history.get(name, {})} for name, h in doc.get("hosts", {}).items()}
         out = {**doc, "hosts": hosts}
         self._with_history = (doc, history, out)
         return out
 
-    def _history_now(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """Each GPU's last hour read now (no round recent: a follower's pages, a quiet minute)."""
-        return self._history_read(self.store.now() - GPU_KEEP, _gpus(doc)).doc
+    def _gpu_history(self, doc: dict[str, Any]) -> dict[str, Any]:
+        g = self.gpus
+        if g is not None and g.doc is not None and time.monotonic() - g.at < ROUND_FRESH:
+            return g.doc
+        recorder = g or GpuRecorder(self.store)
+        return self._history.get("", lambda: recorder.read(self.store.now() - GPU_KEEP, gpus_of(doc)).doc)
+
+    def jobs(self) -> dict[str, Any]:
+        return self.hosts()
 
     def latest(self) -> dict[str, Any]:
-        """The last round's hosts (/metrics' GPU gauges), or a probe now when none is recent."""
-        self._looked = time.monotonic()
-        got = self._sampled
-        if got is not None and time.monotonic() - got[0] < 2 * SAMPLE_EVERY:
-            return got[1]
-        return super().latest()
+        """The latest round's hosts (/metrics' GPU gauges), or a look at them now."""
+        self._looked()
+        return self._doc()
 
-    def _inventories(self) -> dict[str, tuple[str, Inventory]]:
-        # The submissions come and go: the paths are looked up again on each request.
-        subs = self.store.submissions(unfinished=True)
-        handed = [self.work_root / s.id / s.inventory for s in subs]
-        with self._reading:
-            self.paths = [str(p) for p in handed if p.is_file()] + self.extra
-            return super()._inventories()
+    # ------------------------------------------------------------------ what the inventories say
+
+    def job(self, name: str) -> dict[str, Any]:
+        return self.inventory.job(name)
+
+    def logs(self, name: str, after: str | None) -> dict[str, Any]:
+        return self.inventory.logs(name, after)
+
+    def studies(self) -> list[str]:
+        return self.inventory.studies()
+
+    def study(self, name: str) -> dict[str, Any]:
+        return self.inventory.study(name)
+
+    def stop(self, name: str, who: str) -> dict[str, Any]:
+        return self.inventory.stop(name, who)
+
+    def rerun(self, name: str, who: str) -> dict[str, Any]:
+        return self.inventory.rerun(name, who)
+
+    def promote(self, name: str, trial: int, who: str) -> dict[str, Any]:
+        return self.inventory.promote(name, trial, who)
+
+    def close(self) -> None:
+        self.inventory.close()
+
+    # ------------------------------------------------------------------ what the service keeps
 
     def usage(self) -> dict[str, Any]:
         """USAGE_EXAMPLE's shape with "as_of" (when it was summed): one sum answers the
         requests of the next USAGE_FRESH s, then is given up to USAGE_STALE s old while the
-        next is made behind it (100,000 runs summed took ~250 ms under load: issue 41)."""
-        self._looked = time.monotonic()
+        next is made behind it (100,000 runs summed took ~250 ms under load)."""
+        self._looked()
         # One round trip first: with the database away the page says so (503), not a kept sum.
         self.store.now()
         return self._usage.get("", self._usage_now)
@@ -186,6 +174,13 @@ class ServiceSource(InventorySource):
         )
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {**doc, "idle": idle_of(runs, now, self.idle_window), "as_of": as_of}
+
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+        """The events after id `after` (`provision events --json`'s shape, and the cursor of
+        the next page)."""
+        got = self.store.events(after=after, job=job, kinds=kinds, limit=EVENTS_PAGE)
+        last = got[-1].id if got else max(after, 0)
+        return {"format_version": EVENTS_FORMAT, "events": [s.to_json() for s in got], "after": last}
 
     def cancel(self, name: str, who: str) -> dict[str, Any]:
         """`provision cancel`: taken back if no worker started it, else its worker stops it."""
@@ -206,11 +201,12 @@ class ServiceSource(InventorySource):
     def owner(self, name: str, recent: bool = False) -> str | None:
         # A handed-over job not started yet is on no host's ledger: its submitter owns it.
         subs = self.store.submissions(unfinished=True, job=name)
-        return subs[0].owner if subs else super().owner(name, recent)
-
-
-def _gpus(doc: dict[str, Any]) -> int:
-    return sum(int(h.get("gpus") or 0) for h in doc.get("hosts", {}).values())
+        if subs:
+            return subs[0].owner
+        r = fresh(self.rounds.latest if self.rounds is not None else None, ROUND_FRESH)
+        if recent and r is not None:
+            return owner_in(r.doc, name)
+        return self.inventory.owner(name, recent)
 
 
 def usage_windows(now: float) -> list[tuple[str, str, float, float]]:

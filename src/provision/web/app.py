@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from provision.core.errors import ProvisionError
+from provision.core.events import parse_kinds
 from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.metrics import CONTENT_TYPE, exposition
@@ -70,6 +71,7 @@ def make_app(source: Source, *, auth: Auth) -> Starlette:
         Route("/api/v1/studies/{name}", api(d.api_study)),
         Route("/api/v1/studies/{name}/{action}", api(d.act_api), methods=["POST"]),
         Route("/api/v1/usage", api(d.api_usage)),
+        Route("/api/v1/events", api(d.api_events)),
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -332,6 +334,18 @@ class Dashboard:
 
     async def api_usage(self, request: Request, viewer: Viewer) -> Response:
         return JSONResponse(await call(self.source.usage))
+
+    async def api_events(self, request: Request, viewer: Viewer) -> Response:
+        """Events after `after` (an id; 0: from the oldest kept), of `job`, of `kind`s."""
+        q = request.query_params
+        raw = q.get("after", "0") or "0"
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+            return refusal(400, f"after: expected an event id (a number), got {raw[:40]!r}", True)
+        try:
+            kinds = parse_kinds(q.get("kind", ""))
+        except ValueError as e:
+            return refusal(400, f"kind: {str(e.args[0])[:40]!r} is not an event kind", True)
+        return JSONResponse(await call(self.source.events, int(raw), q.get("job") or None, kinds))
 
     async def metrics(self, request: Request, viewer: Viewer) -> Response:
         return PlainTextResponse(await call(self._exposition), media_type=CONTENT_TYPE)

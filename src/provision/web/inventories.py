@@ -11,31 +11,24 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision.core.errors import ProvisionError
+from provision.core.events import EVENTS_FORMAT, Kind
 from provision.core.lifecycle import STOP_PHASE, TaskState
 from provision.core.model import Inventory
-from provision.core.target import HostError
 from provision.core.tuning import promoted_job
-from provision.host.protocol import ProbeReport
-from provision.inventory.inventory import load
 from provision.io.ssh import Session
-from provision.io.steps import GroupResult
-from provision.rules.gpuuse import host_use
-from provision.rules.priority import Policy
 from provision.rules.studyview import space_json, study_json
-from provision.rules.tenancy import HostView, host_view, jobs_json
-from provision.run.context import Ask, Context, open_context, probe
+from provision.run.context import Context, open_context
 from provision.run.jobend import collect, end_job, look
 from provision.run.logs import log_entries
+from provision.run.survey import Inventories, survey
 from provision.web.recent import Recent
 from provision.web.source import NotFound, masked_env
 
@@ -52,17 +45,14 @@ JOB_FRESH, JOB_STALE = 1.0, 2.0
 
 
 class InventorySource:
-    def __init__(self, paths: Sequence[str | Path]):
-        self.paths = [str(p) for p in paths]
+    """A Source over inventory files (`invs`: their paths may change between requests)."""
+
+    def __init__(self, paths: Sequence[str | Path] | Inventories):
+        self.invs = paths if isinstance(paths, Inventories) else Inventories([str(p) for p in paths])
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._hosts: Recent[dict[str, Any]] = Recent(HOSTS_FRESH, HOSTS_STALE)
-        self._reading = threading.RLock()
-        self._loaded: dict[str, tuple[tuple[int, int, int] | None, Inventory]] = {}  # path -> (stat, inventory)
-        # The sampling rounds' contexts, kept while their file is unchanged: a round opens no
-        # state and renders nothing (path -> (stat, the context)).
-        self._kept: dict[str, tuple[tuple[int, int, int] | None, Context]] = {}
         self._jobs: Recent[dict[str, Any]] = Recent(JOB_FRESH, JOB_STALE)
         # Each study's reader, kept (io/studyread.py: read again only where it changed), and
         # the JSON made from its last snapshot: (snapshot, tune, document) by study.
@@ -72,27 +62,8 @@ class InventorySource:
     # ------------------------------------------------------------------ plumbing
 
     def _inventories(self) -> dict[str, tuple[str, Inventory]]:
-        """job -> (its file, the inventory); a file read again only when it changed (the
-        service asks every few seconds for a hundred handed-over snapshots)."""
-        with self._reading:  # pages, the sampling rounds and the service's loop ask at once
-            return self._read_inventories()
-
-    def _read_inventories(self) -> dict[str, tuple[str, Inventory]]:
-        out: dict[str, tuple[str, Inventory]] = {}
-        for p in self.paths:
-            try:
-                st = os.stat(p)
-                stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-            except OSError:
-                stamp = None
-            got = self._loaded.get(p)
-            if got is None or stamp is None or got[0] != stamp:
-                got = (stamp, load(p))
-                self._loaded[p] = got
-            out.setdefault(got[1].job, (p, got[1]))
-        for gone in set(self._loaded) - set(self.paths):
-            del self._loaded[gone]
-        return out
+        """job -> (its file, the inventory)."""
+        return self.invs.read()
 
     def _find(self, name: str, *, study: bool = False) -> tuple[str, Inventory]:
         invs = self._inventories()
@@ -107,104 +78,40 @@ class InventorySource:
         self, job: str, path: str, operation: str | None = None, secrets: bool = False, lane: str = ""
     ) -> Iterator[Context]:
         """A fresh Context on the job's kept connections, for one request at a time. `lane`:
-        connections of their own (the GPU sampler's rounds never make a page's logs wait)."""
+        connections of their own (a look at every host never makes a page's logs wait)."""
         key = f"{job}\0{lane}" if lane else job
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            ctx = open_context(path, render_secrets=secrets, operation=operation, session=self._sessions.get(key))
-            if key not in self._sessions:
-                self._sessions[key] = ctx.session
-                ctx.own_session = False  # kept for the next request; close() ends it
+            kept = self._sessions.get(key)
+            ctx = open_context(path, render_secrets=secrets, operation=operation, session=kept, keep_session=True)
+            self._sessions.setdefault(key, ctx.session)  # kept for the next request; close() ends it
             try:
                 yield ctx
             finally:
                 ctx.close()
 
+    def _survey_ctx(self, job: str, path: str) -> AbstractContextManager[Context]:
+        return self._ctx(job, path, lane="hosts")
+
     def close(self) -> None:
         for s in self._sessions.values():
             s.close()
         self._sessions.clear()
-        for _, ctx in self._kept.values():
-            ctx.close()
-        self._kept.clear()
         for r in self._readers.values():
             r.close()
         self._readers.clear()
 
     # ------------------------------------------------------------------ reading
 
-    def hosts(self, *, fresh: bool = False) -> dict[str, Any]:
+    def hosts(self) -> dict[str, Any]:
         """`provision jobs --json` over every inventory's hosts (each host once), with its
-        labels and what its GPUs do (`gpu_use`, from the same round trip). fresh (the GPU
-        sampler): probe again even when a probe of the last HOSTS_FRESH seconds could answer,
-        on connections of its own (its answer answers the pages too)."""
-        if fresh:
-            began = time.monotonic()
-            doc = self._probe_all("sample")
-            self._hosts.put("", doc, began)
-            return doc
-        return self._hosts.get("", lambda: self._probe_all(""))
+        labels and what its GPUs do (`gpu_use`, from the same round trip): one look at every
+        host (run/survey.py) answers the requests of the next HOSTS_FRESH s."""
+        return self._hosts.get("", self._look)
 
-    def _probe_all(self, lane: str) -> dict[str, Any]:
-        invs = self._inventories()
-        mine: dict[str, set[str]] = {}  # job -> the hosts its probe asks: each host once
-        seen: set[str] = set()
-        for job, (_, inv) in invs.items():
-            mine[job] = {h.name for h in inv.hosts} - seen
-            seen |= mine[job]
-        now = time.time()
-        asked = [(job, *invs[job]) for job, names in mine.items() if names]
-        # Every inventory's hosts at once (one round trip each, all in parallel).
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
-            got = list(pool.map(lambda a: self._probe_hosts(a[0], a[1], mine[a[0]], lane), asked))
-        answers = [res for res, _ in got]
-        policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
-        views: dict[str, HostView] = {}
-        extra: dict[str, dict[str, Any]] = {}
-        for (_, _, inv), res in zip(asked, answers, strict=True):
-            for h in inv.hosts:
-                if h.name not in mine[inv.job]:
-                    continue
-                r = res.get(h.name)
-                if isinstance(r, HostError) or r is None:
-                    why = r.message if r is not None else "not asked"
-                    views[h.name] = HostView(h.name, h.accelerator_count, error=why)
-                else:
-                    views[h.name] = host_view(h.name, h.accelerator_count, r, now)
-                extra[h.name] = {"labels": h.label_map, "drain": h.drain}
-                if isinstance(r, ProbeReport):
-                    extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
-        doc = jobs_json(list(views.values()), now, policy)
-        for name, more in extra.items():
-            doc["hosts"][name].update(more)
-        return doc
-
-    def _probe_hosts(
-        self, job: str, path: str, names: set[str], lane: str
-    ) -> tuple[GroupResult[ProbeReport], Policy | None]:
-        """One round trip to each of `names` with the job's connections: the ledger (who holds
-        what) and the GPUs' utilization, memory and compute processes; and the team's policy
-        the job's state gives (the priorities' names)."""
-        ask = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
-        if lane == "sample":  # only the sampler's thread uses these
-            kept = self._kept_ctx(job, path)
-            return probe(kept, ask, fast=True, only=names), kept.policy
-        with self._ctx(job, path, lane=lane) as ctx:
-            return probe(ctx, ask, fast=True, only=names), ctx.policy
-
-    def _kept_ctx(self, job: str, path: str) -> Context:
-        stamp = self._loaded.get(path, (None, None))[0]
-        got = self._kept.get(path)
-        if got is not None and got[0] == stamp and stamp is not None:
-            return got[1]
-        if got is not None:
-            got[1].close()
-        ctx = open_context(path, render_secrets=False)
-        self._kept[path] = (stamp, ctx)
-        for gone in set(self._kept) - set(self.paths):
-            self._kept.pop(gone)[1].close()
-        return ctx
+    def _look(self) -> dict[str, Any]:
+        return dict(survey(self._inventories(), self._survey_ctx).doc)
 
     def jobs(self) -> dict[str, Any]:
         return self.hosts()
@@ -264,7 +171,7 @@ class InventorySource:
         assert inv.tune is not None
         url, journal, _ = study_storage(path, inv)
         key = (url, str(journal), inv.job)
-        with self._reading:
+        with self.invs.lock:
             reader = self._readers.get(key)
             if reader is None:
                 reader = self._readers[key] = StudyReader(inv.tune, inv.job, url, journal)
@@ -274,21 +181,19 @@ class InventorySource:
             reader.tune = inv.tune
         return reader.read()
 
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+        # No stream here (the service keeps it): nothing happened that anyone recorded.
+        return {"format_version": EVENTS_FORMAT, "events": [], "after": after}
+
     def usage(self) -> dict[str, Any]:
         # No history here (the service keeps it): what the hosts hold now is all there is.
         return {"format_version": 1, "days": [], "weeks": [], "idle": []}
 
     def owner(self, name: str, recent: bool = False) -> str | None:
         """The job's owner as the hosts' ledgers name it; a study's: its trials' owner.
-        recent: from the last probe of the hosts however old (one asked behind it), never
-        waiting for one (issue 41: a study page waited seconds for a probe of every host)."""
-        # The probe's own answer (InventorySource.hosts): no GPU history (a subclass's hosts()
-        # reads it from its database) is needed to name an owner.
-        doc = self._hosts.last("", lambda: self._probe_all("")) if recent else InventorySource.hosts(self)
-        jobs: dict[str, str | None] = {j["job"]: j.get("owner") for j in doc["jobs"]}
-        if name in jobs:
-            return jobs[name]
-        return next((o for j, o in sorted(jobs.items()) if j.startswith(f"{name}-t") and o), None)
+        recent: from the last look at the hosts however old (one asked behind it), never
+        waiting for one (a study page waited seconds for a look at every host)."""
+        return owner_in(self._hosts.last("", self._look) if recent else self.hosts(), name)
 
     # ------------------------------------------------------------------ actions
 
@@ -357,6 +262,14 @@ class InventorySource:
         )
         job = promoted_job(inv.job, row.number)
         return {"ok": True, "message": f"trial {row.number} ({value}) as job {job}", "inventory": text}
+
+
+def owner_in(doc: Mapping[str, Any], name: str) -> str | None:
+    """The owner the hosts' document names for job `name`, or for a study's trials."""
+    jobs: dict[str, str | None] = {j["job"]: j.get("owner") for j in doc.get("jobs") or []}
+    if name in jobs:
+        return jobs[name]
+    return next((o for j, o in sorted(jobs.items()) if j.startswith(f"{name}-t") and o), None)
 
 
 def _marker(who: str) -> dict[str, str]:

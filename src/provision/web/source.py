@@ -21,7 +21,10 @@ The shapes (docs/dashboard.md):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
+
+from provision.core.events import Kind
 
 SECRET_MASK = "********"
 
@@ -66,6 +69,11 @@ class Source(Protocol):
     def study(self, name: str) -> dict[str, Any]: ...
 
     def usage(self) -> dict[str, Any]: ...
+
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+        """`provision events --json`'s shape after event id `after`, and "after": the last
+        id given (the next request's)."""
+        ...
 
     def owner(self, name: str, recent: bool = False) -> str | None:
         """Who owns the job or study `name` (as the hosts' ledgers name them); None: unknown.

@@ -1,19 +1,23 @@
 """The service watches applied jobs from its sampling rounds, not with a worker each
-(serve/watch.py, a table; serve/service.py's loop with a stand-in round)."""
+(rules/watch.py, a table; serve/service.py's loop with a stand-in round)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from clirun import wait_until
-from provision.io.servicestore import Kind, ServiceStore, Status, Submission
+from provision.core.submission import Kind, Status
+from provision.io.servicestore import ServiceStore, Submission
+from provision.rules.rounds import Round
+from provision.rules.watch import AGAIN_S, Watched, to_look_at
 from provision.serve.service import Service, _die_with_parent
-from provision.serve.watch import AGAIN_S, Watched, to_look_at
 
 HOSTS = frozenset({"h1", "h2"})
 
@@ -46,7 +50,10 @@ def test_which_watched_jobs_a_round_sends_a_worker_to(state, errors, at, looked,
     ("hosts", "looked", "want"),
     [
         # Preempted on h1 (its entry marked), still running on h2: a worker preempts it whole, at once.
-        ({"h1": ("ended", "hi"), "h2": ("running", None)}, 100.0, {"s"}),
+        ({"h1": ("ended", "hi"), "h2": ("running", None)}, 90.0, {"s"}),
+        # ... once a round: a worker sent by this round is at it (a mark that stays would
+        # otherwise send one at every poll).
+        ({"h1": ("ended", "hi"), "h2": ("running", None)}, 100.0, set()),
         ({"h1": ("running", "hi"), "h2": ("running", None)}, 0.0, {"s"}),  # h1 still saving
         ({"h1": ("ended", "hi"), "h2": ("running", "hi")}, 0.0, set()),  # h2 marked too: stopping
         ({"h1": ("running", None), "h2": ("running", None)}, 0.0, set()),  # runs as applied
@@ -63,7 +70,7 @@ def test_a_job_preempted_on_some_hosts_is_looked_at_every_round(hosts, looked, w
 
 
 def _sub(sid: str) -> Submission:
-    return Submission(sid, Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {}, {})
+    return Submission(sid, Kind.APPLY, "j", "ann@lab", "local", "", "inv.yaml", {})
 
 
 class _NoLead:
@@ -76,6 +83,9 @@ class _NoLead:
     def release(self) -> None:
         pass
 
+    def backend(self) -> int | None:
+        return None
+
 
 def test_the_service_starts_no_worker_for_a_watched_job_until_a_round_says_so(tmp_path: Path, monkeypatch) -> None:
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
@@ -83,7 +93,9 @@ def test_the_service_starts_no_worker_for_a_watched_job_until_a_round_says_so(tm
     svc = Service(store, _NoLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
     monkeypatch.setattr(svc, "_start", lambda sub: started.append(sub.id))
     verdict: tuple[set[str], set[str]] = (set(), set())
-    svc.to_look_at = lambda watched: verdict
+    # A round (here a stand-in: its verdict is the table's above) says what to look at.
+    svc.rounds = SimpleNamespace(latest=Round(1, time.time() + 60, {}, {}), soon=lambda: None)  # type: ignore[assignment]
+    monkeypatch.setattr("provision.serve.service.to_look_at", lambda doc, at, watched: verdict)
     store.submit(_sub("a"))
     store.claim("a", svc.id)
     store.watching("a", "applied")

@@ -1,5 +1,5 @@
-"""Which applied jobs the service must look at again (issue 40: the service watching 128
-hosts and 100 idle jobs in < 5 % of a core and < 200 MiB).
+"""Which applied jobs the service must look at again (the service watches 128 hosts and 100
+idle jobs in < 5 % of a core and < 200 MiB).
 
 An applied job is watched from the service's one round per host (serve/gpusample.py's, the
 hosts' ledgers and units as `provision jobs --json` reports them), not by a process of its
@@ -45,7 +45,8 @@ def to_look_at(doc: Mapping[str, Any], at: float, watched: Collection[Watched]) 
             if w.hosts and w.hosts <= answered:
                 gone.add(w.sid)
             continue
-        if (j.get("state") not in QUIET and at - w.looked >= AGAIN_S) or preempted_in_part(j):
+        # Preempted in part: at once, but once a round (the look's worker may still be at it).
+        if (j.get("state") not in QUIET and at - w.looked >= AGAIN_S) or (preempted_in_part(j) and w.looked < at):
             look.add(w.sid)
     return look, gone
 

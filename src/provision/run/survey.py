@@ -1,0 +1,158 @@
+"""A survey: every host of a set of inventories asked once (one tenancy probe round trip each,
+all at once, each host once whatever inventories name it), as `provision jobs --json` asks:
+the service's rounds (serve/rounds.py) and the dashboard's own look at the hosts
+(web/inventories.py) are both one.
+
+`Inventories` reads the files, again only when one changed (the service asks for a hundred
+handed-over snapshots every round); `KeptContexts` keeps each inventory's Context while its
+file is unchanged (a round opens no state and renders nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from provision.core.model import Inventory
+from provision.core.target import HostError
+from provision.host.protocol import ProbeReport
+from provision.inventory.inventory import load
+from provision.io.steps import GroupResult
+from provision.rules.gpuuse import host_use
+from provision.rules.priority import Policy
+from provision.rules.rounds import HostSeen, Round, host_seen, unreachable
+from provision.rules.tenancy import jobs_json
+from provision.run.context import Ask, Context, open_context, probe
+
+Stamp = tuple[int, int, int] | None  # a file's (mtime_ns, size, inode); None: it cannot be read
+Found = Mapping[str, tuple[str, Inventory]]  # job -> (its file, the inventory)
+# A Context for one inventory (job, file) for the length of a with block.
+Contexts = Callable[[str, str], AbstractContextManager[Context]]
+
+# What a survey asks each host: the ledger (who holds what) and what its GPUs do.
+SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+
+
+def stamp(path: str) -> Stamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Inventories:
+    """The inventories at `paths` (settable), each read again only when its file changed.
+    Thread-safe: the rounds, the pages and the service's loop read at once."""
+
+    def __init__(self, paths: Sequence[str] = ()):
+        self.paths = [str(p) for p in paths]
+        self._loaded: dict[str, tuple[Stamp, Inventory]] = {}
+        self.lock = threading.RLock()
+
+    def read(self) -> dict[str, tuple[str, Inventory]]:
+        """job -> (its file, the inventory); the first file of a job wins."""
+        with self.lock:
+            out: dict[str, tuple[str, Inventory]] = {}
+            for p in self.paths:
+                now = stamp(p)
+                got = self._loaded.get(p)
+                if got is None or now is None or got[0] != now:
+                    got = (now, load(p))
+                    self._loaded[p] = got
+                out.setdefault(got[1].job, (p, got[1]))
+            for gone in set(self._loaded) - set(self.paths):
+                del self._loaded[gone]
+            return out
+
+    def stamp_of(self, path: str) -> Stamp:
+        got = self._loaded.get(path)
+        return got[0] if got is not None else None
+
+
+class KeptContexts:
+    """Each inventory's Context, kept while its file is unchanged (for one thread: the
+    rounds'), closed when the file changes or leaves."""
+
+    def __init__(self, invs: Inventories):
+        self.invs = invs
+        self._kept: dict[str, tuple[Stamp, Context]] = {}
+
+    @contextmanager
+    def __call__(self, job: str, path: str) -> Iterator[Context]:
+        now = self.invs.stamp_of(path)
+        got = self._kept.get(path)
+        if got is None or got[0] != now or now is None:
+            if got is not None:
+                got[1].close()
+            got = (now, open_context(path, render_secrets=False))
+            self._kept[path] = got
+        for gone in set(self._kept) - set(self.invs.paths):
+            self._kept.pop(gone)[1].close()
+        yield got[1]
+
+    def close(self) -> None:
+        for _, ctx in self._kept.values():
+            ctx.close()
+        self._kept.clear()
+
+
+def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
+    """Every host of `found` asked once (all at once), as one Round."""
+    began = time.time()
+    mine: dict[str, set[str]] = {}  # job -> the hosts its probe asks: each host once
+    seen: set[str] = set()
+    for job, (_, inv) in found.items():
+        mine[job] = {h.name for h in inv.hosts} - seen
+        seen |= mine[job]
+    asked = [(job, *found[job]) for job, names in mine.items() if names]
+
+    def one(a: tuple[str, str, Inventory]) -> tuple[GroupResult[ProbeReport], Policy | None]:
+        with contexts(a[0], a[1]) as ctx:
+            return probe(ctx, SURVEY_ASK, fast=True, only=mine[a[0]]), ctx.policy
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
+        got = list(pool.map(one, asked))
+    policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
+    hosts: dict[str, HostSeen] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    for (job, _, inv), (res, _) in zip(asked, got, strict=True):
+        for h in inv.hosts:
+            if h.name not in mine[job]:
+                continue
+            r = res.get(h.name)
+            if isinstance(r, ProbeReport):
+                hosts[h.name] = host_seen(h.name, h.accelerator_count, r, began, job)
+            else:
+                why = r.message if isinstance(r, HostError) else "not asked"
+                hosts[h.name] = unreachable(h.name, h.accelerator_count, why)
+            extra[h.name] = {"labels": h.label_map, "drain": h.drain}
+            if isinstance(r, ProbeReport):
+                extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
+    doc = jobs_json([hs.view for hs in hosts.values()], began, policy)
+    for name, more in extra.items():
+        doc["hosts"][name].update(more)
+    return Round(
+        number,
+        began,
+        hosts,
+        doc,
+        studies=frozenset(j for j, (_, inv) in found.items() if inv.tune is not None),
+        success={j: inv.success for j, (_, inv) in found.items()},
+        jobs={j: frozenset(h.name for h in inv.hosts) for j, (_, inv) in found.items()},
+        demand={j: demand_of(inv) for j, (_, inv) in found.items()},
+    )
+
+
+def demand_of(inv: Inventory) -> tuple[tuple[int, frozenset[str]], ...]:
+    """Each replica's GPUs and the hosts it may run on (a replica is never split)."""
+    return tuple(
+        (pool.accelerators, frozenset(h.name for h in inv.hosts if pool.eligible(h) and not h.drain))
+        for pool in inv.pools
+        for _ in range(pool.replicas)
+    )
