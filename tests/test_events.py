@@ -106,6 +106,23 @@ def test_a_failed_task_is_said_once_and_the_job_fails() -> None:
     assert "worker-0 of job bert on gpu-1 failed" in events[1].words
 
 
+def test_an_end_systemd_forgot_is_read_from_the_tasks_exits() -> None:
+    """An ended unit systemd unloaded shows no outcome (ExecMainCode 0): its .exits has it."""
+    forgot = {
+        "ActiveState": "inactive",
+        "SubState": "dead",
+        "LoadState": "loaded",
+        "Result": "success",
+        "ExecMainCode": "0",
+        "ExecMainStatus": "0",
+    }
+    r1 = rnd(host("gpu-1", job_on("bert", 1, {"chief-0": RUNNING})))
+    e, units, records = job_on("bert", 1, {"chief-0": forgot})
+    records["exits"] = {unit("bert", "chief-0"): [["1", "exit-code", "exited", "2"]]}
+    events, _ = run(r1, rnd(host("gpu-1", (e, units, records))))
+    assert kinds(events) == [("job.started", ""), ("task.failed", ""), ("job.ended", "failed")]
+
+
 def test_a_restart_between_rounds_is_a_task_failure() -> None:
     r1 = rnd(host("gpu-1", job_on("bert", 1, {"chief-0": RUNNING})))
     r2 = rnd(host("gpu-1", job_on("bert", 1, {"chief-0": RESTARTING})))

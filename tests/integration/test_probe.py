@@ -136,7 +136,8 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
         "host-1",
         "mkdir -p /var/lib/provision/other /etc/provision/other && "
         """echo '[{"run": 2, "at": 1.5, "by": "ana"}]' > /var/lib/provision/other/runs.json && """
-        """echo '{"phase": "Stopped", "reason": "by ana"}' > /etc/provision/other/lifecycle.json""",
+        """echo '{"phase": "Stopped", "reason": "by ana"}' > /etc/provision/other/lifecycle.json && """
+        "echo '1796164694 success exited 0' > /var/lib/provision/other/gone.exits",
         check=True,
     )
     sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290", check=True)
@@ -174,6 +175,7 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
     assert t1["ledger_records"]["other"] == {
         "runs": [{"run": 2, "at": 1.5, "by": "ana"}],
         "lifecycle": {"phase": "Stopped", "reason": "by ana"},
+        "exits": {"provision-other-gone.service": [["1796164694", "success", "exited", "0"]]},
     }
     c1 = fast["host-1+checks"]["checks"]
     assert [o["unit"] for o in c1["ports"]["2222"]] == ["probe-listener2.service"]  # chief-0's port

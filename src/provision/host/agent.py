@@ -178,7 +178,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
             held_units = unit_states(others, live=not req.clocks)
         for u in ledger.units_of(held, job):
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
-        records = ledger_records(held, job)
+        records = ledger.records(held, job)
         listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
     return P.ProbeReport(
         manifest=manifest,
@@ -201,21 +201,6 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
     )
-
-
-def ledger_records(held: dict[str, Any], job: str) -> dict[str, dict[str, Any]]:
-    """Each other job of the ledger's runs and end marker here (ProbeReport.ledger_records);
-    the shell probe reads the same files."""
-    out = {}
-    for other in held:
-        if other == job:
-            continue
-        got: dict[str, Any] = {}
-        for key, path in (("runs", layout.runs_path(other)), ("lifecycle", layout.lifecycle_path(other))):
-            if os.path.isfile(path):
-                got[key] = read_json(path)
-        out[other] = got
-    return out
 
 
 def _mkdirs(path: str, created: list[str]) -> None:

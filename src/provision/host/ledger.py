@@ -79,6 +79,45 @@ def read_all() -> dict[str, Any]:
     return out
 
 
+def records(entries: dict[str, Any], but: str) -> dict[str, dict[str, Any]]:
+    """Each other job's runs, end marker and tasks' exits here (ProbeReport.ledger_records):
+    how a job the service's rounds watch ended, and which run it was (the shell probe reads
+    the same files). systemd forgets an ended unit's outcome; the .exits records do not."""
+    out: dict[str, dict[str, Any]] = {}
+    for job in entries:
+        if job == but:
+            continue
+        got: dict[str, Any] = {}
+        for key, path in (("runs", layout.runs_path(job)), ("lifecycle", layout.lifecycle_path(job))):
+            if os.path.isfile(path):
+                got[key] = _read_json(path)
+        try:
+            names = sorted(n for n in os.listdir(layout.state_dir(job)) if n.endswith(".exits"))
+        except OSError:
+            names = []
+        exits = {}
+        for name in names:
+            path = layout.state_dir(job) + "/" + name
+            if os.path.isfile(path):
+                try:
+                    with open(path) as f:
+                        exits[layout.unit_name(job, name[: -len(".exits")])] = layout.parse_exits(f.read())
+                except OSError:
+                    pass
+        if exits:
+            got["exits"] = exits
+        out[job] = got
+    return out
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return _json().loads(f.read().decode("utf-8"))
+    except (ValueError, OSError) as e:
+        return {"_unreadable": str(e)}
+
+
 def units_of(entries: dict[str, Any], but: str) -> list[str]:
     """The units other jobs' entries name (their states tell the controller which still run)."""
     units: set[str] = set()

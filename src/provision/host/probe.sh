@@ -8,7 +8,7 @@
 #   GPUS   empty, or "SECONDS COMMAND...": nvidia-smi's query (agent.NVIDIA_SMI) and its timeout
 #   TPU    empty, or 1 to count /dev/accelN
 #   TENANCY empty, or "LEDGER_DIR UNIT_PREFIX OWN_ENTRY LISTEN ETC VAR" (host/layout.py) for the host's
-#          ledger (every job's entry, its runs and end marker, every provision unit's state) and with LISTEN 1 the
+#          ledger (every job's entry, its runs, end marker and exits, every provision unit's state) and with LISTEN 1 the
 #          listening TCP sockets ("PORT INODE [lo]" lines, from ss or /proc/net/tcp and tcp6)
 #   CLOCK  empty, 1 for the host's clock (date +%s.%N), or 2 for that and /proc/uptime (the
 #          seconds since boot, as systemd's monotonic timestamps count them on a host that
@@ -143,6 +143,9 @@ if [ -n "$tenancy" ]; then
                 j=${j%.json}
                 if [ -f "$vdir/$j/runs.json" ]; then set -- "$@" "$vdir/$j/runs.json"; fi
                 if [ -f "$edir/$j/lifecycle.json" ]; then set -- "$@" "$edir/$j/lifecycle.json"; fi
+                for e in "$vdir/$j"/*.exits; do
+                    if [ -f "$e" ]; then set -- "$@" "$e"; fi
+                done
             fi
         fi
     done

@@ -330,6 +330,11 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         for key, path in (("runs", layout.runs_path(other)), ("lifecycle", layout.lifecycle_path(other)))
         if path in stats and path not in paths
     }
+    for other in held_jobs:  # ... and its tasks' exits (the script lists each one there)
+        base = layout.state_dir(other) + "/"
+        for path in stats:
+            if path.startswith(base) and path.endswith(".exits") and "/" not in path[len(base) :]:
+                record_paths.setdefault(path, (other, "exits:" + path[len(base) : -len(".exits")]))
     # In the order the script read them (each ledger entry, then that job's records).
     paths = paths + [p for p in stats if p not in paths and (p in record_paths or p in held_paths)]
     regular = [p for p in paths if p in stats and stat.S_ISREG(stats[p][1])]
@@ -404,7 +409,13 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
     if req.tenancy:
         got: dict[str, dict[str, Any]] = {other: {} for other in sorted(held_jobs)}
         for path, (other, key) in sorted(record_paths.items()):
-            got[other][key] = as_json(path)
+            if key.startswith("exits:"):
+                unit = layout.unit_name(other, key[len("exits:") :])
+                got[other].setdefault("exits", {})[unit] = layout.parse_exits(
+                    (whole(path) or b"").decode("utf-8", "replace")
+                )
+            else:
+                got[other][key] = as_json(path)
         records = got
         held = {}
         for p in held_paths:

@@ -34,9 +34,10 @@ from enum import StrEnum
 from typing import Any
 
 from provision.core.events import Event, How, Kind, ended_key, started_key
-from provision.core.lifecycle import JobPhase, TaskRow, TaskState, job_phase, task_state
+from provision.core.lifecycle import PREEMPT_PHASE, STOP_PHASE, JobPhase, TaskRow, TaskState, job_phase, task_state
 from provision.host import layout
 from provision.rules.rounds import HostSeen, Round
+from provision.rules.status import JobStatus
 from provision.rules.tenancy import Hold, Holder
 
 
@@ -277,11 +278,12 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
     for hs, h in on:
         for unit in h.units:
             task = layout.task_of_unit(job, unit)
-            got = task_state(hs.units.get(unit), None, marker)
+            exits = hs.exits_of(job, unit)
+            got = task_state(hs.units.get(unit), exits, marker)
             role = task.rsplit("-", 1)[0]
             n = _int(hs.units.get(unit, {}).get("NRestarts"))
             tasks.append((task, h.host, got.state, got.detail, n))
-            rows.append(TaskRow(task, role, h.host, got.state, got.detail, None))
+            rows.append(TaskRow(task, role, h.host, got.state, got.detail, _ended_at(got.state, exits)))
     if Hold.RUNNING in holds:
         state = State.RUNNING
     elif Hold.PREEMPTED in holds or (marker is not None and marker.get("phase") == JobPhase.PREEMPTED.value):
@@ -295,7 +297,10 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
         state, how = State.STOPPING, How.STOPPED
         words = f"job {job} stopped: {rows[0].task} was {rows[0].detail}"
     elif state is State.ENDED:
-        phase, why = job_phase(success, rows, marker)
+        # Only a stop's or a preemption's marker decides the phase (status' rule): the end
+        # marker of a job that ended by itself says what its tasks already say.
+        stop = marker if marker is not None and marker.get("phase") in (STOP_PHASE, PREEMPT_PHASE) else None
+        phase, why = job_phase(success, rows, stop)
         how = _HOW.get(phase)
         words = f"job {job} {phase.value.lower()}" + (f": {why}" if why else "")
     hosts = tuple(sorted({h.host for _, h in on}))
@@ -303,8 +308,43 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
     return _Now(state, run, owner, hosts, how, words, preempted_by, gpus, tuple(sorted(tasks)))
 
 
+def _ended_at(state: TaskState, exits: list[list[str]] | None) -> float | None:
+    """When a task's last run ended (its exit record's host time), as status reads it."""
+    if not state.ended or not exits:
+        return None
+    try:
+        return float(exits[-1][0])
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def _int(v: Any) -> int:
     try:
         return int(v)
     except (TypeError, ValueError):
         return 0
+
+
+def of_status(st: JobStatus, owner: str, gpus: int, started: bool) -> list[Event]:
+    """A run's own events, as the one that applied it sees its status (a handed-over apply's
+    worker): `started` when it just applied it, and its end once the job ended or was
+    preempted; the same keys as the rounds' (the store keeps one of each)."""
+    run = st.run.number if st.run is not None else None
+    hosts = tuple(sorted({t.host for t in st.tasks}))
+    host = hosts[0] if hosts else ""
+    out = []
+    if started and run is not None:
+        words = f"job {st.job} started (run {run}) on {', '.join(hosts)}"
+        out.append(
+            Event(Kind.JOB_STARTED, started_key(st.job, run), st.job, owner, host, words, None, run, hosts, gpus)
+        )
+    how = _HOW.get(st.phase)
+    if how is None or (st.phase is JobPhase.PREEMPTED and any(t.state.live for t in st.tasks)):
+        return out
+    words = f"job {st.job} {st.phase.value.lower()}" + (f": {st.reason}" if st.reason else "")
+    if how is How.PREEMPTED:
+        out.append(
+            Event(Kind.JOB_PREEMPTED, f"preempt:{st.job}:{run}", st.job, owner, host, words, None, run, hosts, gpus)
+        )
+    out.append(Event(Kind.JOB_ENDED, ended_key(st.job, run), st.job, owner, host, words, how, run, hosts, gpus))
+    return out

@@ -38,6 +38,11 @@ class HostSeen:
         got = runs.parse((self.records.get(job) or {}).get("runs"))
         return got[-1].number if got else None
 
+    def exits_of(self, job: str, unit: str) -> list[list[str]] | None:
+        """The unit's .exits records here (systemd forgets an ended unit's outcome)."""
+        got = ((self.records.get(job) or {}).get("exits") or {}).get(unit)
+        return got if isinstance(got, list) else None
+
     def marker_of(self, job: str) -> Mapping[str, Any] | None:
         """The job's end marker here (`provision stop`, a preemption), if any."""
         m = (self.records.get(job) or {}).get("lifecycle")
@@ -48,7 +53,7 @@ def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -
     """A host as a round sees it from a tenancy probe of `job` (whose own units, runs and
     marker the probe reports apart from the other jobs')."""
     records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
-    records[job] = {"runs": report.runs, "lifecycle": report.lifecycle}
+    records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
     return HostSeen(host_view(name, gpus, report, now), units, records)
 

@@ -177,7 +177,8 @@ class ServiceSource:
 
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
         """The events after id `after` (`provision events --json`'s shape, and the cursor of
-        the next page)."""
+        the next page). Someone reading them is someone looking: the rounds come sooner."""
+        self._looked()
         got = self.store.events(after=after, job=job, kinds=kinds, limit=EVENTS_PAGE)
         last = got[-1].id if got else max(after, 0)
         return {"format_version": EVENTS_FORMAT, "events": [s.to_json() for s in got], "after": last}

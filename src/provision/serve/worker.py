@@ -50,6 +50,7 @@ from provision.inventory.inventory import load
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceStore, Submission
 from provision.io.study import Runner, StudyUnavailable
+from provision.rules.events import of_status
 from provision.rules.plan import Plan
 from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
@@ -351,6 +352,7 @@ def _watch(
     say it ended or stopped (rules/watch.py): a process per watched job would cost the
     service ~80 MiB a job."""
     row = store.open_event(sub.id, "run")
+    started = row is None
     if row is None:
         row = store.record(HistoryRow("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
     try:
@@ -359,6 +361,7 @@ def _watch(
             st, _ = look(ctx)
     except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
         return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
+    store.emit(of_status(st, sub.owner, gpus, started))  # its start and end, as the rounds would say them
     if CANCEL.is_set() and not st.phase.ended:
         got = store.get(sub.id)
         who = got.cancel if got and got.cancel else "its owner"
