@@ -13,6 +13,7 @@ import pytest
 
 from provision.core.lifecycle import Action, JobPhase, Reason, TaskRow, TaskState, decide, job_phase
 from provision.core.model import Accelerators, Host, Inventory, Pool, SSHSettings
+from provision.core.scheduling import PreemptMark
 from provision.host import layout, ledger
 from provision.host import preempt as host_preempt
 from provision.host.protocol import PreemptRequest, ProbeReport, Reservation
@@ -20,7 +21,7 @@ from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
 from provision.rules.preemption import Replica
 from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
-from provision.run.preempt import look, replicas
+from provision.rules.victims import look, replicas
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -291,10 +292,10 @@ def test_the_rest_of_a_job_preempted_in_part_and_its_words():
     assert preempted.rest({"h1": pre, "h2": None}, {"h1": False, "h2": False}) is None  # ended everywhere
     assert preempted.rest({"h1": None, "h2": None}, {"h1": True, "h2": True}) is None  # not preempted
     r = preempted.rest({"h1": pre, "h2": None}, {"h1": False, "h2": True})
-    assert r == preempted.Rest("h1", mark, ("h2",), ())
+    assert r == preempted.Rest("h1", PreemptMark.parse(mark), ("h2",), ())
     assert preempted.rest_words(r).startswith("; still running on h2: not preempted there yet")
     r = preempted.rest({"h1": pre, "h2": follow}, {"h1": False, "h2": True})
-    assert r == preempted.Rest("h1", mark, (), ("h2",))
+    assert r == preempted.Rest("h1", PreemptMark.parse(mark), (), ("h2",))
     assert preempted.rest_words(r) == "; stopping on h2 (its tasks save a checkpoint)"
     assert preempted.rest_words(None) == ""
     # Its preemptor's marker goes first (when, by whom), whatever the hosts' names.

@@ -14,18 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision.core.lifecycle import PREEMPT_PHASE
+from provision.core.scheduling import PreemptMark
 
 # The exit record's SERVICE_RESULT of a task systemd killed at TimeoutStopSec=.
 KILLED_AT_DEADLINE = "timeout"
 
 
-def marks(lifecycles: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(host, the marker's "preempted" record) for every host whose end marker says
+def marks(lifecycles: Mapping[str, Any]) -> list[tuple[str, PreemptMark]]:
+    """(host, the mark its end marker holds) for every host whose end marker says
     Preempted, in host order."""
     out = []
     for host, lc in sorted(lifecycles.items()):
-        if isinstance(lc, dict) and lc.get("phase") == PREEMPT_PHASE and isinstance(lc.get("preempted"), dict):
-            out.append((host, lc["preempted"]))
+        mark = PreemptMark.of_marker(lc, PREEMPT_PHASE)
+        if mark is not None:
+            out.append((host, mark))
     return out
 
 
@@ -37,7 +39,7 @@ class Rest:
     must not connect to hosts another host's ledger names (host-sent data is untrusted)."""
 
     first: str  # the first host (in name order) whose marker says Preempted
-    mark: Mapping[str, Any]  # that marker's "preempted" record: by whom, at what priority
+    mark: PreemptMark  # that marker's: by whom, at what priority
     stop: tuple[str, ...]  # hosts where its tasks run with no Preempted marker: to preempt
     stopping: tuple[str, ...]  # hosts marked Preempted whose tasks have not ended yet
 
@@ -62,9 +64,9 @@ def rest(lifecycles: Mapping[str, Any], live: Mapping[str, bool]) -> Rest | None
     return Rest(first, mark, stop, stopping)
 
 
-def _preemptors(found: Sequence[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+def _preemptors(found: Sequence[tuple[str, PreemptMark]]) -> list[tuple[str, PreemptMark]]:
     """The markers its preemptor wrote first, then those its own side wrote following them."""
-    return sorted(found, key=lambda hm: (bool(hm[1].get("follows")), hm[0]))
+    return sorted(found, key=lambda hm: (bool(hm[1].follows), hm[0]))
 
 
 def rest_words(r: Rest | None) -> str:
@@ -87,11 +89,11 @@ def _n(x: int, word: str) -> str:
     return f"{x} {word}{'' if x == 1 else 's'}"
 
 
-def _by(first: Mapping[str, Any]) -> str:
+def _by(first: PreemptMark) -> str:
     """'by deadline-run (ana, priority high)'."""
-    prio = first.get("priority_name") or first.get("priority")
-    who = ", ".join(str(x) for x in (first.get("who"), f"priority {prio}" if prio not in (None, "") else None) if x)
-    return f"by {first.get('by', '?')}" + (f" ({who})" if who else "")
+    prio = first.priority_name or first.priority
+    who = ", ".join(str(x) for x in (first.who, f"priority {prio}" if prio not in (None, "") else None) if x)
+    return f"by {first.by or '?'}" + (f" ({who})" if who else "")
 
 
 def _resumes(gpus: int, place: int | None) -> str:
@@ -107,33 +109,31 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def reason(found: Sequence[tuple[str, dict[str, Any]]], clock: Any = time.localtime, place: int | None = None) -> str:
+def reason(found: Sequence[tuple[str, PreemptMark]], clock: Any = time.localtime, place: int | None = None) -> str:
     """The status line's reason (after "Preempted "): at, by whom, what it held where, and
     (`place`: rules/queueorder.place_in_queue) its place in the queue."""
     if not found:
         return "preempted"
     first = _preemptors(found)[0][1]  # when and by whom: as its preemptor marked it
-    at = first.get("at")
-    when = f"at {time.strftime('%H:%M', clock(at))} " if isinstance(at, (int, float)) else ""
-    held = [(h, len(m.get("gpus") or [])) for h, m in found]
+    when = f"at {time.strftime('%H:%M', clock(first.at))} " if first.at is not None else ""
+    held = [(h, len(m.gpus)) for h, m in found]
     where = ", ".join(f"{_n(n, 'GPU')} on {h}" for h, n in held if n) or "its hosts"
     return f"{when}{_by(first)}: {where}; {_resumes(sum(n for _, n in held), place)}"
 
 
-def paused(marker: Mapping[str, Any] | None, gpus: int) -> str:
-    """A tuning trial's words when its job was preempted (`marker`: the end marker's
-    "preempted" record; `gpus`: what the trial takes): 'preempted by deadline-run (ana,
-    priority high); resumes when 1 GPU is free'."""
-    by = _by(marker) if isinstance(marker, Mapping) else "by higher-priority work"
+def paused(mark: PreemptMark | None, gpus: int) -> str:
+    """A tuning trial's words when its job was preempted (`mark`: its end marker's; `gpus`:
+    what the trial takes): 'preempted by deadline-run (ana, priority high); resumes when 1
+    GPU is free'."""
+    by = _by(mark) if mark is not None else "by higher-priority work"
     return f"preempted {by}; {_resumes(gpus, None)}"
 
 
-def killed_at_deadline(found: Sequence[tuple[str, dict[str, Any]]], last_exit: Sequence[str] | None) -> str | None:
+def killed_at_deadline(found: Sequence[tuple[str, PreemptMark]], last_exit: Sequence[str] | None) -> str | None:
     """The detail of a task systemd killed at the preemption's deadline (it did not exit
     within the grace after the signal), else None."""
     if not found or not last_exit or len(last_exit) < 2 or last_exit[1] != KILLED_AT_DEADLINE:
         return None
     m = found[0][1]
-    at, deadline = m.get("at"), m.get("deadline")
-    grace = f" {int(deadline - at)} s" if isinstance(at, (int, float)) and isinstance(deadline, (int, float)) else ""
+    grace = f" {int(m.deadline - m.at)} s" if m.at is not None and m.deadline is not None else ""
     return f"killed at the preemption's deadline: it had not exited{grace} after the preemption's signal"

@@ -21,6 +21,7 @@ place:
 
 from __future__ import annotations
 
+import calendar
 import functools
 import getpass
 import os
@@ -33,12 +34,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from provision.core.scheduling import PreemptMark
 from provision.core.text import duration
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
 from provision.rules.liveness import process_alive
-from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of
+from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
 STALE_AFTER = float(os.environ.get("PROVISION_STALE_AFTER", 600))  # seconds
 # Listeners below this (sshd, DNS...) are the host's own services: held, but not worth a
@@ -196,20 +198,13 @@ def judge(entry: dict[str, Any], units: Mapping[str, Mapping[str, str]], now: fl
         for st in mine
     ):
         return Hold.RUNNING
-    mark = entry.get("preempted")
-    if isinstance(mark, dict) and mark.get("follows"):
+    mark = PreemptMark.of_entry(entry)
+    if mark is not None and mark.follows:
         return Hold.ENDED  # stopped by its own side, preempted elsewhere: its GPUs wait for nobody
-    if isinstance(mark, dict):
+    if mark is not None:
         # Its GPUs wait for the preemptor while the preemptor lives (its pid here, else its
         # last renewal of the mark), so a preemptor killed on the way gives them back.
-        pid, beat = mark.get("pid"), mark.get("updated")
-        alive = process_alive(
-            str(mark.get("host", "")),
-            pid if isinstance(pid, int) else None,
-            float(beat) if isinstance(beat, (int, float)) else None,
-            now,
-            STALE_AFTER,
-        )
+        alive = process_alive(mark.host, mark.pid, mark.updated, now, STALE_AFTER)
         return Hold.PREEMPTED if alive and (entry.get("gpus") or entry.get("ports")) else Hold.ENDED
     if entry.get("held"):
         return Hold.HELD
@@ -258,7 +253,7 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 _queued(e.get("queued"), host_now, skew),
                 *_turn(e, since),
                 _queued_gpus(e.get("queued")),
-                _preempted_by(e.get("preempted")),
+                _preempted_by(PreemptMark.of_entry(e)),
             )
         )
     return out
@@ -279,8 +274,8 @@ def _turn(e: dict[str, Any], since: float | None) -> tuple[int, bool, float | No
     )
 
 
-def _preempted_by(mark: Any) -> str:
-    return str(mark.get("by", "")) if isinstance(mark, dict) else ""
+def _preempted_by(mark: PreemptMark | None) -> str:
+    return mark.by if mark is not None else ""
 
 
 def _queued(q: Any, host_now: float, skew: float) -> tuple[float, str] | None:
@@ -520,15 +515,26 @@ def queued_lines(hosts: list[HostView], now: float, policy: Policy | None = None
     """One line per queued apply, in the queue's order: who, its priority, since when, what
     it waits for."""
     out = []
-    jobs = jobs_json(hosts, now, policy)["jobs"]
-    # queue_key's order (ISO times sort as the times do)
-    order = sorted(jobs, key=lambda j: (-j["priority_level"], j["submitted"] or "", j["job"]))
-    for j in order:
+    for j in sorted(jobs_json(hosts, now, policy)["jobs"], key=doc_queue_key):
         q = j["queued"]
         if q is not None:
             who = j["owner"] or "unknown owner"
             out.append(f"{j['job']} ({who}, priority {j['priority']}) is queued since {q['since']}: {q['waiting_for']}")
     return out
+
+
+def doc_queue_key(j: Mapping[str, Any]) -> tuple[int, float, str]:
+    """rules/priority.queue_key of a job as `provision jobs --json` shows it: its level, and
+    when it was submitted (else since when it is queued)."""
+    level = j.get("priority_level")
+    when = j.get("submitted") or (j.get("queued") or {}).get("since") or ""
+    try:
+        submitted = float(calendar.timegm(time.strptime(str(when), "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        submitted = 0.0
+    return queue_key(
+        level if isinstance(level, int) and not isinstance(level, bool) else NORMAL, submitted, str(j.get("job"))
+    )
 
 
 def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView:

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from provision.core.errors import ProvisionError
-from provision.core.lifecycle import JobPhase, TaskState
+from provision.core.lifecycle import PREEMPT_PHASE, JobPhase, TaskState
 from provision.core.model import Inventory
+from provision.core.scheduling import PreemptMark
 from provision.core.target import HostError, Target
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import EarlyStopping, Report, Tune, Value, measured
@@ -444,7 +445,7 @@ def _paused(ctx: Context, st: JobStatus) -> Ended | None:
         return None
     if not any(t.state.live for t in st.tasks):
         gpus = sum(len(t.accelerators) for t in ctx.rendered.placement.tasks)
-        return Ended(Ending.PAUSED, preempted.paused((st.stopped or {}).get("preempted"), gpus))
+        return Ended(Ending.PAUSED, preempted.paused(PreemptMark.of_marker(st.stopped, PREEMPT_PHASE), gpus))
     if st.rest is not None and st.rest.stop:
         finish(ctx, st.rest, lambda line: None, wait=False)
     return None

@@ -36,15 +36,8 @@ def preempt_rest(ctx: Context, rest: Rest, progress: Callable[[str], None]) -> f
     """Preempt the job on `rest.stop` (its hosts still running) as its marker on `rest.first`
     says: the longest grace its tasks got there (0: none could be asked now)."""
     job, mark = ctx.inventory.job, rest.mark
-    prio = mark.get("priority")
     req = PreemptRequest(
-        job,
-        str(mark.get("by", "")),
-        {"who": str(mark.get("who", "?"))},
-        prio if isinstance(prio, int) and not isinstance(prio, bool) else 0,
-        str(mark.get("priority_name") or ""),
-        0,
-        follows=rest.first,
+        job, mark.by, {"who": mark.who or "?"}, mark.priority or 0, mark.priority_name, 0, follows=rest.first
     )
     longest = 0.0
     for host in rest.stop:
@@ -92,12 +85,7 @@ def finish(ctx: Context, rest: Rest | None, progress: Callable[[str], None], *, 
         return False
     grace = preempt_rest(ctx, rest, progress) if rest.stop else 0.0
     if wait:
-        deadline = rest.mark.get("deadline")
-        at = rest.mark.get("at")
-        left = (
-            max(0.0, float(deadline) - float(at))
-            if isinstance(deadline, (int, float)) and isinstance(at, (int, float))
-            else 0.0
-        )
+        m = rest.mark
+        left = max(0.0, m.deadline - m.at) if m.deadline is not None and m.at is not None else 0.0
         wait_stopped(ctx, tuple(sorted(set(rest.stop) | set(rest.stopping))), max(grace, left))
     return True

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from provision.rules.tenancy import doc_queue_key
+
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
 # The states of `provision jobs --json` (rules/tenancy.Hold), and where each is listed.
@@ -60,20 +62,14 @@ def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[lis
     return list(items[(page - 1) * size : page * size]), pages
 
 
-def _queue_order(j: Mapping[str, Any]) -> tuple[int, str, str]:
-    level = j.get("priority_level")
-    submitted = j.get("submitted") or (j.get("queued") or {}).get("since") or ""
-    return (-(level if isinstance(level, int) else 500), str(submitted), str(j.get("job")))
-
-
 def job_sections(jobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     out: dict[str, list[Mapping[str, Any]]] = {k: [] for k in SECTIONS}
     for j in jobs:
         for section, states in SECTIONS.items():
             if j.get("state") in states:
                 out[section].append(j)
-    # Queued work in the queue's order (issue 42): the higher priority first, then first come.
-    out["queued"].sort(key=_queue_order)
+    # Queued work in the queue's order: the higher priority first, then first come.
+    out["queued"].sort(key=doc_queue_key)
     return out
 
 
