@@ -1,4 +1,4 @@
-"""Benchmark: `provision check` against `provision plan` on N sandbox hosts (issue 14).
+"""Benchmark: `provision check` against `provision plan` on N sandbox hosts.
 
     python bench/check_vs_plan.py [--hosts 8] [--repeat 5] [--out bench/results/DATE-check]
 

@@ -952,15 +952,15 @@ def cpu_table(fig: Figures, tools: tuple[str, ...]) -> list[str]:
     return ["| " + " | ".join(r) + " |" for r in rows]
 
 
-# issue 17: provision's figure <= factor x the floor, at the largest host count measured
+# the benchmark's targets: provision's figure <= factor x the floor, at the largest host count measured
 FLOOR_TARGETS = {"plan": 1.25, "no-op apply": 1.3, "first apply": 2.0, "status": 1.5, "logs --tail 10": 2.0}
 PYINFRA_RATIO = 0.3  # every provision figure at most this x pyinfra's for the same work
 GROWTH = (32, 128, 4.5)  # the figure at 128 hosts at most 4.5x the one at 32
 RSS_MIB = 200
 
 
-def targets(figs: dict[int, Figures], tools) -> list[str]:  # noqa: C901  one check per target of issue 17, in its order
-    """Issue 17's targets, checked on this run's medians."""
+def targets(figs: dict[int, Figures], tools) -> list[str]:  # noqa: C901  one check per target, in its order
+    """The targets, checked on this run's medians."""
     out = []
 
     def check(ok: bool, text: str) -> None:
@@ -1260,7 +1260,7 @@ def readme_summary(figs: dict[int, Figures], results_path: Path, started: str) -
     tools = tuple(t for t in TOOLS if any(t == k[0] for f in figs.values() for k in f.times))
     lines += [
         "",
-        "Targets (issue 17, at the largest host count: plan ≤ 1.25 × the floor, no-op apply ≤ 1.3 ×, "
+        "Targets (at the largest host count: plan ≤ 1.25 × the floor, no-op apply ≤ 1.3 ×, "
         "first apply ≤ 2 ×, status ≤ 1.5 ×, `logs --tail 10` ≤ 2 ×, check ≤ 2 × plan; every apply "
         "≤ 0.3 × pyinfra's; 128 hosts ≤ 4.5 × 32 hosts; peak RSS ≤ 200 MiB):",
         "",

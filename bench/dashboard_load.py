@@ -1,4 +1,4 @@
-"""Benchmark (issue 41, "Speed"): the dashboard of a `provision serve --listen` over a seeded
+"""Benchmark ("Speed"): the dashboard of a `provision serve --listen` over a seeded
 PostgreSQL (tests/pgserver.py, on loopback):
 
 - 100,000 finished runs in the service's history (provision_service_history, bulk SQL in
@@ -9,7 +9,7 @@ PostgreSQL (tests/pgserver.py, on loopback):
   tables with a COPY each: 3 parameters, one log-scaled, a value each);
 - the study's inventory (`--inventory`: a job run from a terminal) holds --hosts sandbox
   hosts of 8 fake GPUs each: the Cluster page and /api/v1/hosts probe them over SSH;
-- or, with --fake-hosts N (issue 41's 1,000 hosts x 8 GPUs: this machine runs ~128 sandbox
+- or, with --fake-hosts N (1,000 hosts x 8 GPUs: this machine runs ~128 sandbox
   hosts at most), N hosts that exist only as canned probe answers: the service runs with
   provision.run.context.probe_host (the one call that talks to a host, per host) replaced,
   in this bench's service process only, by one that returns a ProbeReport built from the
@@ -499,7 +499,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     args = ap.parse_args()
     from pgserver import free_port, start_server
 
-    rep = Report(args.name, "Issue 41: the dashboard over a seeded PostgreSQL")
+    rep = Report(args.name, "the dashboard over a seeded PostgreSQL")
     urls = args.urls.split(",") if args.urls else URLS
     if args.attach:
         measure(rep, args.attach, args.pid, urls, args)

@@ -1,4 +1,4 @@
-"""Benchmark: pushing 100 MB of `files:` to one sandbox host (issue 18.8).
+"""Benchmark: pushing 100 MB of `files:` to one sandbox host.
 
     python bench/push_large.py [--mb 100] [--repeat 1] [--out bench/results/DATE-push-100mb]
 

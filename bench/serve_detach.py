@@ -1,4 +1,4 @@
-"""Benchmark (issue 40, "the service's overhead on a study is <= 2 % of its wall time"): the
+"""Benchmark ("the service's overhead on a study is <= 2 % of its wall time"): the
 same small study (bench/tune.py's shape: 2 sandbox hosts x 2 fake GPUs, a random study of
 --trials trials of --seconds s, --slots at once) run in the terminal (A: `provision tune`,
 wall from its start to its exit) and handed over (B: `provision tune --detach`, wall from
@@ -121,7 +121,7 @@ def main() -> int:
     ap.add_argument("--sandbox", help="a running sandbox's name (else one of 2 hosts x 2 GPUs is started)")
     ap.add_argument("--name", default="2026-11-27-issue40-detach-overhead")
     args = ap.parse_args()
-    rep = Report(args.name, "Issue 40: a detached study's overhead (terminal A vs handed over B, A B B A)")
+    rep = Report(args.name, "a detached study's overhead (terminal A vs handed over B, A B B A)")
     sb = sandbox.load(args.sandbox) if args.sandbox else sandbox.up("servedetach", hosts=2, gpus_per_host=2)
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-detach-"))
     db = tmp / "svc" / "service.sqlite"

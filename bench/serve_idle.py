@@ -1,4 +1,4 @@
-"""Benchmark (issue 40, "the service watching 128 sandbox hosts and 100 idle jobs uses < 5 %
+"""Benchmark ("the service watching 128 sandbox hosts and 100 idle jobs uses < 5 %
 of one core and < 200 MiB; it keeps its SSH connections open"):
 
     PYTHONPATH=$PWD/src python bench/serve_idle.py [--hosts 128] [--jobs 100] [--seconds 90]
@@ -133,7 +133,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--name", default="2026-11-27-issue40-serve-idle")
     args = ap.parse_args()
-    rep = Report(args.name, f"Issue 40: the service watching {args.hosts} sandbox hosts and {args.jobs} idle jobs")
+    rep = Report(args.name, f"the service watching {args.hosts} sandbox hosts and {args.jobs} idle jobs")
     t = time.monotonic()
     sb = (
         sandbox.load(args.sandbox)

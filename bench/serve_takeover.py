@@ -1,4 +1,4 @@
-"""Benchmark (issue 40, "Take-over after the leader dies: <= 15 s"): two `provision serve`
+"""Benchmark ("Take-over after the leader dies: <= 15 s"): two `provision serve`
 on one real PostgreSQL (tests/pgserver.py, over TCP on 127.0.0.1); the leader dies and the
 time from its death to the follower's first action as leader (its "leading" line, printed
 when it holds the advisory lock, right before it drives the submissions) is taken, `--reps`
@@ -76,10 +76,10 @@ def main() -> int:
 
     if args.dead_machine:
         name = args.name or "2026-11-27-issue40-takeover-dead-machine"
-        title = "Issue 40: take-over after the leader's machine dies (SIGSTOP + its packets dropped)"
+        title = "take-over after the leader's machine dies (SIGSTOP + its packets dropped)"
     else:
         name = args.name or "2026-11-27-issue40-takeover"
-        title = "Issue 40: take-over after the leader's kill -9 (two services, one PostgreSQL)"
+        title = "take-over after the leader's kill -9 (two services, one PostgreSQL)"
     rep = Report(name, title)
     server = start_server()
     tmp = Path(tempfile.mkdtemp(prefix="bench-takeover-"))

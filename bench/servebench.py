@@ -1,4 +1,4 @@
-"""Shared pieces of the service's and dashboard's benchmarks (issues 40 and 41):
+"""Shared pieces of the service's and dashboard's benchmarks:
 bench/serve_takeover.py, bench/serve_idle.py, bench/serve_detach.py, bench/dashboard_load.py.
 
 - a real PostgreSQL on loopback (tests/pgserver.py, as the tests start it);

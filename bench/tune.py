@@ -1,4 +1,4 @@
-"""Benchmark: how tightly `provision tune` packs trials onto GPUs (issue 30).
+"""Benchmark: how tightly `provision tune` packs trials onto GPUs.
 
     python bench/tune.py [--trials 40] [--seconds 2] [--slots 4] [--poll 0.3]
 

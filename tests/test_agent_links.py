@@ -1,5 +1,5 @@
 """A pushed file whose directory reaches provision's own directories through a symbolic link
-on the host is refused by the agent before anything is written (issue 18's last finding:
+on the host is refused by the agent before anything is written (a finding:
 validation sees only the destination as written)."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_run_matches_subprocess(agent):
 
 
 def test_truncated_json_in_a_fresh_host_interpreter_is_a_json_error():
-    """Issue 28, item 9: on a host (python3 -S, json.decoder not loaded) the C scanner's error
+    """item 9: on a host (python3 -S, json.decoder not loaded) the C scanner's error
     path for a truncated ledger entry returned NULL, and the agent died with a SystemError."""
     import subprocess
     import sys

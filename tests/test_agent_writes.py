@@ -1,4 +1,4 @@
-"""The agent's atomic_write when two agents write one file at the same moment (issue 38,
+"""The agent's atomic_write when two agents write one file at the same moment (
 item 12: an apply interrupted during the setup leaves its agent waiting on the host; the
 next apply's agent waits on the same setup, and both record its key when it ends)."""
 

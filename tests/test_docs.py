@@ -2,7 +2,7 @@
 
 - every relative link in README.md and docs/ resolves to a file or directory inside the
   repository (and to a heading, for `#anchors` into Markdown files); the README links
-  nowhere else (issue 16: "the README links only inside the repository");
+  nowhere else ("the README links only inside the repository");
 - every inventory key the parser accepts is documented in docs/inventory.md;
 - every variable provision sets for a task is documented in docs/environment.md;
 - every command and option of the CLI is documented in docs/commands.md, each option in
@@ -14,7 +14,7 @@
   command; the README and docs/commands.md name, where they list the commands that take
   `--json`, exactly those whose `--help` has it;
 - every command line of the examples is either run by a test or marked as not run
-  (issue 29, item 12), by these rules:
+ , by these rules:
 
   * A *command line* is a line of a fenced code block (``` or ~~~; indented code blocks may
     not hold one) that, after its indentation and an optional `$ ` prompt, reads

@@ -172,7 +172,7 @@ def test_an_output_that_is_a_link_is_refused(tmp_path, command):
 
 
 def test_exec_reads_the_env_file_as_data_never_as_a_shell(tmp_path):
-    """Issue 28, item 3: the env file was sourced by sh as root; a line of shell in it ran.
+    """item 3: the env file was sourced by sh as root; a line of shell in it ran.
     Now it is data: a line that is not KEY="value" is refused and nothing runs; a value
     holding shell is passed as is; a link or an untrusted directory is refused."""
     d = tmp_path / "etc"

@@ -281,7 +281,7 @@ def test_program_warnings(tmp_path):
     got = programs.warnings(inv, "h1", bundle, None, keyed, files)
     assert not any("python3" in w for w in got)
     assert any("/opt/venv/bin/torchrun is not executable (mode 0644)" in w for w in got)
-    # Issue 29, item 5: the job's setup, about to run, may make the program (a venv): no
+    # item 5: the job's setup, about to run, may make the program (a venv): no
     # warning for a missing one then; what is there but broken is still said.
     files = {p: None for p in asked}
     got = programs.warnings(inv, "h1", bundle, None, keyed, files, setup_pending=True)

@@ -1,5 +1,5 @@
 """provision fetch: the listing, what changed locally, and what a host's tar stream may hold
-(issue 38, items 1, 6 and 7). The streams are crafted with tarfile in memory, as a hostile
+(6 and 7). The streams are crafted with tarfile in memory, as a hostile
 host would send them; the transfer runs against a stand-in for the SSH session. The whole
 command runs on sandbox hosts in tests/integration/test_ux.py and test_hostile.py."""
 

@@ -1,6 +1,6 @@
 """The service's GPU samples (serve/gpusample.py, io/servicestore.py): a round from the
 hosts' document, kept an hour in the database, the history and the idle list from them;
-and the pages when the database is away (issue 41, Bad input)."""
+and the pages when the database is away (Bad input)."""
 
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ def test_a_round_says_a_failing_subscriber_once_and_goes_on(tmp_path: Path) -> N
 
 
 def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgres, monkeypatch, tmp_path: Path) -> None:
-    """Issue 41, Bad input, on a real server: the service's database stopped, every page says
+    """on a real server: the service's database stopped, every page says
     so (503) without the service restarting; started again, the next request is answered."""
     for k, v in postgres.env().items():
         monkeypatch.setenv(k, v)

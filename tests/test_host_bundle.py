@@ -196,7 +196,7 @@ def test_a_request_imports_no_heavy_standard_module(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 @pytest.mark.parametrize("how", ["owned by a user", "group-writable", "a link", "two links"])
 def test_a_planted_file_in_a_cache_given_back_to_root_is_not_loaded(tmp_path, how):
-    """Issue 38 item 3: a user who owned the cache directory replaced its files; an
+    """item 3: a user who owned the cache directory replaced its files; an
     administrator gave the directory back to root; the files are checked one by one (a
     regular file of one link, root's, only root may write) and a planted one is replaced."""
     cache = tmp_path / "agent"

@@ -38,7 +38,7 @@ def test_host_check_prints_a_line_per_image(tmp_path):
 
 
 def test_host_check_names_an_engine_that_does_not_answer(tmp_path):
-    """Issue 28, item 14: with the engine stopped every image looked missing ("+ image
+    """item 14: with the engine stopped every image looked missing ("+ image
     shipped") and the ship then failed as "Unreachable ... Socket is closed"."""
     fake = tmp_path / "docker"
     fake.write_text(

@@ -1295,7 +1295,7 @@ def test_values_read_back_as_written(value: Any) -> None:
 
 
 def test_an_alias_bomb_and_a_huge_spec_are_refused_within_a_second(tmp_path):
-    """Issue 28, item 17: refused with one line each, before the work grows with the input."""
+    """item 17: refused with one line each, before the work grows with the input."""
     import time
 
     from provision.importers.common import MAX_SPEC_BYTES, SpecError, read_yaml_file

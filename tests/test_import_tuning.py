@@ -297,7 +297,7 @@ def test_vertex_study_fields(
     ],
 )
 def test_a_tuning_jobs_base_output_directory_is_outputs(prefix: str, outputs: str, why: str, tmp_path: Path) -> None:
-    """Issue 39 item 4: baseOutputDirectory is `outputs:`, so trial N writes BASE/N/model/
+    """item 4: baseOutputDirectory is `outputs:`, so trial N writes BASE/N/model/
     as on Vertex; never one fixed AIP_MODEL_DIR that every trial would overwrite."""
     job = json.loads(vertex_job({}))
     job["trialJobSpec"]["baseOutputDirectory"] = {"outputUriPrefix": prefix}
@@ -834,7 +834,7 @@ def test_ai_platform_script_packages(tmp_path: Path) -> None:
 
 
 def test_a_huge_categorical_parameter_is_named_by_count_in_one_short_line(tmp_path: Path) -> None:
-    """Issue 38: a condition naming a value the parent lacks, on a parent of 10,000
+    """a condition naming a value the parent lacks, on a parent of 10,000
     categories, printed all of them: a 69 KB line. Now the count and a few."""
     values = [f"category-{i:05d}" for i in range(10_000)]
     params = [

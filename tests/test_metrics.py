@@ -164,7 +164,7 @@ REGEX_CASES = [
 
 
 def test_a_nested_quantifier_on_a_long_line_is_matched_in_linear_time():
-    """Found by the fault round (issue 38): Python's re took for ever on this, tune hung."""
+    """Found by the fault round: Python's re took for ever on this, tune hung."""
     regex = r"loss=(?P<value>(\d+)+)$"
     assert check_regex(regex) is None
     start = time.monotonic()
@@ -279,7 +279,7 @@ def test_real_hypertune_file_cut_mid_line(metric_file, cut):
 
 
 def test_the_metric_file_read_refuses_what_a_host_may_plant(tmp_path):
-    """The read run on the host (here: locally, by sh as there), issue 38.4 and 38.18."""
+    """The read run on the host (here: locally, by sh as there) and 38.18."""
     good = tmp_path / "good"
     good.write_text('{"loss": "0.5", "global_step": "3"}\n')
     (tmp_path / "zero").symlink_to("/dev/zero")

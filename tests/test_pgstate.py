@@ -129,7 +129,7 @@ def test_a_run_whose_lock_was_forced_away_cannot_save(stores):
 
 
 def test_two_force_unlocks_at_once_one_removes_the_lock(stores, postgres):
-    """Issue 38, item 16: two teammates' simultaneous `force-unlock ID` both said "Removed the
+    """item 16: two teammates' simultaneous `force-unlock ID` both said "Removed the
     lock"; one of them removed nothing. Now the row's removal decides: one removes it, the
     other says nobody's lock was removed by it (exit 1 from the command)."""
     import threading

@@ -1,4 +1,4 @@
-"""The plan's summary counts what the plan shows (issue 16): a user who counts the `+`,
+"""The plan's summary counts what the plan shows: a user who counts the `+`,
 `~` and `-` lines of the text plan gets the summary's "N to add, M to change, K to
 destroy", and `--json` carries the same numbers. Plans built without hosts, as a table."""
 

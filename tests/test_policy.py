@@ -1,4 +1,4 @@
-"""The team's policy file (rules/policyfile.py, issue 42): every problem one line naming its place."""
+"""The team's policy file (rules/policyfile.py): every problem one line naming its place."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_stored_in_the_team_database_and_read_where_levels_are_computed(
     monkeypatch.setenv("PROVISION_OWNER", "ana@lab.example")
     identity.cache_clear()  # the caller is a known owner: not an earlier test's cached one
     request.addfinalizer(identity.cache_clear)
-    postgres.sql("DROP TABLE IF EXISTS provision_policy")  # as a database made before issue 42
+    postgres.sql("DROP TABLE IF EXISTS provision_policy")  # as a database made before priorities
     store = policystore.open_team(Backend(postgres.url(), "test"))
     try:
         assert policystore.read(store) == policystore.Stored(Policy(), False)

@@ -1,4 +1,4 @@
-"""Preemption's pure parts (issue 42): the Preempted phase and the resume decision, the hold
+"""Preemption's pure parts: the Preempted phase and the resume decision, the hold
 of a preempted entry (its GPUs wait for the preemptor alone), the ledger's side (a second
 preemptor refused, the victim's GPUs taken by the preemptor's reserve), the status line,
 and which victims one look finds. The host side runs on a temporary ledger."""
@@ -193,7 +193,7 @@ def test_the_next_start_resumes_and_a_fresh_one_does_not(host_dirs):
 
 
 def test_the_jobs_own_stop_on_another_host_follows_and_reserves_nothing(host_dirs):
-    """A job preempted on another host is stopped here by its own side (issue 42: preempted
+    """A job preempted on another host is stopped here by its own side (preempted
     whole): the same marker and stop, but its GPUs wait for nobody once its units ended."""
     assert ledger.reserve(res("low", [0, 1]), NOW) == []
     os.makedirs(layout.job_dir("low"))
@@ -335,7 +335,7 @@ def test_the_status_line_and_a_task_killed_at_the_deadline():
     assert [preempted.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"
     ]  # fmt: skip
-    # A tuning trial's words when it pauses (issue 42 item 4).
+    # A tuning trial's words when it pauses.
     assert (
         preempted.paused(found[0][1], 1) == "preempted by deadline-run (ana, priority high); resumes when 1 GPU is free"
     )

@@ -153,7 +153,7 @@ def test_the_script_runs_under_a_posix_shell(tmp_path):
 
 
 def test_drop_ins_are_listed_as_the_agent_lists_them(tmp_path, monkeypatch):
-    """Issue 38 item 10: every drop-in of a provision-*.d directory in systemd's unit paths,
+    """item 10: every drop-in of a provision-*.d directory in systemd's unit paths,
     found by the script's glob as by the agent (hidden names and other units' left out)."""
     from provision.host import hostlib, layout
 

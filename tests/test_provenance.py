@@ -1,4 +1,4 @@
-"""Issue 40, item 8: a teammate's newer apply is not reverted in silence. The state records
+"""item 8: a teammate's newer apply is not reverted in silence. The state records
 who applied each file's content (core/records.stamped, io/state); plan marks a change that
 replaces or removes another identity's content (rules/provenance.mark); apply asks before
 it even with -y, or refuses without a terminal, unless --force-conflicts. No hosts: plans

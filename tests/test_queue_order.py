@@ -1,4 +1,4 @@
-"""The queue's order on a shared host (rules/queueorder.py, issue 42): work that would fit
+"""The queue's order on a shared host (rules/queueorder.py): work that would fit
 does not take GPUs where waiting work ahead of it (priority, then submission) needs some."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_who_goes_first(others: list[Holder], prio: int, sub: float, want: str |
     assert [b.ahead.job for b in got] == ([want] if want else [])
 
 
-# A preempted job's place in the queue where it held GPUs (issue 42 item 5): its entry (low,
+# A preempted job's place in the queue where it held GPUs: its entry (low,
 # submitted NOW - 600) ordered against the waiting work there -> its place (None: no entry).
 ME = holder("me", prio=LOW, sub=NOW - 600, hold=Hold.ENDED)
 PLACES = [

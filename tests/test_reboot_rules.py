@@ -403,7 +403,7 @@ def test_reset_failed_only_where_it_changes_something(unit, policy, reset):
 
 
 def test_plan_and_status_judge_a_task_the_reboot_ended_by_one_rule():
-    """Issue 28, item 13: status said Failed for a `Never` chief that a reboot ended, while
+    """item 13: status said Failed for a `Never` chief that a reboot ended, while
     plan (deciding without the pool's budget) took it for on its way back, and `apply
     --rerun` refused the job as still running."""
     from provision.core.lifecycle import Action, Reason, decide, finished

@@ -295,7 +295,7 @@ def test_unit_has_no_unescaped_specifiers_or_variables(tmp_path):
 
 
 def test_an_address_with_a_port_is_the_ssh_port_never_part_of_the_cluster_spec(tmp_path):
-    """Issue 28, item 20: `address: HOST:PORT` was taken for an IPv6 literal and the task
+    """`address: HOST:PORT` was taken for an IPv6 literal and the task
     addresses became `[HOST:PORT]:TASKPORT`."""
     text = BASE.replace("address: 192.0.2.11,", "address: '192.0.2.11:2201',").replace(
         "address: 192.0.2.12,", "address: '[2001:db8::12]:2202',"
@@ -315,7 +315,7 @@ def test_an_address_with_a_port_is_the_ssh_port_never_part_of_the_cluster_spec(t
 
 
 def test_a_setup_is_bounded_by_its_timeout(tmp_path):
-    """Issue 28, item 16: the setup unit had TimeoutStartSec=infinity."""
+    """item 16: the setup unit had TimeoutStartSec=infinity."""
     text = BASE + "setup: {commands: [apt-get update], timeout: 600}\n"
     r = render(inv_from(text, tmp_path))
     units = [f for b in r.hosts.values() for f in b.files if layout.is_setup_unit(f.path.rsplit("/", 1)[-1])]
@@ -328,7 +328,7 @@ def test_a_setup_is_bounded_by_its_timeout(tmp_path):
 
 
 def test_a_setup_runs_again_for_its_inputs_not_for_the_code(tmp_path):
-    """Issue 29, item 4: any edit to train.py ran setup again (`~ setup: run (changed)`)."""
+    """item 4: any edit to train.py ran setup again (`~ setup: run (changed)`)."""
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text("print(1)\n")
     (tmp_path / "job" / "requirements.txt").write_text("numpy\n")
@@ -351,7 +351,7 @@ def test_a_setup_runs_again_for_its_inputs_not_for_the_code(tmp_path):
 
 
 def test_a_unit_as_the_previous_release_rendered_it_is_accepted(tmp_path):
-    """Issue 38.19: the outputs guard changed the task unit's text; a host whose manifest
+    """the outputs guard changed the task unit's text; a host whose manifest
     recorded the previous release's inputs runs the same task, so it is not restarted."""
     text = BASE + "outputs: /data/run\n"
     r = render(inv_from(text, tmp_path))

@@ -1,4 +1,4 @@
-"""Issue 40, item 6: `provision serve --install` writes a systemd unit. Its text is pure
+"""`provision serve --install` writes a systemd unit. Its text is pure
 (serve/install.unit_text): every value is written so that systemd reads it back intact and
 none can add a directive. The real install and uninstall run on a sandbox host
 (tests/integration/test_serve_install.py)."""

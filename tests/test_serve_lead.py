@@ -1,4 +1,4 @@
-"""The lead and the state lock when a machine dies rather than a process (issue 40): their
+"""The lead and the state lock when a machine dies rather than a process: their
 sessions are bounded on the server (io/pgstate.py's LOCK_BOUND), the leader's connection on
 the client (io/servicelead.py's CUT_OFF), both read back from the real sockets of a real
 server; a leader frozen past a take-over takes nothing when it wakes (serve/service.py).

@@ -114,7 +114,7 @@ def test_submission_lifecycle(store):
 
 
 def test_queued_submissions_in_the_queues_order(local_store):
-    """Issue 42: the higher priority first, then the earlier submission (older ones: normal)."""
+    """the higher priority first, then the earlier submission (older ones: normal)."""
     for sid, prio in (("a", 100), ("b", None), ("c", 1000), ("d", 500)):
         local_store.submit(_sub(sid, job=sid, options=Options() if prio is None else Options(priority=prio)))
     assert [x.id for x in local_store.submissions(unfinished=True)] == ["c", "b", "d", "a"]

@@ -1,4 +1,4 @@
-"""A setup is done once per host for every job that needs the same one (issue 39, item 1):
+"""A setup is done once per host for every job that needs the same one:
 its key (what it is, not whose), plan's rule for whether it runs, and the host's side (one
 run at a time, a failed run not reused, removed with the last job using it). Tables."""
 

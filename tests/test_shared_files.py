@@ -1,5 +1,5 @@
 """The rule for a pushed file two jobs list (rules/plan.py): who may change it, and what a
-finished job's claim means (issue 38, item 14)."""
+finished job's claim means."""
 
 from __future__ import annotations
 

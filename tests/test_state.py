@@ -174,7 +174,7 @@ def test_checksums_are_keyed(tmp_path):
 
 
 def test_a_state_directory_that_takes_no_file_is_one_line(tmp_path, monkeypatch):
-    """Issue 28, item 18: a read-only .provision was a traceback (apply) or every host
+    """item 18: a read-only .provision was a traceback (apply) or every host
     "unreachable" (plan: the host keys could not be saved). Now one line naming the
     directory, exit 1, before any host is asked. (Root writes through file modes, so the
     read-only file system is stood in for by the error it gives.)"""
@@ -206,7 +206,7 @@ def test_a_state_directory_that_takes_no_file_is_one_line(tmp_path, monkeypatch)
 
 
 def test_two_force_unlocks_at_once_one_removes_the_lock(tmp_path, monkeypatch):
-    """Issue 38, item 16: two teammates' `force-unlock ID` at once both said "Removed the
+    """item 16: two teammates' `force-unlock ID` at once both said "Removed the
     lock" (or one ended in a traceback): now one removes it, the other says nothing was."""
     sp = tmp_path / "j.state.json"
     lock = S.StateLock(sp, "apply").acquire()

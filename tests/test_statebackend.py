@@ -1,4 +1,4 @@
-"""Team state, the parts without a database (issue 31): the `state:` setting and
+"""Team state, the parts without a database: the `state:` setting and
 PROVISION_STATE, the State over any Store (compare-and-set, a failed save), the local
 history, migrate between two stores, ownership by a shared backend, and the lazy import
 (one person with a local state never loads database code)."""

@@ -306,7 +306,7 @@ def test_sandbox_jobs_validate_on_sandbox_hosts_without_docker(name, tmp_path):
 
 
 def test_tasks_held_back_by_the_hosts_setup_say_so():
-    """Issue 28, item 21: after a failed setup, status said only "Pending (not started)"."""
+    """item 21: after a failed setup, status said only "Pending (not started)"."""
     from provision.host.layout import setup_unit
     from provision.rules.status import job_status
 
@@ -353,7 +353,7 @@ def test_a_host_the_job_left_is_named_while_it_holds_some_of_it():
 
 
 def test_each_running_task_shows_its_gpus_utilization():
-    """Issue 41: status shows each task's GPU utilization, from the facts its probe brings
+    """status shows each task's GPU utilization, from the facts its probe brings
     back (the mean over the task's GPUs); "-" (None) where unknown or not running."""
     from provision.cli.output import status_lines
     from provision.core.model import Accelerators

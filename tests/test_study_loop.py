@@ -643,7 +643,7 @@ def test_a_storage_that_stops_answering_ends_the_runner_in_one_line(tmp_path: Pa
 
 
 def test_the_study_says_it_ended_and_a_succeeded_trial_why(tmp_path: Path) -> None:
-    """Issue 39 item 5: `tune --status --json` has `ended` once the loop ended the study
+    """`tune --status --json` has `ended` once the loop ended the study
     (null before, and again while a resumed study with max_trials raised runs on)."""
     import json
 
@@ -984,7 +984,7 @@ def test_a_hosts_checks_are_made_once_by_the_first_trials_planned_there_in_turn(
     assert checked == [True, False, True]
 
 
-# --------------------------------------------------------------------------- paused trials (issue 42 item 4)
+# --------------------------------------------------------------------------- paused trials
 
 PAUSED_WHY = "preempted by deadline-run (ana, priority high); resumes when 1 GPU is free"
 STUDY = INV + (

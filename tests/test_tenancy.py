@@ -194,7 +194,7 @@ def test_jobs_view_shapes():
             "since": "2027-01-15T06:00:00Z",
             "age_seconds": 7200,
             "queued": None,
-            "priority": "normal",  # an entry written before issue 42: normal
+            "priority": "normal",  # an entry written before priorities: normal
             "priority_level": 500,
             "preemptible": False,
             "submitted": "2027-01-15T06:00:00Z",
@@ -318,7 +318,7 @@ def test_a_queued_apply_is_marked_and_unmarked(ledger_dir):
 
 
 def test_entries_record_the_jobs_turn_and_old_entries_read_as_normal(ledger_dir):
-    """Issue 42: priority, preemptible and submitted in the entry (reserve and queue marks);
+    """priority, preemptible and submitted in the entry (reserve and queue marks);
     an entry written before them reads as normal, not preemptible, submitted at `since`."""
     r = dataclasses.replace(res("a", [0]), priority=1000, preemptible=True, submitted=NOW - 60)
     assert ledger.reserve(r, NOW) == []
@@ -406,7 +406,7 @@ def test_group_result_updated_takes_the_retried_hosts():
 
 
 def test_an_unreadable_entry_holds_what_it_might_hold(ledger_dir):
-    """Issue 28, item 9: `echo garbage > .ledger/steal.json` made that job's GPUs look free,
+    """`echo garbage > .ledger/steal.json` made that job's GPUs look free,
     and a truncated entry stopped the agent with a SystemError naming no file."""
     ledger_dir.mkdir()
     (ledger_dir / "steal.json").write_text("garbage\n")
@@ -431,7 +431,7 @@ def test_an_unreadable_entry_holds_what_it_might_hold(ledger_dir):
 
 @pytest.mark.parametrize("skew", [-3600.0, 0.0, 10 * 365 * 86400.0])
 def test_ages_are_judged_on_the_hosts_clock(skew):
-    """Issue 28, item 8: a host clock an hour behind made a fresh reservation look stale
+    """item 8: a host clock an hour behind made a fresh reservation look stale
     (double-booked within one apply); ten years ahead held GPUs forever and `jobs` printed a
     negative age. The entry's times and the judging clock are the host's."""
     host_now = NOW + skew
@@ -449,7 +449,7 @@ def test_ages_are_judged_on_the_hosts_clock(skew):
 
 
 def test_a_long_setup_keeps_its_reservation_fresh(ledger_dir):
-    """Issue 28, item 8: 602 s into an 11-minute setup another controller took the job's
+    """item 8: 602 s into an 11-minute setup another controller took the job's
     GPUs (the entry's age said stale). While the setup runs, the agent renews the entry."""
     import time
 
@@ -471,7 +471,7 @@ def test_a_long_setup_keeps_its_reservation_fresh(ledger_dir):
 
 
 def test_the_owner_is_named_as_a_team_knows_them(tmp_path, monkeypatch):
-    """Issue 29, item 10: `root@vm` identified nobody."""
+    """`root@vm` identified nobody."""
     from provision.rules.tenancy import identity
 
     monkeypatch.setenv("HOME", str(tmp_path))

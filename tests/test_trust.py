@@ -1,5 +1,5 @@
 """host/trust.py: which of provision's directories a host may trust (OpenSSH's StrictModes
-rule, every component from /), and host/taskenv.py: the env file read as data (issue 28,
+rule, every component from /), and host/taskenv.py: the env file read as data (
 items 1-5)."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_anything_but_provisions_own_lines_is_refused(bad):
         taskenv.parse_env(bad)
 
 
-# ----------------------------------------------------------------- outputs: (issue 38, item 2)
+# ----------------------------------------------------------------- outputs:
 
 DIR, LNK, REG = 0o040000, 0o120000, 0o100000
 
@@ -207,7 +207,7 @@ def test_fetch_of_outputs_not_made_yet_reads_nothing(tmp_path):
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
 
 
-# ----------------------------------------------------------------- drop-ins (issue 38, item 10)
+# ----------------------------------------------------------------- drop-ins
 
 UNIT = "provision-j-chief-0.service"
 

@@ -206,7 +206,7 @@ def _model_dirs(inv) -> dict[str, str]:
 
 
 def test_each_trial_has_its_own_outputs_and_the_promoted_job_the_trials(tmp_path):
-    """Issue 39 item 4: outputs: BASE gives trial N BASE/N/ (model, checkpoints, logs), as
+    """item 4: outputs: BASE gives trial N BASE/N/ (model, checkpoints, logs), as
     Vertex does; the promoted inventory's outputs are that trial's, not every trial's base."""
     base = BASE + "outputs: /data/runs\n"
     inv = _inv(TUNE, base)

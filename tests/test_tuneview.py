@@ -249,7 +249,7 @@ def test_importing_tuneview_does_not_import_matplotlib_or_optuna():
 
 
 def test_png_of_extreme_values_is_drawn_and_says_so(tmp_path):
-    """Issue 38: trials reporting 1.7e308 and 0 made every later `provision tune` end in a
+    """trials reporting 1.7e308 and 0 made every later `provision tune` end in a
     drawing traceback."""
     tune = Tune(Metric("loss", Goal.MINIMIZE), (Param("lr", ParamType.DOUBLE, 0.0, 1.0),), 4)
     rows = [
@@ -275,7 +275,7 @@ def _texts(ax) -> list[str]:
 
 
 def test_png_marks_the_best_trial_and_where_stopped_trials_stopped():
-    """Issue 39 item 5: 0.0093 and 0.0099 both sat on 0 on a linear axis up to 3.1; the best
+    """item 5: 0.0093 and 0.0099 both sat on 0 on a linear axis up to 3.1; the best
     trial is marked and named; a stopped trial says its step; the best-so-far line moves."""
     tune = Tune(Metric("val_loss", Goal.MINIMIZE), (Param("lr", ParamType.DOUBLE, 1e-4, 1.0, Scale.LOG),), 6)
     rows = [

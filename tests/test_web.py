@@ -281,7 +281,7 @@ def test_every_page_answers_with_its_data(local: TestClient) -> None:
 def test_jobs_filter_and_a_malformed_one(local: TestClient) -> None:
     r = local.get("/jobs", params={"owner": "bob"})
     assert 'data-job="gpt"' in r.text and 'data-job="bert"' not in r.text
-    assert "<td>high</td>" in r.text  # its priority (issue 42)
+    assert "<td>high</td>" in r.text  # its priority
     r = local.get("/jobs", params={"q": "ol"})
     assert 'data-job="old"' in r.text and 'data-job="gpt"' not in r.text
     r = local.get("/jobs", params={"phase": "bogus"})

@@ -1,4 +1,4 @@
-"""What the dashboard keeps between requests (issue 41's speed): a job's status answered from
+"""What the dashboard keeps between requests: a job's status answered from
 one probe for a second or two (web/recent.py), a study's document made again only when its
 trials changed (InventorySource over io/studyread.py), and what the app makes of a document
 (the study page's charts and table, the API's JSON) kept while the document is the same."""

@@ -81,7 +81,7 @@ STOP_MARK = {"phase": "Stopped", "reason": "stopped by ana (provision stop)"}
 @pytest.mark.parametrize(
     "changed, drifted, unit, ended, want",
     [
-        # Issue 38, item 13: stopped, then its inputs changed: it stays stopped, and --rerun takes it.
+        # item 13: stopped, then its inputs changed: it stays stopped, and --rerun takes it.
         (True, ["env"], DEAD, STOP_MARK, (Action.NONE, Reason.JOB_ENDED)),
         (False, ["env"], DEAD, STOP_MARK, (Action.NONE, Reason.JOB_ENDED)),  # edited by hand: rewritten, not started
         (True, ["env"], DEAD, {"phase": "Succeeded"}, (Action.NONE, Reason.JOB_ENDED)),

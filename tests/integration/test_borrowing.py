@@ -1,4 +1,4 @@
-"""Issue 42: GPUs borrowed beyond an owner's guarantee go back, on 3 sandbox hosts of 4
+"""GPUs borrowed beyond an owner's guarantee go back, on 3 sandbox hosts of 4
 (stand-in) GPUs and a team state in PostgreSQL whose policy guarantees ana 8 GPUs and bob
 4. Bob's preemptible jobs hold all 12 (4 on host-1; 8 on host-2 and host-3); ana's 8-GPU
 job, within her guarantee, preempts the borrower whose leaving empties two hosts, and bob

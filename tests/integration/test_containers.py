@@ -246,7 +246,7 @@ def test_an_image_rebuilt_here_is_shipped_again_and_restarts_its_task(docker_hos
 
 
 def test_a_stopped_engine_is_named_by_plan_check_and_apply(docker_hosts, test_image, tmp_path):
-    """Issue 28, item 14: with Docker stopped, check passed, plan showed "+ image shipped"
+    """item 14: with Docker stopped, check passed, plan showed "+ image shipped"
     and apply failed now and then as "Unreachable ... Socket is closed"."""
     sb = docker_hosts
     h = sb.hosts[0].name

@@ -1,6 +1,6 @@
 """The documentation's examples, run: every command line of README.md and docs/*.md in a
 block marked `<!-- run: sandbox -->` (the rules: tests/test_docs.py's docstring), run as a
-reader would run it, on sandbox hosts, expecting exit 0 (issue 29, item 12).
+reader would run it, on sandbox hosts, expecting exit 0.
 
 The world the lines run in is made from the docs themselves:
 

@@ -1,4 +1,4 @@
-"""Plan, apply and destroy on real sshd+systemd hosts (issue 4).
+"""Plan, apply and destroy on real sshd+systemd hosts.
 
 Every test drives the real `provision` command in a subprocess against sandbox hosts and
 checks the hosts themselves (through `docker exec`, not through provision).

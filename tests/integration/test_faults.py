@@ -23,7 +23,7 @@ LONG = ["/bin/sh", "-c", "exec sleep 600"]
 
 
 def test_sigkill_at_random_points_never_loses_the_state(sandbox4, sandbox_inventory, job_name, tmp_path):
-    """Issue 10/18: 16 applies SIGKILLed at random points, alternating between two versions
+    """16 applies SIGKILLed at random points, alternating between two versions
     of the job (so each kill lands in writes, restarts or records): after every kill the state
     file is readable JSON; the next apply converges and a plan then shows no changes; a shrink
     afterwards leaves nothing of the job on the host it left."""
@@ -99,7 +99,7 @@ def test_status_target_reports_only_that_host(sandbox4, sandbox_inventory, job_n
 def test_a_host_file_provision_does_not_manage_is_refused_or_kept_and_put_back(
     sandbox4, sandbox_inventory, job_name, tmp_path
 ):
-    """Issue 18.1: a files: dest over an existing host file is refused by plan; with
+    """a files: dest over an existing host file is refused by plan; with
     replace: true it is replaced, and destroy puts the original back."""
     dest = f"/opt/{job_name}-motd"
     sh(sandbox4, "host-1", f"printf 'the host own motd\\n' > {dest} && chmod 0640 {dest}")
@@ -127,7 +127,7 @@ def test_a_host_file_provision_does_not_manage_is_refused_or_kept_and_put_back(
 
 
 def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 12.3/18.7: a hung host is unreachable within about connect_timeout, with the
+    """A hung host is unreachable within about connect_timeout, with the
     stage it hung in, exit 3, no traceback; the other host is still planned."""
     sb = dataclasses.replace(sandbox4, hosts=sandbox4.hosts[:2])  # the inventory lists two hosts
     inv = tmp_path / "inv.yaml"
@@ -154,7 +154,7 @@ def test_a_paused_host_costs_connect_timeout_and_one_line(sandbox4, sandbox_inve
 
 
 def test_a_host_removed_while_unreachable_is_shown_until_cleaned(sandbox3, sandbox_inventory, tmp_path):
-    """Issue 28, item 12: stop a host, apply the inventory without it (exit 3), start the
+    """item 12: stop a host, apply the inventory without it (exit 3), start the
     host: its old worker runs beside the new one and `status` said nothing. Now status
     names the host; once it reaches it, it stops the old task and marks the job left there
     (no boot starts it again); the next apply removes the rest."""

@@ -1,6 +1,6 @@
-"""Hostile conditions on a real sandbox host (issue 18.5, 18.9): a disk that fills up in
+"""Hostile conditions on a real sandbox host (18.9): a disk that fills up in
 the middle of a push, and a destination aimed at provision's own env file while a secret
-is set. Issue 38: a host whose tar producer sends `provision fetch` crafted streams. What
+is set. a host whose tar producer sends `provision fetch` crafted streams. What
 validation refuses offline is in tests/test_pushed_files.py and tests/test_validation.py
 (and fetch's stream rules in tests/test_fetch.py); here the whole CLI runs against a host."""
 
@@ -47,7 +47,7 @@ def sb1(sandbox3):
 
 
 def test_a_full_disk_names_the_path_and_destroy_removes_the_directories_it_made(sb1, sandbox_inventory, tmp_path):
-    """Issue 18.9: a 2 MB file pushed into a 1 MB tmpfs. The apply fails with one line that
+    """a 2 MB file pushed into a 1 MB tmpfs. The apply fails with one line that
     names the host path and the system's words, no traceback; the directories the write
     made are recorded, so destroy removes them (and leaves the mount point alone)."""
     code, out = on_host(sb1, "mkdir -p /mnt/tiny && mount -t tmpfs -o size=1m tmpfs /mnt/tiny")
@@ -63,7 +63,7 @@ def test_a_full_disk_names_the_path_and_destroy_removes_the_directories_it_made(
             path=inv,
             files=[{"src": "big.bin", "dest": dest}],
         )
-        # The pre-flight disk check (issue 14) refuses it before anything is written ...
+        # The pre-flight disk check refuses it before anything is written ...
         r = cli("apply", "-y", inv, cwd=tmp_path)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "1 MiB free on /mnt/tiny (for /mnt/tiny/sub/dir): files: need 2 MiB" in r.stderr, r.stderr
@@ -91,7 +91,7 @@ def test_a_full_disk_names_the_path_and_destroy_removes_the_directories_it_made(
 
 
 def test_a_path_aimed_at_provisions_env_file_is_refused_and_the_secret_never_shown(sb1, sandbox_inventory, tmp_path):
-    """Issue 18.5: `//` and `/./` destinations that name provision's own env file are
+    """`//` and `/./` destinations that name provision's own env file are
     refused by validate (and so by plan and apply), while a secret is set; the secret's value
     (an old and a new one) appears in no output of validate, plan, apply or status, whether
     the job is refused, applied, planned with its secret changed or re-applied, and whether
@@ -146,7 +146,7 @@ def test_a_path_aimed_at_provisions_env_file_is_refused_and_the_secret_never_sho
 
 
 def test_a_destination_through_a_link_into_provisions_files_is_refused(sb1, sandbox_inventory, tmp_path):
-    """Issue 18's last finding: /opt/hostile-link is a symbolic link on the host to the job's
+    """a finding: /opt/hostile-link is a symbolic link on the host to the job's
     own directory, so `dest: /opt/hostile-link/chief-0.env` with `replace: true` passes
     validation (the path as written is not reserved) but would replace provision's env file.
     The host's agent resolves the link and refuses the whole write: one clear line, exit 1,
@@ -190,7 +190,7 @@ def test_a_destination_through_a_link_into_provisions_files_is_refused(sb1, sand
 
 
 def test_the_disk_check_counts_a_nested_destinations_files_once(sb1, sandbox_inventory, tmp_path):
-    """Issue 38.17: files under a destination nested in another were counted for both, so an
+    """files under a destination nested in another were counted for both, so an
     apply that fits was refused; small sizes were shown as "0 MiB"."""
     code, out = on_host(sb1, "mkdir -p /mnt/nest && mount -t tmpfs -o size=3m tmpfs /mnt/nest")
     assert code == 0, f"cannot mount a tmpfs in the sandbox host: {out}"
@@ -237,7 +237,7 @@ def test_a_host_that_answers_without_end_is_cut_off(sb1, sandbox_inventory, tmp_
         ctx.close()
 
 
-# -- fetch: what a host sends back is untrusted (issue 38, items 1, 6, 7 and the one-line errors)
+# -- fetch: what a host sends back is untrusted (7 and the one-line errors)
 
 FETCHED = "/data/hostile-fetch"
 PRODUCER = "/usr/local/bin/tar"  # before /usr/bin on root's and sudo's PATH: fetch runs this
@@ -342,7 +342,7 @@ def _everything(root) -> set[str]:
 
 @pytest.mark.parametrize("case", list(CRAFTED_STREAMS))
 def test_a_crafted_tar_from_the_host_writes_nothing_and_is_one_line(sb1, fetch_inv, tmp_path, case):
-    """Issue 38.1, 38.6: the host's tar producer sends a crafted stream. fetch refuses it in
+    """38.6: the host's tar producer sends a crafted stream. fetch refuses it in
     one line naming the host and the member, exit 1; nothing lands outside -o, and nothing
     of that fetch inside it either (model/a.pt came first and was good: not placed)."""
     crafted, then, problem = CRAFTED_STREAMS[case]
@@ -375,7 +375,7 @@ def test_something_local_in_the_way_is_one_line(sb1, fetch_inv, tmp_path):
 
 
 def test_what_a_killed_fetch_left_the_next_one_removes(sb1, fetch_inv, tmp_path):
-    """Issue 38.7: a fetch killed (SIGKILL) mid-transfer leaves its work directory in -o;
+    """a fetch killed (SIGKILL) mid-transfer leaves its work directory in -o;
     the next fetch removes it (and an earlier version's partial .provision-fetch-*.tar)."""
     code, msg = on_host(sb1, f"head -c 8000000 /dev/urandom > {FETCHED}/model/big.bin")
     assert code == 0, msg

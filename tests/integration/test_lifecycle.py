@@ -87,7 +87,7 @@ def test_worker_exit_3_on_failure_limit_2_restarts_twice_then_job_fails(sandbox3
     ps_end = float(exits(sandbox3, "host-3", job, "ps-0")[-1][0])
     assert chief_end <= ps_end
     # A no-op apply does not restart the failed job; plan and apply say why, and how to
-    # run it again (issue 29, item 2), with the rule --rerun uses.
+    # run it again, with the rule --rerun uses.
     p = cli("plan", "--detailed-exitcode", inv, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     a = cli("apply", "-y", inv, cwd=tmp_path)
@@ -215,7 +215,7 @@ def test_success_stops_long_lived_tasks_and_no_op_apply_keeps_the_job_finished(s
     assert p.returncode == 0, p.stdout + p.stderr
     a = cli("apply", "-y", inv, cwd=tmp_path)
     assert a.returncode == 0 and "No changes: the job succeeded" in a.stdout, a.stdout + a.stderr
-    assert "provision apply --rerun" in a.stdout  # how to run it again (issue 29, item 2)
+    assert "provision apply --rerun" in a.stdout  # how to run it again
     time.sleep(1)  # the behaviour under test: nothing starts during it
     for h in before:
         assert sh(sandbox3, h, f"cat /var/lib/provision/{job}/*.exits") == before[h]
@@ -316,7 +316,7 @@ def test_files_sent_once_by_hash_and_changed_code_restarts_tasks(sandbox3, sandb
 
 
 def test_apply_after_ctrl_c_during_setup_waits_for_it_and_succeeds(sandbox3, sandbox_inventory, tmp_path):
-    """Issue 38, item 12: Ctrl-C while the setup ran; the next apply waited for the setup,
+    """item 12: Ctrl-C while the setup ran; the next apply waited for the setup,
     then failed with `/var/lib/provision/JOB/setup.key: No such file or directory` (the
     interrupted apply's agent, still waiting on the host, wrote the key through the same
     temp file at the same moment); only the apply after it succeeded."""

@@ -218,7 +218,7 @@ def test_follow_shows_lines_from_a_task_restarted_while_following(sandbox3, sand
 
 
 def test_a_long_log_is_streamed_in_bounded_memory(sandbox3, sandbox_inventory, tmp_path):
-    """Issue 28, item 15: `logs` (no -f) of a task with 588k lines took 18 s and 719 MB. It
+    """`logs` (no -f) of a task with 588k lines took 18 s and 719 MB. It
     is read and printed as it arrives: its peak memory does not grow with the log. 100k lines
     (500k cost CI a minute of journald and stream), against `--tail 5` of the same log: under
     20 MB more, 200 bytes a line (the CLI alone is ~66 MB here)."""

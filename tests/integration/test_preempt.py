@@ -1,4 +1,4 @@
-"""Issue 42: preemption that keeps the checkpoint, on a real sandbox host with 2 (stand-in)
+"""preemption that keeps the checkpoint, on a real sandbox host with 2 (stand-in)
 GPUs. A low-priority preemptible trainer holds both; a high-priority apply takes them within
 the trainer's grace (10 s) + 5 s; the trainer saves its step on SIGTERM and, resumed by its
 owner's apply (PROVISION_RESUME=1, the same AIP_CHECKPOINT_DIR), continues from it. A sampler
@@ -366,7 +366,7 @@ def _unserve(serve: subprocess.Popen, svc: Path) -> None:
     print((svc / "serve.log").read_text(errors="replace"))
 
 
-# A study's trainer (issue 42 item 4): one step every 0.25 s up to 30, each reported as
+# A study's trainer: one step every 0.25 s up to 30, each reported as
 # cloudml-hypertune does (its file rewritten whole with this run's reports), logged to
 # AIP_CHECKPOINT_DIR/steps.log; on SIGTERM it saves its step and leaves; resumed
 # (PROVISION_RESUME=1) it goes on from that step.

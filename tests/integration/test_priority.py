@@ -1,4 +1,4 @@
-"""Issue 42, part A: priority in the ledger, the queue's order, `provision policy`, on one
+"""part A: priority in the ledger, the queue's order, `provision policy`, on one
 sandbox host with 2 (stand-in) GPUs shared by this module's tests. Each test destroys what
 it applied."""
 

@@ -1,4 +1,4 @@
-"""Issue 40, item 8, on a real sandbox host: two teammates share one state (a local state
+"""on a real sandbox host: two teammates share one state (a local state
 file both name with --state); ana applies train.py v2, ben's checkout still has v1. ben's
 plan names ana's newer content, his `apply -y` refuses (no terminal, no flag) and changes
 nothing, and `apply -y --force-conflicts` replaces it."""

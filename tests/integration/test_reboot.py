@@ -183,7 +183,7 @@ def test_never_chief_is_failed_host_rebooted(sandbox3, job, tmp_path):
     # The job ended: its target is no longer started at boot, on either host.
     for host in ("host-1", "host-2"):
         assert sh(sandbox3, host, f"test -e {layout.wants_link(name)} && echo linked").strip() == ""
-    # Failed for status is finished for --rerun too (issue 28, item 13: one rule).
+    # Failed for status is finished for --rerun too (one rule).
     r = cli("apply", "-y", "--rerun", inv, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert rows(status(tmp_path, inv))["chief-0"]["state"] == "Running"

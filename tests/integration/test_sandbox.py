@@ -338,7 +338,7 @@ def test_tensorflow_layer_is_importable_on_the_host(sandbox_frameworks):
 
 
 def test_the_demo_never_removes_a_sandbox_it_did_not_make(sandbox_factory, tmp_path):
-    """Issue 29, item 13: scripts/demo.sh removed any sandbox called `demo`, another user's
+    """item 13: scripts/demo.sh removed any sandbox called `demo`, another user's
     included. It removes only one it made (its marker in its directory), else refuses."""
     sb = sandbox_factory(hosts=1)
     demo = Path(__file__).resolve().parents[2] / "scripts" / "demo.sh"

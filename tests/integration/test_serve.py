@@ -1,4 +1,4 @@
-"""`provision serve` on sandbox hosts (issue 40): a study handed over with `tune --detach`
+"""`provision serve` on sandbox hosts: a study handed over with `tune --detach`
 survives two kill -9 of the service (every trial ran once, checked on the hosts, and the
 study ended with its best trial); an `apply --queue --detach` runs what was submitted after
 the submitter deleted their files; a queued one is taken back by `cancel`; `history`

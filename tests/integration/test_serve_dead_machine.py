@@ -1,4 +1,4 @@
-"""Two `provision serve` on one PostgreSQL (issue 40): the leader's MACHINE dies, not its
+"""Two `provision serve` on one PostgreSQL: the leader's MACHINE dies, not its
 process. It is frozen (SIGSTOP) and every packet of its connections to the database is
 dropped both ways (iptables on loopback): no FIN or RST reaches the server, which must see
 the session gone by itself (io/pgstate.py's LOCK_BOUND, set on the lead's session). The
@@ -24,7 +24,7 @@ from .servehelp import Service, service_env, show_logs
 
 pytestmark = pytest.mark.integration
 
-TAKE_OVER = 15.0  # issue 40's bound
+TAKE_OVER = 15.0  # the documented take-over bound
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`provision serve`'s faults on sandbox hosts and a real PostgreSQL (issue 40): kill -9 of
+"""`provision serve`'s faults on sandbox hosts and a real PostgreSQL: kill -9 of
 the service during a queued apply's write step and between a trial's end and its tell; the
 PostgreSQL stopped for 30 s; a second service started by mistake on the same database; a
 `--detach` to the local state while a team's service runs; the dashboard's tokens in

@@ -1,4 +1,4 @@
-"""Issue 40, item 6: `provision serve --install` / `--uninstall` for real, inside a sandbox
+"""`provision serve --install` / `--uninstall` for real, inside a sandbox
 host (systemd is its PID 1). The host has Python but not provision's dependencies, and
 serve/install.py needs none: the test copies it (and the core/ modules it imports) to
 /opt/pv on the host, with a stand-in `provision/__main__.py` that records who runs it and

@@ -1,4 +1,4 @@
-"""Issue 13: `setup:` on real sandbox hosts: runs once per host and change, before the tasks;
+"""`setup:` on real sandbox hosts: runs once per host and change, before the tasks;
 builds a venv from a pushed wheel directory (no internet); a failing setup starts nothing."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_setup_builds_a_venv_from_pushed_wheels_and_the_task_imports_it(two, san
         },
     )
     try:
-        # --wait --logs: the setup's output as it runs (issue 29, item 4), then the task's.
+        # --wait --logs: the setup's output as it runs, then the task's.
         a = ok(cli("apply", "-y", "--wait", "--logs", "--timeout", "240", inv, cwd=tmp_path, timeout=300))
         assert "setup@host-1 | Looking in links: /opt/hello/wheels" in a.stdout, a.stdout
         assert "setup@host-1 | Successfully installed hello" in a.stdout, a.stdout
@@ -152,12 +152,12 @@ def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inv
         assert setup_plan(inv) == {"host-1": "new", "host-2": "new"}  # not recorded as done
         out = ok(cli("logs", "--setup", inv, cwd=tmp_path)).stdout
         assert "setup@host-1 | preparing the environment" in out and "setup@host-2 | it broke" in out
-        # status says why nothing started (issue 28, item 21), not only "not started".
+        # status says why nothing started, not only "not started".
         st = json.loads(cli("status", "--json", inv, cwd=tmp_path).stdout)
         why = "setup failed: exit code 7 (provision logs --setup shows its output)"
         assert st["phase"] == "Pending" and st["reason"] == "setup failed on host-1, host-2: " + why[14:], st
         assert {t["detail"] for t in st["tasks"]} == {why}, st
-        # ... with the setup's last lines, in status and in wait, which ends (issue 29, item 4).
+        # ... with the setup's last lines, in status and in wait, which ends.
         lines = st["setup_lines"]["host-1"]
         assert "preparing the environment" in lines and lines[-1].endswith("it broke"), st
         text = ok(cli("status", inv, cwd=tmp_path)).stdout
@@ -169,7 +169,7 @@ def test_a_failing_setup_names_host_and_code_and_starts_nothing(two, sandbox_inv
 
 
 def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_inventory, tmp_path):
-    """Issue 28, item 11: an apply killed while its setup runs left the setup unit running
+    """item 11: an apply killed while its setup runs left the setup unit running
     (as root) after `destroy -y` said "Destroy complete!"."""
     import signal
     import subprocess
@@ -206,7 +206,7 @@ def test_destroy_ends_a_setup_its_interrupted_apply_left_running(two, sandbox_in
 
 
 def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(two, sandbox_inventory, tmp_path):
-    """Issue 28, item 16: TimeoutStartSec=infinity, nothing printed after "setup running",
+    """item 16: TimeoutStartSec=infinity, nothing printed after "setup running",
     and the first Ctrl-C swallowed."""
     import os
     import signal
@@ -245,7 +245,7 @@ def test_a_hanging_setup_is_bounded_shows_progress_and_one_ctrl_c_ends_the_wait(
 
 
 def test_no_warning_for_a_program_the_setup_makes(two, sandbox_inventory, tmp_path):
-    """Issue 29, item 5: plan warned `... no such file on the host; systemd would fail to
+    """item 5: plan warned `... no such file on the host; systemd would fail to
     start it (exit status 203/EXEC)` for the interpreter the job's own setup creates."""
     venv = "/opt/venvs/made-by-setup"
     pools = {"chief": {"replicas": 1, "command": [f"{venv}/bin/python", "-c", "import time; time.sleep(600)"]}}
@@ -268,7 +268,7 @@ def test_no_warning_for_a_program_the_setup_makes(two, sandbox_inventory, tmp_pa
 
 
 def test_setup_runs_again_for_its_inputs_not_for_the_code(two, sandbox_inventory, tmp_path):
-    """Issue 29, item 4: any edit to train.py re-ran setup; now only its named inputs do."""
+    """item 4: any edit to train.py re-ran setup; now only its named inputs do."""
     job = tmp_path / "job"
     job.mkdir()
     (job / "train.py").write_text("print('one')\n")

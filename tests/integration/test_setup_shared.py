@@ -1,4 +1,4 @@
-"""Issue 39, item 1: a setup is done once per host for everyone who needs the same one, on
+"""item 1: a setup is done once per host for everyone who needs the same one, on
 real sandbox hosts: a study's trials, a variant of a job and a teammate's job share one run
 (counted on the hosts: the setup appends a line to a file); it goes with the last job using
 it (a study's, when the study is destroyed); a failed run is not reused.

@@ -1,4 +1,4 @@
-"""Issue 11: a cluster shared by many jobs and many people, on real sandbox hosts.
+"""a cluster shared by many jobs and many people, on real sandbox hosts.
 
 Two hosts with 2 (stand-in) GPUs each. Each test destroys what it applied."""
 
@@ -103,7 +103,7 @@ def test_jobs_side_by_side_then_full_then_queued(shared, sandbox_inventory, tmp_
         r = cli("apply", "-y", c, cwd=tmp_path)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "does not fit" in r.stderr and "held by job exp-a" in r.stderr and "held by job exp-b" in r.stderr
-        assert "`provision apply --queue` waits until it fits" in r.stderr  # issue 29, item 8
+        assert "`provision apply --queue` waits until it fits" in r.stderr
         assert "Traceback" not in r.stderr
         assert "exp-c" not in ledger(shared, "host-1")
 
@@ -190,7 +190,7 @@ def test_another_state_is_refused_until_take_over(shared, sandbox_inventory, tmp
     b = write(shared, sandbox_inventory, bob, "owned", pair(), env={"V": "2"})
     try:
         ok(cli("apply", "-y", a, cwd=alice, env={"PROVISION_OWNER": "alice@example.com"}))
-        # The owner as the team knows her (issue 29, item 10): jobs, status, refusals.
+        # The owner as the team knows her: jobs, status, refusals.
         assert "alice@example.com" in ok(cli("jobs", a, cwd=alice)).stdout
         assert status(a.parent, a)["owner"] == "alice@example.com"
         before = {t["task"] for t in status(a.parent, a)["tasks"]}
@@ -313,7 +313,7 @@ def test_a_killed_apply_leaves_a_stale_reservation_that_is_reclaimed(shared, san
 
 
 def test_drain_moves_tasks_away_and_the_job_still_succeeds(shared, sandbox_inventory, tmp_path):
-    """Issue 12: `drain: true` on a host moves its task to another host while it is up."""
+    """`drain: true` on a host moves its task to another host while it is up."""
     from provision.sandbox.inventory import dump
 
     pools = {
@@ -355,7 +355,7 @@ def task_actions(p: dict) -> dict[str, tuple[str, str]]:
 
 
 def test_a_synchronous_job_restarts_as_a_unit(shared, sandbox_inventory, tmp_path):
-    """Issue 12: a DDP-style job (no ps) whose worker's env changes restarts chief and
+    """a DDP-style job (no ps) whose worker's env changes restarts chief and
     worker together; with a host of it paused the apply refuses (exit 3) and nothing
     restarts; --rerun starts a finished job again."""
     pools = {
@@ -415,7 +415,7 @@ def test_rerun_starts_a_finished_job_again(shared, sandbox_inventory, tmp_path):
 
 @pytest.mark.parametrize("bad", ["garbage\n", '{"job": "steal", "gpus": [0, 1'])
 def test_an_unreadable_ledger_entry_holds_the_host(shared, sandbox_inventory, tmp_path, bad):
-    """Issue 28, item 9: a ledger entry that is not JSON (or cut short) made its job's GPUs
+    """item 9: a ledger entry that is not JSON (or cut short) made its job's GPUs
     look free; now it holds the host until fixed, and every message names the file."""
     path = "/var/lib/provision/.ledger/steal.json"
     code, out = shared.docker_exec(
@@ -441,7 +441,7 @@ def test_an_unreadable_ledger_entry_holds_the_host(shared, sandbox_inventory, tm
 
 
 def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_inventory, tmp_path):
-    """Issue 29, item 1: a variant of a job (the inventory copied, the job renamed) shares
+    """item 1: a variant of a job (the inventory copied, the job renamed) shares
     the pushed files it has in common; a file with other bytes is refused naming its job,
     and `replace: true` never takes it."""
     code = tmp_path / "train.py"
@@ -491,7 +491,7 @@ def test_two_jobs_share_a_pushed_file_with_the_same_bytes_only(shared, sandbox_i
 
 
 def test_a_finished_variant_does_not_hold_the_originals_files(shared, sandbox_inventory, tmp_path):
-    """Issue 38, item 14: a variant job kept the original's pushed files locked after it had
+    """item 14: a variant job kept the original's pushed files locked after it had
     finished (plan of the original refused until the variant was destroyed). A finished
     job's claim does not block a change it will never read again; plan says what its rerun
     then meets (its own bytes written back, refused while a running job uses the new ones)."""

@@ -110,7 +110,7 @@ def test_stop_keeps_files_and_logs_and_rerun_starts_again(sandbox3, sandbox_inve
         ok(cli("apply", "-y", "--rerun", inv, cwd=tmp_path))
         _running(tmp_path, inv)
 
-        # Runs (issue 29, item 9): the rerun is run 2; logs mark where each run begins and
+        # Runs: the rerun is run 2; logs mark where each run begins and
         # show one run on request.
         assert status(tmp_path, inv)["run"]["number"] == 2
         assert "Run 2, started " in ok(cli("status", inv, cwd=tmp_path)).stdout
@@ -179,7 +179,7 @@ def test_a_wait_that_gives_up_says_the_job_still_runs(sandbox3, sandbox_inventor
 
 
 def test_a_stopped_job_whose_inputs_changed_stays_stopped_and_rerun_starts_it(sandbox3, sandbox_inventory, tmp_path):
-    """Issue 38, item 13: a stopped job whose inputs changed: `apply --rerun` refused ("has
+    """item 13: a stopped job whose inputs changed: `apply --rerun` refused ("has
     not finished") while `status` said Stopped, and a plain `apply` restarted it. One rule
     now: a finished job stays finished; apply writes the change and starts nothing; --rerun
     starts it again, with the change."""

@@ -1,4 +1,4 @@
-"""Issue 31: a job's state in PostgreSQL, shared by a team, on real sandbox hosts and a real
+"""a job's state in PostgreSQL, shared by a team, on real sandbox hosts and a real
 PostgreSQL server (tests/pgserver.py, the `postgres` fixture).
 
 Two checkouts are two directories with their own HOME and owner name (PROVISION_OWNER),
@@ -99,7 +99,7 @@ def test_two_checkouts_one_backend(postgres, hosts, sandbox_inventory, tmp_path)
         wait_until(lambda: "hello-a" in b.ok("logs", b.inv).stdout, what="B reads the tasks' output")
         # B changes an env value: no --take-over, the same owner (one lineage, from the database).
         set_mode(b, "b")
-        # A's content is A's: -y alone does not replace it (issue 40.8); B says so.
+        # A's content is A's: -y alone does not replace it; B says so.
         refused = b.run("apply", "-y", b.inv)
         assert refused.returncode != 0 and "--force-conflicts" in one_error_line(refused), refused.stderr
         r = b.ok("apply", "-y", "--force-conflicts", b.inv)
@@ -259,7 +259,7 @@ def test_bad_input_is_one_line_and_changes_nothing(postgres, hosts, sandbox_inve
 
 
 def test_pending_after_the_database_stopped_is_cleared_by_the_next_apply(postgres, hosts, sandbox_inventory, tmp_path):
-    """Issue 38, item 16: after the database stopped mid-apply (the hosts written, the last
+    """item 16: after the database stopped mid-apply (the hosts written, the last
     save refused) and came back, `state show` kept saying `pending` through every later
     no-op apply."""
     a, _ = team(tmp_path, postgres, hosts, sandbox_inventory, "team-pending")

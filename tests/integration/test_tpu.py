@@ -1,4 +1,4 @@
-"""TPU slices on sandbox hosts (issue 32): JAX's own cluster detection, reading the env
+"""TPU slices on sandbox hosts: JAX's own cluster detection, reading the env
 provision wrote, finds the coordinator, process count and process id provision meant for
 every process, in a job of two slices of two hosts; and `check` fails a host where a
 process that provision did not start holds a TPU chip open.

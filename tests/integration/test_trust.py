@@ -1,4 +1,4 @@
-"""Issue 28, items 1-5: provision's directories on a host that another user could change are
+"""items 1-5: provision's directories on a host that another user could change are
 refused, in one line naming the path, its owner and mode, before anything runs as root;
 the env file is read as data. On real sandbox hosts, with a non-root user made there."""
 
@@ -115,7 +115,7 @@ def test_a_racing_swap_of_the_agent_cache_never_runs_planted_code(host, sandbox_
 
 
 def test_outputs_a_user_could_redirect_are_refused(host, sandbox_inventory, tmp_path):
-    """Issue 38 item 2 as found: a user who owns /data makes /data/runs a link to root's
+    """as found: a user who owns /data makes /data/runs a link to root's
     directory; apply made model/ checkpoints/ logs/ there as root, and fetch brought root's
     files back. Now apply refuses in one line naming the host and the path (exit 1, nothing
     written), a task's start refuses too (its unit's guard), and so does fetch."""
@@ -165,7 +165,7 @@ def test_outputs_a_user_could_redirect_are_refused(host, sandbox_inventory, tmp_
 
 
 def test_a_drop_in_that_replaces_what_a_task_runs_is_drift(host, sandbox_inventory, tmp_path):
-    """Issue 38 item 10 as found: a drop-in beside a task's unit replaced its ExecStart=, and
+    """as found: a drop-in beside a task's unit replaced its ExecStart=, and
     `plan` said "No changes" while the host ran something else. Now plan shows each drop-in
     of the job's units as drift (one beside the unit, one for every provision unit by a name
     prefix, in /run) and apply removes them, reloads systemd and restarts the task."""
@@ -203,7 +203,7 @@ def test_a_drop_in_that_replaces_what_a_task_runs_is_drift(host, sandbox_invento
 
 
 def test_a_planted_agent_cache_does_not_survive_an_ownership_fix(host, sandbox_inventory, tmp_path):
-    """Issue 38 item 3 as found: while a user owned the agent's cache directory they
+    """as found: while a user owned the agent's cache directory they
     replaced its files with their own code; an administrator gave the directories back to
     root; the agent then loaded the user's files as root. Each file is checked now (root's,
     one link, only root may write), and a planted one is compiled again in its place."""

@@ -125,7 +125,7 @@ def test_trials_pack_onto_free_gpus_and_a_killed_tune_resumes(sandbox4, sandbox_
         "max_trials": 8,
         "parallel_trials": 4,
     }
-    # Trials of 5 s: the second wave starts within a second of the first's end (issue 39's
+    # Trials of 5 s: the second wave starts within a second of the first's end (the
     # hand-off), so the window with some ended and some running is about one trial long,
     # and each look below is a `tune --status` (a second or two on a loaded machine).
     inv = _study(sandbox_inventory, sandbox4, tmp_path, job, tune, steps=10, step_seconds=0.5, outputs=f"/data/{job}")
@@ -294,7 +294,7 @@ def test_crashing_and_silent_trials_fail_and_stop_the_study(sandbox4, sandbox_in
 
 
 def test_a_metric_file_the_host_makes_hostile_fails_its_trial_in_one_line(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 38: a metric file linked to /dev/zero grew tune to 23.9 GB; a hard link to
+    """a metric file linked to /dev/zero grew tune to 23.9 GB; a hard link to
     another job's file was believed. Each is now refused without reading past a cap."""
     tune = {
         "metric": {"name": "loss", "goal": "minimize"},
@@ -320,7 +320,7 @@ def test_a_metric_file_the_host_makes_hostile_fails_its_trial_in_one_line(sandbo
 
 
 def test_a_trial_waiting_for_gpus_is_a_queued_apply_that_jobs_shows(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 37: a trial waiting for room waits as `apply --queue` does, its ledger mark
+    """a trial waiting for room waits as `apply --queue` does, its ledger mark
     on the hosts saying what for, so `provision jobs` lists it."""
     blocker = tmp_path / "blocker.yaml"
     sandbox_inventory(
@@ -477,7 +477,7 @@ def test_an_imported_tuning_job_runs(sandbox4, sandbox_inventory, tmp_path, serv
 
 
 def test_a_categorical_value_with_spaces_is_one_argument_of_the_trial(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 39 item 7: an AI Platform config's `hidden_units: '1024 512 256'` reaches the
+    """item 7: an AI Platform config's `hidden_units: '1024 512 256'` reaches the
     trainer as ONE argument, `--hidden_units=1024 512 256`, replacing the one its command
     had; quotes, `$`, `%`, `;` and backslashes arrive as written (no shell, no expansion)."""
     import ast
@@ -529,7 +529,7 @@ def test_a_categorical_value_with_spaces_is_one_argument_of_the_trial(sandbox4, 
 
 
 def test_an_imported_vertex_studys_trials_each_have_their_own_outputs(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 39 item 4: the tuning job's baseOutputDirectory (gs://, as Vertex users have it)
+    """item 4: the tuning job's baseOutputDirectory (gs://, as Vertex users have it)
     gave every trial one AIP_MODEL_DIR, each overwriting the others' model, and `fetch
     --trial N` found no outputs:. Now trial N writes BASE/N/model/ as on Vertex; fetch
     --trial N brings back trial N's files only; the promoted inventory's outputs are its."""
@@ -573,7 +573,7 @@ def test_an_imported_vertex_studys_trials_each_have_their_own_outputs(sandbox4, 
 
 
 def test_check_says_a_study_host_has_no_hypertune_and_how_to_bring_it(sandbox4, sandbox_inventory, tmp_path):
-    """Issue 39 item 6: a bare host's python has no cloudml-hypertune (the sandbox hosts' has
+    """item 6: a bare host's python has no cloudml-hypertune (the sandbox hosts' has
     it only with the torch layer): `provision check` of the study says so, with the fix,
     before any trial fails with 'No module named hypertune'; with the library on the
     task's PYTHONPATH, it passes."""

@@ -1,4 +1,4 @@
-"""Upgrading provision does not restart training (issue 38, item 19): a job applied by the
+"""Upgrading provision does not restart training: a job applied by the
 previous release (its source as committed, taken from this repository's history) is applied
 again by this version, and neither its setup nor its tasks run again.
 
@@ -50,7 +50,7 @@ def test_an_upgrade_restarts_no_task_and_runs_no_setup_again(sandbox3, sandbox_i
         hosts=["host-1", "host-2"],
         files=[{"src": "train.sh", "dest": f"/opt/{job}/train.sh"}],
         setup={"commands": [f"echo ran >> /var/tmp/{job}-setup-runs"]},
-        outputs=f"/var/tmp/{job}-outputs",  # its unit's lines changed this round (issue 38.2)
+        outputs=f"/var/tmp/{job}-outputs",  # its unit's lines changed this round
         pools={
             "chief": {"replicas": 1, "command": ["/bin/sh", f"/opt/{job}/train.sh"]},
             "worker": {"replicas": 1, "command": ["/bin/sh", f"/opt/{job}/train.sh"]},

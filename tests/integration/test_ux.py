@@ -224,7 +224,7 @@ def test_exec_runs_in_the_task_environment_and_passes_the_exit_code(sandbox3, sa
         r = cli("ssh", inv, "worker-0", "--", "cat", "/etc/hostname", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == sandbox3.docker_exec("host-2", ["cat", "/etc/hostname"])[1].strip()
-        # ... in the task's environment, its words passed as given (issue 28 item 22, 29 item 7).
+        # ... in the task's environment, its words passed as given.
         r = cli("ssh", inv, "worker-0", "--", "printenv", "PROVISION_TASK", cwd=tmp_path)
         assert (r.returncode, r.stdout) == (0, "worker-0\n"), r.stderr
         r = cli("ssh", inv, "chief-0", "--", "printf", "%s\\n", "a b", "$(id -un)", cwd=tmp_path)
@@ -252,7 +252,7 @@ def test_exec_runs_in_the_task_environment_and_passes_the_exit_code(sandbox3, sa
 
 def test_fetch_brings_the_chiefs_outputs_back_only_what_changed(sandbox3, sandbox_inventory, tmp_path):
     """`outputs:` gives the task Vertex's AIP_* directories; `provision fetch` copies the
-    chief's back, then only what changed (issue 30, item 7)."""
+    chief's back, then only what changed."""
     inv = tmp_path / "inv.yaml"
     write = (
         'printf weights > "$AIP_MODEL_DIR/model.bin"; printf step1 > "$AIP_CHECKPOINT_DIR/ckpt-1"; '

@@ -218,7 +218,7 @@ class _Applying:
                 if not e.held:
                     raise
                 held = e
-            # Held by other work: lower-priority work leaves (issue 42). Loaded only here:
+            # Held by other work: lower-priority work leaves. Loaded only here:
             # run/preempt and rules/preemption cost every apply's start-up ~6 ms of import.
             from provision.run.preempt import Preemptor
 

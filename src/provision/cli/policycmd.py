@@ -1,4 +1,4 @@
-"""`provision policy show|set`: the team's priority classes and GPU guarantees (issue 42),
+"""`provision policy show|set`: the team's priority classes and GPU guarantees,
 kept in its PostgreSQL state (io/policystore.py). The local default state has none."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class JobPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     STOPPED = "Stopped"  # `provision stop` ended it; `apply --rerun` starts it again
-    # Higher-priority work took its GPUs (issue 42): it holds nothing, and it is not over:
+    # Higher-priority work took its GPUs: it holds nothing, and it is not over:
     # its owner's apply (or the service) resumes it, so `wait` and restart rules go on.
     PREEMPTED = "Preempted"
     UNKNOWN = "Unknown"

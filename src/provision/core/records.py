@@ -17,7 +17,7 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class Applied:
-    """Who applied a file's content on a host, and when (issue 40.8): a teammate's apply that
+    """Who applied a file's content on a host, and when: a teammate's apply that
     would replace it is told so (rules/provenance.py). `digest` (the first 16 hex digits of
     the content's keyed digest) tells whether the host still has that content."""
 

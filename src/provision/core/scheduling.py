@@ -1,5 +1,5 @@
 """What a job says about its turn on a shared cluster: its priority, whether it may be
-preempted, and how (issue 42). The values as the inventory gives them; rules/priority.py
+preempted, and how. The values as the inventory gives them; rules/priority.py
 turns a class name into a number with the team's policy."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ class Ending(StrEnum):
     FAILED = "failed"
     LOST = "lost"  # adopted, but not on its hosts any more: failed, and run again
     LEFT_RUNNING = "left running"  # tune was interrupted: the trial runs on, for the next tune
-    # Its job was preempted (issue 42): not an end. The trial is not told; it waits in the
+    # Its job was preempted: not an end. The trial is not told; it waits in the
     # queue and resumes as the same trial (its worker's word to the loop, never told).
     PAUSED = "paused"
 

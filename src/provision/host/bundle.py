@@ -127,7 +127,7 @@ os._exit(0)  # the answer is out and every file closed: no interpreter teardown 
 """
 
 # Built once per controller process under this lock: a step's worker threads all ask at
-# once, and lru_cache alone let each of them read and hash every module (issue 37: up to
+# once, and lru_cache alone let each of them read and hash every module (up to
 # one build per host, ~2 ms of CPU each).
 _building = threading.Lock()
 

@@ -56,7 +56,7 @@ def facts(only: Collection[str] | None = None) -> dict[str, Any]:
     return out
 
 
-# Utilization and memory in use ride on the same call (issue 41): no second nvidia-smi.
+# Utilization and memory in use ride on the same call: no second nvidia-smi.
 FIELDS = ("index", "uuid", "name", "memory.total", "utilization.gpu", "memory.used")
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=" + ",".join(FIELDS), "--format=csv,noheader,nounits")
 NVIDIA_SMI_TIMEOUT = 20

@@ -436,7 +436,7 @@ def runs_path(job: str) -> str:
 
 
 def preempt_at_path(job: str) -> str:
-    """PROVISION_PREEMPT_AT (issue 42): while a preemption is under way, the deadline of the
+    """PROVISION_PREEMPT_AT: while a preemption is under way, the deadline of the
     job's tasks as Unix seconds (one decimal number and a newline); absent otherwise."""
     return state_dir(job) + "/preempt-at"
 

@@ -8,7 +8,7 @@ fast probe too. One JSON file per job under layout.LEDGER_DIR:
      "started": bool, "held": bool (stopped with --hold),
      "queued": {"since", "waiting_for", "gpus"} (an `apply --queue` waits; gpus: its
      largest task's need here),
-     "priority": int, "preemptible": bool, "submitted": T (issue 42: the queue's order and
+     "priority": int, "preemptible": bool, "submitted": T (the queue's order and
      preemption; `submitted` is on the controller's clock)}
 
 Also here: which jobs' manifests list a pushed path (other_owners): two jobs may push the
@@ -291,7 +291,7 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
         out.append("job %s here was taken over by %s since plan" % (res.job, who))
     gpus, ports = set(res.gpus), set(res.ports)
     mark = own.get("preempted") if isinstance(own, dict) else None
-    # Preempted (issue 42): its GPUs wait for the preemptor, unless the controller saw that
+    # Preempted: its GPUs wait for the preemptor, unless the controller saw that
     # reservation lapse (the preemptor gone) and nothing changed since.
     follows = isinstance(mark, dict) and bool(mark.get("follows"))  # the job's own stop: reserved for nobody
     if isinstance(mark, dict) and not follows and own is not None and res.free.get(res.job) != own.get("token"):

@@ -1,4 +1,4 @@
-"""Preemption on the host (issue 42): a job leaves its GPUs to higher-priority work, keeping
+"""Preemption on the host: a job leaves its GPUs to higher-priority work, keeping
 its checkpoint.
 
 The preemptor's controller asks (PreemptRequest); here, in order:

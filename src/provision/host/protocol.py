@@ -156,7 +156,7 @@ class Reservation:
     units: list[str] = field(default_factory=list)
     free: dict[str, str] = field(default_factory=dict)
     expect_lineage: str | None = None
-    # Issue 42: the job's turn on a shared cluster, for the queue's order and preemption:
+    # The job's turn on a shared cluster, for the queue's order and preemption:
     # its level (rules/priority.level), whether it may be preempted, and when it was
     # submitted (the controller's clock; None: the time of this reserve, or the entry's).
     priority: int = 500
@@ -349,7 +349,7 @@ class QueueReport:
 
 @dataclass(frozen=True)
 class PreemptRequest:
-    """Preempt `job` here for job `by` (issue 42, host/preempt.py): mark its ledger entry
+    """Preempt `job` here for job `by` (host/preempt.py): mark its ledger entry
     under the ledger's lock (refused when another job preempted it first), write the
     deadline (PROVISION_PREEMPT_AT) and the Preempted end marker, then stop its units as
     their own KillSignal= and TimeoutStopSec= say (the preemption's signal and grace)."""
@@ -360,7 +360,7 @@ class PreemptRequest:
     priority: int = 0
     priority_name: str = ""  # as users name it ("high"), for status
     gpus: int = 0  # how many GPUs the preemptor needs here
-    # The job's side (issue 42): preempted on this host (its marker) and asked by whoever acts
+    # The job's side: preempted on this host (its marker) and asked by whoever acts
     # for the job to stop here too (a job is preempted whole): its GPUs wait for nobody.
     follows: str = ""
 

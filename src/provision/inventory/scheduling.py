@@ -1,4 +1,4 @@
-"""The inventory's `priority:`, `preemptible:` and `preemption:` keys (issue 42), checked as
+"""The inventory's `priority:`, `preemptible:` and `preemption:` keys, checked as
 the rest of the inventory is: every problem one line naming its place."""
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ DDL = (
         serial bigint NOT NULL,
         summary text NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS provision_history_job ON provision_history (job, id)",
-    # The team's policy (issue 42; io/policystore.py): one row, name 'team', the JSON document.
+    # The team's policy (io/policystore.py): one row, name 'team', the JSON document.
     """CREATE TABLE IF NOT EXISTS provision_policy (
         name text PRIMARY KEY,
         doc text NOT NULL,

@@ -1,4 +1,4 @@
-"""The team's policy in its PostgreSQL state (issue 42): priority classes, GPU guarantees and
+"""The team's policy in its PostgreSQL state: priority classes, GPU guarantees and
 groups of owners, one row of provision_policy (made with provision's other tables,
 io/pgstate.py). The local default state has none: one person, nothing to share, so
 DEFAULT_CLASSES and no guarantee (rules/priority.Policy())."""

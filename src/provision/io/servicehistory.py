@@ -164,7 +164,7 @@ class HistoryTables(ServiceDB):
         """(host, gpu, job, owner, t) of each GPU whose latest sample since `latest_after` is held
         and below `held_below`: t begins its trailing run below that from `since` on, under that
         job (rules/gpuuse.idle_since as gpusample.idle_json applies it; reading the candidates'
-        30,000 samples into Python held the GIL ~1 s a Usage sum: issue 41's benchmark)."""
+        30,000 samples into Python held the GIL ~1 s a Usage sum: the benchmark)."""
         sql = (
             "WITH m AS (SELECT host, gpu, MAX(t) AS t FROM provision_service_gpu_samples WHERE t >= ? "
             "GROUP BY host, gpu), "
@@ -218,7 +218,7 @@ class HistoryTables(ServiceDB):
         """owner -> GPU-hours in each [start, end) window, summed by the database with
         rules/usage.gpu_hours's rule (rows of `kinds`, clipped to the window; an open row
         until now): the Usage page over a long history without reading it whole (100,000
-        runs read and summed here took seconds: issue 41's benchmark)."""
+        runs read and summed here took seconds: the benchmark)."""
         if not windows or not kinds:
             return [{} for _ in windows]
         values = ", ".join("(?, ?, ?)" for _ in windows)

@@ -65,7 +65,7 @@ STALE = 60.0  # seconds (storage clock) without a heartbeat after which another 
 PRESENCE = "runner:"  # study attribute per runner: when it last said it is there (or 0: it left)
 ENDED_ATTR = "study-ended"  # the study attribute mark_ended writes
 RUNNING, ENDED = "running", "ended"  # how far a trial's runner got (user attribute `phase`)
-# Its job was preempted (issue 42): Optuna's trial stays RUNNING (never told: its reports
+# Its job was preempted: Optuna's trial stays RUNNING (never told: its reports
 # and a pruner's rungs stay), it holds no GPU, and it resumes as the same trial.
 PAUSED = "paused"
 

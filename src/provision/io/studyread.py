@@ -1,5 +1,5 @@
 """A study read for the dashboard: kept between requests, read again only where it changed
-(issue 41: a page or /metrics read all 10,000 trials of a study through Optuna's ORM, about
+(a page or /metrics read all 10,000 trials of a study through Optuna's ORM, about
 17 s and 600 MiB each time).
 
 A StudyReader holds one study's rows. In a database (Optuna's RDB schema) it asks, at most

@@ -149,7 +149,7 @@ def uses_socket_ifname(inv: Inventory) -> bool:
 
 
 def preemptible(inv: Inventory) -> bool:
-    """May the job be preempted (issue 42): `preemptible:`, else yes for a study's trial."""
+    """May the job be preempted: `preemptible:`, else yes for a study's trial."""
     return inv.scheduling.may_be_preempted(inv.tf_config.trial is not None)
 
 

@@ -260,7 +260,7 @@ def _render_task(
     return env_text, unit_text, secret_keys
 
 
-# provision before the outputs guard (issue 38.2) made them with mkdir: that unit's lines.
+# provision before the outputs guard made them with mkdir: that unit's lines.
 _OUTPUTS_GUARD = (
     "# `outputs:` Vertex's output directories, made before the task writes into them, each\n"
     "# directory on the way checked (root's, no link, only root may write: host/outdirs.py).\n"

@@ -1,4 +1,4 @@
-"""What `provision fetch` accepts from a host (issue 38, items 1 and 6): the listing and the
+"""What `provision fetch` accepts from a host: the listing and the
 tar stream are data from a machine provision does not trust.
 
 tarfile's "data" filter is not enough: Python releases before the CVE-2025-4517 fix let a

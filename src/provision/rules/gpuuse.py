@@ -1,4 +1,4 @@
-"""What the GPUs are doing (issue 41): each GPU's utilization and memory from the facts a
+"""What the GPUs are doing: each GPU's utilization and memory from the facts a
 probe brings back (host/hostfacts.NVIDIA_SMI's answer, parsed there), a task's share of
 them, and the rule that flags a GPU held but idle.
 

@@ -174,7 +174,7 @@ class HostPlan:
         """Tasks to stop, in stop order (the start order reversed)."""
         return sorted((t for t in self.tasks if t.action is Action.STOP), key=lambda t: -t.phase)
 
-    # The one counting rule (issue 16): every line the plan shows with a marker is one
+    # The one counting rule: every line the plan shows with a marker is one
     # resource, counted by its marker: "+" to add, "~" to change, "-" to destroy. That is
     # the setup run, each image, the ledger entry, each task that changes, each file
     # (env, unit, target, pushed; the manifest only when nothing else changes). Headers,

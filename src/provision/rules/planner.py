@@ -50,7 +50,7 @@ class Tenancy:
     owner: Owner
     held_by: Mapping[str, list[Holder]]
     take_over: bool = False
-    turn: Turn = Turn()  # the job's priority, preemptible, submission (issue 42)
+    turn: Turn = Turn()  # the job's priority, preemptible, submission
 
 
 @dataclass(frozen=True)

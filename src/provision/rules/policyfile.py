@@ -1,4 +1,4 @@
-"""The team's policy file (`provision policy set FILE`, issue 42), checked as the inventory
+"""The team's policy file (`provision policy set FILE`), checked as the inventory
 is: every problem one line naming its place.
 
     classes: {low: 100, normal: 500, high: 1000}   # priority classes: name -> integer

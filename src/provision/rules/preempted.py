@@ -1,4 +1,4 @@
-"""What a preempted job's status says (issue 42), from the end markers host/preempt.py wrote
+"""What a preempted job's status says, from the end markers host/preempt.py wrote
 on its hosts: who preempted it, when, for what, and when it resumes; and, preempted on some
 of its hosts only, where it must be stopped too (a job is preempted whole: rest). Pure.
 

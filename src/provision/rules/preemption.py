@@ -1,4 +1,4 @@
-"""Which running work leaves so waiting work can start (issue 42): a pure function of the
+"""Which running work leaves so waiting work can start: a pure function of the
 GPUs each holds and needs, their priorities and the owners' guarantees, as Kueue decides
 its preemptions; run/ acts on the answer.
 

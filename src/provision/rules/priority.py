@@ -1,4 +1,4 @@
-"""A job's priority as a number, and the order of waiting work (issue 42): higher priority
+"""A job's priority as a number, and the order of waiting work: higher priority
 first, then the earlier submission, as Slurm's and Kueue's queues order theirs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A teammate's newer apply is not reverted in silence (issue 40, item 8). Pure.
+"""A teammate's newer apply is not reverted in silence. Pure.
 
 The state records, per host and file, who applied the content there and when
 (core/records.Applied, written by io/state). The rule, one sentence: a change that replaces

@@ -1,4 +1,4 @@
-"""The queue's order on a shared host (issue 42), as Kueue's StrictFIFO orders a queue: work
+"""The queue's order on a shared host, as Kueue's StrictFIFO orders a queue: work
 that would fit does not take GPUs on a host where waiting work ahead of it needs GPUs.
 
 Ahead means an earlier rules/priority.queue_key: the higher priority, then the earlier
@@ -107,7 +107,7 @@ def takes(job: str, placement: Placement, held_by: Mapping[str, Sequence[Holder]
     ended job's entry holds nothing: its rerun takes its GPUs anew, in turn)."""
     out: dict[str, set[int]] = {}
     for t in placement.tasks:
-        # ... nor those a job it preempted keeps for it (issue 42: the preemptor's already).
+        # ... nor those a job it preempted keeps for it (the preemptor's already).
         own = {
             g
             for h in held_by.get(t.host.name, ())

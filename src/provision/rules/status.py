@@ -81,7 +81,7 @@ class JobStatus:
     stopped: Mapping[str, Any] | None = None  # `provision stop`'s marker, when it stopped the job
     run: Run | None = None  # the latest run (core/runs.py)
     setup_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # host -> a failed setup's last lines
-    # Preempted on some hosts, its tasks still running (or stopping) on others (issue 42):
+    # Preempted on some hosts, its tasks still running (or stopping) on others:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
 
@@ -176,7 +176,7 @@ def _judged(
         inv.success, [TaskRow(r.task, r.role, r.host, r.state, r.detail, r.ended_at) for r in rows], stopped
     )
     rest = None
-    if phase is JobPhase.PREEMPTED:  # preempted on some hosts, running on others (issue 42)
+    if phase is JobPhase.PREEMPTED:  # preempted on some hosts, running on others
         live = {h: any(r.state.live for r in rows if r.host == h) for h in reports}
         rest = preempted.rest({h: r.lifecycle for h, r in reports.items()}, live)
         preempted_why += preempted.rest_words(rest)

@@ -56,7 +56,7 @@ class Hold(StrEnum):
     HELD = "held"  # stopped with --hold
     QUEUED = "queued"  # an `apply --queue` waits for room: holds nothing yet
     # Preempted, its units ended: its GPUs wait for the preemptor (held for every other job)
-    # until the preemptor's reserve takes them, or the preemptor is gone (issue 42).
+    # until the preemptor's reserve takes them, or the preemptor is gone.
     PREEMPTED = "preempted"
     ENDED = "ended"
 
@@ -133,12 +133,12 @@ class Holder:
     token: str
     units: tuple[str, ...] = ()
     queued: tuple[float, str] | None = None  # an `apply --queue` waits: since (host clock), for what
-    # Issue 42 (entries written before it: normal, not preemptible, submitted at `since`).
+    # The turn (entries written before priorities existed: normal, not preemptible, submitted at `since`).
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None  # the controller's clock (the submitter's)
     queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
-    preempted_by: str = ""  # the job that preempted it (its entry's mark), issue 42
+    preempted_by: str = ""  # the job that preempted it (its entry's mark)
 
     @property
     def who(self) -> str:
@@ -338,7 +338,7 @@ def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> s
 
 @dataclass(frozen=True)
 class Turn:
-    """A job's turn on a shared cluster as the ledger records it (issue 42): its level
+    """A job's turn on a shared cluster as the ledger records it: its level
     (rules/priority.level with the team's policy), whether it may be preempted, and when it
     was submitted (None: at the reserve)."""
 
@@ -428,7 +428,7 @@ def job_hold(hs: Iterable[Holder]) -> Hold:
 
 def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> dict[str, Any]:
     """`provision jobs --json`. Each job's "priority" is shown as the team's policy names it
-    (its class, else the number as text), "priority_level" is the number (issue 42)."""
+    (its class, else the number as text), "priority_level" is the number."""
     policy = policy or Policy()
     by_job: dict[str, list[Holder]] = {}
     for hv in hosts:
@@ -463,7 +463,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                         "state": h.hold.value,
                         "gpus": list(h.gpus),
                         "ports": list(h.ports),
-                        "preempted_by": h.preempted_by or None,  # its entry there is marked (issue 42)
+                        "preempted_by": h.preempted_by or None,  # its entry there is marked
                     }
                     for h in hs
                 },

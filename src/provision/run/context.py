@@ -187,7 +187,7 @@ def open_context(
 
 
 def _team_policy(store: object) -> Policy:
-    """The team's priority classes (issue 42): only a PostgreSQL state has a policy."""
+    """The team's priority classes: only a PostgreSQL state has a policy."""
     # Lazy: psycopg loads only for a PostgreSQL state (open_store's rule, ~40 ms of start-up).
     from provision.io import policystore
     from provision.io.pgstate import PgStore

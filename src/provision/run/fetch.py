@@ -3,7 +3,7 @@ what changed.
 
 Two round trips to the task's host: a listing (`find`: path, size, modification time of
 every file under the directory), then one tar of the files whose size or time differ from
-the local copy. What the host sends is not trusted (issue 38): the stream is checked as it
+the local copy. What the host sends is not trusted: the stream is checked as it
 arrives (rules/fetchtar.py: regular files of the listing at their announced sizes, bytes
 bounded by the listing) and unpacked into a private directory inside the destination, never
 all in memory (a model may be gigabytes) and never through a link; only when the whole

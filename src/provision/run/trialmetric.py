@@ -2,7 +2,7 @@
 file of the task whose metric counts (bounded, never through a link: rules/metrics.py), or
 with `metric.regex` its log lines since the last read (a journal cursor).
 
-A paused trial (its job preempted, issue 42) keeps its reader: a resumed program rewrites
+A paused trial (its job preempted) keeps its reader: a resumed program rewrites
 the hypertune file with its own reports only (cloudml-hypertune keeps them in memory), so
 the reports before the pause are kept and the new ones go after them."""
 

@@ -47,7 +47,7 @@ class Reported:
 
 @dataclass(frozen=True)
 class Paused:
-    """The trial's job was preempted (issue 42): its GPUs are free, it is not told; it
+    """The trial's job was preempted: its GPUs are free, it is not told; it
     waits in the queue at its priority and resumes as the same trial (Started again)."""
 
     number: int

@@ -11,7 +11,7 @@ trials, without waiting for their plans but on the same hosts), planned without 
 checks its hosts passed a moment ago, and the ended one's logs and removal wait until it
 started.
 
-A trial whose job is preempted (issue 42) pauses, not ends: its worker posts `Paused` (the
+A trial whose job is preempted pauses, not ends: its worker posts `Paused` (the
 loop does not tell it), waits in the queue as before its first start, and resumes it as
 the same trial: an apply of its Preempted job (PROVISION_RESUME=1, the same
 AIP_CHECKPOINT_DIR), followed as before, its reports going on.

@@ -10,7 +10,7 @@ it is removed) Optuna is told and the next one starts on what it freed. Past
 `max_failed_trials` failures no new trial starts and the study ends with why. Ctrl-C leaves
 the running trials running: the next `tune` adopts them.
 
-A trial whose job was preempted (issue 42) is paused (its worker posts `Paused`): not told
+A trial whose job was preempted is paused (its worker posts `Paused`): not told
 (Optuna's trial stays running: its reports and a pruner's rungs stay), not counted among
 the trials that hold GPUs, and resumed as the same trial by its worker when room returns.
 The study ends only when no trial is paused; a paused trial a dead runner left is adopted

@@ -1,4 +1,4 @@
-"""The preempted job's side (issue 42): a synchronous job is preempted whole.
+"""The preempted job's side: a synchronous job is preempted whole.
 
 Its preemptor preempts it on the hosts the preemptor's inventory names; a job with tasks on
 other hosts would keep them running, holding their GPUs, its ranks waiting for peers that

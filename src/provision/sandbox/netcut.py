@@ -1,4 +1,4 @@
-"""A machine's death as the network sees it, for tests and benchmarks (issue 40): a process
+"""A machine's death as the network sees it, for tests and benchmarks: a process
 frozen and its TCP connections to a loopback port dropped both ways with iptables (root
 only), so that the server gets no FIN, no RST and no answer to its keepalives, as when the
 peer's machine loses power. Always undone by the context manager's exit."""

@@ -1,4 +1,4 @@
-"""What the GPUs did, over time (issue 41): the service samples every host it watches every
+"""What the GPUs did, over time: the service samples every host it watches every
 SAMPLE_EVERY seconds (the dashboard's one probe round trip per host, all hosts in parallel:
 web/inventories.py), keeps the samples an hour in its database (io/servicestore.py), and
 answers the Cluster page's history, the Usage page's idle GPUs and /metrics from them.
@@ -16,9 +16,9 @@ from typing import Any
 from provision.io.servicehistory import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
 
-SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (issue 41: at most 10 s)
+SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (at most 10 s)
 # ... and while nobody does: a round per host costs the service ~10 ms of CPU (paramiko), so
-# 128 hosts every 10 s would be 13 % of a core for samples nobody reads (issue 40: < 5 %).
+# 128 hosts every 10 s would be 13 % of a core for samples nobody reads (< 5 %).
 QUIET_EVERY = 60.0
 LOOKING_S = 120.0  # seconds after a page (or /metrics) read the samples that it counts as looked at
 HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: a point per round while it has
@@ -203,7 +203,7 @@ _TRIM = _libc_trim()
 
 def give_back_memory() -> None:
     """The heap a round freed, given back to the system (glibc's malloc_trim): a round's
-    documents of 8,000 GPUs left tens of MiB free but resident (issue 41: the service's memory
+    documents of 8,000 GPUs left tens of MiB free but resident (the service's memory
     <= 300 MiB). A few ms."""
     if _TRIM is not None:
         _TRIM(0)

@@ -1,5 +1,5 @@
 """`provision serve --install` / `--uninstall`: the service as a systemd unit on the machine
-it runs on (issue 40, item 6).
+it runs on.
 
 The unit restarts the service always (RestartSec= apart, and never gives up), starts after
 the network is up, and runs as one user: the one whose SSH keys and known hosts reach the

@@ -22,7 +22,7 @@ W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
 LOG_RATIO = 30.0  # as the study's PNG (cli/tuneview.log_scale): a log axis past this ratio
 # Trials a chart draws at most: 10,000 trials' marks and lines were ~10 MB of SVG per page
-# (issue 41); a 640-pixel chart shows no more than this many apart.
+# ; a 640-pixel chart shows no more than this many apart.
 CHART_TRIALS = 1000
 
 # The trial states of `tune --status --json` (core/tuning.TrialState's values).
