@@ -21,7 +21,7 @@ from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
 from provision.rules.preemption import Replica
 from provision.rules.tenancy import Hold, Holder, Owner, held_for, holders, judge, reservation
-from provision.rules.victims import look, replicas
+from provision.rules.victims import candidates, replicas
 
 NOW = 1_800_000_000.0
 HERE = socket.gethostname()
@@ -263,7 +263,7 @@ def test_a_resumed_run_carries_no_mark_of_the_earlier_runs_preemption(host_dirs,
     assert "preempted" not in e and e["gpus"] == [0, 1], e
     (h,) = low_holders({LOW_UNIT: ACTIVE})
     assert (h.hold, h.preempted_by) == (Hold.RUNNING, "")
-    seen = look("urgent", {"h": 2}, {"h": [h]}, lambda held: {"h": 2}, {}, NOW)
+    seen = candidates("urgent", {"h": 2}, {"h": [h]}, lambda held: {"h": 2}, {}, NOW)
     assert [(c.job, c.gpus) for c in seen.running] == [("low", (("h", 2),))]  # a candidate again
     urgent = {"who": "cy@lab", "host": HERE, "pid": os.getpid()}
     rep = host_preempt.op_preempt(PreemptRequest("low", "urgent", urgent, 2000, "urgent", 2))
@@ -356,7 +356,7 @@ def holder(job, gpus, hold=Hold.RUNNING, *, prio=500, preemptible=False, by="") 
 
 def test_one_look_finds_candidates_leaving_victims_and_the_need():
     hs = {"h": [holder("low", [0, 1], prio=100, preemptible=True), holder("mid", [2], prio=500), holder("mine", [])]}
-    seen = look("mine", {"h": 4}, hs, lambda held: {"h": 4 - len(held["h"].gpus)}, {}, NOW)
+    seen = candidates("mine", {"h": 4}, hs, lambda held: {"h": 4 - len(held["h"].gpus)}, {}, NOW)
     assert seen.leaving == () and seen.free == (("h", 1),) and seen.need == (("h", 3),)
     assert [(r.job, r.priority, r.preemptible, r.gpus) for r in seen.running] == [
         ("low", 100, True, (("h", 2),)),
@@ -364,10 +364,10 @@ def test_one_look_finds_candidates_leaving_victims_and_the_need():
     ]
     # Once preempted by `mine`, `low` is leaving: its GPUs count as free, it is no candidate.
     hs = {"h": [holder("low", [0, 1], Hold.PREEMPTED, prio=100, preemptible=True, by="mine"), holder("mid", [2])]}
-    seen = look("mine", {"h": 4}, hs, lambda held: {"h": 2}, {}, NOW)
+    seen = candidates("mine", {"h": 4}, hs, lambda held: {"h": 2}, {}, NOW)
     assert seen.leaving == (("low", "h"),) and seen.free == (("h", 3),) and [r.job for r in seen.running] == ["mid"]
     # Nothing placeable even with every preemptible job gone: no need.
-    assert look("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
+    assert candidates("mine", {"h": 4}, hs, lambda held: None, {}, NOW).need is None
 
 
 def test_the_waiting_jobs_replicas_may_go_on_any_host_their_pool_may_use():

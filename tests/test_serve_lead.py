@@ -133,5 +133,5 @@ def test_a_leader_cut_off_from_the_database_stops_leading_while_it_is_away(tmp_p
 
     monkeypatch.setattr(store, "now", away)
     with pytest.raises(ProvisionError):
-        svc._look()
+        svc._tick()
     assert stopped == [True] and not svc.holds and svc.lost

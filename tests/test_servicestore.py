@@ -22,7 +22,7 @@ from provision.io.servicelead import Leadership
 from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.rules.tenancy import identity
 from provision.rules.usage import Use, gpu_hours, since_seconds
-from provision.serve.snapshot import collect, materialise, store_files
+from provision.serve.snapshot import materialise, snapshot_of, store_files
 
 INVENTORY = """
 job: {job}
@@ -176,17 +176,17 @@ def test_snapshot_stores_each_content_once(tmp_path, local_store):
     os.chmod(tmp_path / "shared" / "lib" / "sub" / "b.sh", 0o755)
     inv_path = tmp_path / "proj" / "inv.yaml"
     inv_path.write_text(INVENTORY.format(job=job))
-    snap = collect(load(inv_path))
+    snap = snapshot_of(load(inv_path))
     assert snap.root == tmp_path
     assert snap.inventory == "proj/inv.yaml"
     assert set(snap.files) == {"proj/inv.yaml", "proj/train.py", "shared/lib/a.py", "shared/lib/sub/b.sh"}
     first = store_files(local_store, snap)
     assert local_store.blob_count() == 4
     # The same files handed over again (a second submission): no new blob; a changed file: one.
-    assert store_files(local_store, collect(load(inv_path))) == first
+    assert store_files(local_store, snapshot_of(load(inv_path))) == first
     assert local_store.blob_count() == 4
     (tmp_path / "proj" / "train.py").write_text("print('train v2')\n")
-    second = store_files(local_store, collect(load(inv_path)))
+    second = store_files(local_store, snapshot_of(load(inv_path)))
     assert local_store.blob_count() == 5
     assert second["shared/lib/a.py"] == first["shared/lib/a.py"]
     assert second["proj/train.py"] != first["proj/train.py"]

@@ -133,7 +133,7 @@ def test_a_submission_goes_to_the_spare_worker_started_ahead_with_its_owner_and_
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
     svc = Service(store, _NoLead(), tmp_path / "work", say=lambda line: None)  # type: ignore[arg-type]
     try:
-        svc._look()  # it takes the lead: a spare is started
+        svc._tick()  # it takes the lead: a spare is started
         spare = svc.spare
         assert spare is not None and spare.poll() is None
         store.submit(_sub("a"))

@@ -37,7 +37,7 @@ from provision.serve import install as unit
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
-from provision.serve.snapshot import collect, store_files
+from provision.serve.snapshot import snapshot_of, store_files
 from provision.serve.source import DEFAULT_LISTEN, Known, Listen, ServiceSource, choose_auth, parse_listen
 from provision.serve.stream import Delivery, HistoryWriter
 
@@ -90,7 +90,7 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
 
     policy = policy_of(backend)  # the store orders the queue by the level (a bad class: one line, here)
     level(inv.scheduling.priority, policy)
-    snap = collect(inv)
+    snap = snapshot_of(inv)
     store = open_backend(backend)
     try:
         secrets = _secrets_line(inv, store)

@@ -1,6 +1,6 @@
 """What a preemptor's look at the hosts finds, before the decision (rules/preemption.decide):
 who is leaving for it already, who else runs (the candidates), what is free, and where it
-would go if every candidate left. Pure: the hosts' ledger entries in, a Look out; the
+would go if every candidate left. Pure: the hosts' ledger entries in, a Candidates out; the
 preemption step (run/preempt.py) probes the hosts and acts on the decision."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from provision.rules.tenancy import Hold, Holder, held_for
 
 
 @dataclass(frozen=True)
-class Look:
+class Candidates:
     """What one look at the hosts found: who leaves for this job (already preempted by it),
     and who else is running (candidates)."""
 
@@ -25,14 +25,14 @@ class Look:
     need: tuple[tuple[str, int], ...] | None  # host -> GPUs it would take; None: no fit anyway
 
 
-def look(
+def candidates(
     job: str,
     gpus: Mapping[str, int],
     by_host: Mapping[str, list[Holder]],
     place_without: Callable[[Mapping[str, Held]], dict[str, int] | None],
     listening: Mapping[str, tuple[list[int], list[int]]],
     now: float,
-) -> Look:
+) -> Candidates:
     """Pure: group the hosts' ledger entries by job (other than `job`), find the victims
     already leaving for it, count free GPUs, and place the job as if every preemptible
     job and every leaving one were gone (the most preemption could give)."""
@@ -67,7 +67,9 @@ def look(
         free[host] = len([g for g in range(count) if g not in taken])
     candidates = gone | {r.job for r in running if r.preemptible}
     need = place_without(held_without(job, by_host, candidates, listening, now))
-    return Look(tuple(leaving), running, tuple(sorted(free.items())), tuple(sorted(need.items())) if need else None)
+    return Candidates(
+        tuple(leaving), running, tuple(sorted(free.items())), tuple(sorted(need.items())) if need else None
+    )
 
 
 def held_without(

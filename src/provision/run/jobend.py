@@ -32,7 +32,7 @@ from provision.rules.gpuuse import with_task_util
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
-from provision.run.victim import finish
+from provision.run.victim import preempt_whole
 
 
 def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], str | None, set[str]]:
@@ -88,7 +88,7 @@ def collect(ctx: Context) -> JobStatus:
     if st.rest is not None and st.rest.stop and foreign is None and not ctx.subset:
         with _locked(ctx, "preempted whole") as mine:  # preempted on some hosts: on all (run/victim.py)
             if mine:
-                finish(ctx, st.rest, lambda line: click.echo(line, err=True), wait=False)
+                preempt_whole(ctx, st.rest, lambda line: click.echo(line, err=True), wait=False)
                 st, unmarked, foreign, running_left = _status(ctx)
     if running_left and foreign is None:
         with _locked(ctx, "tasks left behind") as mine:

@@ -40,7 +40,7 @@ from provision.run.context import (
     settled,
     with_interfaces,
 )
-from provision.run.victim import finish
+from provision.run.victim import preempt_whole
 
 
 def _known_tasks(ctx: Context, replace: set[str]) -> None:
@@ -161,7 +161,7 @@ def _whole_first(
     if whole is None or ctx.subset:  # --target: a part of the job cannot tell the whole
         return reports
     st = job_status(ctx.inventory, list(ctx.rendered.placement.tasks), reports.ok, {})
-    if not finish(ctx, st.rest, whole):
+    if not preempt_whole(ctx, st.rest, whole):
         return reports
     return probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
 

@@ -29,7 +29,7 @@ from provision.rules.preemption import Victim, Waiting, decide
 from provision.rules.priority import name_of
 from provision.rules.queueorder import waits_behind
 from provision.rules.tenancy import Holder, holders
-from provision.rules.victims import Look, held_without, look, replicas
+from provision.rules.victims import Candidates, candidates, held_without, replicas
 from provision.run.context import Ask, Context, probe
 from provision.run.victim import MARGIN, TICK  # the victims' grace is waited for as their own side waits
 
@@ -107,7 +107,7 @@ class Preemptor:
             return {h: n for h, n in need.items() if n}
 
         gpus = {h.name: h.accelerator_count for h in inv.hosts if h.name in ctx.targets}
-        seen = look(job, gpus, by_host, place_without, listening, now)
+        seen = candidates(job, gpus, by_host, place_without, listening, now)
         if seen.need is None:
             return None
         turn, free = ctx.turn, dict(seen.free)
@@ -132,7 +132,7 @@ class Preemptor:
     def _need(
         w: Waiting,
         victims: tuple[Victim, ...] | None,
-        seen: Look,
+        seen: Candidates,
         by_host: Mapping[str, list[Holder]],
         listening: Mapping[str, tuple[list[int], list[int]]],
         now: float,

@@ -66,7 +66,7 @@ from provision.run.planning import build_plan
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.trialmetric import MetricReader, MetricRefused, metric_task
 from provision.run.trialplaces import HostLocks, Places
-from provision.run.victim import finish
+from provision.run.victim import preempt_whole
 
 T = TypeVar("T")
 TRACE = bool(os.environ.get("PROVISION_TUNE_TRACE"))  # each trial's steps, timed, on stderr (bench/tune.py)
@@ -447,7 +447,7 @@ def _paused(ctx: Context, st: JobStatus) -> Ended | None:
         gpus = sum(len(t.accelerators) for t in ctx.rendered.placement.tasks)
         return Ended(Ending.PAUSED, preempted.paused(PreemptMark.of_marker(st.stopped, PREEMPT_PHASE), gpus))
     if st.rest is not None and st.rest.stop:
-        finish(ctx, st.rest, lambda line: None, wait=False)
+        preempt_whole(ctx, st.rest, lambda line: None, wait=False)
     return None
 
 

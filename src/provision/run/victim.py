@@ -77,7 +77,7 @@ def wait_stopped(ctx: Context, hosts: tuple[str, ...], grace: float) -> bool:
         time.sleep(TICK)
 
 
-def finish(ctx: Context, rest: Rest | None, progress: Callable[[str], None], *, wait: bool = True) -> bool:
+def preempt_whole(ctx: Context, rest: Rest | None, progress: Callable[[str], None], *, wait: bool = True) -> bool:
     """Preempt the job whole: stop it where it still runs, and (`wait`) wait until its tasks
     have ended on every host (those told now, and those still stopping). True when it
     acted or waited."""

@@ -135,7 +135,7 @@ class Service:
             while not self.stopping.is_set():
                 why = ""
                 try:
-                    self._look()
+                    self._tick()
                 except ProvisionError as e:  # the database is away: said once, looked at again
                     why = e.message
                 if why:
@@ -175,7 +175,7 @@ class Service:
             self.say("leading: driving every unfinished submission")
             self._warm()  # a spare worker from the moment it leads
 
-    def _look(self) -> None:
+    def _tick(self) -> None:
         # The lead first, even while the database is away: a leader cut off from it (the
         # others still reach it) stops its workers before the server frees the lead.
         self._lead_kept()

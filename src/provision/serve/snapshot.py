@@ -29,7 +29,7 @@ class Snapshot:
     files: dict[str, tuple[Path, int]]  # relative path -> (the file read, mode)
 
 
-def collect(inv: Inventory) -> Snapshot:
+def snapshot_of(inv: Inventory) -> Snapshot:
     """The files to hand over (read nothing yet). A pushed directory is walked as render
     walks it (links inside it are pushed as their content)."""
     inv_path = inv.path.resolve()

@@ -59,7 +59,7 @@ from provision.run.planning import build_plan
 from provision.run.preempt import Preemptor
 from provision.run.queue import Queue, Stopped, ledger_marks
 from provision.run.tune import StudyLoop, existing_study, open_work
-from provision.run.victim import finish
+from provision.run.victim import preempt_whole
 from provision.serve.ends import LEFT, SERVICE_ENV, record_end
 from provision.serve.places import open_place
 from provision.serve.snapshot import materialise
@@ -357,7 +357,7 @@ def _watch(
         row = store.record(HistoryRow("run", sub.job, sub.owner, store.now(), None, "", hosts, gpus, sub.id))
     try:
         st, _ = look(ctx)
-        if finish(ctx, st.rest, say):  # preempted on some hosts: on all, and its tasks ended (run/victim.py)
+        if preempt_whole(ctx, st.rest, say):  # preempted on some hosts: on all, and its tasks ended (run/victim.py)
             st, _ = look(ctx)
     except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
         return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
