@@ -243,3 +243,62 @@ def test_the_checker_sees_a_circle():
     node = ast.parse("from ..x import y\n").body[0]
     assert isinstance(node, ast.ImportFrom)
     assert _resolve("provision.p.m", node, False, {"provision.x", "provision.x.y"}) == ["provision.x.y"]
+
+
+# --------------------------------------------------------------------------- the round's seams
+
+
+def _source(mod: str) -> str:
+    return modules()[mod].read_text()
+
+
+def test_nothing_but_the_store_moves_a_submission():
+    """A submission's status changes in one place: ServiceStore._move, a compare-and-set
+    from the states core/submission.MOVES allows."""
+    writers = [m for m, p in modules().items() if "provision_service_submissions SET" in p.read_text()]
+    assert writers == ["provision.io.servicestore"], writers
+    tree = ast.parse(_source("provision.io.servicestore"))
+    setting = sorted(
+        fn.name
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef)
+        and any(
+            isinstance(n, ast.Constant) and isinstance(n.value, str) and "SET status" in n.value for n in ast.walk(fn)
+        )
+    )
+    assert setting == ["_move"], setting
+
+
+def test_web_reads_the_service_only_through_its_source():
+    """The pages decide nothing and keep no store of their own: web/ imports no database
+    module and nothing of serve/ (the service hands it a Source: the round and its stores)."""
+    stores = {
+        "provision.io.servicestore",
+        "provision.io.servicedb",
+        "provision.io.servicehistory",
+        "provision.io.serviceevents",
+    }
+    bad = sorted(
+        f"{i.module} imports {i.target}"
+        for i in imports()
+        if i.module.startswith("provision.web.") and (i.target in stores or i.target.startswith("provision.serve"))
+    )
+    assert not bad, bad
+
+
+def test_no_module_reads_the_preemption_mark_as_a_dict():
+    """A preemption's mark comes off a host as JSON and is parsed once
+    (core/scheduling.PreemptMark); the host's own modules write it."""
+    readers = []
+    for mod, path in modules().items():
+        if mod.startswith("provision.host.") or mod == "provision.core.scheduling":
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            key = None
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+                key = n.slice.value
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args:
+                key = n.args[0].value if isinstance(n.args[0], ast.Constant) else None
+            if key == "preempted":
+                readers.append(f"{mod}:{n.lineno}")
+    assert not readers, readers

@@ -108,9 +108,9 @@ class InventorySource:
         """`provision jobs --json` over every inventory's hosts (each host once), with its
         labels and what its GPUs do (`gpu_use`, from the same round trip): one look at every
         host (run/survey.py) answers the requests of the next HOSTS_FRESH s."""
-        return self._hosts.get("", self._look)
+        return self._hosts.get("", self._survey)
 
-    def _look(self) -> dict[str, Any]:
+    def _survey(self) -> dict[str, Any]:
         return dict(survey(self._inventories(), self._survey_ctx).doc)
 
     def jobs(self) -> dict[str, Any]:
@@ -193,7 +193,7 @@ class InventorySource:
         """The job's owner as the hosts' ledgers name it; a study's: its trials' owner.
         recent: from the last look at the hosts however old (one asked behind it), never
         waiting for one (a study page waited seconds for a look at every host)."""
-        return owner_in(self._hosts.last("", self._look) if recent else self.hosts(), name)
+        return owner_in(self._hosts.last("", self._survey) if recent else self.hosts(), name)
 
     # ------------------------------------------------------------------ actions
 
