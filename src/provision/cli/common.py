@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from provision.core.errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError, no_color
+from provision.core.text import printable
 from provision.run.context import Context, open_context
 from provision.run.remote import complete_tasks as complete_tasks  # re-exported: TASK completion
 
@@ -44,7 +45,7 @@ def host_options(fn: F) -> F:
 
 def progress_line(line: str) -> None:
     # From the hosts' threads: click's context (and its colour setting) is the main thread's.
-    click.echo(click.style("  ... ", dim=True) + line, err=True, color=False if no_color() else None)
+    click.echo(click.style("  ... ", dim=True) + printable(line), err=True, color=False if no_color() else None)
 
 
 def open_ctx(
@@ -96,7 +97,7 @@ def report_unreachable(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = 
         return
     if len(why) <= 10:
         for name in sorted(why):
-            click.echo(click.style(f"Unreachable: {name}: {why[name]}", fg="red"), err=True)
+            click.echo(click.style(f"Unreachable: {name}: {printable(why[name])}", fg="red"), err=True)
     else:
         by_reason: dict[str, list[str]] = {}
         for name, reason in why.items():
@@ -106,7 +107,8 @@ def report_unreachable(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = 
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             click.echo(
                 click.style(
-                    f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {reason}", fg="red"
+                    f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {printable(reason)}",
+                    fg="red",
                 ),
                 err=True,
             )

@@ -16,6 +16,7 @@ from provision.cli.common import (
 from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
 from provision.core.target import HostError
+from provision.core.text import printable
 from provision.rules.facts import mismatches, summary_row
 from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
@@ -64,7 +65,7 @@ def jobs(
             for line in table(jobs_rows):
                 click.echo(line)
             for line in queued_lines(views, now, ctx.policy):
-                click.echo(line)
+                click.echo(printable(line))  # who waits: the ledgers' owners
         click.echo()
         for line in table(host_rows):
             click.echo(line)
@@ -180,7 +181,7 @@ def status(
     if st.unreachable:
         why = {t.host: t.detail for t in st.tasks if t.state.value == "Unknown"}
         for h in st.unreachable:
-            click.echo(f"Unreachable: {h}: {why.get(h, 'host unreachable')}", err=True)
+            click.echo(f"Unreachable: {h}: {printable(why.get(h, 'host unreachable'))}", err=True)
         sys.exit(3)
 
 
@@ -208,6 +209,11 @@ def status(
     "--run", "run_number", type=click.IntRange(1), metavar="N", help="Only run N of the job (status shows runs)."
 )
 @click.option("--previous", is_flag=True, help="Only the run before the latest (after a rerun: the one that ended).")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The tasks' output as they wrote it, escape sequences too (colours); else shown as text.",
+)
 def logs(
     inventory: str,
     tasks: tuple[str, ...],
@@ -223,6 +229,7 @@ def logs(
     setup_logs: bool,
     run_number: int | None,
     previous: bool,
+    raw: bool,
 ) -> None:
     """The job's task output (journald) from all hosts, merged in time order.
 
@@ -233,7 +240,7 @@ def logs(
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
         if setup_logs:
-            code = run_setup_logs(ctx, tail=tail)
+            code = run_setup_logs(ctx, tail=tail, raw=raw)
         else:
             code = run_logs(
                 ctx,
@@ -245,6 +252,7 @@ def logs(
                 timestamps=timestamps,
                 run=run_number,
                 previous=previous,
+                raw=raw,
             )
     finally:
         ctx.close()

@@ -16,6 +16,7 @@ import click
 from provision.cli.tuneview import draw_png, event_line, study_json, table_lines, warm_matplotlib
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
+from provision.core.text import printable
 from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best, promoted_job
 from provision.inventory.inventory import load
 from provision.inventory.promote import promoted
@@ -38,9 +39,10 @@ class _Screen:
         self.shown = False
 
     def say(self, line: str) -> None:
+        """A line of the study's: its trials' words carry what hosts and the storage said."""
         with self.lock:
             self._clear()
-            click.echo(line)
+            click.echo(printable(line))
 
     def row(self, r: TrialRow) -> None:
         self.say(event_line(r, self.tune))
@@ -59,7 +61,7 @@ class _Screen:
         line = f"{done}/{self.tune.max_trials} ended; running: {', '.join(parts) or 'none'}"
         with self.lock:
             self._clear()
-            click.echo(line[:200], nl=False)
+            click.echo(printable(line[:200]), nl=False)
             self.shown = True
 
     def _clear(self) -> None:

@@ -21,7 +21,7 @@ import click
 
 from provision.cli.output import table
 from provision.core.errors import no_color
-from provision.core.text import duration, plural
+from provision.core.text import duration, plural, printable
 from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState, Tune, Value, best, format_value
 
 # Re-exported: the --json builder lives in rules/ (the dashboard serves it too).
@@ -97,7 +97,7 @@ def table_lines(rows: Sequence[TrialRow], tune: Tune) -> list[str]:
         if r is top:
             fg = "green"
         out.append(click.style(line, fg=fg, bold=True if r is top else None) if colour and fg else line)
-    return [*out, "", best_line(rows, tune, d), count_line(rows, tune)]
+    return [*out, "", printable(best_line(rows, tune, d)), count_line(rows, tune)]
 
 
 def best_line(rows: Sequence[TrialRow], tune: Tune, d: int = 4) -> str:

@@ -33,6 +33,7 @@ from provision.core.errors import (
 )
 from provision.core.runs import merged, pick
 from provision.core.target import HostError, Target
+from provision.core.text import printable
 from provision.io.journal import (
     Entry,
     HostLog,
@@ -102,25 +103,25 @@ def run_logs(
     out_dir: str | None = None,
     timestamps: bool = False,
     stop: threading.Event | None = None,
-    echo_err: Callable[[str], None] = lambda s: click.echo(s, err=True),
+    echo_err: Callable[[str], None] = lambda s: click.echo(printable(s), err=True),  # hosts' words in them
     until_end: bool = True,
     on_status: Callable[[JobStatus], None] | None = None,
     timeout: float | None = None,
     run: int | None = None,
     previous: bool = False,
+    raw: bool = False,
 ) -> int:
-    """Print (or write) the job's logs; returns the exit code (0, or 3 when a host was
-    unreachable: the others' logs were still shown). With `follow`, until the job ends
-    (`until_end`; then 0 when it succeeded, 1 when it failed) or Ctrl-C (130).
-
-    For `wait --logs`: `on_status` sees every status polled (it then says how the job
-    ended) and `timeout` gives up after that many seconds (1)."""
+    """Print (or write; `raw`: the text as written, Printer) the job's logs; returns the
+    exit code (0, or 3 when a host was unreachable: the others' logs were still shown). With
+    `follow`, until the job ends (`until_end`; then 0 when it succeeded, 1 when it failed)
+    or Ctrl-C (130). For `wait --logs`: `on_status` sees every status polled (it then says
+    how the job ended) and `timeout` gives up after that many seconds (1)."""
     sel = Selection.of(ctx, tasks)
     since_j, until_j = _span(ctx, sel, since, run, previous, follow)
     if tail is not None and tail < 0:
         raise ProvisionError(f"--tail {tail}: expected a number >= 0")
     out_path, cursors = _output(out_dir, sel.job)
-    printer = Printer(list(sel.host_of), sel.host_of, out_dir=out_path, timestamps=timestamps)
+    printer = Printer(list(sel.host_of), sel.host_of, out_dir=out_path, timestamps=timestamps, raw=raw)
     printer.lead_boundary = tail is None and since is None and not cursors
     stop = stop or threading.Event()
     printer.on_pipe_closed = stop.set
@@ -563,7 +564,7 @@ class Follower:
 # --------------------------------------------------------------------------- setup
 
 
-def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
+def run_setup_logs(ctx: Context, *, tail: int | None = None, raw: bool = False) -> int:
     """`provision logs --setup`: each host's setup output, host by host, as `setup@HOST | line`."""
 
     job = ctx.inventory.job
@@ -583,7 +584,8 @@ def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
     for h in hosts:
         if h in res.ok:
             for line in res.ok[h]:
-                click.echo(f"setup@{h} | {terminal_text(line)}")
+                text = terminal_text(line)
+                click.echo(f"setup@{h} | {text if raw else printable(text)}")
     for e in res.errors.values():
-        click.echo(f"Error: {e.target.where}: {e.message}", err=True)
+        click.echo(f"Error: {e.target.where}: {printable(e.message)}", err=True)
     return 3 if res.unreachable else (1 if res.failed else 0)
