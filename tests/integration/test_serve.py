@@ -116,6 +116,59 @@ def test_a_handed_over_study_survives_two_kill_9(sandbox4, sandbox_inventory, tm
     assert h["gpu_hours"]["ann@example.com"] > 0
 
 
+def _small_study(make, sb, tmp: Path, job: str) -> Path:
+    """A study of 3 trials, one at a time, whose trainer (pushed with files:) prints a line
+    every 0.25 s for 100 s."""
+    shutil.copy(TRAINER, tmp / "trainer.py")
+    inv = tmp / "study.yaml"
+    trainer = ["python3", f"/opt/{job}/trainer.py", "--steps=400", "--step_seconds=0.25"]
+    make(
+        sb,
+        job=job,
+        path=inv,
+        hosts=STUDY_HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "accelerators": 1, "command": trainer}},
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+            "algorithm": "random",
+            "max_trials": 3,
+            "parallel_trials": 1,
+        },
+    )
+    return inv
+
+
+def _trainer_runs(sb, job: str) -> bool:
+    return any(sh(sb, h, f"pgrep -f '[/]opt/{job}/trainer.py'").code == 0 for h in STUDY_HOSTS)
+
+
+def test_handed_over_work_is_read_and_cancelled_without_its_files(sandbox4, sandbox_inventory, tmp_path, env, service):
+    """Handed over, then the files deleted (the service keeps a snapshot): `tune --status`,
+    `status` and `cancel` need only the job's name and state; what pushes (plan, apply,
+    tune --detach) still refuses with the files' message."""
+    job = "srvgone"
+    inv = _small_study(sandbox_inventory, sandbox4, tmp_path, job)
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
+    (tmp_path / "trainer.py").unlink()
+    service.start()
+    wait_until(lambda: _trainer_runs(sandbox4, job), timeout=300, what="trial 1's trainer to run")
+    doc = json.loads(ok(cli("tune", "--status", "--json", inv, cwd=tmp_path, env=env)).stdout)
+    assert [t["state"] for t in doc["trials"]] == ["running"], doc
+    assert "1 running" in ok(cli("tune", "--status", inv, cwd=tmp_path, env=env)).stdout
+    ok(cli("status", inv, cwd=tmp_path, env=env))
+    for args in (("plan", inv), ("apply", "-y", inv), ("tune", "--detach", inv)):
+        r = cli(*args, cwd=tmp_path, env=env)
+        assert r.returncode == 1 and "files[0].src: no such file or directory" in r.stderr, (args, r.stderr)
+    r = ok(cli("cancel", inv, cwd=tmp_path, env=env))
+    assert "Asked the service to stop" in r.stdout, r.stdout
+    wait_until(lambda: not _trainer_runs(sandbox4, job), timeout=120, what="the cancelled trial to stop")
+    wait_until(
+        lambda: all(t["state"] != "running" for t in _trials(inv, tmp_path, env)), timeout=120, what="the study to end"
+    )
+
+
 def _apply_job(make, sb, tmp: Path, job: str, gpus: int, payload: str | None = None) -> Path:
     d = tmp / job
     d.mkdir()

@@ -57,7 +57,10 @@ def open_ctx(
     *,
     render_secrets: bool = True,
     operation: str | None = None,
+    files_here: bool = True,
 ) -> Context:
+    """The command's Context (run/context.open_context); `files_here` False for the
+    commands that only read the job: they need none of the `files:` it pushes."""
     return open_context(
         inventory,
         state_path=state_path,
@@ -66,6 +69,7 @@ def open_ctx(
         verbose=verbose,
         render_secrets=render_secrets,
         operation=operation,
+        files_here=files_here,
     )
 
 

@@ -41,7 +41,7 @@ def jobs(
     Reads only: works from anyone's machine, whoever applied the jobs.
     """
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
     finally:
@@ -87,7 +87,7 @@ def facts(
 ) -> None:
     """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         res = probe(ctx, Ask(facts="all", files=False))
     finally:
@@ -156,7 +156,7 @@ def status(
     """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
 
     disp = Display(sys.stdout)
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         while True:
             st = collect(ctx)
@@ -237,7 +237,7 @@ def logs(
     unreachable (the other hosts' lines are still shown).
     """
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         if setup_logs:
             code = run_setup_logs(ctx, tail=tail, raw=raw)
@@ -268,7 +268,7 @@ def logs(
 def wait(inventory: str, state_path: str | None, timeout: float | None, verbose: bool, stream_logs: bool) -> None:
     """Block until the job succeeds (exit 0) or fails or is stopped (exit 1), showing each task's progress."""
 
-    ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False, files_here=False)
     try:
         code = wait_job(ctx, timeout=timeout, logs=stream_logs)
     finally:

@@ -429,7 +429,7 @@ def token_revoke(token_id: str, state: str | None) -> None:
 def cancel(inventory: str, take_over: bool) -> None:
     """Take back handed-over work not started yet, or stop it (a study asks no more trials
     and its running trials are stopped)."""
-    inv = load(inventory)
+    inv = load(inventory, files_here=False)  # the service holds its own copy of the files
     found = handed_over(inventory, inv)
     if found is None:
         raise ProvisionError(f"job {inv.job}: nothing handed over to a service is unfinished")

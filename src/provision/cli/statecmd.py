@@ -40,7 +40,7 @@ def state_group() -> None:
 
 
 def _open(inventory: str, state_path: str | None) -> tuple[Inventory, Store]:
-    inv = load(inventory)
+    inv = load(inventory, files_here=False)  # the state, not the files the job pushes
     backend = backend_of(inv, inventory, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
     return inv, open_store(backend, sp, inv.job)

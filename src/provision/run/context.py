@@ -136,12 +136,14 @@ def open_context(
     operation: str | None = None,
     loaded: Inventory | None = None,
     session: Session | None = None,
+    files_here: bool = True,
 ) -> Context:
     """Load (`loaded`: the job is given, made from the file's, as a study's trial is;
-    `session`: connections shared with other contexts, as a study's trials share them),
+    `session`: connections shared with other contexts, as a study's trials share them;
+    `files_here` False: a command that pushes nothing, which needs no `files:` source),
     lock (when `operation` changes hosts: before the state is read, so no other
     run can save over what this one read), read the state, render."""
-    inv = loaded if loaded is not None else load(inventory_path)
+    inv = loaded if loaded is not None else load(inventory_path, files_here=files_here)
     backend = backend_of(inv, inventory_path, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
     writable_dir(sp)  # the local state, or (with a database) the learnt host keys
