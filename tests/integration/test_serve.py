@@ -169,6 +169,37 @@ def test_handed_over_work_is_read_and_cancelled_without_its_files(sandbox4, sand
     )
 
 
+def test_logs_of_a_handed_over_study_are_its_trials(sandbox4, sandbox_inventory, tmp_path, env, service):
+    """`logs STUDY` prints its trials' output, each line as trial-N/TASK@HOST (one line saying
+    why when there is none yet, never silence); `logs -f` follows it until the study ended;
+    an ended trial's lines come from where the service kept them."""
+    job = "srvlogs"
+    inv = _small_study(sandbox_inventory, sandbox4, tmp_path, job)
+    r = ok(cli("logs", inv, cwd=tmp_path, env=env))
+    assert r.stdout == "" and r.stderr.startswith(f"study {job}: no trial has run yet, so no logs: "), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
+    service.start()
+    wait_until(
+        lambda: "step=" in cli("logs", inv, cwd=tmp_path, env=env).stdout,
+        timeout=300,
+        what="trial 1's output in `provision logs`",
+    )
+    line = next(x for x in ok(cli("logs", inv, cwd=tmp_path, env=env)).stdout.splitlines() if "step=" in x)
+    assert re.fullmatch(r"trial-1/chief-0@host-[12] \| step=\d+ loss=[0-9.]+", line), line
+    ok(cli("cancel", inv, cwd=tmp_path, env=env))
+    # Cancelled: the running trial is stopped and the study ends; -f printed its lines to the end.
+    r = cli("logs", "-f", inv, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trial-1/chief-0@host-" in r.stdout and "step=1 " in r.stdout, r.stdout
+    # Its lines, kept by the service beside the submitter's state once the trial left its hosts.
+    kept = tmp_path / ".provision" / f"{job}.tune" / "trial-1" / "chief-0.log"
+    wait_until(kept.exists, 60, what="trial 1's kept logs")
+    r = ok(cli("logs", "--tail", "2", inv, cwd=tmp_path, env=env))
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(x.startswith("trial-1/chief-0@host-") for x in lines), r.stdout
+
+
 def _apply_job(make, sb, tmp: Path, job: str, gpus: int, payload: str | None = None) -> Path:
     d = tmp / job
     d.mkdir()

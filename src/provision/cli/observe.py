@@ -15,6 +15,7 @@ from provision.cli.common import (
 )
 from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
+from provision.core.errors import ProvisionError
 from provision.core.target import HostError
 from provision.core.text import printable
 from provision.rules.facts import mismatches, summary_row
@@ -234,12 +235,25 @@ def logs(
     """The job's task output (journald) from all hosts, merged in time order.
 
     Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
-    unreachable (the other hosts' lines are still shown).
+    unreachable (the other hosts' lines are still shown). A study's inventory: its trials'
+    output, each line as trial-N/TASK@HOST.
     """
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
-        if setup_logs:
+        if ctx.inventory.tune is not None and not ctx.state.hosts:  # a study's: its trials' jobs
+            job_only = [f for f, given in (("--since", since), ("-o", out_dir), ("--setup", setup_logs),
+                        ("--run", run_number), ("--previous", previous)) if given]  # fmt: skip
+            if job_only:
+                raise ProvisionError(
+                    f"{', '.join(job_only)}: not for a study's logs (its trials' output, trial by trial); "
+                    f"`provision fetch --trial N` or `provision tune --status {inventory}` for the rest"
+                )
+            # start-up time: the study's modules import Optuna (only a study's logs load them)
+            from provision.run.studylogs import study_logs
+
+            code = study_logs(ctx, tuple(tasks), tail=tail, follow=follow, timestamps=timestamps, raw=raw)
+        elif setup_logs:
             code = run_setup_logs(ctx, tail=tail, raw=raw)
         else:
             code = run_logs(

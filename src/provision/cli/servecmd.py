@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from provision.cli.tuneview import pause_line
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.text import duration, printable
@@ -181,6 +182,7 @@ def follow_study(
         printable(f"The study is handed over ({sub.id}, by {sub.owner}): following it; Ctrl-C stops following only.")
     )
     seen: dict[int, str] = {}
+    paused: set[int] = set()
     try:
         while True:
             for r in rows():
@@ -188,6 +190,8 @@ def follow_study(
                 if seen.get(r.number) != key:
                     seen[r.number] = key
                     click.echo(line(r))
+                if (said := pause_line(r, paused)) is not None:  # as a terminal that runs it says
+                    click.echo(said)
             got = store.get(sub.id)
             if got is None or got.status.finished:
                 why = f": {got.why}" if got and got.why else ""

@@ -16,7 +16,7 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,16 +81,16 @@ class Selection:
             placed = [t for t in placed if t.name in tasks]
             if not placed:
                 raise ProvisionError(f"{', '.join(tasks)}: not on the --target hosts")
+        return cls.placed(job, {t.name: t.host.name for t in placed})
+
+    @classmethod
+    def placed(cls, job: str, host_of: Mapping[str, str]) -> Selection:
+        """The tasks of `job` where they ran (task -> host): a study's trial, as it recorded them."""
         by_host: dict[str, list[str]] = {}
-        for t in placed:
-            by_host.setdefault(t.host.name, []).append(t.name)
-        return cls(
-            job,
-            by_host,
-            {t.name: t.host.name for t in placed},
-            {identifier(job, t.name): t.name for t in placed},
-            units_of(job, (t.name for t in placed)),
-        )
+        for task, host in host_of.items():
+            by_host.setdefault(host, []).append(task)
+        idents = {identifier(job, t): t for t in host_of}
+        return cls(job, by_host, dict(host_of), idents, units_of(job, host_of))
 
 
 def run_logs(
@@ -171,6 +171,26 @@ def log_entries(
     errors = [f"{h}: {r.message}" for h, r in results.items() if isinstance(r, HostError)]
     errors += [f"{h}: {x}" for h, r in results.items() if isinstance(r, HostLog) for x in r.errors]
     return entries, after, errors
+
+
+def entries_after(
+    ctx: Context,
+    sel: Selection,
+    *,
+    tail: int | None,
+    cursors: dict[str, dict[str, str]],
+    echo_err: Callable[[str], None],
+) -> tuple[list[Entry], dict[str, dict[str, str]], int]:
+    """`sel`'s entries after `cursors` (a task without one: its last `tail`; None: all),
+    merged in time order; the cursors after them; the exit code of the hosts' answers
+    (each error said through echo_err, as run_logs says them)."""
+    results = _fetch(ctx, sel, None, tail, cursors)
+    entries = list(merge(hl.entries for hl in results.values() if isinstance(hl, HostLog)))
+    after = {h: dict(c) for h, c in cursors.items()}
+    for e in entries:
+        if e.cursor:
+            after.setdefault(e.host, {})[e.task] = e.cursor
+    return entries, after, _fetch_errors(results, echo_err)[0]
 
 
 def _output(out_dir: str | None, job: str) -> tuple[Path | None, dict[str, dict[str, str]]]:
