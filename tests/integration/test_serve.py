@@ -228,7 +228,6 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
     (a.parent / "payload.txt").unlink()
     service.start()
     try:
-        # (The submitter's own commands need the file back: they read the inventory's files.)
         host = wait_until(
             lambda: next(
                 (h for h in APPLY_HOSTS if sh(sandbox4, h, "test -f /opt/srvapply/payload.txt").code == 0), None
@@ -237,8 +236,7 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
             what="the handed-over apply to write its file",
         )
         assert sh(sandbox4, host, "cat /opt/srvapply/payload.txt") == "as submitted\n"
-        (a.parent / "payload.txt").write_text("as submitted\n")
-        wait_until(
+        wait_until(  # status reads the job without the files it pushed
             lambda: (
                 json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Running"
             ),
@@ -282,6 +280,7 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
         run = next(e for e in h["events"] if e["kind"] == "run" and e["job"] == "srvapply")
         assert run["how"] == "stopped by ann@example.com" and run["ended"], run
     finally:
+        (a.parent / "payload.txt").write_text("as submitted\n")  # destroy renders the job: it reads them
         for inv in (a, tmp_path / "srvblock" / "inv.yaml", tmp_path / "srvqueued" / "inv.yaml"):
             if inv.exists():
                 cli("destroy", "-y", inv, cwd=inv.parent, env=env)
