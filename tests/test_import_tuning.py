@@ -787,7 +787,43 @@ AIP_SCRIPT_ERRORS = [
         "gcloud ml-engine jobs submit training b --module-name m --package-path trainer\n",
         "train.sh: 2 `gcloud ... training` commands (lines 1, 2): import one at a time (one per file)",
     ),
+    (  # what only the shell can work out: the flag and its value, as the script writes them
+        "gcloud ai-platform jobs submit training j --module-name m --package-path=$(git rev-parse --show-toplevel)/t\n",
+        "train.sh:1: --package-path: cannot read $(git rev-parse --show-toplevel)/t: $(git rev-parse "
+        "--show-toplevel): only the shell can work this out: write the value (or set a variable above the command)",
+    ),
+    (
+        'gcloud ai-platform jobs submit training j --module-name m --package-path "$TOP/trainer"\n',
+        "train.sh:1: --package-path: cannot read ${TOP}/trainer: $TOP is not set in this file or in the "
+        "environment: set it above the command, or write the value",
+    ),
+    (
+        "gcloud ai-platform jobs submit training j --package-path trainer --module-name=`cat m.txt`\n",
+        "train.sh:1: --module-name: cannot read `cat m.txt`: `cat m.txt`: only the shell can work this out",
+    ),
 ]
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["$(pwd)/trainer", "${PWD}/trainer", "$PWD/trainer/", '"$(pwd)/trainer"', "`pwd`/trainer", "$(pwd -P)/trainer"],
+)
+@pytest.mark.parametrize("eq", ["=", " "])
+def test_an_ai_platform_script_names_its_package_from_its_own_directory(package: str, eq: str, tmp_path: Path) -> None:
+    """`--package-path=$(pwd)/trainer` (or $PWD, ${PWD}), as real submit scripts write it:
+    the script's directory, wherever `provision import` runs from; a shell part of a flag
+    that does not matter (--labels) is a note, as written."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    aip_project(
+        proj,
+        f"gcloud ai-platform jobs submit training census --module-name=trainer.task --package-path{eq}{package} "
+        "--config hptuning_config.yaml --runtime-version 2.11 --labels=team=$(whoami)\n",
+    )
+    doc, text, _ = imported(tmp_path, "ai-platform", "proj/train.sh")
+    assert doc["files"][0] == {"src": "proj/trainer/", "dest": "/opt/census/trainer/"}, doc["files"]
+    assert doc["pools"]["chief"]["command"][1:] == ["-m", "trainer.task"]
+    in_notes(text, "--labels: team=$(whoami)", "Google Cloud resource labels", "Not applied, and why:")
 
 
 @pytest.mark.parametrize("script,message", AIP_SCRIPT_ERRORS, ids=[str(i) for i in range(len(AIP_SCRIPT_ERRORS))])

@@ -289,6 +289,26 @@ def test_printer_prefix_and_files(tmp_path, capsys):
     assert (tmp_path / "chief-0.log").read_text() == "2023-11-14T22:13:20.000000Z h1 to file\n"
 
 
+def test_printer_shows_a_tasks_escape_sequences_and_raw_prints_them(tmp_path, capsys):
+    """A task's (or a run's starter's) control characters are shown, not interpreted, on
+    the terminal; --raw prints the task's text as it wrote it; -o DIR files keep it."""
+    text = "\x1b[31mred\x1b[0m \x1b]0;TITLE\x07 bell\x07 tab\tend"
+    p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=False)
+    p.run_records = {"h1": [{"run": 1, "at": 0, "by": "mallory\x1b[2J"}]}
+    p.write(J.Entry(1, "h1", "chief-0", text, "c"))
+    assert capsys.readouterr().out.splitlines() == [
+        "── run 1, started 1970-01-01 00:00:00 UTC by mallory\\e[2J ──",
+        "chief-0@h1 | \\e[31mred\\e[0m \\e]0;TITLE\\x07 bell\\x07 tab\tend",
+    ]
+    raw = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=False, raw=True)
+    raw.write(J.Entry(1, "h1", "chief-0", text, "c"))
+    assert capsys.readouterr().out == f"chief-0@h1 | {text}\n"
+    f = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=tmp_path, timestamps=False)
+    f.write(J.Entry(1, "h1", "chief-0", text, "c"))
+    f.close()
+    assert (tmp_path / "chief-0.log").read_text().endswith(f" h1 {text}\n")
+
+
 def test_printer_colours_only_when_asked(capsys):
     p = LP.Printer(["chief-0"], {"chief-0": "h1"}, out_dir=None, timestamps=False, color=True)
     p.write(J.Entry(1, "h1", "chief-0", "x", ""))

@@ -359,3 +359,31 @@ def test_a_file_where_a_directory_is_needed_refused(tmp_path: Path) -> None:
     assert problems(tmp_path, "  - {src: job/, dest: /opt/job/}\n  - {src: train.py, dest: /opt/job}\n") == [
         "inventory.yaml:8: files[1].dest: /opt/job is a directory that files[0] writes into; it cannot also be a file",
     ]
+
+
+def test_a_command_that_pushes_nothing_reads_the_job_without_its_sources(tmp_path: Path) -> None:
+    """status, logs, cancel... (files_here=False) take an inventory whose sources are gone
+    (handed over: the service has its snapshot), leaving them out; their destinations are
+    still checked; a command that pushes refuses as before."""
+    job = tree(tmp_path / "job", {"train.py": ("x\n", 0o644)})
+    os.symlink("gone.bin", job / "model.bin")
+    files = (
+        "  - {src: gone.py, dest: /opt/j/gone.py}\n  - {src: job/, dest: /opt/j/}\n  - {src: here.py, dest: /opt/x/}\n"
+    )
+    (tmp_path / "here.py").write_text("y\n")
+    text = inv(tmp_path, files + "setup:\n  commands: [pip install /opt/j]\n  inputs: [/opt/j/gone.py]\n")
+    assert (
+        problems(tmp_path, files)[0] == f"inventory.yaml:7: files[0].src: no such file or directory: {tmp_path}/gone.py"
+    )
+    got = parse(text, tmp_path / "inventory.yaml", display="inventory.yaml", files_here=False)
+    assert [(f.src.name, f.dest) for f in got.files] == [("here.py", "/opt/x/here.py")]
+    with pytest.raises(ValidationError) as e:
+        parse(
+            text.replace("/opt/j/gone.py}", "opt/j/gone.py}"),
+            tmp_path / "inventory.yaml",
+            display="inventory.yaml",
+            files_here=False,
+        )
+    assert e.value.problems == [
+        "inventory.yaml:7: files[0].dest: expected an absolute path on the host, got 'opt/j/gone.py'"
+    ]

@@ -60,6 +60,37 @@ def test_token_commands(store, tmp_path):
     assert "No tokens yet" in run("serve", "token", "list", cwd=tmp_path)[1]
 
 
+@pytest.mark.parametrize(
+    "owner,why",
+    [
+        (
+            "ana\nzed  yes    2020-01-01 00:00",
+            "a name has no control characters (newlines, escapes, ...), got 'ana\\x0azed",
+        ),
+        ("ana\x1b[2J", "a name has no control characters (newlines, escapes, ...), got 'ana\\e[2J'"),
+        ("", "expected a name (as teammates know them, e.g. ann@example.com), got an empty one"),
+        ("   ", "expected a name (as teammates know them, e.g. ann@example.com), got an empty one"),
+        ("a" * 201, "at most 200 characters, got 201"),
+    ],
+)
+def test_a_token_owner_is_one_line_of_a_sane_length(store, tmp_path, owner, why):
+    """A newline in --owner forged a row of `token list`, an empty owner was taken: refused,
+    in one line naming the flag, and nothing is made."""
+    code, out, err = run("serve", "token", "create", "--owner", owner, cwd=tmp_path)
+    assert code == 1 and out == "", out
+    assert err.startswith(f"Error: --owner: {why}") and len(err.splitlines()) == 1, err
+    assert store.tokens() == []
+
+
+def test_token_list_shows_an_owner_the_database_holds_as_text(store, tmp_path):
+    """What the database holds (written by an older provision, or by hand) is printed
+    with its control characters shown, never interpreted."""
+    store.create_token("mallory\x1b]0;OWNED\x07\nforged", admin=False)
+    code, out, _ = run("serve", "token", "list", cwd=tmp_path)
+    assert code == 0 and "mallory\\e]0;OWNED\\x07\\x0aforged" in out, out
+    assert "\x1b" not in out and "\x07" not in out and len(out.splitlines()) == 2, out
+
+
 def test_the_token_check_serves_the_dashboard(store, tmp_path):
     _, token = store.create_token("ana@example.com", admin=False)
     app = make_app(

@@ -253,7 +253,7 @@ def test_png_of_extreme_values_is_drawn_and_says_so(tmp_path):
     drawing traceback."""
     tune = Tune(Metric("loss", Goal.MINIMIZE), (Param("lr", ParamType.DOUBLE, 0.0, 1.0),), 4)
     rows = [
-        TrialRow(1, (("lr", 0.1),), TrialState.SUCCEEDED, 1.7e308, job="j-t1"),
+        TrialRow(1, (("learning_rate", 0.1),), TrialState.SUCCEEDED, 1.7e308, job="j-t1"),
         TrialRow(2, (("lr", 0.2),), TrialState.SUCCEEDED, 0.0, job="j-t2"),
         TrialRow(3, (("lr", 0.3),), TrialState.STOPPED_EARLY, -1e200, job="j-t3"),
     ]
@@ -337,3 +337,44 @@ def test_the_last_picture_is_drawn_once_every_trial_is_told_and_not_again_at_the
     assert drawn == [len(told)]  # nothing changed: not drawn again
     pic.last(told[:-1])
     assert drawn == [len(told), len(told) - 1]
+
+
+def test_a_followed_study_says_its_trials_pauses_and_resumes_as_a_terminal_that_runs_it(monkeypatch, capsys):
+    """`provision tune` of a handed-over study (servecmd.follow_study) prints the lines the
+    terminal that runs a study prints when a trial is preempted and when it resumes
+    (run/tune.py), read from the rows' why as `tune --status` shows them."""
+    import dataclasses
+
+    from provision.cli import servecmd
+    from provision.io.servicestore import Kind, Status, Submission
+
+    tune = TUNE
+    why = "preempted by hi (ana@lab, priority high); resumes when 2 GPUs are free"
+    looks = [
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.RUNNING, why="running on host-1")],
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.RUNNING, why=f"paused: {why}")],
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.RUNNING, why=f"paused: {why}")],
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.RUNNING, why="resuming (room returned)")],
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.RUNNING, why="running on host-1, host-2")],
+        [TrialRow(1, (("learning_rate", 0.1),), TrialState.SUCCEEDED, value=0.5, steps=3)],
+    ]
+    sub = Submission("s1", Kind.TUNE, "j", "bob@lab", "local", "", "inv.yaml", {}, status=Status.RUNNING)
+
+    class Store:
+        def get(self, sid: str) -> Submission:
+            return dataclasses.replace(sub, status=Status.DONE if not looks else Status.RUNNING)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(servecmd.time, "sleep", lambda s: None)
+    code = servecmd.follow_study(Store(), sub, lambda: looks.pop(0), lambda r: event_line(r, tune))  # type: ignore[arg-type]
+    assert code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split(":")[0] if x.startswith("trial 1 succeeded") else x for x in out[1:]] == [
+        "trial 1 started: --learning_rate=0.1",
+        f"trial 1 paused: {why}",
+        "trial 1 resumed on host-1, host-2 (from its checkpoint)",
+        "trial 1 succeeded",
+        "Submission s1 done.",
+    ], out

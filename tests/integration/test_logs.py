@@ -11,7 +11,7 @@ import threading
 import pytest
 import yaml
 
-from clirun import cli, sh, wait_until
+from clirun import cli, ok, sh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -273,3 +273,38 @@ def test_a_long_log_is_streamed_in_bounded_memory(sandbox3, sandbox_inventory, t
     finally:
         cli("destroy", "-y", inv, cwd=tmp_path)
         sh(sandbox3, "host-1", f"rm -f {conf} && systemctl restart systemd-journald")
+
+
+EVIL_OWNER = "mallory\x1b]0;OWNED\x07\x1b[2Jx"
+EVIL_SHOWN = "mallory\\e]0;OWNED\\x07\\e[2Jx"
+
+
+def test_what_hosts_and_other_users_wrote_is_shown_not_interpreted(sandbox3, sandbox_inventory, tmp_path):
+    """An owner with escape sequences (PROVISION_OWNER, kept in the hosts' ledgers and
+    runs) and a task that prints some: `jobs`, `status` and `logs` (its run line and the
+    task's text) show them as text (\\e, \\xNN); `logs --raw` prints the task's own bytes."""
+    inv = tmp_path / "inv.yaml"
+    script = 'printf "\\033[31mred\\033[0m \\033]0;TITLE\\007 done\\n"; exec sleep 600'
+    sandbox_inventory(
+        sandbox3,
+        job="lg-escape",
+        path=inv,
+        hosts=["host-1"],
+        pools={"chief": {"replicas": 1, "command": ["/bin/sh", "-c", script]}},
+    )
+    ok(cli("apply", "-y", inv, cwd=tmp_path, env={"PROVISION_OWNER": EVIL_OWNER}))
+    try:
+        wait_until(lambda: "done" in cli("logs", inv, cwd=tmp_path).stdout, what="the task's output")
+        for args in (("jobs", inv), ("status", inv), ("logs", inv)):
+            r = cli(*args, cwd=tmp_path)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert EVIL_SHOWN in r.stdout, (args, r.stdout)
+            assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr, (args, r.stdout)
+        lines = cli("logs", inv, cwd=tmp_path).stdout.splitlines()
+        assert lines[0].startswith("── run 1, started ") and lines[0].endswith(f" by {EVIL_SHOWN} ──"), lines
+        assert lines[1] == "chief-0@host-1 | \\e[31mred\\e[0m \\e]0;TITLE\\x07 done", lines
+        raw = ok(cli("logs", "--raw", inv, cwd=tmp_path)).stdout.splitlines()
+        assert raw[1] == "chief-0@host-1 | \x1b[31mred\x1b[0m \x1b]0;TITLE\x07 done", raw
+        assert EVIL_SHOWN in raw[0]  # the run's line is provision's, not the task's: shown as text
+    finally:
+        cli("destroy", "-y", inv, cwd=tmp_path)

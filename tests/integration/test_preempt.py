@@ -466,6 +466,45 @@ def test_a_preempted_trial_pauses_and_resumes_as_the_same_trial(box, sandbox_inv
         destroy(hi)  # (a trial left by a failure goes with the module's sandbox)
 
 
+def test_a_handed_over_study_followed_says_when_its_trial_pauses_and_resumes(box, sandbox_inventory, tmp_path):
+    """`provision tune STUDY` following a study the service runs prints the paused and
+    resumed lines the terminal that runs a study prints (as `tune --status` shows them)."""
+    svc = tmp_path / "svc"
+    svc.mkdir()
+    env = {"PROVISION_SERVICE_DB": str(svc / "service.sqlite"), **as_owner("bob@lab")}
+    study = sweep(box, sandbox_inventory, tmp_path, "pf-sweep")
+    hi = high(box, sandbox_inventory, tmp_path, "pf-high", 600)
+    serve = _serve(svc, env)
+    follow: subprocess.Popen | None = None
+    try:
+        ok(cli("tune", "--detach", "--poll", "0.3", study, cwd=tmp_path, env=env))
+        wait_until(lambda: steps(box, "pf-sweep/1") >= 4, 120, 0.25, what="trial 1 to take 4 steps")
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "provision", "tune", str(study)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+        )
+        said = output_until(follow, "following it", 60)
+        ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
+        paused = "trial 1 paused: preempted by pf-high (ana@lab, priority high); resumes when 2 GPUs are free"
+        said += output_until(follow, paused, 60)
+        destroy(hi)  # room returns: the service resumes the trial
+        said += output_until(follow, "trial 1 resumed on host-1 (from its checkpoint)", 90)
+        out, _ = follow.communicate(timeout=120)
+        said += out.decode(errors="replace")
+        assert follow.returncode == 0, said
+        assert said.count(paused) == 1 and "trial 1 succeeded: loss=0.0333333 at step 30" in said, said
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait(30)
+        cli("cancel", study, cwd=tmp_path, env=env)
+        _unserve(serve, svc)
+        destroy(hi)
+
+
 # --------------------------------------------------------------------------- a job of two hosts
 
 WHOLE_GRACE = 5  # seconds: the two-host job's preemption grace

@@ -116,6 +116,90 @@ def test_a_handed_over_study_survives_two_kill_9(sandbox4, sandbox_inventory, tm
     assert h["gpu_hours"]["ann@example.com"] > 0
 
 
+def _small_study(make, sb, tmp: Path, job: str) -> Path:
+    """A study of 3 trials, one at a time, whose trainer (pushed with files:) prints a line
+    every 0.25 s for 100 s."""
+    shutil.copy(TRAINER, tmp / "trainer.py")
+    inv = tmp / "study.yaml"
+    trainer = ["python3", f"/opt/{job}/trainer.py", "--steps=400", "--step_seconds=0.25"]
+    make(
+        sb,
+        job=job,
+        path=inv,
+        hosts=STUDY_HOSTS,
+        files=[{"src": "trainer.py", "dest": f"/opt/{job}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "accelerators": 1, "command": trainer}},
+        tune={
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}},
+            "algorithm": "random",
+            "max_trials": 3,
+            "parallel_trials": 1,
+        },
+    )
+    return inv
+
+
+def _trainer_runs(sb, job: str) -> bool:
+    return any(sh(sb, h, f"pgrep -f '[/]opt/{job}/trainer.py'").code == 0 for h in STUDY_HOSTS)
+
+
+def test_handed_over_work_is_read_and_cancelled_without_its_files(sandbox4, sandbox_inventory, tmp_path, env, service):
+    """Handed over, then the files deleted (the service keeps a snapshot): `tune --status`,
+    `status` and `cancel` need only the job's name and state; what pushes (plan, apply,
+    tune --detach) still refuses with the files' message."""
+    job = "srvgone"
+    inv = _small_study(sandbox_inventory, sandbox4, tmp_path, job)
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
+    (tmp_path / "trainer.py").unlink()
+    service.start()
+    wait_until(lambda: _trainer_runs(sandbox4, job), timeout=300, what="trial 1's trainer to run")
+    doc = json.loads(ok(cli("tune", "--status", "--json", inv, cwd=tmp_path, env=env)).stdout)
+    assert [t["state"] for t in doc["trials"]] == ["running"], doc
+    assert "1 running" in ok(cli("tune", "--status", inv, cwd=tmp_path, env=env)).stdout
+    ok(cli("status", inv, cwd=tmp_path, env=env))
+    for args in (("plan", inv), ("apply", "-y", inv), ("tune", "--detach", inv)):
+        r = cli(*args, cwd=tmp_path, env=env)
+        assert r.returncode == 1 and "files[0].src: no such file or directory" in r.stderr, (args, r.stderr)
+    r = ok(cli("cancel", inv, cwd=tmp_path, env=env))
+    assert "Asked the service to stop" in r.stdout, r.stdout
+    wait_until(lambda: not _trainer_runs(sandbox4, job), timeout=120, what="the cancelled trial to stop")
+    wait_until(
+        lambda: all(t["state"] != "running" for t in _trials(inv, tmp_path, env)), timeout=120, what="the study to end"
+    )
+
+
+def test_logs_of_a_handed_over_study_are_its_trials(sandbox4, sandbox_inventory, tmp_path, env, service):
+    """`logs STUDY` prints its trials' output, each line as trial-N/TASK@HOST (one line saying
+    why when there is none yet, never silence); `logs -f` follows it until the study ended;
+    an ended trial's lines come from where the service kept them."""
+    job = "srvlogs"
+    inv = _small_study(sandbox_inventory, sandbox4, tmp_path, job)
+    r = ok(cli("logs", inv, cwd=tmp_path, env=env))
+    assert r.stdout == "" and r.stderr.startswith(f"study {job}: no trial has run yet, so no logs: "), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    ok(cli("tune", "--detach", "--poll", "0.3", inv, cwd=tmp_path, env=env))
+    service.start()
+    wait_until(
+        lambda: "step=" in cli("logs", inv, cwd=tmp_path, env=env).stdout,
+        timeout=300,
+        what="trial 1's output in `provision logs`",
+    )
+    line = next(x for x in ok(cli("logs", inv, cwd=tmp_path, env=env)).stdout.splitlines() if "step=" in x)
+    assert re.fullmatch(r"trial-1/chief-0@host-[12] \| step=\d+ loss=[0-9.]+", line), line
+    ok(cli("cancel", inv, cwd=tmp_path, env=env))
+    # Cancelled: the running trial is stopped and the study ends; -f printed its lines to the end.
+    r = cli("logs", "-f", inv, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trial-1/chief-0@host-" in r.stdout and "step=1 " in r.stdout, r.stdout
+    # Its lines, kept by the service beside the submitter's state once the trial left its hosts.
+    kept = tmp_path / ".provision" / f"{job}.tune" / "trial-1" / "chief-0.log"
+    wait_until(kept.exists, 60, what="trial 1's kept logs")
+    r = ok(cli("logs", "--tail", "2", inv, cwd=tmp_path, env=env))
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(x.startswith("trial-1/chief-0@host-") for x in lines), r.stdout
+
+
 def _apply_job(make, sb, tmp: Path, job: str, gpus: int, payload: str | None = None) -> Path:
     d = tmp / job
     d.mkdir()
@@ -144,7 +228,6 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
     (a.parent / "payload.txt").unlink()
     service.start()
     try:
-        # (The submitter's own commands need the file back: they read the inventory's files.)
         host = wait_until(
             lambda: next(
                 (h for h in APPLY_HOSTS if sh(sandbox4, h, "test -f /opt/srvapply/payload.txt").code == 0), None
@@ -153,8 +236,7 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
             what="the handed-over apply to write its file",
         )
         assert sh(sandbox4, host, "cat /opt/srvapply/payload.txt") == "as submitted\n"
-        (a.parent / "payload.txt").write_text("as submitted\n")
-        wait_until(
+        wait_until(  # status reads the job without the files it pushed
             lambda: (
                 json.loads(cli("status", "--json", a, cwd=a.parent, env=env).stdout or "{}").get("phase") == "Running"
             ),
@@ -198,6 +280,7 @@ def test_queued_applies_handed_over_run_as_submitted_or_are_taken_back(
         run = next(e for e in h["events"] if e["kind"] == "run" and e["job"] == "srvapply")
         assert run["how"] == "stopped by ann@example.com" and run["ended"], run
     finally:
+        (a.parent / "payload.txt").write_text("as submitted\n")  # destroy renders the job: it reads them
         for inv in (a, tmp_path / "srvblock" / "inv.yaml", tmp_path / "srvqueued" / "inv.yaml"):
             if inv.exists():
                 cli("destroy", "-y", inv, cwd=inv.parent, env=env)

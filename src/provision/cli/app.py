@@ -12,6 +12,7 @@ import click
 
 from provision import __version__
 from provision.core.errors import ProvisionError, no_color
+from provision.core.text import printable
 
 # command name -> "module:attribute" of its click command.
 COMMANDS = {
@@ -87,9 +88,10 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except ProvisionError as e:
-            click.echo(f"Error: {e.message}", err=True)
+            # A message may carry what a host or a database said: shown, never interpreted.
+            click.echo(f"Error: {printable(e.message)}", err=True)
             for line in e.details:
-                click.echo(f"Error: {line}", err=True)
+                click.echo(f"Error: {printable(line)}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)

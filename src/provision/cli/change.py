@@ -23,6 +23,7 @@ from provision.cli.output import change_json, print_outcome, print_plan, stop_li
 from provision.cli.progress import phase_line, wait_job
 from provision.core.errors import EXIT_CHANGES, EXIT_UNREACHABLE, ProvisionError
 from provision.core.lifecycle import TaskState
+from provision.core.text import printable
 from provision.host import layout
 from provision.placement.tasks import PlacementError
 from provision.rules import provenance
@@ -46,7 +47,7 @@ def note_change(ctx: Context, operation: str, summary: str) -> None:
     try:
         ctx.state.note(ctx.owner.who, operation, summary)
     except ProvisionError as e:
-        click.echo(click.style(f"Warning: {e.message}", fg="yellow"), err=True)
+        click.echo(click.style(f"Warning: {printable(e.message)}", fg="yellow"), err=True)
     except OSError as e:
         click.echo(click.style(f"Warning: cannot add to the state's history: {e}", fg="yellow"), err=True)
 
@@ -65,7 +66,7 @@ def _change(
     """apply and destroy on an opened (and locked) Context: plan, show, confirm, execute,
     report; returns the exit code. The caller closes the Context."""
     if ctx.lock is not None and ctx.lock.notice:
-        click.echo(f"Note: {ctx.lock.notice}", err=True)
+        click.echo(f"Note: {printable(ctx.lock.notice)}", err=True)
     p = make_plan(ctx)
     if not as_json:
         print_plan(p, destroying=operation == "destroy")
@@ -100,7 +101,7 @@ def _theirs_confirmed(p: Plan) -> None:
         return
     if not sys.stdin.isatty():
         raise ProvisionError(provenance.refusal(p))
-    if not click.confirm(f"\n{provenance.question(p)}", default=False):
+    if not click.confirm(f"\n{printable(provenance.question(p))}", default=False):
         click.echo("Apply cancelled: nothing was changed.")
         sys.exit(1)
 
@@ -141,7 +142,7 @@ def plan(
     else:
         print_plan(p)
     for problem in p.problems:  # what would refuse the apply, where scripts look for errors
-        click.echo(click.style(f"Error: {problem}", fg="red"), err=True)
+        click.echo(click.style(f"Error: {printable(problem)}", fg="red"), err=True)
     report_unreachable(p)
     code = exit_code(p)
     if code == 0 and detailed_exitcode and p.changed:
@@ -184,14 +185,14 @@ def check(
             click.echo(click.style(line, fg=color.get(f.status.value)))
         for f in res.failed:
             line = f.detail if f.check == "network" else f"{f.host}: {f.detail}"
-            click.echo(click.style(f"Failed: {line}", fg="red"))
+            click.echo(click.style(f"Failed: {printable(line)}", fg="red"))
         click.echo(summary(res))
     report_unreachable(res.plan)
     sys.exit(res.exit_code)
 
 
 def _setup_line(host: str, line: str) -> None:
-    click.echo(f"setup@{host} | {line}")  # as `provision logs --setup` prints it
+    click.echo(f"setup@{host} | {printable(line)}")  # as `provision logs --setup` prints it
 
 
 class _Applying:
@@ -421,7 +422,7 @@ def stop(
 
 def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int:  # noqa: C901  stop's dialogue as the user reads it: what to stop, ask, end, report, the unreachable hosts
     if ctx.lock is not None and ctx.lock.notice:
-        click.echo(f"Note: {ctx.lock.notice}", err=True)
+        click.echo(f"Note: {printable(ctx.lock.notice)}", err=True)
     st, foreign = look(ctx)
     if foreign is not None:
         raise ProvisionError(foreign)
@@ -431,7 +432,7 @@ def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int
     stopped: list[str] = []
     if st.phase.ended and not live:
         if not as_json:
-            click.echo(f"Nothing to stop: job {st.phase}" + (f" ({st.reason})." if st.reason else "."))
+            click.echo(f"Nothing to stop: job {st.phase}" + (f" ({printable(st.reason)})." if st.reason else "."))
     elif not live:
         if not as_json:
             click.echo(f"Nothing to stop: no task of job {st.job} runs on the hosts that answered.")
@@ -453,7 +454,7 @@ def _stop(ctx: Context, *, auto_approve: bool, as_json: bool, hold: bool) -> int
         click.echo(f"Files, logs and state are kept: `provision apply --rerun {ctx.where}` starts the job again.")
     for h in st.unreachable:
         why = next((t.detail for t in st.tasks if t.host == h and t.state is TaskState.UNKNOWN), "unreachable")
-        click.echo(click.style(f"Unreachable: {h}: {why}", fg="red"), err=True)
+        click.echo(click.style(f"Unreachable: {h}: {printable(why)}", fg="red"), err=True)
     if st.unreachable:
         click.echo(click.style("Its tasks there were not stopped; run stop again when it is back.", fg="red"), err=True)
         return EXIT_UNREACHABLE

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from provision.core.errors import EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, ProvisionError, no_color
+from provision.core.text import printable
 from provision.run.context import Context, open_context
 from provision.run.remote import complete_tasks as complete_tasks  # re-exported: TASK completion
 
@@ -44,7 +45,7 @@ def host_options(fn: F) -> F:
 
 def progress_line(line: str) -> None:
     # From the hosts' threads: click's context (and its colour setting) is the main thread's.
-    click.echo(click.style("  ... ", dim=True) + line, err=True, color=False if no_color() else None)
+    click.echo(click.style("  ... ", dim=True) + printable(line), err=True, color=False if no_color() else None)
 
 
 def open_ctx(
@@ -57,7 +58,10 @@ def open_ctx(
     render_secrets: bool = True,
     operation: str | None = None,
     take_over: bool = False,
+    files_here: bool = True,
 ) -> Context:
+    """The command's Context (run/context.open_context); `files_here` False for the
+    commands that only read the job: they need none of the `files:` it pushes."""
     return open_context(
         inventory,
         state_path=state_path,
@@ -67,6 +71,7 @@ def open_ctx(
         render_secrets=render_secrets,
         operation=operation,
         take_over=take_over,
+        files_here=files_here,
     )
 
 
@@ -98,7 +103,7 @@ def report_unreachable(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = 
         return
     if len(why) <= 10:
         for name in sorted(why):
-            click.echo(click.style(f"Unreachable: {name}: {why[name]}", fg="red"), err=True)
+            click.echo(click.style(f"Unreachable: {name}: {printable(why[name])}", fg="red"), err=True)
     else:
         by_reason: dict[str, list[str]] = {}
         for name, reason in why.items():
@@ -108,7 +113,8 @@ def report_unreachable(plan: Plan, outcomes: Mapping[str, HostOutcome] | None = 
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             click.echo(
                 click.style(
-                    f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {reason}", fg="red"
+                    f"Unreachable: {len(names)} host{'s' if len(names) != 1 else ''} ({shown}): {printable(reason)}",
+                    fg="red",
                 ),
                 err=True,
             )

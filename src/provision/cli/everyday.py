@@ -15,6 +15,7 @@ import click
 
 from provision.core.errors import ProvisionError
 from provision.core.target import HostError, Target
+from provision.core.text import printable
 from provision.host import layout
 from provision.host.protocol import ALL_FACTS, ProbeRequest
 from provision.inventory.address import split as address_split
@@ -255,7 +256,9 @@ def _facts(
         res = session.map(lambda t: call_agent(session, t, ProbeRequest("init", files=False, facts=ALL_FACTS)), targets)
     for name, r in res.items():
         if isinstance(r, HostError):
-            click.echo(f"Warning: {r.target.where}: {r.message}; its accelerators are left to fill in", err=True)
+            click.echo(
+                f"Warning: {r.target.where}: {printable(r.message)}; its accelerators are left to fill in", err=True
+            )
         else:
             out[name] = r.facts or {}
     return out

@@ -33,7 +33,9 @@ def fetch_cmd(
     --trial N: that trial's directory, from the host it ran on."""
 
     loaded, ran_on = _trial(inventory, trial) if trial is not None else (None, None)
-    ctx = open_context(inventory, state_path=state_path, verbose=verbose, render_secrets=False, loaded=loaded)
+    ctx = open_context(
+        inventory, state_path=state_path, verbose=verbose, render_secrets=False, loaded=loaded, files_here=False
+    )
     try:
         fetch(ctx, task, Path(out_dir), progress_line, ran_on=ran_on)
     except HostError as e:
@@ -44,7 +46,7 @@ def fetch_cmd(
 
 def _trial(inventory: str, number: int) -> tuple[Inventory, dict[str, str]]:
     """The trial's job as the study ran it, and where its tasks ran."""
-    inv = load(inventory)
+    inv = load(inventory, files_here=False)  # fetching needs none of the files the job pushes
     if inv.tune is None:
         raise ProvisionError(f"--trial: {inventory} has no tune: section")
     # Local: Optuna takes about a second to import (start-up of a plain fetch stays as it was).

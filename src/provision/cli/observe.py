@@ -15,7 +15,9 @@ from provision.cli.common import (
 )
 from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
+from provision.core.errors import ProvisionError
 from provision.core.target import HostError
+from provision.core.text import printable
 from provision.rules.facts import mismatches, summary_row
 from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
@@ -40,7 +42,7 @@ def jobs(
     Reads only: works from anyone's machine, whoever applied the jobs.
     """
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         res = probe(ctx, Ask(files=False, tenancy=True), fast=True)
     finally:
@@ -64,7 +66,7 @@ def jobs(
             for line in table(jobs_rows):
                 click.echo(line)
             for line in queued_lines(views, now, ctx.policy):
-                click.echo(line)
+                click.echo(printable(line))  # who waits: the ledgers' owners
         click.echo()
         for line in table(host_rows):
             click.echo(line)
@@ -86,7 +88,7 @@ def facts(
 ) -> None:
     """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         res = probe(ctx, Ask(facts="all", files=False))
     finally:
@@ -155,7 +157,7 @@ def status(
     """Job phase (Pending, Running, Succeeded, Failed) and every task's state. One round trip per host."""
 
     disp = Display(sys.stdout)
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
         while True:
             st = collect(ctx)
@@ -180,7 +182,7 @@ def status(
     if st.unreachable:
         why = {t.host: t.detail for t in st.tasks if t.state.value == "Unknown"}
         for h in st.unreachable:
-            click.echo(f"Unreachable: {h}: {why.get(h, 'host unreachable')}", err=True)
+            click.echo(f"Unreachable: {h}: {printable(why.get(h, 'host unreachable'))}", err=True)
         sys.exit(3)
 
 
@@ -208,6 +210,11 @@ def status(
     "--run", "run_number", type=click.IntRange(1), metavar="N", help="Only run N of the job (status shows runs)."
 )
 @click.option("--previous", is_flag=True, help="Only the run before the latest (after a rerun: the one that ended).")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The tasks' output as they wrote it, escape sequences too (colours); else shown as text.",
+)
 def logs(
     inventory: str,
     tasks: tuple[str, ...],
@@ -223,17 +230,31 @@ def logs(
     setup_logs: bool,
     run_number: int | None,
     previous: bool,
+    raw: bool,
 ) -> None:
     """The job's task output (journald) from all hosts, merged in time order.
 
     Each line starts with TASK@HOST. TASK... limits to those tasks. Exit 3 when a host was
-    unreachable (the other hosts' lines are still shown).
+    unreachable (the other hosts' lines are still shown). A study's inventory: its trials'
+    output, each line as trial-N/TASK@HOST.
     """
 
-    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
-        if setup_logs:
-            code = run_setup_logs(ctx, tail=tail)
+        if ctx.inventory.tune is not None and not ctx.state.hosts:  # a study's: its trials' jobs
+            job_only = [f for f, given in (("--since", since), ("-o", out_dir), ("--setup", setup_logs),
+                        ("--run", run_number), ("--previous", previous)) if given]  # fmt: skip
+            if job_only:
+                raise ProvisionError(
+                    f"{', '.join(job_only)}: not for a study's logs (its trials' output, trial by trial); "
+                    f"`provision fetch --trial N` or `provision tune --status {inventory}` for the rest"
+                )
+            # start-up time: the study's modules import Optuna (only a study's logs load them)
+            from provision.run.studylogs import study_logs
+
+            code = study_logs(ctx, tuple(tasks), tail=tail, follow=follow, timestamps=timestamps, raw=raw)
+        elif setup_logs:
+            code = run_setup_logs(ctx, tail=tail, raw=raw)
         else:
             code = run_logs(
                 ctx,
@@ -245,6 +266,7 @@ def logs(
                 timestamps=timestamps,
                 run=run_number,
                 previous=previous,
+                raw=raw,
             )
     finally:
         ctx.close()
@@ -260,7 +282,7 @@ def logs(
 def wait(inventory: str, state_path: str | None, timeout: float | None, verbose: bool, stream_logs: bool) -> None:
     """Block until the job succeeds (exit 0) or fails or is stopped (exit 1), showing each task's progress."""
 
-    ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False)
+    ctx = open_ctx(inventory, state_path, (), None, verbose, render_secrets=False, files_here=False)
     try:
         code = wait_job(ctx, timeout=timeout, logs=stream_logs)
     finally:

@@ -9,7 +9,7 @@ import click
 
 from provision.core.errors import ProvisionError, ValidationError
 from provision.core.model import Inventory
-from provision.core.text import plural
+from provision.core.text import plural, printable
 from provision.inventory.inventory import load
 from provision.inventory.localcheck import identity_problems, job_file_hint, secret_problems
 from provision.inventory.statebackend import backend_of
@@ -128,4 +128,4 @@ def force_unlock(inventory: str, lock_id: str, state_path: str | None) -> None:
         holder = store.force_unlock(lock_id)
     finally:
         store.close()
-    click.echo(f"Removed the lock: {holder.describe()}")
+    click.echo(f"Removed the lock: {printable(holder.describe())}")

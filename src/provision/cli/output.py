@@ -9,7 +9,7 @@ import click
 from provision.cli.progress import failed_lines
 from provision.core.imagechange import ImageChange
 from provision.core.lifecycle import Action, JobPhase, TaskState, stop_rank
-from provision.core.text import duration
+from provision.core.text import duration, printable
 from provision.host.protocol import Reservation
 from provision.rules import provenance
 from provision.rules.plan import FileAction, FileChange, Plan, TaskChange
@@ -29,10 +29,10 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
     out: list[str] = []
     for hp in plan.hosts:
         if hp.error is not None:
-            out.append(click.style(f"# {hp.error.target.where}: {hp.error.message}", fg="red"))
+            out.append(click.style(f"# {hp.error.target.where}: {printable(hp.error.message)}", fg="red"))
             continue
         for p in hp.problems:
-            out.append(click.style(f"# {hp.target.where}: {p}", fg="red"))
+            out.append(click.style(f"# {hp.target.where}: {printable(p)}", fg="red"))
         if not hp.changed:
             continue
         title = f"# {hp.target.where}"
@@ -40,7 +40,7 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
             title += " (the job leaves this host)"
         out.append(click.style(title, bold=True))
         for path, other in hp.shared:
-            out.append(_line("=", f"file {path} (the same file as job {other}'s: shared, not written)"))
+            out.append(_line("=", f"file {path} (the same file as job {printable(other)}'s: shared, not written)"))
         if hp.setup_done and hp.bundle is not None and hp.bundle.setup is not None:
             out.append(_line("=", f"setup: {hp.setup_done} (not run again)"))
         for r in hp.resources():  # exactly what the summary counts (HostPlan.resources)
@@ -52,13 +52,13 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
             elif isinstance(item, FileChange):
                 drift = click.style(" [drift]", fg="magenta") if item.drift else ""
                 why = "destroy" if destroying and item.action is FileAction.DELETE else item.reason
-                theirs = click.style(f": {provenance.describe(item)}", fg="magenta") if item.replaces else ""
+                theirs = click.style(f": {printable(provenance.describe(item))}", fg="magenta") if item.replaces else ""
                 out.append(_line(r.symbol, f"{item.kind} {item.path} ({why}){drift}{theirs}"))
                 if verbose_diff and item.diff:
                     for dl in item.diff.rstrip("\n").split("\n"):
                         bare = dl.lstrip()
                         color = "green" if bare.startswith("+") else "red" if bare.startswith("-") else None
-                        out.append("      " + click.style(dl, fg=color))
+                        out.append("      " + click.style(printable(dl), fg=color))  # a host file's lines
             elif isinstance(item, ImageChange):
                 out.append(_line(r.symbol, item.line()))
             elif isinstance(item, Reservation):
@@ -73,7 +73,7 @@ def plan_lines(plan: Plan, *, verbose_diff: bool = True, destroying: bool = Fals
 def print_plan(plan: Plan, *, destroying: bool = False) -> None:
     for hp in plan.hosts:  # on stderr, before the plan: they matter before the question
         for w in hp.warnings:
-            click.echo(click.style(f"Warning: {w}", fg="yellow"), err=True)
+            click.echo(click.style(f"Warning: {printable(w)}", fg="yellow"), err=True)
     lines = plan_lines(plan, destroying=destroying)
     if plan.changed:
         click.echo("provision will perform the following actions:\n")
@@ -83,7 +83,7 @@ def print_plan(plan: Plan, *, destroying: bool = False) -> None:
         click.echo(click.style(plan.summary(), bold=True))
         theirs = provenance.summary(plan)
         if theirs is not None and not destroying:
-            click.echo(click.style(theirs, fg="magenta"))
+            click.echo(click.style(printable(theirs), fg="magenta"))
         if not plan.errors and plan.finished():
             click.echo(
                 f"The job is finished ({plan.finished()}): these changes are written and nothing starts. "
@@ -114,7 +114,7 @@ def print_outcome(ctx: Context, plan: Plan, outcomes: Mapping[str, HostOutcome],
     """Errors per host, then Terraform's closing line."""
     failed = [o for o in outcomes.values() if o.error and not o.unreachable]
     for o in failed:
-        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {o.error}", fg="red"), err=True)
+        click.echo(click.style(f"Error: {ctx.targets[o.name].where}: {printable(o.error or '')}", fg="red"), err=True)
     line = summary_line(plan, outcomes, operation)
     if line is not None:
         click.echo(click.style(f"\n{line}", bold=True))
@@ -135,8 +135,10 @@ def summary_line(plan: Plan, outcomes: Mapping[str, HostOutcome], operation: str
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as aligned columns; every cell printable (a cell may be a host's or a ledger's)."""
     if not rows:
         return []
+    rows = [[printable(str(c)) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -156,10 +158,11 @@ PHASE_COLOR = {
 def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     """The status table; below it, the last journal lines of each task that failed."""
     head = click.style(f"Job {st.job}: {st.phase}", bold=True, fg=PHASE_COLOR.get(st.phase.value))
-    if st.reason:  # "Preempted at 14:02 by ...": its reason reads on from the phase
-        head += f" {st.reason}" if st.phase is JobPhase.PREEMPTED else f" ({st.reason})"
+    reason = printable(st.reason or "")  # the reason and the owner come from the hosts' ledgers
+    if reason:  # "Preempted at 14:02 by ...": its reason reads on from the phase
+        head += f" {reason}" if st.phase is JobPhase.PREEMPTED else f" ({reason})"
     if st.owner:
-        head += f"  owner: {st.owner}"
+        head += f"  owner: {printable(st.owner)}"
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", "GPU%", "STATE", "EXIT", "RESTARTS", "SINCE", "DETAIL")]
     for t in st.tasks:
         rows.append(
@@ -177,12 +180,12 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
             )
         )
     lines = table(rows)
-    out = [head, *([st.run.words().capitalize()] if st.run is not None else []), lines[0]]
+    out = [head, *([printable(st.run.words()).capitalize()] if st.run is not None else []), lines[0]]
     for t, line in zip(st.tasks, lines[1:]):
         color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)
     failed = failed_lines(st, inventory)
-    behind = [click.style(f"Warning: {line}", fg="yellow") for line in st.left_behind]
+    behind = [click.style(f"Warning: {printable(line)}", fg="yellow") for line in st.left_behind]
     return out + ([""] + failed if failed else []) + ([""] + behind if behind else [])
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from provision.core.errors import ProvisionError
+from provision.core.text import printable
 from provision.inventory.statebackend import ENV, LOCAL, Backend, problem
 from provision.rules import policyfile
 from provision.rules.priority import Policy
@@ -74,9 +75,9 @@ def show(state: str | None, as_json: bool) -> None:
     elif not is_set:
         click.echo(f"No policy set in {backend.place} yet: the defaults apply (`provision policy set FILE`).")
     else:
-        click.echo(f"Policy of {backend.place}, set by {by} at {at}.")
+        click.echo(printable(f"Policy of {backend.place}, set by {by} at {at}."))
     for line in _words(p):
-        click.echo(line)
+        click.echo(printable(line))  # owners and groups: the team's database's
 
 
 @policy_group.command("set")

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from provision.core.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, ProvisionError
 from provision.core.lifecycle import JobPhase
-from provision.core.text import duration
+from provision.core.text import duration, printable
 from provision.io.journal import last_lines
 from provision.rules.status import JobStatus, TaskStatus
 from provision.run.context import Context
@@ -45,9 +45,9 @@ def fit(line: str, width: int) -> str:
 
 
 def phase_line(st: JobStatus) -> str:
-    line = f"job {st.phase}" + (f": {st.reason}" if st.reason else "")
+    line = f"job {st.phase}" + (f": {printable(st.reason)}" if st.reason else "")
     if st.unreachable:
-        line += f" (unreachable: {', '.join(st.unreachable)})"
+        line += f" (unreachable: {printable(', '.join(st.unreachable))})"
     return line
 
 
@@ -56,7 +56,7 @@ def task_line(t: TaskStatus, last: str | None, width: int) -> str:
     restarts = f"{t.restarts} restart{'s' if t.restarts != 1 else ''}"
     head = f"  {t.task}@{t.host}".ljust(width) + f"  {t.state.value:<10} {restarts:<11} {since:>4}"
     tail = last if last else (t.detail if t.state.ended or t.state.value == "Unknown" else "")
-    return head + (f"  | {tail}" if tail else "")
+    return head + (f"  | {printable(tail)}" if tail else "")  # the task's own line, or the host's words
 
 
 def counts(st: JobStatus) -> str:
@@ -135,7 +135,9 @@ class Display:
             if self.states.get(t.task) != key:
                 self.states[t.task] = key
                 more = f", {t.restarts} restart{'s' if t.restarts != 1 else ''}" if t.restarts else ""
-                detail = f": {t.detail}" if t.detail and (t.state.ended or t.state.value != "Running") else ""
+                detail = (
+                    f": {printable(t.detail)}" if t.detail and (t.state.ended or t.state.value != "Running") else ""
+                )
                 lines.append(f"{self.stamp()} {t.task}@{t.host} {t.state.value}{more}{detail}")
         now = self.clock()
         if lines:
@@ -176,13 +178,13 @@ def failed_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     for host, lines in sorted(st.setup_lines.items()):
         more = f" (all of them: provision logs --setup {inventory})" if inventory else ""
         out.append(f"setup@{host} failed, last lines{more}:")
-        out += [f"  | {line}" for line in lines] or ["  (it printed nothing)"]
+        out += [f"  | {printable(line)}" for line in lines] or ["  (it printed nothing)"]
     for t in st.tasks:
         if not t.last_lines:
             continue
         more = f" (all of them: provision logs {inventory} {t.task})" if inventory else ""
         out.append(f"{t.task}@{t.host}, last lines{more}:")
-        out += [f"  | {line}" for line in t.last_lines]
+        out += [f"  | {printable(line)}" for line in t.last_lines]
     return out
 
 

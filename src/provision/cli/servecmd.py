@@ -18,10 +18,11 @@ from typing import Any
 
 import click
 
+from provision.cli.tuneview import pause_line
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.submission import Kind, Options, Status
-from provision.core.text import duration
+from provision.core.text import duration, printable
 from provision.inventory.inventory import load
 from provision.inventory.statebackend import backend_of
 from provision.inventory.statebackend import problem as backend_problem
@@ -30,7 +31,7 @@ from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.io.state import default_state_path
 from provision.rules.priority import level
-from provision.rules.tenancy import identity
+from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
@@ -119,12 +120,12 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
     click.echo(f"Handed over {what} of job {inv.job} as {sub.id} (in {where}).")
     if alive:
         lead = next((s for s in alive if s.leader), alive[0])
-        click.echo(f"The service on {lead.host} (pid {lead.pid}) runs it.")
+        click.echo(printable(f"The service on {lead.host} (pid {lead.pid}) runs it."))
     else:
         serve = "provision serve" + ("" if backend.local else f" --state {backend.place}")
         click.echo(f"No service runs on {where} yet: it waits for `{serve}`.")
         for line in elsewhere:
-            click.echo(f"Note: {line}, not {where}: the work goes to {where}.")
+            click.echo(printable(f"Note: {line}, not {where}: the work goes to {where}."))
     if secrets:
         click.echo(f"Note: {secrets}.")
     follow = [f"provision tune {inventory}"] if kind is Kind.TUNE else []
@@ -189,8 +190,11 @@ def follow_study(
 ) -> int:
     """`provision tune INV` of a handed-over study: its trials as they go (read from the
     study's storage: no second runner) until it ends. Ctrl-C changes nothing."""
-    click.echo(f"The study is handed over ({sub.id}, by {sub.owner}): following it; Ctrl-C stops following only.")
+    click.echo(
+        printable(f"The study is handed over ({sub.id}, by {sub.owner}): following it; Ctrl-C stops following only.")
+    )
     seen: dict[int, str] = {}
+    paused: set[int] = set()
     try:
         while True:
             for r in rows():
@@ -198,10 +202,12 @@ def follow_study(
                 if seen.get(r.number) != key:
                     seen[r.number] = key
                     click.echo(line(r))
+                if (said := pause_line(r, paused)) is not None:  # as a terminal that runs it says
+                    click.echo(said)
             got = store.get(sub.id)
             if got is None or got.status.finished:
                 why = f": {got.why}" if got and got.why else ""
-                click.echo(f"Submission {sub.id} {got.status.value if got else 'gone'}{why}.")
+                click.echo(printable(f"Submission {sub.id} {got.status.value if got else 'gone'}{why}."))
                 return 0 if got is not None and got.status is Status.DONE else 1
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -368,7 +374,7 @@ def _unit(state: str | None, poll: float, install: bool, uninstall: bool, user: 
 
 
 def _stamped(line: str) -> None:
-    click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+    click.echo(f"{time.strftime('%H:%M:%S')} {printable(line)}")  # it names submitters, hosts, their errors
 
 
 @serve.group("token")
@@ -388,13 +394,18 @@ STATE_OPTION = click.option(
 @STATE_OPTION
 def token_create(owner: str, admin: bool, state: str | None) -> None:
     """Make a token and print it once (only its hash is kept)."""
+    owner = owner.strip()
+    if (why := owner_name_problem(owner)) is not None:
+        raise ProvisionError(f"--owner: {why}")
     store = open_place(place_of(state))
     try:
-        row, secret = store.create_token(owner.strip(), admin)
+        row, secret = store.create_token(owner, admin)
     finally:
         store.close()
     click.echo(secret)
-    click.echo(f"Token {row.id} for {row.owner}{' (admin)' if row.admin else ''}: shown this once.", err=True)
+    click.echo(
+        f"Token {row.id} for {printable(row.owner)}{' (admin)' if row.admin else ''}: shown this once.", err=True
+    )
 
 
 @token.command("list")
@@ -412,7 +423,7 @@ def token_list(state: str | None) -> None:
     click.echo(f"{'ID':<10} {'OWNER':<24} {'ADMIN':<5}  CREATED")
     for r in rows:
         made = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
-        click.echo(f"{r.id:<10} {r.owner:<24} {'yes' if r.admin else 'no':<5}  {made}")
+        click.echo(f"{printable(r.id):<10} {printable(r.owner):<24} {'yes' if r.admin else 'no':<5}  {made}")
 
 
 @token.command("revoke")
@@ -439,7 +450,7 @@ def token_revoke(token_id: str, state: str | None) -> None:
 def cancel(inventory: str, take_over: bool) -> None:
     """Take back handed-over work not started yet, or stop it (a study asks no more trials
     and its running trials are stopped)."""
-    inv = load(inventory)
+    inv = load(inventory, files_here=False)  # the service holds its own copy of the files
     found = handed_over(inventory, inv)
     if found is None:
         raise ProvisionError(f"job {inv.job}: nothing handed over to a service is unfinished")
@@ -496,8 +507,8 @@ def history(owner: str | None, since: str | None, as_json: bool, state: str | No
         click.echo("No history yet" + (f" for {owner}" if owner else "") + ".")
         return
     for e in events:
-        click.echo(_event_line(e, now))
-    click.echo("\nGPU-hours: " + (", ".join(f"{o} {h:.2f}" for o, h in hours.items()) or "none"))
+        click.echo(printable(_event_line(e, now)))
+    click.echo("\nGPU-hours: " + printable(", ".join(f"{o} {h:.2f}" for o, h in hours.items()) or "none"))
 
 
 def _event_json(e: HistoryRow) -> dict[str, Any]:

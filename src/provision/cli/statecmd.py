@@ -14,6 +14,7 @@ import click
 
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
+from provision.core.text import printable
 from provision.inventory.inventory import load
 from provision.inventory.statebackend import ENV, LOCAL, Backend, backend_of, chosen, problem
 from provision.io.state import State, default_state_path, open_store
@@ -39,7 +40,7 @@ def state_group() -> None:
 
 
 def _open(inventory: str, state_path: str | None) -> tuple[Inventory, Store]:
-    inv = load(inventory)
+    inv = load(inventory, files_here=False)  # the state, not the files the job pushes
     backend = backend_of(inv, inventory, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory), inv.job)
     return inv, open_store(backend, sp, inv.job)
@@ -60,7 +61,7 @@ def show(inventory: str, as_json: bool, state_path: str | None) -> None:
         click.echo(_json.dumps(doc, indent=1))
     else:
         for line in show_lines(doc):
-            click.echo(line)
+            click.echo(printable(line))  # its lock holder and last change: who ran them
 
 
 @state_group.command("history")
@@ -81,7 +82,7 @@ def history(inventory: str, number: int, as_json: bool, state_path: str | None) 
     if not changes:
         click.echo(f"No changes recorded for job {inv.job} in {store.where}.")
     for c in changes:
-        click.echo(change_line(c))
+        click.echo(printable(change_line(c)))
 
 
 @state_group.command("migrate")

@@ -16,6 +16,7 @@ import click
 from provision.cli.tuneview import draw_png, event_line, study_json, table_lines, warm_matplotlib
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
+from provision.core.text import printable
 from provision.core.tuning import Algorithm, EarlyStopping, TrialRow, TrialState, Tune, best, promoted_job
 from provision.inventory.inventory import load
 from provision.inventory.promote import promoted
@@ -38,9 +39,10 @@ class _Screen:
         self.shown = False
 
     def say(self, line: str) -> None:
+        """A line of the study's: its trials' words carry what hosts and the storage said."""
         with self.lock:
             self._clear()
-            click.echo(line)
+            click.echo(printable(line))
 
     def row(self, r: TrialRow) -> None:
         self.say(event_line(r, self.tune))
@@ -59,7 +61,7 @@ class _Screen:
         line = f"{done}/{self.tune.max_trials} ended; running: {', '.join(parts) or 'none'}"
         with self.lock:
             self._clear()
-            click.echo(line[:200], nl=False)
+            click.echo(printable(line[:200]), nl=False)
             self.shown = True
 
     def _clear(self) -> None:
@@ -68,8 +70,8 @@ class _Screen:
             self.shown = False
 
 
-def _study_inventory(inventory: str) -> Inventory:
-    inv = load(inventory)
+def _study_inventory(inventory: str, *, files_here: bool = True) -> Inventory:
+    inv = load(inventory, files_here=files_here)
     if inv.tune is None:
         raise ProvisionError(f"{inventory}: no tune: section, so no study to run (see docs/tuning.md)")
     return inv
@@ -106,7 +108,9 @@ def tune_cmd(
     at most `parallel_trials` at once, until `max_trials`. Run it again to resume: finished
     trials are kept, running ones adopted."""
 
-    inv = _study_inventory(inventory)
+    # Reading the study (--status, --promote, following a service's) needs none of the files
+    # its trials push; running it (or handing it over) does: loaded again below, as a push.
+    inv = _study_inventory(inventory, files_here=False)
     assert inv.tune is not None
     # Local: Optuna and SQLAlchemy take about a second to import (start-up of every other
     # command stays as it was: only this one loads them).
@@ -128,7 +132,7 @@ def tune_cmd(
     if (code := _service(inventory, inv, detach, seed, poll)) is not None:
         sys.exit(code)
     trace(None, "no service holds it")
-    sys.exit(_run(inventory, inv, picture, seed=seed, poll=poll, verbose=verbose))
+    sys.exit(_run(inventory, _study_inventory(inventory), picture, seed=seed, poll=poll, verbose=verbose))
 
 
 def _run(inventory: str, inv: Inventory, picture: Path, *, seed: int | None, poll: float, verbose: bool) -> int:

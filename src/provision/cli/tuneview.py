@@ -21,7 +21,7 @@ import click
 
 from provision.cli.output import table
 from provision.core.errors import no_color
-from provision.core.text import duration, plural
+from provision.core.text import duration, plural, printable
 from provision.core.tuning import Param, ParamType, Scale, TrialRow, TrialState, Tune, Value, best, format_value
 
 # Re-exported: the --json builder lives in rules/ (the dashboard serves it too).
@@ -97,7 +97,7 @@ def table_lines(rows: Sequence[TrialRow], tune: Tune) -> list[str]:
         if r is top:
             fg = "green"
         out.append(click.style(line, fg=fg, bold=True if r is top else None) if colour and fg else line)
-    return [*out, "", best_line(rows, tune, d), count_line(rows, tune)]
+    return [*out, "", printable(best_line(rows, tune, d)), count_line(rows, tune)]
 
 
 def best_line(rows: Sequence[TrialRow], tune: Tune, d: int = 4) -> str:
@@ -118,7 +118,29 @@ def count_line(rows: Sequence[TrialRow], tune: Tune) -> str:
 
 
 def event_line(row: TrialRow, tune: Tune) -> str:
-    """One line per trial event, for a pipe: a running row has started, any other has ended."""
+    """One line per trial event, for a pipe: a running row has started, any other has ended.
+    Printable: its why and its arguments are the study storage's."""
+    return printable(_event_words(row, tune))
+
+
+def pause_line(row: TrialRow, paused: set[int]) -> str | None:
+    """A followed study's pause or resume of `row` since the last look (`paused`: the trials
+    paused then; updated), in the words the terminal that runs the study says them
+    (run/tune.py): a running row's why says where it is (`paused: ...`, `running on ...`)."""
+    running = row.state is TrialState.RUNNING
+    if running and row.why.startswith("paused: "):
+        if row.number in paused:
+            return None
+        paused.add(row.number)
+        return printable(f"trial {row.number} {row.why}")
+    if row.number not in paused or (running and not row.why.startswith("running")):
+        return None  # not paused, or still on its way back (resuming, waiting for room)
+    paused.discard(row.number)
+    on = row.why.removeprefix("running").removeprefix(" on ")
+    return printable(f"trial {row.number} resumed on {on or 'its hosts'} (from its checkpoint)") if running else None
+
+
+def _event_words(row: TrialRow, tune: Tune) -> str:
     head = f"trial {row.number}"
     why = f": {row.why}" if row.why else ""
     if row.state is TrialState.RUNNING:

@@ -1,4 +1,4 @@
-"""Small words for people: plurals and durations."""
+"""Small words for people: plurals, durations, and text made safe for a terminal."""
 
 from __future__ import annotations
 
@@ -19,9 +19,15 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
+# Every control character but tab: C0, DEL and C1. ESC is shown as \e (what the dashboard
+# shows too), the others as \xNN; an escape sequence's other characters are plain text
+# once its ESC is shown, so nothing of it is interpreted.
+_VISIBLE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09} | {0x1B: "\\e"}
+
+
 def printable(text: str) -> str:
-    """`text` safe for a terminal: control characters (escape sequences among them) shown
-    as escapes, never interpreted (names and words from hosts, databases and other users)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode() for c in text)
+    """`text` as a terminal shows it literally: what came from a host, a ledger, a database
+    or another user (an owner, a task's output, a host's error) cannot clear the screen,
+    retitle the window or hide a line. Every line a command prints for people passes what
+    it did not write itself through here; JSON output needs none (json escapes them)."""
+    return text.translate(_VISIBLE)

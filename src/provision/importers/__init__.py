@@ -108,8 +108,9 @@ def _from_script(
     text: str, data: JSON, error: str | None, spec_path: Path, display: str, *, job: str | None, trial: str | None
 ) -> JobPlan:
     """Not a mapping: a shell script with the gcloud command, or a file that is neither."""
-    found = gcloud.find(text, display) if "custom-jobs" in text or "hp-tuning-jobs" in text else None
-    if found is None and "jobs" in text and (aip := gcloud.find(text, display)) is not None:
+    here = spec_path.resolve().parent  # the script's $PWD and $(pwd)
+    found = gcloud.find(text, display, here) if "custom-jobs" in text or "hp-tuning-jobs" in text else None
+    if found is None and "jobs" in text and (aip := gcloud.find(text, display, here)) is not None:
         raise SpecError(
             f"{display}:{aip.line}: `{gcloud.command_text(aip.kind)}` submits an AI Platform Training job: "
             "use `provision import ai-platform`"
@@ -147,7 +148,7 @@ def _from_script(
 
 def _from_aip_script(text: str, spec_path: Path, display: str, *, job: str | None, trial: str | None) -> JobPlan:
     """A shell script with `gcloud ai-platform|ml-engine jobs submit training` (aipgcloud.py)."""
-    found = gcloud.find(text, display)
+    found = gcloud.find(text, display, spec_path.resolve().parent)  # the script's $PWD and $(pwd)
     if found is not None and found.kind not in gcloud.AIP_GROUPS:
         raise SpecError(
             f"{display}:{found.line}: `{gcloud.command_text(found.kind)}` is a Vertex AI job: use `provision import vertex`"

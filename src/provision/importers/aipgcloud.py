@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import aiplatform
 from .common import JSON, JobPlan, Note, PoolPlan, SpecError, Where, integer, job_name, mapping, merge_setup, venv
-from .gcloud import Found, Word, _config, _flag_note, _local_dir, arg_list, command_text, expand
+from .gcloud import Found, Word, _config, _flag_note, _local_dir, arg_list, command_text, expand, expand_value, flag_of
 
 BOOLEAN_FLAGS = frozenset({"--async", "--stream-logs", "--enable-web-access", "--quiet", "-q", "--help", "--log-http"})
 # Flags that are a TrainingInput field, as gcloud fills it in.
@@ -75,23 +75,53 @@ def _words(found: Found, display: str) -> tuple[list[tuple[str, str | None, Word
     i = 0
     while i < len(words):
         w = words[i]
-        lit = w.literal()
-        if lit is None or not lit.startswith("-"):
+        named = flag_of(w)
+        if named is None:
             if job is None:
                 job = w
             else:
                 flags.append(("", _shown(w), w))
             i += 1
             continue
-        flag, eq, given = expand(w, found.variables, display).partition("=")
+        flag, eq, given = _flag_word(w, found, display, named)
         has_value = bool(eq)
         if not eq and flag not in BOOLEAN_FLAGS and i + 1 < len(words):
             if not (words[i + 1].literal() or "").startswith("--"):
-                given, has_value = expand(words[i + 1], found.variables, display), True
+                given, has_value = _value(words[i + 1], found, display, flag), True
                 i += 1
         flags.append((flag, given if has_value else None, w))
         i += 1
     return flags, user, job
+
+
+class _Unread(str):
+    """A flag's value only the shell can work out: its text as the script writes it (a note
+    shows it so); `why` says so in one line, raised where the value is used (_given)."""
+
+    why: str
+
+    def __new__(cls, text: str, why: str) -> _Unread:
+        s = super().__new__(cls, text)
+        s.why = why
+        return s
+
+
+def _value(w: Word, found: Found, display: str, flag: str) -> str:
+    """The word after a flag, expanded; what only the shell can work out kept as written."""
+    try:
+        return expand_value(w, found.variables, display, flag)
+    except SpecError as e:
+        return _Unread(_shown(w), e.message)
+
+
+def _flag_word(w: Word, found: Found, display: str, name: str) -> tuple[str, str, str]:
+    """A `--flag[=value]` word (`name`: flag_of's): its name, "=" or "", its value (_value's)."""
+    try:
+        return expand_value(w, found.variables, display, name).partition("=")
+    except SpecError as e:
+        if "=" not in w.parts[0][1]:  # the flag's own name needs the shell (`--$X=1`)
+            raise
+        return name, "=", _Unread(_shown(w).split("=", 1)[1], e.message)
 
 
 def _shown(w: Word) -> str:
@@ -154,7 +184,7 @@ class _Request:
             else:
                 cfg["acceleratorConfig"] = _accelerator(_given(value, at), at)
         elif name == "--use-chief-in-tf-config":
-            word = (value or "true").lower()
+            word = ("true" if value is None else _given(value, at)).lower()
             if word not in ("true", "false"):
                 at.fail(f"expected true or false, got {value!r}")
             self.ti["useChiefInTfConfig"] = word == "true"
@@ -181,7 +211,7 @@ def parse(found: Found, display: str, base_dir: Path, default_name: str) -> AipC
     data: dict[str, JSON] = {}
     for name, value, _ in flags:
         if name == "--config":
-            source, data = _read_config(value, base_dir)
+            source, data = _read_config(_given(value, where) if isinstance(value, _Unread) else value, base_dir)
     r = _Request(source, data, base_dir)
     for name, value, w in flags:
         if name == "":
@@ -219,6 +249,8 @@ def parse(found: Found, display: str, base_dir: Path, default_name: str) -> AipC
 def _given(value: str | None, at: Where) -> str:
     if value is None:
         at.fail("expected a value")
+    if isinstance(value, _Unread):
+        raise SpecError(value.why)
     return value
 
 

@@ -5,7 +5,8 @@ The script is split into words the way a POSIX shell does it (quotes, backslash 
 and line continuations, comments, `;`/`&&`/`|` between commands), and `$NAME`/`${NAME}`
 are taken from assignments earlier in the file (`NAME=value`, `export NAME=value`), then
 from the environment. What the shell would have to run to know (`$(...)`, backquotes,
-`$1`) is refused where the command needs it, with its line.
+`$1`) is refused where the command needs it, with its line and flag. `$PWD`, `${PWD}` and
+`$(pwd)` are the script's directory (where such a script is run from), unless it sets PWD.
 
 The flags become a CustomJobSpec, as gcloud would send it, for `vertex.from_spec`; those of
 `hp-tuning-jobs create` go over its --config, a HyperparameterTuningJob, for
@@ -23,6 +24,7 @@ from .common import JSON, Note, SpecError, Where, integer, read_yaml_file
 from .vertex import LocalPackage
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PWD = re.compile(r"pwd(\s+-[LP])?")  # `$(pwd)`, `$(pwd -P)`: the directory, as $PWD is
 KINDS = ("custom-jobs", "hp-tuning-jobs")  # `gcloud ai KIND create`
 
 
@@ -167,7 +169,8 @@ class _Splitter:
             if j >= len(s):
                 raise self.fail("a $( that is never closed")
             self._flush()
-            self.parts.append(("shell", s[i : j + 1]))
+            pwd = PWD.fullmatch(s[i + 2 : j].strip())
+            self.parts.append(("var", "PWD") if pwd else ("shell", s[i : j + 1]))
             self.line += s.count("\n", i, j)
             self.i = j + 1
         elif (m := NAME.match(s, i + 1)) is not None:
@@ -187,7 +190,8 @@ class _Splitter:
         if end < 0:
             raise self.fail("a backquote that is never closed")
         self._flush()
-        self.parts.append(("shell", self.s[self.i : end + 1]))
+        pwd = PWD.fullmatch(self.s[self.i + 1 : end].strip())
+        self.parts.append(("var", "PWD") if pwd else ("shell", self.s[self.i : end + 1]))
         self.line += self.s.count("\n", self.i, end)
         self.i = end + 1
 
@@ -217,6 +221,24 @@ def expand(word: Word, variables: dict[str, str | None], display: str) -> str:
                 f"{display}:{word.line}: {_short(text)}: only the shell can work this out: write the value (or set a variable above the command)"
             )
     return "".join(out)
+
+
+def expand_value(word: Word, variables: dict[str, str | None], display: str, flag: str) -> str:
+    """A flag's value (the word after it, or the whole `--flag=value` word): expand's, and
+    what only the shell can work out one line that names the flag and the value as written."""
+    try:
+        return expand(word, variables, display)
+    except SpecError as e:
+        written = "".join(t if k in ("lit", "shell") else f"${{{t}}}" for k, t in word.parts)
+        written = written.split("=", 1)[1] if written.startswith(flag + "=") else written
+        why = e.message.removeprefix(f"{display}:{word.line}: ")
+        raise SpecError(f"{display}:{word.line}: {flag}: cannot read {_short(written)}: {why}") from None
+
+
+def flag_of(word: Word) -> str | None:
+    """The flag a word names when it starts as one (`--package-path=$(pwd)/x`), else None."""
+    kind, text = word.parts[0] if word.parts else ("", "")
+    return text.split("=", 1)[0] if kind == "lit" and text.startswith("-") else None
 
 
 def _short(text: str) -> str:
@@ -252,10 +274,11 @@ class Found:
     kind: str = "custom-jobs"  # or "hp-tuning-jobs"; "ai-platform" or "ml-engine" (jobs submit training)
 
 
-def find(text: str, display: str) -> Found | None:
+def find(text: str, display: str, here: Path | None = None) -> Found | None:
     """The script's `gcloud ... ai custom-jobs|hp-tuning-jobs create` (or `ai-platform|ml-engine
-    jobs submit training`) command, with the variables set before it."""
-    variables: dict[str, str | None] = {}
+    jobs submit training`) command, with the variables set before it (`here`: the script's
+    directory, its PWD)."""
+    variables: dict[str, str | None] = {} if here is None else {"PWD": str(here)}
     found: list[Found] = []
     for cmd in split(text, display):
         words = list(cmd)

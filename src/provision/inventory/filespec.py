@@ -24,10 +24,13 @@ def reserved_dir(dest: str) -> str | None:
 MAX_TREE_PROBLEMS = 10  # per files: entry; the rest are counted
 
 
-def check_files(c: Checker, value: Any, base_dir: Path) -> list[FileSpec]:  # noqa: C901  every rule of a files: entry, in the order a user fixes them
+def check_files(c: Checker, value: Any, base_dir: Path, *, here: bool = True) -> list[FileSpec]:  # noqa: C901  every rule of a files: entry, in the order a user fixes them
     """`files:` entries. Destinations are normalised (`//`, `/./`, `..`, a trailing `/`)
     before any check; a directory's tree is walked (pushed.walk_spec, as render walks it)
-    so that links out of it, dangling links and loops are reported here, not at apply."""
+    so that links out of it, dangling links and loops are reported here, not at apply.
+
+    `here` False: a command that pushes nothing (status, logs, cancel, ...) reads the job
+    without its sources: one that is missing or unreadable is left out, not a problem."""
 
     path: KeyPath = ("files",)
     if value is None:
@@ -60,11 +63,13 @@ def check_files(c: Checker, value: Any, base_dir: Path) -> list[FileSpec]:  # no
                 os.stat(src_path)
                 is_dir = src_path.is_dir()
             except FileNotFoundError:
-                c.add(fp + ("src",), f"no such file or directory: {src_path or given}")
+                if here:
+                    c.add(fp + ("src",), f"no such file or directory: {src_path or given}")
                 src_path = None
             except (OSError, RuntimeError) as e:  # RuntimeError: a link loop, from resolve()
                 reason = getattr(e, "strerror", None) or "too many levels of symbolic links"
-                c.add(fp + ("src",), f"cannot read {given}: {reason}")
+                if here:
+                    c.add(fp + ("src",), f"cannot read {given}: {reason}")
                 src_path = None
         norm: str | None = None
         if dest is not None:
@@ -93,9 +98,9 @@ def check_files(c: Checker, value: Any, base_dir: Path) -> list[FileSpec]:  # no
             )
             continue
         entries, problems = walk_spec(src_path, norm, is_dir)
-        for problem in problems[:MAX_TREE_PROBLEMS]:
+        for problem in problems[:MAX_TREE_PROBLEMS] if here else []:
             c.add(fp + ("src",), problem.message)
-        if len(problems) > MAX_TREE_PROBLEMS:
+        if len(problems) > MAX_TREE_PROBLEMS and here:
             c.add(fp + ("src",), f"{len(problems) - MAX_TREE_PROBLEMS} more problems like these in {src_path}")
         if problems:
             continue

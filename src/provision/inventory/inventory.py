@@ -434,8 +434,10 @@ def _pools(c: Checker, value: Any, hosts: list[Host]) -> list[Pool]:
 # --------------------------------------------------------------------------- entry points
 
 
-def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # noqa: C901  the inventory's sections checked one after another, all problems at once
-    """Validate inventory text; raise ValidationError listing every problem."""
+def parse(text: str, path: Path, display: str | None = None, *, files_here: bool = True) -> Inventory:  # noqa: C901  the inventory's sections checked one after another, all problems at once
+    """Validate inventory text; raise ValidationError listing every problem. `files_here`
+    False: `files:` sources that are not on this machine are left out (check_files), for
+    the commands that push nothing (handed-over work: the service keeps its snapshot)."""
     display = display or str(path)
     yaml_problems: list[tuple[KeyPath, str, int | None]] = []
     try:
@@ -477,7 +479,7 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # no
                 c.add(("secret_env", i), f"{key} is set by provision for every task and cannot be a secret")
             if key in dict(env):
                 c.add(("secret_env", i), f"{key} is also in env; a variable is either plain or secret")
-    files = check_files(c, top.get("files"), path.parent)
+    files = check_files(c, top.get("files"), path.parent, here=files_here)
 
     tf_map = c.mapping(top.get("tf_config"), ("tf_config",)) or {}
     c.keys(tf_map, ("tf_config",), ("chief_name", "trial"))
@@ -498,9 +500,10 @@ def parse(text: str, path: Path, display: str | None = None) -> Inventory:  # no
     setup = _setup(c, top.get("setup"), ("setup",))
     state = _state(c, top.get("state", LOCAL))
     tune, scheduling = parse_tune(c, top.get("tune"), job), sched.scheduling(c, top)
-    _setup_inputs(c, setup, ("setup",), files)
-    for pool in pools:
-        _setup_inputs(c, pool.setup, ("pools", pool.role, "setup"), files)
+    for where, s in (
+        [(("setup",), setup)] + [(("pools", p.role, "setup"), p.setup) for p in pools] if files_here else []
+    ):
+        _setup_inputs(c, s, where, files)  # what a setup names must be pushed: a pushing command's check
     roles = {p.role for p in pools if p.replicas > 0}
     # Only when every pool is valid: otherwise this would echo the pools' own errors.
     pools_map = top.get("pools")
@@ -607,8 +610,8 @@ def _check_capacity(inv: Inventory, c: Checker) -> None:
         c.add(("pools",), e.message)
 
 
-def load(path: str | os.PathLike[str]) -> Inventory:
-    """Read and validate an inventory file."""
+def load(path: str | os.PathLike[str], *, files_here: bool = True) -> Inventory:
+    """Read and validate an inventory file (`files_here`: parse's)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -620,4 +623,4 @@ def load(path: str | os.PathLike[str]) -> Inventory:
         raise ProvisionError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise ProvisionError(f"{path}: cannot read: {e.strerror}") from None
-    return parse(text, p.resolve(), display=str(path))
+    return parse(text, p.resolve(), display=str(path), files_here=files_here)

@@ -357,6 +357,11 @@ class Study:
         self.study.set_user_attr(f"removed-{number}", True)
 
     @_storage_errors
+    def removed(self) -> set[int]:
+        """The trials gone from the hosts: their logs were kept before (`logs STUDY`)."""
+        return {int(k[8:]) for k, v in self.study.user_attrs.items() if k[8:].isdigit() and k[:8] == "removed-" and v}
+
+    @_storage_errors
     def mark_ended(self, why: str) -> None:
         """The study ended (`why`, in words): a study attribute, with how many trials it had,
         so that `--status` says it until a resumed study (max_trials raised) runs more."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.scheduling import PreemptMark
-from provision.core.text import duration
+from provision.core.text import duration, printable
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
@@ -117,6 +117,22 @@ def identity(host: str) -> str:
     except (KeyError, OSError):
         user = str(os.getuid())
     return f"{user}@{host}"
+
+
+MAX_OWNER = 200  # characters: an email address, a user@host, a team's name
+
+
+def owner_name_problem(name: str) -> str | None:
+    """Why `name` cannot be an owner (a token's, who acts on jobs), else None: one line of
+    at most MAX_OWNER characters, no control characters (a newline would forge a row of
+    `token list`, an escape sequence rewrite a teammate's terminal)."""
+    if not name:
+        return "expected a name (as teammates know them, e.g. ann@example.com), got an empty one"
+    if printable(name) != name:
+        return f"a name has no control characters (newlines, escapes, ...), got '{printable(name)[:60]}'"
+    if len(name) > MAX_OWNER:
+        return f"at most {MAX_OWNER} characters, got {len(name)}"
+    return None
 
 
 @dataclass(frozen=True)

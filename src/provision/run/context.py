@@ -139,12 +139,14 @@ def open_context(
     take_over: bool = False,
     submitted: float | None = None,
     keep_session: bool = False,
+    files_here: bool = True,
 ) -> Context:
     """Load (`loaded`: the job as given, as a study's trial's), lock (when `operation` changes
     hosts: before the state is read), read the state, render. `session`: connections shared
     (a study's trials'); `keep_session`: the caller keeps those made here; `take_over`: this
-    state becomes the job's owner; `submitted`: when the work was handed over (default now)."""
-    inv = loaded if loaded is not None else load(inventory_path)
+    state becomes the job's owner; `submitted`: when the work was handed over (default now);
+    `files_here` False: a command that pushes nothing needs no `files:` source."""
+    inv = loaded if loaded is not None else load(inventory_path, files_here=files_here)
     backend = backend_of(inv, inventory_path, state_path)
     sp = Path(state_path) if state_path else default_state_path(Path(inventory_path), inv.job)
     writable_dir(sp)  # the local state, or (with a database) the learnt host keys
@@ -167,9 +169,7 @@ def open_context(
                 raise ProvisionError(f"--target: no host named {', '.join(unknown)} in {inventory_path} or its state")
             targets = {k: v for k, v in targets.items() if k in only}
         if not only:  # a missing key fails every connection: say so once, before any
-            bad_keys = identity_problems(inv, inventory_path)
-            if bad_keys:
-                raise ProvisionError(bad_keys[0], details=bad_keys[1:])
+            refuse_bad_keys(inv, inventory_path)
         secrets = secrets_from_env(inv, inventory_path) if render_secrets else None
         ifnames = cached_ifnames(inv, state)
         rendered = render(inv, previous=state.previous_placement(), secrets=secrets, socket_ifnames=ifnames)
@@ -184,6 +184,14 @@ def open_context(
         inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, take_over,
         ifnames=ifnames, own_session=own, submitted=submitted if submitted is not None else time.time(), policy=policy,
     )  # fmt: skip
+
+
+def refuse_bad_keys(inv: Inventory, inventory_path: str) -> None:
+    """One line when an identity file the hosts need is missing or unreadable here: every
+    connection would fail (apply, tune and handing work over refuse it alike)."""
+    bad_keys = identity_problems(inv, inventory_path)
+    if bad_keys:
+        raise ProvisionError(bad_keys[0], details=bad_keys[1:])
 
 
 def _team_policy(store: object) -> Policy:

@@ -23,6 +23,7 @@ import click
 
 from provision.core.lifecycle import STOP_PHASE, TaskState, phases, stop_rank
 from provision.core.target import Target
+from provision.core.text import printable
 from provision.host import layout
 from provision.host.protocol import UnitsReport, UnitsRequest
 from provision.io.journal import last_lines, setup_last_lines
@@ -88,7 +89,7 @@ def collect(ctx: Context) -> JobStatus:
     if st.rest is not None and st.rest.stop and foreign is None and not ctx.subset:
         with _locked(ctx, "preempted whole") as mine:  # preempted on some hosts: on all (run/victim.py)
             if mine:
-                preempt_whole(ctx, st.rest, lambda line: click.echo(line, err=True), wait=False)
+                preempt_whole(ctx, st.rest, lambda line: click.echo(printable(line), err=True), wait=False)
                 st, unmarked, foreign, running_left = _status(ctx)
     if running_left and foreign is None:
         with _locked(ctx, "tasks left behind") as mine:
@@ -99,7 +100,9 @@ def collect(ctx: Context) -> JobStatus:
         live = [t for t in st.tasks if t.state.live]
         if (live or unmarked) and foreign is not None:
             # Reading is anyone's; ending another operator's job is its owner's call.
-            click.echo(f"Note: the job has ended, but its remaining tasks are left running: {foreign}", err=True)
+            click.echo(
+                printable(f"Note: the job has ended, but its remaining tasks are left running: {foreign}"), err=True
+            )
         elif live or unmarked:
             with _locked(ctx, "end of job") as mine:
                 if mine:

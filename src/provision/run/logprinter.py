@@ -16,6 +16,7 @@ import click
 
 from provision.core.errors import ProvisionError
 from provision.core.runs import Run, merged
+from provision.core.text import printable
 from provision.io.journal import Entry, iso
 
 CURSOR_FILE = ".provision-logs.json"
@@ -67,7 +68,11 @@ def save_cursors(out_dir: Path, job: str, cursors: dict[str, dict[str, str]]) ->
 
 class Printer:
     """Writes entries: to the terminal with a `task@host` prefix (a colour per task on a
-    terminal only), or to DIR/<task>.log. Thread-safe (follow mode prints from threads)."""
+    terminal only), or to DIR/<task>.log. Thread-safe (follow mode prints from threads).
+
+    On the terminal a task's text is printable (core/text.py: its escape sequences shown,
+    not run) unless `raw`; DIR/<task>.log keeps it as the task wrote it. `label` goes
+    before each prefix (a study's `trial-3/`)."""
 
     def __init__(
         self,
@@ -77,14 +82,17 @@ class Printer:
         out_dir: Path | None,
         timestamps: bool,
         color: bool | None = None,
+        raw: bool = False,
+        label: str = "",
     ):
         self.lock = threading.Lock()
+        self.raw, self.label = raw, label
         self.out_dir = out_dir
         self.timestamps = timestamps
         # It prints from the hosts' threads, which do not see click's context: NO_COLOR here.
         self.color = False if color is None and os.environ.get("NO_COLOR") else color
         self.colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(task_order)}
-        self.width = max((len(f"{t}@{hosts[t]}") for t in task_order), default=0)
+        self.width = max((len(f"{label}{t}@{hosts[t]}") for t in task_order), default=0)
         self.files: dict[str, TextIO] = {}
         self.counts: dict[str, int] = {}
         self.cursors: dict[str, dict[str, str]] = {}
@@ -108,7 +116,7 @@ class Printer:
         if current is None or current.number == self._run_shown:
             return None
         first, self._run_shown = self._run_shown is None, current.number
-        return None if first and not self.lead_boundary else f"── {current.words()} ──"
+        return None if first and not self.lead_boundary else f"── {printable(current.words())} ──"
 
     def write(self, e: Entry) -> None:
         with self.lock:
@@ -127,15 +135,20 @@ class Printer:
                     self.files[e.task] = f
                 f.write(f"{iso(e.ts)} {e.host} {e.text}\n")
                 return
-            prefix = f"{e.task}@{e.host}".ljust(self.width)
-            prefix = click.style(prefix, fg=self.colors.get(e.task))
+            prefix = f"{self.label}{e.task}@{e.host}".ljust(self.width)
             stamp = f"{iso(e.ts)} " if self.timestamps else ""
-            self._echo(f"{stamp}{prefix} | {e.text}")
+            if self.raw:  # the task's text as written: click would take its colours out on a pipe
+                coloured = self.color if self.color is not None else sys.stdout.isatty()
+                prefix = click.style(prefix, fg=self.colors.get(e.task)) if coloured else prefix
+                self._echo(f"{stamp}{prefix} | {e.text}", color=True)
+                return
+            prefix = click.style(prefix, fg=self.colors.get(e.task))
+            self._echo(f"{stamp}{prefix} | {printable(e.text)}")
 
-    def _echo(self, line: str) -> None:
+    def _echo(self, line: str, color: bool | None = None) -> None:
         if not self.pipe_closed:
             try:
-                click.echo(line, color=self.color)
+                click.echo(line, color=self.color if color is None else color)
             except BrokenPipeError:
                 self.pipe_closed = True
                 # Python would complain again when it flushes stdout at exit.

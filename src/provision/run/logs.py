@@ -16,7 +16,7 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from provision.core.errors import (
 )
 from provision.core.runs import merged, pick
 from provision.core.target import HostError, Target
+from provision.core.text import printable
 from provision.io.journal import (
     Entry,
     HostLog,
@@ -80,16 +81,16 @@ class Selection:
             placed = [t for t in placed if t.name in tasks]
             if not placed:
                 raise ProvisionError(f"{', '.join(tasks)}: not on the --target hosts")
+        return cls.placed(job, {t.name: t.host.name for t in placed})
+
+    @classmethod
+    def placed(cls, job: str, host_of: Mapping[str, str]) -> Selection:
+        """The tasks of `job` where they ran (task -> host): a study's trial, as it recorded them."""
         by_host: dict[str, list[str]] = {}
-        for t in placed:
-            by_host.setdefault(t.host.name, []).append(t.name)
-        return cls(
-            job,
-            by_host,
-            {t.name: t.host.name for t in placed},
-            {identifier(job, t.name): t.name for t in placed},
-            units_of(job, (t.name for t in placed)),
-        )
+        for task, host in host_of.items():
+            by_host.setdefault(host, []).append(task)
+        idents = {identifier(job, t): t for t in host_of}
+        return cls(job, by_host, dict(host_of), idents, units_of(job, host_of))
 
 
 def run_logs(
@@ -102,25 +103,25 @@ def run_logs(
     out_dir: str | None = None,
     timestamps: bool = False,
     stop: threading.Event | None = None,
-    echo_err: Callable[[str], None] = lambda s: click.echo(s, err=True),
+    echo_err: Callable[[str], None] = lambda s: click.echo(printable(s), err=True),  # hosts' words in them
     until_end: bool = True,
     on_status: Callable[[JobStatus], None] | None = None,
     timeout: float | None = None,
     run: int | None = None,
     previous: bool = False,
+    raw: bool = False,
 ) -> int:
-    """Print (or write) the job's logs; returns the exit code (0, or 3 when a host was
-    unreachable: the others' logs were still shown). With `follow`, until the job ends
-    (`until_end`; then 0 when it succeeded, 1 when it failed) or Ctrl-C (130).
-
-    For `wait --logs`: `on_status` sees every status polled (it then says how the job
-    ended) and `timeout` gives up after that many seconds (1)."""
+    """Print (or write; `raw`: the text as written, Printer) the job's logs; returns the
+    exit code (0, or 3 when a host was unreachable: the others' logs were still shown). With
+    `follow`, until the job ends (`until_end`; then 0 when it succeeded, 1 when it failed)
+    or Ctrl-C (130). For `wait --logs`: `on_status` sees every status polled (it then says
+    how the job ended) and `timeout` gives up after that many seconds (1)."""
     sel = Selection.of(ctx, tasks)
     since_j, until_j = _span(ctx, sel, since, run, previous, follow)
     if tail is not None and tail < 0:
         raise ProvisionError(f"--tail {tail}: expected a number >= 0")
     out_path, cursors = _output(out_dir, sel.job)
-    printer = Printer(list(sel.host_of), sel.host_of, out_dir=out_path, timestamps=timestamps)
+    printer = Printer(list(sel.host_of), sel.host_of, out_dir=out_path, timestamps=timestamps, raw=raw)
     printer.lead_boundary = tail is None and since is None and not cursors
     stop = stop or threading.Event()
     printer.on_pipe_closed = stop.set
@@ -170,6 +171,26 @@ def log_entries(
     errors = [f"{h}: {r.message}" for h, r in results.items() if isinstance(r, HostError)]
     errors += [f"{h}: {x}" for h, r in results.items() if isinstance(r, HostLog) for x in r.errors]
     return entries, after, errors
+
+
+def entries_after(
+    ctx: Context,
+    sel: Selection,
+    *,
+    tail: int | None,
+    cursors: dict[str, dict[str, str]],
+    echo_err: Callable[[str], None],
+) -> tuple[list[Entry], dict[str, dict[str, str]], int]:
+    """`sel`'s entries after `cursors` (a task without one: its last `tail`; None: all),
+    merged in time order; the cursors after them; the exit code of the hosts' answers
+    (each error said through echo_err, as run_logs says them)."""
+    results = _fetch(ctx, sel, None, tail, cursors)
+    entries = list(merge(hl.entries for hl in results.values() if isinstance(hl, HostLog)))
+    after = {h: dict(c) for h, c in cursors.items()}
+    for e in entries:
+        if e.cursor:
+            after.setdefault(e.host, {})[e.task] = e.cursor
+    return entries, after, _fetch_errors(results, echo_err)[0]
 
 
 def _output(out_dir: str | None, job: str) -> tuple[Path | None, dict[str, dict[str, str]]]:
@@ -563,7 +584,7 @@ class Follower:
 # --------------------------------------------------------------------------- setup
 
 
-def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
+def run_setup_logs(ctx: Context, *, tail: int | None = None, raw: bool = False) -> int:
     """`provision logs --setup`: each host's setup output, host by host, as `setup@HOST | line`."""
 
     job = ctx.inventory.job
@@ -583,7 +604,8 @@ def run_setup_logs(ctx: Context, *, tail: int | None = None) -> int:
     for h in hosts:
         if h in res.ok:
             for line in res.ok[h]:
-                click.echo(f"setup@{h} | {terminal_text(line)}")
+                text = terminal_text(line)
+                click.echo(f"setup@{h} | {text if raw else printable(text)}")
     for e in res.errors.values():
-        click.echo(f"Error: {e.target.where}: {e.message}", err=True)
+        click.echo(f"Error: {e.target.where}: {printable(e.message)}", err=True)
     return 3 if res.unreachable else (1 if res.failed else 0)
