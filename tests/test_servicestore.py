@@ -338,6 +338,25 @@ def test_detach_refuses_bad_input_and_missing_secrets(tmp_path, local_store, mon
     assert code == 0 and "The service on srv (pid 42) runs it." in out, out + err
 
 
+def test_detach_refuses_what_apply_and_tune_would_refuse(tmp_path, local_store, monkeypatch):
+    """An identity file that is not there fails every connection: `apply` refuses to start,
+    and so does handing the work over (every trial of a study failed)."""
+    monkeypatch.delenv("PROVISION_STATE", raising=False)
+    inv = _project(tmp_path, "dk", extra="ssh: {identity_file: ~/nope/id_x}\n")
+    code, _, err = run("apply", "--queue", "--detach", str(inv), cwd=tmp_path)
+    assert code == 1 and "ssh.identity_file: identity file not found: ~/nope/id_x" in err, err
+    study = _project(tmp_path, "dks", extra="ssh: {identity_file: ~/nope/id_x}\n" + TUNE)
+    code, _, err = run("tune", "--detach", str(study), cwd=tmp_path)
+    assert code == 1 and "identity file not found" in err, err
+    assert local_store.submissions() == []
+
+
+TUNE = (
+    "tune:\n  metric: {name: loss, goal: minimize}\n  parameters:\n    lr: {type: double, min: 0.1, max: 1.0}\n"
+    "  max_trials: 2\n"
+)
+
+
 def test_a_second_connection_in_the_process_loses_no_write(tmp_path):
     # The service, its pages and its rounds each open the embedded file; opening it again
     # must not drop the first connection's locks (a service's claim was lost that way).

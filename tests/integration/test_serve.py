@@ -369,3 +369,32 @@ def test_the_service_serves_the_dashboard(tmp_path, env, service):
     assert _get(url, "wrong")[0] == 401
     code, body = _get(url, token)
     assert code == 200 and json.loads(body)["jobs"] == []
+
+
+def test_what_the_service_would_refuse_is_refused_at_submission(sandbox4, sandbox_inventory, tmp_path, env, job_name):
+    """`--detach --rerun` of a job that never ran, and `tune --detach` of a study that has
+    ended, are refused at once with the words the service's worker would have said later
+    (it failed 3-40 s later, or said "done" without saying why)."""
+    job, study = f"{job_name[:30]}-rr", f"{job_name[:30]}-end"
+    inv = tmp_path / "rr.yaml"
+    sandbox_inventory(
+        sandbox4, job=job, path=inv, hosts=APPLY_HOSTS[:1],
+        pools={"chief": {"replicas": 1, "command": ["/bin/sh", "-c", "sleep 1"]}},
+    )  # fmt: skip
+    r = cli("apply", "--queue", "--detach", "--rerun", inv, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and f"--rerun: job {job} has not finished" in r.stderr, r.stdout + r.stderr
+    assert "Handed over" not in r.stdout
+    shutil.copy(TRAINER, tmp_path / "trainer.py")
+    sinv = tmp_path / "end.yaml"
+    sandbox_inventory(
+        sandbox4, job=study, path=sinv, hosts=APPLY_HOSTS[:1],
+        files=[{"src": "trainer.py", "dest": f"/opt/{study}/trainer.py"}],
+        pools={"chief": {"replicas": 1, "command": ["python3", f"/opt/{study}/trainer.py", "--steps=2", "--step_seconds=0.1"]}},
+        tune={"metric": {"name": "loss", "goal": "minimize"}, "algorithm": "random", "max_trials": 1,
+              "parameters": {"quality": {"type": "double", "min": 0.1, "max": 2.0}}},
+    )  # fmt: skip
+    ok(cli("tune", sinv, cwd=tmp_path, env=env))  # run here, to its end
+    r = cli("tune", "--detach", sinv, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and f"the study of job {study} has ended" in r.stderr, r.stdout + r.stderr
+    db = Path(env["PROVISION_SERVICE_DB"])
+    assert not db.exists() or "Handed over" not in r.stdout

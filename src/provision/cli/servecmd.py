@@ -33,6 +33,7 @@ from provision.io.state import default_state_path
 from provision.rules.priority import level
 from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
+from provision.run.context import refuse_bad_keys
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
 from provision.serve.places import leadership, open_backend, open_place, work_root
@@ -91,6 +92,12 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
 
     policy = policy_of(backend)  # the store orders the queue by the level (a bad class: one line, here)
     level(inv.scheduling.priority, policy)
+    refuse_bad_keys(inv, inventory)  # every connection would fail: `apply` and `tune` refuse it too
+    opts = options or Options()
+    if kind is Kind.TUNE:
+        _refuse_ended_study(inventory, inv)
+    elif opts.rerun:
+        _refuse_rerun(inventory, state_path, opts)
     snap = snapshot_of(inv)
     store = open_backend(backend)
     try:
@@ -108,7 +115,7 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
         sub = Submission(
             sid, kind, inv.job, identity(socket.gethostname()), backend.url, state, snap.inventory,
             store_files(store, snap),
-            dataclasses.replace(options or Options(), priority=level(inv.scheduling.priority, policy)),
+            dataclasses.replace(opts, priority=level(inv.scheduling.priority, policy)),
         )  # fmt: skip
         sub = store.submit(sub)
         alive = store.services()
@@ -131,6 +138,45 @@ def detach(inventory: str, kind: Kind, *, state_path: str | None = None, options
     follow = [f"provision tune {inventory}"] if kind is Kind.TUNE else []
     follow += [f"provision {c} {inventory}" for c in ("status", "logs -f", "cancel")]
     click.echo("Follow it: " + " · ".join(follow))
+
+
+def _refuse_ended_study(inventory: str, inv: Inventory) -> None:
+    """A study that ended has nothing to run: handed over, it would be done at once."""
+    # start-up time: Optuna loads only for a study handed over
+    from provision.run.tune import existing_study
+
+    study = existing_study(inventory, inv)
+    if study is None:
+        return
+    rows = study.rows()
+    why = study.ended(len(rows))
+    if why is not None:
+        raise ProvisionError(
+            f"{inventory}: the study of job {inv.job} has ended ({why}): nothing to hand over. "
+            f"`provision tune --status {inventory}` shows its trials; more trials need a larger tune.max_trials"
+        )
+
+
+def _refuse_rerun(inventory: str, state_path: str | None, opts: Options) -> None:
+    """`--rerun` of a job that has not finished (or never ran) is refused now, as the
+    service's apply would refuse it later, with the same words (one look at its hosts)."""
+    # start-up time: planning and SSH load only for a rerun handed over
+    from provision.placement.tasks import PlacementError
+    from provision.run.context import open_context
+    from provision.run.planning import build_plan
+
+    ctx = open_context(inventory, state_path=state_path, take_over=opts.take_over, render_secrets=False)
+    try:
+        plan = build_plan(ctx, rerun=True, checks=not opts.skip_checks)
+    except PlacementError as e:
+        if e.held:
+            return  # it waits for room: the queue's to wait
+        raise
+    finally:
+        ctx.close()
+    rerun = [p for p in plan.problems if p.startswith("--rerun")]
+    if rerun:
+        raise ProvisionError(rerun[0])
 
 
 def detach_study(inventory: str, *, seed: int | None, poll: float) -> None:
