@@ -25,7 +25,7 @@ from provision.io.study import Runner, Study, StudyUnavailable, memory_study
 from provision.run import tune as tune_mod
 from provision.run.trialposts import JobEnded, Removed, Started
 from provision.run.trialrun import Handle, TrialWork
-from provision.serve import worker
+from provision.serve import snapshot, worker
 from provision.serve.service import Service
 from test_study_loop import INV  # the study loop's one-host sweep
 
@@ -82,8 +82,8 @@ def test_prepare_materialises_beside_the_submitters_state(tmp_path: Path) -> Non
         sub = Submission(
             "s1", Kind.APPLY, "x", "ann", "local", str(state), "proj/inv.yaml", {"proj/inv.yaml": ("a" * 64, 0o644)}
         )
-        where = worker.prepare(store, sub, tmp_path / "work" / "s1")
-        again = worker.prepare(store, sub, tmp_path / "work" / "s1")  # a restart: the same
+        where = snapshot.prepare(store, sub, tmp_path / "work" / "s1")
+        again = snapshot.prepare(store, sub, tmp_path / "work" / "s1")  # a restart: the same
     finally:
         store.close()
     assert where == again == tmp_path / "work" / "s1" / "proj" / "inv.yaml"
@@ -285,3 +285,55 @@ def test_the_service_says_a_database_outage_in_one_line_and_its_end_in_another(t
     assert "the lead was lost" in said[1] and said[1].endswith("looking again every 0.01 s"), said
     assert said[2].startswith("the database answers again after "), said
     assert said[3] == "leading: driving every unfinished submission"
+
+
+def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_path) -> None:
+    """SQLite on a full file system answers reads and refuses writes ("database or disk is
+    full"): one line when it goes, one when writes work again (it flapped twice a second)."""
+    from provision.io.servicestore import ServiceStore
+
+    class Full(ServiceStore):
+        full = False
+
+        def _do(self, sql, args=()):
+            if self.full:
+                raise ProvisionError(f"{self.path}: the service's database: database or disk is full")
+            return super()._do(sql, args)
+
+        def beat(self, s):
+            if self.full:
+                raise ProvisionError(f"{self.path}: the service's database: database or disk is full")
+            return super().beat(s)
+
+    store = ServiceStore.open_local(tmp_path / "svc.sqlite")
+    store.__class__ = Full
+    lines: list[str] = []
+    svc = Service(store, _Lead(), tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
+    t = threading.Thread(target=svc.run)
+    t.start()
+    try:
+        wait_until(lambda: any("leading" in x for x in lines), timeout=10, every=0.01, what="leading")
+        store.full = True  # type: ignore[attr-defined]
+        wait_until(lambda: any("does not answer" in x for x in lines), timeout=10, every=0.01, what="the full disk")
+        time.sleep(0.5)  # 50 polls
+        assert sum("does not answer" in x for x in lines) == 1 and not any("answers again" in x for x in lines), lines
+        store.full = False  # type: ignore[attr-defined]
+        wait_until(lambda: any("answers again" in x for x in lines), timeout=10, every=0.01, what="writes again")
+    finally:
+        svc.stopping.set()
+        t.join(10)
+    assert sum("does not answer" in x for x in lines) == 1 and sum("answers again" in x for x in lines) == 1, lines
+
+
+class _Lead:
+    def try_take(self) -> bool:
+        return True
+
+    def still_held(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def backend(self) -> int | None:
+        return None

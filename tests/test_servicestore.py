@@ -410,6 +410,7 @@ def test_a_row_this_version_cannot_read_is_set_aside_and_the_others_go_on(local_
         ("../../../escape", "id", None),  # an id that would walk out of the work directory
         ("o1", "options", '{"take_over": "yes"}'),
         ("i1", "inventory", "../../etc/passwd"),
+        ("s1", "status", "bogus"),
     ]
     for sid, column, value in bad:
         local_store.submit(_sub("tmp"))
@@ -423,7 +424,11 @@ def test_a_row_this_version_cannot_read_is_set_aside_and_the_others_go_on(local_
     why = dict(local_store.bad_rows())
     assert sorted(why) == sorted(sid for sid, _, _ in bad)
     assert "'bogus' is not a valid Kind" in why["k1"] and "not a submission id" in why["../../../escape"]
-    assert "options.take_over" in why["o1"] and "inside its snapshot" in why["i1"]
+    assert (
+        "options.take_over" in why["o1"]
+        and "inside its snapshot" in why["i1"]
+        and "'bogus' is not a valid Status" in why["s1"]
+    )
     for sid in why:
         assert local_store.set_aside(sid, why[sid])
     assert local_store.bad_rows() == []  # failed: never run, not said again

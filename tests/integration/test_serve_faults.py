@@ -330,3 +330,112 @@ def test_tokens_on_postgresql(tmp_path, env, postgres):
     assert tid not in ok(cli("serve", "token", "list", cwd=tmp_path, env=team)).stdout
     again = cli("serve", "token", "revoke", tid, cwd=tmp_path, env=team)
     assert again.returncode != 0 and f"no token {tid}" in again.stderr, again.stderr
+
+
+# --------------------------------------------------------------------------- rows and waiting work
+
+
+def _workers(svc: Service) -> list[int]:
+    """The service's worker processes (the one started ahead, holding no work, included)."""
+    assert svc.p is not None
+    out = os.popen(f"pgrep -P {svc.p.pid} -f provision.serve.worker").read().split()
+    return [int(x) for x in out]
+
+
+def test_bad_rows_are_set_aside_and_waiting_work_costs_a_row(sandbox4, sandbox_inventory, tmp_path, env, job_name):
+    """Rows no version can read (a kind, a status, options, an id that walks out of the work
+    directory) are set aside with one line each while the service goes on; a dozen queued
+    applies that do not fit cost rows, not a dozen processes."""
+    import sqlite3
+
+    blocker, d = f"{job_name[:28]}-blk", tmp_path / "proj"
+    d.mkdir()
+    binv = d / "blocker.yaml"
+    sandbox_inventory(
+        sandbox4, job=blocker, path=binv, hosts=APPLY_HOSTS,
+        pools={"worker": {"replicas": 2, "accelerators": 2, "command": ["sleep", "600"]}},
+    )  # fmt: skip
+    ok(cli("apply", "-y", binv, cwd=d, env=env))  # every GPU of the two hosts
+    queued = []
+    for n in range(12):
+        inv = d / f"q{n}.yaml"
+        sandbox_inventory(
+            sandbox4, job=f"{job_name[:28]}-q{n}", path=inv, hosts=APPLY_HOSTS,
+            pools={"chief": {"replicas": 1, "accelerators": 1, "command": ["true"]}},
+        )  # fmt: skip
+        ok(cli("apply", "--queue", "--detach", inv, cwd=d, env=env))
+        queued.append(inv)
+    db = Path(env["PROVISION_SERVICE_DB"])
+    escape = db.parent.parent / "escape"  # where work/../../../escape would be (work/ is beside the database)
+    with sqlite3.connect(db) as c:
+        row = c.execute("SELECT * FROM provision_service_submissions LIMIT 1").fetchone()
+        cols = [x[1] for x in c.execute("PRAGMA table_info(provision_service_submissions)")]
+        for sid, column, value in (
+            ("bogus-kind", "kind", "bogus"),
+            ("bogus-status", "status", "bogus"),
+            ("bogus-options", "options", '{"take_over": "yes"}'),
+            ("../../../escape", None, None),
+        ):
+            bad = dict(zip(cols, row, strict=True), id=sid, job=f"bad-{abs(hash(sid)) % 1000}")
+            if column is not None:
+                bad[column] = value
+            c.execute(
+                f"INSERT INTO provision_service_submissions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                list(bad.values()),
+            )
+    svc = Service(tmp_path / "svc", env)
+    try:
+        svc.start()
+        wait_until(lambda: len(svc.lines("set aside")) == 4, 30, what="the four bad rows set aside")
+        seen: list[int] = []
+        end = time.monotonic() + 45  # two of the queued applies' waits (20 s each)
+        while time.monotonic() < end:
+            seen.append(len(_workers(svc)))
+            time.sleep(0.5)
+        assert max(seen) <= 4 + 1, seen  # at most 4 admitted at a time, and the spare
+        assert svc.p is not None and svc.p.poll() is None, svc.output()
+        with sqlite3.connect(db) as c:
+            states = dict(c.execute("SELECT id, status FROM provision_service_submissions").fetchall())
+        assert all(states[s] == "failed" for s in ("bogus-kind", "bogus-status", "bogus-options", "../../../escape")), (
+            states
+        )
+        assert sum(v == "queued" for v in states.values()) >= 4, states  # waited, found no room: rows
+        assert not escape.exists() and not Path("/escape.log").exists()
+        for inv in queued:  # a queued row is taken back at once
+            r = ok(cli("cancel", inv, cwd=d, env=env))
+            assert "Took back" in r.stdout or "Asked the service to stop" in r.stdout, r.stdout
+        wait_until(lambda: len(_workers(svc)) <= 1, 60, what="the workers to end")
+    finally:
+        svc.stop()
+        cli("destroy", "-y", binv, cwd=d, env=env)
+        show_logs(tmp_path)
+
+
+def test_a_frozen_leader_yields_on_postgresql(tmp_path, env, postgres):
+    """SIGSTOP of the leader: its kernel still answers for its connections, so the lock would
+    live on; the follower sees its heartbeat stop, ends its lock's session and leads within
+    the documented take-over time. Woken, the old leader follows."""
+    import signal
+
+    pytest.importorskip("psycopg")
+    team = _team(env, postgres)
+    a, b = Service(tmp_path / "a", team), Service(tmp_path / "b", team)
+    try:
+        a.start()
+        b.start(until="following the service on")
+        assert a.p is not None
+        a.p.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            wait_until(lambda: b.lines("leading: driving"), 30, 0.2, what="the follower to lead")
+            took = time.monotonic() - frozen
+        finally:
+            a.p.send_signal(signal.SIGCONT)
+        assert took <= 20, took  # ALIVE_AFTER (10 s) and a poll or two
+        assert b.lines("has not beaten"), b.output()
+        wait_until(lambda: a.lines("the lead was lost"), 30, what="the old leader to say it lost the lead")
+        wait_until(lambda: a.lines("following the service on"), 30, what="the old leader to follow")
+    finally:
+        a.stop()
+        b.stop()
+        show_logs(tmp_path)

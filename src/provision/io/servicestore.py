@@ -189,17 +189,28 @@ class ServiceStore(EventTables, HistoryTables):
         return out
 
     def _move(
-        self, sid: str, to: Status, sets: str = "", args: Sequence[Any] = (), frm: Iterable[Status] | None = None
+        self,
+        sid: str,
+        to: Status,
+        sets: str = "",
+        args: Sequence[Any] = (),
+        frm: Iterable[Status] | None = None,
+        unread: bool = False,
     ) -> bool:
         """The one place a submission's status changes: a compare-and-set from the states
-        core/submission.MOVES allows (or `frm`, a part of them); whether it took."""
-        allowed = sorted(MOVES[to] if frm is None else set(frm) & MOVES[to])
-        if not allowed:
-            return False
+        core/submission.MOVES allows (or `frm`, a part of them; `unread`: from any status
+        not finished, even one this version does not know); whether it took."""
+        if unread:
+            finished = [s.value for s in Status if s.finished]
+            where, states = f"status NOT IN ({', '.join('?' for _ in finished)})", finished
+        else:
+            allowed = sorted(MOVES[to] if frm is None else set(frm) & MOVES[to])
+            if not allowed:
+                return False
+            where, states = f"status IN ({', '.join('?' for _ in allowed)})", [s.value for s in allowed]
         n = self._do(
-            f"UPDATE provision_service_submissions SET status = ?{sets} WHERE id = ? "
-            f"AND status IN ({', '.join('?' for _ in allowed)})",
-            (to.value, *args, sid, *(s.value for s in allowed)),
+            f"UPDATE provision_service_submissions SET status = ?{sets} WHERE id = ? AND {where}",
+            (to.value, *args, sid, *states),
         )
         return n > 0
 
@@ -224,7 +235,7 @@ class ServiceStore(EventTables, HistoryTables):
 
     def set_aside(self, sid: str, why: str) -> bool:
         """A row this version cannot read: failed, with why, never run."""
-        return self._move(sid, Status.FAILED, ", why = ?, ended = ?", (f"set aside: {why}", self.now()), frm=Status)
+        return self._move(sid, Status.FAILED, ", why = ?, ended = ?", (f"set aside: {why}", self.now()), unread=True)
 
     def cancel(self, sid: str, who: str) -> Status | None:
         """Taken back when no worker holds it (waiting or queued: CANCELLED); else the service

@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import IO
 
 from provision.core.errors import ProvisionError
-from provision.core.submission import Status
+from provision.core.submission import Kind, Status
 from provision.io.servicelead import POLL, Leadership
 from provision.io.servicestore import ALIVE_AFTER, ServiceRow, ServiceStore, Submission
 from provision.rules.admission import Queued, admit
 from provision.rules.watch import Watched, to_look_at
 from provision.serve.ends import LEFT, SERVICE_ENV, record_end
 from provision.serve.rounds import Rounds
+from provision.serve.snapshot import prepare
 
 PR_SET_PDEATHSIG = 1
 LEAVE_GRACE = 15.0  # seconds a worker has to leave when the service stops
@@ -65,6 +66,12 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     log: Path
     cancelling: bool = False
+
+
+def _waits(sub: Submission) -> bool:
+    """A queued apply: it costs a row, not a process, until the rounds admit it (a new one
+    too: its first worker waits at most ROOM_WAIT s, then it is QUEUED)."""
+    return sub.kind is Kind.APPLY and sub.status in (Status.WAITING, Status.QUEUED)
 
 
 class Mode(StrEnum):
@@ -112,6 +119,7 @@ class Service:
     since: dict[str, float] = field(default_factory=dict)  # submission -> watched since (time.time())
     looked: dict[str, float] = field(default_factory=dict)  # submission -> a round last sent a worker to look
     admitted: dict[str, float] = field(default_factory=dict)  # queued submission -> last admitted
+    prepared: set[str] = field(default_factory=set)  # submissions whose snapshot is in the work directory
     set_aside: set[str] = field(default_factory=set)  # rows this version cannot read, said once
     # A worker started ahead, its imports done (a second of CPU: Optuna, the run layer), waiting
     # on its stdin for a submission: handed work starts at once. Kept only while leading.
@@ -180,7 +188,9 @@ class Service:
         # others still reach it) stops its workers before the server frees the lead.
         self._lead_kept()
         if self.mode is Mode.CUT_OFF:
-            self.store.now()  # raises while it is still away
+            # Raises while it is still away. A write, not a read: a database on a full disk
+            # answers reads, and said "answers again" and "does not answer" twice a second.
+            self.store.beat(self.row)
         took = not self.holds and self._take()
         self.holds = self.holds or took
         self._become(next_mode(self.mode, answered=True, holds=self.holds, took=took, stopping=self.stopping.is_set()))
@@ -225,6 +235,7 @@ class Service:
     def _drive(self) -> None:
         subs, bad = self.store.unfinished()
         self._set_aside(bad)
+        self._prepare(subs)
         look, gone = self._watch(subs)
         admitted = set(self._admit(subs))
         for sub in subs:
@@ -240,7 +251,7 @@ class Service:
                 elif sub.id in look:
                     self.looked[sub.id] = time.time()
                     self._start(sub)  # its hosts say it ended (or changed): a worker looks once
-            elif sub.status is Status.QUEUED:
+            elif _waits(sub):
                 if sub.id in admitted:
                     self.admitted[sub.id] = time.time()
                     self._start(sub)  # a round says it may fit now
@@ -249,6 +260,20 @@ class Service:
         self._reap()
         if self.spare is not None and self.spare.poll() is not None:
             self._warm()  # it died (killed by hand, out of memory): another
+
+    def _prepare(self, subs: list[Submission]) -> None:
+        """Each new submission's snapshot in its work directory, once: the rounds read its
+        inventory (what it needs: rules/admission) before any worker is started for it."""
+        for sub in subs:
+            if sub.id in self.prepared:
+                continue
+            try:
+                prepare(self.store, sub, self.work_root / sub.id)
+            except (ProvisionError, OSError) as e:
+                why = e.message if isinstance(e, ProvisionError) else str(e)
+                if self._leading() and self.store.finish(sub.id, Status.FAILED, f"its snapshot: {why}"):
+                    self.say(f"{sub.id}: failed: its snapshot: {why}")
+            self.prepared.add(sub.id)
 
     def _set_aside(self, bad: list[tuple[str, str]]) -> None:
         """Rows this version cannot read (a kind it does not know, an id that is no id):
@@ -266,11 +291,11 @@ class Service:
         queued = [
             Queued(s.id, s.job, s.options.priority, s.created, self.admitted.get(s.id, 0.0))
             for s in subs
-            if s.status is Status.QUEUED and not s.cancel
+            if _waits(s) and s.id not in self.workers and not s.cancel
         ]
         if not queued:
             return []
-        running = sum(1 for w in self.workers.values() if w.sub.status is Status.QUEUED)
+        running = sum(1 for w in self.workers.values() if _waits(w.sub))
         return admit(queued, self.rounds.latest if self.rounds is not None else None, time.time(), running)
 
     def _reap(self) -> None:

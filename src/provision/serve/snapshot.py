@@ -19,7 +19,7 @@ from pathlib import Path
 from provision.core.errors import ProvisionError
 from provision.core.model import Inventory
 from provision.inventory.pushed import walk_spec
-from provision.io.servicestore import ServiceStore
+from provision.io.servicestore import ServiceStore, Submission
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,20 @@ def materialise(store: ServiceStore, manifest: dict[str, tuple[str, int]], dest:
         tmp.write_bytes(store.blob(sha))
         os.chmod(tmp, mode & 0o777)
         os.replace(tmp, target)
+
+
+def prepare(store: ServiceStore, sub: Submission, workdir: Path) -> Path:
+    """The snapshot in the work directory; with a local state, `.provision` beside the
+    inventory is the submitter's (its state, its study, its trials' logs), so that their
+    `provision status/tune/logs` see this work as their own."""
+    materialise(store, sub.manifest, workdir)
+    where = workdir / sub.inventory
+    if sub.backend == "local" and sub.state_path:
+        link = where.parent / ".provision"
+        target = Path(sub.state_path).parent
+        target.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() and Path(os.readlink(link)) != target:
+            link.unlink()
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(target, target_is_directory=True)
+    return where

@@ -62,7 +62,7 @@ from provision.run.tune import StudyLoop, existing_study, open_work
 from provision.run.victim import preempt_whole
 from provision.serve.ends import LEFT, SERVICE_ENV, record_end
 from provision.serve.places import open_place
-from provision.serve.snapshot import materialise
+from provision.serve.snapshot import prepare
 
 CANCEL = threading.Event()  # set by SIGUSR1 (the service: its owner cancelled it)
 LEAVE = threading.Event()  # set by SIGTERM (the service stops or lost the lead): the work goes on with another
@@ -84,23 +84,6 @@ def say(line: str) -> None:
 
 def gpus_of(inv: Inventory) -> int:
     return sum(p.replicas * p.accelerators for p in inv.pools)
-
-
-def prepare(store: ServiceStore, sub: Submission, workdir: Path) -> Path:
-    """The snapshot in the work directory; with a local state, `.provision` beside the
-    inventory is the submitter's (its state, its study, its trials' logs), so that their
-    `provision status/tune/logs` see this work as their own."""
-    materialise(store, sub.manifest, workdir)
-    where = workdir / sub.inventory
-    if sub.backend == "local" and sub.state_path:
-        link = where.parent / ".provision"
-        target = Path(sub.state_path).parent
-        target.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() and Path(os.readlink(link)) != target:
-            link.unlink()
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to(target, target_is_directory=True)
-    return where
 
 
 class _Cancellable(StudyLoop):
