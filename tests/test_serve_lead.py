@@ -132,6 +132,7 @@ def test_a_leader_cut_off_from_the_database_stops_leading_while_it_is_away(tmp_p
         raise ProvisionError("postgresql://db/ml: the service's database: timed out")
 
     monkeypatch.setattr(store, "now", away)
+    monkeypatch.setattr(store, "beat", lambda row: away())
     with pytest.raises(ProvisionError):
         svc._tick()
     assert stopped == [True] and not svc.holds and svc.lost
