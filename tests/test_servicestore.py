@@ -5,6 +5,7 @@ refusing what it cannot run (cli/servecmd.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import subprocess
@@ -446,3 +447,31 @@ def test_each_move_of_a_submission_says_whether_it_took(local_store):
     local_store.submit(_sub("q"))
     assert local_store.claim("q", "svc") and local_store.queued("q", "queued")
     assert local_store.cancel("q", "ann") is Status.CANCELLED  # a row, no worker: taken back at once
+
+
+def test_a_large_pushed_file_is_stored_and_written_a_piece_at_a_time(store, tmp_path):
+    """A 700 MiB pushed file peaked `--detach` at 2.2 GiB (read whole, then copied) and the
+    worker read the blob back whole: both now hold a piece (8 MiB) at a time."""
+    import tracemalloc
+
+    from provision.serve.snapshot import Snapshot
+
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for k in range(12):  # 96 MiB, not all alike
+            f.write(bytes([k]) * (8 << 20))
+    snap = Snapshot(tmp_path, "big.bin", {"big.bin": (big, 0o644)})
+    tracemalloc.start()
+    try:
+        manifest = store_files(store, snap)
+        _, stored = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        materialise(store, manifest, tmp_path / "out")
+        _, written = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stored < 40 << 20 and written < 40 << 20, (stored >> 20, written >> 20)
+    out = tmp_path / "out" / "big.bin"
+    assert out.stat().st_size == 96 << 20 and manifest["big.bin"][0] == store_files(store, snap)["big.bin"][0]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == manifest["big.bin"][0]
+    assert next(store.blob_parts(manifest["big.bin"][0]))[:1] == b"\x00"

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,10 @@ class TokenRow:
 
 _DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS provision_service_blobs (sha TEXT PRIMARY KEY, data {blob} NOT NULL)""",
+    # A large blob in pieces of CHUNK bytes (its blobs row then holds no data): written and
+    # read a piece at a time, never whole in memory.
+    """CREATE TABLE IF NOT EXISTS provision_service_blob_chunks (
+        sha TEXT NOT NULL, n INTEGER NOT NULL, data {blob} NOT NULL, PRIMARY KEY (sha, n))""",
     """CREATE TABLE IF NOT EXISTS provision_service_submissions (
         id TEXT PRIMARY KEY, kind TEXT NOT NULL, job TEXT NOT NULL, owner TEXT NOT NULL,
         backend TEXT NOT NULL, state_path TEXT NOT NULL, inventory TEXT NOT NULL, manifest TEXT NOT NULL,
@@ -100,22 +104,44 @@ class ServiceStore(EventTables, HistoryTables):
 
     # -- blobs
 
+    def has_blob(self, sha: str) -> bool:
+        return bool(self._all("SELECT 1 FROM provision_service_blobs WHERE sha = ?", (sha,)))
+
     def put_blob(self, sha: str, data: bytes) -> bool:
         """Stored once: False when it was there already."""
-        if self._all("SELECT 1 FROM provision_service_blobs WHERE sha = ?", (sha,)):
+        return self.put_blob_parts(sha, iter([data]))
+
+    def put_blob_parts(self, sha: str, parts: Iterator[bytes]) -> bool:
+        """A blob from its pieces (each at most CHUNK bytes: a file read a piece at a time),
+        in one transaction, its row last; False when it was there already."""
+        if self.has_blob(sha):
             return False
-        return (
-            self._do(
-                "INSERT INTO provision_service_blobs (sha, data) VALUES (?, ?) ON CONFLICT DO NOTHING", (sha, data)
+        chunk = "INSERT INTO provision_service_blob_chunks (sha, n, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+        with self._tx() as c:
+            for n, data in enumerate(parts):
+                c.execute(self._q(chunk), (sha, n, data))
+            c.execute(
+                self._q("INSERT INTO provision_service_blobs (sha, data) VALUES (?, ?) ON CONFLICT DO NOTHING"),
+                (sha, b""),
             )
-            > 0
-        )
+        return True
+
+    def blob_parts(self, sha: str) -> Iterator[bytes]:
+        """The blob a piece at a time (one query each: never whole in memory)."""
+        if not self.has_blob(sha):
+            raise ProvisionError(f"{self.place}: the service's database has no blob {sha[:12]}")
+        n = 0
+        while True:
+            rows = self._all("SELECT data FROM provision_service_blob_chunks WHERE sha = ? AND n = ?", (sha, n))
+            if not rows:
+                break
+            yield bytes(rows[0][0])
+            n += 1
+        if n == 0:  # stored whole (before blobs were stored in pieces)
+            yield bytes(self._all("SELECT data FROM provision_service_blobs WHERE sha = ?", (sha,))[0][0])
 
     def blob(self, sha: str) -> bytes:
-        rows = self._all("SELECT data FROM provision_service_blobs WHERE sha = ?", (sha,))
-        if not rows:
-            raise ProvisionError(f"{self.place}: the service's database has no blob {sha[:12]}")
-        return bytes(rows[0][0])
+        return b"".join(self.blob_parts(sha))
 
     def blob_count(self) -> int:
         return int(self._all("SELECT count(*) FROM provision_service_blobs")[0][0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,34 +50,53 @@ def snapshot_of(inv: Inventory) -> Snapshot:
     return Snapshot(root, str(inv_path.relative_to(root)), files)
 
 
+CHUNK = 8 << 20  # bytes of a blob's piece: a pushed file is read, stored and written a piece at a time
+
+
+def _pieces(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while piece := f.read(CHUNK):
+            yield piece
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    for piece in _pieces(path):
+        h.update(piece)
+    return h.hexdigest()
+
+
 def store_files(store: ServiceStore, snap: Snapshot) -> dict[str, tuple[str, int]]:
-    """Every file into the store as a blob (once); the manifest."""
+    """Every file into the store as a blob (once, in pieces: a 700 MiB file is never whole
+    in memory); the manifest."""
     manifest: dict[str, tuple[str, int]] = {}
     for rel, (path, mode) in sorted(snap.files.items()):
         try:
-            data = path.read_bytes()
+            sha = _sha(path)
+            store.put_blob_parts(sha, _pieces(path))
         except OSError as e:
             raise ProvisionError(f"{path}: cannot read: {e.strerror}") from None
-        sha = hashlib.sha256(data).hexdigest()
-        store.put_blob(sha, data)
         manifest[rel] = (sha, mode)
     return manifest
 
 
 def materialise(store: ServiceStore, manifest: dict[str, tuple[str, int]], dest: Path) -> None:
-    """The snapshot's files under dest (0700), each with its mode; files already there with
-    the right content are left as they are (a restart materialises again)."""
+    """The snapshot's files under dest (0700), each with its mode, written a piece at a time;
+    files already there with the right content are left as they are (a restart
+    materialises again)."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(dest, 0o700)
     for rel, (sha, mode) in manifest.items():
         target = dest / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise ProvisionError(f"the submission's manifest names {rel!r}: outside its directory")
-        if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == sha:
+        if target.is_file() and not target.is_symlink() and _sha(target) == sha:
             continue
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(store.blob(sha))
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as out:
+            for piece in store.blob_parts(sha):
+                out.write(piece)
         os.chmod(tmp, mode & 0o777)
         os.replace(tmp, target)
 
