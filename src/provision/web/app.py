@@ -1,8 +1,9 @@
 """The dashboard: an ASGI app (Starlette) over a Source. Pages (jinja2, autoescaped: every
 string a host sent is shown as text), the JSON API under /api/v1/ (the CLI's --json shapes)
-and /metrics. It decides nothing and asks no host: the Source answers (web/source.py).
+and /metrics. It decides nothing and asks no host: the Source answers (web/source.py). In front
+of it, web/guard.py checks each request's Host, Origin and body.
 
-    app = make_app(InventorySource(["a.yaml"]), auth=Auth.loopback())
+    app = make_app(InventorySource(["a.yaml"]), auth=Auth.loopback(), site=Site.listening("127.0.0.1", 8470))
     uvicorn.run(app, host="127.0.0.1", port=8470)
 """
 
@@ -23,10 +24,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from provision.core.errors import ProvisionError
 from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
+from provision.web.guard import Bounds, Guard, Site
 from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
 from provision.web.views import (
@@ -50,8 +53,11 @@ Handler = Callable[[Request, Viewer], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def make_app(source: Source, *, auth: Auth) -> Starlette:
-    d = Dashboard(source, auth)
+def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bounds = Bounds()) -> ASGIApp:
+    """The dashboard; `site`: the Hosts it answers as (none: the loopback names, for an app
+    run by hand)."""
+    site = site or Site.loopback()
+    d = Dashboard(source, auth, site)
     page, api = d.guarded, d.guarded_api
     routes = [
         Route("/", page(d.cluster)),
@@ -73,7 +79,7 @@ def make_app(source: Source, *, auth: Auth) -> Starlette:
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Guard(Starlette(routes=routes), site, bounds)
 
 
 async def call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -93,8 +99,9 @@ def refusal(status: int, message: str, api: bool) -> Response:
 
 
 class Dashboard:
-    def __init__(self, source: Source, auth: Auth):
+    def __init__(self, source: Source, auth: Auth, site: Site | None = None):
         self.source, self.auth = source, auth
+        self.site = site or Site.loopback()  # site.public_url: where people reach the pages
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
         env.globals.update(charts=charts)
         self.templates = Jinja2Templates(env=env)

@@ -11,8 +11,8 @@ Three modes (the service picks one; it binds the socket):
 
 Actions are POSTs. A browser's carry the per-session CSRF token: a random value in a cookie
 that the form repeats in a field (another site can make the browser send the cookie, not
-read it), and an Origin, when sent, of this host. A request authenticated by its
-Authorization header needs neither (a browser never adds that header on its own).
+read it); web/guard.py refuses one whose Origin is another site. A request authenticated by
+its Authorization header needs no CSRF token (a browser never adds that header on its own).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
@@ -127,13 +126,10 @@ def new_csrf() -> str:
 
 
 def check_csrf(request: Request, viewer: Viewer, form_value: str | None) -> None:
-    """Denied(403) unless the POST carries this session's CSRF token and comes from here."""
+    """Denied(403) unless the POST carries this session's CSRF token (its Origin is checked
+    before: web/guard.py)."""
     if viewer.by_header:
         return
-    origin = request.headers.get("origin")
-    if origin and origin != "null":
-        if urlsplit(origin).netloc != request.headers.get("host", ""):
-            raise Denied(403, f"refused: a request from another site ({origin})")
     cookie = request.cookies.get(CSRF_COOKIE, "")
     if not cookie or not form_value or not hmac.compare_digest(cookie, form_value):
         raise Denied(403, "refused: the form's CSRF token is missing or stale (reload the page)")
