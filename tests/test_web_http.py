@@ -146,6 +146,36 @@ def test_serve_refuses_a_malformed_public_url(store, tmp_path):
     assert not store.services()
 
 
+# --------------------------------------------------------------------------- a token on loopback
+
+
+def test_a_bearer_token_acts_on_loopback_and_a_wrong_one_is_refused(store, tmp_path):
+    _waiting(store)
+    _, ana = store.create_token("ana", admin=False)
+    _, bob = store.create_token("bob", admin=False)
+    with service_pages(store, ServiceSource(store, tmp_path / "work")) as port:
+        for wrong in ("Bearer nope", "Bearer ", "bearer x"):
+            for method, path in (("GET", "/api/v1/jobs"), ("POST", "/api/v1/jobs/bert/cancel"), ("GET", "/metrics")):
+                r = ask(port, method, path, {"Authorization": wrong})
+                assert r.status == 401 and "not valid" in r.text, (wrong, path, r.text)
+        r = ask(port, "POST", "/api/v1/jobs/bert/cancel", {"Authorization": f"Bearer {bob}"})
+        assert r.status == 403 and "bob may not cancel bert" in r.text  # the token's owner, as off loopback
+        assert store.get("s1").status is Status.WAITING
+        assert ask(port, "GET", "/api/v1/jobs", {"Authorization": f"Bearer {ana}"}).status == 200
+        r = ask(port, "POST", "/api/v1/jobs/bert/cancel", {"Authorization": f"Bearer {ana}"})
+        assert r.status == 200 and json.loads(r.text)["ok"], r.text
+    assert store.get("s1").status is Status.CANCELLED
+
+
+def test_a_bearer_token_needs_no_csrf_on_the_pages_route(store, tmp_path):
+    _waiting(store)
+    _, ana = store.create_token("ana", admin=False)
+    with service_pages(store, ServiceSource(store, tmp_path / "work")) as port:
+        r = ask(port, "POST", "/jobs/bert/cancel", {"Authorization": f"Bearer {ana}"})
+        assert r.status == 303, r.text
+    assert store.get("s1").status is Status.CANCELLED
+
+
 # --------------------------------------------------------------------------- bounds
 
 

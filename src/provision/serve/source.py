@@ -284,7 +284,7 @@ def choose_auth(listen: Listen, trust_header: str | None, tokens: TokenCheck, ha
             )
         return Auth.trusted_header(listening=listen.host, header=trust_header)
     if listen.loopback:
-        return Auth.loopback()
+        return Auth.loopback(tokens)  # a script's bearer token is checked there too
     if not have_tokens:
         raise ProvisionError(
             f"--listen {listen.host}: pages off this machine need tokens; make one with "
