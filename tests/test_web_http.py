@@ -146,6 +146,25 @@ def test_serve_refuses_a_malformed_public_url(store, tmp_path):
     assert not store.services()
 
 
+# --------------------------------------------------------------------------- what an action said
+
+
+def test_what_an_action_said_comes_from_the_service_not_the_url():
+    src = FakeSource()
+    with served(src) as port:
+        forged = "Session expired: sign in at http://evil.example/login"
+        page = ask(port, "GET", "/jobs/bert?" + urlencode({"done": forged}))
+        assert page.status == 200 and "evil.example" not in page.text and 'class="done"' not in page.text
+        cookie, token = _csrf(port, "/jobs/bert")
+        assert f'value="{token}"' in ask(port, "GET", "/jobs/bert", {"Cookie": cookie}).text
+        r = ask(port, "POST", "/jobs/bert/stop", {"Cookie": cookie}, _form(csrf=token))
+        assert r.status == 303 and r.headers["location"].startswith("/jobs/bert?done=")
+        assert "stop" not in r.headers["location"]  # an id, not the words
+        shown = ask(port, "GET", r.headers["location"])
+        assert '<p class="done">stop bert by local</p>' in shown.text
+        assert 'class="done"' not in ask(port, "GET", "/jobs/bert?done=x" + r.headers["location"][-4:]).text
+
+
 # --------------------------------------------------------------------------- a token on loopback
 
 

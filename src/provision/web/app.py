@@ -9,7 +9,9 @@ of it, web/guard.py checks each request's Host, Origin and body.
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ from provision.web.views import (
 HERE = Path(__file__).parent
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
+SAID_KEEP, SAID_SECONDS = 256, 600.0  # what an action said: the last this many, for this long
 
 
 def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bounds = Bounds()) -> ASGIApp:
@@ -102,6 +105,9 @@ class Dashboard:
     def __init__(self, source: Source, auth: Auth, site: Site | None = None):
         self.source, self.auth = source, auth
         self.site = site or Site.loopback()  # site.public_url: where people reach the pages
+        # What each action said, shown once on the job's page it redirects to: by a random id
+        # (the URL carries the id, never the words: a link another site made shows nothing).
+        self._said: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # id -> (monotonic, job, words)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
         env.globals.update(charts=charts)
         self.templates = Jinja2Templates(env=env)
@@ -215,8 +221,23 @@ class Dashboard:
         doc = await call(self.source.job, request.path_params["name"])
         may = viewer.may_act_on(doc.get("owner"))
         allowed = [a for a in doc.get("actions") or [] if a in ACTIONS] if may else []
-        done = request.query_params.get("done")
+        done = self._said_on(request.path_params["name"], request.query_params.get("done"))
         return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done)
+
+    def _say(self, name: str, words: str) -> str:
+        """Keep what an action on job `name` said; the id its page shows it by."""
+        now = time.monotonic()
+        while self._said and (len(self._said) >= SAID_KEEP or next(iter(self._said.values()))[0] < now - SAID_SECONDS):
+            self._said.popitem(last=False)
+        key = secrets.token_urlsafe(12)
+        self._said[key] = (now, name, words)
+        return key
+
+    def _said_on(self, name: str, key: str | None) -> str | None:
+        got = self._said.get(key or "")
+        if got is None or got[1] != name or got[0] < time.monotonic() - SAID_SECONDS:
+            return None  # unknown, forged, for another job, or old: nothing
+        return got[2]
 
     async def study(self, request: Request, viewer: Viewer) -> Response:
         name = request.path_params["name"]
@@ -279,7 +300,7 @@ class Dashboard:
         name, out = await self.act(request, viewer)
         if request.path_params["action"] == "promote":
             return self.render(request, viewer, "promoted.html", name=name, out=out)
-        done = urlencode({"done": out.get("message", "")})
+        done = urlencode({"done": self._say(name, str(out.get("message", "")))})
         return RedirectResponse(f"/jobs/{quote(name)}?{done}", status_code=303)
 
     async def act_api(self, request: Request, viewer: Viewer) -> Response:
