@@ -83,7 +83,7 @@ def test_parse_listen(text, want):
     assert parse_listen(text) == want
 
 
-@pytest.mark.parametrize("text", ["8470", "host:", ":8470", "h:-1", "h:70000", "h:x"])
+@pytest.mark.parametrize("text", ["8470", "host:", ":8470", "h:-1", "h:70000", "h:x", "h:\u00b2", "h:" + "9" * 5000])
 def test_parse_listen_refused(text):
     with pytest.raises(ProvisionError, match="--listen"):
         parse_listen(text)

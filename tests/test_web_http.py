@@ -165,6 +165,35 @@ def test_what_an_action_said_comes_from_the_service_not_the_url():
         assert 'class="done"' not in ask(port, "GET", "/jobs/bert?done=x" + r.headers["location"][-4:]).text
 
 
+# --------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["\u00b2", "9" * 5000, "0", "-1", "1e3", "\uff11"],
+    ids=["superscript", "5000-digits", "0", "-1", "1e3", "fullwidth"],
+)
+def test_a_malformed_number_is_a_400_naming_it(raw):
+    with served(FakeSource()) as port:
+        q = urlencode({"page": raw})
+        for path in (f"/jobs?{q}", f"/studies/s?{q}", f"/?{q}"):
+            r = ask(port, "GET", path)
+            assert r.status == 400 and r.text.startswith("page: expected a number from 1"), (
+                path,
+                r.status,
+                r.text[:200],
+            )
+            assert len(r.text) < 200
+        r = ask(port, "GET", f"/api/v1/jobs?{q}")
+        assert r.status == 400 and json.loads(r.text)["error"].startswith("page:")
+        cookie, token = _csrf(port, "/studies/s")
+        for study in ("s", "nope"):
+            r = ask(port, "POST", f"/studies/{study}/promote", {"Cookie": cookie}, _form(csrf=token, trial=raw))
+            assert r.status == 400 and r.text.startswith("trial: expected a number from 1"), (study, r.text[:200])
+            r = ask(port, "POST", f"/api/v1/studies/{study}/promote", {"Cookie": cookie}, _form(csrf=token, trial=raw))
+            assert r.status == 400 and json.loads(r.text)["error"].startswith("trial:"), r.text[:200]
+
+
 # --------------------------------------------------------------------------- a token on loopback
 
 

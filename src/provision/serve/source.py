@@ -268,7 +268,7 @@ def parse_listen(text: str) -> Listen | None:
         return None
     host, sep, port = text.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ProvisionError(f"--listen: expected HOST:PORT (such as {DEFAULT_LISTEN}) or none, got {text!r}")
     return Listen(host, int(port))
 

@@ -48,6 +48,7 @@ from provision.web.views import (
     pager,
     sorted_trials,
     trial_order,
+    whole_number,
 )
 
 HERE = Path(__file__).parent
@@ -290,10 +291,8 @@ class Dashboard:
         if not viewer.may_act_on(owner):
             raise Denied(403, f"{viewer.who} may not {action} {name}: it is {owner or 'nobody'}'s")
         if action == "promote":
-            raw = str(form.get("trial") or "")
-            if not raw.isdigit():
-                raise BadFilter(f"trial: expected a trial number, got {raw!r}")
-            return name, await call(self.source.promote, name, int(raw), viewer.who)
+            trial = whole_number(str(form.get("trial") or ""), "trial")
+            return name, await call(self.source.promote, name, trial, viewer.who)
         return name, await call(getattr(self.source, action), name, viewer.who)
 
     async def act_page(self, request: Request, viewer: Viewer) -> Response:
