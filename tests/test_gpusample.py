@@ -251,7 +251,9 @@ def flaky(tmp_path: Path) -> FlakyStore:
 
 def test_the_database_down_is_a_page_that_says_so_and_pages_come_back(flaky: FlakyStore, tmp_path: Path) -> None:
     src = ServiceSource(flaky, tmp_path / "work")
-    client = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 5000))
+    client = TestClient(
+        make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 5000), base_url="http://127.0.0.1:8470"
+    )
     assert client.get("/usage").status_code == 200
     flaky.down = True
     for path in ("/", "/usage", "/jobs", "/jobs/bert"):
@@ -265,7 +267,9 @@ def test_the_database_down_is_a_page_that_says_so_and_pages_come_back(flaky: Fla
 
 def test_token_pages_with_the_database_down_say_so(flaky: FlakyStore, tmp_path: Path) -> None:
     _, token = flaky.create_token("ana@example.com", False)
-    client = TestClient(make_app(ServiceSource(flaky, tmp_path / "work"), auth=Auth.token(flaky)))
+    client = TestClient(
+        make_app(ServiceSource(flaky, tmp_path / "work"), auth=Auth.token(flaky)), base_url="http://127.0.0.1:8470"
+    )
     flaky.down = True
     r = client.get("/usage", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 503 and "connection refused" in r.text
@@ -309,7 +313,9 @@ def test_postgresql_stopped_and_started_again_the_pages_say_so_then_work(postgre
     store = ServiceStore.open_pg(postgres.url(), "the team's database")
     store.add_gpu_samples([_s(store.now(), 1)])
     client = TestClient(
-        make_app(ServiceSource(store, tmp_path / "work"), auth=Auth.loopback()), client=("127.0.0.1", 1)
+        make_app(ServiceSource(store, tmp_path / "work"), auth=Auth.loopback()),
+        client=("127.0.0.1", 1),
+        base_url="http://127.0.0.1:8470",
     )
     assert client.get("/usage").status_code == 200
     postgres.stop()
@@ -329,7 +335,11 @@ def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
     rounds, gpus = _rounds(store, [DOC])
     rounds.round()  # what the last round saw
     src = ServiceSource(store, tmp_path / "work", rounds=rounds, gpus=gpus)
-    text = TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 1)).get("/metrics").text
+    text = (
+        TestClient(make_app(src, auth=Auth.loopback()), client=("127.0.0.1", 1), base_url="http://127.0.0.1:8470")
+        .get("/metrics")
+        .text
+    )
     assert 'provision_gpu_utilization_percent{host="gpu-1",gpu="1",job="bert",owner="ana@example.com"} 87' in text
     assert 'provision_gpu_memory_used_mib{host="gpu-1",gpu="0"} 0' in text
     assert 'provision_host_up{host="gpu-2"} 0' in text

@@ -96,7 +96,7 @@ def test_the_token_check_serves_the_dashboard(store, tmp_path):
     app = make_app(
         ServiceSource(store, tmp_path / "work"), auth=choose_auth(Listen("0.0.0.0", 8470), None, store, True)
     )
-    c = TestClient(app, client=("10.1.2.3", 40000))
+    c = TestClient(app, client=("10.1.2.3", 40000), base_url="http://127.0.0.1:8470")
     assert c.get("/api/v1/jobs").status_code == 401
     assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
     got = c.get("/api/v1/jobs", headers={"Authorization": f"Bearer {token}"})
@@ -116,7 +116,7 @@ def test_parse_listen(text, want):
     assert parse_listen(text) == want
 
 
-@pytest.mark.parametrize("text", ["8470", "host:", ":8470", "h:-1", "h:70000", "h:x"])
+@pytest.mark.parametrize("text", ["8470", "host:", ":8470", "h:-1", "h:70000", "h:x", "h:\u00b2", "h:" + "9" * 5000])
 def test_parse_listen_refused(text):
     with pytest.raises(ProvisionError, match="--listen"):
         parse_listen(text)
@@ -219,3 +219,6 @@ def test_install_keeps_the_pages_options(tmp_path, monkeypatch):
     code, out, err = run("serve", "--install", "--listen", "0.0.0.0:8470", "--inventory", "a.yaml", cwd=tmp_path)
     assert code == 0 and "installed" in out, err
     assert got == [["--poll", "1", "--listen", "0.0.0.0:8470", "--inventory", str(tmp_path.resolve() / "a.yaml")]]
+    code, _, err = run("serve", "--install", "--public-url", "https://dash.example.com/", cwd=tmp_path)
+    assert code == 0, err
+    assert got[-1] == ["--poll", "1", "--listen", "127.0.0.1:8470", "--public-url", "https://dash.example.com/"]

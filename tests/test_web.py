@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from provision.web.app import make_app
 from provision.web.auth import CSRF_COOKIE, Auth
+from provision.web.guard import BadURL, Site
 from provision.web.source import SECRET_MASK, USAGE_EXAMPLE, NotFound, Unavailable
 
 EVIL = "<script>alert(1)</script>"
@@ -235,7 +236,7 @@ def src() -> FakeSource:
 
 @pytest.fixture
 def local(src: FakeSource) -> TestClient:
-    return TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
+    return TestClient(make_app(src, auth=Auth.loopback()), client=HERE, base_url="http://127.0.0.1:8470")
 
 
 def _csrf(client: TestClient, path: str = "/jobs/bert") -> str:
@@ -366,15 +367,17 @@ def test_metrics_are_prometheus_text(local: TestClient) -> None:
 
 
 def test_loopback_mode_serves_only_loopback(src: FakeSource) -> None:
-    far = TestClient(make_app(src, auth=Auth.loopback()), client=("10.1.2.3", 5000))
+    far = TestClient(make_app(src, auth=Auth.loopback()), client=("10.1.2.3", 5000), base_url="http://127.0.0.1:8470")
     r = far.get("/api/v1/jobs")
     assert r.status_code == 401 and "loopback" in r.json()["error"]
-    named = TestClient(make_app(src, auth=Auth.loopback()), client=("localhost", 5000))
+    named = TestClient(
+        make_app(src, auth=Auth.loopback()), client=("localhost", 5000), base_url="http://127.0.0.1:8470"
+    )
     assert named.get("/api/v1/jobs").status_code == 401  # a name, not the address a socket has
 
 
 def test_token_mode_reads_with_a_token_only(src: FakeSource) -> None:
-    c = TestClient(make_app(src, auth=Auth.token(TOKENS)), client=("10.1.2.3", 5000))
+    c = TestClient(make_app(src, auth=Auth.token(TOKENS)), client=("10.1.2.3", 5000), base_url="http://127.0.0.1:8470")
     assert c.get("/api/v1/jobs").status_code == 401
     assert c.get("/", follow_redirects=False).headers["location"] == "/login"
     r = c.get("/api/v1/jobs", headers={"Authorization": "Bearer wrong"})
@@ -386,7 +389,7 @@ def test_token_mode_reads_with_a_token_only(src: FakeSource) -> None:
 
 
 def test_actions_need_the_owner_or_an_admin(src: FakeSource) -> None:
-    c = TestClient(make_app(src, auth=Auth.token(TOKENS)), client=HERE)
+    c = TestClient(make_app(src, auth=Auth.token(TOKENS)), client=HERE, base_url="http://127.0.0.1:8470")
 
     def stop(token: str) -> int:
         return c.post("/api/v1/jobs/bert/stop", headers={"Authorization": f"Bearer {token}"}).status_code
@@ -424,7 +427,7 @@ def test_trusted_header_only_on_loopback(src: FakeSource) -> None:
     with pytest.raises(ValueError, match="loopback"):
         Auth.trusted_header(listening="0.0.0.0")
     auth = Auth.trusted_header(listening="127.0.0.1", admins=frozenset({"root"}))
-    c = TestClient(make_app(src, auth=auth), client=HERE)
+    c = TestClient(make_app(src, auth=auth), client=HERE, base_url="http://127.0.0.1:8470")
     assert c.get("/api/v1/jobs").status_code == 401
     assert c.get("/api/v1/jobs", headers={"X-Forwarded-User": "bob"}).status_code == 200
     c.headers["X-Forwarded-User"] = "ana"
@@ -445,3 +448,49 @@ def test_hostile_strings_are_shown_as_text(local: TestClient) -> None:
         assert "&lt;script&gt;" in r.text, path
     r = local.get("/jobs/%3Cscript%3E")
     assert r.status_code == 404 and EVIL not in r.text
+
+
+# --------------------------------------------------------------------------- the names it answers as
+
+
+@pytest.mark.parametrize(
+    ("listen", "public", "host", "ok"),
+    [
+        ("127.0.0.1", None, "127.0.0.1:8470", True),
+        ("127.0.0.1", None, "localhost:8470", True),
+        ("127.0.0.1", None, "[::1]:8470", True),
+        ("127.0.0.1", None, "attacker.example:8470", False),
+        ("127.0.0.1", None, "127.0.0.1:8471", False),
+        ("127.0.0.1", None, "127.0.0.1", False),  # port 80, not 8470
+        ("127.0.0.1", None, "", False),
+        ("127.0.0.1", None, "127.0.0.1:8470:1", False),
+        ("::1", None, "[::1]:8470", True),
+        ("10.0.0.5", None, "10.0.0.5:8470", True),
+        ("10.0.0.5", None, "10.0.0.6:8470", False),
+        ("10.0.0.5", None, "localhost:8470", False),
+        ("0.0.0.0", None, "192.168.1.9:8470", True),  # a wildcard: any address, on its port
+        ("0.0.0.0", None, "[fe80::1]:8470", True),
+        ("0.0.0.0", None, "192.168.1.9:80", False),
+        ("0.0.0.0", None, "gpu-head:8470", True),  # the machine's name
+        ("0.0.0.0", None, "GPU-HEAD:8470", True),
+        ("0.0.0.0", None, "gpu-head.attacker.example:8470", False),
+        ("0.0.0.0", None, "1.2.3.4.nip.io:8470", False),
+        ("127.0.0.1", "https://dash.example.com/", "dash.example.com", True),
+        ("127.0.0.1", "https://dash.example.com/", "dash.example.com:443", True),
+        ("127.0.0.1", "https://dash.example.com/", "dash.example.com:8470", False),
+        ("127.0.0.1", "http://Dash.Example.com:9000/x", "dash.example.com:9000", True),
+        ("127.0.0.1", "http://[fd00::5]:9000", "[fd00::5]:9000", True),
+    ],
+)
+def test_the_hosts_a_service_answers_as(listen: str, public: str | None, host: str, ok: bool) -> None:
+    assert Site.listening(listen, 8470, public, names=["gpu-head"]).host_ok(host) is ok
+
+
+def test_the_origins_a_post_may_come_from() -> None:
+    site = Site.listening("127.0.0.1", 8470, "https://dash.example.com/")
+    assert site.origin_ok("http://127.0.0.1:8470") and site.origin_ok("http://localhost:8470/jobs/x")
+    assert site.origin_ok("https://dash.example.com") and site.origin_ok("https://dash.example.com/studies/s")
+    for other in ("http://dash.example.com", "https://127.0.0.1:8470", "null", "http://evil.example", "http://[x"):
+        assert not site.origin_ok(other), other
+    with pytest.raises(BadURL):
+        Site.listening("127.0.0.1", 8470, "dash.example.com")

@@ -118,7 +118,7 @@ def test_a_study_page_is_made_once_per_document(monkeypatch: pytest.MonkeyPatch)
     drawn: list[int] = []
     real = charts.objective_svg
     monkeypatch.setattr(charts, "objective_svg", lambda s, shown=None: drawn.append(1) or real(s, shown))
-    client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
+    client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE, base_url="http://127.0.0.1:8470")
     pages = [client.get("/studies/s") for _ in range(3)]
     assert all(p.status_code == 200 for p in pages) and len(drawn) == 1
     assert pages[0].text == pages[2].text and 'class="pruned"' in pages[0].text
@@ -150,7 +150,7 @@ def test_a_big_study_page_is_thin_and_paged() -> None:
         }
         for n in range(1, 10_001)
     ]
-    client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
+    client = TestClient(make_app(src, auth=Auth.loopback()), client=HERE, base_url="http://127.0.0.1:8470")
     page = client.get("/studies/s")
     assert page.status_code == 200 and len(page.content) < 2_000_000
     assert f"The charts show {charts.CHART_TRIALS} of 10000 trials" in page.text
@@ -208,7 +208,7 @@ def test_a_study_is_read_again_only_when_it_changed(tmp_path: Path, monkeypatch:
     doc2 = src.study("sweep")
     assert doc2 is not doc and [t["number"] for t in doc2["trials"]] == [1, 2]
     assert doc2["best"]["number"] == 2
-    app = TestClient(make_app(src, auth=Auth.loopback()), client=HERE)
+    app = TestClient(make_app(src, auth=Auth.loopback()), client=HERE, base_url="http://127.0.0.1:8470")
     metrics = app.get("/metrics").text
     assert 'provision_trials{study="sweep",state="succeeded"} 2' in metrics
     src.close()

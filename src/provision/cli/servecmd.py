@@ -299,6 +299,9 @@ def place_of(state: str | None) -> str:
 @click.option(
     "--trust-header", metavar="HEADER", help="Take the user from this proxy header (X-Forwarded-User); loopback only."
 )
+@click.option(
+    "--public-url", metavar="URL", help="Where people reach the dashboard (behind a proxy): its host is answered too."
+)
 @click.option("--install", is_flag=True, help="Write, enable and start a systemd unit running this service (root).")
 @click.option("--uninstall", is_flag=True, help="Stop, disable and remove the unit --install wrote (root).")
 @click.option("--user", metavar="NAME", help="With --install: the user the service runs as (default: who ran sudo).")
@@ -310,6 +313,7 @@ def serve(
     listen: str,
     inventories: tuple[str, ...],
     trust_header: str | None,
+    public_url: str | None,
     install: bool,
     uninstall: bool,
     user: str | None,
@@ -319,15 +323,24 @@ def serve(
     one PostgreSQL: one leads, the other takes over when it dies."""
     if ctx.invoked_subcommand is not None:
         return
+    public = _public_url(public_url)
     if install or uninstall or user:
         # The unit runs the service with the same pages (an --inventory path made absolute).
         pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
-        _unit(state, poll, install, uninstall, user, pages + (["--trust-header", trust_header] if trust_header else []))
+        pages += ["--trust-header", trust_header] if trust_header else []
+        _unit(state, poll, install, uninstall, user, pages + (["--public-url", public] if public else []))
         return
-    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll)
+    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll, public)
 
 
-def _run(url: str, where: Listen | None, inventories: tuple[str, ...], trust_header: str | None, poll: float) -> None:
+def _run(
+    url: str,
+    where: Listen | None,
+    inventories: tuple[str, ...],
+    trust_header: str | None,
+    poll: float,
+    public: str | None,
+) -> None:
     """The service, its rounds, the event stream's subscribers and the pages, until stopped."""
     store = open_place(url)
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
@@ -343,13 +356,13 @@ def _run(url: str, where: Listen | None, inventories: tuple[str, ...], trust_hea
     rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
     source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
     try:
-        stop_pages = _web(side, source, where, trust_header) if where is not None else None
+        stop_pages = _web(side, source, where, trust_header, public) if where is not None else None
     except BaseException:
         side.close()
         raise
     svc = Service(
         store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror,
-        rounds=rounds, leading=leading,
+        rounds=rounds, leading=leading, public_url=public,
     )  # fmt: skip
     rounds.start()
     for d in deliveries:
@@ -378,12 +391,28 @@ def _wake(deliveries: list[Delivery]) -> None:
         d.wake()
 
 
-def _web(store: ServiceStore, source: ServiceSource, where: Listen, trust_header: str | None) -> Callable[[], None]:
-    """The dashboard in a thread of this process; returns what stops it."""
-    # Lazy: uvicorn and the web app load only when pages are served.
-    import uvicorn
+def _public_url(text: str | None) -> str | None:
+    """--public-url checked (http(s)://HOST[:PORT][/PATH]); ProvisionError in one line."""
+    if text is None:
+        return None
+    from provision.web.guard import BadURL, public_origin  # (start-up: the web app loads only for pages)
 
+    try:
+        public_origin(text)
+    except BadURL as e:
+        raise ProvisionError(f"--public-url: {e}") from None
+    return text.strip()
+
+
+def _web(
+    store: ServiceStore, source: ServiceSource, where: Listen, trust_header: str | None, public_url: str | None
+) -> Callable[[], None]:
+    """The dashboard in a thread of this process, answering as its address and `public_url`
+    (serve/dashboard.py bounds its connections); returns what stops it."""
+    # Lazy (start-up): uvicorn and the web app load only when pages are served.
+    from provision.serve import dashboard
     from provision.web.app import make_app  # (start-up, as above)
+    from provision.web.guard import Site  # (start-up, as above)
 
     auth = choose_auth(where, trust_header, store, bool(store.tokens()))
     try:
@@ -391,18 +420,13 @@ def _web(store: ServiceStore, source: ServiceSource, where: Listen, trust_header
         sock = socket.create_server((where.host, where.port), family=family)
     except OSError as e:
         raise ProvisionError(f"--listen {where.host}:{where.port}: {e.strerror}") from None
-    server = uvicorn.Server(uvicorn.Config(make_app(source, auth=auth), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard", daemon=True)
-    thread.start()
-    host = f"[{where.host}]" if ":" in where.host else where.host
     port = sock.getsockname()[1]  # the one bound (--listen HOST:0 asks for any free one)
+    site = Site.listening(where.host, port, public_url, names=[socket.gethostname()])
+    stop = dashboard.start(
+        make_app(source, auth=auth, site=site), sock, dashboard.Limits.for_descriptors(dashboard.soft_limit())
+    )
+    host = f"[{where.host}]" if ":" in where.host else where.host
     _stamped(f"Dashboard on http://{host}:{port}/ ({auth.mode.value})")
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
     return stop
 
 

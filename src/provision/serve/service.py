@@ -100,6 +100,7 @@ class Service:
     work_root: Path
     say: Callable[[str], None]
     url: str = "local"  # the store's place as the worker opens it
+    public_url: str | None = None  # --public-url: where people reach the dashboard (for links to it)
     poll: float = POLL
     stopping: threading.Event = field(default_factory=threading.Event)
     workers: dict[str, _Worker] = field(default_factory=dict)

@@ -266,7 +266,7 @@ def parse_listen(text: str) -> Listen | None:
         return None
     host, sep, port = text.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ProvisionError(f"--listen: expected HOST:PORT (such as {DEFAULT_LISTEN}) or none, got {text!r}")
     return Listen(host, int(port))
 
@@ -282,7 +282,7 @@ def choose_auth(listen: Listen, trust_header: str | None, tokens: TokenCheck, ha
             )
         return Auth.trusted_header(listening=listen.host, header=trust_header)
     if listen.loopback:
-        return Auth.loopback()
+        return Auth.loopback(tokens)  # a script's bearer token is checked there too
     if not have_tokens:
         raise ProvisionError(
             f"--listen {listen.host}: pages off this machine need tokens; make one with "

@@ -1,14 +1,17 @@
 """The dashboard: an ASGI app (Starlette) over a Source. Pages (jinja2, autoescaped: every
 string a host sent is shown as text), the JSON API under /api/v1/ (the CLI's --json shapes)
-and /metrics. It decides nothing and asks no host: the Source answers (web/source.py).
+and /metrics. It decides nothing and asks no host: the Source answers (web/source.py). In front
+of it, web/guard.py checks each request's Host, Origin and body.
 
-    app = make_app(InventorySource(["a.yaml"]), auth=Auth.loopback())
+    app = make_app(InventorySource(["a.yaml"]), auth=Auth.loopback(), site=Site.listening("127.0.0.1", 8470))
     uvicorn.run(app, host="127.0.0.1", port=8470)
 """
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,11 +26,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from provision.core.errors import ProvisionError
 from provision.core.events import parse_kinds
 from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
+from provision.web.guard import Bounds, Guard, Site
 from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
 from provision.web.views import (
@@ -44,15 +49,20 @@ from provision.web.views import (
     pager,
     sorted_trials,
     trial_order,
+    whole_number,
 )
 
 HERE = Path(__file__).parent
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
+SAID_KEEP, SAID_SECONDS = 256, 600.0  # what an action said: the last this many, for this long
 
 
-def make_app(source: Source, *, auth: Auth) -> Starlette:
-    d = Dashboard(source, auth)
+def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bounds = Bounds()) -> ASGIApp:
+    """The dashboard; `site`: the Hosts it answers as (none: the loopback names, for an app
+    run by hand)."""
+    site = site or Site.loopback()
+    d = Dashboard(source, auth, site)
     page, api = d.guarded, d.guarded_api
     routes = [
         Route("/", page(d.cluster)),
@@ -75,7 +85,7 @@ def make_app(source: Source, *, auth: Auth) -> Starlette:
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Guard(Starlette(routes=routes), site, bounds)
 
 
 async def call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -95,8 +105,12 @@ def refusal(status: int, message: str, api: bool) -> Response:
 
 
 class Dashboard:
-    def __init__(self, source: Source, auth: Auth):
+    def __init__(self, source: Source, auth: Auth, site: Site | None = None):
         self.source, self.auth = source, auth
+        self.site = site or Site.loopback()  # site.public_url: where people reach the pages
+        # What each action said, shown once on the job's page it redirects to: by a random id
+        # (the URL carries the id, never the words: a link another site made shows nothing).
+        self._said: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # id -> (monotonic, job, words)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
         env.globals.update(charts=charts)
         self.templates = Jinja2Templates(env=env)
@@ -210,8 +224,23 @@ class Dashboard:
         doc = await call(self.source.job, request.path_params["name"])
         may = viewer.may_act_on(doc.get("owner"))
         allowed = [a for a in doc.get("actions") or [] if a in ACTIONS] if may else []
-        done = request.query_params.get("done")
+        done = self._said_on(request.path_params["name"], request.query_params.get("done"))
         return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done)
+
+    def _say(self, name: str, words: str) -> str:
+        """Keep what an action on job `name` said; the id its page shows it by."""
+        now = time.monotonic()
+        while self._said and (len(self._said) >= SAID_KEEP or next(iter(self._said.values()))[0] < now - SAID_SECONDS):
+            self._said.popitem(last=False)
+        key = secrets.token_urlsafe(12)
+        self._said[key] = (now, name, words)
+        return key
+
+    def _said_on(self, name: str, key: str | None) -> str | None:
+        got = self._said.get(key or "")
+        if got is None or got[1] != name or got[0] < time.monotonic() - SAID_SECONDS:
+            return None  # unknown, forged, for another job, or old: nothing
+        return got[2]
 
     async def study(self, request: Request, viewer: Viewer) -> Response:
         name = request.path_params["name"]
@@ -264,17 +293,15 @@ class Dashboard:
         if not viewer.may_act_on(owner):
             raise Denied(403, f"{viewer.who} may not {action} {name}: it is {owner or 'nobody'}'s")
         if action == "promote":
-            raw = str(form.get("trial") or "")
-            if not raw.isdigit():
-                raise BadFilter(f"trial: expected a trial number, got {raw!r}")
-            return name, await call(self.source.promote, name, int(raw), viewer.who)
+            trial = whole_number(str(form.get("trial") or ""), "trial")
+            return name, await call(self.source.promote, name, trial, viewer.who)
         return name, await call(getattr(self.source, action), name, viewer.who)
 
     async def act_page(self, request: Request, viewer: Viewer) -> Response:
         name, out = await self.act(request, viewer)
         if request.path_params["action"] == "promote":
             return self.render(request, viewer, "promoted.html", name=name, out=out)
-        done = urlencode({"done": out.get("message", "")})
+        done = urlencode({"done": self._say(name, str(out.get("message", "")))})
         return RedirectResponse(f"/jobs/{quote(name)}?{done}", status_code=303)
 
     async def act_api(self, request: Request, viewer: Viewer) -> Response:

@@ -2,7 +2,8 @@
 
 Three modes (the service picks one; it binds the socket):
 - LOOPBACK: no token; only a client on the loopback interface is served (anyone who can
-  reach it can run the CLI on this machine too), and may act as an admin.
+  reach it can run the CLI on this machine too), and may act as an admin. A request that
+  sends `Authorization: Bearer T` is T's owner's, as in TOKEN mode (a wrong T: 401).
 - TOKEN: every request carries a token (`Authorization: Bearer T`, or the cookie the login
   form sets); `TokenCheck.owner_of` names its owner and whether they are an admin. Reading
   needs any valid token; an action needs the job's owner or an admin.
@@ -11,8 +12,8 @@ Three modes (the service picks one; it binds the socket):
 
 Actions are POSTs. A browser's carry the per-session CSRF token: a random value in a cookie
 that the form repeats in a field (another site can make the browser send the cookie, not
-read it), and an Origin, when sent, of this host. A request authenticated by its
-Authorization header needs neither (a browser never adds that header on its own).
+read it); web/guard.py refuses one whose Origin is another site. A request authenticated by
+its Authorization header needs no CSRF token (a browser never adds that header on its own).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
@@ -81,8 +81,10 @@ class Auth:
     admins: frozenset[str] = frozenset()  # HEADER mode: the users who may act on any job
 
     @classmethod
-    def loopback(cls) -> Auth:
-        return cls(Mode.LOOPBACK)
+    def loopback(cls, tokens: TokenCheck | None = None) -> Auth:
+        """`tokens`: what a request that sends a bearer token is checked against (none: every
+        such request is refused)."""
+        return cls(Mode.LOOPBACK, tokens=tokens)
 
     @classmethod
     def token(cls, check: TokenCheck) -> Auth:
@@ -99,27 +101,38 @@ class Auth:
 
     def viewer(self, request: Request) -> Viewer:
         """Who asks; Denied(401) when they may not read."""
+        bearer = _bearer(request)
         if self.mode is Mode.LOOPBACK:
             # No client address: a unix socket, whose file permissions decide who connects.
             if request.client is not None and not is_loopback(request.client.host):
                 raise Denied(401, "this dashboard serves only its own machine (loopback)")
+            if bearer is not None:  # a script's token: its owner's rights, no CSRF token (as off loopback)
+                return self._owner(bearer, by_header=True)
             return Viewer(LOCAL_USER, admin=True)
         if self.mode is Mode.HEADER:
             user = request.headers.get(self.header, "").strip()
             if not user:
                 raise Denied(401, f"no {self.header} header: sign in through the proxy")
             return Viewer(user, admin=user in self.admins)
-        bearer = request.headers.get("authorization", "")
-        token = bearer[7:].strip() if bearer.lower().startswith("bearer ") else ""
-        by_header = bool(token)
-        token = token or request.cookies.get(TOKEN_COOKIE, "")
+        if bearer is not None:
+            return self._owner(bearer, by_header=True)
+        token = request.cookies.get(TOKEN_COOKIE, "")
         if not token:
             raise Denied(401, "a token is needed: sign in at /login or send Authorization: Bearer TOKEN")
-        assert self.tokens is not None
-        found = self.tokens.owner_of(token)
+        return self._owner(token, by_header=False)
+
+    def _owner(self, token: str, *, by_header: bool) -> Viewer:
+        found = self.tokens.owner_of(token) if self.tokens is not None and token else None
         if found is None:
             raise Denied(401, "this token is not valid (wrong or revoked)")
         return Viewer(found[0], admin=found[1], by_header=by_header)
+
+
+def _bearer(request: Request) -> str | None:
+    """The token of `Authorization: Bearer T` ("" for an empty one); None without one."""
+    value = request.headers.get("authorization", "")
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
 
 
 def new_csrf() -> str:
@@ -127,13 +140,10 @@ def new_csrf() -> str:
 
 
 def check_csrf(request: Request, viewer: Viewer, form_value: str | None) -> None:
-    """Denied(403) unless the POST carries this session's CSRF token and comes from here."""
+    """Denied(403) unless the POST carries this session's CSRF token (its Origin is checked
+    before: web/guard.py)."""
     if viewer.by_header:
         return
-    origin = request.headers.get("origin")
-    if origin and origin != "null":
-        if urlsplit(origin).netloc != request.headers.get("host", ""):
-            raise Denied(403, f"refused: a request from another site ({origin})")
     cookie = request.cookies.get(CSRF_COOKIE, "")
     if not cookie or not form_value or not hmac.compare_digest(cookie, form_value):
         raise Denied(403, "refused: the form's CSRF token is missing or stale (reload the page)")

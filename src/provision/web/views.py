@@ -42,11 +42,20 @@ class JobFilter:
         return not t or t in j["job"].lower() or t in (j.get("owner") or "").lower()
 
 
-def page_number(q: Mapping[str, str]) -> int:
-    raw = q.get("page", "1") or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadFilter(f"page: expected a number from 1, got {raw!r}")
+MAX_NUMBER = 999_999_999  # a page or trial number past this is no page or trial
+
+
+def whole_number(raw: str, name: str) -> int:
+    """A parameter's number from 1 to MAX_NUMBER; BadFilter naming it. ASCII digits only
+    ('²' is a digit to str.isdigit, not to int), at most 9 of them (int refuses 4,300)."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_NUMBER)) or int(raw) < 1:
+        shown = repr(raw[:20]) + ("..." if len(raw) > 20 else "")
+        raise BadFilter(f"{name}: expected a number from 1 to {MAX_NUMBER}, got {shown}")
     return int(raw)
+
+
+def page_number(q: Mapping[str, str]) -> int:
+    return whole_number(q.get("page", "1") or "1", "page")
 
 
 def job_filter(q: Mapping[str, str]) -> JobFilter:
@@ -244,10 +253,7 @@ def trial_order(q: Mapping[str, str], params: Sequence[str]) -> TrialOrder:
     order = q.get("order", "asc") or "asc"
     if order not in ("asc", "desc"):
         raise BadFilter(f"order: expected asc or desc, got {order!r}")
-    raw = q.get("page", "1") or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadFilter(f"page: expected a number from 1, got {raw!r}")
-    return TrialOrder(sort, order == "desc", int(raw))
+    return TrialOrder(sort, order == "desc", page_number(q))
 
 
 def sorted_trials(trials: Sequence[Mapping[str, Any]], sort: str, desc: bool) -> list[Mapping[str, Any]]:
