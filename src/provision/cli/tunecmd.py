@@ -216,7 +216,7 @@ def _followed_end(inv: Inventory, study: Callable[[], Study | None], picture: Pa
     for line in table_lines(rows, inv.tune):
         click.echo(line)
     if ended is not None:
-        click.echo(f"\n{ended[0].upper()}{ended[1:]}. Picture: {picture}")
+        click.echo("\n" + printable(f"{ended[0].upper()}{ended[1:]}.") + f" Picture: {picture}")
 
 
 class _Picture:
@@ -322,7 +322,7 @@ def _show(inv: Inventory, study: Study | None, picture: Path, as_json: bool) -> 
     for line in table_lines(rows, inv.tune):
         click.echo(line)
     if ended is not None:
-        click.echo(f"\n{ended[0].upper()}{ended[1:]}.")
+        click.echo("\n" + printable(f"{ended[0].upper()}{ended[1:]}."))  # the storage's words
     if picture.exists():
         click.echo(f"Picture: {picture}")
 
