@@ -156,7 +156,7 @@ def test_every_way_a_job_ends_is_one_ended_event(sandbox4, sandbox_inventory, tm
 def test_a_handed_over_apply_and_a_study_end_once_each(sandbox4, sandbox_inventory, tmp_path, job_name):
     env = service_env(tmp_path)
     apply_job, study = f"{job_name[:28]}-ap", f"{job_name[:28]}-st"
-    inv = _job(sandbox4, sandbox_inventory, tmp_path, apply_job, "sleep 3", APPLY_HOSTS[:1])
+    inv = _job(sandbox4, sandbox_inventory, tmp_path, apply_job, "sleep 3", APPLY_HOSTS)  # runs on one of the two
     shutil.copy(TRAINER, tmp_path / "trainer.py")
     sinv = tmp_path / "study.yaml"
     sandbox_inventory(
@@ -205,6 +205,12 @@ def test_a_handed_over_apply_and_a_study_end_once_each(sandbox4, sandbox_invento
         assert not [
             e for e in events if e["kind"] == "job.ended" and e["job"].startswith(f"{study}-t")
         ]  # trials: trial.ended only
+        # The history names the hosts each run used, not every host its inventory lists.
+        h = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=env)).stdout)["events"]
+        run = next(e for e in h if e["kind"] == "run" and e["job"] == apply_job)
+        assert len(run["hosts"]) == 1 and run["hosts"][0] in APPLY_HOSTS, run
+        trial_rows = [e for e in h if e["kind"] == "trial"]
+        assert len(trial_rows) == 3 and all(len(e["hosts"]) == 1 for e in trial_rows), trial_rows
     finally:
         service.stop()
         cli("destroy", "-y", inv, cwd=tmp_path, env=env)
