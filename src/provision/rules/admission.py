@@ -9,9 +9,9 @@ The rule, in one place:
   one host) is admitted, and what it takes is taken from what is free for the next;
 - one whose priority is above a preemptible job's on a host it may use is admitted too:
   its worker asks the preemption rule (rules/preemption.py) whether that job leaves;
-- one not looked at for RECHECK_S is admitted anyway (what a round cannot see: ports, a
-  host's own services, a stale mark); one looked at less than AGAIN_S ago is not (its
-  worker just found no room);
+- one a worker looked at, not again for RECHECK_S, is admitted anyway (what a round cannot
+  see: ports, a host's own services, a stale mark); one looked at less than AGAIN_S ago is
+  not (its worker just found no room); one not in the round yet (its snapshot is new) is;
 - at most AT_ONCE at a time: the others wait for the next round;
 - a queue is strict: one that does not fit keeps the lower ones off the hosts it may use.
 """
@@ -52,7 +52,7 @@ def admit(queued: Sequence[Queued], r: Round | None, now: float, running: int = 
         if now - q.looked < AGAIN_S:
             continue
         demand = r.demand.get(q.job) if r is not None else None
-        if demand is None or now - q.looked >= RECHECK_S:
+        if demand is None or (q.looked and now - q.looked >= RECHECK_S):
             out.append(q.sid)  # not in the round yet (its snapshot is new), or due a look anyway
             continue
         hosts = frozenset().union(*(h for _, h in demand)) if demand else frozenset()

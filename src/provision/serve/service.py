@@ -36,6 +36,7 @@ from typing import IO
 
 from provision.core.errors import ProvisionError
 from provision.core.submission import Kind, Status
+from provision.core.text import duration
 from provision.io.servicelead import POLL, Leadership
 from provision.io.servicestore import ALIVE_AFTER, ServiceRow, ServiceStore, Submission
 from provision.rules.admission import Queued, admit
@@ -289,15 +290,33 @@ class Service:
 
     def _admit(self, subs: list[Submission]) -> list[str]:
         """The queued applies a worker looks at now (rules/admission.py)."""
+        now = self.store.now() if any(_waits(s) and s.options.timeout is not None for s in subs) else 0.0
         queued = [
             Queued(s.id, s.job, s.options.priority, s.created, self.admitted.get(s.id, 0.0))
             for s in subs
-            if _waits(s) and s.id not in self.workers and not s.cancel
+            if _waits(s) and s.id not in self.workers and not s.cancel and not self._gave_up(s, now)
         ]
         if not queued:
             return []
         running = sum(1 for w in self.workers.values() if _waits(w.sub))
         return admit(queued, self.rounds.latest if self.rounds is not None else None, time.time(), running)
+
+    def _gave_up(self, sub: Submission, now: float) -> bool:
+        """A queued apply past its --timeout with no worker to say so: it fails here, in the
+        words its worker's queue would have used (`now`: the database's clock)."""
+        timeout = sub.options.timeout
+        if timeout is None:
+            return False
+        waited = now - sub.created
+        if waited < timeout:
+            return False
+        if self._leading():
+            wait = self.store.open_event(sub.id, "wait")
+            if wait is not None:
+                self.store.closed(wait, now, "gave up")
+            record_end(self.store, sub, Status.FAILED, f"--queue: gave up after {duration(int(waited))}: no room came")
+            self.say(f"{sub.id}: failed (gave up after {timeout:g} s in the queue)")
+        return True
 
     def _reap(self) -> None:
         """Workers that ended: their submission finished, left (started again), or failed."""
