@@ -291,6 +291,7 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
     """SQLite on a full file system answers reads and refuses writes ("database or disk is
     full"): one line when it goes, one when writes work again (it flapped twice a second)."""
     from provision.io.servicestore import ServiceStore
+    from test_watch import _NoLead  # the stand-in lead those tests use
 
     class Full(ServiceStore):
         full = False
@@ -308,7 +309,7 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
     store.__class__ = Full
     lines: list[str] = []
-    svc = Service(store, _Lead(), tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
+    svc = Service(store, _NoLead(), tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
     t = threading.Thread(target=svc.run)
     t.start()
     try:
@@ -323,17 +324,3 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
         svc.stopping.set()
         t.join(10)
     assert sum("does not answer" in x for x in lines) == 1 and sum("answers again" in x for x in lines) == 1, lines
-
-
-class _Lead:
-    def try_take(self) -> bool:
-        return True
-
-    def still_held(self) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
-
-    def backend(self) -> int | None:
-        return None
