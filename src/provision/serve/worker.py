@@ -296,7 +296,7 @@ def _queue_and_apply(
     finally:
         q.done()  # its queue marks, where the apply's reservation did not replace them
     ctx.release_lock()  # the job may run for days: its owner may plan meanwhile
-    return _watch(store, sub, ctx, hosts, gpus)
+    return _watch(store, sub, ctx, hosts, gpus, resuming)
 
 
 class _Wait:
@@ -327,7 +327,7 @@ def _no_room(message: str) -> str:
 
 
 def _watch(
-    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int
+    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int, resumed: bool = False
 ) -> tuple[Status, str] | None:
     """One look at the applied job's run: ended (its history row closed), cancelled (stopped
     as `provision stop` does), preempted (None: its row says by whom), or WATCHING: the
@@ -344,7 +344,7 @@ def _watch(
             st, _ = look(ctx)
     except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
         return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
-    store.emit(of_status(st, sub.owner, gpus, started))  # its start and end, as the rounds would say them
+    store.emit(of_status(st, sub.owner, gpus, started, resumed))  # its start and end, as the rounds would say them
     if CANCEL.is_set() and not st.phase.ended:
         got = store.get(sub.id)
         who = got.cancel if got and got.cancel else "its owner"
