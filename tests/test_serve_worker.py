@@ -16,6 +16,7 @@ import pytest
 from clirun import run, wait_until
 from provision.cli import servecmd, tunecmd
 from provision.core.errors import ProvisionError
+from provision.core.events import Kind as EventKind
 from provision.core.submission import Kind, Status
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tune
@@ -324,3 +325,41 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
         svc.stopping.set()
         t.join(10)
     assert sum("does not answer" in x for x in lines) == 1 and sum("answers again" in x for x in lines) == 1, lines
+
+
+def test_a_studys_new_best_is_one_event_per_trial_that_beat_those_before(tmp_path, monkeypatch) -> None:
+    """The study's runner tells `study.best` for each trial that beat every one before it
+    (a tie is not a new best), keyed by the trial's number."""
+    inv_path = tmp_path / "study.yaml"
+    inv_path.write_text(
+        INV + TUNE.replace("parallel_trials: 2", "parallel_trials: 1").replace("max_trials: 4", "max_trials: 5")
+    )
+    inv = parse(inv_path.read_text(), inv_path, "study.yaml")
+    assert inv.tune is not None
+    study = memory_study(inv.tune, inv.job, seed=1)
+    work = TrialWork(str(inv_path), inv, inv.tune, tmp_path, threading.Event(), lambda line: None, poll=0.05)
+    monkeypatch.setattr(worker, "open_work", lambda *a, **k: (work, study))
+    values = {1: 0.5, 2: 0.7, 3: 0.3, 4: 0.3, 5: 0.1}
+
+    def run(w: TrialWork, h: Handle) -> None:
+        w.post(Started(h.number, {"chief-0": "a"}))
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", values[h.number], 1)))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", values[h.number], 1)))
+
+    class Loop(worker._Cancellable):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k, run=run)
+
+    monkeypatch.setattr(worker, "_Cancellable", Loop)
+    store = ServiceStore.open_local(tmp_path / "svc" / "service.sqlite")
+    try:
+        sub = Submission("s1", Kind.TUNE, inv.job, "ann@example.com", "local", "", "study.yaml", {})
+        status, why = worker.run_tune(store, sub, inv_path)
+        best = store.events(kinds=[EventKind.STUDY_BEST])
+    finally:
+        store.close()
+    assert status is Status.DONE, why
+    assert [s.event.key for s in best] == ["best:sweep:1", "best:sweep:3", "best:sweep:5"]
+    assert best[-1].event.words == "study sweep: trial 5 is the best so far (loss 0.1)"
+    assert {s.event.owner for s in best} == {"ann@example.com"} and {s.event.job for s in best} == {"sweep"}

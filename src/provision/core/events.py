@@ -32,6 +32,7 @@ class Kind(StrEnum):
     HOST_BACK = "host.back"
     TRIAL_ENDED = "trial.ended"
     STUDY_ENDED = "study.ended"
+    STUDY_BEST = "study.best"  # a trial that beat every one before it (told by the study's runner)
     SUBMISSION_ENDED = "submission.ended"
     GPU_QUARANTINED = "gpu.quarantined"
     GPU_RELEASED = "gpu.released"
@@ -117,6 +118,12 @@ def ended_key(job: str, run: int | None) -> str:
 
 def started_key(job: str, run: int | None) -> str:
     return f"start:{job}:{run if run is not None else '-'}"
+
+
+def best_key(job: str, trial: int) -> str:
+    """The key of a study's new best: one per trial number (a runner that adopts the study
+    tells it again, and the store keeps one)."""
+    return f"best:{job}:{trial}"
 
 
 def parse_kinds(text: str) -> tuple[Kind, ...]:

@@ -236,6 +236,12 @@ def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRo
     return out
 
 
+def new_best(rows: list[TrialRow] | tuple[TrialRow, ...], row: TrialRow, metric: Metric) -> bool:
+    """Whether `row` is the study's best now (it beat every trial before it: a tie is not)."""
+    got = best(rows, metric)
+    return got is not None and got.number == row.number
+
+
 def trial_job(job: str, number: int) -> str:
     """The trial's job name: the study's job and its number (a DNS label)."""
     return f"{job}-t{number}"
