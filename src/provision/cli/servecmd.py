@@ -36,6 +36,7 @@ from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
+from provision.serve.notify import Notifications
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
@@ -351,7 +352,9 @@ def _run(
     leading = threading.Event()
     known = Known(side, work_root(store), inventories)
     gpus = GpuRecorder(side)
-    deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
+    deliveries: list[Delivery | Notifications] = [Delivery(side, HistoryWriter(side), leading, _stamped)]
+    # The rules' deliveries on a connection of their own: a burst of sends never waits on the round's.
+    deliveries.append(Notifications(open_place(url), leading, _stamped, public))
     made = EventMaker(side, wake=lambda: _wake(deliveries))
     rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
     source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
@@ -386,7 +389,7 @@ def _run(
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
 
 
-def _wake(deliveries: list[Delivery]) -> None:
+def _wake(deliveries: list[Delivery | Notifications]) -> None:
     for d in deliveries:
         d.wake()
 

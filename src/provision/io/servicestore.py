@@ -1,6 +1,6 @@
 """The service's database (`provision serve`), as the service and the CLI use it: one
-ServiceStore made of the tables of io/servicedb.py (the connection), io/servicehistory.py
-and io/serviceevents.py, and those here.
+ServiceStore made of the tables of io/servicedb.py (the connection), io/servicehistory.py,
+io/serviceevents.py and io/servicenotify.py, and those here.
 
 What it holds: content-addressed blobs (sha256 -> bytes, stored once whoever submits them),
 submissions (what was handed over, by whom, its status and which service holds it), the
@@ -23,6 +23,7 @@ from provision.core.errors import ProvisionError
 from provision.core.submission import MOVES, BadRow, Kind, Options, Status, valid_id
 from provision.io.serviceevents import EventTables
 from provision.io.servicehistory import HistoryTables
+from provision.io.servicenotify import NotifyTables
 from provision.rules.priority import queue_key
 
 ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
@@ -96,7 +97,7 @@ _SUB_COLS = (
 )
 
 
-class ServiceStore(EventTables, HistoryTables):
+class ServiceStore(NotifyTables, EventTables, HistoryTables):
     """One connection to the service's database (module docstring). Thread-safe: calls are
     serialised (the service's loop and its followers are few and short)."""
 
