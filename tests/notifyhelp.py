@@ -45,6 +45,7 @@ class Receiver:
 
     def __init__(self, answer: Callable[[int], int] = lambda n: 200, hang: threading.Event | None = None):
         self.got: list[Got] = []
+        self.arrived = 0  # POSTs read, answered or not yet
         self.lock = threading.Lock()
         self.answer, self.hang = answer, hang
         outer = self
@@ -53,6 +54,8 @@ class Receiver:
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n)
+                with outer.lock:
+                    outer.arrived += 1
                 if outer.hang is not None:
                     outer.hang.wait(120)
                 with outer.lock:

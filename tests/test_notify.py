@@ -31,10 +31,10 @@ from provision.core.events import Event, How, Kind, Stored, best_key
 from provision.core.notify import Channel, Relay, Rule
 from provision.core.tuning import Goal, Metric, TrialRow, TrialState, new_best
 from provision.io import notifysend
-from provision.io.servicestore import ServiceStore
+from provision.io.servicestore import ServiceRow, ServiceStore
 from provision.rules import notify
 from provision.rules.tenancy import identity
-from provision.serve.notify import Notifications, Sender
+from provision.serve.notify import Notifications, Pace, Sender
 
 SECRET = "SECRET-PATH-TOKEN"  # in every webhook URL here: it must never be printed
 
@@ -53,6 +53,23 @@ def store(tmp_path):
     s = ServiceStore.open_local(tmp_path / "svc" / "service.sqlite")
     yield s
     s.close()
+
+
+@pytest.fixture
+def pg_store(postgres, monkeypatch):
+    monkeypatch.setenv("PGPASSWORD", postgres.env()["PGPASSWORD"])
+    postgres.sql(
+        "DROP TABLE IF EXISTS provision_service_notify, provision_service_smtp, provision_service_events, "
+        "provision_service_cursors"
+    )
+    s = ServiceStore.open_pg(postgres.url(), "pg")
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def both(request):
+    return request.getfixturevalue("store" if request.param == "sqlite" else "pg_store")
 
 
 @pytest.fixture
@@ -179,10 +196,11 @@ def test_a_new_best_beats_every_trial_before_it(values: list[float | None], best
 # --------------------------------------------------------------------------- the store
 
 
-def test_a_rule_begins_at_the_streams_end_and_goes_with_its_cursor(store: ServiceStore) -> None:
+def test_a_rule_begins_at_the_streams_end_and_goes_with_its_cursor(both: ServiceStore) -> None:
+    store = both
     store.emit([ended(1), ended(2)])
     rule = store.add_rule(Rule("r1", Channel.WEBHOOK, "http://h/x", kinds=(Kind.JOB_ENDED,), secret_env="K"))
-    assert store.cursor(rule.cursor) == store.last_event_id() == 2
+    assert store.cursor(rule.cursor) == store.last_event_id() > 0
     assert store.rules() == [rule] and rule.created > 0 and rule.kinds == (Kind.JOB_ENDED,)
     assert "http://h/x" not in repr(rule)  # the URL stays out of any traceback or log of the rule
     assert store.remove_rule("r1") and store.cursor("notify:r1") is None and store.rules() == []
@@ -202,8 +220,8 @@ class QuickSender(Sender):
     def __init__(self, timeout: float = notifysend.TIMEOUT, cafile: Path | None = None):
         self.timeout, self.cafile = timeout, cafile
 
-    def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
-        return notifysend.post(url, body, headers, timeout=self.timeout)
+    def poster(self, url: str) -> notifysend.Poster:
+        return notifysend.Poster(url, timeout=self.timeout)
 
     def mailer(self, relay: Relay, password: str | None) -> notifysend.Mailer:
         import ssl
@@ -332,7 +350,8 @@ def test_a_removed_rule_sends_nothing_more_and_a_new_one_only_what_follows(
         n.wake()
         wait_until(lambda: len(receiver.taken()) == 1, 10, 0.05, what="event 2")
         assert store.remove_rule("one")
-        wait_until(lambda: "one" not in n.deliveries, 10, 0.05, what="its delivery to end")
+        wait_until(lambda: "one" not in n.deliveries and not n.ending, 10, 0.05, what="its delivery to end")
+        assert store.cursor("notify:one") is None
         store.emit([ended(3)])
         n.wake()
         time.sleep(0.5)
@@ -502,3 +521,38 @@ def test_a_password_never_crosses_the_network_in_clear(tmp_path: Path, monkeypat
         assert len(sink.logins) == 1
     finally:
         sink.close()
+
+
+def test_a_key_the_running_service_lacks_is_refused_and_without_a_service_said(tmp_path: Path) -> None:
+    code, out, err = run("notify", "add", "--webhook", f"https://h/{SECRET}", "--secret-env", "HOOK_KEY", cwd=tmp_path)
+    assert code == 0 and out.endswith(
+        "No service runs yet: `provision serve` delivers it; start it with HOOK_KEY set.\n"
+    )
+    s = ServiceStore.open_local()
+    try:
+        s.beat(ServiceRow("ml-vm:4242:ab", "ml-vm", 4242, "local", ("PATH", "OTHER_KEY"), True, 0.0))
+        before = len(s.rules())
+    finally:
+        s.close()
+    _one_line_error(
+        *run("notify", "add", "--webhook", f"https://h/{SECRET}", "--secret-env", "HOOK_KEY", cwd=tmp_path),
+        "--secret-env HOOK_KEY: the service on ml-vm (pid 4242) has no HOOK_KEY in its environment",
+    )
+    s = ServiceStore.open_local()
+    try:
+        assert len(s.rules()) == before
+    finally:
+        s.close()
+
+
+def test_a_rule_is_paced_after_a_burst_in_clumps() -> None:
+    """At most `rate` sends a second after the first `burst`: a backlog of thousands costs
+    the service a steady trickle, not its CPU; once empty, sends go in clumps."""
+    now = [0.0]
+    pace = Pace(rate=100.0, burst=5, clump=2, clock=lambda: now[0])
+    assert [pace.wait() for _ in range(5)] == [0.0] * 5  # the burst at once
+    assert pace.wait() == pytest.approx(0.02)  # then wait for a clump of 2
+    now[0] += 0.02
+    assert [pace.wait() for _ in range(3)] == [0.0, 0.0, pytest.approx(0.02)]
+    now[0] += 10.0  # idle a while: a full burst again, never more
+    assert [pace.wait() for _ in range(6)][-2:] == [0.0, pytest.approx(0.02)]

@@ -129,7 +129,8 @@ def add(
     if channel is Channel.WEBHOOK and not rule.secret_env:
         click.echo("Note: unsigned (a receiver cannot tell it from a forgery): --secret-env VAR signs it.")
     if not alive:
-        click.echo("No service runs yet: `provision serve` delivers it (the events from now on wait for it).")
+        also = f"; start it with {rule.secret_env} set" if rule.secret_env else " (the events from now on wait for it)"
+        click.echo(f"No service runs yet: `provision serve` delivers it{also}.")
 
 
 def _what(r: Rule) -> str:

@@ -1,7 +1,8 @@
-"""What a notification sends, over the network: an HTTP(S) POST to a webhook, and mail
-through the team's SMTP relay. Both bounded: TIMEOUT seconds for a whole POST (a
-receiver that trickles its answer is cut off too), at most MAX_ANSWER bytes of an answer
-read, no redirect followed (a 3xx is an answer that did not take the event).
+"""What a notification sends, over the network: an HTTP(S) POST to a webhook (a burst on
+one kept connection), and mail through the team's SMTP relay. Both bounded: TIMEOUT
+seconds for a whole POST (a receiver that trickles its answer is cut off too), at most
+MAX_ANSWER bytes of an answer read, no redirect followed (a 3xx is an answer that did not
+take the event).
 
 A failure is a ProvisionError in words that never hold the URL (a secret) nor the
 password: what went wrong, never where.
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import itertools
 import smtplib
 import socket
 import ssl
 import threading
+import time
+from collections.abc import Callable
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
@@ -26,49 +30,123 @@ MAX_ANSWER = 64 * 1024  # bytes of a webhook's answer read (the rest is dropped 
 IMPLICIT_TLS = 465  # the port where the relay speaks TLS from the first byte (SMTPS)
 
 
+class _Watchdog:
+    """Every request's deadline, kept by one thread (a thread per request cost more than
+    the request): at its deadline a request's socket is shut, which ends whatever read or
+    write it waits in. Looked at every WATCH_EVERY seconds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.watched: dict[int, tuple[float, Callable[[], None]]] = {}
+        self.keys = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, seconds: float, cut: Callable[[], None]) -> int:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="notify deadlines", daemon=True)
+                self.thread.start()
+            key = next(self.keys)
+            self.watched[key] = (time.monotonic() + seconds, cut)
+            return key
+
+    def done(self, key: int) -> None:
+        with self.lock:
+            self.watched.pop(key, None)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(WATCH_EVERY)
+            now = time.monotonic()
+            with self.lock:
+                due = [k for k, (at, _) in self.watched.items() if at <= now]
+                cuts = [self.watched.pop(k)[1] for k in due]
+            for cut in cuts:
+                cut()
+
+
+WATCH_EVERY = 0.2  # seconds: how late a deadline may be seen
+_WATCHDOG = _Watchdog()
+
+
+class _Stale(Exception):
+    """A kept connection the receiver had closed: the request goes again on a new one."""
+
+
+class Poster:
+    """POSTs to one URL, on one connection while the receiver keeps it open (HTTP/1.1): a
+    burst costs one connection (and one TLS handshake), not one per event."""
+
+    def __init__(self, url: str, timeout: float = TIMEOUT, context: ssl.SSLContext | None = None):
+        parts = urlsplit(url)
+        self.https, self.host, self.port = parts.scheme == "https", parts.hostname or "", parts.port
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.timeout, self.context = timeout, context
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, headers: dict[str, str]) -> int:
+        """POST `body`; its status when it is 2xx, else ProvisionError (words without the URL)."""
+        try:
+            status = self._post(body, headers)
+        except _Stale:
+            status = self._post(body, headers)
+        if not 200 <= status < 300:
+            raise ProvisionError(f"answered {status}")
+        return status
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> int:
+        reused = self.conn is not None
+        conn = self.conn = self.conn or self._connect()
+        cut = threading.Event()
+
+        def cut_off() -> None:  # the whole exchange's deadline, not each read's
+            cut.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        key = _WATCHDOG.watch(self.timeout, cut_off)
+        try:
+            conn.request("POST", self.target, body=body, headers=headers)
+            answer = conn.getresponse()
+            answer.read(MAX_ANSWER)
+            if answer.will_close or not answer.isclosed():  # closing, or more than we read: not kept
+                self.close()
+            return answer.status
+        except Exception as e:  # every way a connection fails, in words without the URL
+            self.close()
+            if cut.is_set() or isinstance(e, TimeoutError):  # the deadline, or one read's as long
+                raise ProvisionError(f"no answer within {self.timeout:g} s") from None
+            if reused and isinstance(e, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError):
+                raise _Stale() from None
+            raise ProvisionError(_words(e)) from None
+        finally:
+            _WATCHDOG.done(key)
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.https:
+            ctx = self.context or ssl.create_default_context()
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=ctx)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
 def post(
     url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOUT, context: ssl.SSLContext | None = None
 ) -> int:
-    """POST `body` to `url`; its status when it is 2xx, else ProvisionError."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            host, parts.port, timeout=timeout, context=context or ssl.create_default_context()
-        )
-    else:
-        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
-    cut = threading.Event()
-
-    def cut_off() -> None:  # the whole exchange's deadline, not each read's
-        cut.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    timer = threading.Timer(timeout, cut_off)
-    timer.daemon = True
-    timer.start()
+    """One POST on a connection of its own (Poster.post)."""
+    p = Poster(url, timeout, context)
     try:
-        conn.request("POST", target, body=body, headers=headers)
-        answer = conn.getresponse()
-        answer.read(MAX_ANSWER)
-        status = answer.status
-    except Exception as e:  # every way a connection fails, in words without the URL
-        if cut.is_set():
-            raise ProvisionError(f"no answer within {timeout:g} s") from None
-        raise ProvisionError(_words(e)) from None
+        return p.post(body, headers)
     finally:
-        timer.cancel()
-        conn.close()
-    if not 200 <= status < 300:
-        raise ProvisionError(f"answered {status}")
-    return status
+        p.close()
 
 
 def _words(e: BaseException) -> str:

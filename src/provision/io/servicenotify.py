@@ -79,6 +79,10 @@ class NotifyTables(EventTables):
             c.execute(self._q("DELETE FROM provision_service_cursors WHERE name = ?"), (f"notify:{rid}",))
         return gone
 
+    def forget_cursor(self, name: str) -> None:
+        """A removed rule's cursor, moved once more by its delivery as it ended: gone."""
+        self._do("DELETE FROM provision_service_cursors WHERE name = ?", (name,))
+
     def set_relay(self, relay: Relay) -> None:
         self._do(
             "INSERT INTO provision_service_smtp (name, host, port, sender, login, password_env) "

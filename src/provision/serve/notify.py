@@ -29,16 +29,42 @@ from provision.rules import notify
 from provision.serve.stream import RETRY, Delivery
 
 RULES_EVERY = 2.0  # seconds between two looks at the rules
+# Each rule sends at most RATE events a second after a first BURST at once: a backlog of
+# thousands (a service back after a long outage) neither starves the service's round of
+# the CPU nor floods a receiver (Slack takes about one message a second per webhook).
+RATE = 100.0
+BURST = 100
 
 
 class Sender:
     """The network side (io/notifysend.py); tests give a stand-in."""
 
-    def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
-        return notifysend.post(url, body, headers)
+    def poster(self, url: str) -> notifysend.Poster:
+        return notifysend.Poster(url)
 
     def mailer(self, relay: Relay, password: str | None) -> notifysend.Mailer:
         return notifysend.Mailer(relay, password)
+
+
+class Pace:
+    """A token bucket: at most `rate` sends a second, `burst` at once; once empty, sends go
+    in clumps of `clump` (fewer wake-ups than one send every 1/rate s)."""
+
+    def __init__(
+        self, rate: float = RATE, burst: int = BURST, clump: int = 10, clock: Callable[[], float] = time.monotonic
+    ):
+        self.rate, self.burst, self.clump, self.clock = rate, float(burst), float(min(clump, burst)), clock
+        self.tokens, self.at = float(burst), clock()
+
+    def wait(self) -> float:
+        """0: a send may go now (it is counted); else the seconds to wait before asking again."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (self.clump - self.tokens) / self.rate
 
 
 class _Stopped(Exception):
@@ -60,11 +86,13 @@ class RuleHandler:
         sender: Sender,
         go_on: Callable[[], bool] = lambda: True,
         env_is: str = "the service's environment: start it with it set",
+        pace: Pace | None = None,
     ):
         self.store, self.rule, self.public_url, self.env, self.sender = store, rule, public_url, env, sender
         self.env_is = env_is  # where a missing variable should be (the words of its error)
         self.name = rule.cursor
         self.go_on = go_on  # False: stop between two sends
+        self.pace = pace or Pace()
         self.sent = 0
 
     def handle(self, events: Sequence[Stored]) -> None:
@@ -77,22 +105,29 @@ class RuleHandler:
                 with self._mailer() as m:
                     domain = m.relay.sender.rpartition("@")[2] or "provision"
                     for at in todo:
-                        self._check()
+                        self._next()
                         m.send(notify.mail(at, self.rule, m.relay, self.public_url, domain))
                         self.sent += 1
             else:
                 key = self._key()
-                for at in todo:
-                    self._check()
-                    self.sender.post(self.rule.target, *self._request(at, key))
-                    self.sent += 1
+                poster = self.sender.poster(self.rule.target)
+                try:
+                    for at in todo:
+                        self._next()
+                        poster.post(*self._request(at, key))
+                        self.sent += 1
+                finally:
+                    poster.close()
         except (ProvisionError, _Stopped) as e:
             self.store.advance(self.name, at.id - 1)  # everything before `at` went
             if isinstance(e, ProvisionError):
                 raise ProvisionError(f"{self.rule.channel.value}: {e.message}") from None
             raise
 
-    def _check(self) -> None:
+    def _next(self) -> None:
+        """The next send may go: after its pace's wait, unless the delivery stops."""
+        while (wait := self.pace.wait()) > 0 and self.go_on():
+            time.sleep(wait)
         if not self.go_on():
             raise _Stopped()
 
@@ -132,7 +167,11 @@ class RuleHandler:
                     domain = m.relay.sender.rpartition("@")[2] or "provision"
                     m.send(notify.mail(s, self.rule, m.relay, self.public_url, domain))
                 return f"the relay {m.relay.host}:{m.relay.port} took it"
-            status = self.sender.post(self.rule.target, *self._request(s, self._key(), test=True))
+            poster = self.sender.poster(self.rule.target)
+            try:
+                status = poster.post(*self._request(s, self._key(), test=True))
+            finally:
+                poster.close()
             return f"answered {status}"
         except ProvisionError as e:
             raise ProvisionError(f"rule {self.rule.id} ({self.rule.channel.value}): {e.message}") from None
@@ -160,16 +199,18 @@ class Notifications:
         *,
         every: float = RULES_EVERY,
         retry: Sequence[float] = RETRY,
+        rate: float = RATE,
         env: Mapping[str, str] | None = None,
         sender: Sender | None = None,
         own_store: bool = True,
     ):
         self.store, self.leading, self.say, self.public_url = store, leading, say, public_url
-        self.every, self.retry = every, tuple(retry)
+        self.every, self.retry, self.rate = every, tuple(retry), rate
         self.env = env if env is not None else os.environ
         self.sender = sender or Sender()
         self.own_store = own_store  # closed by stop()
         self.deliveries: dict[str, Delivery] = {}
+        self.ending: dict[str, Delivery] = {}  # the deliveries of rules removed, until their thread ends
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.run, name="notifications", daemon=True)
         self._failing = False
@@ -208,17 +249,22 @@ class Notifications:
     def sync(self) -> None:
         """A Delivery for each rule in the database; none for a rule that is gone."""
         rules = {r.id: r for r in self.store.rules()}
-        gone = [d for rid, d in self.deliveries.items() if rid not in rules]
-        for rid in [rid for rid in self.deliveries if rid not in rules]:
+        for rid, d in list(self.ending.items()):
+            if not d.thread.is_alive():  # its last move of the cursor is made: take it away
+                self.store.forget_cursor(d.handler.name)
+                del self.ending[rid]
+        gone = {rid: d for rid, d in self.deliveries.items() if rid not in rules}
+        for rid in gone:
             del self.deliveries[rid]
-        _end(gone, join=0)  # a hanging endpoint's thread ends when its request does
+        _end(list(gone.values()), join=0)  # a hanging endpoint's thread ends when its request does
+        self.ending |= gone
         for rid, rule in rules.items():
             if rid not in self.deliveries and not self.stopping.is_set():
                 self.deliveries[rid] = d = self._delivery(rule)
                 d.start()
 
     def _delivery(self, rule: Rule) -> Delivery:
-        handler = RuleHandler(self.store, rule, self.public_url, self.env, self.sender)
+        handler = RuleHandler(self.store, rule, self.public_url, self.env, self.sender, pace=Pace(self.rate))
         d = Delivery(self.store, handler, self.leading, self.say, retry=self.retry)
         handler.go_on = lambda: self.leading.is_set() and not d.stopping.is_set()
         return d
