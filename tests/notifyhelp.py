@@ -43,14 +43,21 @@ class Receiver:
     """An HTTP server on 127.0.0.1 (a port of its own); `answer(n)` is the status of the
     n-th POST (from 0), after `hang` (an Event the POST waits on, when given)."""
 
-    def __init__(self, answer: Callable[[int], int] = lambda n: 200, hang: threading.Event | None = None):
+    def __init__(
+        self, answer: Callable[[int], int] = lambda n: 200, hang: threading.Event | None = None, keep: str = ""
+    ):
         self.got: list[Got] = []
         self.arrived = 0  # POSTs read, answered or not yet
+        self.connections: set[int] = set()  # the client ports they came from
         self.lock = threading.Lock()
         self.answer, self.hang = answer, hang
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            # keep="yes": HTTP/1.1, connections kept; keep="drop": kept as far as the client
+            # knows, but closed after each answer (as a server's idle timeout closes them)
+            protocol_version = "HTTP/1.1" if keep else "HTTP/1.0"
+
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n)
@@ -61,10 +68,13 @@ class Receiver:
                 with outer.lock:
                     status = outer.answer(len(outer.got))
                     outer.got.append(Got(self.path, {k.lower(): v for k, v in self.headers.items()}, body, status))
+                    outer.connections.add(self.client_address[1])
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+                if keep == "drop":
+                    self.close_connection = True
 
             def log_message(self, *a: Any) -> None:
                 pass
