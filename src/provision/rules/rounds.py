@@ -17,7 +17,7 @@ from typing import Any
 
 from provision.core import runs
 from provision.host.protocol import ProbeReport
-from provision.rules.tenancy import HostView, host_view
+from provision.rules.tenancy import HostView, JobsDoc, host_view
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Round:
     number: int
     began: float
     hosts: Mapping[str, HostSeen]
-    doc: Mapping[str, Any]
+    doc: JobsDoc
     studies: frozenset[str] = frozenset()
     success: Mapping[str, str] = field(default_factory=dict)
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)

@@ -4,21 +4,60 @@ and the dashboard serves it. Pure: built from the study's rows and its `tune:`."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
-from provision.core.tuning import TrialRow, TrialState, Tune, best
+from provision.core.tuning import TrialJson, TrialRow, TrialState, Tune, Value, best
 
 # The order counts are given in (the table's last line, the JSON's "counts").
 COUNTED = (TrialState.SUCCEEDED, TrialState.STOPPED_EARLY, TrialState.FAILED, TrialState.RUNNING)
+
+
+class MetricJson(TypedDict):
+    name: str
+    goal: str
+
+
+class StudyJson(TypedDict):
+    """`provision tune --status --json` (docs/tuning.md)."""
+
+    format_version: int
+    job: str
+    metric: MetricJson
+    max_trials: int
+    parallel_trials: int
+    max_failed_trials: int
+    algorithm: str
+    early_stopping: str
+    measurement: str
+    trials: list[TrialJson]
+    best: TrialJson | None
+    counts: dict[str, int]
+    ended: str | None
+    picture: str | None
+
+
+class ParamJson(TypedDict):
+    """A parameter as the dashboard draws it (space_json)."""
+
+    name: str
+    type: str
+    scale: str
+    min: float | None
+    max: float | None
+    values: list[Value]
+
+
+class StudyDoc(StudyJson):
+    """The dashboard's study: the status and its parameters."""
+
+    space: list[ParamJson]
 
 
 def counts(rows: Sequence[TrialRow]) -> dict[str, int]:
     return {s.value: sum(1 for r in rows if r.state is s) for s in COUNTED}
 
 
-def study_json(
-    job: str, tune: Tune, rows: Sequence[TrialRow], *, ended: str | None, picture: str | None
-) -> dict[str, Any]:
+def study_json(job: str, tune: Tune, rows: Sequence[TrialRow], *, ended: str | None, picture: str | None) -> StudyJson:
     """`provision tune --status --json` (docs/tuning.md documents it)."""
     top = best(tuple(rows), tune.metric)
     return {
@@ -39,7 +78,7 @@ def study_json(
     }
 
 
-def space_json(tune: Tune) -> list[dict[str, Any]]:
+def space_json(tune: Tune) -> list[ParamJson]:
     """The study's parameters as the dashboard draws them (a log axis for scale log)."""
     return [
         {

@@ -16,16 +16,19 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from provision.core.answers import ActionAnswer, LogsDoc
 from provision.core.errors import ProvisionError
-from provision.core.events import EVENTS_FORMAT, Kind
+from provision.core.events import EVENTS_FORMAT, EventsDoc, Kind
 from provision.core.model import Inventory
 from provision.core.submission import Status
 from provision.io.servicehistory import GPU_KEEP, HistoryRow
 from provision.io.servicestore import ServiceStore
 from provision.rules.gpuuse import IDLE_BELOW_PCT
-from provision.rules.usage import HOLDING, Use, gpu_hours
+from provision.rules.status import JobDoc
+from provision.rules.studyview import StudyDoc
+from provision.rules.tenancy import GpuHistoryJson, HostJson, JobsDoc
+from provision.rules.usage import HOLDING, UsageDoc, Use, gpu_hours
 from provision.run.survey import Inventories
 from provision.serve.gpusample import QUIET_EVERY, SAMPLE_EVERY, idle_of, idle_window
 from provision.serve.rounds import GpuRecorder, Rounds, fresh, gpus_of
@@ -79,11 +82,13 @@ class ServiceSource:
         self.inventory = InventorySource(self.known)
         self.rounds, self.gpus = rounds, gpus
         self.idle_window = idle_window()
-        self._usage: Recent[dict[str, Any]] = Recent(USAGE_FRESH, USAGE_STALE)
+        self._usage: Recent[UsageDoc] = Recent(USAGE_FRESH, USAGE_STALE)
         # The hosts' document with each GPU's last hour, made once per round (and history):
         # /api/v1/hosts encodes the same document once.
-        self._with_history: tuple[Any, Any, dict[str, Any]] | None = None
-        self._history: Recent[dict[str, Any]] = Recent(ROUND_FRESH, ROUND_FRESH)  # a follower's, read from the database
+        self._with_history: tuple[JobsDoc, dict[str, GpuHistoryJson], JobsDoc] | None = None
+        self._history: Recent[dict[str, GpuHistoryJson]] = Recent(
+            ROUND_FRESH, ROUND_FRESH
+        )  # a follower's, read from the database
 
     # ------------------------------------------------------------------ the hosts: the rounds
 
@@ -91,12 +96,12 @@ class ServiceSource:
         if self.rounds is not None:
             self.rounds.look()
 
-    def _doc(self) -> dict[str, Any]:
+    def _doc(self) -> JobsDoc:
         """The latest round's hosts when it is recent, else a look at the hosts now."""
         r = fresh(self.rounds.latest if self.rounds is not None else None, ROUND_FRESH)
-        return dict(r.doc) if r is not None else self.inventory.hosts()
+        return r.doc.copy() if r is not None else self.inventory.hosts()
 
-    def hosts(self) -> dict[str, Any]:
+    def hosts(self) -> JobsDoc:
         """The hosts now (a round of the last seconds), each with its GPUs' last hour."""
         self._looked()
         doc = self._doc()
@@ -104,47 +109,49 @@ class ServiceSource:
         got = self._with_history
         if got is not None and got[0] is doc and got[1] is history:
             return got[2]
-        hosts = {name: {**h, "gpu_history": history.get(name, {})} for name, h in doc.get("hosts", {}).items()}
-        out = {**doc, "hosts": hosts}
+        hosts: dict[str, HostJson] = {
+            name: {**h, "gpu_history": history.get(name, {})} for name, h in doc.get("hosts", {}).items()
+        }
+        out: JobsDoc = {**doc, "hosts": hosts}
         self._with_history = (doc, history, out)
         return out
 
-    def _gpu_history(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def _gpu_history(self, doc: JobsDoc) -> dict[str, GpuHistoryJson]:
         g = self.gpus
         if g is not None and g.doc is not None and time.monotonic() - g.at < ROUND_FRESH:
             return g.doc
         recorder = g or GpuRecorder(self.store)
         return self._history.get("", lambda: recorder.read(self.store.now() - GPU_KEEP, gpus_of(doc)).doc)
 
-    def jobs(self) -> dict[str, Any]:
+    def jobs(self) -> JobsDoc:
         return self.hosts()
 
-    def latest(self) -> dict[str, Any]:
+    def latest(self) -> JobsDoc:
         """The latest round's hosts (/metrics' GPU gauges), or a look at them now."""
         self._looked()
         return self._doc()
 
     # ------------------------------------------------------------------ what the inventories say
 
-    def job(self, name: str) -> dict[str, Any]:
+    def job(self, name: str) -> JobDoc:
         return self.inventory.job(name)
 
-    def logs(self, name: str, after: str | None) -> dict[str, Any]:
+    def logs(self, name: str, after: str | None) -> LogsDoc:
         return self.inventory.logs(name, after)
 
     def studies(self) -> list[str]:
         return self.inventory.studies()
 
-    def study(self, name: str) -> dict[str, Any]:
+    def study(self, name: str) -> StudyDoc:
         return self.inventory.study(name)
 
-    def stop(self, name: str, who: str) -> dict[str, Any]:
+    def stop(self, name: str, who: str) -> ActionAnswer:
         return self.inventory.stop(name, who)
 
-    def rerun(self, name: str, who: str) -> dict[str, Any]:
+    def rerun(self, name: str, who: str) -> ActionAnswer:
         return self.inventory.rerun(name, who)
 
-    def promote(self, name: str, trial: int, who: str) -> dict[str, Any]:
+    def promote(self, name: str, trial: int, who: str) -> ActionAnswer:
         return self.inventory.promote(name, trial, who)
 
     def close(self) -> None:
@@ -152,7 +159,7 @@ class ServiceSource:
 
     # ------------------------------------------------------------------ what the service keeps
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> UsageDoc:
         """USAGE_EXAMPLE's shape with "as_of" (when it was summed): one sum answers the
         requests of the next USAGE_FRESH s, then is given up to USAGE_STALE s old while the
         next is made behind it (100,000 runs summed took ~250 ms under load)."""
@@ -161,7 +168,7 @@ class ServiceSource:
         self.store.now()
         return self._usage.get("", self._usage_now)
 
-    def _usage_now(self) -> dict[str, Any]:
+    def _usage_now(self) -> UsageDoc:
         now = self.store.now()
         wins = usage_windows(now)
         doc = usage_doc(wins, self.store.gpu_hours_in([(w[2], w[3]) for w in wins], now, sorted(HOLDING)))
@@ -175,7 +182,7 @@ class ServiceSource:
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {**doc, "idle": idle_of(runs, now, self.idle_window), "as_of": as_of}
 
-    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         """The events after id `after` (`provision events --json`'s shape, and the cursor of
         the next page). Someone reading them is someone looking: the rounds come sooner."""
         self._looked()
@@ -183,7 +190,7 @@ class ServiceSource:
         last = got[-1].id if got else max(after, 0)
         return {"format_version": EVENTS_FORMAT, "events": [s.to_json() for s in got], "after": last}
 
-    def cancel(self, name: str, who: str) -> dict[str, Any]:
+    def cancel(self, name: str, who: str) -> ActionAnswer:
         """`provision cancel`: taken back if no worker started it, else its worker stops it."""
         subs = self.store.submissions(unfinished=True, job=name)
         if not subs:
@@ -225,17 +232,20 @@ def usage_windows(now: float) -> list[tuple[str, str, float, float]]:
     return out
 
 
-def usage_doc(wins: list[tuple[str, str, float, float]], hours: list[dict[str, float]]) -> dict[str, Any]:
+def usage_doc(wins: list[tuple[str, str, float, float]], hours: list[dict[str, float]]) -> UsageDoc:
     """USAGE_EXAMPLE's shape from each window's owner -> GPU-hours; idle GPUs are not known here
     (empty: ServiceSource.usage adds them from the samples)."""
-    doc: dict[str, Any] = {"format_version": 1, "days": [], "weeks": [], "idle": []}
+    doc: UsageDoc = {"format_version": 1, "days": [], "weeks": [], "idle": []}
     for (kind, label, _, _), per in zip(wins, hours, strict=True):
         for owner, h in per.items():
-            doc[f"{kind}s"].append({kind: label, "owner": owner, "gpu_hours": round(h, 3)})
+            if kind == "day":
+                doc["days"].append({"day": label, "owner": owner, "gpu_hours": round(h, 3)})
+            else:
+                doc["weeks"].append({"week": label, "owner": owner, "gpu_hours": round(h, 3)})
     return doc
 
 
-def usage_json(events: Iterable[HistoryRow], now: float) -> dict[str, Any]:
+def usage_json(events: Iterable[HistoryRow], now: float) -> UsageDoc:
     """usage_doc from history rows in hand (the service sums its database's: ServiceStore.gpu_hours_in)."""
     uses = [Use(e.owner, e.kind, e.gpus, e.started, e.ended) for e in events]
     wins = usage_windows(now)

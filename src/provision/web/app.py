@@ -28,8 +28,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
+from provision.core.answers import ActionAnswer
 from provision.core.errors import ProvisionError
 from provision.core.events import parse_kinds
+from provision.core.tuning import TrialJson
+from provision.rules.studyview import StudyDoc
+from provision.rules.tenancy import JobsDoc
 from provision.web import charts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.guard import Bounds, Guard, Site
@@ -118,10 +122,10 @@ class Dashboard:
         # gives a new one when the study changed): the page's charts and its trials in each
         # order asked, the API's JSON, by study. A Source that makes a new document each time
         # keeps nothing.
-        self._made: dict[str, tuple[dict[str, Any], Markup, dict[tuple[str, bool], list[Any]]]] = {}
-        self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self._hosts_encoded: tuple[dict[str, Any], bytes] | None = None  # (the hosts' document, its JSON)
-        self._cluster: tuple[dict[str, Any], dict[int, Markup]] | None = None  # (the hosts' document, page -> body)
+        self._made: dict[str, tuple[StudyDoc, Markup, dict[tuple[str, bool], list[TrialJson]]]] = {}
+        self._encoded: dict[str, tuple[StudyDoc, bytes]] = {}
+        self._hosts_encoded: tuple[JobsDoc, bytes] | None = None  # (the hosts' document, its JSON)
+        self._cluster: tuple[JobsDoc, dict[int, Markup]] | None = None  # (the hosts' document, page -> body)
         self._metrics: tuple[tuple[int, ...], Any, str] | None = None  # (the documents' ids, them, the text)
 
     def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
@@ -184,7 +188,7 @@ class Dashboard:
         doc = self._current(await call(self.source.hosts))
         return self.render(request, viewer, "cluster.html", body=await call(self._cluster_body, doc, page))
 
-    def _current(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def _current(self, doc: JobsDoc) -> JobsDoc:
         """The hosts' document now: what was made from an older one goes (each held a document
         of 8,000 GPUs alive until its own page was asked again: the service's memory)."""
         if self._cluster is not None and self._cluster[0] is not doc:
@@ -193,7 +197,7 @@ class Dashboard:
             self._hosts_encoded = None
         return doc
 
-    def _cluster_body(self, doc: dict[str, Any], page: int) -> Markup:
+    def _cluster_body(self, doc: JobsDoc, page: int) -> Markup:
         """The Cluster page's content, made once per hosts' document and page (a round's
         1,000 hosts grouped and a page of 256 GPUs' rows and charts: ~50 ms each request)."""
         got = self._cluster
@@ -214,7 +218,7 @@ class Dashboard:
         everyone = doc.get("jobs") or []
         picked = [j for j in everyone if flt.matches(j)]
         shown, pages = page_of(picked, flt.page)
-        owners = sorted({j["owner"] for j in everyone if j.get("owner")})
+        owners = sorted({o for j in everyone if (o := j.get("owner"))})
         sections = job_sections(shown)
         return self.render(
             request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=len(picked)
@@ -266,7 +270,7 @@ class Dashboard:
             page_size=TRIALS_PAGE,
         )
 
-    def _study_made(self, name: str, doc: dict[str, Any], order: TrialOrder) -> tuple[Markup, list[Any]]:
+    def _study_made(self, name: str, doc: StudyDoc, order: TrialOrder) -> tuple[Markup, list[TrialJson]]:
         """The study's charts and its trials in `order`'s sort, made once per document."""
         got = self._made.get(name)
         if got is None or got[0] is not doc:  # the study changed (or was never shown)
@@ -282,7 +286,7 @@ class Dashboard:
 
     # ------------------------------------------------------------------ actions
 
-    async def act(self, request: Request, viewer: Viewer) -> tuple[str, dict[str, Any]]:
+    async def act(self, request: Request, viewer: Viewer) -> tuple[str, ActionAnswer]:
         """A POSTed action, checked: CSRF, then that the viewer may act on this job."""
         name, action = request.path_params["name"], request.path_params["action"]
         form = await form_of(request)
@@ -330,7 +334,7 @@ class Dashboard:
         doc = self._current(await call(self.source.hosts))
         return Response(await call(self._hosts_body, doc), media_type="application/json")
 
-    def _hosts_body(self, doc: dict[str, Any]) -> bytes:
+    def _hosts_body(self, doc: JobsDoc) -> bytes:
         """The hosts' JSON, encoded once per document (1,000 hosts x 8 GPUs with their last
         hour: 3 MB, encoded again for every request before)."""
         got = self._hosts_encoded

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from markupsafe import Markup, escape
 
-from provision.core.tuning import TrialState
+from provision.core.tuning import TrialJson, TrialState
+from provision.rules.studyview import ParamJson, StudyDoc
 
 W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -107,13 +107,11 @@ def _mark(px: float, py: float, state: str, tip: str) -> str:
     return f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}" class="{CLASS.get(state, "other")}">{t}</circle>'
 
 
-def _valued(trials: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
-    return [
-        (t, float(t["value"])) for t in trials if isinstance(t.get("value"), int | float) and math.isfinite(t["value"])
-    ]
+def _valued(trials: Sequence[TrialJson]) -> list[tuple[TrialJson, float]]:
+    return [(t, float(v)) for t in trials if isinstance(v := t.get("value"), int | float) and math.isfinite(v)]
 
 
-def _tip(t: dict[str, Any], metric: str) -> str:
+def _tip(t: TrialJson, metric: str) -> str:
     params = ", ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
     return f"trial {t['number']} ({t['state']}): {metric}={t.get('value')} {params}"
 
@@ -122,7 +120,7 @@ def better(goal: str, a: float, b: float) -> bool:
     return a > b if goal == "maximize" else a < b
 
 
-def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, float]]:
+def best_so_far(trials: Sequence[TrialJson], goal: str) -> list[tuple[int, float]]:
     """Where the best succeeded value changes, in trial order."""
     out: list[tuple[int, float]] = []
     for t, v in sorted(_valued(trials), key=lambda tv: tv[0]["number"]):
@@ -131,7 +129,7 @@ def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, 
     return out
 
 
-def chart_trials(study: dict[str, Any], limit: int = CHART_TRIALS) -> list[dict[str, Any]]:
+def chart_trials(study: StudyDoc, limit: int = CHART_TRIALS) -> list[TrialJson]:
     """The trials the charts draw, in the study's order: all of them up to `limit`; past it,
     `limit` of them: the running ones, where the best so far changed, the best tenth, the
     extremes (the first and last trial, the lowest and highest value and parameter), then an
@@ -157,14 +155,12 @@ def chart_trials(study: dict[str, Any], limit: int = CHART_TRIALS) -> list[dict[
     return [trials[i] for i in sorted(chosen)]
 
 
-def drawn(study: dict[str, Any]) -> dict[str, Any]:
+def drawn(study: StudyDoc) -> StudyDoc:
     """The study as its charts draw it: its trials thinned (chart_trials)."""
     return {**study, "trials": chart_trials(study)}
 
 
-def _extremes(
-    trials: Sequence[dict[str, Any]], valued: list[tuple[int, float]], space: list[dict[str, Any]]
-) -> list[int]:
+def _extremes(trials: Sequence[TrialJson], valued: list[tuple[int, float]], space: list[ParamJson]) -> list[int]:
     """The first and last trial, the lowest and highest value and each numeric parameter's
     lowest and highest (of the valued trials): a thinned chart keeps its axes."""
     out = [0, len(trials) - 1]
@@ -176,7 +172,7 @@ def _extremes(
     return out
 
 
-def _param_key(name: str, trials: Sequence[dict[str, Any]]) -> Callable[[tuple[int, float]], float | None]:
+def _param_key(name: str, trials: Sequence[TrialJson]) -> Callable[[tuple[int, float]], float | None]:
     def key(iv: tuple[int, float]) -> float | None:
         p = (trials[iv[0]].get("params") or {}).get(name)
         return float(p) if isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) else None
@@ -184,12 +180,12 @@ def _param_key(name: str, trials: Sequence[dict[str, Any]]) -> Callable[[tuple[i
     return key
 
 
-def _value_of(t: dict[str, Any]) -> float | None:
+def _value_of(t: TrialJson) -> float | None:
     v = t.get("value")
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
-def objective_svg(study: dict[str, Any], shown: Sequence[dict[str, Any]] | None = None) -> Markup:
+def objective_svg(study: StudyDoc, shown: Sequence[TrialJson] | None = None) -> Markup:
     """The objective over trials (those `shown`: chart_trials), the best so far (over every
     trial) as a step line."""
     trials, metric, goal = study["trials"], study["metric"]["name"], study["metric"]["goal"]
@@ -224,7 +220,7 @@ def objective_svg(study: dict[str, Any], shown: Sequence[dict[str, Any]] | None 
     return _svg(body, f"{metric} over trials")
 
 
-def param_svg(study: dict[str, Any], param: dict[str, Any]) -> Markup:
+def param_svg(study: StudyDoc, param: ParamJson) -> Markup:
     """The objective against one parameter: a log axis for a log-scaled one, categories at
     positions."""
     name, metric = param["name"], study["metric"]["name"]
@@ -250,7 +246,7 @@ def param_svg(study: dict[str, Any], param: dict[str, Any]) -> Markup:
     return _svg(body, f"{metric} against {name}")
 
 
-def parallel_svg(study: dict[str, Any]) -> Markup:
+def parallel_svg(study: StudyDoc) -> Markup:
     """Parallel coordinates: an axis per parameter and the objective; a line per trial
     with a value (pruned trials dashed)."""
     space, metric = study.get("space") or [], study["metric"]["name"]
@@ -270,8 +266,9 @@ def parallel_svg(study: dict[str, Any]) -> Markup:
                 (Axis(-0.5, max(len(cats) - 0.5, 0.5), H - BOTTOM, TOP), {c: float(i) for i, c in enumerate(cats)})
             )
         else:
-            log = p.get("scale") == "log" and bool(vals) and min(float(v) for v in vals) > 0
-            axes.append((Axis.of([float(v) for v in vals], H - BOTTOM, TOP, log=log), None))
+            nums = [float(v) for v in vals if isinstance(v, int | float)]  # all of them (above)
+            log = p.get("scale") == "log" and bool(nums) and min(nums) > 0
+            axes.append((Axis.of(nums, H - BOTTOM, TOP, log=log), None))
     ys = [v for _, v in valued]
     axes.append((Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys)), None))
     body = []

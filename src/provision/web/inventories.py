@@ -13,18 +13,22 @@ import binascii
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from provision.core.answers import ActionAnswer, LogLine, LogsDoc
 from provision.core.errors import ProvisionError
-from provision.core.events import EVENTS_FORMAT, Kind
+from provision.core.events import EVENTS_FORMAT, EventsDoc, Kind
 from provision.core.lifecycle import STOP_PHASE, TaskState
 from provision.core.model import Inventory
-from provision.core.tuning import promoted_job
+from provision.core.tuning import Tune, promoted_job
 from provision.io.ssh import Session
-from provision.rules.studyview import space_json, study_json
+from provision.rules.status import JobDoc
+from provision.rules.studyview import StudyDoc, space_json, study_json
+from provision.rules.tenancy import JobsDoc
+from provision.rules.usage import UsageDoc
 from provision.run.context import Context, open_context
 from provision.run.jobend import collect, end_job, look
 from provision.run.logs import log_entries
@@ -52,12 +56,12 @@ class InventorySource:
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._hosts: Recent[dict[str, Any]] = Recent(HOSTS_FRESH, HOSTS_STALE)
-        self._jobs: Recent[dict[str, Any]] = Recent(JOB_FRESH, JOB_STALE)
+        self._hosts: Recent[JobsDoc] = Recent(HOSTS_FRESH, HOSTS_STALE)
+        self._jobs: Recent[JobDoc] = Recent(JOB_FRESH, JOB_STALE)
         # Each study's reader, kept (io/studyread.py: read again only where it changed), and
         # the JSON made from its last snapshot: (snapshot, tune, document) by study.
         self._readers: dict[tuple[str | None, str, str], StudyReader] = {}
-        self._study_docs: dict[str, tuple[Snapshot | None, Any, dict[str, Any]]] = {}
+        self._study_docs: dict[str, tuple[Snapshot | None, Tune, StudyDoc]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -104,43 +108,42 @@ class InventorySource:
 
     # ------------------------------------------------------------------ reading
 
-    def hosts(self) -> dict[str, Any]:
+    def hosts(self) -> JobsDoc:
         """`provision jobs --json` over every inventory's hosts (each host once), with its
         labels and what its GPUs do (`gpu_use`, from the same round trip): one look at every
         host (run/survey.py) answers the requests of the next HOSTS_FRESH s."""
         return self._hosts.get("", self._survey)
 
-    def _survey(self) -> dict[str, Any]:
-        return dict(survey(self._inventories(), self._survey_ctx).doc)
+    def _survey(self) -> JobsDoc:
+        return survey(self._inventories(), self._survey_ctx).doc.copy()
 
-    def jobs(self) -> dict[str, Any]:
+    def jobs(self) -> JobsDoc:
         return self.hosts()
 
-    def latest(self) -> dict[str, Any]:
+    def latest(self) -> JobsDoc:
         """The hosts as /metrics reports them (here: as hosts(); the service: its last sample)."""
         return self.hosts()
 
-    def job(self, name: str) -> dict[str, Any]:
+    def job(self, name: str) -> JobDoc:
         """`provision status --json`, with the env (secrets masked), its study and its actions:
         one probe of its hosts answers the requests of the next JOB_FRESH s (Recent)."""
         return self._jobs.get(name, lambda: self._job(name))
 
-    def _job(self, name: str) -> dict[str, Any]:
+    def _job(self, name: str) -> JobDoc:
         path, inv = self._find(name)
         with self._ctx(name, path) as ctx:
             st = collect(ctx)
-        doc = st.to_json()
         live = any(t.state.live or t.state is TaskState.PENDING for t in st.tasks)
         actions = (["stop"] if live else []) + (["rerun"] if st.phase.ended else [])
-        doc.update(env=masked_env(inv.env, inv.secret_env), study=name if inv.tune else None, actions=actions)
-        return doc
+        env, study = masked_env(inv.env, inv.secret_env), name if inv.tune else None
+        return {**st.to_json(), "env": env, "study": study, "actions": actions}
 
-    def logs(self, name: str, after: str | None) -> dict[str, Any]:
+    def logs(self, name: str, after: str | None) -> LogsDoc:
         path, _ = self._find(name)
         cursors = _cursors(after)
         with self._ctx(name, path) as ctx:
             entries, cursors, errors = log_entries(ctx, tail=LOG_TAIL, cursors=cursors)
-        lines = [
+        lines: list[LogLine] = [
             {"time": _iso(e.ts / 1e6), "task": e.task, "host": e.host, "text": e.text.replace("\x1b", "\\e")}
             for e in entries
         ]
@@ -149,7 +152,7 @@ class InventorySource:
     def studies(self) -> list[str]:
         return sorted(j for j, (_, inv) in self._inventories().items() if inv.tune is not None)
 
-    def study(self, name: str) -> dict[str, Any]:
+    def study(self, name: str) -> StudyDoc:
         """`provision tune --status --json` (picture: none, the page draws its own), with its space."""
         path, inv = self._find(name, study=True)
         assert inv.tune is not None
@@ -158,7 +161,7 @@ class InventorySource:
         if got is not None and got[0] is snap and got[1] == inv.tune:
             return got[2]  # nothing changed since: the same document (the pages cache what they make of it)
         rows, ended = (snap.rows, snap.ended) if snap is not None else ((), None)
-        doc = {**study_json(name, inv.tune, rows, ended=ended, picture=None), "space": space_json(inv.tune)}
+        doc: StudyDoc = {**study_json(name, inv.tune, rows, ended=ended, picture=None), "space": space_json(inv.tune)}
         self._study_docs[name] = (snap, inv.tune, doc)
         return doc
 
@@ -181,11 +184,11 @@ class InventorySource:
             reader.tune = inv.tune
         return reader.read()
 
-    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         # No stream here (the service keeps it): nothing happened that anyone recorded.
         return {"format_version": EVENTS_FORMAT, "events": [], "after": after}
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> UsageDoc:
         # No history here (the service keeps it): what the hosts hold now is all there is.
         return {"format_version": 1, "days": [], "weeks": [], "idle": []}
 
@@ -197,7 +200,7 @@ class InventorySource:
 
     # ------------------------------------------------------------------ actions
 
-    def stop(self, name: str, who: str) -> dict[str, Any]:
+    def stop(self, name: str, who: str) -> ActionAnswer:
         """`provision stop -y`: the end marker names `who`; the state's history too."""
         path, _ = self._find(name)
         with self._ctx(name, path, operation="stop") as ctx:
@@ -214,7 +217,7 @@ class InventorySource:
         self._jobs.forget(name)
         return {"ok": True, "message": msg, "stopped": stopped}
 
-    def rerun(self, name: str, who: str) -> dict[str, Any]:
+    def rerun(self, name: str, who: str) -> ActionAnswer:
         """`provision apply --rerun -y`: the job's secrets come from this process's environment."""
         # Lazy: apply's planning and steps (start-up of a dashboard that only reads).
         from provision.run.apply import apply_plan
@@ -236,10 +239,10 @@ class InventorySource:
         self._jobs.forget(name)
         return {"ok": not bad, "message": msg}
 
-    def cancel(self, name: str, who: str) -> dict[str, Any]:
+    def cancel(self, name: str, who: str) -> ActionAnswer:
         return {"ok": False, "message": "cancel is the service's: these inventories have no queue of its own"}
 
-    def promote(self, name: str, trial: int, who: str) -> dict[str, Any]:
+    def promote(self, name: str, trial: int, who: str) -> ActionAnswer:
         """`provision tune --promote N`: the inventory text (shown, not written anywhere)."""
         from provision.inventory.promote import promoted  # (start-up: only a promotion needs it)
 
@@ -264,7 +267,7 @@ class InventorySource:
         return {"ok": True, "message": f"trial {row.number} ({value}) as job {job}", "inventory": text}
 
 
-def owner_in(doc: Mapping[str, Any], name: str) -> str | None:
+def owner_in(doc: JobsDoc, name: str) -> str | None:
     """The owner the hosts' document names for job `name`, or for a study's trials."""
     jobs: dict[str, str | None] = {j["job"]: j.get("owner") for j in doc.get("jobs") or []}
     if name in jobs:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from provision.rules.tenancy import doc_queue_key
+from provision.core.tuning import TrialJson
+from provision.rules.tenancy import GpuAppJson, HostJson, JobJson, JobsDoc, doc_queue_key
 
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
@@ -33,7 +34,7 @@ class JobFilter:
     text: str = ""
     page: int = 1
 
-    def matches(self, j: Mapping[str, Any]) -> bool:
+    def matches(self, j: JobJson) -> bool:
         if self.owner and j.get("owner") != self.owner:
             return False
         if self.phase and j.get("state") != self.phase:
@@ -71,8 +72,8 @@ def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[lis
     return list(items[(page - 1) * size : page * size]), pages
 
 
-def job_sections(jobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {k: [] for k in SECTIONS}
+def job_sections(jobs: Sequence[JobJson]) -> dict[str, list[JobJson]]:
+    out: dict[str, list[JobJson]] = {k: [] for k in SECTIONS}
     for j in jobs:
         for section, states in SECTIONS.items():
             if j.get("state") in states:
@@ -102,14 +103,14 @@ class HostRow:
     foreign_ports: tuple[int, ...]
 
 
-def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, ...]:
+def _gpus(h: HostJson, owners: Mapping[str, str | None]) -> tuple[Gpu, ...]:
     holder = {g: job for job, held in (h.get("held") or {}).items() for g in held.get("gpus", [])}
     free = set(h.get("free_gpus") or [])
     use = h.get("gpu_use") or {}
     past = h.get("gpu_history") or {}
     out = []
     for g in range(int(h.get("gpus") or 0)):
-        u = use.get(str(g)) or {}
+        u = use.get(str(g))
         job = holder.get(g)
         if h.get("error"):
             state = "unreachable"
@@ -121,18 +122,19 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
             state = "free" if g in free else "unknown"
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
-        apps = tuple(_app_words(a) for a in u.get("apps") or ())
-        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps))
+        apps = tuple(_app_words(a) for a in (u.get("apps") or () if u else ()))
+        util, mib = (u.get("utilization"), u.get("memory_mib")) if u else (None, None)
+        out.append(Gpu(g, state, job, owner, util, mib, history, apps))
     return tuple(out)
 
 
-def _app_words(a: Mapping[str, Any]) -> str:
+def _app_words(a: GpuAppJson) -> str:
     mib = f", {a['used_mib']} MiB" if a.get("used_mib") is not None else ""
     whose = f" ({a['job']})" if a.get("job") else " (not a provision job)"
     return f"{a.get('pid') or '?'} {a.get('name') or ''}{mib}{whose}"
 
 
-def _group_of(h: Mapping[str, Any]) -> str:
+def _group_of(h: HostJson) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or "no labels"
 
 
@@ -140,7 +142,7 @@ def _group_order(label: str) -> tuple[bool, str]:
     return (label == "no labels", label)
 
 
-def cluster_groups(doc: Mapping[str, Any]) -> list[tuple[str, list[HostRow]]]:
+def cluster_groups(doc: JobsDoc) -> list[tuple[str, list[HostRow]]]:
     """The hosts of `provision jobs --json` grouped by their labels ("k=v, ..."), unlabelled last."""
     owners = {j["job"]: j.get("owner") for j in doc.get("jobs") or []}
     groups: dict[str, list[HostRow]] = {}
@@ -177,7 +179,7 @@ class ClusterPage:
     hosts: int
 
 
-def host_spark(h: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
+def host_spark(h: HostJson) -> tuple[tuple[float, float], ...]:
     """A host's GPUs' mean utilization over its history (the GPUs' points are of the same
     rounds: matched from the newest)."""
     series = [s for s in (h.get("gpu_history") or {}).values() if s]
@@ -189,7 +191,7 @@ def host_spark(h: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
     )
 
 
-def cluster_page(doc: Mapping[str, Any], page: int, size: int = HOSTS_PAGE) -> ClusterPage:
+def cluster_page(doc: JobsDoc, page: int, size: int = HOSTS_PAGE) -> ClusterPage:
     """The Cluster page: every label group counted, and page `page` of the hosts (by group,
     then name) with each GPU's row; only those rows are made."""
     hosts = doc.get("hosts") or {}
@@ -215,7 +217,12 @@ def cluster_page(doc: Mapping[str, Any], page: int, size: int = HOSTS_PAGE) -> C
         for label, c in counts.items()
     )
     names, pages = page_of(order, page, size)
-    shown = cluster_groups({"jobs": doc.get("jobs") or [], "hosts": {n: hosts[n] for n in names}})
+    some: JobsDoc = {
+        "format_version": doc.get("format_version", 1),
+        "jobs": doc.get("jobs") or [],
+        "hosts": {n: hosts[n] for n in names},
+    }
+    shown = cluster_groups(some)
     return ClusterPage(groups, shown, {n: host_spark(hosts[n]) for n in names}, min(page, pages), pages, len(order))
 
 
@@ -256,11 +263,11 @@ def trial_order(q: Mapping[str, str], params: Sequence[str]) -> TrialOrder:
     return TrialOrder(sort, order == "desc", page_number(q))
 
 
-def sorted_trials(trials: Sequence[Mapping[str, Any]], sort: str, desc: bool) -> list[Mapping[str, Any]]:
+def sorted_trials(trials: Sequence[TrialJson], sort: str, desc: bool) -> list[TrialJson]:
     """The trials by one column ("number", "value", "param.lr"...): the numbers, then the
     texts, each either way; the empty cells last either way; ties in trial order."""
 
-    def cell(t: Mapping[str, Any]) -> Any:
+    def cell(t: TrialJson) -> Any:
         if sort.startswith("param."):
             return (t.get("params") or {}).get(sort[len("param.") :])
         return t.get(sort)
