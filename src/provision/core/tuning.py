@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, TypedDict
 
 Value = str | int | float  # a parameter's value as the trial's code receives it
+Curve = tuple[tuple[int, float], ...]  # a trial's reports (its learning curve): (step, value), by step
 
 
 class Goal(StrEnum):

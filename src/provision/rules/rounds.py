@@ -17,6 +17,7 @@ from typing import Any
 
 from provision.core import runs
 from provision.host.protocol import ProbeReport
+from provision.rules.priority import Policy
 from provision.rules.tenancy import HostView, JobsDoc, host_view
 
 
@@ -79,6 +80,7 @@ class Round:
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # ... and what each replica needs: (its GPUs, the hosts it may run on), one per replica.
     demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
+    policy: Policy | None = None  # the team's (priority classes, guarantees), as the inventories' state says
 
     @property
     def answered(self) -> frozenset[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
+from provision.core.events import EventJson
 from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import (
     PREEMPT_PHASE,
@@ -25,12 +26,14 @@ from provision.core.lifecycle import (
 )
 from provision.core.model import Inventory
 from provision.core.runs import Run, RunJson, merged
+from provision.core.tuning import TrialJson
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.historyview import HistoryRowJson
 from provision.rules.queueorder import place_in_queue
-from provision.rules.tenancy import holders
+from provision.rules.tenancy import JobHostJson, holders
 
 
 class TaskJson(TypedDict):
@@ -72,6 +75,15 @@ class JobDoc(StatusJson):
     env: dict[str, str]
     study: str | None
     actions: list[str]
+    # The service's: what it kept of the job (its runs in the history, its events, its logs),
+    # and a trial's row of its study and what it reported.
+    runs: NotRequired[list[HistoryRowJson]]
+    timeline: NotRequired[list[EventJson]]
+    kept_logs: NotRequired[bool]
+    trial: NotRequired[TrialJson]
+    reports: NotRequired[list[list[float]]]  # [[step, value], ...]
+    known: NotRequired[str]  # where the page's words come from when no inventory names the job: "history"
+    held: NotRequired[dict[str, JobHostJson]]  # such a job's entries in the hosts' ledgers now
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         success={j: inv.success for j, (_, inv) in found.items()},
         jobs={j: frozenset(h.name for h in inv.hosts) for j, (_, inv) in found.items()},
         demand={j: demand_of(inv) for j, (_, inv) in found.items()},
+        policy=policy,
     )
 
 

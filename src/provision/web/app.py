@@ -32,26 +32,35 @@ from provision.core.answers import ActionAnswer
 from provision.core.errors import ProvisionError
 from provision.core.events import parse_kinds
 from provision.core.tuning import TrialJson
-from provision.rules.studyview import StudyDoc
+from provision.rules.historyview import KINDS as HISTORY_KINDS
+from provision.rules.historyview import SHOWN_STATES, by_owner_over_days
+from provision.rules.studyview import StudyCurves, StudyDoc, shown_counts, shown_state
 from provision.rules.tenancy import JobsDoc
-from provision.web import charts
+from provision.web import charts, timecharts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.guard import Bounds, Guard, Site
 from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
 from provision.web.views import (
     ACTIONS,
+    HISTORY_PAGE,
     HOSTS_PAGE,
+    KINDS,
+    PHASES,
+    SINCE,
     TRIALS_PAGE,
     BadFilter,
     TrialOrder,
     cluster_page,
+    history_filter,
     job_filter,
     job_sections,
     page_number,
     page_of,
     pager,
+    sig,
     sorted_trials,
+    took,
     trial_order,
     whole_number,
 )
@@ -76,6 +85,8 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/studies/{name}", page(d.study)),
         Route("/studies/{name}/{action}", page(d.act_page), methods=["POST"]),
         Route("/usage", page(d.usage)),
+        Route("/history", page(d.history)),
+        Route("/quotas", page(d.quotas)),
         Route("/login", d.login, methods=["GET", "POST"]),
         Route("/api/v1/hosts", api(d.api_hosts)),
         Route("/api/v1/jobs", api(d.api_jobs)),
@@ -85,6 +96,8 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/api/v1/studies/{name}", api(d.api_study)),
         Route("/api/v1/studies/{name}/{action}", api(d.act_api), methods=["POST"]),
         Route("/api/v1/usage", api(d.api_usage)),
+        Route("/api/v1/history", api(d.api_history)),
+        Route("/api/v1/quotas", api(d.api_quotas)),
         Route("/api/v1/events", api(d.api_events)),
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
@@ -116,7 +129,8 @@ class Dashboard:
         # (the URL carries the id, never the words: a link another site made shows nothing).
         self._said: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # id -> (monotonic, job, words)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-        env.globals.update(charts=charts)
+        env.globals.update(charts=charts, timecharts=timecharts, shown_state=shown_state, shown_counts=shown_counts)
+        env.filters.update(sig=sig, took=took)
         self.templates = Jinja2Templates(env=env)
         # What a study's document made, kept while the Source gives the same document (it
         # gives a new one when the study changed): the page's charts and its trials in each
@@ -213,23 +227,32 @@ class Dashboard:
         return body
 
     async def jobs(self, request: Request, viewer: Viewer) -> Response:
+        """Queued and running work from the hosts (with the service's numbers: rules/jobrows),
+        finished work from the history, newest first (without one: the hosts' ended jobs)."""
         flt = job_filter(request.query_params)
-        doc = self._current(await call(self.source.jobs))
+        doc = await call(self.source.jobs)
         everyone = doc.get("jobs") or []
         picked = [j for j in everyone if flt.matches(j)]
+        hq = flt.finished(time.time(), HISTORY_PAGE)
+        finished = await call(self.source.history, hq) if hq is not None else None
+        if finished is not None and finished["total"]:  # the history's: the ledgers' ended ones are in it
+            picked = [j for j in picked if j["state"] != "ended"]
         shown, pages = page_of(picked, flt.page)
-        owners = sorted({o for j in everyone if (o := j.get("owner"))})
+        owners = sorted({o for j in everyone if (o := j.get("owner"))} | ({flt.owner} if flt.owner else set()))
         sections = job_sections(shown)
+        fpages = max(1, -(-finished["total"] // HISTORY_PAGE)) if finished is not None else 1
+        total = len(picked) + (finished["total"] if finished is not None else 0)
         return self.render(
-            request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=len(picked)
-        )
+            request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=total,
+            finished=finished, fpages=fpages, phases=PHASES, kinds=KINDS, since=list(SINCE),
+        )  # fmt: skip
 
     async def job(self, request: Request, viewer: Viewer) -> Response:
         doc = await call(self.source.job, request.path_params["name"])
         may = viewer.may_act_on(doc.get("owner"))
         allowed = [a for a in doc.get("actions") or [] if a in ACTIONS] if may else []
         done = self._said_on(request.path_params["name"], request.query_params.get("done"))
-        return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done)
+        return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done, now=time.time())
 
     def _say(self, name: str, words: str) -> str:
         """Keep what an action on job `name` said; the id its page shows it by."""
@@ -254,7 +277,8 @@ class Dashboard:
         # checks it again, fresh); the page never waits for a probe of the hosts.
         owner = await call(self.source.owner, name, True)
         may = viewer.may_act_on(owner)
-        drawn, trials = await call(self._study_made, name, doc, order)
+        curves = await call(self.source.curves, name)
+        drawn, trials = await call(self._study_made, name, doc, order, curves)
         rows, pages = page_of(trials, order.page, TRIALS_PAGE)
         return self.render(
             request,
@@ -270,11 +294,14 @@ class Dashboard:
             page_size=TRIALS_PAGE,
         )
 
-    def _study_made(self, name: str, doc: StudyDoc, order: TrialOrder) -> tuple[Markup, list[TrialJson]]:
-        """The study's charts and its trials in `order`'s sort, made once per document."""
+    def _study_made(
+        self, name: str, doc: StudyDoc, order: TrialOrder, curves: StudyCurves
+    ) -> tuple[Markup, list[TrialJson]]:
+        """The study's charts and its trials in `order`'s sort, made once per document (the
+        curves are read from the same snapshot: they change with it)."""
         got = self._made.get(name)
         if got is None or got[0] is not doc:  # the study changed (or was never shown)
-            body = Markup(self.templates.env.get_template("study_charts.html").render(study=doc))
+            body = Markup(self.templates.env.get_template("study_charts.html").render(study=doc, curves=curves))
             got = self._made[name] = (doc, body, {})
         key = (order.sort, order.desc)
         if key not in got[2]:
@@ -283,6 +310,24 @@ class Dashboard:
 
     async def usage(self, request: Request, viewer: Viewer) -> Response:
         return self.render(request, viewer, "usage.html", usage=await call(self.source.usage))
+
+    async def history(self, request: Request, viewer: Viewer) -> Response:
+        """The history's rows (runs, trials, waits; preempted runs among them), filtered and
+        paginated; GPU-hours per owner per day (a chart) and week."""
+        hf = history_filter(request.query_params)
+        doc = await call(self.source.history, hf.query(time.time()))
+        usage = await call(self.source.usage)
+        days, _, series = by_owner_over_days(usage["days"])
+        owners = sorted({r["owner"] for r in (*usage["days"], *usage["weeks"])} | ({hf.owner} if hf.owner else set()))
+        pages = max(1, -(-doc["total"] // HISTORY_PAGE))
+        return self.render(
+            request, viewer, "history.html", doc=doc, usage=usage, hf=hf, pages=pages, owners=owners,
+            chart=timecharts.hours_svg(days, series), kinds=HISTORY_KINDS, states=(*SHOWN_STATES, "running", "waiting"),
+            since=list(SINCE), pager=pager(hf.page, pages),
+        )  # fmt: skip
+
+    async def quotas(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "quotas.html", doc=await call(self.source.quotas))
 
     # ------------------------------------------------------------------ actions
 
@@ -344,7 +389,7 @@ class Dashboard:
 
     async def api_jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
-        doc = self._current(await call(self.source.jobs))
+        doc = await call(self.source.jobs)
         rest = {k: v for k, v in doc.items() if k != "hosts"}
         return JSONResponse({**rest, "jobs": [j for j in doc.get("jobs") or [] if flt.matches(j)]})
 
@@ -365,6 +410,13 @@ class Dashboard:
 
     async def api_usage(self, request: Request, viewer: Viewer) -> Response:
         return JSONResponse(await call(self.source.usage))
+
+    async def api_history(self, request: Request, viewer: Viewer) -> Response:
+        hf = history_filter(request.query_params)
+        return JSONResponse(await call(self.source.history, hf.query(time.time())))
+
+    async def api_quotas(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.quotas))
 
     async def api_events(self, request: Request, viewer: Viewer) -> Response:
         """Events after `after` (an id; 0: from the oldest kept), of `job`, of `kind`s."""

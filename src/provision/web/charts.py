@@ -3,20 +3,22 @@ air-gapped, and a page's charts then need nothing but the page). Pure: JSON in, 
 every text from the data is escaped.
 
 A study's trials are the `trials` of `provision tune --status --json`; its parameters the
-"space" (rules/studyview.space_json). Pruned (stopped early) trials are orange squares,
-running ones hollow, failed ones red crosses along the bottom (they have no value).
+"space" (rules/studyview.space_json); each trial's reports are a StudyCurves. Pruned
+(stopped early) trials are orange squares, cancelled ones grey squares, running ones hollow,
+failed ones red crosses along the bottom (they have no value). A number is shown to 4
+significant digits; its tooltip has it whole.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from provision.core.tuning import TrialJson, TrialState
-from provision.rules.studyview import ParamJson, StudyDoc
+from provision.core.tuning import TrialJson, TrialState, Value
+from provision.rules.studyview import CANCELLED, ParamJson, StudyCurves, StudyDoc, shown_state
 
 W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -28,8 +30,8 @@ CHART_TRIALS = 1000
 # The trial states of `tune --status --json` (core/tuning.TrialState's values).
 SUCCEEDED, PRUNED = TrialState.SUCCEEDED.value, TrialState.STOPPED_EARLY.value
 RUNNING, FAILED = TrialState.RUNNING.value, TrialState.FAILED.value
-COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728"}
-CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed"}
+COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728", CANCELLED: "#8c8c8c"}
+CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed", CANCELLED: "cancelled"}
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,10 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str, xticks: list[tuple[float,
 def _mark(px: float, py: float, state: str, tip: str) -> str:
     c = COLOR.get(state, "#333")
     t = f"<title>{escape(tip)}</title>"
-    if state == PRUNED:
-        return f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="pruned">{t}</rect>'
+    if state in (PRUNED, CANCELLED):
+        return (
+            f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="{CLASS[state]}">{t}</rect>'
+        )
     if state == FAILED:
         return f'<path d="M{px - 4:.1f},{py - 4:.1f}l8,8m0,-8l-8,8" stroke="{c}" stroke-width="2" class="failed">{t}</path>'
     fill = "none" if state == RUNNING else c
@@ -113,7 +117,7 @@ def _valued(trials: Sequence[TrialJson]) -> list[tuple[TrialJson, float]]:
 
 def _tip(t: TrialJson, metric: str) -> str:
     params = ", ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
-    return f"trial {t['number']} ({t['state']}): {metric}={t.get('value')} {params}"
+    return f"trial {t['number']} ({shown_state(t)}): {metric}={t.get('value')} {params}"
 
 
 def better(goal: str, a: float, b: float) -> bool:
@@ -213,42 +217,87 @@ def objective_svg(study: StudyDoc, shown: Sequence[TrialJson] | None = None) -> 
         )
     for t, v in valued:
         if v > 0 or not y.log:
-            body.append(_mark(x(t["number"]), y(v), t["state"], _tip(t, metric)))
+            body.append(_mark(x(t["number"]), y(v), shown_state(t), _tip(t, metric)))
     for t in marked:
         if t["state"] == FAILED:
             body.append(_mark(x(t["number"]), H - BOTTOM - 6, FAILED, _tip(t, metric)))
     return _svg(body, f"{metric} over trials")
 
 
+def param_axis(param: ParamJson, values: Sequence[Value], p0: float, p1: float) -> ParamAxis:
+    """A parameter's axis as its type asks: categories (and a discrete parameter's values, in
+    increasing order) at whole positions, each labelled; an integer's whole numbers only; a
+    double's a scale (log for a log-scaled one)."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if param["type"] in ("categorical", "discrete") or not numeric:
+        declared = list(param.get("values") or [])
+        if param["type"] == "discrete" and numeric and all(isinstance(v, int | float) for v in declared):
+            nums = sorted({float(v) for v in [*declared, *values] if isinstance(v, int | float)})
+            keys, labels = [_key(v) for v in nums], [num_text(v) for v in nums]
+        else:
+            keys = [str(v) for v in declared]
+            keys += sorted({str(v) for v in values} - set(keys))
+            labels = keys
+        where = {k: float(i) for i, k in enumerate(keys)}
+        ax = Axis(-0.5, max(len(keys) - 0.5, 0.5), p0, p1)
+        return ParamAxis(ax, where, [(float(i), c) for i, c in enumerate(labels)], param["name"])
+    nums = [float(v) for v in values if isinstance(v, int | float)]
+    log = param.get("scale") == "log" and bool(nums) and min(nums) > 0
+    ax = Axis.of(nums, p0, p1, log=log)
+    label = param["name"] + (" (log)" if log else "")
+    if param["type"] == "integer" and not log:
+        lo, hi = math.ceil(ax.lo), math.floor(ax.hi)
+        every = max(1, math.ceil((hi - lo + 1) / 6))
+        return ParamAxis(ax, None, [(float(k), str(k)) for k in range(lo, hi + 1, every)], label)
+    return ParamAxis(ax, None, None, label)
+
+
+def _key(v: Value) -> str:
+    """A value's place on a category axis: a number by its value (8 and 8.0 alike)."""
+    return repr(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
+@dataclass(frozen=True)
+class ParamAxis:
+    axis: Axis
+    at: dict[str, float] | None  # a value's position (_key) on a category axis; None: the value itself
+    ticks: list[tuple[float, str]] | None  # (position, label); None: the axis's own
+    label: str
+
+    def pos(self, v: Value) -> float:
+        if self.at is None:
+            return float(v)
+        return self.at.get(_key(v), self.at.get(str(v), 0.0))
+
+
+def num_text(v: Value) -> str:
+    """A value as a page shows it: 4 significant digits (the full one is in its tooltip)."""
+    if isinstance(v, bool) or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}"
+
+
 def param_svg(study: StudyDoc, param: ParamJson) -> Markup:
-    """The objective against one parameter: a log axis for a log-scaled one, categories at
-    positions."""
+    """The objective against one parameter, on the axis its type asks for (param_axis)."""
     name, metric = param["name"], study["metric"]["name"]
     pts = [(t, t["params"][name], v) for t, v in _valued(study["trials"]) if name in (t.get("params") or {})]
     ys = [v for _, _, v in pts]
     y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
-    numeric = all(isinstance(p, int | float) and not isinstance(p, bool) for _, p, _ in pts)
-    if param["type"] == "categorical" or not numeric:
-        cats = [str(v) for v in param.get("values") or []]
-        cats += sorted({str(p) for _, p, _ in pts} - set(cats))
-        x = Axis(-0.5, max(len(cats) - 0.5, 0.5), LEFT, W - RIGHT)
-        where = {c: float(i) for i, c in enumerate(cats)}
-        body = _frame(x, y, name, metric, [(float(i), c) for i, c in enumerate(cats)])
-        coords = [(t, where[str(p)], v) for t, p, v in pts]
-    else:
-        log = param.get("scale") == "log" and bool(pts) and min(float(p) for _, p, _ in pts) > 0
-        x = Axis.of([float(p) for _, p, _ in pts], LEFT, W - RIGHT, log=log)
-        body = _frame(x, y, name + (" (log)" if log else ""), metric)
-        coords = [(t, float(p), v) for t, p, v in pts]
-    for t, px, v in coords:
+    pa = param_axis(param, [p for _, p, _ in pts], LEFT, W - RIGHT)
+    body = _frame(pa.axis, y, pa.label, metric, pa.ticks)
+    for t, p, v in pts:
         if v > 0 or not y.log:
-            body.append(_mark(x(px), y(v), t["state"], _tip(t, metric)))
+            body.append(_mark(pa.axis(pa.pos(p)), y(v), shown_state(t), _tip(t, metric)))
     return _svg(body, f"{metric} against {name}")
 
 
 def parallel_svg(study: StudyDoc) -> Markup:
-    """Parallel coordinates: an axis per parameter and the objective; a line per trial
-    with a value (pruned trials dashed)."""
+    """Parallel coordinates: an axis per parameter (as its type asks: param_axis) and the
+    objective; a line per trial with a value (stopped early and cancelled ones dashed)."""
     space, metric = study.get("space") or [], study["metric"]["name"]
     valued = _valued(study["trials"])
     names = [p["name"] for p in space] + [metric]
@@ -257,42 +306,105 @@ def parallel_svg(study: StudyDoc) -> Markup:
             [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no values yet</text>'], "parallel coordinates"
         )
     gap = (W - LEFT - RIGHT) / (len(names) - 1)
-    axes: list[tuple[Axis, dict[str, float] | None]] = []
-    for p in space:
-        vals = [t["params"].get(p["name"]) for t, _ in valued if p["name"] in (t.get("params") or {})]
-        if p["type"] == "categorical" or not all(isinstance(v, int | float) for v in vals):
-            cats = sorted({str(v) for v in vals} | {str(v) for v in p.get("values") or []})
-            axes.append(
-                (Axis(-0.5, max(len(cats) - 0.5, 0.5), H - BOTTOM, TOP), {c: float(i) for i, c in enumerate(cats)})
-            )
-        else:
-            nums = [float(v) for v in vals if isinstance(v, int | float)]  # all of them (above)
-            log = p.get("scale") == "log" and bool(nums) and min(nums) > 0
-            axes.append((Axis.of(nums, H - BOTTOM, TOP, log=log), None))
+    axes = [
+        param_axis(
+            p, [v for t, _ in valued if (v := (t.get("params") or {}).get(p["name"])) is not None], H - BOTTOM, TOP
+        )
+        for p in space
+    ]
     ys = [v for _, v in valued]
-    axes.append((Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys)), None))
+    value_axis = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
     body = []
     for i, n in enumerate(names):
         px = LEFT + i * gap
         body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{H - BOTTOM}" class="axis"/>')
         body.append(f'<text x="{px:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">{escape(n)}</text>')
+        if i < len(axes) and axes[i].ticks is not None and len(axes[i].ticks or ()) <= 12:
+            for pos, label in axes[i].ticks or ():
+                py = axes[i].axis(pos)
+                body.append(f'<text x="{px + 3:.1f}" y="{py + 3:.1f}" class="tick">{escape(label)}</text>')
     for t, v in valued:
         pts = []
-        for i, (ax, at) in enumerate(axes):
-            raw = v if i == len(axes) - 1 else (t.get("params") or {}).get(names[i])
+        for i, pa in enumerate(axes):
+            raw = (t.get("params") or {}).get(names[i])
             if raw is None:
                 continue
-            pos = at[str(raw)] if at is not None else float(raw)
-            if ax.log and pos <= 0:
+            pos = pa.pos(raw)
+            if pa.axis.log and pos <= 0:
                 continue
-            pts.append(f"{LEFT + i * gap:.1f},{ax(pos):.1f}")
-        dash = ' stroke-dasharray="4 3"' if t["state"] == PRUNED else ""
-        color = COLOR.get(t["state"], "#333")
+            pts.append(f"{LEFT + i * gap:.1f},{pa.axis(pos):.1f}")
+        if v > 0 or not value_axis.log:
+            pts.append(f"{LEFT + len(axes) * gap:.1f},{value_axis(v):.1f}")
+        state = shown_state(t)
+        dash = ' stroke-dasharray="4 3"' if state in (PRUNED, CANCELLED) else ""
+        color = COLOR.get(state, "#333")
         body.append(
             f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}"{dash} class="trial">'
             f"<title>{escape(_tip(t, metric))}</title></polyline>"
         )
     return _svg(body, "parallel coordinates")
+
+
+CURVES_DRAWN = 200  # trials whose learning curves a chart draws at most (chart_trials picks them)
+
+
+def curves_svg(study: StudyDoc, curves: StudyCurves, limit: int = CURVES_DRAWN) -> Markup:
+    """Each trial's reports over its steps (its learning curve, as Optuna Dashboard's
+    intermediate values): a line per trial in its state's colour, a trial stopped early (or
+    cancelled, or failed) marked where it stopped. At most `limit` trials (chart_trials)."""
+    metric = study["metric"]["name"]
+    picked = [t for t in chart_trials(study, limit) if curves.curves.get(t["number"])]
+    if not picked:
+        return _svg([f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no reports yet</text>'], "learning curves")
+    points = [(t, [(float(s), v) for s, v in curves.curves[t["number"]] if math.isfinite(v)]) for t in picked]
+    xs = [s for _, ps in points for s, _ in ps]
+    ys = [v for _, ps in points for _, v in ps]
+    x = Axis.of(xs, LEFT, W - RIGHT)
+    y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
+    lo, hi = math.ceil(x.lo), math.floor(x.hi)
+    every = max(1, math.ceil((hi - lo + 1) / 8))
+    body = _frame(
+        x, y, "step", metric + (" (log)" if y.log else ""), [(float(k), str(k)) for k in range(lo, hi + 1, every)]
+    )
+    for t, ps in points:
+        ps = [(s, v) for s, v in ps if v > 0 or not y.log]
+        if not ps:
+            continue
+        state = shown_state(t)
+        color = COLOR.get(state, "#333")
+        tip = escape(_tip(t, metric) + f"; last report {ps[-1][1]} at step {ps[-1][0]:g}")
+        line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in ps)
+        body.append(
+            f'<polyline points="{line}" fill="none" stroke="{color}" class="curve {CLASS.get(state, "other")}" '
+            f'data-curve="{t["number"]}"><title>{tip}</title></polyline>'
+        )
+        if state in (PRUNED, CANCELLED, FAILED):  # where it stopped
+            body.append(_mark(x(ps[-1][0]), y(ps[-1][1]), state, _tip(t, metric) + f" (stopped at step {ps[-1][0]:g})"))
+    return _svg(body, "learning curves")
+
+
+def importance_svg(importance: Mapping[str, float]) -> Markup:
+    """Each parameter's importance (Optuna's evaluator: its share of the value's variation),
+    the largest first, as bars."""
+    if not importance:
+        return _svg(
+            [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">too few succeeded trials to weigh</text>'],
+            "parameter importance",
+        )
+    rows = sorted(importance.items(), key=lambda kv: (-kv[1], kv[0]))
+    h = TOP + BOTTOM + 22 * len(rows)
+    left, right = 140, W - RIGHT - 60
+    body = []
+    for i, (name, share) in enumerate(rows):
+        py = TOP + 22 * i
+        width = max(0.0, min(1.0, share)) * (right - left)
+        body.append(f'<text x="{left - 6}" y="{py + 14}" text-anchor="end">{escape(name)}</text>')
+        body.append(
+            f'<rect x="{left}" y="{py + 3}" width="{width:.1f}" height="14" class="importance">'
+            f"<title>{escape(name)}: {share:.4f}</title></rect>"
+        )
+        body.append(f'<text x="{left + width + 4:.1f}" y="{py + 14}">{100 * share:.1f} %</text>')
+    return _svg(body, "parameter importance", h=h)
 
 
 def series_svg(points: Sequence[tuple[float, float]], *, label: str, top: float = 100.0) -> Markup:

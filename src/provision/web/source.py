@@ -17,6 +17,10 @@ The shapes (docs/dashboard.md):
 - study(name): `provision tune --status --json` (rules/studyview.study_json) plus "space"
   (rules/studyview.space_json: each parameter's type and scale).
 - usage(): USAGE_EXAMPLE's shape.
+- history(q): the service's history rows (rules/historyview.HistoryDoc); quotas(): each
+  owner's guarantee and use (rules/quotas.QuotasDoc); curves(name): each trial's reports.
+A job's document may carry what the service kept of it (rules/status.JobDoc: its runs,
+timeline, kept logs; a trial's row and reports).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from typing import Protocol
 
 from provision.core.answers import ActionAnswer, LogsDoc
 from provision.core.events import EventsDoc, Kind
+from provision.rules.historyview import HistoryDoc, HistoryQuery
+from provision.rules.quotas import QuotasDoc
 from provision.rules.status import JobDoc
-from provision.rules.studyview import StudyDoc
+from provision.rules.studyview import StudyCurves, StudyDoc
 from provision.rules.tenancy import JobsDoc
 from provision.rules.usage import UsageDoc
 
@@ -78,6 +84,18 @@ class Source(Protocol):
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         """`provision events --json`'s shape after event id `after`, and "after": the last
         id given (the next request's)."""
+        ...
+
+    def history(self, q: HistoryQuery) -> HistoryDoc:
+        """The history rows `q` picks (newest first), a page of them, and how many in all."""
+        ...
+
+    def quotas(self) -> QuotasDoc:
+        """Each owner's (or group's) guaranteed GPUs, in use, borrowed and waiting."""
+        ...
+
+    def curves(self, name: str) -> StudyCurves:
+        """Each trial of study `name`'s reports (its learning curve)."""
         ...
 
     def owner(self, name: str, recent: bool = False) -> str | None:

@@ -4,23 +4,31 @@ paginated. Pure."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from provision.core.tuning import TrialJson
+from provision.rules.historyview import KINDS as HISTORY_KINDS
+from provision.rules.historyview import SHOWN_STATES, HistoryQuery
 from provision.rules.tenancy import GpuAppJson, HostJson, JobJson, JobsDoc, doc_queue_key
 
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
-# The states of `provision jobs --json` (rules/tenancy.Hold), and where each is listed.
+# The states of `provision jobs --json` (rules/tenancy.Hold; "preempted": rules/jobrows.py),
+# and where each is listed: a preempted job waits for room to resume.
 SECTIONS = {
-    "queued": ("queued",),
+    "queued": ("queued", "preempted"),
     "running": ("running", "reserved", "held", "stale"),
     "finished": ("ended",),
 }
-PHASES = tuple(s for states in SECTIONS.values() for s in states)
+LIVE = tuple(s for states in SECTIONS.values() for s in states)
+# ... and how finished work ended (the history's: rules/historyview.STATES).
+PHASES = LIVE + tuple(s for s in SHOWN_STATES if s not in LIVE)
+SINCE = {"1h": 3600.0, "1d": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0}  # the pages' "ended within"
+KINDS = ("run", "trial", "study")  # the finished work the Jobs page lists (the History page: waits too)
 
 
 class BadFilter(ValueError):
@@ -30,17 +38,40 @@ class BadFilter(ValueError):
 @dataclass(frozen=True)
 class JobFilter:
     owner: str = ""
-    phase: str = ""
+    phase: str = ""  # a live state (LIVE), or how finished work ended
     text: str = ""
     page: int = 1
+    kind: str = ""  # finished work: run, trial or study
+    since: str = ""  # finished work: ended within (SINCE)
+    fpage: int = 1  # the Finished section's page
 
     def matches(self, j: JobJson) -> bool:
         if self.owner and j.get("owner") != self.owner:
             return False
-        if self.phase and j.get("state") != self.phase:
+        if self.phase and (j.get("state") != self.phase if self.phase in LIVE else True):
             return False
+        if self.kind or self.since:
+            return False  # those pick finished work only
         t = self.text.lower()
         return not t or t in j["job"].lower() or t in (j.get("owner") or "").lower()
+
+    def finished(self, now: float, size: int) -> HistoryQuery | None:
+        """The history rows the Finished section lists (None: a live state was picked)."""
+        if self.phase in LIVE and self.phase != "ended":
+            return None
+        state = "" if self.phase in ("", "ended") else self.phase
+        since = now - SINCE[self.since] if self.since else None
+        kinds = (self.kind,) if self.kind else KINDS
+        return HistoryQuery(
+            self.owner, kinds, state, since, True, self.text, size, (self.fpage - 1) * size
+        )  # fmt: skip
+
+    def link(self, **changed: object) -> str:
+        """This filter's query string with `changed` given."""
+        fields: dict[str, object] = {"owner": self.owner, "phase": self.phase, "q": self.text, "kind": self.kind}
+        fields.update({"since": self.since, "page": self.page, "fpage": self.fpage})
+        fields.update({("q" if k == "text" else k): v for k, v in changed.items()})
+        return urlencode({k: v for k, v in fields.items() if v not in ("", None)})
 
 
 MAX_NUMBER = 999_999_999  # a page or trial number past this is no page or trial
@@ -62,8 +93,80 @@ def page_number(q: Mapping[str, str]) -> int:
 def job_filter(q: Mapping[str, str]) -> JobFilter:
     phase = q.get("phase", "")
     if phase and phase not in PHASES:
-        raise BadFilter(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
-    return JobFilter(q.get("owner", ""), phase, q.get("q", ""), page_number(q))
+        raise BadFilter(f"phase: expected one of {', '.join(PHASES)}, got {phase[:40]!r}")
+    kind, since = _choice(q, "kind", KINDS), _choice(q, "since", tuple(SINCE))
+    fpage = whole_number(q.get("fpage", "1") or "1", "fpage")
+    return JobFilter(q.get("owner", "")[:200], phase, q.get("q", "")[:200], page_number(q), kind, since, fpage)
+
+
+def _choice(q: Mapping[str, str], name: str, allowed: Sequence[str]) -> str:
+    got = q.get(name, "") or ""
+    if got and got not in allowed:
+        raise BadFilter(f"{name}: expected one of {', '.join(allowed)}, got {got[:40]!r}")
+    return got
+
+
+HISTORY_PAGE = 50  # rows a page of the History page (and the Jobs page's Finished section) lists
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """The History page's filters: an owner's rows, of a kind, ended how, within a time, whose
+    job's name holds a text; a page of HISTORY_PAGE."""
+
+    owner: str = ""
+    kind: str = ""
+    state: str = ""
+    since: str = ""
+    text: str = ""
+    page: int = 1
+
+    def query(self, now: float) -> HistoryQuery:
+        since = now - SINCE[self.since] if self.since else None
+        kinds = (self.kind,) if self.kind else ()
+        off = (self.page - 1) * HISTORY_PAGE
+        return HistoryQuery(self.owner, kinds, self.state, since, False, self.text, HISTORY_PAGE, off)
+
+    def link(self, **changed: object) -> str:
+        fields: dict[str, object] = {"owner": self.owner, "kind": self.kind, "state": self.state}
+        fields.update({"since": self.since, "q": self.text, "page": self.page})
+        fields.update({("q" if k == "text" else k): v for k, v in changed.items()})
+        return urlencode({k: v for k, v in fields.items() if v not in ("", None)})
+
+
+def history_filter(q: Mapping[str, str]) -> HistoryFilter:
+    states = (*SHOWN_STATES, "running", "waiting")
+    return HistoryFilter(
+        q.get("owner", "")[:200], _choice(q, "kind", HISTORY_KINDS), _choice(q, "state", states),
+        _choice(q, "since", tuple(SINCE)), q.get("q", "")[:200], page_number(q),
+    )  # fmt: skip
+
+
+def sig(v: object, digits: int = 4) -> str:
+    """A number as a page shows it: `digits` significant digits (0.0002029370528231493 ->
+    0.0002029; 123456.7 -> 1.235e+05); integers whole; anything else as it is. The full
+    value goes in the cell's tooltip and the JSON."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return "" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.{digits}g}"
+
+
+def took(seconds: float | None) -> str:
+    """A duration in words a table holds: 45 s, 12 min, 3.5 h, 2.1 d."""
+    if seconds is None:
+        return ""
+    s = float(seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
 
 
 def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[list[Any], int]:
