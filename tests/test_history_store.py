@@ -115,3 +115,22 @@ def test_kept_logs(store):
     got, newest = store.kept_logs("bert", 10)
     assert [ln.text for ln in got] == [f"line {i}" for i in range(990, 1000)] and newest > 0
     assert store.kept_runs("bert") == {3} and store.has_kept_logs("bert") and not store.has_kept_logs("gpt")
+
+
+def test_the_history_writer_leaves_handed_over_work_to_its_worker_even_once_finished(local_store):
+    """A handed-over job that ended in seconds: its submission finished before the stream's
+    job.started reached the writer, which wrote a second run row of it (the Jobs page listed
+    it twice, `history` counted its GPU-hours twice)."""
+    from provision.core.events import Stored
+    from provision.serve.stream import HistoryWriter
+
+    store = local_store
+    store.submit(Submission("sub-fast", SubKind.APPLY, "fast", "ana", "local", "", "inv.yaml", {}))
+    store.claim("sub-fast", "svc")
+    t = store.now()
+    store.finish("sub-fast", Status.DONE, "applied; the job Succeeded")
+    writer = HistoryWriter(store)
+    started = Stored(1, t + 0.5, Event(Kind.JOB_STARTED, "start:fast:1", "fast", "ana", run=1, gpus=2))
+    terminal = Stored(2, t + 1, Event(Kind.JOB_STARTED, "start:term:1", "term", "cy", run=1, gpus=1))
+    writer.handle([started, terminal])
+    assert [r.job for r in store.history()] == ["term"]

@@ -138,6 +138,8 @@ def test_a_read_answers_for_fresh_seconds(sqlite: tuple[str, Path]) -> None:
 
 
 def test_never_started(tmp_path: Path) -> None:
+    # A database where no study was ever made (a team's fresh one: `tune --detach` read it first).
+    assert load_study(TUNE, JOB, f"sqlite:///{tmp_path / 'fresh.db'}", tmp_path / "j") is None
     assert StudyReader(TUNE, JOB, f"sqlite:///{tmp_path / 'empty.db'}", tmp_path / "j").read() is None
     assert StudyReader(TUNE, JOB, None, tmp_path / "none.journal").read() is None
     url = f"sqlite:///{tmp_path / 'other.db'}"
