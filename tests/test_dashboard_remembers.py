@@ -261,7 +261,7 @@ def test_the_jobs_pages_numbers_are_right(svc):
     assert '<td class="state">failed</td>' in old and '<td class="gpus">4</td>' in old
     assert (
         '<td class="gpu-hours" title="8.0">8.0</td>' in old
-        and f'<td class="ended">{_iso(NOW - 86400 + 7200)}</td>' in old
+        and f'<td class="ended when">{_iso(NOW - 86400 + 7200)}</td>' in old
     )
     assert row(finished, f"{STUDY}-t1")  # trials too
     only = client.get("/jobs", params={"phase": "failed"}).text
@@ -367,3 +367,23 @@ def test_every_link_on_every_page_answers(svc):
     bad = {p: s for p, s in got.items() if s != 200}
     assert not bad, bad
     assert len(got) > 20 and f"/jobs/{STUDY}-t2" in got and "/jobs/rerun-job" in got
+
+
+def test_a_destroyed_jobs_page_says_how_its_last_run_ended():
+    """After `destroy` its page said "Pending: not started" and offered Stop."""
+    from provision.serve.kept import gone_since
+
+    task = {"task": "chief-0", "role": "chief", "host": "h", "address": "a", "gpus": [0], "state": "Pending",
+            "exit_code": None, "restarts": 0, "since_seconds": None, "detail": "not applied", "ended_at": None,
+            "last_lines": [], "gpu_util_pct": None}  # fmt: skip
+    doc = {"format_version": 2, "job": "j", "phase": "Pending", "reason": "not started", "unreachable": [],
+           "tasks": [task], "left_behind": [], "owner": None, "run": None, "setup_lines": {}, "env": {},
+           "study": None, "actions": ["stop"]}  # fmt: skip
+    run = {"kind": "run", "job": "j", "owner": ANA, "started": "s", "ended": "e", "seconds": 1.0, "state": "succeeded",
+           "how": "Succeeded: chief-0 exited 0", "hosts": ["h"], "gpus": 1, "gpu_hours": 0.0, "submission": "x"}  # fmt: skip
+    got = gone_since(doc, [run])  # type: ignore[arg-type]
+    assert (got["phase"], got["actions"], got["tasks"]) == ("Succeeded", [], [])
+    assert got["reason"] == "chief-0 exited 0 (its tasks are no longer on its hosts)"
+    assert gone_since(doc, [run, {**run, "ended": None}]) is doc  # a run again (or a wait): as its hosts say  # type: ignore[arg-type]
+    running = {**doc, "tasks": [{**task, "detail": "running"}]}
+    assert gone_since(running, [run]) is running  # type: ignore[arg-type]

@@ -24,13 +24,13 @@ from provision.core.model import Inventory
 from provision.core.submission import Kind, Options, Status
 from provision.core.text import duration, printable
 from provision.inventory.inventory import load
-from provision.inventory.statebackend import backend_of
+from provision.inventory.statebackend import Backend, backend_of
 from provision.inventory.statebackend import problem as backend_problem
 from provision.io.servicedb import default_db
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.io.state import default_state_path
-from provision.rules.priority import level
+from provision.rules.priority import Policy, level
 from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
@@ -367,7 +367,7 @@ def _run(
     deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
     made = EventMaker(side, wake=lambda: _wake(deliveries))
     rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
-    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
+    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known, policy=_policy(url))
     # The kept logs on a connection of their own: a run's last lines are megabytes.
     keeping = open_place(url)
     deliveries.append(Delivery(keeping, LogKeeper(keeping, source.tail, _stamped), leading, _stamped))
@@ -402,6 +402,19 @@ def _run(
         side.close()
         keeping.close()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
+
+
+def _policy(url: str) -> Callable[[], Policy]:
+    """What reads the team's policy (the Quotas page's): the local state's defaults, or its
+    PostgreSQL's row."""
+
+    def read() -> Policy:
+        # start-up time: psycopg loads only for a PostgreSQL state (the embedded service needs none)
+        from provision.io.policystore import policy_of
+
+        return policy_of(Backend(url))
+
+    return read
 
 
 def _wake(deliveries: list[Delivery]) -> None:

@@ -137,11 +137,11 @@ def row_json(r: RowIn, now: float) -> HistoryRowJson:
 
 
 def by_owner_over_days(
-    days: Iterable[Mapping[str, object]], top: int = 8
+    days: Iterable[Mapping[str, object]], top: int = 8, axis: Sequence[str] = ()
 ) -> tuple[list[str], list[str], dict[str, list[float]]]:
-    """The Usage days ({"day", "owner", "gpu_hours"}) as a chart's series: the days (oldest
-    first), the owners drawn (the `top` with the most GPU-hours, then "others"), and each
-    owner's GPU-hours per day."""
+    """The Usage days ({"day", "owner", "gpu_hours"}) as a chart's series: the days (`axis`,
+    else those with GPU-hours; oldest first), the owners drawn (the `top` with the most
+    GPU-hours, then "others"), and each owner's GPU-hours per day."""
     per: dict[str, dict[str, float]] = {}
     labels: set[str] = set()
     for d in days:
@@ -159,5 +159,5 @@ def by_owner_over_days(
             for day, h in per[o].items():
                 others[day] = others.get(day, 0.0) + h
         series["others"] = others
-    axis = sorted(labels)
-    return axis, list(series), {o: [series[o].get(d, 0.0) for d in axis] for o in series}
+    shown = list(axis) or sorted(labels)
+    return shown, list(series), {o: [series[o].get(d, 0.0) for d in shown] for o in series}

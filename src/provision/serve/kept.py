@@ -74,6 +74,20 @@ def remembered(name: str, ledger: JobJson | None, runs: list[HistoryRowJson], ke
     return doc
 
 
+def gone_since(doc: JobDoc, runs: list[HistoryRowJson]) -> JobDoc:
+    """A job its hosts no longer have (destroyed: every task "not applied") whose last run
+    the history holds: its page says how that run ended, not "Pending: not started", and
+    offers no Stop."""
+    last = next((r for r in reversed(runs) if r["kind"] != "wait" and r["ended"] is not None), None)
+    if last is None or any(r["ended"] is None for r in runs):  # one open: it waits or runs again
+        return doc
+    if not doc["tasks"] or any(t["detail"] != "not applied" for t in doc["tasks"]):
+        return doc
+    why = why_of(last["how"])
+    reason = f"{why} (its tasks are no longer on its hosts)" if why else "its tasks are no longer on its hosts"
+    return {**doc, "phase": PHASES.get(last["state"], "Unknown"), "reason": reason, "actions": [], "tasks": []}
+
+
 def kept_logs(store: ServiceStore, name: str, after: str | None) -> LogsDoc | None:
     """The kept copy of the job's lines (its newest KEPT_SHOWN), once: a page that has them
     asks again with their cursor and gets none; None: nothing kept."""

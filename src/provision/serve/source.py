@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from provision.rules.usage import HOLDING, UsageDoc, Use, gpu_hours
 from provision.run.survey import Inventories, stamp
 from provision.serve.gpusample import QUIET_EVERY, SAMPLE_EVERY, idle_of, idle_window
 from provision.serve.hostsfile import HOSTS_JOB, HostsFile
-from provision.serve.kept import KEPT_CURSOR, job_runs, job_timeline, kept_logs, remembered, rows_json
+from provision.serve.kept import KEPT_CURSOR, gone_since, job_runs, job_timeline, kept_logs, remembered, rows_json
 from provision.serve.rounds import GpuRecorder, Rounds, fresh, gpus_of
 from provision.serve.snapshot import prepare
 from provision.web.auth import Auth, TokenCheck
@@ -57,6 +57,7 @@ ROUND_FRESH = 2 * SAMPLE_EVERY + 5.0
 LATEST_WITHIN = QUIET_EVERY + SAMPLE_EVERY  # seconds: a GPU's latest sample, at the slowest cadence
 DAY = 86400.0
 EVENTS_PAGE = 500  # events an answer of /api/v1/events holds at most
+POLICY_FRESH = 10.0  # seconds the Quotas page's policy is read again after (`provision policy set` shows within)
 
 
 KNOWN_FINISHED = 50  # jobs whose finished work the pages (and the rounds) keep showing: the latest
@@ -139,6 +140,7 @@ class ServiceSource:
         rounds: Rounds | None = None,
         gpus: GpuRecorder | None = None,
         known: Known | None = None,
+        policy: Callable[[], Policy] | None = None,
     ):
         self.store = store
         self.known = known or Known(store, work_root, extra)
@@ -150,7 +152,9 @@ class ServiceSource:
         # /api/v1/hosts encodes the same document once.
         self._with_history: tuple[JobsDoc, dict[str, GpuHistoryJson], JobsDoc] | None = None
         self._jobs_made: tuple[JobsDoc, JobsDoc] | None = None  # (the hosts' document, the Jobs page's)
-        self._quotas_made: tuple[JobsDoc, QuotasDoc] | None = None
+        self._quotas_made: tuple[JobsDoc, Policy, QuotasDoc] | None = None
+        self.policy = policy  # reads the team's policy (None: as the inventories' state named it)
+        self._policies: Recent[Policy] = Recent(POLICY_FRESH, POLICY_FRESH)
         self._history: Recent[dict[str, GpuHistoryJson]] = Recent(
             ROUND_FRESH, ROUND_FRESH
         )  # a follower's, read from the database
@@ -233,12 +237,16 @@ class ServiceSource:
             if got is None:
                 raise
             return got
-        return {
+        runs = job_runs(self.store, name, now)
+        out: JobDoc = {
             **doc,
-            "runs": job_runs(self.store, name, now),
+            "runs": runs,
             "timeline": job_timeline(self.store, name),
             "kept_logs": self.store.has_kept_logs(name),
         }
+        if out["owner"] is None and runs:  # a trial its runner removed: on no ledger, its history says whose
+            out["owner"] = runs[-1]["owner"]
+        return gone_since(out, runs)
 
     def _remembered(self, name: str, now: float) -> JobDoc | None:
         ledger = next((j for j in self.jobs()["jobs"] if j["job"] == name), None)
@@ -286,14 +294,17 @@ class ServiceSource:
         team's policy as the inventories' state names it (rules/quotas.py); made once per
         round."""
         doc = self.jobs()
-        got = self._quotas_made
-        if got is not None and got[0] is doc:
-            return got[1]
         r = fresh(self.rounds.latest if self.rounds is not None else None, ROUND_FRESH)
-        policy = (r.policy if r is not None else None) or self.inventory.policy() or Policy()
+        if self.policy is not None:  # the team's as its database has it now (set since the rounds' contexts opened)
+            policy = self._policies.get("", self.policy)
+        else:
+            policy = (r.policy if r is not None else None) or self.inventory.policy() or Policy()
+        got = self._quotas_made
+        if got is not None and got[0] is doc and got[1] is policy:
+            return got[2]
         asks = {j["job"]: j.get("gpus", 1) for j in doc["jobs"]}
         out = quotas(doc, policy, asks)
-        self._quotas_made = (doc, out)
+        self._quotas_made = (doc, policy, out)
         return out
 
     def studies(self) -> list[str]:

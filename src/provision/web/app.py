@@ -53,6 +53,7 @@ from provision.web.views import (
     TrialOrder,
     cluster_page,
     history_filter,
+    hours,
     job_filter,
     job_sections,
     page_number,
@@ -69,6 +70,7 @@ HERE = Path(__file__).parent
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 SAID_KEEP, SAID_SECONDS = 256, 600.0  # what an action said: the last this many, for this long
+USAGE_DAYS = 14  # the days the History page's chart spans (the Usage page's: serve/source.USAGE_DAYS)
 
 
 def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bounds = Bounds()) -> ASGIApp:
@@ -130,7 +132,7 @@ class Dashboard:
         self._said: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # id -> (monotonic, job, words)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
         env.globals.update(charts=charts, timecharts=timecharts, shown_state=shown_state, shown_counts=shown_counts)
-        env.filters.update(sig=sig, took=took)
+        env.filters.update(sig=sig, took=took, hours=hours)
         self.templates = Jinja2Templates(env=env)
         # What a study's document made, kept while the Source gives the same document (it
         # gives a new one when the study changed): the page's charts and its trials in each
@@ -315,9 +317,11 @@ class Dashboard:
         """The history's rows (runs, trials, waits; preempted runs among them), filtered and
         paginated; GPU-hours per owner per day (a chart) and week."""
         hf = history_filter(request.query_params)
-        doc = await call(self.source.history, hf.query(time.time()))
+        now = time.time()
+        doc = await call(self.source.history, hf.query(now))
         usage = await call(self.source.usage)
-        days, _, series = by_owner_over_days(usage["days"])
+        axis = [time.strftime("%Y-%m-%d", time.gmtime(now - k * 86400)) for k in range(USAGE_DAYS - 1, -1, -1)]
+        days, _, series = by_owner_over_days(usage["days"], axis=axis)
         owners = sorted({r["owner"] for r in (*usage["days"], *usage["weeks"])} | ({hf.owner} if hf.owner else set()))
         pages = max(1, -(-doc["total"] // HISTORY_PAGE))
         return self.render(

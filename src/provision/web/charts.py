@@ -60,9 +60,23 @@ class Axis:
         return self.p0 + (x - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
 
     def ticks(self, n: int = 5) -> list[float]:
+        """About `n` round values within the axis (1, 2 or 5 times a power of ten apart): a
+        tick reads 0.002, never the padding's -2.87e-05; a log axis: its powers of ten."""
         if self.log:
-            return [10.0**e for e in range(math.ceil(self.lo), math.floor(self.hi) + 1)] or [10**self.lo]
-        return [self.lo + (self.hi - self.lo) * i / (n - 1) for i in range(n)]
+            powers = [10.0**e for e in range(math.ceil(self.lo), math.floor(self.hi) + 1)]
+            if len(powers) >= 3:
+                return powers
+            # Less than two decades: 1, 2 and 5 times each power within it.
+            got = [m * 10.0**e for e in range(math.floor(self.lo), math.ceil(self.hi) + 1) for m in (1, 2, 5)]
+            return [float(f"{t:.12g}") for t in got if self.lo <= math.log10(t) <= self.hi] or [10**self.lo]
+        raw = (self.hi - self.lo) / max(1, n - 1)
+        if not math.isfinite(raw) or raw <= 0:
+            return [self.lo]
+        mag = 10.0 ** math.floor(math.log10(raw))
+        step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * 0.999)
+        first = math.ceil(self.lo / step - 1e-9)
+        out = [float(f"{k * step:.12g}") for k in range(first, math.floor(self.hi / step + 1e-9) + 1)]
+        return out or [self.lo]
 
 
 def log_wanted(values: Sequence[float]) -> bool:

@@ -100,8 +100,12 @@ def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], no
     h = 120
     x = Axis.of([t - t0 for t in times], LEFT, W - RIGHT)
     body = [f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{h - 30}" y2="{h - 30}" class="axis"/>']
-    for t in x.ticks(5):
-        body.append(f'<text x="{x(t):.1f}" y="{h - 14}" text-anchor="middle">{escape(_ago(t0 + t))}</text>')
+    span = max(times) - t0
+    shape = "%H:%M:%S" if span < 3600 else "%m-%d %H:%M" if span < 3 * 86400 else "%Y-%m-%d"
+    for t in x.ticks(4):
+        label = time.strftime(shape, time.gmtime(t0 + t))
+        body.append(f'<text x="{x(t):.1f}" y="{h - 14}" text-anchor="middle">{escape(label)}</text>')
+    body.append(f'<text x="{W - RIGHT}" y="{h - 2}" text-anchor="end" class="label">UTC</text>')
     for r, s, e in spans:
         lane = 40 if r["kind"] == "wait" else 20
         x0, x1 = x(s - t0), x(e - t0)
@@ -124,10 +128,6 @@ def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], no
     return _svg(body, "timeline: runs, waits, preemptions, restarts", h=h)
 
 
-def _ago(t: float) -> str:
-    return time.strftime("%m-%d %H:%M", time.gmtime(t))
-
-
 def reports_svg(reports: Sequence[Sequence[float]], metric: str) -> Markup:
     """A trial's reports over its steps (its learning curve)."""
     pts = [(float(s), float(v)) for s, v in reports if math.isfinite(float(v))]
@@ -136,7 +136,10 @@ def reports_svg(reports: Sequence[Sequence[float]], metric: str) -> Markup:
     ys = [v for _, v in pts]
     x = Axis.of([s for s, _ in pts], LEFT, W - RIGHT)
     y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
-    body = _frame(x, y, "step", metric + (" (log)" if y.log else ""))
+    lo, hi = math.ceil(x.lo), math.floor(x.hi)
+    every = max(1, math.ceil((hi - lo + 1) / 8))
+    steps = [(float(k), str(k)) for k in range(lo, hi + 1, every)]  # steps are whole
+    body = _frame(x, y, "step", metric + (" (log)" if y.log else ""), steps)
     line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in pts if v > 0 or not y.log)
     body.append(f'<polyline points="{line}" fill="none" class="series"/>')
     for s, v in pts:

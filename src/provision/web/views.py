@@ -155,6 +155,13 @@ def sig(v: object, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def hours(h: float | None) -> str:
+    """GPU-hours as a table shows them: one decimal, two significant digits below 0.1."""
+    if h is None:
+        return ""
+    return f"{h:.1f}" if h >= 0.1 or h == 0 else f"{h:.2g}"
+
+
 def took(seconds: float | None) -> str:
     """A duration in words a table holds: 45 s, 12 min, 3.5 h, 2.1 d."""
     if seconds is None:
