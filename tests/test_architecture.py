@@ -278,6 +278,7 @@ def test_web_reads_the_service_only_through_its_source():
         "provision.io.servicehistory",
         "provision.io.serviceevents",
         "provision.io.servicenotify",
+        "provision.io.servicelogs",
     }
     bad = sorted(
         f"{i.module} imports {i.target}"

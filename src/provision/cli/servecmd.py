@@ -24,19 +24,21 @@ from provision.core.model import Inventory
 from provision.core.submission import Kind, Options, Status
 from provision.core.text import duration, printable
 from provision.inventory.inventory import load
-from provision.inventory.statebackend import backend_of
+from provision.inventory.statebackend import Backend, backend_of
 from provision.inventory.statebackend import problem as backend_problem
 from provision.io.servicedb import default_db
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.io.state import default_state_path
-from provision.rules.priority import level
+from provision.rules.priority import Policy, level
 from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
 from provision.serve.notify import Notifications
+from provision.serve.hostsfile import HostsFile
+from provision.serve.keeper import LogKeeper
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
@@ -298,6 +300,13 @@ def place_of(state: str | None) -> str:
     help="Also show this inventory's job on the dashboard (a job run from a terminal); repeatable.",
 )
 @click.option(
+    "--hosts",
+    "hosts_file",
+    type=click.Path(),
+    metavar="FILE",
+    help="Also watch these hosts (an inventory's hosts: and ssh:), work on them or not: the Cluster page shows them.",
+)
+@click.option(
     "--trust-header", metavar="HEADER", help="Take the user from this proxy header (X-Forwarded-User); loopback only."
 )
 @click.option(
@@ -313,6 +322,7 @@ def serve(
     poll: float,
     listen: str,
     inventories: tuple[str, ...],
+    hosts_file: str | None,
     trust_header: str | None,
     public_url: str | None,
     install: bool,
@@ -328,10 +338,11 @@ def serve(
     if install or uninstall or user:
         # The unit runs the service with the same pages (an --inventory path made absolute).
         pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
+        pages += ["--hosts", str(Path(hosts_file).resolve())] if hosts_file else []
         pages += ["--trust-header", trust_header] if trust_header else []
         _unit(state, poll, install, uninstall, user, pages + (["--public-url", public] if public else []))
         return
-    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll, public)
+    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll, public, hosts_file)
 
 
 def _run(
@@ -341,27 +352,33 @@ def _run(
     trust_header: str | None,
     poll: float,
     public: str | None,
+    hosts_file: str | None = None,
 ) -> None:
     """The service, its rounds, the event stream's subscribers and the pages, until stopped."""
     store = open_place(url)
+    hosts = HostsFile(Path(hosts_file), work_root(store), _stamped) if hosts_file else None
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
     # The rounds and the pages on a connection of their own: a slow page or round never
     # holds up the service's loop. The leader alone makes rounds (two services on one
     # database: one set of samples, one stream of events).
     side = open_place(url)
     leading = threading.Event()
-    known = Known(side, work_root(store), inventories)
+    known = Known(side, work_root(store), inventories, hosts)
     gpus = GpuRecorder(side)
     deliveries: list[Delivery | Notifications] = [Delivery(side, HistoryWriter(side), leading, _stamped)]
     # The rules' deliveries on a connection of their own: a burst of sends never waits on the round's.
     deliveries.append(Notifications(open_place(url), leading, _stamped, public))
     made = EventMaker(side, wake=lambda: _wake(deliveries))
     rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
-    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
+    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known, policy=_policy(url))
+    # The kept logs on a connection of their own: a run's last lines are megabytes.
+    keeping = open_place(url)
+    deliveries.append(Delivery(keeping, LogKeeper(keeping, source.tail, _stamped), leading, _stamped))
     try:
         stop_pages = _web(side, source, where, trust_header, public) if where is not None else None
     except BaseException:
         side.close()
+        keeping.close()
         raise
     svc = Service(
         store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror,
@@ -386,7 +403,21 @@ def _run(
             stop_pages()
         source.close()
         side.close()
+        keeping.close()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
+
+
+def _policy(url: str) -> Callable[[], Policy]:
+    """What reads the team's policy (the Quotas page's): the local state's defaults, or its
+    PostgreSQL's row."""
+
+    def read() -> Policy:
+        # start-up time: psycopg loads only for a PostgreSQL state (the embedded service needs none)
+        from provision.io.policystore import policy_of
+
+        return policy_of(Backend(url))
+
+    return read
 
 
 def _wake(deliveries: list[Delivery | Notifications]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 EVENTS_FORMAT = 1
 
@@ -79,6 +79,15 @@ class EventJson(TypedDict):
     run: int | None
     hosts: list[str]
     gpus: int
+
+
+class EventsDoc(TypedDict):
+    """`provision events --json`, and the dashboard's /api/v1/events with "after": the last
+    id given (the next request's)."""
+
+    format_version: int
+    events: list[EventJson]
+    after: NotRequired[int]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from typing import Any
 
 from provision.core import runs
 from provision.host.protocol import ProbeReport
-from provision.rules.tenancy import HostView, host_view
+from provision.rules.priority import Policy
+from provision.rules.tenancy import HostView, JobsDoc, host_view
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,13 @@ class Round:
     number: int
     began: float
     hosts: Mapping[str, HostSeen]
-    doc: Mapping[str, Any]
+    doc: JobsDoc
     studies: frozenset[str] = frozenset()
     success: Mapping[str, str] = field(default_factory=dict)
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # ... and what each replica needs: (its GPUs, the hosts it may run on), one per replica.
     demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
+    policy: Policy | None = None  # the team's (priority classes, guarantees), as the inventories' state says
 
     @property
     def answered(self) -> frozenset[str]:

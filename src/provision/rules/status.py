@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from provision.core.events import EventJson
 from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import (
     PREEMPT_PHASE,
@@ -24,13 +25,65 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
-from provision.core.runs import Run, merged
+from provision.core.runs import Run, RunJson, merged
+from provision.core.tuning import TrialJson
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.historyview import HistoryRowJson
 from provision.rules.queueorder import place_in_queue
-from provision.rules.tenancy import holders
+from provision.rules.tenancy import JobHostJson, holders
+
+
+class TaskJson(TypedDict):
+    task: str
+    role: str
+    host: str
+    address: str
+    gpus: list[int]
+    state: str
+    exit_code: int | None
+    restarts: int
+    since_seconds: int | None
+    detail: str
+    ended_at: str | None
+    last_lines: list[str]
+    gpu_util_pct: int | None
+
+
+class StatusJson(TypedDict):
+    """`provision status --json` (JobStatus.to_json)."""
+
+    format_version: int
+    job: str
+    phase: str
+    reason: str | None
+    unreachable: list[str]
+    tasks: list[TaskJson]
+    left_behind: list[str]
+    owner: str | None
+    run: RunJson | None
+    setup_lines: dict[str, list[str]]
+
+
+class JobDoc(StatusJson):
+    """The dashboard's job (web/inventories.InventorySource.job): the status, the inventory's
+    env with every secret_env value masked, its study (or null), and the actions its phase
+    allows (of stop, rerun, cancel)."""
+
+    env: dict[str, str]
+    study: str | None
+    actions: list[str]
+    # The service's: what it kept of the job (its runs in the history, its events, its logs),
+    # and a trial's row of its study and what it reported.
+    runs: NotRequired[list[HistoryRowJson]]
+    timeline: NotRequired[list[EventJson]]
+    kept_logs: NotRequired[bool]
+    trial: NotRequired[TrialJson]
+    reports: NotRequired[list[list[float]]]  # [[step, value], ...]
+    known: NotRequired[str]  # where the page's words come from when no inventory names the job: "history"
+    held: NotRequired[dict[str, JobHostJson]]  # such a job's entries in the hosts' ledgers now
 
 
 @dataclass(frozen=True)
@@ -49,7 +102,7 @@ class TaskStatus:
     last_lines: tuple[str, ...] = ()  # its journal's last lines, for a task that failed
     gpu_util: int | None = None  # % over its GPUs while it runs (rules/gpuuse.with_task_util); None: unknown
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TaskJson:
         return {
             "task": self.task,
             "role": self.role,
@@ -85,7 +138,7 @@ class JobStatus:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StatusJson:
         return {
             "format_version": 2,
             "job": self.job,

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from provision.core.scheduling import PreemptMark
 from provision.core.text import duration, printable
@@ -416,6 +416,88 @@ def gpu_uuids(report: ProbeReport) -> dict[int, str]:
 JOBS_FORMAT_VERSION = 1
 
 
+class QueuedJson(TypedDict):
+    since: str | None
+    waiting_for: str
+
+
+class JobHostJson(TypedDict):
+    state: str
+    gpus: list[int]
+    ports: list[int]
+    preempted_by: str | None  # its entry there is marked
+
+
+class JobJson(TypedDict):
+    """A job of `provision jobs --json`; the dashboard's service adds what its history and
+    the job's inventory know (docs/dashboard.md)."""
+
+    job: str
+    owner: str | None
+    lineage: str | None
+    state: str
+    since: str | None
+    age_seconds: int | None
+    queued: QueuedJson | None
+    priority: str
+    priority_level: int
+    preemptible: bool
+    submitted: str | None
+    hosts: dict[str, JobHostJson]
+    gpus: NotRequired[int]
+    gpu_hours: NotRequired[float | None]
+    ended: NotRequired[str | None]
+
+
+class HeldJson(TypedDict):
+    gpus: list[int]
+    ports: list[int]
+
+
+class GpuAppJson(TypedDict):
+    """A compute process on a GPU, with the job it belongs to (None: not a job's)."""
+
+    pid: int | None
+    name: str | None
+    used_mib: int | None
+    job: str | None
+    unit: str | None
+
+
+class GpuUseJson(TypedDict):
+    """A GPU now, as the host's nvidia-smi said (rules/gpuuse.host_use)."""
+
+    utilization: int | None
+    memory_mib: int | None
+    memory_total_mib: int | None
+    apps: list[GpuAppJson]
+
+
+GpuHistoryJson = dict[str, list[list[float]]]  # "<gpu>" -> [[epoch seconds, utilization %], ...]
+
+
+class HostJson(TypedDict):
+    error: str | None
+    gpus: int
+    free_gpus: list[int] | None
+    held: dict[str, HeldJson]
+    foreign_ports: list[int]
+    unreadable: list[str]
+    # What a survey of the hosts adds (run/survey.py), and the service's last hour.
+    labels: NotRequired[dict[str, str]]
+    drain: NotRequired[bool]
+    gpu_use: NotRequired[dict[str, GpuUseJson]]
+    gpu_history: NotRequired[GpuHistoryJson]
+
+
+class JobsDoc(TypedDict):
+    """`provision jobs --json`: the hosts' document."""
+
+    format_version: int
+    jobs: list[JobJson]
+    hosts: dict[str, HostJson]
+
+
 @dataclass(frozen=True)
 class HostView:
     name: str
@@ -442,7 +524,7 @@ def job_hold(hs: Iterable[Holder]) -> Hold:
     return Hold.ENDED
 
 
-def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> dict[str, Any]:
+def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> JobsDoc:
     """`provision jobs --json`. Each job's "priority" is shown as the team's policy names it
     (its class, else the number as text), "priority_level" is the number."""
     policy = policy or Policy()
@@ -454,7 +536,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
     def iso(t: float | None) -> str | None:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t is not None else None
 
-    jobs = []
+    jobs: list[JobJson] = []
     for job, hs in sorted(by_job.items()):
         since = min((h.since for h in hs if h.since is not None), default=None)
         owner = next((h.owner for h in hs if h.owner is not None), None)

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
 
 from provision.core.model import Inventory
 from provision.core.target import HostError
@@ -26,7 +25,7 @@ from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
 from provision.rules.priority import Policy
 from provision.rules.rounds import HostSeen, Round, host_seen, unreachable
-from provision.rules.tenancy import jobs_json
+from provision.rules.tenancy import GpuUseJson, jobs_json
 from provision.run.context import Ask, Context, open_context, probe
 
 Stamp = tuple[int, int, int] | None  # a file's (mtime_ns, size, inode); None: it cannot be read
@@ -120,7 +119,7 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         got = list(pool.map(one, asked))
     policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
     hosts: dict[str, HostSeen] = {}
-    extra: dict[str, dict[str, Any]] = {}
+    extra: dict[str, tuple[dict[str, str], bool, dict[str, GpuUseJson] | None]] = {}
     for (job, _, inv), (res, _) in zip(asked, got, strict=True):
         for h in inv.hosts:
             if h.name not in mine[job]:
@@ -131,12 +130,14 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
             else:
                 why = r.message if isinstance(r, HostError) else "not asked"
                 hosts[h.name] = unreachable(h.name, h.accelerator_count, why)
-            extra[h.name] = {"labels": h.label_map, "drain": h.drain}
-            if isinstance(r, ProbeReport):
-                extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
+            use = host_use(r.facts, r.checks, r.ledger) if isinstance(r, ProbeReport) else None
+            extra[h.name] = (h.label_map, h.drain, use)
     doc = jobs_json([hs.view for hs in hosts.values()], began, policy)
-    for name, more in extra.items():
-        doc["hosts"][name].update(more)
+    for name, (labels, drain, use) in extra.items():
+        host = doc["hosts"][name]
+        host["labels"], host["drain"] = labels, drain
+        if use is not None:
+            host["gpu_use"] = use
     return Round(
         number,
         began,
@@ -146,6 +147,7 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         success={j: inv.success for j, (_, inv) in found.items()},
         jobs={j: frozenset(h.name for h in inv.hosts) for j, (_, inv) in found.items()},
         demand={j: demand_of(inv) for j, (_, inv) in found.items()},
+        policy=policy,
     )
 
 

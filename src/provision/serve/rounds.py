@@ -25,6 +25,7 @@ from provision.io.servicehistory import GPU_KEEP, GpuSample
 from provision.io.servicestore import ServiceStore
 from provision.rules.events import Seen, diff
 from provision.rules.rounds import Round
+from provision.rules.tenancy import GpuHistoryJson
 from provision.rules.watch import QUIET
 from provision.run.survey import Contexts, Found, KeptContexts, survey
 from provision.serve.gpusample import SAMPLE_EVERY, GpuHistory, give_back_memory, history_step, round_every, samples_of
@@ -47,7 +48,7 @@ class GpuRecorder:
     def __init__(self, store: ServiceStore):
         self.store = store
         self._kept: GpuHistory | None = None
-        self.doc: dict[str, Any] | None = None  # host -> {"<gpu>": [[t, %], ...]}; None before a round
+        self.doc: dict[str, GpuHistoryJson] | None = None  # host -> {"<gpu>": [[t, %], ...]}; None before a round
         self.at = -math.inf  # (monotonic) when `doc` was made
 
     def on_round(self, r: Round) -> None:

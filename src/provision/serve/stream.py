@@ -126,7 +126,7 @@ class HistoryWriter:
             e = s.event
             if e.kind not in (Kind.JOB_STARTED, Kind.JOB_RESUMED, Kind.JOB_ENDED) or not e.job:
                 continue
-            if self.store.submissions(unfinished=True, job=e.job):
+            if self._handed(e.job, s.time):
                 continue  # handed over: its worker writes its history
             if e.kind is Kind.JOB_ENDED:
                 row = self.store.open_row_of(e.job, "run", "event:")
@@ -137,3 +137,13 @@ class HistoryWriter:
             if self.store.has_rows(mark):
                 continue
             self.store.record(HistoryRow("run", e.job, e.owner, s.time, None, "", e.hosts, e.gpus, mark))
+
+    def _handed(self, job: str, t: float) -> bool:
+        """Whether a submission of `job` was being driven at time `t`: unfinished, or one that
+        ran then (a job that ended in seconds: its submission finished before this event came)."""
+        for sub in self.store.submissions(job=job):
+            if not sub.status.finished:
+                return True
+            if sub.started is not None and sub.started - 1.0 <= t <= (sub.ended or t) + 60.0:
+                return True
+        return False
