@@ -39,6 +39,7 @@ COMMANDS = {
     "cancel": "provision.cli.servecmd:cancel",
     "history": "provision.cli.servecmd:history",
     "events": "provision.cli.eventscmd:events",
+    "health": "provision.cli.healthcmd:health_group",
     "policy": "provision.cli.policycmd:policy_group",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",

@@ -22,6 +22,7 @@ from typing import Any
 from provision.core.errors import ProvisionError
 from provision.core.submission import MOVES, BadRow, Kind, Options, Status, valid_id
 from provision.io.serviceevents import EventTables
+from provision.io.servicehealth import HealthTables
 from provision.io.servicehistory import HistoryTables
 from provision.rules.priority import queue_key
 
@@ -96,7 +97,7 @@ _SUB_COLS = (
 )
 
 
-class ServiceStore(EventTables, HistoryTables):
+class ServiceStore(EventTables, HistoryTables, HealthTables):
     """One connection to the service's database (module docstring). Thread-safe: calls are
     serialised (the service's loop and its followers are few and short)."""
 

@@ -152,6 +152,25 @@ def request_fields(
     return out
 
 
+def health_fields(inv: Inventory, checks: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The probe's checks with the health read (rules/health.py) added: the GPUs' health
+    fields, the kernel's Xids, DCGM's health watch, and the file system of outputs:."""
+    out = dict(checks or {})
+    out["health"] = {"timeout": GPU_TIMEOUT}
+    if inv.outputs:
+        out["disk"] = sorted(set(out.get("disk") or []) | set(_parents(inv.outputs)))
+    return out
+
+
+def _parents(path: str) -> list[str]:
+    d, out = posixpath.normpath(path), []
+    while True:
+        out.append(d)
+        if d == "/":
+            return out
+        d = posixpath.dirname(d)
+
+
 # --------------------------------------------------------------------------- NCCL / Gloo interface
 
 

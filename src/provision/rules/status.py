@@ -29,6 +29,7 @@ from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.health import of_report, task_notes
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
 
@@ -84,6 +85,8 @@ class JobStatus:
     # Preempted on some hosts, its tasks still running (or stopping) on others:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
+    # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
+    health: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +100,7 @@ class JobStatus:
             "owner": self.owner,
             "run": self.run.to_json() if self.run is not None else None,
             "setup_lines": {h: list(v) for h, v in self.setup_lines.items()},
+            "health": list(self.health),
         }
 
     @property
@@ -183,7 +187,12 @@ def _judged(
     why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     last = runs[-1] if runs else None
-    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest)
+    notes = tuple(
+        n for r in rows if r.host in reports for n in task_notes(r.task, r.host, r.gpus, of_report(reports[r.host]))
+    )
+    return JobStatus(
+        inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest, health=notes
+    )
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:

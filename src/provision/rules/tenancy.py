@@ -39,6 +39,8 @@ from provision.core.text import duration, printable
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
+from provision.rules.health import HostHealth, blocked_words, of_report
+from provision.rules.health import summary as health_summary
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
@@ -319,13 +321,28 @@ def unreadable_problem(entries: list[str]) -> str:
     )
 
 
-def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, local: Iterable[int] = ()) -> Held:
+def held_for(
+    job: str,
+    hs: list[Holder],
+    listening: Iterable[int],
+    now: float,
+    local: Iterable[int] = (),
+    health: HostHealth | None = None,
+) -> Held:
     """What placement of `job` may not use on a host: what other jobs hold, and ports that
     something other than provision's jobs listens on (`local`: those only on loopback, the
-    host's own services: avoided, not named as holders)."""
+    host's own services: avoided, not named as holders), and what the host's health keeps
+    from new work (rules/health.py: a quarantined GPU; a draining host takes no new task,
+    the job's own tasks that run there keep their slots)."""
     gpus: set[int] = set()
     ports: set[int] = set()
     by = []
+    closed = ""
+    if health is not None:
+        gpus |= health.blocked
+        by += blocked_words(health)
+        if health.host is not None and health.host.state.blocks:
+            closed = "new" if any(h.job == job and h.hold is Hold.RUNNING for h in hs) else "all"
     for h in hs:
         if not h.holds_for(job):
             continue
@@ -337,7 +354,7 @@ def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, l
     shown = sorted(p for p in foreign - set(local) if p >= SHOWN_PORTS)
     if shown:
         by.append(f"{_ports_words(shown)} in use by processes provision did not start")
-    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by))
+    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by), closed)
 
 
 def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> str | None:
@@ -424,12 +441,13 @@ class HostView:
     foreign_ports: tuple[int, ...] = ()
     error: str | None = None
     unreadable: tuple[str, ...] = ()  # ledger entries that cannot be read (unreadable_entries)
+    health: HostHealth = HostHealth()  # what the host's health keeps from new work (rules/health.py)
 
     @property
     def free_gpus(self) -> list[int]:
-        if self.unreadable:  # an entry that cannot be read may hold any of them
-            return []
-        taken = {g for h in self.holders if h.hold.holds for g in h.gpus}
+        if self.unreadable or (self.health.host is not None and self.health.host.state.blocks):
+            return []  # an entry that cannot be read may hold any of them; a draining host takes none
+        taken = {g for h in self.holders if h.hold.holds for g in h.gpus} | self.health.blocked
         return [g for g in range(self.gpus) if g not in taken]
 
 
@@ -496,6 +514,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
                 "foreign_ports": list(hv.foreign_ports),
                 "unreadable": list(hv.unreadable),
+                "health": health_summary(hv.health, range(hv.gpus)),
             }
             for hv in hosts
         },
@@ -523,6 +542,7 @@ def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) 
         if hv.foreign_ports:
             held.append(f"other processes: - / {_span(hv.foreign_ports)}")
         held += [f"unreadable ledger entry {x}: may hold anything" for x in hv.unreadable]
+        held += blocked_words(hv.health)
         rows.append([hv.name, str(hv.gpus), _span(hv.free_gpus) or "-", "; ".join(held) or "-"])
     return [jobs, rows]
 
@@ -558,4 +578,6 @@ def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView
     ours = {p for h in hs for p in h.ports}
     local = set(report.listening_local or [])  # the host's own services (held_for)
     foreign = tuple(p for p in sorted(set(report.listening or []) - ours - local) if p >= SHOWN_PORTS)
-    return HostView(name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)))
+    return HostView(
+        name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)), health=of_report(report)
+    )

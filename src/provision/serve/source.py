@@ -25,9 +25,11 @@ from provision.core.submission import Status
 from provision.io.servicehistory import GPU_KEEP, HistoryRow
 from provision.io.servicestore import ServiceStore
 from provision.rules.gpuuse import IDLE_BELOW_PCT
+from provision.rules.healthlog import report_doc
 from provision.rules.usage import HOLDING, Use, gpu_hours
 from provision.run.survey import Inventories
 from provision.serve.gpusample import QUIET_EVERY, SAMPLE_EVERY, idle_of, idle_window
+from provision.serve.health import HealthKeeper
 from provision.serve.rounds import GpuRecorder, Rounds, fresh, gpus_of
 from provision.web.auth import Auth, TokenCheck
 from provision.web.inventories import InventorySource, owner_in
@@ -44,6 +46,7 @@ USAGE_FRESH, USAGE_STALE = 5.0, 10.0  # seconds: the Usage page is at most USAGE
 ROUND_FRESH = 2 * SAMPLE_EVERY + 5.0
 LATEST_WITHIN = QUIET_EVERY + SAMPLE_EVERY  # seconds: a GPU's latest sample, at the slowest cadence
 DAY = 86400.0
+HEALTH_DAYS = 30  # days of incidents the Health page ranks
 EVENTS_PAGE = 500  # events an answer of /api/v1/events holds at most
 
 
@@ -73,8 +76,10 @@ class ServiceSource:
         rounds: Rounds | None = None,
         gpus: GpuRecorder | None = None,
         known: Known | None = None,
+        health: HealthKeeper | None = None,
     ):
         self.store = store
+        self.keeper = health  # the hosts' health after each round's changes (serve/health.py)
         self.known = known or Known(store, work_root, extra)
         self.inventory = InventorySource(self.known)
         self.rounds, self.gpus = rounds, gpus
@@ -104,7 +109,11 @@ class ServiceSource:
         got = self._with_history
         if got is not None and got[0] is doc and got[1] is history:
             return got[2]
-        hosts = {name: {**h, "gpu_history": history.get(name, {})} for name, h in doc.get("hosts", {}).items()}
+        marks = self.keeper.doc if self.keeper is not None else {}
+        hosts = {
+            name: {**h, "gpu_history": history.get(name, {}), **({"health": marks[name]} if name in marks else {})}
+            for name, h in doc.get("hosts", {}).items()
+        }
         out = {**doc, "hosts": hosts}
         self._with_history = (doc, history, out)
         return out
@@ -174,6 +183,14 @@ class ServiceSource:
         )
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {**doc, "idle": idle_of(runs, now, self.idle_window), "as_of": as_of}
+
+    def incidents(self) -> dict[str, Any]:
+        """The health history's last HEALTH_DAYS (rules/healthlog.report_doc): the hosts and
+        GPUs ranked, and every incident."""
+        self._looked()
+        now = self.store.now()
+        since = now - HEALTH_DAYS * DAY
+        return report_doc(self.store.incidents(since=since), now, since)
 
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
         """The events after id `after` (`provision events --json`'s shape, and the cursor of

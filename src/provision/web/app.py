@@ -72,6 +72,7 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/studies/{name}", page(d.study)),
         Route("/studies/{name}/{action}", page(d.act_page), methods=["POST"]),
         Route("/usage", page(d.usage)),
+        Route("/health", page(d.health)),
         Route("/login", d.login, methods=["GET", "POST"]),
         Route("/api/v1/hosts", api(d.api_hosts)),
         Route("/api/v1/jobs", api(d.api_jobs)),
@@ -81,6 +82,7 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/api/v1/studies/{name}", api(d.api_study)),
         Route("/api/v1/studies/{name}/{action}", api(d.act_api), methods=["POST"]),
         Route("/api/v1/usage", api(d.api_usage)),
+        Route("/api/v1/health", api(d.api_health)),
         Route("/api/v1/events", api(d.api_events)),
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
@@ -280,6 +282,9 @@ class Dashboard:
     async def usage(self, request: Request, viewer: Viewer) -> Response:
         return self.render(request, viewer, "usage.html", usage=await call(self.source.usage))
 
+    async def health(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "health.html", health=await call(self.source.incidents))
+
     # ------------------------------------------------------------------ actions
 
     async def act(self, request: Request, viewer: Viewer) -> tuple[str, dict[str, Any]]:
@@ -361,6 +366,9 @@ class Dashboard:
 
     async def api_usage(self, request: Request, viewer: Viewer) -> Response:
         return JSONResponse(await call(self.source.usage))
+
+    async def api_health(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.incidents))
 
     async def api_events(self, request: Request, viewer: Viewer) -> Response:
         """Events after `after` (an id; 0: from the oldest kept), of `job`, of `kind`s."""

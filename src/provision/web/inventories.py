@@ -189,6 +189,10 @@ class InventorySource:
         # No history here (the service keeps it): what the hosts hold now is all there is.
         return {"format_version": 1, "days": [], "weeks": [], "idle": []}
 
+    def incidents(self) -> dict[str, Any]:
+        # No health history here (the service keeps it); each GPU's state is on the Cluster page.
+        return {"format_version": 1, "now": None, "since": None, "ranked": [], "incidents": []}
+
     def owner(self, name: str, recent: bool = False) -> str | None:
         """The job's owner as the hosts' ledgers name it; a study's: its trials' owner.
         recent: from the last look at the hosts however old (one asked behind it), never

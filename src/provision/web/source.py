@@ -17,6 +17,8 @@ The shapes (docs/dashboard.md):
 - study(name): `provision tune --status --json` (rules/studyview.study_json) plus "space"
   (rules/studyview.space_json: each parameter's type and scale).
 - usage(): USAGE_EXAMPLE's shape.
+- incidents(): the health history (rules/healthlog.report_doc); a host of hosts() may carry
+  "health" ({"host": {"state", "reason", ...}, "gpus": {"<index>": {"state", ...}}}).
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class Source(Protocol):
     def study(self, name: str) -> dict[str, Any]: ...
 
     def usage(self) -> dict[str, Any]: ...
+
+    def incidents(self) -> dict[str, Any]:
+        """`provision health --report --json`'s shape (rules/healthlog.report_doc): the
+        hosts and GPUs ranked by incidents, and every incident of the last 30 days."""
+        ...
 
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
         """`provision events --json`'s shape after event id `after`, and "after": the last

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from provision.core.events import iso
 from provision.rules.tenancy import doc_queue_key
 
 ACTIONS = ("stop", "rerun", "cancel")
@@ -92,6 +93,8 @@ class Gpu:
     memory_mib: float | None = None
     history: tuple[tuple[float, float], ...] = ()  # (epoch seconds, utilization %), the last hour
     apps: tuple[str, ...] = ()  # its compute processes: "pid name, N MiB (job)"
+    health: str = "healthy"  # rules/health.State: healthy, suspect, quarantined, draining, testing
+    health_reason: str = ""  # why, and since when
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,22 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
         apps = tuple(_app_words(a) for a in u.get("apps") or ())
-        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps))
+        health, why = _health_of(h, g)
+        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps, health, why))
     return tuple(out)
+
+
+def _health_of(h: Mapping[str, Any], g: int) -> tuple[str, str]:
+    """A GPU's health (its host's, when the host's keeps new work off it) and why."""
+    health = h.get("health") or {}
+    host = health.get("host") or {}
+    mark = (health.get("gpus") or {}).get(str(g)) or {}
+    if host.get("state") in ("draining", "quarantined", "testing") and mark.get("state", "healthy") == "healthy":
+        mark = {**host, "reason": f"the host: {host.get('reason') or ''}"}
+    state = str(mark.get("state") or "healthy")
+    since = mark.get("since")
+    when = f" (since {iso(since)})" if isinstance(since, int | float) else ""
+    return state, (str(mark.get("reason") or "") + when) if state != "healthy" else ""
 
 
 def _app_words(a: Mapping[str, Any]) -> str:
