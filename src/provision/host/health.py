@@ -46,6 +46,9 @@ FIELDS = (
     "pcie.link.width.max",
     "remapped_rows.failure",
     "retired_pages.double_bit.count",
+    "ecc.errors.uncorrected.volatile.total",
+    "remapped_rows.pending",
+    "retired_pages.pending",
 )
 LEGACY_FIELDS = tuple("clocks_throttle_reasons.active" if f.startswith("clocks_event") else f for f in FIELDS)
 XID_LIMIT = 200  # kernel lines read at most per look (the newest)
@@ -197,11 +200,18 @@ def parse_gpus(lines: list[str]) -> list[dict[str, Any]]:
                 "gen_max": _small(p[4]),
                 "width": _small(p[5]),
                 "width_max": _small(p[6]),
-                "remap_failed": True if p[7].lower() == "yes" else False if p[7].lower() == "no" else None,
+                "remap_failed": _yes(p[7]),
                 "retired_dbe": _small(p[8]),
+                "ecc_uncorrected": _small(p[9]),
+                "remap_pending": _yes(p[10]),
+                "retired_pending": _yes(p[11]),
             }
         )
     return out
+
+
+def _yes(s: str) -> bool | None:
+    return True if s.lower() == "yes" else False if s.lower() == "no" else None
 
 
 def _hex(s: str) -> bool:

@@ -20,11 +20,13 @@ rules/xids.py; the team's policy may change it (rules/policyfile.py).
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from provision.core.model import Inventory
 from provision.core.text import printable
 from provision.host.protocol import ProbeReport
 from provision.rules import xids
@@ -189,10 +191,11 @@ def signals(  # noqa: C901  one branch per signal the read gives, in docs/health
             if seen < declared:
                 words = f"{seen} of the {declared} GPUs declared answer"
                 out.append(Signal(None, Level.FATAL, f"a GPU is gone ({words})", f"nvidia-smi lists {seen}", "gone"))
-    for h in _dict(checks.get("gpus")).get("health") or []:
-        out += _counters(h)
     read = _dict(checks.get("health"))
     rows = [r for r in read.get("gpus") or [] if isinstance(r, dict) and isinstance(r.get("index"), int)]
+    # The counters come with the health read's own query; the pre-flight query's where it had none.
+    for h in rows or _dict(checks.get("gpus")).get("health") or []:
+        out += _counters(h)
     util = {g.get("index"): g.get("util_pct") for g in facts.get("gpus") or [] if isinstance(g, dict)}
     for r in rows:
         out += _fields(r, util.get(r["index"]))
@@ -444,10 +447,22 @@ def summary(health: HostHealth, gpus: Iterable[int]) -> dict[str, Any]:
     }
 
 
-def task_notes(task: str, host: str, gpus: Iterable[int], health: HostHealth) -> list[str]:
+def task_notes(task: str, host: str, gpus: Iterable[int], report: ProbeReport, declared: int = 0) -> list[str]:
     """What its host's health says of a task's GPUs (`provision status`): its owner is told
-    that the GPU it runs on is quarantined, or its host drained, and why."""
+    that the GPU it runs on is quarantined, or its host drained, and why; and what the
+    health read finds on them now (when the probe asked it), before the service acts."""
+    gpus = list(gpus)
+    health = of_report(report)
     out = []
+    if "health" in (report.checks or {}):
+        for s in signals(declared, report):
+            if (
+                s.level is not Level.PROGRAM
+                and (s.gpu is None or s.gpu in gpus)
+                and s.kind not in ("nvidia-smi", "gone")
+            ):
+                where = f"GPU {s.gpu} of {host}" if s.gpu is not None else host
+                out.append(f"{task}: {where} now: {s.what} ({s.evidence})")
     h = health.host
     if h is not None and h.state is not State.HEALTHY:
         out.append(f"{task}: {host} is {h.state.value} since {_iso(h.since)} by {h.by or '?'}: {h.reason}")
@@ -465,3 +480,63 @@ def _iso(t: float | None) -> str:
     import time  # only a note's words need it
 
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t is not None else "?"
+
+
+# --------------------------------------------------------------------------- what to ask, and `check`
+
+
+def health_fields(inv: Inventory, checks: Mapping[str, Any] | None, timeout: int) -> dict[str, Any]:
+    """A probe's checks with the health read added: the GPUs' health fields, the kernel's
+    Xids, DCGM's health watch, and the file system of outputs: (its path and parents)."""
+    out = dict(checks or {})
+    out["health"] = {"timeout": timeout}
+    if inv.outputs:
+        d, parents = posixpath.normpath(inv.outputs), []
+        while True:
+            parents.append(d)
+            if d == "/":
+                break
+            d = posixpath.dirname(d)
+        out["disk"] = sorted(set(out.get("disk") or []) | set(parents))
+    return out
+
+
+def findings(declared: int, report: ProbeReport, assigned: Iterable[int]) -> list[tuple[str, str, str]]:
+    """`provision check`'s "gpu signals" lines (check, pass|warn|fail, detail): a fatal
+    signal on a GPU the job gets fails it, any other signal warns, a quarantined GPU the job
+    would get fails it. The host's own (nvidia-smi failing, a GPU gone) are the "gpus"
+    check's already."""
+    used = set(assigned)
+    out = []
+    for s in signals(declared, report):
+        if s.kind in ("nvidia-smi", "gone"):
+            continue
+        bad = s.level is Level.FATAL and (s.gpu is None or s.gpu in used)
+        where = f"GPU {s.gpu}" if s.gpu is not None else "the host"
+        tail = "" if s.gpu is None or s.gpu in used else " (not one the job uses)"
+        if s.level is Level.PROGRAM:
+            tail = " (the program's own error, not the GPU's)"
+        out.append(("gpu signals", "fail" if bad else "warn", f"{where}: {s.what}{tail}: {s.evidence}"))
+    h = of_report(report)
+    for g, m in h.gpus.items():
+        if m.state.blocks and g in used:
+            out.append(("gpu signals", "fail", f"GPU {g} is {m.state.value} by {m.by or '?'}: {m.reason}"))
+    if not out:
+        out.append(("gpu signals", "pass", "no Xid since the last look, no throttling, PCIe links at their best"))
+    return out
+
+
+def health_words(declared: int, report: ProbeReport) -> dict[str, Any]:
+    """`provision facts`' health of a host: its state and each GPU's, and the signals the
+    read gives now ("fatal" ones are problems, as a mismatch is)."""
+    h = of_report(report)
+    found = signals(declared, report) if "health" in (report.checks or {}) else ()
+
+    def words(s: Signal) -> str:
+        return f"{'GPU ' + str(s.gpu) if s.gpu is not None else 'host'}: {s.what}"
+
+    return {
+        **summary(h, range(declared)),
+        "fatal": [words(s) for s in found if s.level is Level.FATAL],
+        "warn": [words(s) for s in found if s.level is not Level.FATAL],
+    }

@@ -29,7 +29,7 @@ from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
-from provision.rules.health import of_report, task_notes
+from provision.rules.health import task_notes
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
 
@@ -187,8 +187,12 @@ def _judged(
     why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     last = runs[-1] if runs else None
+    declared = {h.name: h.accelerator_count for h in inv.hosts}
     notes = tuple(
-        n for r in rows if r.host in reports for n in task_notes(r.task, r.host, r.gpus, of_report(reports[r.host]))
+        n
+        for r in rows
+        if r.host in reports
+        for n in task_notes(r.task, r.host, r.gpus, reports[r.host], declared.get(r.host, 0))
     )
     return JobStatus(
         inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest, health=notes

@@ -41,6 +41,7 @@ from provision.render.clusterenv import uses_socket_ifname
 from provision.render.files import FileKind, HostBundle, Rendered, render
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
+from provision.rules.health import health_fields
 from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
 from provision.rules.tenancy import Owner, Turn
@@ -282,8 +283,8 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     )
     if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks:
         fields |= _apps_only(host)
-    if ask.health and host is not None:  # beside the other checks (preflight.health_fields)
-        fields["checks"] = preflight.health_fields(ctx.inventory, fields.get("checks"))
+    if ask.health and host is not None:  # beside the other checks (rules/health.health_fields)
+        fields["checks"] = health_fields(ctx.inventory, fields.get("checks"), preflight.GPU_TIMEOUT)
     units = set(rec.units()) if rec else set()
     # What the state says was put there, besides what should be: the host's manifest names
     # it too, but the shell probe must name every path before it reads the manifest.

@@ -113,7 +113,7 @@ def build_plan(
     _known_tasks(ctx, replace or set())
     ahead = _owners_beside(ctx) if owners_ahead else None
     interface = thorough or uses_socket_ifname(ctx.inventory)  # the cluster address's (check: always)
-    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
+    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface, health=thorough)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
     reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)
