@@ -197,6 +197,8 @@ def test_a_fatal_xid_on_a_held_gpu_is_quarantined_its_owner_told_and_it_proves_i
         wait_until(lambda: "Xid 79" in ask(port, "GET", "/health").text, timeout=30, what="the Health page")
         rep = json.loads(ok(cli("health", "--report", "--json", cwd=tmp_path, env=env)).stdout)
         assert rep["ranked"][0]["target"] == "host-1:0" and rep["ranked"][0]["incidents"] == 1
+        seen = json.loads(ok(cli("health", "--json", cwd=tmp_path, env=env)).stdout)  # as the service saw it
+        assert gpu_of(seen, "host-1", 0)["state"] == "quarantined" and gpu_of(seen, "host-1", 0)["job"] == "hl"
 
         # No new work there: another job's task goes to GPU 1, or to host-2.
         other = tmp_path / "other.yaml"
@@ -341,3 +343,19 @@ def _points(port: int) -> int:
     """Rounds so far, as a GPU's last hour counts them (a look: the rounds keep coming every 10 s)."""
     hosts = json.loads(ask(port, "GET", "/api/v1/hosts").text)["hosts"]
     return len((hosts.get("host-1", {}).get("gpu_history") or {}).get("0") or [])
+
+
+def test_a_policy_naming_an_xid_that_is_not_a_number_is_one_line_and_changes_nothing(postgres, tmp_path):
+    env = {**postgres.env(), "PROVISION_STATE": postgres.url(), "PROVISION_OWNER": "ana@lab.example"}
+    pol = tmp_path / "policy.yaml"
+    pol.write_text("health:\n  xids: {31: fatal}\n")
+    ok(cli("policy", "set", pol, cwd=tmp_path, env=env))
+    before = json.loads(ok(cli("policy", "show", "--json", cwd=tmp_path, env=env)).stdout)
+    assert before["health"] == {"xids": {"31": "fatal"}, "test_before_release": True}
+    pol.write_text("health:\n  xids: {abc: fatal}\n")
+    r = cli("policy", "set", pol, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"Error: {pol}:2: health.xids.abc: an Xid is a number from 1 to 1023, got 'abc'"
+    ], r.stderr
+    assert json.loads(ok(cli("policy", "show", "--json", cwd=tmp_path, env=env)).stdout) == before
+    assert "Health: Xids changed: 31 fatal" in ok(cli("policy", "show", cwd=tmp_path, env=env)).stdout
