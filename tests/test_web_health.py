@@ -56,6 +56,8 @@ def test_each_gpu_shows_its_health_and_why():
     rows = {r.name: r for _, rs in cluster_groups(HealthSource().hosts()) for r in rs}
     g = {x.index: x for x in rows["gpu-1"].gpus}
     assert (g[0].health, g[1].health) == ("healthy", "quarantined") and g[1].health_reason.startswith("Xid 79")
+    assert g[1].state == "held"  # bert holds it: what runs there goes on
+    assert rows["gpu-2"].gpus[0].state == "draining"  # free, but no new work goes there
     assert "since 2027-01-15T08:00:00Z" in g[1].health_reason
     (d,) = rows["gpu-2"].gpus  # the host's state is its GPUs' when it keeps new work off them
     assert d.health == "draining" and d.health_reason.startswith("the host: a GPU is gone")

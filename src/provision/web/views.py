@@ -86,7 +86,7 @@ def job_sections(jobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[st
 @dataclass(frozen=True)
 class Gpu:
     index: int
-    state: str  # free, held, drained, unreachable, unknown
+    state: str  # free, held, drained, unreachable, unknown; quarantined, draining, testing (its health)
     job: str | None = None
     owner: str | None = None
     utilization: float | None = None
@@ -114,20 +114,25 @@ def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, 
     for g in range(int(h.get("gpus") or 0)):
         u = use.get(str(g)) or {}
         job = holder.get(g)
+        health, why = _health_of(h, g)
         if h.get("error"):
             state = "unreachable"
         elif job is not None:
             state = "held"
         elif h.get("drain"):
             state = "drained"
+        elif health in BLOCKING:  # not free: no new work goes there
+            state = health
         else:
             state = "free" if g in free else "unknown"
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
         apps = tuple(_app_words(a) for a in u.get("apps") or ())
-        health, why = _health_of(h, g)
         out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps, health, why))
     return tuple(out)
+
+
+BLOCKING = ("quarantined", "draining", "testing")  # the health states no new work goes to
 
 
 def _health_of(h: Mapping[str, Any], g: int) -> tuple[str, str]:
@@ -135,7 +140,7 @@ def _health_of(h: Mapping[str, Any], g: int) -> tuple[str, str]:
     health = h.get("health") or {}
     host = health.get("host") or {}
     mark = (health.get("gpus") or {}).get(str(g)) or {}
-    if host.get("state") in ("draining", "quarantined", "testing") and mark.get("state", "healthy") == "healthy":
+    if host.get("state") in BLOCKING and mark.get("state", "healthy") == "healthy":
         mark = {**host, "reason": f"the host: {host.get('reason') or ''}"}
     state = str(mark.get("state") or "healthy")
     since = mark.get("since")
