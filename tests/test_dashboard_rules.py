@@ -8,10 +8,11 @@ import pytest
 
 from provision.rules.historyview import by_owner_over_days, row_json, state_of, why_of
 from provision.rules.jobrows import latest_starts, shown_state, with_extras
+from provision.rules.jobsdoc import JobJson, JobsDoc
 from provision.rules.priority import Policy
 from provision.rules.quotas import quotas
 from provision.rules.rounds import HostSeen
-from provision.rules.tenancy import HostView, JobJson, JobsDoc
+from provision.rules.tenancy import HostView
 from provision.web.views import sig, took
 
 NOW = 2_000_000_000.0

@@ -226,11 +226,14 @@ def test_status_json_shape_offline(first):
 
 def test_facts_json_shape_offline():
     from provision.cli.output import facts_json
+    from provision.host.protocol import ProbeReport
     from provision.rules.facts import summary_row
+    from provision.rules.health import health_words
 
     row = summary_row("gpu-1", {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33})
     assert row["gpu_model"] is None and row["systemd"] is None  # absent: null, not "-" or "none"
-    check("facts", json.loads(json.dumps(facts_json({"gpu-1": {**row, "problems": []}}))))
+    health = health_words(1, ProbeReport(facts={}, checks={"health": {}}, health={}))
+    check("facts", json.loads(json.dumps(facts_json({"gpu-1": {**row, "problems": [], "health": health}}))))
 
 
 def test_state_show_json_shape_offline(tmp_path):

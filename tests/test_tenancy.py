@@ -208,6 +208,7 @@ def test_jobs_view_shapes():
         "held": {"run": {"gpus": [0], "ports": [2222]}},
         "foreign_ports": [9000],
         "unreadable": [],
+        "health": {"host": {"state": "healthy"}, "gpus": {"0": {"state": "healthy"}, "1": {"state": "healthy"}}},
     }
 
 

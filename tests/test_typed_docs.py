@@ -12,10 +12,11 @@ from provision.core.lifecycle import JobPhase, TaskState
 from provision.core.runs import Run, RunJson
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialJson, TrialRow, TrialState, Tune
 from provision.rules.gpuuse import host_use
+from provision.rules.jobsdoc import GpuAppJson, GpuUseJson, HostJson, JobHostJson, JobJson, JobsDoc
 from provision.rules.status import JobStatus, StatusJson, TaskJson, TaskStatus
 from provision.rules.studyview import MetricJson, ParamJson, StudyJson, space_json, study_json
-from provision.rules.tenancy import GpuAppJson, GpuUseJson, HostJson, JobHostJson, JobJson, JobsDoc, jobs_json
 from provision.rules.tenancy import host_view as tenancy_host_view
+from provision.rules.tenancy import jobs_json
 from provision.rules.usage import UsageDay, UsageDoc, UsageWeek
 from provision.serve.source import usage_doc
 from test_tenancy import ACTIVE, NOW, entry, report

@@ -40,6 +40,7 @@ COMMANDS = {
     "history": "provision.cli.servecmd:history",
     "events": "provision.cli.eventscmd:events",
     "notify": "provision.cli.notifycmd:notify_group",
+    "health": "provision.cli.healthcmd:health_group",
     "policy": "provision.cli.policycmd:policy_group",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",

@@ -19,6 +19,7 @@ from provision.core.errors import ProvisionError
 from provision.core.target import HostError
 from provision.core.text import printable
 from provision.rules.facts import mismatches, summary_row
+from provision.rules.health import health_words
 from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
 from provision.run.jobend import collect
@@ -90,17 +91,13 @@ def facts(
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
-        res = probe(ctx, Ask(facts="all", files=False))
+        res = probe(ctx, Ask(facts="all", files=False, tenancy=True, listening=False, health=True))
     finally:
         ctx.close()
     reports = {n: res.get(n) for n in ctx.targets}
     hosts = {h.name: h for h in ctx.inventory.hosts}
-    rows, data, unreachable, bad = (
-        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")],
-        {},
-        [],
-        False,
-    )
+    data: dict[str, dict[str, object]] = {}
+    rows, unreachable, bad = [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")], [], False
     for name, r in reports.items():
         if isinstance(r, HostError):
             data[name] = {"error": r.message, "problems": []}
@@ -111,9 +108,11 @@ def facts(
             continue
         f = r.facts or {}
         problems = mismatches(hosts[name], f) if name in hosts else []
+        sick = health_words(hosts[name].accelerator_count, r) if name in hosts else {}
+        problems += list(sick.get("fatal") or [])  # the health read's fatal signals (rules/health.py)
         bad = bad or bool(problems)
         row = summary_row(name, f)
-        data[name] = {**row, "problems": problems}
+        data[name] = {**row, "problems": problems, "health": sick}
         rows.append(
             (
                 name,

@@ -18,33 +18,29 @@ from typing import Any
 
 import click
 
+from provision.cli.serveparts import parts
 from provision.cli.tuneview import pause_line
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
 from provision.core.submission import Kind, Options, Status
 from provision.core.text import duration, printable
 from provision.inventory.inventory import load
-from provision.inventory.statebackend import Backend, backend_of
+from provision.inventory.statebackend import backend_of
 from provision.inventory.statebackend import problem as backend_problem
 from provision.io.servicedb import default_db
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceRow, ServiceStore, Submission
 from provision.io.state import default_state_path
-from provision.rules.priority import Policy, level
+from provision.rules.priority import level
 from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
-from provision.run.survey import KeptContexts
 from provision.serve import install as unit
-from provision.serve.notify import Notifications
 from provision.serve.hostsfile import HostsFile
-from provision.serve.keeper import LogKeeper
 from provision.serve.places import leadership, open_backend, open_place, work_root
-from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
 from provision.serve.snapshot import snapshot_of, store_files
-from provision.serve.source import DEFAULT_LISTEN, Known, Listen, ServiceSource, choose_auth, parse_listen
-from provision.serve.stream import Delivery, HistoryWriter
+from provision.serve.source import DEFAULT_LISTEN, Listen, ServiceSource, choose_auth, parse_listen
 
 HISTORY_FORMAT = 1
 
@@ -358,22 +354,8 @@ def _run(
     store = open_place(url)
     hosts = HostsFile(Path(hosts_file), work_root(store), _stamped) if hosts_file else None
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
-    # The rounds and the pages on a connection of their own: a slow page or round never
-    # holds up the service's loop. The leader alone makes rounds (two services on one
-    # database: one set of samples, one stream of events).
-    side = open_place(url)
     leading = threading.Event()
-    known = Known(side, work_root(store), inventories, hosts)
-    gpus = GpuRecorder(side)
-    deliveries: list[Delivery | Notifications] = [Delivery(side, HistoryWriter(side), leading, _stamped)]
-    # The rules' deliveries on a connection of their own: a burst of sends never waits on the round's.
-    deliveries.append(Notifications(open_place(url), leading, _stamped, public))
-    made = EventMaker(side, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
-    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known, policy=_policy(url))
-    # The kept logs on a connection of their own: a run's last lines are megabytes.
-    keeping = open_place(url)
-    deliveries.append(Delivery(keeping, LogKeeper(keeping, source.tail, _stamped), leading, _stamped))
+    side, keeping, rounds, deliveries, source = parts(url, store, inventories, hosts, public, leading, _stamped)
     try:
         stop_pages = _web(side, source, where, trust_header, public) if where is not None else None
     except BaseException:
@@ -405,24 +387,6 @@ def _run(
         side.close()
         keeping.close()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
-
-
-def _policy(url: str) -> Callable[[], Policy]:
-    """What reads the team's policy (the Quotas page's): the local state's defaults, or its
-    PostgreSQL's row."""
-
-    def read() -> Policy:
-        # start-up time: psycopg loads only for a PostgreSQL state (the embedded service needs none)
-        from provision.io.policystore import policy_of
-
-        return policy_of(Backend(url))
-
-    return read
-
-
-def _wake(deliveries: list[Delivery | Notifications]) -> None:
-    for d in deliveries:
-        d.wake()
 
 
 def _public_url(text: str | None) -> str | None:

@@ -36,6 +36,8 @@ class Kind(StrEnum):
     SUBMISSION_ENDED = "submission.ended"
     GPU_QUARANTINED = "gpu.quarantined"
     GPU_RELEASED = "gpu.released"
+    HOST_DRAINED = "host.drained"  # a host's health keeps new work off it (draining, quarantined)
+    HOST_RELEASED = "host.released"
     DEV_ENDING = "dev.ending"
 
 

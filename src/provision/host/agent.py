@@ -144,6 +144,13 @@ def file_info(path: str, want_sha: str | None, content_max: int, look: bool = Fa
     return P.FileInfo("file", st.st_mode & 0o7777, st.st_uid, st.st_size, sha, content)
 
 
+def _checks(checks: dict[str, Any], facts_out: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = lazy("hostcheck").probe_checks(checks, facts_out)
+    if checks.get("health"):  # the health read (host/health.py), as probe.sh makes it
+        out["health"] = lazy("health").read(checks["health"], (facts_out or {}).get("nvidia_smi") == "ok")
+    return out
+
+
 def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
     job = req.job
     manifest = read_json(layout.manifest_path(job))
@@ -164,7 +171,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         only = req.facts_only if req.facts == P.CHECK_FACTS else None
         facts_out = facts([g for g in only if g != "gpus"] if gpu_check and only is not None else only)
     if req.checks is not None:
-        checks_out = lazy("hostcheck").probe_checks(req.checks, facts_out)
+        checks_out = _checks(req.checks, facts_out)
     if req.cluster_address:
         interface = lazy("hostcheck").interface(req.cluster_address)
     boot_id = layout.boot_id()
@@ -200,6 +207,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         listening_local=local,
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
+        health=(ledger.read_entry(layout.HEALTH_PATH) or {}) if req.tenancy else None,
     )
 
 
@@ -438,6 +446,10 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
     job = req.job
     errors: list[str] = []
     for verb, units in req.actions:
+        refused = ledger.start_refusals(job, units) if verb in ("start", "restart") and units else []
+        if refused:  # a GPU quarantined, a host draining since the reservation: nothing starts
+            errors += refused
+            break
         if verb == "restart":
             # stop, then forget the old run's exits (its ExecStopPost writes one more), then
             # start: the new run's record starts empty.
@@ -596,6 +608,8 @@ OPS: dict[str, Callable[[Any], Any]] = {
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
+    "health": lambda req: lazy("health").op_health(req),
+    "healthtest": lambda req: lazy("health").op_healthtest(req),
 }
 
 

@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -28,6 +28,9 @@
 #   DROPINS "GLOB BASE..." (layout.DROPIN_DIRS, DROPIN_BASES): every BASE/GLOB/*.conf file,
 #          the drop-ins systemd reads for provision's units (none are provision's: drift);
 #          "GLOB" alone (no files asked, as for status): none read
+#   HEALTH empty, or "SECONDS LIMIT FIELDS LEGACY AFTER KMSG" (health.words): the health read
+#          (health.HEALTH_SH, as written there: the GPUs' health fields, the kernel's Xid
+#          lines since the last look, DCGM's health watch)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -53,7 +56,8 @@ invoc=${13#* }
 dglob=${14%% *}
 dbases=
 case ${14} in *" "*) dbases=${14#* } ;; esac
-shift 14
+health=${15}
+shift 15
 nl="
 "
 gcode=""
@@ -149,6 +153,8 @@ if [ -n "$tenancy" ]; then
             fi
         fi
     done
+    # The host's health record (health.py): placement keeps new work off what it quarantines.
+    if [ -f "$ldir/.health.json" ]; then set -- "$@" "$ldir/.health.json"; fi
     # Other jobs units states only when other jobs have entries here (the common case of
     # one job per host shows nothing more), and never a unit twice.
     if [ -n "$others" ]; then
@@ -267,6 +273,63 @@ if [ -n "$resolve" ]; then
     printf %s "$out"
     echo
     echo @resolve-end
+fi
+# The health read, as health.HEALTH_SH is written there (the agent runs the same text).
+if [ -n "$health" ]; then
+hsec=${health%% *}
+r=${health#* }
+hlim=${r%% *}
+r=${r#* }
+hfields=${r%% *}
+r=${r#* }
+hlegacy=${r%% *}
+r=${r#* }
+hafter=${r%% *}
+hkmsg=${r#* }
+hgok=0
+if [ -n "$gpus" ] && [ "$gcode" = 0 ]; then hgok=1; fi
+echo @health
+if [ "$hgok" = 1 ]; then
+    out=$(timeout $hsec nvidia-smi --query-gpu=$hfields --format=csv,noheader,nounits 2>&1 </dev/null)
+    code=$?
+    case $out in *"is not a valid field"*)
+        out=$(timeout $hsec nvidia-smi --query-gpu=$hlegacy --format=csv,noheader,nounits 2>&1 </dev/null)
+        code=$? ;;
+    esac
+    echo "@hgpus $code"
+    printf %s "$out" | head -n 64 | cut -c 1-400
+    echo
+    echo @hgpus-end
+fi
+a=
+if [ -f $hafter ] && [ ! -h $hafter ]; then read -r a <$hafter; fi
+case $a in *[!0-9.]*) a= ;; esac
+up=
+read -r up _ </proc/uptime
+now=$(date +%s)
+since=$((now - 86400))
+if [ -n "$a" ]; then since=${a%%.*}; fi
+if [ -f $hkmsg ]; then
+    echo "@xid file $now $up $a"
+    grep -a -F "NVRM: Xid" $hkmsg 2>/dev/null </dev/null | tail -n $hlim | cut -c 1-400
+elif command -v journalctl >/dev/null 2>&1; then
+    echo "@xid journal $now $up $a"
+    timeout $hsec journalctl -k -b -q --no-pager -o short-unix --since=@$since 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
+elif command -v dmesg >/dev/null 2>&1; then
+    echo "@xid dmesg $now $up $a"
+    timeout $hsec dmesg 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
+else
+    echo "@xid none $now $up $a"
+fi
+echo @xid-end
+if command -v dcgmi >/dev/null 2>&1; then
+    out=$(timeout $hsec dcgmi health -c 2>&1 </dev/null)
+    echo "@dcgm $?"
+    printf %s "$out" | head -n 200 | cut -c 1-400
+    echo
+    echo @dcgm-end
+fi
+echo @health-end
 fi
 # Drop-ins: a base whose top directory is a link (/lib on a merged-/usr host) is skipped,
 # as the agent does (hostlib.dropins): the same files again.

@@ -112,6 +112,9 @@ class ProbeReport:
     # "lifecycle": {...}}, either absent when the host has none): how a job the service's
     # rounds watch ended, and which run it was.
     ledger_records: dict[str, dict[str, Any]] | None = None
+    # With tenancy: the host's health record (host/health.py: a state per GPU and for the
+    # host), {} when it has none.
+    health: dict[str, Any] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -135,6 +138,7 @@ class ProbeReport:
             listening_local=self.listening_local,
             dropins=self.dropins,
             ledger_records=self.ledger_records,
+            health=self.health,
         )
 
 
@@ -391,6 +395,52 @@ class OwnersReport:
     owners: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {job: sha256}
 
 
+@dataclass(frozen=True)
+class HealthRequest:
+    """Change the host's health record under the ledger's lock (host/health.py): each change
+    {"gpu": N or None (the host), "to": STATE, "from": [STATES] (refused unless the mark is
+    one of them; absent: any), "reason", "evidence", "by", "job", "owner", "uuid"}; and
+    `xid_after`, the last kernel message the health read has dealt with (host clock)."""
+
+    job: str = ""
+    changes: list[Any] = field(default_factory=list)
+    xid_after: float | None = None
+
+    op = "health"
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    record: dict[str, Any] = field(default_factory=dict)  # the record after the changes
+    refused: list[str] = field(default_factory=list)  # a change whose mark was not as expected
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HealthTestRequest:
+    """Test GPUs here (DCGM's diagnostics, else provision's torch test): `gpus`, the host
+    itself when `host` (then `gpus` are all of its GPUs); released when they pass and
+    `release`, quarantined when they fail."""
+
+    job: str = ""
+    gpus: list[int] = field(default_factory=list)
+    host: bool = False
+    by: str = ""
+    release: bool = True
+    timeout: float = 900.0
+
+    op = "healthtest"
+
+
+@dataclass(frozen=True)
+class HealthTestReport:
+    ran: str = ""  # what tested ("dcgmi diag -r 2", "torch"); "" nothing could
+    passed: bool | None = None
+    words: str = ""  # its verdict in its words (the evidence of a failure)
+    record: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
 REQUESTS = {
     c.op: c
     for c in (
@@ -404,6 +454,8 @@ REQUESTS = {
         OwnersRequest,
         QueueRequest,
         PreemptRequest,
+        HealthRequest,
+        HealthTestRequest,
     )
 }
 REPORTS = {
@@ -417,6 +469,8 @@ REPORTS = {
     "owners": OwnersReport,
     "queue": QueueReport,
     "preempt": PreemptReport,
+    "health": HealthReport,
+    "healthtest": HealthTestReport,
 }
 
 

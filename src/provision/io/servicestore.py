@@ -22,9 +22,10 @@ from typing import Any
 from provision.core.errors import ProvisionError
 from provision.core.submission import MOVES, BadRow, Kind, Options, Status, valid_id
 from provision.io.serviceevents import EventTables
+from provision.io.servicehealth import HealthTables
 from provision.io.servicehistory import HistoryTables
-from provision.io.servicenotify import NotifyTables
 from provision.io.servicelogs import LogTables
+from provision.io.servicenotify import NotifyTables
 from provision.rules.priority import queue_key
 
 ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
@@ -98,7 +99,7 @@ _SUB_COLS = (
 )
 
 
-class ServiceStore(NotifyTables, EventTables, HistoryTables, LogTables):
+class ServiceStore(NotifyTables, EventTables, HistoryTables, LogTables, HealthTables):
     """One connection to the service's database (module docstring). Thread-safe: calls are
     serialised (the service's loop and its followers are few and short)."""
 

@@ -12,8 +12,9 @@ Rules, in one place:
 - `previous` (the placement recorded in state) is kept for every task whose slot is still
   valid, so growing or shrinking a pool never moves a task that already exists;
 - `held` (what other jobs hold on shared hosts, and ports something else listens on, as
-  tenancy.py reads them from the hosts' ledgers) is never given out: neither kept from
-  `previous` nor chosen.
+  tenancy.py reads them from the hosts' ledgers; GPUs their health keeps from new work) is
+  never given out: neither kept from `previous` nor chosen; a host it closes gets no new
+  task (rules/health.py: draining).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class Held:
     gpus: frozenset[int] = frozenset()
     ports: frozenset[int] = frozenset()
     by: tuple[str, ...] = ()  # e.g. "GPUs 0-1 held by job bert (alice@ws-3, running 2h)"
+    # The host takes no new task (its health: draining, quarantined): "new" keeps the
+    # job's previous slots there (they run), "all" keeps none either.
+    closed: str = ""
 
 
 class PlacementError(ProvisionError):
@@ -107,11 +111,12 @@ def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
 
 
 class _HostState:
-    __slots__ = ("host", "order", "free", "ports", "tasks", "version")
+    __slots__ = ("host", "order", "free", "ports", "tasks", "version", "closed")
 
     def __init__(self, host: Host, order: int, held: Held | None = None):
         self.host = host
         self.order = order
+        self.closed = held.closed if held else ""
         taken = held.gpus if held else frozenset()
         self.free = [a for a in range(host.accelerator_count) if a not in taken]  # sorted, free
         self.ports: set[int] = set(held.ports) if held else set()
@@ -153,7 +158,9 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
     def heap_for(pool: Pool) -> list[tuple[object, ...]]:
         if pool.role not in heaps:
             h = [
-                key(pool, st) for st in states.values() if pool.eligible(st.host) and len(st.free) >= pool.accelerators
+                key(pool, st)
+                for st in states.values()
+                if pool.eligible(st.host) and len(st.free) >= pool.accelerators and not st.closed
             ]
             heapq.heapify(h)
             heaps[pool.role] = h
@@ -185,7 +192,7 @@ def _kept(
     """The task's previous slot and its host, if the slot is still valid there."""
     slot = previous.get(f"{pool.role}-{index}")
     st = states.get(slot.host) if slot else None
-    if slot is None or st is None or not pool.eligible(st.host):
+    if slot is None or st is None or not pool.eligible(st.host) or st.closed == "all":
         return None, None
     base = pool.port or default_port(st.host)
     accs = tuple(slot.accelerators)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision.host.protocol import ProbeReport
+from provision.rules.jobsdoc import GpuAppJson, GpuUseJson
 from provision.rules.status import JobStatus
-from provision.rules.tenancy import GpuAppJson, GpuUseJson
 
 IDLE_BELOW_PCT = 5  # a held GPU below this ...
 IDLE_FOR_S = 600  # ... for this long is flagged idle

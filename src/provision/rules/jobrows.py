@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 from provision.core import runs
 from provision.rules.historyview import iso
+from provision.rules.jobsdoc import JobJson, JobsDoc
 from provision.rules.rounds import HostSeen
-from provision.rules.tenancy import JobJson, JobsDoc
 
 PREEMPTED = "preempted"
 

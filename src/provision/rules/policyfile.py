@@ -4,6 +4,9 @@ is: every problem one line naming its place.
     classes: {low: 100, normal: 500, high: 1000}   # priority classes: name -> integer
     guarantees: {ana@lab: 4, vision: 8}            # owner or group -> guaranteed GPUs
     groups: {bob@lab: vision, carol@lab: vision}   # owner -> the group whose guarantee it shares
+    health:                                        # rules/health.py, docs/health.md
+      xids: {31: fatal, 43: warn}                  # an Xid's class: fatal, program, warn, ignore
+      test_before_release: true                    # a quarantined GPU passes a test first
 
 An owner named in `guarantees:` or `groups:` must be one the team knows (`known`: who
 appears in the state backend's records; None: not checked), so a typo does not give a
@@ -17,9 +20,12 @@ from typing import Any
 from provision.core.errors import ValidationError
 from provision.inventory.scheduling import CLASS_NAME, PRIORITY_BOUND
 from provision.inventory.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
+from provision.rules.health import HealthPolicy
 from provision.rules.priority import DEFAULT_CLASSES, Policy
+from provision.rules.xids import MAX_XID, XidClass
 
-KEYS = ("classes", "guarantees", "groups")
+KEYS = ("classes", "guarantees", "groups", "health")
+HEALTH_KEYS = ("xids", "test_before_release")
 MAX_GPUS = 1_000_000
 
 
@@ -50,13 +56,38 @@ def parse(text: str, display: str, known: Collection[str] | None = None, known_f
             guarantees[str(who)] = got
     if known is not None:
         _known(c, groups, guarantees, known, known_from)
+    health = _health(c, top.get("health"))
     if c.problems:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     return Policy(
         tuple(sorted(classes.items(), key=lambda kv: (kv[1], kv[0]))),
         tuple(sorted(guarantees.items())),
         tuple(sorted(groups.items())),
+        health,
     )
+
+
+def _health(c: Checker, value: Any) -> HealthPolicy:
+    """health: {xids: {NUMBER: fatal|program|warn|ignore}, test_before_release: BOOL}."""
+    m = c.mapping(value, ("health",))
+    if not m:
+        return HealthPolicy()
+    c.keys(m, ("health",), HEALTH_KEYS)
+    table: dict[int, XidClass] = {}
+    for code, cls in (c.mapping(m.get("xids"), ("health", "xids")) or {}).items():
+        path = ("health", "xids", code)
+        text = str(code).strip()
+        if isinstance(code, bool) or not text.isdigit() or not 0 < int(text) <= MAX_XID:
+            c.add(path, f"an Xid is a number from 1 to {MAX_XID}, got {show_value(code)}")
+            continue
+        got = c.choice(cls, path, tuple(x.value for x in XidClass))
+        if got is not None:
+            table[int(text)] = XidClass(got)
+    test = m.get("test_before_release", True)
+    if not isinstance(test, bool):
+        c.add(("health", "test_before_release"), f"expected true or false, got {show_value(test)}")
+        test = True
+    return HealthPolicy(tuple(sorted(table.items())), test)
 
 
 def _known(
@@ -108,7 +139,8 @@ def _names(c: Checker, value: Any, path: KeyPath) -> dict[str, str]:
 
 
 def to_json(p: Policy) -> dict[str, Any]:
-    return {"classes": dict(p.classes), "guarantees": dict(p.guarantees), "groups": dict(p.groups)}
+    health = {"xids": {str(k): v.value for k, v in p.health.xids}, "test_before_release": p.health.test_before_release}
+    return {"classes": dict(p.classes), "guarantees": dict(p.guarantees), "groups": dict(p.groups), "health": health}
 
 
 def from_json(d: Mapping[str, Any]) -> Policy:
@@ -122,4 +154,11 @@ def from_json(d: Mapping[str, Any]) -> Policy:
         return tuple(sorted(m.items()))
 
     classes = pairs("classes", int) or tuple(DEFAULT_CLASSES.items())
-    return Policy(tuple(sorted(classes, key=lambda kv: (kv[1], kv[0]))), pairs("guarantees", int), pairs("groups", str))
+    h = d.get("health") or {}
+    if not isinstance(h, dict):
+        raise ValueError("health: not a mapping")
+    table = tuple(sorted((int(k), XidClass(str(v))) for k, v in (h.get("xids") or {}).items()))
+    health = HealthPolicy(table, h.get("test_before_release", True) is not False)
+    return Policy(
+        tuple(sorted(classes, key=lambda kv: (kv[1], kv[0]))), pairs("guarantees", int), pairs("groups", str), health
+    )

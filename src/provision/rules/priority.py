@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
+from provision.rules.health import HealthPolicy
 
 # The classes every team has until its policy names others (`provision policy set`).
 DEFAULT_CLASSES: Mapping[str, int] = {"low": 100, "normal": 500, "high": 1000}
@@ -25,6 +26,7 @@ class Policy:
     classes: tuple[tuple[str, int], ...] = tuple(DEFAULT_CLASSES.items())
     guarantees: tuple[tuple[str, int], ...] = ()  # owner (or group) -> GPUs
     groups: tuple[tuple[str, str], ...] = ()  # owner -> the group whose guarantee it shares
+    health: HealthPolicy = HealthPolicy()  # which Xids are fatal, whether a release needs a test
 
     def quota_of(self, owner: str) -> str:
         """The name an owner's usage and guarantee are counted under."""

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from provision.rules.jobrows import shown_state
+from provision.rules.jobsdoc import JobJson, JobsDoc
 from provision.rules.preemption import Replica, Running, Waiting, decide
 from provision.rules.priority import Policy
-from provision.rules.tenancy import NORMAL, JobJson, JobsDoc
+from provision.rules.tenancy import NORMAL
 
 QUOTAS_FORMAT = 1
 HOLDING_STATES = ("running", "reserved", "held")

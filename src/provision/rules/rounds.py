@@ -17,8 +17,10 @@ from typing import Any
 
 from provision.core import runs
 from provision.host.protocol import ProbeReport
+from provision.rules import health as hl
+from provision.rules.jobsdoc import JobsDoc
 from provision.rules.priority import Policy
-from provision.rules.tenancy import HostView, JobsDoc, host_view
+from provision.rules.tenancy import HostView, host_view
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,12 @@ class HostSeen:
     view: HostView
     units: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Its health record, what this round's health read found (rules/health.py), the time of
+    # the newest Xid line it found past the last look, and the host's clock then.
+    health: hl.HostHealth = hl.HostHealth()
+    signals: tuple[hl.Signal, ...] = ()
+    xid_after: float | None = None
+    clock: float | None = None
 
     @property
     def answered(self) -> bool:
@@ -50,13 +58,32 @@ class HostSeen:
         return m if isinstance(m, dict) and "_unreadable" not in m else None
 
 
-def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -> HostSeen:
+def host_seen(
+    name: str,
+    gpus: int,
+    report: ProbeReport,
+    now: float,
+    job: str,
+    policy: hl.HealthPolicy = hl.HealthPolicy(),
+    outputs: str | None = None,
+) -> HostSeen:
     """A host as a round sees it from a tenancy probe of `job` (whose own units, runs and
-    marker the probe reports apart from the other jobs')."""
+    marker the probe reports apart from the other jobs'), with its health read when the
+    probe asked it."""
     records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
     records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
-    return HostSeen(host_view(name, gpus, report, now), units, records)
+    read = (report.checks or {}).get("health")
+    clock = ((read or {}).get("xid") or {}).get("now") if isinstance(read, dict) else None
+    return HostSeen(
+        host_view(name, gpus, report, now),
+        units,
+        records,
+        hl.of_report(report),
+        hl.signals(gpus, report, policy, outputs) if isinstance(read, dict) else (),
+        hl.xid_after(report) if isinstance(read, dict) else None,
+        float(clock) if isinstance(clock, (int, float)) else None,
+    )
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:

@@ -31,9 +31,11 @@ from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.health import task_notes
 from provision.rules.historyview import HistoryRowJson
+from provision.rules.jobsdoc import JobHostJson
 from provision.rules.queueorder import place_in_queue
-from provision.rules.tenancy import JobHostJson, holders
+from provision.rules.tenancy import holders
 
 
 class TaskJson(TypedDict):
@@ -65,6 +67,7 @@ class StatusJson(TypedDict):
     owner: str | None
     run: RunJson | None
     setup_lines: dict[str, list[str]]
+    health: list[str]
 
 
 class JobDoc(StatusJson):
@@ -137,6 +140,8 @@ class JobStatus:
     # Preempted on some hosts, its tasks still running (or stopping) on others:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
+    # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
+    health: tuple[str, ...] = ()
 
     def to_json(self) -> StatusJson:
         return {
@@ -150,6 +155,7 @@ class JobStatus:
             "owner": self.owner,
             "run": self.run.to_json() if self.run is not None else None,
             "setup_lines": {h: list(v) for h, v in self.setup_lines.items()},
+            "health": list(self.health),
         }
 
     @property
@@ -236,7 +242,16 @@ def _judged(
     why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     last = runs[-1] if runs else None
-    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest)
+    declared = {h.name: h.accelerator_count for h in inv.hosts}
+    notes = tuple(
+        n
+        for r in rows
+        if r.host in reports
+        for n in task_notes(r.task, r.host, r.gpus, reports[r.host], declared.get(r.host, 0))
+    )
+    return JobStatus(
+        inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest, health=notes
+    )
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:

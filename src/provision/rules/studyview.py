@@ -98,6 +98,7 @@ def ended_trial_status(row: TrialRow) -> StatusJson:
         "unreachable": [],
         "tasks": [],
         "left_behind": [],
+        "health": [],
         "owner": None,
         "run": None,
         "setup_lines": {},

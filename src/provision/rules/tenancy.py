@@ -32,13 +32,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from provision.core.scheduling import PreemptMark
 from provision.core.text import duration, printable
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
+from provision.rules.health import HostHealth, blocked_words, of_report
+from provision.rules.health import summary as health_summary
+from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, JobJson, JobsDoc
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
@@ -319,13 +322,28 @@ def unreadable_problem(entries: list[str]) -> str:
     )
 
 
-def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, local: Iterable[int] = ()) -> Held:
+def held_for(
+    job: str,
+    hs: list[Holder],
+    listening: Iterable[int],
+    now: float,
+    local: Iterable[int] = (),
+    health: HostHealth | None = None,
+) -> Held:
     """What placement of `job` may not use on a host: what other jobs hold, and ports that
     something other than provision's jobs listens on (`local`: those only on loopback, the
-    host's own services: avoided, not named as holders)."""
+    host's own services: avoided, not named as holders), and what the host's health keeps
+    from new work (rules/health.py: a quarantined GPU; a draining host takes no new task,
+    the job's own tasks that run there keep their slots)."""
     gpus: set[int] = set()
     ports: set[int] = set()
     by = []
+    closed = ""
+    if health is not None:
+        gpus |= health.blocked
+        by += blocked_words(health)
+        if health.host is not None and health.host.state.blocks:
+            closed = "new" if any(h.job == job and h.hold is Hold.RUNNING for h in hs) else "all"
     for h in hs:
         if not h.holds_for(job):
             continue
@@ -337,7 +355,7 @@ def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, l
     shown = sorted(p for p in foreign - set(local) if p >= SHOWN_PORTS)
     if shown:
         by.append(f"{_ports_words(shown)} in use by processes provision did not start")
-    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by))
+    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by), closed)
 
 
 def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> str | None:
@@ -413,90 +431,6 @@ def gpu_uuids(report: ProbeReport) -> dict[int, str]:
 
 # --------------------------------------------------------------------------- `provision jobs`
 
-JOBS_FORMAT_VERSION = 1
-
-
-class QueuedJson(TypedDict):
-    since: str | None
-    waiting_for: str
-
-
-class JobHostJson(TypedDict):
-    state: str
-    gpus: list[int]
-    ports: list[int]
-    preempted_by: str | None  # its entry there is marked
-
-
-class JobJson(TypedDict):
-    """A job of `provision jobs --json`; the dashboard's service adds what its history and
-    the job's inventory know (docs/dashboard.md)."""
-
-    job: str
-    owner: str | None
-    lineage: str | None
-    state: str
-    since: str | None
-    age_seconds: int | None
-    queued: QueuedJson | None
-    priority: str
-    priority_level: int
-    preemptible: bool
-    submitted: str | None
-    hosts: dict[str, JobHostJson]
-    gpus: NotRequired[int]
-    gpu_hours: NotRequired[float | None]
-    ended: NotRequired[str | None]
-
-
-class HeldJson(TypedDict):
-    gpus: list[int]
-    ports: list[int]
-
-
-class GpuAppJson(TypedDict):
-    """A compute process on a GPU, with the job it belongs to (None: not a job's)."""
-
-    pid: int | None
-    name: str | None
-    used_mib: int | None
-    job: str | None
-    unit: str | None
-
-
-class GpuUseJson(TypedDict):
-    """A GPU now, as the host's nvidia-smi said (rules/gpuuse.host_use)."""
-
-    utilization: int | None
-    memory_mib: int | None
-    memory_total_mib: int | None
-    apps: list[GpuAppJson]
-
-
-GpuHistoryJson = dict[str, list[list[float]]]  # "<gpu>" -> [[epoch seconds, utilization %], ...]
-
-
-class HostJson(TypedDict):
-    error: str | None
-    gpus: int
-    free_gpus: list[int] | None
-    held: dict[str, HeldJson]
-    foreign_ports: list[int]
-    unreadable: list[str]
-    # What a survey of the hosts adds (run/survey.py), and the service's last hour.
-    labels: NotRequired[dict[str, str]]
-    drain: NotRequired[bool]
-    gpu_use: NotRequired[dict[str, GpuUseJson]]
-    gpu_history: NotRequired[GpuHistoryJson]
-
-
-class JobsDoc(TypedDict):
-    """`provision jobs --json`: the hosts' document."""
-
-    format_version: int
-    jobs: list[JobJson]
-    hosts: dict[str, HostJson]
-
 
 @dataclass(frozen=True)
 class HostView:
@@ -506,12 +440,13 @@ class HostView:
     foreign_ports: tuple[int, ...] = ()
     error: str | None = None
     unreadable: tuple[str, ...] = ()  # ledger entries that cannot be read (unreadable_entries)
+    health: HostHealth = HostHealth()  # what the host's health keeps from new work (rules/health.py)
 
     @property
     def free_gpus(self) -> list[int]:
-        if self.unreadable:  # an entry that cannot be read may hold any of them
-            return []
-        taken = {g for h in self.holders if h.hold.holds for g in h.gpus}
+        if self.unreadable or (self.health.host is not None and self.health.host.state.blocks):
+            return []  # an entry that cannot be read may hold any of them; a draining host takes none
+        taken = {g for h in self.holders if h.hold.holds for g in h.gpus} | self.health.blocked
         return [g for g in range(self.gpus) if g not in taken]
 
 
@@ -578,6 +513,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
                 "foreign_ports": list(hv.foreign_ports),
                 "unreadable": list(hv.unreadable),
+                "health": health_summary(hv.health, range(hv.gpus)),
             }
             for hv in hosts
         },
@@ -605,6 +541,7 @@ def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) 
         if hv.foreign_ports:
             held.append(f"other processes: - / {_span(hv.foreign_ports)}")
         held += [f"unreadable ledger entry {x}: may hold anything" for x in hv.unreadable]
+        held += blocked_words(hv.health)
         rows.append([hv.name, str(hv.gpus), _span(hv.free_gpus) or "-", "; ".join(held) or "-"])
     return [jobs, rows]
 
@@ -640,4 +577,6 @@ def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView
     ours = {p for h in hs for p in h.ports}
     local = set(report.listening_local or [])  # the host's own services (held_for)
     foreign = tuple(p for p in sorted(set(report.listening or []) - ours - local) if p >= SHOWN_PORTS)
-    return HostView(name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)))
+    return HostView(
+        name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)), health=of_report(report)
+    )

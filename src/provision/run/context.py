@@ -41,6 +41,7 @@ from provision.render.clusterenv import uses_socket_ifname
 from provision.render.files import FileKind, HostBundle, Rendered, render
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
+from provision.rules.health import health_fields
 from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
 from provision.rules.tenancy import Owner, Turn
@@ -245,7 +246,9 @@ class Ask:
     tenancy: the ledger (and with `listening` the listening ports); checks: the pre-flight
     checks; interface: the cluster address's interface; clocks: the host's clocks (status);
     gpu_apps: with facts "check" on a GPU host, each GPU's compute processes and their
-    systemd units too (the dashboard ties them to tasks), without the other checks."""
+    systemd units too (the dashboard ties them to tasks), without the other checks;
+    health: the health read too (rules/health.py: the GPUs' health fields, the kernel's
+    Xids since the last look, DCGM's health watch, the file system of outputs:)."""
 
     facts: Facts = "none"
     files: bool = True
@@ -255,6 +258,7 @@ class Ask:
     interface: bool = False
     clocks: bool = False
     gpu_apps: bool = False
+    health: bool = False
 
     def settled(self) -> Ask:
         """For a settled host: nothing that only matters before a start (engine.settled)."""
@@ -265,6 +269,22 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
     host = next((h for h in ctx.inventory.hosts if h.name == name), None)
+    fields: dict[str, Any] = (
+        preflight.request_fields(
+            ctx.inventory,
+            host,
+            bundle,
+            needed_facts(host) if ask.facts == CHECK_FACTS else [],
+            checks=ask.checks,
+            interface=ask.interface,
+        )
+        if ask.checks or ask.interface
+        else {}
+    )
+    if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks:
+        fields |= _apps_only(host)
+    if ask.health and host is not None:  # beside the other checks (rules/health.health_fields)
+        fields["checks"] = health_fields(ctx.inventory, fields.get("checks"), preflight.GPU_TIMEOUT)
     units = set(rec.units()) if rec else set()
     # What the state says was put there, besides what should be: the host's manifest names
     # it too, but the shell probe must name every path before it reads the manifest.
@@ -291,20 +311,8 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
         tenancy=ask.tenancy,
         listening=ask.listening,
         clocks=ask.clocks,
-        # Pre-flight checks and the cluster address's interface (checks.py).
-        **(
-            preflight.request_fields(
-                ctx.inventory,
-                host,
-                bundle,
-                needed_facts(host) if ask.facts == CHECK_FACTS else [],
-                checks=ask.checks,
-                interface=ask.interface,
-            )
-            if ask.checks or ask.interface
-            else {}
-        ),
-        **(_apps_only(host) if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks else {}),
+        # Pre-flight checks, the cluster address's interface (checks.py), the health read.
+        **fields,
     )
 
 

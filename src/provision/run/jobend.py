@@ -47,7 +47,7 @@ def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], s
     # The shell probe (and the clocks for how long each task has been in its state); the
     # ledger says who owns the job, its listening ports are not needed; the GPUs' facts give
     # each task's utilization (the same nvidia-smi run plan's checks make, on GPU hosts only).
-    ask = Ask(facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True)
+    ask = Ask(facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True, health=util)
     res = probe(ctx, ask, fast=True, only=hosts | left)
     answered = {n: r for n, r in res.ok.items() if n in hosts}
     st = job_status(ctx.inventory, tasks, answered, {n: e.message for n, e in res.errors.items() if n in hosts})

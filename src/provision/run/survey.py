@@ -23,9 +23,10 @@ from provision.host.protocol import ProbeReport
 from provision.inventory.inventory import load
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
+from provision.rules.jobsdoc import GpuUseJson
 from provision.rules.priority import Policy
 from provision.rules.rounds import HostSeen, Round, host_seen, unreachable
-from provision.rules.tenancy import GpuUseJson, jobs_json
+from provision.rules.tenancy import jobs_json
 from provision.run.context import Ask, Context, open_context, probe
 
 Stamp = tuple[int, int, int] | None  # a file's (mtime_ns, size, inode); None: it cannot be read
@@ -33,8 +34,9 @@ Found = Mapping[str, tuple[str, Inventory]]  # job -> (its file, the inventory)
 # A Context for one inventory (job, file) for the length of a with block.
 Contexts = Callable[[str, str], AbstractContextManager[Context]]
 
-# What a survey asks each host: the ledger (who holds what) and what its GPUs do.
-SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+# What a survey asks each host: the ledger (who holds what), what its GPUs do, and their
+# health (rules/health.py).
+SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, health=True)
 
 
 def stamp(path: str) -> Stamp:
@@ -126,7 +128,8 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
                 continue
             r = res.get(h.name)
             if isinstance(r, ProbeReport):
-                hosts[h.name] = host_seen(h.name, h.accelerator_count, r, began, job)
+                team = policy or Policy()
+                hosts[h.name] = host_seen(h.name, h.accelerator_count, r, began, job, team.health, inv.outputs)
             else:
                 why = r.message if isinstance(r, HostError) else "not asked"
                 hosts[h.name] = unreachable(h.name, h.accelerator_count, why)

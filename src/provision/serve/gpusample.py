@@ -15,7 +15,7 @@ from typing import Any
 
 from provision.io.servicehistory import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
-from provision.rules.tenancy import GpuHistoryJson
+from provision.rules.jobsdoc import GpuHistoryJson
 from provision.rules.usage import IdleGpu
 
 SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (at most 10 s)

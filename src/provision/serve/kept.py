@@ -10,8 +10,8 @@ from provision.core.events import EventJson
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceStore
 from provision.rules.historyview import HistoryRowJson, RowIn, row_json, why_of
+from provision.rules.jobsdoc import JobJson
 from provision.rules.status import JobDoc
-from provision.rules.tenancy import JobJson
 
 TIMELINE = 200  # a job's last events its page shows
 RUNS = 200  # a job's last history rows its page shows
@@ -66,7 +66,7 @@ def remembered(name: str, ledger: JobJson | None, runs: list[HistoryRowJson], ke
     owner = (ledger["owner"] if ledger is not None else None) or (last["owner"] if last is not None else None)
     doc: JobDoc = {
         "format_version": 2, "job": name, "phase": phase, "reason": reason, "unreachable": [], "tasks": [],
-        "left_behind": [], "owner": owner, "run": None, "setup_lines": {}, "env": {}, "study": None,
+        "left_behind": [], "owner": owner, "run": None, "setup_lines": {}, "health": [], "env": {}, "study": None,
         "actions": [], "known": "history", "kept_logs": kept,
     }  # fmt: skip
     if ledger is not None:

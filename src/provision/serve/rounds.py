@@ -24,8 +24,8 @@ from provision.core.errors import ProvisionError
 from provision.io.servicehistory import GPU_KEEP, GpuSample
 from provision.io.servicestore import ServiceStore
 from provision.rules.events import Seen, diff
+from provision.rules.jobsdoc import GpuHistoryJson
 from provision.rules.rounds import Round
-from provision.rules.tenancy import GpuHistoryJson
 from provision.rules.watch import QUIET
 from provision.run.survey import Contexts, Found, KeptContexts, survey
 from provision.serve.gpusample import SAMPLE_EVERY, GpuHistory, give_back_memory, history_step, round_every, samples_of

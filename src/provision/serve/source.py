@@ -26,16 +26,18 @@ from provision.inventory.inventory import load
 from provision.io.servicehistory import GPU_KEEP, HistoryRow
 from provision.io.servicestore import ServiceStore, Submission
 from provision.rules.gpuuse import IDLE_BELOW_PCT
+from provision.rules.healthlog import HealthReportDoc, report_doc
 from provision.rules.historyview import HISTORY_FORMAT, HistoryDoc, HistoryQuery, iso
 from provision.rules.jobrows import latest_starts, with_extras
+from provision.rules.jobsdoc import GpuHistoryJson, HostJson, JobsDoc
 from provision.rules.priority import Policy
 from provision.rules.quotas import QuotasDoc, quotas
 from provision.rules.status import JobDoc
 from provision.rules.studyview import StudyCurves, StudyDoc
-from provision.rules.tenancy import GpuHistoryJson, HostJson, JobsDoc
 from provision.rules.usage import HOLDING, UsageDoc, Use, gpu_hours
 from provision.run.survey import Inventories, stamp
 from provision.serve.gpusample import QUIET_EVERY, SAMPLE_EVERY, idle_of, idle_window
+from provision.serve.health import HealthKeeper
 from provision.serve.hostsfile import HOSTS_JOB, HostsFile
 from provision.serve.kept import KEPT_CURSOR, gone_since, job_runs, job_timeline, kept_logs, remembered, rows_json
 from provision.serve.rounds import GpuRecorder, Rounds, fresh, gpus_of
@@ -56,6 +58,7 @@ USAGE_FRESH, USAGE_STALE = 5.0, 10.0  # seconds: the Usage page is at most USAGE
 ROUND_FRESH = 2 * SAMPLE_EVERY + 5.0
 LATEST_WITHIN = QUIET_EVERY + SAMPLE_EVERY  # seconds: a GPU's latest sample, at the slowest cadence
 DAY = 86400.0
+HEALTH_DAYS = 30  # days of incidents the Health page ranks
 EVENTS_PAGE = 500  # events an answer of /api/v1/events holds at most
 POLICY_FRESH = 10.0  # seconds the Quotas page's policy is read again after (`provision policy set` shows within)
 
@@ -141,8 +144,10 @@ class ServiceSource:
         gpus: GpuRecorder | None = None,
         known: Known | None = None,
         policy: Callable[[], Policy] | None = None,
+        health: HealthKeeper | None = None,
     ):
         self.store = store
+        self.keeper = health  # the hosts' health after each round's changes (serve/health.py)
         self.known = known or Known(store, work_root, extra)
         self.inventory = InventorySource(self.known)
         self.rounds, self.gpus = rounds, gpus
@@ -178,12 +183,15 @@ class ServiceSource:
         got = self._with_history
         if got is not None and got[0] is doc and got[1] is history:
             return got[2]
+        marks = self.keeper.doc if self.keeper is not None else {}
         gone = self.known.finished_only  # hosts of finished work only: shown while they answer
-        hosts: dict[str, HostJson] = {
-            name: {**h, "gpu_history": history.get(name, {})}
-            for name, h in doc.get("hosts", {}).items()
-            if not (name in gone and h.get("error"))
-        }
+        hosts: dict[str, HostJson] = {}
+        for name, h in doc.get("hosts", {}).items():
+            if name in gone and h.get("error"):
+                continue
+            hosts[name] = {**h, "gpu_history": history.get(name, {})}
+            if name in marks:  # the keeper's, after this round's changes
+                hosts[name]["health"] = marks[name]
         out: JobsDoc = {**doc, "hosts": hosts}
         self._with_history = (doc, history, out)
         return out
@@ -349,6 +357,14 @@ class ServiceSource:
         )
         as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {**doc, "idle": idle_of(runs, now, self.idle_window), "as_of": as_of}
+
+    def incidents(self) -> HealthReportDoc:
+        """The health history's last HEALTH_DAYS (rules/healthlog.report_doc): the hosts and
+        GPUs ranked, and every incident."""
+        self._looked()
+        now = self.store.now()
+        since = now - HEALTH_DAYS * DAY
+        return report_doc(self.store.incidents(since=since), now, since)
 
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         """The events after id `after` (`provision events --json`'s shape, and the cursor of

@@ -34,8 +34,8 @@ from provision.core.events import parse_kinds
 from provision.core.tuning import TrialJson
 from provision.rules.historyview import KINDS as HISTORY_KINDS
 from provision.rules.historyview import SHOWN_STATES, by_owner_over_days
+from provision.rules.jobsdoc import JobsDoc
 from provision.rules.studyview import StudyCurves, StudyDoc, shown_counts, shown_state
-from provision.rules.tenancy import JobsDoc
 from provision.web import charts, timecharts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.guard import Bounds, Guard, Site
@@ -89,6 +89,7 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/usage", page(d.usage)),
         Route("/history", page(d.history)),
         Route("/quotas", page(d.quotas)),
+        Route("/health", page(d.health)),
         Route("/login", d.login, methods=["GET", "POST"]),
         Route("/api/v1/hosts", api(d.api_hosts)),
         Route("/api/v1/jobs", api(d.api_jobs)),
@@ -100,6 +101,7 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/api/v1/usage", api(d.api_usage)),
         Route("/api/v1/history", api(d.api_history)),
         Route("/api/v1/quotas", api(d.api_quotas)),
+        Route("/api/v1/health", api(d.api_health)),
         Route("/api/v1/events", api(d.api_events)),
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
@@ -333,6 +335,9 @@ class Dashboard:
     async def quotas(self, request: Request, viewer: Viewer) -> Response:
         return self.render(request, viewer, "quotas.html", doc=await call(self.source.quotas))
 
+    async def health(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "health.html", health=await call(self.source.incidents))
+
     # ------------------------------------------------------------------ actions
 
     async def act(self, request: Request, viewer: Viewer) -> tuple[str, ActionAnswer]:
@@ -421,6 +426,9 @@ class Dashboard:
 
     async def api_quotas(self, request: Request, viewer: Viewer) -> Response:
         return JSONResponse(await call(self.source.quotas))
+
+    async def api_health(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.incidents))
 
     async def api_events(self, request: Request, viewer: Viewer) -> Response:
         """Events after `after` (an id; 0: from the oldest kept), of `job`, of `kind`s."""

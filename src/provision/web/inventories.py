@@ -28,12 +28,13 @@ from provision.core.model import Inventory
 from provision.core.tuning import Curve, TrialRow, Tune, promoted_job
 from provision.io.journal import Entry
 from provision.io.ssh import Session
+from provision.rules.healthlog import HealthReportDoc
 from provision.rules.historyview import HISTORY_FORMAT, HistoryDoc, HistoryQuery
+from provision.rules.jobsdoc import JobsDoc
 from provision.rules.priority import Policy
 from provision.rules.quotas import QuotasDoc, quotas
 from provision.rules.status import JobDoc
 from provision.rules.studyview import StudyCurves, StudyDoc, ended_trial_status, space_json, study_json
-from provision.rules.tenancy import JobsDoc
 from provision.rules.usage import UsageDoc
 from provision.run.context import Context, open_context
 from provision.run.jobend import collect, end_job, look
@@ -321,6 +322,10 @@ class InventorySource:
         """What each owner holds and waits for on these hosts (the policy their state names)."""
         doc = self.hosts()
         return quotas(doc, self._policy or Policy(), {})
+
+    def incidents(self) -> HealthReportDoc:
+        # No health history here (the service keeps it); each GPU's state is on the Cluster page.
+        return {"format_version": 1, "now": None, "since": None, "ranked": [], "incidents": []}
 
     def owner(self, name: str, recent: bool = False) -> str | None:
         """The job's owner as the hosts' ledgers name it; a study's: its trials' owner.

@@ -21,6 +21,8 @@ The shapes (docs/dashboard.md):
   owner's guarantee and use (rules/quotas.QuotasDoc); curves(name): each trial's reports.
 A job's document may carry what the service kept of it (rules/status.JobDoc: its runs,
 timeline, kept logs; a trial's row and reports).
+- incidents(): the health history (rules/healthlog.report_doc); a host of hosts() may carry
+  "health" ({"host": {"state", "reason", ...}, "gpus": {"<index>": {"state", ...}}}).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from typing import Protocol
 
 from provision.core.answers import ActionAnswer, LogsDoc
 from provision.core.events import EventsDoc, Kind
+from provision.rules.healthlog import HealthReportDoc
 from provision.rules.historyview import HistoryDoc, HistoryQuery
+from provision.rules.jobsdoc import JobsDoc
 from provision.rules.quotas import QuotasDoc
 from provision.rules.status import JobDoc
 from provision.rules.studyview import StudyCurves, StudyDoc
-from provision.rules.tenancy import JobsDoc
 from provision.rules.usage import UsageDoc
 
 SECRET_MASK = "********"
@@ -80,6 +83,11 @@ class Source(Protocol):
     def study(self, name: str) -> StudyDoc: ...
 
     def usage(self) -> UsageDoc: ...
+
+    def incidents(self) -> HealthReportDoc:
+        """`provision health --report --json`'s shape (rules/healthlog.report_doc): the
+        hosts and GPUs ranked by incidents, and every incident of the last 30 days."""
+        ...
 
     def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         """`provision events --json`'s shape after event id `after`, and "after": the last

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from provision.core.events import iso
 from provision.core.tuning import TrialJson
 from provision.rules.historyview import KINDS as HISTORY_KINDS
 from provision.rules.historyview import SHOWN_STATES, HistoryQuery
-from provision.rules.tenancy import GpuAppJson, HostJson, JobJson, JobsDoc, doc_queue_key
+from provision.rules.jobsdoc import GpuAppJson, HostJson, JobJson, JobsDoc
+from provision.rules.tenancy import doc_queue_key
 
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
@@ -196,13 +198,15 @@ def job_sections(jobs: Sequence[JobJson]) -> dict[str, list[JobJson]]:
 @dataclass(frozen=True)
 class Gpu:
     index: int
-    state: str  # free, held, drained, unreachable, unknown
+    state: str  # free, held, drained, unreachable, unknown; quarantined, draining, testing (its health)
     job: str | None = None
     owner: str | None = None
     utilization: float | None = None
     memory_mib: float | None = None
     history: tuple[tuple[float, float], ...] = ()  # (epoch seconds, utilization %), the last hour
     apps: tuple[str, ...] = ()  # its compute processes: "pid name, N MiB (job)"
+    health: str = "healthy"  # rules/health.State: healthy, suspect, quarantined, draining, testing
+    health_reason: str = ""  # why, and since when
 
 
 @dataclass(frozen=True)
@@ -222,20 +226,39 @@ def _gpus(h: HostJson, owners: Mapping[str, str | None]) -> tuple[Gpu, ...]:
     for g in range(int(h.get("gpus") or 0)):
         u = use.get(str(g))
         job = holder.get(g)
+        health, why = _health_of(h, g)
         if h.get("error"):
             state = "unreachable"
         elif job is not None:
             state = "held"
         elif h.get("drain"):
             state = "drained"
+        elif health in BLOCKING:  # not free: no new work goes there
+            state = health
         else:
             state = "free" if g in free else "unknown"
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
         apps = tuple(_app_words(a) for a in (u.get("apps") or () if u else ()))
         util, mib = (u.get("utilization"), u.get("memory_mib")) if u else (None, None)
-        out.append(Gpu(g, state, job, owner, util, mib, history, apps))
+        out.append(Gpu(g, state, job, owner, util, mib, history, apps, health, why))
     return tuple(out)
+
+
+BLOCKING = ("quarantined", "draining", "testing")  # the health states no new work goes to
+
+
+def _health_of(h: Mapping[str, Any], g: int) -> tuple[str, str]:
+    """A GPU's health (its host's, when the host's keeps new work off it) and why."""
+    health = h.get("health") or {}
+    host = health.get("host") or {}
+    mark = (health.get("gpus") or {}).get(str(g)) or {}
+    if host.get("state") in BLOCKING and mark.get("state", "healthy") == "healthy":
+        mark = {**host, "reason": f"the host: {host.get('reason') or ''}"}
+    state = str(mark.get("state") or "healthy")
+    since = mark.get("since")
+    when = f" (since {iso(since)})" if isinstance(since, int | float) else ""
+    return state, (str(mark.get("reason") or "") + when) if state != "healthy" else ""
 
 
 def _app_words(a: GpuAppJson) -> str:
