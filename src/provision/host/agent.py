@@ -596,6 +596,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
+    "fabric": lambda req: lazy("fabric").op_fabric(req),
 }
 
 

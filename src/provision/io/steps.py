@@ -32,6 +32,7 @@ class Step(StrEnum):
     END = "end the job"
     NETWORK = "check the network"
     QUEUE = "mark the queued apply"
+    FABRIC = "measure the fabric"
 
 
 @dataclass
