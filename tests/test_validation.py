@@ -1053,6 +1053,29 @@ CASES: list[Case] = [
         "they are asked to stop with (default SIGTERM; SIGKILL would lose the checkpoint).",
     ),
     Case(
+        "placement-label",
+        "placement.prefer_same names a label no host has, or one twice",
+        E(
+            "34: placement.prefer_same[0]: no host has the label 'switch'",
+            "34: placement.prefer_same[2]: 'rack' is listed twice",
+        ),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nplacement: {prefer_same: [switch, rack, rack]}\n",
+            ),
+        ),
+        fix="List host labels (`labels:` of the hosts, or those `provision facts` suggests: `nvlink_domain`, "
+        "`ib_subnet`), each once; the first counts most.",
+    ),
+    Case(
+        "placement-key",
+        "Unknown placement key",
+        E("34: placement.spread: unknown key (allowed: prefer_same)"),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\nplacement: {spread: [rack]}\n"),),
+        fix="`placement:` has one key, `prefer_same`: a list of host labels.",
+    ),
+    Case(
         "tf-config-chief-name",
         "Bad tf_config.chief_name",
         E("32: tf_config.chief_name: expected one of chief, master, got 'leader'"),

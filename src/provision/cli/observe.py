@@ -5,6 +5,7 @@ from __future__ import annotations
 import json as _json
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -18,6 +19,7 @@ from provision.cli.progress import Display, wait_job
 from provision.core.errors import ProvisionError
 from provision.core.target import HostError
 from provision.core.text import printable
+from provision.rules.fabricfacts import fabric_of
 from provision.rules.facts import mismatches, summary_row
 from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
@@ -86,7 +88,8 @@ def facts(
     verbose: bool,
     as_json: bool,
 ) -> None:
-    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
+    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd, the fabric
+    (NVLink, InfiniBand); flag mismatches."""
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
@@ -95,16 +98,16 @@ def facts(
         ctx.close()
     reports = {n: res.get(n) for n in ctx.targets}
     hosts = {h.name: h for h in ctx.inventory.hosts}
-    rows, data, unreachable, bad = (
-        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")],
-        {},
+    data: dict[str, dict[str, Any]] = {}
+    rows, unreachable, bad = (
+        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "FABRIC", "CHECK")],
         [],
         False,
     )
     for name, r in reports.items():
         if isinstance(r, HostError):
             data[name] = {"error": r.message, "problems": []}
-            rows.append((name, "-", "-", "-", "-", "-", "-", "-", r.message))
+            rows.append((name, "-", "-", "-", "-", "-", "-", "-", "-", r.message))
             if r.unreachable:
                 unreachable.append(name)
             bad = True
@@ -113,7 +116,8 @@ def facts(
         problems = mismatches(hosts[name], f) if name in hosts else []
         bad = bad or bool(problems)
         row = summary_row(name, f)
-        data[name] = {**row, "problems": problems}
+        fabric = fabric_of(f)  # the topology the hardware tells, and the labels it suggests
+        data[name] = {**row, "fabric": fabric.to_json(), "labels": fabric.labels(), "problems": problems}
         rows.append(
             (
                 name,
@@ -124,6 +128,7 @@ def facts(
                 row["gpu_model"] or "-",
                 str(row["tpu_chips"]),
                 row["systemd"] or "none",
+                fabric.summary(),
                 "; ".join(problems) or "ok",
             )
         )

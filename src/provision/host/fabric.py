@@ -409,12 +409,33 @@ def nccl_command(req: Any, mpirun: str, program: str) -> list[str]:
     ]  # fmt: skip
 
 
+def run_group(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """hostlib.run for a launcher: in a session of its own, and on timeout every process of
+    it killed (mpirun's children too, not mpirun alone)."""
+    import signal  # lazy: only nccl-tests pays their import time
+    import subprocess
+
+    try:
+        p = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    except OSError as e:
+        return 127, "", "%s: %s" % (argv[0], e.strerror or e)
+    try:
+        so, se = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        so, se = p.communicate()
+        return 124, so.decode("utf-8", "replace"), "%s: timed out after %gs" % (argv[0], timeout)
+    return p.returncode, so.decode("utf-8", "replace"), se.decode("utf-8", "replace")
+
+
 def nccl_tests(req: Any) -> Any:
     program = which("all_reduce_perf", NCCL_TESTS_DIRS)
     mpirun = which("mpirun")
     if not program or not mpirun:
         return P.FabricReport(error="all_reduce_perf or mpirun is not installed here")
-    code, so, se = run(nccl_command(req, mpirun, program), timeout=req.join + req.timeout)
+    code, so, se = run_group(nccl_command(req, mpirun, program), timeout=req.join + req.timeout)
     if code != 0:
         lines = [ln.strip() for ln in (se + so).splitlines() if ln.strip()]
         why = lines[-1] if lines else "exit %d" % code
