@@ -199,8 +199,8 @@ def init_text(
         else:
             lines.append("    # accelerators: {type: nvidia-h100, count: 8}")
         hw = fabric_of(f).labels() if f is not None else {}
-X
-            pairs = ", ".join(f"{k}: {_q(v)}" for k, v in sorted(found.items()))
+        if hw:  # what placement's prefer_same can group the hosts by
+            pairs = ", ".join(f"{k}: {_q(v)}" for k, v in sorted(hw.items()))
             lines.append(f"    labels: {{{pairs}}}   # from the hardware (provision facts)")
     per = min(counts) if counts and min(counts) > 0 else 0
     acc_line = f"    accelerators: {per}\n" if per else "    # accelerators: 1               # per replica\n"
