@@ -33,7 +33,7 @@ class Tool(StrEnum):
 
 CHOICES = ("auto", *(t.value for t in Tool))
 PORT = 47100  # where the members listen (tcp; torch's rendezvous on the group's first host)
-SIZES = {Tool.NCCL: 256 << 20, Tool.TORCH: 64 << 20, Tool.TCP: 4 << 20}  # bytes all-reduced
+SIZES = {Tool.NCCL: 256 << 20, Tool.TORCH: 16 << 20, Tool.TCP: 4 << 20}  # bytes all-reduced
 TCP_SECONDS = 1.0  # the stream test iterates at least this long (and at least twice)
 TORCH_ITERATIONS = 5  # host/fabric.TORCH_ITERATIONS
 TCP_MAX_ITERATIONS = 200  # host/fabric.MAX_ITERATIONS
