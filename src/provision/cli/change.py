@@ -186,7 +186,9 @@ def check(
     Exit 0 when every check passes (warnings allowed), 1 when one fails, 3 when a host is unreachable.
     """
 
-    if bandwidth or bandwidth_tool != "auto" or new_baseline:
+    if not bandwidth and (bandwidth_tool != "auto" or new_baseline):
+        raise ProvisionError(f"{'--new-baseline' if new_baseline else '--bandwidth-tool'} goes with --bandwidth")
+    if bandwidth:
         # Start-up time: the fabric's modules load only for --bandwidth.
         from provision.cli.fabriccmd import bandwidth_check
 

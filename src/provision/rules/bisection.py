@@ -10,8 +10,9 @@ host; a slow pair whose hosts are each fine with another is a slow link. At most
 ceil(log2 N) + 1 rounds.
 
 A figure is slow below SLOW of its reference: its peers' (the figures of its kind measured
-in its round: on a fabric as loaded), the median of their upper half, so that one slow
-group among several never drags the reference down with it; with fewer than two peers, the
+in its round: on a fabric as loaded), the median of those not slow against it (the median
+taken again without the slow ones: slow groups up to half of them never drag the reference
+down, and a fast outlier moves it little); with fewer than two peers, the
 baseline of the hosts' class (its pairs' figure for a pair, its job-wide figure for a ring
 of as many hosts). Each figure is also held against that baseline on its own (`below`): a
 fabric slower everywhere than it was is no one host's fault, and says so.
@@ -48,9 +49,19 @@ def max_rounds(n: int) -> int:
 
 
 def reference_of(values: Sequence[float]) -> float | None:
-    """The median of the upper half (None for fewer than two figures: nothing to compare)."""
-    v = sorted(values, reverse=True)
-    return statistics.median(v[: (len(v) + 1) // 2]) if len(v) >= 2 else None
+    """The median of the figures that are not slow against it: the median, taken again
+    without those below SLOW of it until none is left out (None for fewer than two figures:
+    nothing to compare). One fast outlier moves it little; slow groups up to half of them
+    do not drag it down."""
+    if len(values) < 2:
+        return None
+    ref = statistics.median(values)
+    while True:
+        rest = [v for v in values if v >= SLOW * ref]  # never empty: the largest stays
+        again = statistics.median(rest)
+        if again == ref:
+            return ref
+        ref = again
 
 
 def judge_one(f: Figure, baseline: Baseline | None, peers: Sequence[Figure]) -> Judged:
