@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -1051,6 +1051,29 @@ CASES: list[Case] = [
         ),
         fix="`grace`: how long the tasks have between the signal and being killed (default 120s); `signal`: what "
         "they are asked to stop with (default SIGTERM; SIGKILL would lose the checkpoint).",
+    ),
+    Case(
+        "placement-label",
+        "placement.prefer_same names a label no host has, or one twice",
+        E(
+            "34: placement.prefer_same[0]: no host has the label 'switch'",
+            "34: placement.prefer_same[2]: 'rack' is listed twice",
+        ),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nplacement: {prefer_same: [switch, rack, rack]}\n",
+            ),
+        ),
+        fix="List host labels (`labels:` of the hosts, or those `provision facts` suggests: `nvlink_domain`, "
+        "`ib_subnet`), each once; the first counts most.",
+    ),
+    Case(
+        "placement-key",
+        "Unknown placement key",
+        E("34: placement.spread: unknown key (allowed: prefer_same)"),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\nplacement: {spread: [rack]}\n"),),
+        fix="`placement:` has one key, `prefer_same`: a list of host labels.",
     ),
     Case(
         "tf-config-chief-name",

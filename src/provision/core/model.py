@@ -137,6 +137,14 @@ class TFConfigOptions:
 
 
 @dataclass(frozen=True)
+class Preference:
+    """`placement: {prefer_same: [label, ...]}`: a job's replicas on as few distinct values of
+    these host labels as fit them (a switch, an NVLink domain), the first label counting most."""
+
+    prefer_same: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     job: str
@@ -162,6 +170,8 @@ class Inventory:
     tune: Tune | None = None
     # `priority:`, `preemptible:`, `preemption:` (core/scheduling.py).
     scheduling: Scheduling = field(default_factory=Scheduling)
+    # `placement:` what placement prefers (placement/tasks.py).
+    placement: Preference = field(default_factory=Preference)
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

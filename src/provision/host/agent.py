@@ -610,6 +610,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "preempt": lambda req: lazy("preempt").op_preempt(req),
     "health": lambda req: lazy("health").op_health(req),
     "healthtest": lambda req: lazy("health").op_healthtest(req),
+    "fabric": lambda req: lazy("fabric").op_fabric(req),
 }
 
 

@@ -288,6 +288,43 @@ class NetcheckReport:
     seconds: float = 0.0
 
 
+# --------------------------------------------------------------------------- the fabric
+
+
+@dataclass(frozen=True)
+class FabricRequest:
+    """The fabric between hosts (host/fabric.py). `look`: the tools this host has to measure
+    it with. `tcp` and `torch`: this host's part (`rank`) of an all-reduce over `peers`
+    (every member's [address, port], in ring order). `nccl`: nccl-tests' all_reduce_perf
+    under mpirun over `peers`, started from this host (the group's first)."""
+
+    job: str
+    action: str = "look"
+    rank: int = 0
+    peers: list[list[Any]] = field(default_factory=list)
+    token: str = ""  # what the members present to each other: who may connect
+    size: int = 0  # bytes all-reduced per iteration
+    seconds: float = 0.5  # tcp: iterations go on until this long
+    timeout: float = 60.0  # the transfer's bound, once every member joined
+    join: float = 20.0  # how long the members wait for each other
+    gpus: int = 0  # nccl: GPUs per host (-g); torch: CUDA (NCCL) when > 0
+
+    op = "fabric"
+
+
+@dataclass(frozen=True)
+class FabricReport:
+    tools: dict[str, Any] | None = None  # look: all_reduce_perf, mpirun, torch
+    seconds: float | None = None  # the timed part, on this host's clock
+    sent: int = 0  # bytes this host sent (received: got) in the timed part
+    received: int = 0
+    iterations: int = 0
+    error: str | None = None
+    peer: int | None = None  # the rank an error is about (did not join, could not be reached)
+    output: str = ""  # nccl: the tail of all_reduce_perf's output
+    backend: str = ""  # torch: gloo or nccl
+
+
 # --------------------------------------------------------------------------- batch
 
 
@@ -456,6 +493,7 @@ REQUESTS = {
         PreemptRequest,
         HealthRequest,
         HealthTestRequest,
+        FabricRequest,
     )
 }
 REPORTS = {
@@ -471,6 +509,7 @@ REPORTS = {
     "preempt": PreemptReport,
     "health": HealthReport,
     "healthtest": HealthTestReport,
+    "fabric": FabricReport,
 }
 
 

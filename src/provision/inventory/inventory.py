@@ -36,6 +36,7 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.inventory import placementspec
 from provision.inventory import scheduling as sched
 from provision.inventory.address import split as split_address
 from provision.inventory.filespec import check_files
@@ -77,6 +78,7 @@ TOP_KEYS = (
     "state",
     "tune",
     *sched.KEYS,
+    *placementspec.KEYS,
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
@@ -500,6 +502,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
     setup = _setup(c, top.get("setup"), ("setup",))
     state = _state(c, top.get("state", LOCAL))
     tune, scheduling = parse_tune(c, top.get("tune"), job), sched.scheduling(c, top)
+    preference = placementspec.placement(c, top.get("placement"), hosts)
     for where, s in (
         [(("setup",), setup)] + [(("pools", p.role, "setup"), p.setup) for p in pools] if files_here else []
     ):
@@ -533,6 +536,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
         state=state,
         tune=tune,
         scheduling=scheduling,
+        placement=preference,
     )
     _check_capacity(inv, c)
     if c.problems:

@@ -34,6 +34,7 @@ class Step(StrEnum):
     QUEUE = "mark the queued apply"
     HEALTH = "change the health record"
     TEST = "test GPUs"
+    FABRIC = "measure the fabric"
 
 
 @dataclass
