@@ -41,6 +41,8 @@ def _words(p: Policy) -> list[str]:
     return [
         "Priority classes: " + ", ".join(f"{k} {v}" for k, v in p.classes),
         "Guarantees: " + (", ".join(guarantees) or "none (every GPU is shared first come, by priority)"),
+        f"Dev sessions: priority {p.dev.priority}, {p.dev.hours:g} h, ended after {p.dev.idle_minutes} min "
+        f"below {p.dev.idle_below} % GPU with nobody logged in",
     ]
 
 

@@ -4,6 +4,7 @@ is: every problem one line naming its place.
     classes: {low: 100, normal: 500, high: 1000}   # priority classes: name -> integer
     guarantees: {ana@lab: 4, vision: 8}            # owner or group -> guaranteed GPUs
     groups: {bob@lab: vision, carol@lab: vision}   # owner -> the group whose guarantee it shares
+    dev: {priority: normal, hours: 8, idle_minutes: 60, idle_below: 5}   # `provision dev` sessions
 
 An owner named in `guarantees:` or `groups:` must be one the team knows (`known`: who
 appears in the state backend's records; None: not checked), so a typo does not give a
@@ -14,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from provision.core.devsession import MAX_HOURS, MAX_IDLE_S
 from provision.core.errors import ValidationError
 from provision.inventory.scheduling import CLASS_NAME, PRIORITY_BOUND
 from provision.inventory.yamldoc import SYNTAX_ERRORS, Checker, KeyPath, compose, show_value, syntax_error
-from provision.rules.priority import DEFAULT_CLASSES, Policy
+from provision.rules.priority import DEFAULT_CLASSES, DevPolicy, Policy
 
-KEYS = ("classes", "guarantees", "groups")
+KEYS = ("classes", "guarantees", "groups", "dev")
+DEV_KEYS = ("priority", "hours", "idle_minutes", "idle_below")
 MAX_GPUS = 1_000_000
 
 
@@ -50,12 +53,46 @@ def parse(text: str, display: str, known: Collection[str] | None = None, known_f
             guarantees[str(who)] = got
     if known is not None:
         _known(c, groups, guarantees, known, known_from)
+    dev = _dev(c, top.get("dev"), classes)
     if c.problems:
         raise ValidationError([m for _, _, m in sorted(c.problems)])
     return Policy(
         tuple(sorted(classes.items(), key=lambda kv: (kv[1], kv[0]))),
         tuple(sorted(guarantees.items())),
         tuple(sorted(groups.items())),
+        dev,
+    )
+
+
+def _dev(c: Checker, value: Any, classes: Mapping[str, int]) -> DevPolicy:
+    """`dev:` the terms of `provision dev` sessions; each key left out keeps its default."""
+    d = DevPolicy()
+    m = c.mapping(value, ("dev",))
+    if not m:
+        return d
+    c.keys(m, ("dev",), DEV_KEYS)
+    priority: int | str = d.priority
+    if "priority" in m:
+        p = m["priority"]
+        if isinstance(p, str) and p in classes:
+            priority = p
+        elif isinstance(p, int) and not isinstance(p, bool) and -PRIORITY_BOUND <= p <= PRIORITY_BOUND:
+            priority = p
+        else:
+            known = ", ".join(sorted(classes))
+            c.add(("dev", "priority"), f"expected a class of classes: ({known}) or an integer, got {show_value(p)}")
+    elif d.priority not in classes:
+        c.add(("dev",), f"no priority: given, and the default class {d.priority!r} is not among classes:")
+    hours = c.number(m["hours"], ("dev", "hours"), 0) if "hours" in m else d.hours
+    if hours is not None and hours > MAX_HOURS:
+        c.add(("dev", "hours"), f"at most {MAX_HOURS:g}, got {hours:g}")
+    idle = c.integer(m["idle_minutes"], ("dev", "idle_minutes"), 1, MAX_IDLE_S // 60) if "idle_minutes" in m else None
+    below = c.integer(m["idle_below"], ("dev", "idle_below"), 0, 100) if "idle_below" in m else None
+    return DevPolicy(
+        priority,
+        hours if hours is not None and hours <= MAX_HOURS else d.hours,
+        idle if idle is not None else d.idle_minutes,
+        below if below is not None else d.idle_below,
     )
 
 
@@ -108,7 +145,16 @@ def _names(c: Checker, value: Any, path: KeyPath) -> dict[str, str]:
 
 
 def to_json(p: Policy) -> dict[str, Any]:
-    return {"classes": dict(p.classes), "guarantees": dict(p.guarantees), "groups": dict(p.groups)}
+    return {
+        "classes": dict(p.classes),
+        "guarantees": dict(p.guarantees),
+        "groups": dict(p.groups),
+        "dev": dev_json(p.dev),
+    }
+
+
+def dev_json(d: DevPolicy) -> dict[str, Any]:
+    return {"priority": d.priority, "hours": d.hours, "idle_minutes": d.idle_minutes, "idle_below": d.idle_below}
 
 
 def from_json(d: Mapping[str, Any]) -> Policy:
@@ -122,4 +168,27 @@ def from_json(d: Mapping[str, Any]) -> Policy:
         return tuple(sorted(m.items()))
 
     classes = pairs("classes", int) or tuple(DEFAULT_CLASSES.items())
-    return Policy(tuple(sorted(classes, key=lambda kv: (kv[1], kv[0]))), pairs("guarantees", int), pairs("groups", str))
+    return Policy(
+        tuple(sorted(classes, key=lambda kv: (kv[1], kv[0]))),
+        pairs("guarantees", int),
+        pairs("groups", str),
+        _dev_from_json(d.get("dev")),
+    )
+
+
+def _dev_from_json(v: Any) -> DevPolicy:
+    """The stored `dev:` (absent in policies stored before it: the defaults)."""
+    if v is None:
+        return DevPolicy()
+    if not isinstance(v, dict):
+        raise ValueError("dev: not a mapping")
+    prio, hours, idle, below = (v.get(k) for k in DEV_KEYS)
+    if isinstance(prio, bool) or not isinstance(prio, (int, str)):
+        raise ValueError("dev.priority: not a class or an integer")
+    if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 < hours <= MAX_HOURS:
+        raise ValueError("dev.hours: not a number of hours")
+    for key, n in (("idle_minutes", idle), ("idle_below", below)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"dev.{key}: not a whole number")
+    assert isinstance(idle, int) and isinstance(below, int)
+    return DevPolicy(prio, float(hours), idle, below)
