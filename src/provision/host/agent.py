@@ -180,6 +180,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
         records = ledger.records(held, job)
         listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
+    logins = lazy("logins").logins() if req.logins else None
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
@@ -200,6 +201,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         listening_local=local,
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
+        logins=logins,
     )
 
 
@@ -596,7 +598,15 @@ OPS: dict[str, Callable[[Any], Any]] = {
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
+    "dev": lambda req: op_dev(req),
 }
+
+
+def op_dev(req: P.DevRequest) -> P.DevReport:
+    """A dev session's terms changed, and/or a message to its terminals."""
+    errors = ledger.set_dev(req.job, req.dev, req.lineage, time.time()) if req.dev is not None else []
+    sent = lazy("logins").warn(req.unit, req.warn) if req.warn and req.unit and not errors else 0
+    return P.DevReport(errors, sent)
 
 
 def untrusted(job: str) -> str | None:

@@ -54,6 +54,8 @@ class ProbeRequest:
     # holds it is where NCCL and Gloo must talk).
     checks: dict[str, Any] | None = None
     cluster_address: str = ""
+    # Who is logged in to each dev session here (host/devsession.py): the service's rounds.
+    logins: bool = False
 
     op = "probe"
 
@@ -112,6 +114,8 @@ class ProbeReport:
     # "lifecycle": {...}}, either absent when the host has none): how a job the service's
     # rounds watch ended, and which run it was.
     ledger_records: dict[str, dict[str, Any]] | None = None
+    # With logins: unit -> its dev session's connections (`user@pts/3`, `user@notty`).
+    logins: dict[str, list[str]] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -135,6 +139,7 @@ class ProbeReport:
             listening_local=self.listening_local,
             dropins=self.dropins,
             ledger_records=self.ledger_records,
+            logins=self.logins,
         )
 
 
@@ -162,6 +167,7 @@ class Reservation:
     priority: int = 500
     preemptible: bool = False
     submitted: float | None = None
+    dev: dict[str, Any] | None = None  # a dev session's terms (core/devsession.DevTerms)
 
 
 @dataclass(frozen=True)
@@ -377,6 +383,27 @@ class PreemptReport:
 
 
 @dataclass(frozen=True)
+class DevRequest:
+    """A dev session's terms in its ledger entry replaced (`provision dev --extend`): `dev`,
+    when the entry is there and is the session's (`lineage`, its owner's state); and/or
+    `warn`, a message to the terminals logged in to the session's `unit` (host/logins.py)."""
+
+    job: str
+    dev: dict[str, Any] | None = None
+    lineage: str = ""
+    warn: str = ""
+    unit: str = ""
+
+    op = "dev"
+
+
+@dataclass(frozen=True)
+class DevReport:
+    errors: list[str] = field(default_factory=list)
+    warned: int = 0  # terminals the message was written to
+
+
+@dataclass(frozen=True)
 class OwnersRequest:
     """Which other jobs' manifests on the host list these paths (files two jobs push)."""
 
@@ -404,6 +431,7 @@ REQUESTS = {
         OwnersRequest,
         QueueRequest,
         PreemptRequest,
+        DevRequest,
     )
 }
 REPORTS = {
@@ -417,6 +445,7 @@ REPORTS = {
     "owners": OwnersReport,
     "queue": QueueReport,
     "preempt": PreemptReport,
+    "dev": DevReport,
 }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.core import runs
+from provision.core.devsession import logins_of
 from provision.host.protocol import ProbeReport
 from provision.rules.tenancy import HostView, host_view
 
@@ -28,6 +29,8 @@ class HostSeen:
     view: HostView
     units: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Each dev session's connections here (unit -> `user@pts/3`, ...), as bounded as read.
+    logins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def answered(self) -> bool:
@@ -55,7 +58,9 @@ def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -
     records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
     records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
-    return HostSeen(host_view(name, gpus, report, now), units, records)
+    got = report.logins if isinstance(report.logins, dict) else {}
+    logins = {u: ls for u, v in list(got.items())[:256] if isinstance(u, str) and (ls := logins_of(v))}
+    return HostSeen(host_view(name, gpus, report, now), units, records, logins)
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:

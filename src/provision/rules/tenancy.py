@@ -34,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from provision.core.devsession import DevTerms
 from provision.core.scheduling import PreemptMark
 from provision.core.text import duration, printable
 from provision.host import layout
@@ -155,6 +156,7 @@ class Holder:
     submitted: float | None = None  # the controller's clock (the submitter's)
     queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
     preempted_by: str = ""  # the job that preempted it (its entry's mark)
+    dev: DevTerms | None = None  # a dev session's terms (`provision dev`)
 
     @property
     def who(self) -> str:
@@ -270,6 +272,7 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 *_turn(e, since),
                 _queued_gpus(e.get("queued")),
                 _preempted_by(PreemptMark.of_entry(e)),
+                DevTerms.parse(e.get("dev")),
             )
         )
     return out
@@ -361,6 +364,7 @@ class Turn:
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None
+    dev: DevTerms | None = None  # a dev session's terms, written with its reservation
 
 
 def reservation(
@@ -388,6 +392,7 @@ def reservation(
         and list(own.ports) == ports
         and sorted(own.units) == sorted(units)
         and (own.priority, own.preemptible) == (turn.priority, turn.preemptible)
+        and (turn.dev is None or own.dev == turn.dev)
     ):
         return None
     return Reservation(
@@ -403,6 +408,7 @@ def reservation(
         priority=turn.priority,
         preemptible=turn.preemptible,
         submitted=turn.submitted,
+        dev=turn.dev.to_json() if turn.dev is not None else None,
     )
 
 
@@ -461,6 +467,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
         queued = min((h.queued for h in hs if h.queued is not None), default=None)
         prio = max(h.priority for h in hs)
         submitted = min((h.submitted for h in hs if h.submitted is not None), default=None)
+        dev = next((h.dev for h in hs if h.dev is not None), None)
         jobs.append(
             {
                 "job": job,
@@ -474,6 +481,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "priority_level": prio,
                 "preemptible": any(h.preemptible for h in hs),
                 "submitted": iso(submitted),
+                "dev": dev_json(dev, now) if dev is not None else None,
                 "hosts": {
                     h.host: {
                         "state": h.hold.value,
@@ -502,13 +510,27 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
     }
 
 
+def dev_json(d: DevTerms, now: float) -> dict[str, Any]:
+    """A dev session's terms as `provision jobs --json` and the dashboard show them."""
+    return {
+        "name": d.name,
+        "user": d.user or None,
+        "image": d.image or None,
+        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.until)),
+        "left_seconds": max(0, int(d.until - now)),
+        "idle_limit_seconds": d.idle_s,
+        "idle_below_pct": d.idle_below,
+    }
+
+
 def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) -> list[list[list[str]]]:
     """Two tables (jobs, then hosts) as rows; the first row of each is its header."""
     data = jobs_json(hosts, now, policy)
     jobs = [["JOB", "OWNER", "STATE", "PRIORITY", "SINCE", "HOSTS"]]
     for j in data["jobs"]:
         age = duration(j["age_seconds"]) if j["age_seconds"] is not None else "-"
-        jobs.append([j["job"], j["owner"] or "-", j["state"], j["priority"], age, ", ".join(sorted(j["hosts"]))])
+        state = j["state"] + (f" (dev session {j['dev']['name']})" if j.get("dev") else "")
+        jobs.append([j["job"], j["owner"] or "-", state, j["priority"], age, ", ".join(sorted(j["hosts"]))])
     rows = [["HOST", "GPUS", "FREE GPUS", "HELD (job: GPUs / ports)"]]
     for hv in hosts:
         if hv.error is not None:

@@ -34,8 +34,9 @@ Found = Mapping[str, tuple[str, Inventory]]  # job -> (its file, the inventory)
 # A Context for one inventory (job, file) for the length of a with block.
 Contexts = Callable[[str, str], AbstractContextManager[Context]]
 
-# What a survey asks each host: the ledger (who holds what) and what its GPUs do.
-SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+# What a survey asks each host: the ledger (who holds what), what its GPUs do, and who is
+# logged in to its dev sessions.
+SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, logins=True)
 
 
 def stamp(path: str) -> Stamp:
