@@ -40,6 +40,7 @@ COMMANDS = {
     "history": "provision.cli.servecmd:history",
     "events": "provision.cli.eventscmd:events",
     "policy": "provision.cli.policycmd:policy_group",
+    "dev": "provision.cli.devcmd:dev_cmd",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }
