@@ -36,6 +36,7 @@ from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
+from provision.serve.devreaper import DevReaper
 from provision.serve.places import leadership, open_backend, open_place, work_root
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
@@ -353,8 +354,10 @@ def _run(
     gpus = GpuRecorder(side)
     deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
     made = EventMaker(side, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
-    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
+    contexts = KeptContexts(known)
+    dev = DevReaper(side, known.read, contexts, _stamped, wake=lambda: _wake(deliveries))  # idle GPUs go back
+    rounds = Rounds(known.read, contexts, [gpus, made, dev], leading, _stamped)
+    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known, dev=dev.view_of)
     try:
         stop_pages = _web(side, source, where, trust_header, public) if where is not None else None
     except BaseException:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +73,10 @@ class ServiceSource:
         rounds: Rounds | None = None,
         gpus: GpuRecorder | None = None,
         known: Known | None = None,
+        dev: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
     ):
         self.store = store
+        self.dev = dev  # the service's watch of dev sessions: job -> idle time, logins, ending
         self.known = known or Known(store, work_root, extra)
         self.inventory = InventorySource(self.known)
         self.rounds, self.gpus = rounds, gpus
@@ -117,7 +119,16 @@ class ServiceSource:
         return self._history.get("", lambda: recorder.read(self.store.now() - GPU_KEEP, gpus_of(doc)).doc)
 
     def jobs(self) -> dict[str, Any]:
-        return self.hosts()
+        """The hosts' document; a dev session's `dev` with what the service sees of it."""
+        doc = self.hosts()
+        seen = self.dev() if self.dev is not None else {}
+        if not seen:
+            return doc
+        jobs = [
+            {**j, "dev": {**j["dev"], **seen[j["job"]]}} if j.get("dev") and j.get("job") in seen else j
+            for j in doc.get("jobs") or []
+        ]
+        return {**doc, "jobs": jobs}
 
     def latest(self) -> dict[str, Any]:
         """The latest round's hosts (/metrics' GPU gauges), or a look at them now."""
