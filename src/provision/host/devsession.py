@@ -226,7 +226,7 @@ class Session:
 
             found = shutil.which("jupyter-lab", path=self.env.get("PATH") or os.defpath)
             if found is None:
-                return {"error": "JupyterLab is not installed on the host (no jupyter-lab on PATH)"}
+                return {"error": "JupyterLab is not installed (no jupyter-lab on PATH)"}
             argv, preexec = [found, *args], self._as_user(args)
             if preexec is None:
                 argv.append("--allow-root")
@@ -322,11 +322,14 @@ class Session:
         if deadline is not None:
             left = max(0, int(deadline - time.time()))
             at = time.strftime("%H:%M:%S", time.localtime(deadline))
-            warn(self.unit, "%s: it ends in %d s (at %s); save your work" % (why, left, at))
+            told = warn(self.unit, "%s: it ends in %d s (at %s); save your work" % (why, left, at))
             while time.time() < deadline - 1 and unit_logins(self.unit):
                 time.sleep(0.5)
         else:
-            warn(self.unit, why)
+            told = warn(self.unit, why)
+        self.say("dev session: %s (told %d terminal%s)" % (why, told, "" if told == 1 else "s"))
+        if told:
+            time.sleep(1.0)  # sshd forwards what the terminals were told before it is hung up
         self.stop_all()
 
     def stop_all(self) -> None:

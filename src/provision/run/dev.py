@@ -42,7 +42,7 @@ from provision.io.state import default_state_path
 from provision.placement.tasks import PlacementError
 from provision.rules.priority import Policy, PriorityError, level
 from provision.rules.rounds import Round
-from provision.rules.tenancy import Hold, identity
+from provision.rules.tenancy import identity
 from provision.run.apply import apply_plan
 from provision.run.context import Ask, Context, open_context, probe
 from provision.run.destroy import destroy, destroy_plan
@@ -102,7 +102,14 @@ def session_context(
 ) -> Context:
     """The session's Context: its job on the team's hosts, at the policy's dev priority."""
     inv = session_inventory(team, spec, _program(inventory))
-    ctx = open_context(inventory, loaded=inv, state_path=state_path, operation=operation, render_secrets=False)
+    try:
+        ctx = open_context(inventory, loaded=inv, state_path=state_path, operation=operation, render_secrets=False)
+    except PlacementError as e:  # no host has that many GPUs at all
+        has = e.reason.partition("free on eligible hosts: ")[2] or "none"
+        s = "s" if spec.gpus != 1 else ""
+        raise ProvisionError(
+            f"--gpus {spec.gpus}: no host has {spec.gpus} GPU{s} (they have: {has}); nothing was reserved"
+        ) from None
     try:
         prio = spec.priority if spec.priority != "" else ctx.policy.dev.priority
         level(prio, ctx.policy)
@@ -191,19 +198,20 @@ def _start(ctx: Context, inventory: str, spec: SessionSpec, home: Path | None, p
         raise ProvisionError(
             f"{failed.name}: {failed.error or 'the session did not start'} (nothing was left reserved)"
         )
-    _keep_spec(inventory, spec)
     ready = _wait_ready(ctx, target, JUPYTER_WITHIN if spec.jupyter else READY_WITHIN)
     jup = ready.get("jupyter") if isinstance(ready.get("jupyter"), dict) else None
     if spec.jupyter and (jup is None or "error" in jup):
         _undo(ctx)
         why = jup.get("error") if jup else "JupyterLab did not start"
-        raise ProvisionError(f"--jupyter: {why} on {task.host.name}; nothing was left reserved")
+        raise ProvisionError(f"--jupyter on {task.host.name}: {why}; nothing was left reserved")
+    _keep_spec(inventory, spec)
     assert ctx.dev is not None
     started = Started(spec.name, spec.job, task.host.name, task.port, tuple(task.accelerators), ctx.dev.until, jup)
     try:
         SshConfig(home).put(spec.name, spec.job, target, task.port, ctx.session.known)
     except SshConfigError as e:
-        return dataclasses.replace(started, by_hand=f"{e.message}; {by_hand(target, task.port, home)}")
+        hand = by_hand(target, task.port, ctx.state.known_hosts_path)
+        return dataclasses.replace(started, by_hand=f"{e.message}; {hand}")
     return started
 
 
@@ -270,9 +278,11 @@ def _spec_of(inventory: str, name: str, owner: str) -> SessionSpec:
         return SessionSpec(dv.session_job(owner, name), name, owner, 1, "")
 
 
-def by_hand(target: Target, port: int, home: Path | None = None) -> str:
-    """How to reach the session without the ssh config: one OpenSSH command line."""
-    hop = ["ssh", "-W", "%h:%p"]
+def by_hand(target: Target, port: int, known: Path) -> str:
+    """How to reach the session without the ssh config: one OpenSSH command line, checking
+    the host's key against the one provision learnt (`known`, beside the state)."""
+    keys = ["-o", f"UserKnownHostsFile={known}", "-o", f"HostKeyAlias={key_id(target.address, target.port or 22)}"]
+    hop = ["ssh", "-W", "%h:%p", *keys]
     if target.port:
         hop += ["-p", str(target.port)]
     if target.identity_file:
@@ -280,8 +290,7 @@ def by_hand(target: Target, port: int, home: Path | None = None) -> str:
     if target.jump_host:
         hop += ["-J", target.jump_host]
     hop.append(f"{target.user}@{target.address}" if target.user else target.address)
-    words = ["ssh", "-o", "ProxyCommand=" + " ".join(hop), "-p", str(port)]
-    words += ["-o", f"HostKeyAlias={key_id(target.address, target.port or 22)}"]
+    words = ["ssh", "-o", "ProxyCommand=" + " ".join(hop), "-p", str(port), *keys]
     if target.identity_file:
         words += ["-i", str(Path(target.identity_file).expanduser())]
     words.append(f"{target.user}@127.0.0.1" if target.user else "127.0.0.1")
@@ -332,7 +341,7 @@ def sessions_of(r: Round, me: str) -> list[Listed]:
             utils = [u for g in h.gpus if isinstance(u := (use.get(str(g)) or {}).get("utilization"), int)]
             logins = tuple(x for u in h.units for x in hs.logins.get(u, ()))
             util = round(sum(utils) / len(utils)) if utils else None
-            state = "preempted" if h.hold is Hold.PREEMPTED else h.hold.value
+            state = f"preempted by {h.preempted_by}" if h.preempted_by else h.hold.value
             out.append(
                 Listed(h.job, h.dev.name, h.who, name, h.gpus, state, h.since, h.dev.until, logins, util, h.who == me)
             )
@@ -398,6 +407,7 @@ def stop(inventory: str, name: str, home: Path | None = None, progress: Progress
         if plan.problems:
             raise ProvisionError(plan.problems[0])
         outcomes = destroy(ctx, plan, progress)
+        held = [h.name for h in plan.hosts if h.changed]
     finally:
         ctx.close()
     bad = next((o for o in outcomes.values() if o.error), None)
@@ -411,4 +421,4 @@ def stop(inventory: str, name: str, home: Path | None = None, progress: Progress
         _spec_path(inventory, name).unlink()
     except FileNotFoundError:
         pass
-    return sorted(outcomes)
+    return sorted(held)
