@@ -198,6 +198,7 @@ def test_jobs_view_shapes():
             "priority_level": 500,
             "preemptible": False,
             "submitted": "2027-01-15T06:00:00Z",
+            "dev": None,  # not a dev session
             "hosts": {"gpu-1": {"state": "running", "gpus": [0], "ports": [2222], "preempted_by": None}},
         }
     ]

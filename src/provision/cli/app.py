@@ -42,6 +42,7 @@ COMMANDS = {
     "notify": "provision.cli.notifycmd:notify_group",
     "health": "provision.cli.healthcmd:health_group",
     "policy": "provision.cli.policycmd:policy_group",
+    "dev": "provision.cli.devcmd:dev_cmd",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }

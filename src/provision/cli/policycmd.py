@@ -49,6 +49,8 @@ def _words(p: Policy) -> list[str]:
             if p.health.test_before_release
             else "; a release needs no test"
         ),
+        f"Dev sessions: priority {p.dev.priority}, {p.dev.hours:g} h, ended after {p.dev.idle_minutes} min "
+        f"below {p.dev.idle_below} % GPU with nobody logged in",
     ]
 
 

@@ -31,26 +31,11 @@ if TYPE_CHECKING:
 ledger.JSON = json
 
 UNIT_PROPS = (
-    "Id",
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainCode",
-    "ExecMainStatus",
-    "ExecMainPID",
-    "MainPID",
-    "NRestarts",
-    "InvocationID",
-    "ActiveEnterTimestampMonotonic",
-    "InactiveEnterTimestampMonotonic",
-    "ExecMainStartTimestampMonotonic",
-    "ExecMainExitTimestampMonotonic",
-    "ExecMainStartTimestamp",
-    "ExecMainExitTimestamp",
-    "NeedDaemonReload",
-    "StateChangeTimestamp",
-)
+    "Id", "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID",
+    "MainPID", "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic", "InactiveEnterTimestampMonotonic",
+    "ExecMainStartTimestampMonotonic", "ExecMainExitTimestampMonotonic", "ExecMainStartTimestamp",
+    "ExecMainExitTimestamp", "NeedDaemonReload", "StateChangeTimestamp",
+)  # fmt: skip
 
 
 # What the probes say of a unit whose run is live (its invocation link is there), without
@@ -187,6 +172,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
         records = ledger.records(held, job)
         listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
+    logins = lazy("logins").logins() if req.logins else None
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
@@ -208,6 +194,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
         health=(ledger.read_entry(layout.HEALTH_PATH) or {}) if req.tenancy else None,
+        logins=logins,
     )
 
 
@@ -611,6 +598,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "health": lambda req: lazy("health").op_health(req),
     "healthtest": lambda req: lazy("health").op_healthtest(req),
     "fabric": lambda req: lazy("fabric").op_fabric(req),
+    "dev": lambda req: lazy("devop").op_dev(req),
 }
 
 

@@ -383,6 +383,9 @@ def reserve(res: Reservation, now: float) -> list[str]:
             "preemptible": res.preemptible,
             "submitted": res.submitted if res.submitted is not None else old.get("submitted", now),
         }
+        dev = res.dev if res.dev is not None else old.get("dev")  # a dev session's terms
+        if dev is not None:
+            entry["dev"] = dev
         _write(res.job, entry)
         _take_from_preempted(res.job, entries, now)
     return []
@@ -498,6 +501,21 @@ def queue(
         entry.update(updated=now, token=entry.get("token") or _token())
         _write(job, entry)
     return []  # nothing to report: a failed write is the agent's fatal error
+
+
+def set_dev(job: str, dev: dict[str, Any], lineage: str, now: float) -> list[str]:
+    """A dev session's terms replaced (`--extend`), when its entry is there and is its
+    owner's (the lineage of the state that applied it)."""
+    path = layout.ledger_path(job)
+    with _Locked():
+        entry = read_entry(path)
+        if not isinstance(entry, dict) or "_unreadable" in entry or "dev" not in entry:
+            return ["no dev session %s here" % job]
+        if (entry.get("owner") or {}).get("lineage") != lineage:
+            return ["dev session %s here is another state's" % job]
+        entry.update(dev=dev, updated=now)
+        _write(job, entry)
+    return []
 
 
 def release(job: str) -> None:

@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH LOGINS PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -31,6 +31,8 @@
 #   HEALTH empty, or "SECONDS LIMIT FIELDS LEGACY AFTER KMSG" (health.words): the health read
 #          (health.HEALTH_SH, as written there: the GPUs' health fields, the kernel's Xid
 #          lines since the last look, DCGM's health watch)
+#   LOGINS empty, or "V2 V2B V1" (host/logins.CGROUP_MOUNTS): each provision unit's sshd
+#          processes, "UNIT TITLE" lines (a dev session's connections: host/logins.py)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -57,7 +59,8 @@ dglob=${14%% *}
 dbases=
 case ${14} in *" "*) dbases=${14#* } ;; esac
 health=${15}
-shift 15
+logins=${16}
+shift 16
 nl="
 "
 gcode=""
@@ -133,6 +136,46 @@ if [ -n "$tenancy" ] && [ "$scan" = 1 ]; then
     echo @listen
     printf %s "$listen"
     echo @listen-end
+fi
+# A dev session's connections: its unit's sshd processes and their titles (comm first: a
+# title is read only for sshd's own processes), each process once (host/logins.py: the
+# system.slice under PID 1's own cgroup in each hierarchy, unified ones then name=systemd).
+if [ -n "$logins" ]; then
+    echo @logins
+    v2a=${logins%% *}
+    lr=${logins#* }
+    v2b=${lr%% *}
+    v1=${lr#* }
+    bases=
+    while IFS=: read -r cn cc cp; do
+        cp=${cp%/init.scope}
+        case $cn:$cc in
+            0:) for m in $v2a $v2b; do if [ -d "$m$cp/system.slice" ]; then bases="$bases $m$cp/system.slice"; fi; done ;;
+            *:name=systemd) if [ -d "$v1$cp/system.slice" ]; then bases="$bases $v1$cp/system.slice"; fi ;;
+        esac
+    done 2>/dev/null </proc/1/cgroup
+    seen=" "
+    set +f
+    for d in $bases; do
+        for f in $d/provision-*.service/cgroup.procs; do
+            if [ -r "$f" ]; then
+                u=${f%/cgroup.procs}
+                u=${u##*/}
+                while read -r pid; do
+                    case $seen in *" $pid "*) continue ;; esac
+                    seen="$seen$pid "
+                    c=
+                    read -r c 2>/dev/null </proc/$pid/comm
+                    case $c in sshd|sshd-session)
+                        t=$(head -c 512 /proc/$pid/cmdline 2>/dev/null | tr -d "[:cntrl:]")
+                        echo "$u $t" ;;
+                    esac
+                done 2>/dev/null <"$f"
+            fi
+        done
+    done
+    set -f
+    echo @logins-end
 fi
 if [ -n "$tenancy" ]; then
     others=

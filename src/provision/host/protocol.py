@@ -54,6 +54,8 @@ class ProbeRequest:
     # holds it is where NCCL and Gloo must talk).
     checks: dict[str, Any] | None = None
     cluster_address: str = ""
+    # Who is logged in to each dev session here (host/devsession.py): the service's rounds.
+    logins: bool = False
 
     op = "probe"
 
@@ -115,6 +117,8 @@ class ProbeReport:
     # With tenancy: the host's health record (host/health.py: a state per GPU and for the
     # host), {} when it has none.
     health: dict[str, Any] | None = None
+    # With logins: unit -> its dev session's connections (`user@pts/3`, `user@notty`).
+    logins: dict[str, list[str]] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -139,6 +143,7 @@ class ProbeReport:
             dropins=self.dropins,
             ledger_records=self.ledger_records,
             health=self.health,
+            logins=self.logins,
         )
 
 
@@ -166,6 +171,7 @@ class Reservation:
     priority: int = 500
     preemptible: bool = False
     submitted: float | None = None
+    dev: dict[str, Any] | None = None  # a dev session's terms (core/devsession.DevTerms)
 
 
 @dataclass(frozen=True)
@@ -418,6 +424,27 @@ class PreemptReport:
 
 
 @dataclass(frozen=True)
+class DevRequest:
+    """A dev session's terms in its ledger entry replaced (`provision dev --extend`): `dev`,
+    when the entry is there and is the session's (`lineage`, its owner's state); and/or
+    `warn`, a message to the terminals logged in to the session's `unit` (host/logins.py)."""
+
+    job: str
+    dev: dict[str, Any] | None = None
+    lineage: str = ""
+    warn: str = ""
+    unit: str = ""
+
+    op = "dev"
+
+
+@dataclass(frozen=True)
+class DevReport:
+    errors: list[str] = field(default_factory=list)
+    warned: int = 0  # terminals the message was written to
+
+
+@dataclass(frozen=True)
 class OwnersRequest:
     """Which other jobs' manifests on the host list these paths (files two jobs push)."""
 
@@ -494,6 +521,7 @@ REQUESTS = {
         HealthRequest,
         HealthTestRequest,
         FabricRequest,
+        DevRequest,
     )
 }
 REPORTS = {
@@ -510,6 +538,7 @@ REPORTS = {
     "health": HealthReport,
     "healthtest": HealthTestReport,
     "fabric": FabricReport,
+    "dev": DevReport,
 }
 
 

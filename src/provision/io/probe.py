@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.target import Target
-from provision.host import agent, health, hostcheck, hostfacts, hostlib, layout, ledger
+from provision.host import agent, health, hostcheck, hostfacts, hostlib, layout, ledger, logins
 from provision.host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from provision.io.ssh import ANSWER_LIMIT, Session, call_agent
 
@@ -111,6 +111,7 @@ def command(req: ProbeRequest) -> str | None:
         # Drop-ins are drift of the unit files: read with the files (status does not compare them).
         " ".join((layout.DROPIN_DIRS, *(layout.DROPIN_BASES if req.files else ()))),
         _health_words(req),
+        " ".join(logins.CGROUP_MOUNTS) if req.logins else "",
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
@@ -317,6 +318,12 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
             lo.append((pr[0], text.endswith(b" lo")))
         listening, local = ledger.listening(pairs), ledger.local_only(lo)
         text = line()
+    sessions = None
+    if req.logins:
+        if text != b"@logins":
+            raise _Mismatch("no logins section")
+        sessions = _logins(_section(line, b"@logins-end"))
+        text = line()
     text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
     if text != b"@dropins":
         raise _Mismatch("no dropins section")
@@ -466,7 +473,21 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         ledger_records=records,
         dropins=sorted(dropins) if req.files else None,
         health=health_record,
+        logins=sessions,
     )
+
+
+def _logins(lines: list[str]) -> dict[str, list[str]]:
+    """The @logins section's "UNIT TITLE" lines as host/logins.logins() reports them."""
+    out: dict[str, list[str]] = {}
+    for text in lines:
+        unit, _, title = text.partition(" ")
+        if not _SAFE_UNIT.fullmatch(unit):
+            raise _Mismatch(f"a login line out of step: {text[:80]!r}")
+        got = logins.login_of(title)
+        if got is not None and len(out.setdefault(unit, [])) < logins.MAX_LOGINS:
+            out[unit].append(got)
+    return {u: v for u, v in out.items() if v}
 
 
 def probe_host(session: Session, target: Target, req: ProbeRequest, *, timeout: float = 120) -> ProbeReport:

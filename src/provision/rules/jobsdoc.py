@@ -22,6 +22,34 @@ class JobHostJson(TypedDict):
     preempted_by: str | None  # its entry there is marked
 
 
+class DevEndingJson(TypedDict):
+    why: str
+    at: float | None
+
+
+class DevSeenJson(TypedDict):
+    """What the service's watch of a dev session adds (serve/devreaper.py)."""
+
+    idle_seconds: int
+    logins: int
+    ending: DevEndingJson | None
+
+
+class DevJson(TypedDict):
+    """A dev session's terms (rules/tenancy.dev_json), and what the service sees of it."""
+
+    name: str
+    user: str | None
+    image: str | None
+    until: str
+    left_seconds: int
+    idle_limit_seconds: int
+    idle_below_pct: int
+    idle_seconds: NotRequired[int]
+    logins: NotRequired[int]
+    ending: NotRequired[DevEndingJson | None]
+
+
 class JobJson(TypedDict):
     """A job of `provision jobs --json`; the dashboard's service adds what its history and
     the job's inventory know (docs/dashboard.md)."""
@@ -38,6 +66,7 @@ class JobJson(TypedDict):
     preemptible: bool
     submitted: str | None
     hosts: dict[str, JobHostJson]
+    dev: DevJson | None  # a dev session's terms (`provision dev`)
     gpus: NotRequired[int]
     gpu_hours: NotRequired[float | None]
     ended: NotRequired[str | None]

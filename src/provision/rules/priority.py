@@ -18,6 +18,19 @@ class PriorityError(ProvisionError):
 
 
 @dataclass(frozen=True)
+class DevPolicy:
+    """What `provision dev` sessions get (the policy's `dev:`): their priority (a class or a
+    number: preemptible, like every session), how long one lasts unless --hours says, and
+    the idle rule: its GPUs below `idle_below` % for `idle_minutes` with nobody logged in
+    end it."""
+
+    priority: int | str = "normal"
+    hours: float = 8.0
+    idle_minutes: int = 60
+    idle_below: int = 5
+
+
+@dataclass(frozen=True)
 class Policy:
     """The team's policy: its priority classes and each owner's guaranteed GPUs. The local
     default state has none: DEFAULT_CLASSES and no guarantee, so nothing changes for one
@@ -27,6 +40,7 @@ class Policy:
     guarantees: tuple[tuple[str, int], ...] = ()  # owner (or group) -> GPUs
     groups: tuple[tuple[str, str], ...] = ()  # owner -> the group whose guarantee it shares
     health: HealthPolicy = HealthPolicy()  # which Xids are fatal, whether a release needs a test
+    dev: DevPolicy = DevPolicy()
 
     def quota_of(self, owner: str) -> str:
         """The name an owner's usage and guarantee are counted under."""

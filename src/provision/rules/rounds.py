@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.core import runs
+from provision.core.devsession import logins_of
 from provision.host.protocol import ProbeReport
 from provision.rules import health as hl
 from provision.rules.jobsdoc import JobsDoc
@@ -37,6 +38,8 @@ class HostSeen:
     signals: tuple[hl.Signal, ...] = ()
     xid_after: float | None = None
     clock: float | None = None
+    # Each dev session's connections here (unit -> `user@pts/3`, ...), as bounded as read.
+    logins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def answered(self) -> bool:
@@ -73,6 +76,8 @@ def host_seen(
     records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
     records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
+    got = report.logins if isinstance(report.logins, dict) else {}
+    logins = {u: ls for u, v in list(got.items())[:256] if isinstance(u, str) and (ls := logins_of(v))}
     read = (report.checks or {}).get("health")
     clock = ((read or {}).get("xid") or {}).get("now") if isinstance(read, dict) else None
     return HostSeen(
@@ -83,6 +88,7 @@ def host_seen(
         hl.signals(gpus, report, policy, outputs) if isinstance(read, dict) else (),
         hl.xid_after(report) if isinstance(read, dict) else None,
         float(clock) if isinstance(clock, (int, float)) else None,
+        logins,
     )
 
 

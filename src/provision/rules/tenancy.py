@@ -34,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from provision.core.devsession import DevTerms
 from provision.core.scheduling import PreemptMark
 from provision.core.text import duration, printable
 from provision.host import layout
@@ -41,7 +42,7 @@ from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
 from provision.rules.health import HostHealth, blocked_words, of_report
 from provision.rules.health import summary as health_summary
-from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, JobJson, JobsDoc
+from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, DevJson, JobJson, JobsDoc
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
@@ -158,6 +159,7 @@ class Holder:
     submitted: float | None = None  # the controller's clock (the submitter's)
     queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
     preempted_by: str = ""  # the job that preempted it (its entry's mark)
+    dev: DevTerms | None = None  # a dev session's terms (`provision dev`)
 
     @property
     def who(self) -> str:
@@ -273,6 +275,7 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 *_turn(e, since),
                 _queued_gpus(e.get("queued")),
                 _preempted_by(PreemptMark.of_entry(e)),
+                DevTerms.parse(e.get("dev")),
             )
         )
     return out
@@ -379,6 +382,7 @@ class Turn:
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None
+    dev: DevTerms | None = None  # a dev session's terms, written with its reservation
 
 
 def reservation(
@@ -406,6 +410,7 @@ def reservation(
         and list(own.ports) == ports
         and sorted(own.units) == sorted(units)
         and (own.priority, own.preemptible) == (turn.priority, turn.preemptible)
+        and (turn.dev is None or own.dev == turn.dev)
     ):
         return None
     return Reservation(
@@ -421,6 +426,7 @@ def reservation(
         priority=turn.priority,
         preemptible=turn.preemptible,
         submitted=turn.submitted,
+        dev=turn.dev.to_json() if turn.dev is not None else None,
     )
 
 
@@ -478,6 +484,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
         queued = min((h.queued for h in hs if h.queued is not None), default=None)
         prio = max(h.priority for h in hs)
         submitted = min((h.submitted for h in hs if h.submitted is not None), default=None)
+        dev = next((h.dev for h in hs if h.dev is not None), None)
         jobs.append(
             {
                 "job": job,
@@ -491,6 +498,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "priority_level": prio,
                 "preemptible": any(h.preemptible for h in hs),
                 "submitted": iso(submitted),
+                "dev": dev_json(dev, now) if dev is not None else None,
                 "hosts": {
                     h.host: {
                         "state": h.hold.value,
@@ -520,13 +528,27 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
     }
 
 
+def dev_json(d: DevTerms, now: float) -> DevJson:
+    """A dev session's terms as `provision jobs --json` and the dashboard show them."""
+    return {
+        "name": d.name,
+        "user": d.user or None,
+        "image": d.image or None,
+        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.until)),
+        "left_seconds": max(0, int(d.until - now)),
+        "idle_limit_seconds": d.idle_s,
+        "idle_below_pct": d.idle_below,
+    }
+
+
 def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) -> list[list[list[str]]]:
     """Two tables (jobs, then hosts) as rows; the first row of each is its header."""
     data = jobs_json(hosts, now, policy)
     jobs = [["JOB", "OWNER", "STATE", "PRIORITY", "SINCE", "HOSTS"]]
     for j in data["jobs"]:
         age = duration(j["age_seconds"]) if j["age_seconds"] is not None else "-"
-        jobs.append([j["job"], j["owner"] or "-", j["state"], j["priority"], age, ", ".join(sorted(j["hosts"]))])
+        state = j["state"] + (f" (dev session {d['name']})" if (d := j["dev"]) else "")
+        jobs.append([j["job"], j["owner"] or "-", state, j["priority"], age, ", ".join(sorted(j["hosts"]))])
     rows = [["HOST", "GPUS", "FREE GPUS", "HELD (job: GPUs / ports)"]]
     for hv in hosts:
         if hv.error is not None:

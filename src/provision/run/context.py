@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from provision.core.devsession import DevTerms
 from provision.core.errors import ProvisionError
 from provision.core.model import Host, Inventory
 from provision.core.records import HostRecord, TaskRecord
@@ -70,6 +71,7 @@ class Context:
     # time), and the team's priority classes (the state backend's policy).
     submitted: float = field(default_factory=time.time)
     policy: Policy = field(default_factory=Policy)
+    dev: DevTerms | None = None  # a dev session's terms (`provision dev`): into its reservation
 
     @property
     def owner(self) -> Owner:
@@ -84,6 +86,7 @@ class Context:
             level(sched.priority, self.policy),
             sched.may_be_preempted(self.inventory.tf_config.trial is not None),
             self.submitted,
+            self.dev,
         )
 
     def whole(self) -> Context:
@@ -259,6 +262,7 @@ class Ask:
     clocks: bool = False
     gpu_apps: bool = False
     health: bool = False
+    logins: bool = False  # who is logged in to the host's dev sessions
 
     def settled(self) -> Ask:
         """For a settled host: nothing that only matters before a start (engine.settled)."""
@@ -311,6 +315,7 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
         tenancy=ask.tenancy,
         listening=ask.listening,
         clocks=ask.clocks,
+        logins=ask.logins,
         # Pre-flight checks, the cluster address's interface (checks.py), the health read.
         **fields,
     )

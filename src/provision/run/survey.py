@@ -34,9 +34,9 @@ Found = Mapping[str, tuple[str, Inventory]]  # job -> (its file, the inventory)
 # A Context for one inventory (job, file) for the length of a with block.
 Contexts = Callable[[str, str], AbstractContextManager[Context]]
 
-# What a survey asks each host: the ledger (who holds what), what its GPUs do, and their
-# health (rules/health.py).
-SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, health=True)
+# What a survey asks each host: the ledger (who holds what), what its GPUs do, their
+# health (rules/health.py), and who is logged in to its dev sessions.
+SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, health=True, logins=True)
 
 
 def stamp(path: str) -> Stamp:

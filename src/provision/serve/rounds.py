@@ -147,7 +147,10 @@ class Rounds:
     def every(self) -> float:
         r = self.latest
         changing = r is not None and any(j.get("state") not in QUIET for j in r.doc.get("jobs") or [])
-        return round_every(time.monotonic() - self.looked, changing or self.wanted)
+        due = any(
+            getattr(s, "hurry", lambda: False)() for s in self.subscribers
+        )  # an act due soon (a dev session's end)
+        return round_every(time.monotonic() - self.looked, changing or self.wanted or due)
 
     def run(self) -> None:
         last = -math.inf

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from provision.rules.gpuuse import IDLE_BELOW_PCT
 from provision.rules.healthlog import HealthReportDoc, report_doc
 from provision.rules.historyview import HISTORY_FORMAT, HistoryDoc, HistoryQuery, iso
 from provision.rules.jobrows import latest_starts, with_extras
-from provision.rules.jobsdoc import GpuHistoryJson, HostJson, JobsDoc
+from provision.rules.jobsdoc import DevSeenJson, GpuHistoryJson, HostJson, JobJson, JobsDoc
 from provision.rules.priority import Policy
 from provision.rules.quotas import QuotasDoc, quotas
 from provision.rules.status import JobDoc
@@ -145,9 +145,11 @@ class ServiceSource:
         known: Known | None = None,
         policy: Callable[[], Policy] | None = None,
         health: HealthKeeper | None = None,
+        dev: Callable[[], Mapping[str, DevSeenJson]] | None = None,
     ):
         self.store = store
         self.keeper = health  # the hosts' health after each round's changes (serve/health.py)
+        self.dev = dev  # the service's watch of dev sessions: job -> idle time, logins, ending
         self.known = known or Known(store, work_root, extra)
         self.inventory = InventorySource(self.known)
         self.rounds, self.gpus = rounds, gpus
@@ -221,6 +223,9 @@ class ServiceSource:
             hours=hours,
             now=now,
         )
+        seen = self.dev() if self.dev is not None else {}
+        if seen:  # a dev session's `dev` with what the service sees of it
+            out["jobs"] = [_with_dev(j, seen) for j in out["jobs"]]
         self._jobs_made = (doc, out)
         return out
 
@@ -485,3 +490,12 @@ def choose_auth(listen: Listen, trust_header: str | None, tokens: TokenCheck, ha
             "`provision serve token create --owner NAME`"
         )
     return Auth.token(tokens)
+
+
+def _with_dev(j: JobJson, seen: Mapping[str, DevSeenJson]) -> JobJson:
+    """A dev session's job with what the service's watch sees of it (idle time, logins,
+    its end near)."""
+    dev = j["dev"]
+    if dev is None or j["job"] not in seen:
+        return j
+    return {**j, "dev": {**dev, **seen[j["job"]]}}
