@@ -310,6 +310,20 @@ def serve_canned(gpus: int, serve_args: list[str]) -> None:
         return canned_report(i, gpus, time.time())  # type: ignore[no-any-return]
 
     context.probe_host = probe_host  # type: ignore[attr-defined]
+    where = os.environ.get("PROVISION_BENCH_TRACEMALLOC")
+    if where:  # where the service's memory goes: its top allocation sites every 15 s
+        import threading
+        import tracemalloc
+
+        tracemalloc.start(1)
+
+        def dump() -> None:
+            while True:
+                time.sleep(15)
+                top = tracemalloc.take_snapshot().statistics("lineno")[:30]
+                Path(where).write_text("\n".join(str(x) for x in top) + "\n")
+
+        threading.Thread(target=dump, daemon=True).start()
     from provision.cli.app import run
 
     sys.argv = ["provision", "serve", *serve_args]
@@ -528,7 +542,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     ap.add_argument("--urls", help="comma-separated paths to measure (default: all)")
     ap.add_argument("--sandbox", help="a running sandbox's name (else one is started and removed)")
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--name", default="2026-11-27-issue41-dashboard-load")
+    ap.add_argument("--name", default=time.strftime("%Y-%m-%d-dashboard-load", time.gmtime()))
     args = ap.parse_args()
     from pgserver import free_port, start_server
 

@@ -60,7 +60,7 @@ def test_a_round_is_every_gpu_that_answered_with_its_holder() -> None:
     history = GpuHistory(None, [], [])
     history.add(got, 0.0)
     history.add([GpuSample("gpu-1", 1, 110.0, None, None, None)], 0.0)  # no number: nothing to draw
-    assert history.doc == {"gpu-1": {"0": [[100.0, 0.0]], "1": [[100.0, 87.0]]}}
+    assert history.doc == {"gpu-1": {"0": [(100.0, 0.0)], "1": [(100.0, 87.0)]}}
 
 
 def test_a_long_history_is_averaged_to_a_few_points_a_gpu() -> None:
@@ -69,7 +69,7 @@ def test_a_long_history_is_averaged_to_a_few_points_a_gpu() -> None:
     for k in range(360):
         history.add([GpuSample("gpu-1", 0, 10.0 * k, k % 2 * 10, 1, 2)], 0.0)
     (points,) = history.doc["gpu-1"].values()
-    assert len(points) == 120 and points[0] == [10, 3.3] and points[-1] == [3580, 6.7]
+    assert len(points) == 120 and points[0] == (10, 3.3) and points[-1] == (3580, 6.7)
 
 
 def _s(t: float, util: int | None, job: str | None = "bert", gpu: int = 0) -> GpuSample:
@@ -137,18 +137,18 @@ def test_a_point_per_round_until_a_gpu_has_its_points_then_wider_points() -> Non
 def test_the_kept_history_adds_each_round_to_its_last_point_and_drops_the_hour_gone() -> None:
     rows = [("h", 0, 0.0, 10.4, 50.0, 2), ("h", 0, 1.0, 40.0, 7.26, 1)]  # slots of 30 s
     h = GpuHistory(30.0, rows, [0.0, 20.0, 40.0])
-    assert h.doc == {"h": {"0": [[10, 50.0], [40, 7.3]]}}
+    assert h.doc == {"h": {"0": [(10, 50.0), (40, 7.3)]}}
     before = h.doc["h"]["0"]
     assert h.rounds_after(0.0) == 4
     h.add([GpuSample("h", 0, 50.0, 10, 1, 2), GpuSample("gpu-1", 1, 50.0, 99, 1, 2)], 0.0)
-    assert h.doc == {"h": {"0": [[10, 50.0], [45, 8.6]]}, "gpu-1": {"1": [[50, 99.0]]}}
-    assert before == [[10, 50.0], [40, 7.3]]  # what a page holds is not changed under it
+    assert h.doc == {"h": {"0": [(10, 50.0), (45, 8.6)]}, "gpu-1": {"1": [(50, 99.0)]}}
+    assert before == [(10, 50.0), (40, 7.3)]  # what a page holds is not changed under it
     h.add([_s(65.0, 20, gpu=1)], 30.0)  # the slot [0, 30) has ended an hour ago
-    assert h.doc == {"h": {"0": [[45, 8.6]]}, "gpu-1": {"1": [[50, 99.0], [65, 20.0]]}}
+    assert h.doc == {"h": {"0": [(45, 8.6)]}, "gpu-1": {"1": [(50, 99.0), (65, 20.0)]}}
     assert h.rounds == [40.0, 50.0, 65.0]
     each = GpuHistory(None, [("h", 0, 5.0, 5.0, 1.0, 1)], [5.0])  # a point per round
     each.add([GpuSample("h", 0, 15.0, 2, 1, 2)], 6.0)
-    assert each.doc == {"h": {"0": [[15, 2.0]]}}
+    assert each.doc == {"h": {"0": [(15, 2.0)]}}
 
 
 def test_each_round_makes_the_history_a_point_per_round(tmp_path: Path) -> None:

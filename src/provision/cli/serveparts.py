@@ -13,6 +13,7 @@ from provision.io.servicestore import ServiceStore
 from provision.rules.priority import Policy
 from provision.run.survey import KeptContexts
 from provision.serve.devreaper import DevReaper
+from provision.serve.gpusample import few_arenas
 from provision.serve.health import HealthKeeper
 from provision.serve.hostsfile import HostsFile
 from provision.serve.keeper import LogKeeper
@@ -41,6 +42,7 @@ def parts(
     say: Callable[[str], None],
 ) -> Parts:
     """The rounds, their subscribers, the event stream's deliveries and the pages' source."""
+    few_arenas()  # before any of their threads
     # The rounds and the pages on a connection of their own: a slow page or round never
     # holds up the service's loop. The leader alone makes rounds (two services on one
     # database: one set of samples, one stream of events).

@@ -17,7 +17,10 @@ from provision.core.tuning import Goal, TrialRow, TrialState, Tune
 from provision.io.studyspace import distribution
 
 MIN_TRIALS = 4  # fewer succeeded trials than this: no importance (nothing to compare)
-MAX_TRIALS = 20_000  # the last this many succeeded trials are weighed (10,000 took ~0.8 s)
+# At most this many succeeded trials are weighed, an even sample of them all: 10,000 took
+# 1.5 s and kept 32 MiB of the service's memory; 2,000 weigh alike (PED-ANOVA compares the
+# best quantile with the whole, which an even sample keeps).
+MAX_TRIALS = 2_000
 
 
 def importances(tune: Tune, rows: Sequence[TrialRow]) -> dict[str, float]:
@@ -40,7 +43,9 @@ def importances(tune: Tune, rows: Sequence[TrialRow]) -> dict[str, float]:
             )
         except ValueError:
             continue  # a value outside the space now declared
-    trials = trials[-MAX_TRIALS:]
+    if len(trials) > MAX_TRIALS:
+        step = len(trials) / MAX_TRIALS
+        trials = [trials[int(k * step)] for k in range(MAX_TRIALS)]
     if len(trials) < MIN_TRIALS:
         return {}
     direction = optuna.study.StudyDirection.MAXIMIZE if tune.metric.goal is Goal.MAXIMIZE else None

@@ -446,11 +446,16 @@ class HealthSummary(TypedDict):
     gpus: dict[str, dict[str, Any]]
 
 
+# A healthy GPU's and host's mark, shared by every document that shows one (they are read,
+# never changed): a round of 1,000 hosts x 8 GPUs made 9,000 dicts of it each time.
+_HEALTHY: dict[str, Any] = {"state": State.HEALTHY.value}
+
+
 def summary(health: HostHealth, gpus: Iterable[int]) -> HealthSummary:
     """Each GPU's and the host's state as the pages and `jobs --json` show it."""
     return {
-        "host": health.host.to_json() if health.host is not None else {"state": State.HEALTHY.value},
-        "gpus": {str(g): (health.gpus[g].to_json() if g in health.gpus else {"state": "healthy"}) for g in gpus},
+        "host": health.host.to_json() if health.host is not None else _HEALTHY,
+        "gpus": {str(g): (health.gpus[g].to_json() if g in health.gpus else _HEALTHY) for g in gpus},
     }
 
 

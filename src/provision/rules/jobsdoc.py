@@ -96,7 +96,7 @@ class GpuUseJson(TypedDict):
     apps: list[GpuAppJson]
 
 
-GpuHistoryJson = dict[str, list[list[float]]]  # "<gpu>" -> [[epoch seconds, utilization %], ...]
+GpuHistoryJson = dict[str, list[tuple[float, float]]]  # "<gpu>" -> [[epoch seconds, utilization %], ...] in JSON
 
 
 class HostJson(TypedDict):

@@ -86,9 +86,10 @@ Bucket = tuple[float, float, float, int]  # a point's (slot, sum of t, sum of ut
 GpuHistoryRow = tuple[str, int, float, float, float, int]  # ServiceStore.gpu_history's (host, gpu, slot, t, util, n)
 
 
-def _point(t: float, util: float) -> list[float]:
-    # Whole seconds and tenths of a percent (the hosts' JSON of 8,000 GPUs is megabytes).
-    return [round(t), round(util, 1)]
+def _point(t: float, util: float) -> tuple[float, float]:
+    # Whole seconds and tenths of a percent (the hosts' JSON of 8,000 GPUs is megabytes); a
+    # tuple (JSON's array all the same): 850,000 points of 1,000 hosts x 8 GPUs, 16 bytes less each.
+    return (round(t), round(util, 1))
 
 
 class GpuHistory:
@@ -104,7 +105,7 @@ class GpuHistory:
         self.step = step
         self.rounds = sorted(rounds)  # when the hour's rounds were (history_step counts them)
         self._last: dict[tuple[str, int], Bucket] = {}  # each GPU's last point's sums (only it changes)
-        self._points: dict[tuple[str, int], list[list[float]]] = {}
+        self._points: dict[tuple[str, int], list[tuple[float, float]]] = {}
         for host, gpu, slot, t, util, n in rows:
             self._last[(host, gpu)] = (slot, t * n, util * n, n)
             self._points.setdefault((host, gpu), []).append(_point(t, util))
@@ -201,6 +202,17 @@ def _libc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _libc_trim()
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def few_arenas(n: int = 2) -> None:
+    """At most n malloc arenas for the service's threads (glibc makes up to 8 a core, each
+    holding its own freed memory: the rounds', the deliveries' and the pages' threads kept
+    tens of MiB resident apart). Called before the threads start."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, n)
+    except (OSError, AttributeError):
+        pass
 
 
 def give_back_memory() -> None:
