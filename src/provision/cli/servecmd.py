@@ -37,6 +37,7 @@ from provision.run.context import refuse_bad_keys
 from provision.run.survey import KeptContexts
 from provision.serve import install as unit
 from provision.serve.places import leadership, open_backend, open_place, work_root
+from provision.serve.recovery import Recoverer
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
 from provision.serve.snapshot import snapshot_of, store_files
@@ -353,7 +354,9 @@ def _run(
     gpus = GpuRecorder(side)
     deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
     made = EventMaker(side, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, KeptContexts(known), [gpus, made], leading, _stamped)
+    contexts = KeptContexts(known)
+    recoveries = Recoverer(side, _stamped, contexts)  # jobs with progress: or recovery: (serve/recovery.py)
+    rounds = Rounds(known.read, contexts, [gpus, made, recoveries], leading, _stamped)
     source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
     try:
         stop_pages = _web(side, source, where, trust_header, public) if where is not None else None

@@ -200,7 +200,20 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         listening_local=local,
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
+        progress=mtimes(req.progress[: P.MAX_PROGRESS_PATHS]) if req.progress else None,
     )
+
+
+def mtimes(paths: Iterable[str]) -> dict[str, int]:
+    """Each path's modification time (whole seconds), never through a link (the shell
+    probe's `stat -c %Y`): what shows a job's progress (ProbeRequest.progress)."""
+    out = {}
+    for p in paths:
+        try:
+            out[p] = int(os.lstat(p).st_mtime)
+        except OSError:
+            pass
+    return out
 
 
 def _mkdirs(path: str, created: list[str]) -> None:
@@ -596,6 +609,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
+    "stacks": lambda req: lazy("stacks").op_stacks(req),
 }
 
 

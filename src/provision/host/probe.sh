@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS PROGRESS PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -28,6 +28,8 @@
 #   DROPINS "GLOB BASE..." (layout.DROPIN_DIRS, DROPIN_BASES): every BASE/GLOB/*.conf file,
 #          the drop-ins systemd reads for provision's units (none are provision's: drift);
 #          "GLOB" alone (no files asked, as for status): none read
+#   PROGRESS empty, or paths (space-separated) whose modification time alone is read (stat, not
+#          through a link): what shows a job's progress (ProbeRequest.progress)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -53,7 +55,8 @@ invoc=${13#* }
 dglob=${14%% *}
 dbases=
 case ${14} in *" "*) dbases=${14#* } ;; esac
-shift 14
+progress=${15}
+shift 15
 nl="
 "
 gcode=""
@@ -267,6 +270,11 @@ if [ -n "$resolve" ]; then
     printf %s "$out"
     echo
     echo @resolve-end
+fi
+if [ -n "$progress" ]; then
+    echo @progress
+    stat -c "%Y %n" -- $progress 2>/dev/null </dev/null
+    echo @progress-end
 fi
 # Drop-ins: a base whose top directory is a link (/lib on a merged-/usr host) is skipped,
 # as the agent does (hostlib.dropins): the same files again.

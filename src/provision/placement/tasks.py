@@ -13,13 +13,18 @@ Rules, in one place:
   valid, so growing or shrinking a pool never moves a task that already exists;
 - `held` (what other jobs hold on shared hosts, and ports something else listens on, as
   tenancy.py reads them from the hosts' ledgers) is never given out: neither kept from
-  `previous` nor chosen.
+  `previous` nor chosen;
+- `spares:` hosts come last while every host is in service: a replica goes to one only
+  when no other eligible host has room; once a host is drained or set aside for the job (a
+  recovery: core/recovery.py), the spares are hosts like the others, so the replicas that
+  move go to them first (least loaded); a replica placed on a spare stays there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
@@ -99,6 +104,16 @@ class PlacementError(ProvisionError):
         return f"pools.{self.role}: {self.reason}"
 
 
+def set_aside(inv: Inventory, hosts: Collection[str]) -> Inventory:
+    """The job with `hosts` drained for it alone: a recovery set them aside (the job's state
+    keeps them: core/recovery.RecoveryRecord), so its replicas there are placed again
+    elsewhere and no other of its replicas goes there; other jobs are not concerned."""
+    if not hosts or not any(h.name in hosts and not h.drain for h in inv.hosts):
+        return inv
+    drained = tuple(dataclasses.replace(h, drain=True) if h.name in hosts else h for h in inv.hosts)
+    return dataclasses.replace(inv, hosts=drained)
+
+
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
     """Index-major order: growing one pool appends, it never reorders earlier replicas."""
     pools = sorted(pools, key=lambda p: ROLES.index(p.role))
@@ -145,10 +160,14 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
     # 1,000-host placement at O(tasks · log hosts).
     heaps: dict[str, list[tuple[object, ...]]] = {}
 
+    # Spares wait while every host is in service; once one is drained or set aside, a
+    # spare is a host like the others (least loaded first): the displaced replica's.
+    spares = frozenset(inv.spares) if not any(h.drain for h in inv.hosts) else frozenset()
+
     def key(pool: Pool, st: _HostState) -> tuple[object, ...]:
         avoid = pool.accelerators == 0 and st.host.accelerator_count > 0
         fit = len(st.free) if pool.accelerators else 0
-        return (avoid, st.tasks, fit, st.order, st.version, st.host.name)
+        return (st.host.name in spares, avoid, st.tasks, fit, st.order, st.version, st.host.name)
 
     def heap_for(pool: Pool) -> list[tuple[object, ...]]:
         if pool.role not in heaps:

@@ -153,6 +153,12 @@ def preemptible(inv: Inventory) -> bool:
     return inv.scheduling.may_be_preempted(inv.tf_config.trial is not None)
 
 
+def resumable(inv: Inventory) -> bool:
+    """Is the job stopped with the preemption's signal and grace and resumed with
+    PROVISION_RESUME=1: a preemptible job, and one provision recovers (`recovery:`)."""
+    return preemptible(inv) or inv.recovery is not None
+
+
 def task_env(  # noqa: C901  one branch per variable family provision sets (docs/environment.md)
     inv: Inventory,
     task: PlacedTask,
@@ -171,8 +177,10 @@ def task_env(  # noqa: C901  one branch per variable family provision sets (docs
         # Logs reach journald as they are printed, not when a buffer fills; env may override.
         ("PYTHONUNBUFFERED", "1"),
     ]
-    if preemptible(inv):  # where a preemption's deadline is written (host/preempt.py)
+    if resumable(inv):  # where a preemption's (or a recovery's) deadline is written (host/preempt.py)
         env.append(("PROVISION_PREEMPT_AT", layout.preempt_at_path(inv.job)))
+    if inv.progress is not None:  # a file the task may touch to show it progresses
+        env.append(("PROVISION_HEARTBEAT", layout.heartbeat_path(inv.job, task.name)))
     trial = inv.tf_config.trial
 
     # TF_CONFIG: not for single-task jobs, and reduction servers are not TF tasks.

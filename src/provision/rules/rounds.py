@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.core import runs
+from provision.core.recovery import ProgressSpec, RecoverySpec
 from provision.host.protocol import ProbeReport
+from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.tenancy import HostView, host_view
 
 
@@ -43,6 +45,11 @@ class HostSeen:
         got = ((self.records.get(job) or {}).get("exits") or {}).get(unit)
         return got if isinstance(got, list) else None
 
+    def run_started(self, job: str) -> float | None:
+        """When the job's latest run started here (the host's clock)."""
+        got = runs.parse((self.records.get(job) or {}).get("runs"))
+        return got[-1].started_at if got else None
+
     def marker_of(self, job: str) -> Mapping[str, Any] | None:
         """The job's end marker here (`provision stop`, a preemption), if any."""
         m = (self.records.get(job) or {}).get("lifecycle")
@@ -56,6 +63,20 @@ def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -
     records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
     return HostSeen(host_view(name, gpus, report, now), units, records)
+
+
+@dataclass(frozen=True)
+class JobWatch:
+    """A job the round watches for its progress or recovers (`progress:`, `recovery:`):
+    its inventory file, what it asks, where its tasks are placed now (task -> host), the
+    hosts set aside for it, and its progress as this round saw it."""
+
+    file: str
+    progress: ProgressSpec | None
+    recovery: RecoverySpec | None
+    tasks: Mapping[str, str]
+    seen: ProgressSeen
+    aside: tuple[str, ...] = ()
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:
@@ -79,6 +100,8 @@ class Round:
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # ... and what each replica needs: (its GPUs, the hosts it may run on), one per replica.
     demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
+    # The jobs watched for progress or recovered (rules/recovery.py), by job.
+    watch: Mapping[str, JobWatch] = field(default_factory=dict)
 
     @property
     def answered(self) -> frozenset[str]:

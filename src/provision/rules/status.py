@@ -24,11 +24,13 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
+from provision.core.recovery import RecoveryRecord
 from provision.core.runs import Run, merged
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.progress import ProgressView
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
 
@@ -84,8 +86,23 @@ class JobStatus:
     # Preempted on some hosts, its tasks still running (or stopping) on others:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
+    # A job watched for progress or recovered (rules/recovery.judged): its progress, where
+    # its run broke (one line), and its recoveries as its state keeps them.
+    progress: ProgressView | None = None
+    broke: str = ""
+    recovery: RecoveryRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
+        out = self._json()
+        if self.progress is not None:
+            out["progress"] = self.progress.to_json()
+        if self.broke:
+            out["broke"] = self.broke
+        if self.recovery is not None:
+            out["recovery"] = self.recovery.to_json()
+        return out
+
+    def _json(self) -> dict[str, Any]:
         return {
             "format_version": 2,
             "job": self.job,

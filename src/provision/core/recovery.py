@@ -1,0 +1,219 @@
+"""What a job asks of provision when its hardware fails: how its progress is watched
+(`progress:`), how often it is recovered (`recovery:`), which hosts wait as spares
+(`spares:`), where its checkpoints are kept off their host (`checkpoints:`), and a pool's
+elastic size (`pools.ROLE.elastic`). The values as the inventory gives them; rules/progress.py
+and rules/recovery.py judge with them. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+# The service's round while a watched job changes or is watched for progress
+# (serve/gpusample.SAMPLE_EVERY, which a test holds equal): a progress bound shorter than
+# one round could not be told from a round that has not come yet.
+ROUND_S = 10.0
+# `progress: {timeout: auto}`: the bound learnt from the job's own intervals between two
+# signs of progress, AUTO_FACTOR times their median, never under AUTO_FLOOR_S; until
+# AUTO_SAMPLES intervals were seen, AUTO_START_S.
+AUTO_FACTOR = 5.0
+AUTO_FLOOR_S = 60.0
+AUTO_SAMPLES = 3
+AUTO_START_S = 600.0  # NCCL's own watchdog's default: no sooner than it before anything is learnt
+DEFAULT_MAX = 5
+DEFAULT_WINDOW_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class ProgressSpec:
+    """`progress: {timeout: 10m}` (seconds) or `{timeout: auto}` (None)."""
+
+    timeout_s: int | None = None
+
+    @property
+    def auto(self) -> bool:
+        return self.timeout_s is None
+
+
+@dataclass(frozen=True)
+class RecoverySpec:
+    """`recovery: {max: 5, window: 24h}`: at most `max` recoveries within `window`."""
+
+    max: int = DEFAULT_MAX
+    window_s: int = DEFAULT_WINDOW_S
+
+
+class CopyTo(StrEnum):
+    """Where the latest complete checkpoint is kept off its host."""
+
+    CONTROLLER = "controller"  # the machine that recovers the job (the service's, or the owner's)
+    PEER = "peer"  # another host of the job (the next one in name order)
+    NONE = "none"  # the inventory declares it shared storage: nothing is copied
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """`checkpoints: {shared: false, copy_to: controller, max_size: 2G, bandwidth: 50M}`.
+
+    `shared`: AIP_CHECKPOINT_DIR is storage every host sees (NFS, a parallel file system):
+    nothing is copied. Else the newest complete checkpoint is copied to `copy_to`, at most
+    `max_size` bytes, at most `bandwidth_bps` bytes a second, at low I/O priority."""
+
+    shared: bool = False
+    copy_to: CopyTo = CopyTo.CONTROLLER
+    max_bytes: int = 2 * 1024**3
+    bandwidth_bps: int = 50 * 1024**2
+
+    @property
+    def copies(self) -> bool:
+        return not self.shared and self.copy_to is not CopyTo.NONE
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """`pools.ROLE.elastic: {min: 2, max: 4}`: the pool's nodes under torchrun's c10d
+    rendezvous (`--nnodes=MIN:MAX`)."""
+
+    min: int
+    max: int
+
+
+# --------------------------------------------------------------------------- the state's record
+
+
+class Broke(StrEnum):
+    """How a run broke."""
+
+    FAILED = "failed"  # a task ended on a host that answers
+    HOST = "host"  # a host of the job stopped answering and the others ended or stopped progressing
+    HUNG = "hung"  # its tasks live but show no progress past the bound
+
+
+class Stage(StrEnum):
+    """Where a recovery is: a service killed in the middle goes on from here (the state's)."""
+
+    STOPPING = "stopping"  # the job is being stopped everywhere that answers, with its grace
+    PLACING = "placing"  # stopped: its failed replicas are placed again and it starts
+    DONE = "done"  # it runs again
+    GAVE_UP = "gave up"  # not recovered (budget spent, or the same failure on another host)
+
+
+KEEP_INCIDENTS = 50
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure of the job and its recovery, with the times goodput counts (this
+    machine's clock, epoch seconds): when it broke (the first failed exit, the last progress
+    before a hang, the last answer of a host), when it was seen, stopped, running again;
+    and the work done since its last checkpoint, redone after it."""
+
+    n: int
+    broke: Broke
+    task: str
+    host: str
+    words: str  # where it broke, one line ("chief-0's host gpu-3 stopped answering at 14:02")
+    signature: str  # how it failed, to tell the same failure on another host (its own bug)
+    run: int | None = None  # the run that broke
+    at: float | None = None  # when it broke
+    detected: float | None = None
+    stopped: float | None = None
+    running: float | None = None  # the next run started
+    checkpoint: float | None = None  # the newest checkpoint before it broke (its mtime)
+    aside: tuple[str, ...] = ()  # hosts set aside for the job by this recovery
+    stage: Stage = Stage.STOPPING
+    why: str = ""  # a recovery given up: why
+    new_run: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "n": self.n,
+            "broke": self.broke.value,
+            "task": self.task,
+            "host": self.host,
+            "words": self.words,
+            "signature": self.signature,
+            "run": self.run,
+            "at": self.at,
+            "detected": self.detected,
+            "stopped": self.stopped,
+            "running": self.running,
+            "checkpoint": self.checkpoint,
+            "aside": list(self.aside),
+            "stage": self.stage.value,
+            "why": self.why,
+            "new_run": self.new_run,
+        }
+
+    @classmethod
+    def from_json(cls, d: object) -> Incident | None:
+        if not isinstance(d, dict) or not isinstance(d.get("n"), int):
+            return None
+        try:
+            return cls(
+                int(d["n"]),
+                Broke(str(d.get("broke"))),
+                str(d.get("task", "")),
+                str(d.get("host", "")),
+                str(d.get("words", "")),
+                str(d.get("signature", "")),
+                _int(d.get("run")),
+                _num(d.get("at")),
+                _num(d.get("detected")),
+                _num(d.get("stopped")),
+                _num(d.get("running")),
+                _num(d.get("checkpoint")),
+                tuple(str(h) for h in d.get("aside") or ()),
+                Stage(str(d.get("stage", Stage.STOPPING.value))),
+                str(d.get("why", "")),
+                _int(d.get("new_run")),
+            )
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """What the job's state keeps of its recoveries: the hosts set aside for it (placement
+    treats them as drained for this job alone) and its incidents, newest last."""
+
+    aside: tuple[str, ...] = ()
+    incidents: tuple[Incident, ...] = ()
+
+    @property
+    def open(self) -> Incident | None:
+        """The recovery under way (stopping or placing), if any."""
+        last = self.incidents[-1] if self.incidents else None
+        return last if last is not None and last.stage in (Stage.STOPPING, Stage.PLACING) else None
+
+    def with_incident(self, inc: Incident) -> RecoveryRecord:
+        kept = [i for i in self.incidents if i.n != inc.n] + [inc]
+        kept.sort(key=lambda i: i.n)
+        return RecoveryRecord(self.aside, tuple(kept[-KEEP_INCIDENTS:]))
+
+    def with_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
+        return RecoveryRecord(tuple(sorted(set(self.aside) | set(hosts))), self.incidents)
+
+    def without_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
+        return RecoveryRecord(tuple(h for h in self.aside if h not in set(hosts)), self.incidents)
+
+    def next_number(self) -> int:
+        return (self.incidents[-1].n if self.incidents else 0) + 1
+
+    def to_json(self) -> dict[str, object]:
+        return {"aside": list(self.aside), "incidents": [i.to_json() for i in self.incidents]}
+
+    @classmethod
+    def from_json(cls, d: object) -> RecoveryRecord:
+        if not isinstance(d, dict):
+            return cls()
+        incs = [i for i in (Incident.from_json(x) for x in d.get("incidents") or ()) if i is not None]
+        return cls(tuple(str(h) for h in d.get("aside") or ()), tuple(incs[-KEEP_INCIDENTS:]))
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
