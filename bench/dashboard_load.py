@@ -3,7 +3,7 @@ PostgreSQL (tests/pgserver.py, on loopback):
 
 - 100,000 finished runs in the service's history (provision_service_history, bulk SQL in
   the store's own schema: ServiceStore.open_pg makes the tables), spread over 8 weeks,
-  40 owners, 8 GPUs each;
+  40 owners, 8 GPUs each; the kept logs at their bound (256 MiB, of 4,096 of those jobs);
 - one study of 10,000 finished trials in the state's database (the study opened with
   io/study.py's open_study, its trials, made by Optuna's create_trial, written into Optuna's
   tables with a COPY each: 3 parameters, one log-scaled, a value each);
@@ -74,6 +74,28 @@ def seed_history(server: object, now: float) -> None:
         f"FROM generate_series(1, {RUNS}) AS g"
     )
     server.sql("ANALYZE provision_service_history")  # type: ignore[attr-defined]  # as autovacuum soon would
+
+
+def seed_logs(server: object, total: int) -> int:
+    """The kept logs at their total bound (io/servicelogs.TOTAL_BYTES): blocks of BLOCK_BYTES of
+    lines, one job of the history each, as the log keeper writes them (one COPY)."""
+    import psycopg
+
+    from provision.io.servicelogs import BLOCK_BYTES
+
+    line = "2026-11-27T10:00:00Z\tchief-0\thost-1\tstep 1200 loss 0.4182 lr 0.0003 (bench line, some words of a log)"
+    per = BLOCK_BYTES // (len(line) + 1)
+    data = "\n".join([line] * per)
+    blocks = total // BLOCK_BYTES
+    with psycopg.connect(server.url(password=True)) as conn:  # type: ignore[attr-defined]
+        with (
+            conn.cursor() as cur,
+            cur.copy("COPY provision_service_logs (job, run, lines, bytes, data) FROM STDIN") as cp,
+        ):
+            for k in range(blocks):
+                cp.write_row((f"job-{k % 4096 + 1}", 1, per, per * (len(line) + 1), data))
+        conn.execute("ANALYZE provision_service_logs")
+    return blocks * per * (len(line) + 1)
 
 
 def study_trials(trials: int, job: str) -> list[Any]:
@@ -382,13 +404,24 @@ URLS = [
     "/",
     "/jobs",
     "/jobs?owner=bench%40example.com&page=2",
+    "/jobs?phase=failed&since=30d",
+    "/jobs?fpage=200",
     "/jobs/bigstudy",
+    "/jobs/bigstudy-t5000",
+    "/jobs/job-5",
+    "/jobs/eval-3",
     "/studies/bigstudy",
+    "/history",
+    "/history?owner=user7%40example.com&kind=run&page=20",
+    "/quotas",
     "/usage",
     "/api/v1/hosts",
     "/api/v1/jobs",
     "/api/v1/jobs/bigstudy",
+    "/api/v1/jobs/job-5/logs",
     "/api/v1/studies/bigstudy",
+    "/api/v1/history",
+    "/api/v1/quotas",
     "/api/v1/usage",
     "/metrics",
 ]
@@ -431,7 +464,7 @@ def measure(rep: Report, base: str, pid: int, urls: list[str], args: argparse.Na
         for u in urls:
             # The study's pages and /metrics (which reads every study) took seconds each at
             # 10,000 trials (before the study's reader, io/studyread.py): --slow requests of those.
-            slow = "/studies/" in u or u == "/metrics"
+            slow = "/studies/" in u or u == "/metrics" or "-t5000" in u
             times, size, bad, first = timed(client, u, args.slow if slow else args.requests)
             worst.append((u, p95(times)))
             rep.say(
@@ -521,6 +554,11 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         t = time.monotonic()
         seed_history(server, now)
         rep.say(f"seeded {RUNS} finished runs over {WEEKS} weeks in {time.monotonic() - t:.0f} s")
+        from provision.io.servicelogs import TOTAL_BYTES
+
+        t = time.monotonic()
+        kept = seed_logs(server, TOTAL_BYTES)
+        rep.say(f"seeded {kept / 2**20:.0f} MiB of kept logs (the store's bound) in {time.monotonic() - t:.0f} s")
         tune = {**STUDY_TUNE, "max_trials": max(1, args.trials)}
         paths = [tmp / "bigstudy.yaml"]
         if fake:

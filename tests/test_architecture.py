@@ -277,6 +277,9 @@ def test_web_reads_the_service_only_through_its_source():
         "provision.io.servicedb",
         "provision.io.servicehistory",
         "provision.io.serviceevents",
+        "provision.io.servicenotify",
+        "provision.io.servicelogs",
+        "provision.io.servicehealth",
     }
     bad = sorted(
         f"{i.module} imports {i.target}"

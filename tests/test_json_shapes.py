@@ -59,7 +59,8 @@ def documented(name: str, page: Path = COMMANDS) -> Any:
 
 # --------------------------------------------------------------------------- comparing shapes
 
-DYNAMIC = {"hosts", "outcome", "params"}  # objects keyed by host name, or by a study's parameter names
+DYNAMIC = {"hosts", "outcome", "params", "nics", "near_nic", "labels", "not_answering"}  # objects keyed by host name,
+# by a study's parameter names, by device (a host's NICs and GPUs) or by label name
 
 
 def _kind(v: Any) -> str:
@@ -226,11 +227,36 @@ def test_status_json_shape_offline(first):
 
 def test_facts_json_shape_offline():
     from provision.cli.output import facts_json
+    from provision.host.protocol import ProbeReport
+    from provision.rules.fabricfacts import fabric_of
     from provision.rules.facts import summary_row
+    from provision.rules.health import health_words
 
-    row = summary_row("gpu-1", {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33})
+    facts = {"os": "Debian GNU/Linux 12 (bookworm)", "cpus": 4, "memory_bytes": 2**33}
+    row = summary_row("gpu-1", facts)
     assert row["gpu_model"] is None and row["systemd"] is None  # absent: null, not "-" or "none"
-    check("facts", json.loads(json.dumps(facts_json({"gpu-1": {**row, "problems": []}}))))
+    health = health_words(1, ProbeReport(facts={}, checks={"health": {}}, health={}))
+    fabric = fabric_of(facts)  # as `provision facts` adds it (cli/observe.py)
+    doc = {**row, "fabric": fabric.to_json(), "labels": fabric.labels(), "problems": [], "health": health}
+    check("facts", json.loads(json.dumps(facts_json({"gpu-1": doc}))))
+
+
+def test_check_bandwidth_json_shape_offline():
+    from provision.rules import fabric as F
+    from provision.rules.bisection import Bisection
+    from provision.run.bandwidth import BandwidthResult, Round
+
+    hosts = [f"gpu-{i}" for i in range(1, 5)]
+    base = F.Baseline("nvidia-h100x8", "nccl-tests", 46.7, 46.0, 4, 256 << 20, "2026-11-30T09:12:44Z", "ana", "mnist")
+    b = Bisection(hosts, base)
+    while (step := b.next()) is not None:
+        b.record([F.Figure(g, len(b.rounds) + 1, 11.0 if "gpu-3" in g else 46.0, 0.02) for g in step[1]])
+    res = BandwidthResult("mnist", F.Tool.NCCL, 256 << 20, hosts, "nvidia-h100x8", baseline=base, seconds=9.0)
+    res.rounds = [Round(i, kind, js, 2.0) for i, ((kind, _), js) in enumerate(zip(b.rounds, b.judged()), 1)]
+    res.verdict = b.verdict()
+    real = json.loads(json.dumps(res.to_json()))
+    assert real["slow_hosts"] == ["gpu-3"] and real["ok"] is False
+    check("check --bandwidth", real)
 
 
 def test_state_show_json_shape_offline(tmp_path):

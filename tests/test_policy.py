@@ -6,7 +6,7 @@ import pytest
 
 from provision.core.errors import ValidationError
 from provision.rules.policyfile import from_json, parse, to_json
-from provision.rules.priority import DEFAULT_CLASSES, Policy
+from provision.rules.priority import DEFAULT_CLASSES, DevPolicy, Policy
 from provision.rules.tenancy import identity
 
 KNOWN = {"ana@lab", "bob@lab", "carol@lab"}
@@ -105,3 +105,32 @@ def test_stored_in_the_team_database_and_read_where_levels_are_computed(
         assert ctx.policy == team and ctx.turn.priority == 2000 and not ctx.turn.preemptible
     finally:
         ctx.close()
+
+
+def test_dev_sessions_terms_default_and_as_given() -> None:
+    assert parse("", "p.yaml", KNOWN).dev == DevPolicy()
+    p = parse("dev: {priority: high, hours: 2.5, idle_minutes: 30, idle_below: 10}\n", "p.yaml", KNOWN)
+    assert p.dev == DevPolicy("high", 2.5, 30, 10)
+    assert parse("dev: {idle_minutes: 90}\n", "p.yaml", KNOWN).dev == DevPolicy(idle_minutes=90)
+    assert parse("dev: {priority: 700}\n", "p.yaml", KNOWN).dev.priority == 700
+    assert from_json(to_json(p)) == p
+    old = {k: v for k, v in to_json(p).items() if k != "dev"}  # a policy stored before dev: existed
+    assert from_json(old).dev == DevPolicy()
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("dev: {priority: urgent}", "p.yaml:1: dev.priority: expected a class of classes: (high, low, normal)"),
+        ("dev: {hours: 0}", "p.yaml:1: dev.hours: expected a number > 0, got 0"),
+        ("dev: {hours: 1000}", "p.yaml:1: dev.hours: at most 720, got 1000"),
+        ("dev: {idle_minutes: 0}", "p.yaml:1: dev.idle_minutes: expected an integer from 1 to 10080, got 0"),
+        ("dev: {idle_below: 101}", "p.yaml:1: dev.idle_below: expected an integer from 0 to 100, got 101"),
+        ("dev: {idle: 5}", "p.yaml:1: dev.idle: unknown key"),
+        ("classes: {low: 1}\ndev: {hours: 2}", "p.yaml:2: dev: no priority: given, and the default class 'normal'"),
+    ],
+)
+def test_bad_dev_terms_are_one_line_each(text: str, want: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        parse(text, "p.yaml", KNOWN)
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith(want), e.value.problems

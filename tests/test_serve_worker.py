@@ -16,6 +16,7 @@ import pytest
 from clirun import run, wait_until
 from provision.cli import servecmd, tunecmd
 from provision.core.errors import ProvisionError
+from provision.core.events import Kind as EventKind
 from provision.core.submission import Kind, Status
 from provision.core.trialend import Ended, Ending
 from provision.core.tuning import Goal, Metric, Param, ParamType, TrialState, Tune
@@ -291,6 +292,7 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
     """SQLite on a full file system answers reads and refuses writes ("database or disk is
     full"): one line when it goes, one when writes work again (it flapped twice a second)."""
     from provision.io.servicestore import ServiceStore
+    from test_watch import _NoLead  # the stand-in lead those tests use
 
     class Full(ServiceStore):
         full = False
@@ -308,7 +310,7 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
     store = ServiceStore.open_local(tmp_path / "svc.sqlite")
     store.__class__ = Full
     lines: list[str] = []
-    svc = Service(store, _Lead(), tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
+    svc = Service(store, _NoLead(), tmp_path / "work", say=lines.append, poll=0.01)  # type: ignore[arg-type]
     t = threading.Thread(target=svc.run)
     t.start()
     try:
@@ -325,15 +327,39 @@ def test_a_database_on_a_full_disk_is_said_once_until_it_takes_writes_again(tmp_
     assert sum("does not answer" in x for x in lines) == 1 and sum("answers again" in x for x in lines) == 1, lines
 
 
-class _Lead:
-    def try_take(self) -> bool:
-        return True
+def test_a_studys_new_best_is_one_event_per_trial_that_beat_those_before(tmp_path, monkeypatch) -> None:
+    """The study's runner tells `study.best` for each trial that beat every one before it
+    (a tie is not a new best), keyed by the trial's number."""
+    inv_path = tmp_path / "study.yaml"
+    inv_path.write_text(
+        INV + TUNE.replace("parallel_trials: 2", "parallel_trials: 1").replace("max_trials: 4", "max_trials: 5")
+    )
+    inv = parse(inv_path.read_text(), inv_path, "study.yaml")
+    assert inv.tune is not None
+    study = memory_study(inv.tune, inv.job, seed=1)
+    work = TrialWork(str(inv_path), inv, inv.tune, tmp_path, threading.Event(), lambda line: None, poll=0.05)
+    monkeypatch.setattr(worker, "open_work", lambda *a, **k: (work, study))
+    values = {1: 0.5, 2: 0.7, 3: 0.3, 4: 0.3, 5: 0.1}
 
-    def still_held(self) -> bool:
-        return True
+    def run(w: TrialWork, h: Handle) -> None:
+        w.post(Started(h.number, {"chief-0": "a"}))
+        w.post(JobEnded(h.number, Ended(Ending.SUCCEEDED, "", values[h.number], 1)))
+        assert h.told_event.wait(5)
+        w.post(Removed(h.number, Ended(Ending.SUCCEEDED, "", values[h.number], 1)))
 
-    def release(self) -> None:
-        pass
+    class Loop(worker._Cancellable):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k, run=run)
 
-    def backend(self) -> int | None:
-        return None
+    monkeypatch.setattr(worker, "_Cancellable", Loop)
+    store = ServiceStore.open_local(tmp_path / "svc" / "service.sqlite")
+    try:
+        sub = Submission("s1", Kind.TUNE, inv.job, "ann@example.com", "local", "", "study.yaml", {})
+        status, why = worker.run_tune(store, sub, inv_path)
+        best = store.events(kinds=[EventKind.STUDY_BEST])
+    finally:
+        store.close()
+    assert status is Status.DONE, why
+    assert [s.event.key for s in best] == ["best:sweep:1", "best:sweep:3", "best:sweep:5"]
+    assert best[-1].event.words == "study sweep: trial 5 is the best so far (loss 0.1)"
+    assert {s.event.owner for s in best} == {"ann@example.com"} and {s.event.job for s in best} == {"sweep"}

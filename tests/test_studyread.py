@@ -138,6 +138,8 @@ def test_a_read_answers_for_fresh_seconds(sqlite: tuple[str, Path]) -> None:
 
 
 def test_never_started(tmp_path: Path) -> None:
+    # A database where no study was ever made (a team's fresh one: `tune --detach` read it first).
+    assert load_study(TUNE, JOB, f"sqlite:///{tmp_path / 'fresh.db'}", tmp_path / "j") is None
     assert StudyReader(TUNE, JOB, f"sqlite:///{tmp_path / 'empty.db'}", tmp_path / "j").read() is None
     assert StudyReader(TUNE, JOB, None, tmp_path / "none.journal").read() is None
     url = f"sqlite:///{tmp_path / 'other.db'}"
@@ -175,3 +177,28 @@ def test_postgresql(postgres: object) -> None:
     assert reader.reads == 5
     reader.close()
     optuna.delete_study(study_name=JOB, storage=url)
+
+
+@pytest.mark.parametrize("where", ["sql", "journal"])
+def test_each_trials_reports_are_its_curve_and_the_importance_is_optunas(where: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}" if where == "sql" else None
+    journal = tmp_path / "sweep.tune" / "study.journal"
+    st = open_study(TUNE, JOB, url, journal, seed=1)
+    for k in range(8):
+        a = st.ask(TUNE.max_trials)
+        assert a is not None
+        st.claim(a.number, ME, f"{JOB}-t{a.number}", phase="running")
+        for step in (1, 2, 3):
+            st.report(a.number, 1.0 / step + k, step)
+        if k < 7:
+            st.tell(a.number, Ended(Ending.SUCCEEDED, "", 0.1 * k, 3))
+    reader = StudyReader(TUNE, JOB, url, journal, fresh=0.0)
+    snap = reader.read()
+    assert snap is not None and len(snap.curves) == 8
+    assert snap.curves[1] == ((1, 1.0), (2, 0.5), (3, 1.0 / 3))
+    st.report(8, 0.25, 4)  # the running trial reports again: seen at the next look
+    later = reader.read()
+    assert later is not None and later.curves[8][-1] == (4, 0.25) and later.version > snap.version
+    got = reader.importance(later)
+    assert set(got) == {"lr", "layers", "opt"} and abs(sum(got.values()) - 1.0) < 1e-6
+    assert reader.importance(later) is got  # weighed once for the same succeeded trials

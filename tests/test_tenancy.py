@@ -198,6 +198,7 @@ def test_jobs_view_shapes():
             "priority_level": 500,
             "preemptible": False,
             "submitted": "2027-01-15T06:00:00Z",
+            "dev": None,  # not a dev session
             "hosts": {"gpu-1": {"state": "running", "gpus": [0], "ports": [2222], "preempted_by": None}},
         }
     ]
@@ -208,6 +209,7 @@ def test_jobs_view_shapes():
         "held": {"run": {"gpus": [0], "ports": [2222]}},
         "foreign_ports": [9000],
         "unreadable": [],
+        "health": {"host": {"state": "healthy"}, "gpus": {"0": {"state": "healthy"}, "1": {"state": "healthy"}}},
     }
 
 

@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, progress, recovery, spares, checkpoints)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares, checkpoints)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -1053,6 +1053,29 @@ CASES: list[Case] = [
         "they are asked to stop with (default SIGTERM; SIGKILL would lose the checkpoint).",
     ),
     Case(
+        "placement-label",
+        "placement.prefer_same names a label no host has, or one twice",
+        E(
+            "34: placement.prefer_same[0]: no host has the label 'switch'",
+            "34: placement.prefer_same[2]: 'rack' is listed twice",
+        ),
+        edits=(
+            (
+                "success: {policy: chief}\n",
+                "success: {policy: chief}\nplacement: {prefer_same: [switch, rack, rack]}\n",
+            ),
+        ),
+        fix="List host labels (`labels:` of the hosts, or those `provision facts` suggests: `nvlink_domain`, "
+        "`ib_subnet`), each once; the first counts most.",
+    ),
+    Case(
+        "placement-key",
+        "Unknown placement key",
+        E("34: placement.spread: unknown key (allowed: prefer_same)"),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\nplacement: {spread: [rack]}\n"),),
+        fix="`placement:` has one key, `prefer_same`: a list of host labels.",
+    ),
+    Case(
         "spares-unknown",
         "A spare that is not one of the hosts",
         E("34: spares[0]: no host named 'gpu-9' in hosts: a spare is one of the inventory's hosts"),
@@ -1067,8 +1090,10 @@ CASES: list[Case] = [
             "no pool is placed on it by name"
         ),
         edits=(
-            ("    replicas: 1\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:",
-             "    replicas: 1\n    hosts: [cpu-1]\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:"),
+            (
+                "    replicas: 1\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:",
+                "    replicas: 1\n    hosts: [cpu-1]\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:",
+            ),
             ("success: {policy: chief}\n", "success: {policy: chief}\nspares: [cpu-1]\n"),
         ),
         fix="Take the host out of the pool's `hosts:` list, or out of `spares:`: a spare is kept free until a "
@@ -1093,8 +1118,10 @@ CASES: list[Case] = [
             "pool's command must be torchrun (or python -m torch.distributed.run), got '/opt/venv/bin/python'"
         ),
         edits=(
-            ("    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
-             "    accelerators: 8\n    elastic: {min: 1, max: 2}\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:"),
+            (
+                "    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+                "    accelerators: 8\n    elastic: {min: 1, max: 2}\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+            ),
         ),
         fix="Run the pool's program under torchrun: `command: [/opt/venv/bin/torchrun, /opt/job/train.py]` "
         "(provision adds `--nnodes=MIN:MAX` and the rendezvous), or leave `elastic` out.",
@@ -1104,8 +1131,10 @@ CASES: list[Case] = [
         "An elastic pool whose min is more than its max",
         E("25: pools.worker.elastic: min 3 is more than max 2"),
         edits=(
-            ("    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
-             "    accelerators: 8\n    elastic: {min: 3, max: 2}\n    command: [/opt/venv/bin/torchrun, /opt/job/train.py]\n  ps:"),
+            (
+                "    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+                "    accelerators: 8\n    elastic: {min: 3, max: 2}\n    command: [/opt/venv/bin/torchrun, /opt/job/train.py]\n  ps:",
+            ),
         ),
         fix="`min` is the fewest nodes the job trains on, `max` the most; min <= replicas <= max.",
     ),

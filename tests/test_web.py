@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from provision.rules.historyview import HistoryQuery
+from provision.rules.studyview import StudyCurves
 from provision.web.app import make_app
 from provision.web.auth import CSRF_COOKIE, Auth
 from provision.web.guard import BadURL, Site
@@ -123,10 +125,49 @@ def _study_doc() -> dict[str, Any]:
     }
 
 
+def _history_rows() -> list[dict[str, Any]]:
+    """As rules/historyview.row_json makes them: a finished run of old, a preempted run of
+    bert, a trial of s, a wait."""
+
+    def row(kind: str, job: str, owner: str, state: str, how: str, ended: str | None, gpus: int, hours: float):
+        return {
+            "kind": kind, "job": job, "owner": owner, "started": "2026-11-26T20:00:00Z", "ended": ended,
+            "seconds": 3600.0, "state": state, "how": how, "hosts": ["gpu-2"], "gpus": gpus, "gpu_hours": hours,
+            "submission": "sub-1",
+        }  # fmt: skip
+
+    return [
+        row("run", "old", "ana", "failed", "Failed: chief-0 exited 1", "2026-11-26T23:00:00Z", 4, 12.25),
+        row("run", "bert", "ana", "preempted", "Preempted by gpt", "2026-11-26T22:00:00Z", 12, 6.0),
+        row("trial", "s-t1", "ana", "succeeded", "succeeded, 0.5", "2026-11-26T21:00:00Z", 1, 1.0),
+        row("wait", "gpt", "bob", "waiting", "", None, 2, 0.0),
+    ]
+
+
+def _quotas_doc() -> dict[str, Any]:
+    return {
+        "format_version": 1,
+        "guarantees": True,
+        "free": 1,
+        "quotas": [
+            {
+                "quota": "team-a", "members": ["ana"], "guaranteed": 4, "used": 2, "borrowed": 0, "waiting": 0,
+                "waiting_jobs": [], "if_asked": {"gpus": 2, "fits": False, "possible": True,
+                                                 "victims": [{"job": "bert", "owner": "bob", "why": "borrowing"}]},
+            },
+            {
+                "quota": "bob", "members": [], "guaranteed": 0, "used": 2, "borrowed": 2, "waiting": 2,
+                "waiting_jobs": ["gpt"], "if_asked": None,
+            },
+        ],
+    }  # fmt: skip
+
+
 class FakeSource:
     def __init__(self) -> None:
         self.done: list[tuple[str, str, str]] = []
         self.down = False
+        self.asked: list[HistoryQuery] = []
 
     def _up(self) -> None:
         if self.down:
@@ -192,6 +233,20 @@ class FakeSource:
 
     def usage(self) -> dict[str, Any]:
         return USAGE_EXAMPLE
+
+    def history(self, q: HistoryQuery) -> dict[str, Any]:
+        rows = [r for r in _history_rows() if (not q.owner or r["owner"] == q.owner)]
+        rows = [r for r in rows if (not q.finished or r["ended"]) and (not q.kinds or r["kind"] in q.kinds)]
+        rows = [r for r in rows if not q.state or r["state"] == q.state]
+        self.asked.append(q)
+        return {"format_version": 1, "rows": rows[q.offset : q.offset + q.limit], "total": len(rows), "as_of": "t"}
+
+    def quotas(self) -> dict[str, Any]:
+        return _quotas_doc()
+
+    def curves(self, name: str) -> StudyCurves:
+        self.study(name)
+        return StudyCurves({1: ((1, 0.9), (5, 0.6), (10, 0.5)), 2: ((1, 2.5), (3, 2.0)), 4: ((1, 0.8), (2, 0.4))})
 
     def owner(self, name: str, recent: bool = False) -> str | None:
         return {"bert": "ana", "gpt": "bob", "s": "ana"}.get(name)

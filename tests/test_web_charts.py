@@ -210,3 +210,52 @@ def test_the_trials_table_sorted_on_the_server_and_paged():
     assert o.toggled("value") == "sort=value&order=desc&page=1" and o.toggled("state") == "sort=state&order=asc&page=1"
     assert pager(1, 1) == [1] and pager(50, 100) == [1, None, 48, 49, 50, 51, 52, None, 100]
     assert pager(2, 4) == [1, 2, 3, 4]
+
+
+# --------------------------------------------------------------------------- the axes a type asks for
+
+
+def _texts(svg) -> list[str]:
+    return [t.text or "" for t in ET.fromstring(str(svg)).iter(f"{SVG}text")]
+
+
+def test_a_discrete_axis_is_its_values_and_an_integer_axis_whole_numbers():
+    discrete = {"name": "batch", "type": "discrete", "scale": "linear", "min": None, "max": None, "values": [8, 16, 32]}
+    trials = [_t(1, 0.5, batch=8), _t(2, 0.4, batch=8)]
+    svg = charts.param_svg(_study(trials, [discrete]), discrete)
+    shown = _texts(svg)
+    assert {"8", "16", "32"} <= set(shown) and not any(s in shown for s in ("7.45", "8.55", "7.5"))
+    integer = {"name": "layers", "type": "integer", "scale": "linear", "min": 1, "max": 12, "values": []}
+    svg = charts.param_svg(_study([_t(1, 0.5, layers=3), _t(2, 0.4, layers=9)], [integer]), integer)
+    ticks = [s for s in _texts(svg)[5:] if s and s[0].isdigit()]  # past the value axis' five
+    assert ticks and all(s.isdigit() for s in ticks), ticks
+    axis = charts.param_axis(integer, [8], 0, 100)
+    assert axis.ticks == [(8.0, "8")]  # one value: one whole tick, not 7.45 .. 8.55
+
+
+def test_a_cancelled_trial_is_called_so_and_drawn_grey():
+    t = {**_t(1, 0.5), "state": "stopped early", "why": "cancelled by ana"}
+    svg = str(charts.objective_svg(_study([t, _t(2, 0.4)])))
+    assert 'class="cancelled"' in svg and "(cancelled)" in svg and "stopped early" not in svg
+
+
+def test_learning_curves_mark_where_the_stopped_ones_stopped():
+    from provision.rules.studyview import StudyCurves
+
+    trials = [_t(1, 0.5), {**_t(2, 1.5), "state": "stopped early", "why": "median rule"}, _t(3, None, "failed")]
+    curves = StudyCurves({1: ((1, 2.0), (2, 1.0), (3, 0.5)), 2: ((1, 2.5), (2, 1.5)), 3: ((1, 3.0),)})
+    svg = charts.curves_svg({**_study(trials), "space": []}, curves)  # type: ignore[typeddict-item]
+    root = ET.fromstring(str(svg))
+    lines = {p.get("data-curve"): p for p in root.iter(f"{SVG}polyline")}
+    assert set(lines) == {"1", "2", "3"} and len(lines["1"].get("points", "").split()) == 3
+    marks = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "pruned"]
+    assert len(marks) == 1 and "stopped at step 2" in (marks[0].findtext(f"{SVG}title") or "")
+    assert any(p.get("class") == "failed" for p in root.iter(f"{SVG}path"))
+    assert "no reports yet" in str(charts.curves_svg(_study([_t(1, 0.5)]), StudyCurves()))  # type: ignore[arg-type]
+
+
+def test_importance_bars_largest_first():
+    svg = charts.importance_svg({"lr": 0.2, "layers": 0.75, "opt": 0.05})
+    names = [t for t in _texts(svg) if t in ("lr", "layers", "opt")]
+    assert names == ["layers", "lr", "opt"] and "75.0 %" in _texts(svg)
+    assert "too few" in str(charts.importance_svg({}))

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from clirun import cli, sh
+from provision.host import layout
 from provision.host.protocol import ProbeRequest, to_wire
 from provision.io import probe as fast_probe
 from provision.run import context as engine
+from provision.run.survey import SURVEY_ASK
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +54,7 @@ def both(inv: Path, state: Path | None = None, monkeypatch=None) -> tuple[dict, 
             "+checks": engine.Ask(facts="check", checks=True, interface=True),
             "+status": engine.Ask(files=False, tenancy=True, listening=False, clocks=True),
             "+settled": engine.Ask(facts="check", tenancy=True, checks=True, interface=True).settled(),
+            "+health": SURVEY_ASK,  # the service's rounds: the ledger, the GPUs' use and their health read
         }
         for key, ask in asks.items():
             fast_res = engine.probe(ctx, ask, fast=True)
@@ -80,6 +83,9 @@ def _steady(report: dict) -> dict:
     """Free disk space moves between two reads (journald writes): which paths were read is compared."""
     if (report.get("checks") or {}).get("disk"):
         report["checks"]["disk"] = sorted(report["checks"]["disk"])
+    xid = ((report.get("checks") or {}).get("health") or {}).get("xid")
+    if xid:  # the host's clocks when each read them
+        xid["now"] = xid["uptime"] = None
     return report
 
 
@@ -140,6 +146,11 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
         "echo '1796164694 success exited 0' > /var/lib/provision/other/gone.exits",
         check=True,
     )
+    # ... a health record, an Xid since the last look, a throttled GPU (host/health.py's read).
+    rec = {"gpus": {"1": {"state": "quarantined", "reason": "Xid 79", "since": 1.5, "by": "ana"}}}
+    sh(sb, "host-1", f"echo '{json.dumps(rec)}' > {layout.HEALTH_PATH} && echo 1700000000.25 > {layout.XID_AFTER_PATH} && "
+       f"echo '1800000000.5 h kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.' > {layout.SANDBOX_KMSG} "
+       "&& echo '0 hw_slowdown' > /etc/provision-sandbox/throttle", check=True)  # fmt: skip
     sh(sb, "host-1", "systemd-run --unit probe-listener python3 -m http.server 2290", check=True)
     # ... on a port of the job's (the checks name the process), whose pid is busy on a GPU too.
     sh(sb, "host-1", "systemd-run --unit probe-listener2 python3 -m http.server 2222", check=True)
@@ -166,8 +177,15 @@ def test_fast_probe_reports_what_the_agent_does(sb, sandbox_inventory, tmp_path,
         check=True,
     )
     sh(sb, "host-1", "rm /etc/provision-sandbox/busy-gpus", check=True)
+    sh(sb, "host-1", f"rm {layout.HEALTH_PATH} {layout.XID_AFTER_PATH} {layout.SANDBOX_KMSG} /etc/provision-sandbox/throttle",
+       check=True)  # fmt: skip
     assert fell_back == []
     assert_same(fast, slow)
+    h1 = fast["host-1+health"]
+    assert h1["health"] == rec and fast["host-2+health"]["health"] == {}
+    read = h1["checks"]["health"]
+    assert read["xid"]["source"] == "file" and read["xid"]["after"] == 1700000000.25 and len(read["xid"]["lines"]) == 1
+    assert read["gpus"][0]["throttle"] == 0x8 and read["dcgm"]["code"] == 127  # the stand-in: DCGM not installed
     t1 = fast["host-1+tenancy"]
     assert sorted(t1["ledger"]) == ["other", "probe"] and 2290 in t1["listening"] and 22 in t1["listening"]
     assert t1["ledger_units"]["provision-probe-chief-0.service"]["ActiveState"] in ("active", "inactive")

@@ -39,7 +39,10 @@ COMMANDS = {
     "cancel": "provision.cli.servecmd:cancel",
     "history": "provision.cli.servecmd:history",
     "events": "provision.cli.eventscmd:events",
+    "notify": "provision.cli.notifycmd:notify_group",
+    "health": "provision.cli.healthcmd:health_group",
     "policy": "provision.cli.policycmd:policy_group",
+    "dev": "provision.cli.devcmd:dev_cmd",
     "import": "provision.cli.importcmd:import_group",
     "sandbox": "provision.cli.sandboxcmd:sandbox",
 }

@@ -27,6 +27,7 @@ from provision.core.text import printable
 from provision.host import layout
 from provision.placement.tasks import PlacementError
 from provision.rules import provenance
+from provision.rules.fabric import CHOICES as BANDWIDTH_TOOLS
 from provision.rules.plan import Plan
 from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
 from provision.run.check import run_check, summary, table_rows
@@ -156,6 +157,17 @@ def plan(
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--skip-network", is_flag=True, help="Only the per-host checks: no listeners, no connections.")
+@click.option(
+    "--bandwidth", is_flag=True, help="Instead: the all-reduce bus bandwidth between the hosts, against the baseline."
+)
+@click.option(
+    "--bandwidth-tool",
+    type=click.Choice(BANDWIDTH_TOOLS),
+    default="auto",
+    show_default=True,
+    help="With --bandwidth: what measures it (auto: nccl-tests, else torch, else provision's stream test).",
+)
+@click.option("--new-baseline", is_flag=True, help="With --bandwidth: a healthy measurement replaces the baseline.")
 def check(
     inventory: str,
     state_path: str | None,
@@ -164,13 +176,25 @@ def check(
     verbose: bool,
     as_json: bool,
     skip_network: bool,
+    bandwidth: bool,
+    bandwidth_tool: str,
+    new_baseline: bool,
 ) -> None:
     """Pre-flight: GPUs healthy and as declared, the job's ports free, clocks, disk, and every
-    task able to reach the addresses it will dial. Changes nothing.
+    task able to reach the addresses it will dial. Changes nothing. With --bandwidth, the
+    fabric between the hosts instead (rounds of all-reduce tests; a slow host named).
 
     Exit 0 when every check passes (warnings allowed), 1 when one fails, 3 when a host is unreachable.
     """
 
+    if not bandwidth and (bandwidth_tool != "auto" or new_baseline):
+        raise ProvisionError(f"{'--new-baseline' if new_baseline else '--bandwidth-tool'} goes with --bandwidth")
+    if bandwidth:
+        # Start-up time: the fabric's modules load only for --bandwidth.
+        from provision.cli.fabriccmd import bandwidth_check
+
+        bandwidth_check(inventory, state_path, targets, parallelism, verbose, as_json, bandwidth_tool, new_baseline)
+        return
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False)
     try:
         res = run_check(ctx, skip_network=skip_network, progress=progress_line)

@@ -23,6 +23,7 @@ from provision.inventory.inventory import DNS_LABEL, HOST_NAME
 from provision.io.hostkeys import KnownHosts
 from provision.io.outfile import check_output, write_output
 from provision.io.ssh import Session, call_agent
+from provision.rules.fabricfacts import fabric_of
 from provision.run.context import open_context
 from provision.run.remote import complete_tasks, exec_script, run_exec, shell_command, ssh_argv
 
@@ -197,6 +198,10 @@ def init_text(
             counts.append(0)
         else:
             lines.append("    # accelerators: {type: nvidia-h100, count: 8}")
+        hw = fabric_of(f).labels() if f is not None else {}
+        if hw:  # what placement's prefer_same can group the hosts by
+            pairs = ", ".join(f"{k}: {_q(v)}" for k, v in sorted(hw.items()))
+            lines.append(f"    labels: {{{pairs}}}   # from the hardware (provision facts)")
     per = min(counts) if counts and min(counts) > 0 else 0
     acc_line = f"    accelerators: {per}\n" if per else "    # accelerators: 1               # per replica\n"
     workers = max(1, len(hosts) - 1)

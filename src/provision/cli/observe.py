@@ -5,6 +5,7 @@ from __future__ import annotations
 import json as _json
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -16,9 +17,13 @@ from provision.cli.common import (
 from provision.cli.output import facts_json, status_lines, table
 from provision.cli.progress import Display, wait_job
 from provision.core.errors import ProvisionError
+from provision.core.model import Host
 from provision.core.target import HostError
 from provision.core.text import printable
+from provision.host.protocol import ProbeReport
+from provision.rules.fabricfacts import fabric_of
 from provision.rules.facts import mismatches, summary_row
+from provision.rules.health import health_words
 from provision.rules.tenancy import HostView, host_view, jobs_json, jobs_lines, queued_lines
 from provision.run.context import Ask, probe
 from provision.run.jobend import collect
@@ -86,56 +91,59 @@ def facts(
     verbose: bool,
     as_json: bool,
 ) -> None:
-    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd; flag mismatches."""
+    """Report per host: OS, CPUs, memory, GPUs (nvidia-smi), TPU chips, systemd, the fabric
+    (NVLink, InfiniBand); flag mismatches."""
 
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, render_secrets=False, files_here=False)
     try:
-        res = probe(ctx, Ask(facts="all", files=False))
+        res = probe(ctx, Ask(facts="all", files=False, tenancy=True, listening=False, health=True))
     finally:
         ctx.close()
     reports = {n: res.get(n) for n in ctx.targets}
     hosts = {h.name: h for h in ctx.inventory.hosts}
-    rows, data, unreachable, bad = (
-        [("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "CHECK")],
-        {},
-        [],
-        False,
-    )
+    data: dict[str, dict[str, Any]] = {}
+    rows: list[tuple[str, ...]] = [
+        ("HOST", "OS", "CPUS", "MEMORY", "GPUS", "MODEL", "TPU", "SYSTEMD", "FABRIC", "CHECK")
+    ]
+    unreachable, bad = [], False
     for name, r in reports.items():
         if isinstance(r, HostError):
             data[name] = {"error": r.message, "problems": []}
-            rows.append((name, "-", "-", "-", "-", "-", "-", "-", r.message))
+            rows.append((name, "-", "-", "-", "-", "-", "-", "-", "-", r.message))
             if r.unreachable:
                 unreachable.append(name)
             bad = True
             continue
-        f = r.facts or {}
-        problems = mismatches(hosts[name], f) if name in hosts else []
-        bad = bad or bool(problems)
-        row = summary_row(name, f)
-        data[name] = {**row, "problems": problems}
-        rows.append(
-            (
-                name,
-                row["os"] or "-",
-                str(row["cpus"]),
-                f"{row['memory_gib']} GiB",
-                str(row["gpus"]),
-                row["gpu_model"] or "-",
-                str(row["tpu_chips"]),
-                row["systemd"] or "none",
-                "; ".join(problems) or "ok",
-            )
-        )
+        data[name], line = _facts_of(name, r, hosts.get(name))
+        bad = bad or bool(data[name]["problems"])
+        rows.append(line)
     if as_json:
         click.echo(_json.dumps(facts_json(data), indent=1))
     else:
-        for line in table(rows):
-            click.echo(line)
+        for text in table(rows):
+            click.echo(text)
     if unreachable:
         click.echo(f"Unreachable: {', '.join(unreachable)}", err=True)
         sys.exit(3)
     sys.exit(1 if bad else 0)
+
+
+def _facts_of(name: str, r: ProbeReport, host: Host | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A host's facts as `--json` and the table show them: its problems are the inventory's
+    mismatches and the health read's fatal signals (rules/health.py)."""
+    f = r.facts or {}
+    problems = mismatches(host, f) if host is not None else []
+    sick = health_words(host.accelerator_count, r) if host is not None else {}
+    problems += list(sick.get("fatal") or [])
+    row = summary_row(name, f)
+    fabric = fabric_of(f)  # the topology the hardware tells, and the labels it suggests
+    doc = {**row, "fabric": fabric.to_json(), "labels": fabric.labels(), "problems": problems, "health": sick}
+    line = (
+        name, row["os"] or "-", str(row["cpus"]), f"{row['memory_gib']} GiB", str(row["gpus"]),
+        row["gpu_model"] or "-", str(row["tpu_chips"]), row["systemd"] or "none", fabric.summary(),
+        "; ".join(problems) or "ok",
+    )  # fmt: skip
+    return doc, line
 
 
 @click.command()

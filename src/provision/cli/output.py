@@ -189,7 +189,8 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
         out.append(click.style(line, fg=color) if color else line)
     failed = failed_lines(st, inventory)
     behind = [click.style(f"Warning: {printable(line)}", fg="yellow") for line in st.left_behind]
-    return out + ([""] + failed if failed else []) + ([""] + behind if behind else [])
+    sick = [click.style(f"Health: {printable(line)}", fg="red") for line in st.health]  # the hosts' words
+    return out + ([""] + failed if failed else []) + ([""] + behind if behind else []) + ([""] + sick if sick else [])
 
 
 def recovery_lines(st: JobStatus) -> list[str]:

@@ -38,9 +38,19 @@ def _words(p: Policy) -> list[str]:
         groups.setdefault(group, []).append(owner)
     guarantees = [f"{who} {n} GPU{'s' if n != 1 else ''}" + (f" ({', '.join(groups[who])})" if who in groups else "")
                   for who, n in p.guarantees]  # fmt: skip
+    xids = ", ".join(f"{code} {cls.value}" for code, cls in p.health.xids)
     return [
         "Priority classes: " + ", ".join(f"{k} {v}" for k, v in p.classes),
         "Guarantees: " + (", ".join(guarantees) or "none (every GPU is shared first come, by priority)"),
+        "Health: Xids "
+        + (f"changed: {xids}" if xids else "as the default table (docs/health.md)")
+        + (
+            "; a quarantined GPU passes a test before it gets work"
+            if p.health.test_before_release
+            else "; a release needs no test"
+        ),
+        f"Dev sessions: priority {p.dev.priority}, {p.dev.hours:g} h, ended after {p.dev.idle_minutes} min "
+        f"below {p.dev.idle_below} % GPU with nobody logged in",
     ]
 
 
@@ -85,7 +95,8 @@ def show(state: str | None, as_json: bool) -> None:
 @click.option("--state", "state", metavar="URL", help=_STATE_HELP)
 def set_cmd(file: str, state: str | None) -> None:
     """Replace the team's policy with FILE's (YAML: classes: {name: int}, guarantees:
-    {owner-or-group: GPUs}, groups: {owner: group})."""
+    {owner-or-group: GPUs}, groups: {owner: group}, health: {xids: {N: fatal|program|warn|ignore},
+    test_before_release: BOOL})."""
     backend = _backend(state)
     if backend.local:
         raise ProvisionError(

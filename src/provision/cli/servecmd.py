@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from provision.cli.serveparts import parts
 from provision.cli.tuneview import pause_line
 from provision.core.errors import EXIT_INTERRUPTED, ProvisionError
 from provision.core.model import Inventory
@@ -34,15 +35,12 @@ from provision.rules.priority import level
 from provision.rules.tenancy import identity, owner_name_problem
 from provision.rules.usage import Use, gpu_hours, since_seconds
 from provision.run.context import refuse_bad_keys
-from provision.run.survey import KeptContexts
 from provision.serve import install as unit
+from provision.serve.hostsfile import HostsFile
 from provision.serve.places import leadership, open_backend, open_place, work_root
-from provision.serve.recovery import Recoverer
-from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.service import Service
 from provision.serve.snapshot import snapshot_of, store_files
-from provision.serve.source import DEFAULT_LISTEN, Known, Listen, ServiceSource, choose_auth, parse_listen
-from provision.serve.stream import Delivery, HistoryWriter
+from provision.serve.source import DEFAULT_LISTEN, Listen, ServiceSource, choose_auth, parse_listen
 
 HISTORY_FORMAT = 1
 
@@ -298,6 +296,13 @@ def place_of(state: str | None) -> str:
     help="Also show this inventory's job on the dashboard (a job run from a terminal); repeatable.",
 )
 @click.option(
+    "--hosts",
+    "hosts_file",
+    type=click.Path(),
+    metavar="FILE",
+    help="Also watch these hosts (an inventory's hosts: and ssh:), work on them or not: the Cluster page shows them.",
+)
+@click.option(
     "--trust-header", metavar="HEADER", help="Take the user from this proxy header (X-Forwarded-User); loopback only."
 )
 @click.option(
@@ -313,6 +318,7 @@ def serve(
     poll: float,
     listen: str,
     inventories: tuple[str, ...],
+    hosts_file: str | None,
     trust_header: str | None,
     public_url: str | None,
     install: bool,
@@ -328,10 +334,11 @@ def serve(
     if install or uninstall or user:
         # The unit runs the service with the same pages (an --inventory path made absolute).
         pages = ["--listen", listen, *(a for p in inventories for a in ("--inventory", str(Path(p).resolve())))]
+        pages += ["--hosts", str(Path(hosts_file).resolve())] if hosts_file else []
         pages += ["--trust-header", trust_header] if trust_header else []
         _unit(state, poll, install, uninstall, user, pages + (["--public-url", public] if public else []))
         return
-    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll, public)
+    _run(place_of(state), parse_listen(listen), inventories, trust_header, poll, public, hosts_file)
 
 
 def _run(
@@ -341,27 +348,19 @@ def _run(
     trust_header: str | None,
     poll: float,
     public: str | None,
+    hosts_file: str | None = None,
 ) -> None:
     """The service, its rounds, the event stream's subscribers and the pages, until stopped."""
     store = open_place(url)
+    hosts = HostsFile(Path(hosts_file), work_root(store), _stamped) if hosts_file else None
     mirror = ServiceStore.open_local(default_db()) if store.path is None else None
-    # The rounds and the pages on a connection of their own: a slow page or round never
-    # holds up the service's loop. The leader alone makes rounds (two services on one
-    # database: one set of samples, one stream of events).
-    side = open_place(url)
     leading = threading.Event()
-    known = Known(side, work_root(store), inventories)
-    gpus = GpuRecorder(side)
-    deliveries = [Delivery(side, HistoryWriter(side), leading, _stamped)]
-    made = EventMaker(side, wake=lambda: _wake(deliveries))
-    contexts = KeptContexts(known)
-    recoveries = Recoverer(side, _stamped, contexts)  # jobs with progress: or recovery: (serve/recovery.py)
-    rounds = Rounds(known.read, contexts, [gpus, made, recoveries], leading, _stamped)
-    source = ServiceSource(side, work_root(store), rounds=rounds, gpus=gpus, known=known)
+    side, keeping, rounds, deliveries, source = parts(url, store, inventories, hosts, public, leading, _stamped)
     try:
         stop_pages = _web(side, source, where, trust_header, public) if where is not None else None
     except BaseException:
         side.close()
+        keeping.close()
         raise
     svc = Service(
         store, leadership(store, url), work_root(store), say=_stamped, url=url, poll=poll, mirror=mirror,
@@ -386,12 +385,8 @@ def _run(
             stop_pages()
         source.close()
         side.close()
+        keeping.close()
     click.echo("Stopped; handed-over work goes on with the next `provision serve`.")
-
-
-def _wake(deliveries: list[Delivery]) -> None:
-    for d in deliveries:
-        d.wake()
 
 
 def _public_url(text: str | None) -> str | None:

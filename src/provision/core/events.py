@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 EVENTS_FORMAT = 1
 
@@ -32,9 +32,12 @@ class Kind(StrEnum):
     HOST_BACK = "host.back"
     TRIAL_ENDED = "trial.ended"
     STUDY_ENDED = "study.ended"
+    STUDY_BEST = "study.best"  # a trial that beat every one before it (told by the study's runner)
     SUBMISSION_ENDED = "submission.ended"
     GPU_QUARANTINED = "gpu.quarantined"
     GPU_RELEASED = "gpu.released"
+    HOST_DRAINED = "host.drained"  # a host's health keeps new work off it (draining, quarantined)
+    HOST_RELEASED = "host.released"
     DEV_ENDING = "dev.ending"
 
 
@@ -80,6 +83,15 @@ class EventJson(TypedDict):
     gpus: int
 
 
+class EventsDoc(TypedDict):
+    """`provision events --json`, and the dashboard's /api/v1/events with "after": the last
+    id given (the next request's)."""
+
+    format_version: int
+    events: list[EventJson]
+    after: NotRequired[int]
+
+
 @dataclass(frozen=True)
 class Stored:
     """An event as the store keeps it: its id (the order every reader sees) and when (the
@@ -117,6 +129,12 @@ def ended_key(job: str, run: int | None) -> str:
 
 def started_key(job: str, run: int | None) -> str:
     return f"start:{job}:{run if run is not None else '-'}"
+
+
+def best_key(job: str, trial: int) -> str:
+    """The key of a study's new best: one per trial number (a runner that adopts the study
+    tells it again, and the store keeps one)."""
+    return f"best:{job}:{trial}"
 
 
 def parse_kinds(text: str) -> tuple[Kind, ...]:

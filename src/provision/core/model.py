@@ -139,6 +139,14 @@ class TFConfigOptions:
 
 
 @dataclass(frozen=True)
+class Preference:
+    """`placement: {prefer_same: [label, ...]}`: a job's replicas on as few distinct values of
+    these host labels as fit them (a switch, an NVLink domain), the first label counting most."""
+
+    prefer_same: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     job: str
@@ -170,6 +178,8 @@ class Inventory:
     recovery: RecoverySpec | None = None
     spares: tuple[str, ...] = ()
     checkpoints: CheckpointSpec | None = None
+    # `placement:` what placement prefers (placement/tasks.py).
+    placement: Preference = field(default_factory=Preference)
 
     def pool(self, role: str) -> Pool | None:
         for p in self.pools:

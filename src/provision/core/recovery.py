@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypedDict
 
 # The service's round while a watched job changes or is watched for progress
 # (serve/gpusample.SAMPLE_EVERY, which a test holds equal): a progress bound shorter than
@@ -101,6 +102,34 @@ class Stage(StrEnum):
 KEEP_INCIDENTS = 50
 
 
+class IncidentJson(TypedDict):
+    """An incident as the job's state and `status --json` keep it (Incident.to_json)."""
+
+    n: int
+    broke: str
+    task: str
+    host: str
+    words: str
+    signature: str
+    run: int | None
+    at: float | None
+    detected: float | None
+    stopped: float | None
+    running: float | None
+    checkpoint: float | None
+    aside: list[str]
+    stage: str
+    why: str
+    new_run: int | None
+
+
+class RecoveryJson(TypedDict):
+    """A job's recoveries (RecoveryRecord.to_json)."""
+
+    aside: list[str]
+    incidents: list[IncidentJson]
+
+
 @dataclass(frozen=True)
 class Incident:
     """One failure of the job and its recovery, with the times goodput counts (this
@@ -125,7 +154,7 @@ class Incident:
     why: str = ""  # a recovery given up: why
     new_run: int | None = None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> IncidentJson:
         return {
             "n": self.n,
             "broke": self.broke.value,
@@ -200,7 +229,7 @@ class RecoveryRecord:
     def next_number(self) -> int:
         return (self.incidents[-1].n if self.incidents else 0) + 1
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> RecoveryJson:
         return {"aside": list(self.aside), "incidents": [i.to_json() for i in self.incidents]}
 
     @classmethod

@@ -17,7 +17,13 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+
+class RunJson(TypedDict):
+    number: int
+    started_at: str  # ISO 8601, UTC
+    by: str
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class Run:
     started_at: float  # the hosts' clock, epoch seconds
     by: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RunJson:
         at = _dt.datetime.fromtimestamp(self.started_at, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {"number": self.number, "started_at": at, "by": self.by}
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 Value = str | int | float  # a parameter's value as the trial's code receives it
+Curve = tuple[tuple[int, float], ...]  # a trial's reports (its learning curve): (step, value), by step
 
 
 class Goal(StrEnum):
@@ -192,6 +193,21 @@ def format_value(v: Value) -> str:
     return str(v)
 
 
+class TrialJson(TypedDict):
+    """A trial in `provision tune --status --json` (TrialRow.to_json)."""
+
+    number: int
+    job: str
+    params: dict[str, Value]
+    state: str
+    value: float | None
+    steps: int | None
+    seconds: float | None
+    why: str | None
+    retry_of: int | None
+    rung: int | None
+
+
 @dataclass(frozen=True)
 class TrialRow:
     """One trial as the table, the JSON and the picture show it."""
@@ -208,7 +224,7 @@ class TrialRow:
     rung: int | None = None  # hyperband's and asha's: the highest rung it reached (from 0)
     hosts: tuple[str, ...] = ()  # where its tasks ran (the history's; not in the JSON)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TrialJson:
         return {
             "number": self.number,
             "job": self.job,
@@ -234,6 +250,12 @@ def best(rows: list[TrialRow] | tuple[TrialRow, ...], metric: Metric) -> TrialRo
         ):
             out = r
     return out
+
+
+def new_best(rows: list[TrialRow] | tuple[TrialRow, ...], row: TrialRow, metric: Metric) -> bool:
+    """Whether `row` is the study's best now (it beat every trial before it: a tie is not)."""
+    got = best(rows, metric)
+    return got is not None and got.number == row.number
 
 
 def trial_job(job: str, number: int) -> str:

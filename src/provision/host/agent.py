@@ -31,26 +31,11 @@ if TYPE_CHECKING:
 ledger.JSON = json
 
 UNIT_PROPS = (
-    "Id",
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainCode",
-    "ExecMainStatus",
-    "ExecMainPID",
-    "MainPID",
-    "NRestarts",
-    "InvocationID",
-    "ActiveEnterTimestampMonotonic",
-    "InactiveEnterTimestampMonotonic",
-    "ExecMainStartTimestampMonotonic",
-    "ExecMainExitTimestampMonotonic",
-    "ExecMainStartTimestamp",
-    "ExecMainExitTimestamp",
-    "NeedDaemonReload",
-    "StateChangeTimestamp",
-)
+    "Id", "LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID",
+    "MainPID", "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic", "InactiveEnterTimestampMonotonic",
+    "ExecMainStartTimestampMonotonic", "ExecMainExitTimestampMonotonic", "ExecMainStartTimestamp",
+    "ExecMainExitTimestamp", "NeedDaemonReload", "StateChangeTimestamp",
+)  # fmt: skip
 
 
 # What the probes say of a unit whose run is live (its invocation link is there), without
@@ -144,6 +129,13 @@ def file_info(path: str, want_sha: str | None, content_max: int, look: bool = Fa
     return P.FileInfo("file", st.st_mode & 0o7777, st.st_uid, st.st_size, sha, content)
 
 
+def _checks(checks: dict[str, Any], facts_out: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = lazy("hostcheck").probe_checks(checks, facts_out)
+    if checks.get("health"):  # the health read (host/health.py), as probe.sh makes it
+        out["health"] = lazy("health").read(checks["health"], (facts_out or {}).get("nvidia_smi") == "ok")
+    return out
+
+
 def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
     job = req.job
     manifest = read_json(layout.manifest_path(job))
@@ -164,10 +156,9 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         only = req.facts_only if req.facts == P.CHECK_FACTS else None
         facts_out = facts([g for g in only if g != "gpus"] if gpu_check and only is not None else only)
     if req.checks is not None:
-        checks_out = lazy("hostcheck").probe_checks(req.checks, facts_out)
+        checks_out = _checks(req.checks, facts_out)
     if req.cluster_address:
         interface = lazy("hostcheck").interface(req.cluster_address)
-    boot_id = layout.boot_id()
     held = held_units = listening = local = records = None
     if req.tenancy:
         held = ledger.read_all()
@@ -180,6 +171,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
             held_units.setdefault(u, {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"})
         records = ledger.records(held, job)
         listening, local = (ledger.proc_listening(), ledger.proc_local_only()) if req.listening else (None, None)
+    logins = lazy("logins").logins() if req.logins else None
     return P.ProbeReport(
         manifest=manifest,
         lifecycle=read_json(layout.lifecycle_path(job)),
@@ -189,7 +181,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         facts=facts_out,
         now=time.time(),
         now_monotonic_us=int(time.monotonic() * 1e6),
-        boot_id=boot_id,
+        boot_id=layout.boot_id(),
         ledger=held,
         ledger_units=held_units,
         listening=listening,
@@ -201,6 +193,8 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
         progress=mtimes(req.progress[: P.MAX_PROGRESS_PATHS]) if req.progress else None,
+        health=(ledger.read_entry(layout.HEALTH_PATH) or {}) if req.tenancy else None,
+        logins=logins,
     )
 
 
@@ -451,6 +445,10 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
     job = req.job
     errors: list[str] = []
     for verb, units in req.actions:
+        refused = ledger.start_refusals(job, units) if verb in ("start", "restart") and units else []
+        if refused:  # a GPU quarantined, a host draining since the reservation: nothing starts
+            errors += refused
+            break
         if verb == "restart":
             # stop, then forget the old run's exits (its ExecStopPost writes one more), then
             # start: the new run's record starts empty.
@@ -610,6 +608,10 @@ OPS: dict[str, Callable[[Any], Any]] = {
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
     "stacks": lambda req: lazy("stacks").op_stacks(req),
+    "health": lambda req: lazy("health").op_health(req),
+    "healthtest": lambda req: lazy("health").op_healthtest(req),
+    "fabric": lambda req: lazy("fabric").op_fabric(req),
+    "dev": lambda req: lazy("devop").op_dev(req),
 }
 
 

@@ -52,6 +52,10 @@ def facts(only: Collection[str] | None = None) -> dict[str, Any]:
     out["systemd"] = so.splitlines()[0] if code == 0 and so else None
     out.update(gpu_facts())
     out["tpu_chips"] = tpu_chips()
+    # Lazy, for its import time: only the full facts read the fabric (plan's and apply's do not).
+    from . import topology
+
+    out["fabric"] = topology.topology(len(out["gpus"]))
     out["docker"] = any(os.access(os.path.join(d, "docker"), os.X_OK) for d in ("/usr/bin", "/usr/local/bin"))
     return out
 

@@ -22,6 +22,7 @@ For job J and task T:
     /var/lib/provision/J/originals/         host files that `replace: true` moved aside
 Host-wide:
     /var/lib/provision/.ledger/J.json       what job J holds here (ledger.py)
+    /var/lib/provision/.ledger/.health.json the host's and its GPUs' health states (health.py)
     /etc/provision/.setups/K/, /var/lib/provision/.setups/
                                             a `setup:` shared by the jobs that need it (below)
     /var/cache/provision/agent/             0700, the agent's modules compiled by this host's
@@ -358,6 +359,16 @@ def ledger_path(job: str) -> str:
 
 def job_of_ledger_path(path: str) -> str:
     return path.rsplit("/", 1)[-1][: -len(LEDGER_SUFFIX)]
+
+
+# The host's health (host/health.py): a state per GPU and for the host, changed under the
+# ledger's lock (a reservation of a quarantined GPU is refused there), and the time of the
+# last kernel message the health read has dealt with. Dot names: never a job's entry.
+HEALTH_PATH = LEDGER_DIR + "/.health.json"
+XID_AFTER_PATH = LEDGER_DIR + "/.xid-after"
+# On provision's sandbox hosts (containers share this machine's kernel, whose log no test
+# may write), the kernel messages the health read takes are this file's, when it is there.
+SANDBOX_KMSG = "/etc/provision-sandbox/kmsg"
 
 
 # --------------------------------------------------------------------------- setup

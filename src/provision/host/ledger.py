@@ -325,11 +325,52 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
     return out
 
 
+# The health states in which a GPU, or the host, is given no new work (host/health.py keeps
+# them in layout.HEALTH_PATH, under this file's lock).
+HEALTH_BLOCKING = ("quarantined", "draining", "testing")
+
+
+def health_refusals(job: str, gpus: Any, units: Any, own: Any) -> list[str]:
+    """Why job may not take `gpus` or start `units` here by the host's health record: a GPU
+    quarantined or under test takes no new work; a host draining (or quarantined, or under
+    test) none either. What a job runs now (its units live, on GPUs its entry holds) is not
+    new work: it goes on, and its owner is told."""
+    rec = read_entry(layout.HEALTH_PATH)
+    if not isinstance(rec, dict) or "_unreadable" in rec:
+        return []
+    running = isinstance(own, dict) and "_unreadable" not in own and _runs(own)
+    kept = set(own.get("gpus") or []) if running else set()
+    out = []
+    host = rec.get("host")
+    if isinstance(host, dict) and host.get("state") in HEALTH_BLOCKING:
+        new_units = set(units) - set(own.get("units") or []) if running else set(units)
+        if set(gpus) - kept or new_units:
+            out.append("this host is %s (%s): no new work is placed here" % (host["state"], host.get("reason") or "?"))
+    marks = rec.get("gpus")
+    for g in sorted(set(gpus) - kept):
+        m = marks.get(str(g)) if isinstance(marks, dict) else None
+        if isinstance(m, dict) and m.get("state") in HEALTH_BLOCKING:
+            out.append("GPU %d is %s here (%s): no new work is placed on it" % (g, m["state"], m.get("reason") or "?"))
+    return out
+
+
+def start_refusals(job: str, units: Any) -> list[str]:
+    """Why the job's units may not start here now by the health record (health_refusals):
+    a job none of whose units run (a rerun, a resume) starting on a GPU its entry holds that
+    is quarantined since, or on a host draining."""
+    entry = read_entry(layout.ledger_path(job))
+    if not isinstance(entry, dict) or "_unreadable" in entry or all(runs_now(u) for u in units):
+        return []
+    with _Locked():
+        return health_refusals(job, entry.get("gpus") or [], units, entry)
+
+
 def reserve(res: Reservation, now: float) -> list[str]:
-    """Compare-and-set: take what res asks for, or nothing (returning why not)."""
+    """Compare-and-set: take what res asks for, or nothing (returning why not); what the
+    host's health record keeps from new work is refused too (health_refusals)."""
     with _Locked():
         entries = read_all()
-        why = conflicts(entries, res)
+        why = conflicts(entries, res) + health_refusals(res.job, res.gpus, res.units, entries.get(res.job))
         if why:
             return why
         old = entries.get(res.job)
@@ -349,6 +390,9 @@ def reserve(res: Reservation, now: float) -> list[str]:
             "preemptible": res.preemptible,
             "submitted": res.submitted if res.submitted is not None else old.get("submitted", now),
         }
+        dev = res.dev if res.dev is not None else old.get("dev")  # a dev session's terms
+        if dev is not None:
+            entry["dev"] = dev
         _write(res.job, entry)
         _take_from_preempted(res.job, entries, now)
     return []
@@ -464,6 +508,21 @@ def queue(
         entry.update(updated=now, token=entry.get("token") or _token())
         _write(job, entry)
     return []  # nothing to report: a failed write is the agent's fatal error
+
+
+def set_dev(job: str, dev: dict[str, Any], lineage: str, now: float) -> list[str]:
+    """A dev session's terms replaced (`--extend`), when its entry is there and is its
+    owner's (the lineage of the state that applied it)."""
+    path = layout.ledger_path(job)
+    with _Locked():
+        entry = read_entry(path)
+        if not isinstance(entry, dict) or "_unreadable" in entry or "dev" not in entry:
+            return ["no dev session %s here" % job]
+        if (entry.get("owner") or {}).get("lineage") != lineage:
+            return ["dev session %s here is another state's" % job]
+        entry.update(dev=dev, updated=now)
+        _write(job, entry)
+    return []
 
 
 def release(job: str) -> None:

@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS PROGRESS PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH LOGINS PROGRESS PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -28,6 +28,11 @@
 #   DROPINS "GLOB BASE..." (layout.DROPIN_DIRS, DROPIN_BASES): every BASE/GLOB/*.conf file,
 #          the drop-ins systemd reads for provision's units (none are provision's: drift);
 #          "GLOB" alone (no files asked, as for status): none read
+#   HEALTH empty, or "SECONDS LIMIT FIELDS LEGACY AFTER KMSG" (health.words): the health read
+#          (health.HEALTH_SH, as written there: the GPUs' health fields, the kernel's Xid
+#          lines since the last look, DCGM's health watch)
+#   LOGINS empty, or "V2 V2B V1" (host/logins.CGROUP_MOUNTS): each provision unit's sshd
+#          processes, "UNIT TITLE" lines (a dev session's connections: host/logins.py)
 #   PROGRESS empty, or paths (space-separated) whose modification time alone is read (stat, not
 #          through a link): what shows a job's progress (ProbeRequest.progress)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
@@ -55,8 +60,10 @@ invoc=${13#* }
 dglob=${14%% *}
 dbases=
 case ${14} in *" "*) dbases=${14#* } ;; esac
-progress=${15}
-shift 15
+health=${15}
+logins=${16}
+progress=${17}
+shift 17
 nl="
 "
 gcode=""
@@ -133,6 +140,46 @@ if [ -n "$tenancy" ] && [ "$scan" = 1 ]; then
     printf %s "$listen"
     echo @listen-end
 fi
+# A dev session's connections: its unit's sshd processes and their titles (comm first: a
+# title is read only for sshd's own processes), each process once (host/logins.py: the
+# system.slice under PID 1's own cgroup in each hierarchy, unified ones then name=systemd).
+if [ -n "$logins" ]; then
+    echo @logins
+    v2a=${logins%% *}
+    lr=${logins#* }
+    v2b=${lr%% *}
+    v1=${lr#* }
+    bases=
+    while IFS=: read -r cn cc cp; do
+        cp=${cp%/init.scope}
+        case $cn:$cc in
+            0:) for m in $v2a $v2b; do if [ -d "$m$cp/system.slice" ]; then bases="$bases $m$cp/system.slice"; fi; done ;;
+            *:name=systemd) if [ -d "$v1$cp/system.slice" ]; then bases="$bases $v1$cp/system.slice"; fi ;;
+        esac
+    done 2>/dev/null </proc/1/cgroup
+    seen=" "
+    set +f
+    for d in $bases; do
+        for f in $d/provision-*.service/cgroup.procs; do
+            if [ -r "$f" ]; then
+                u=${f%/cgroup.procs}
+                u=${u##*/}
+                while read -r pid; do
+                    case $seen in *" $pid "*) continue ;; esac
+                    seen="$seen$pid "
+                    c=
+                    read -r c 2>/dev/null </proc/$pid/comm
+                    case $c in sshd|sshd-session)
+                        t=$(head -c 512 /proc/$pid/cmdline 2>/dev/null | tr -d "[:cntrl:]")
+                        echo "$u $t" ;;
+                    esac
+                done 2>/dev/null <"$f"
+            fi
+        done
+    done
+    set -f
+    echo @logins-end
+fi
 if [ -n "$tenancy" ]; then
     others=
     set +f
@@ -152,6 +199,8 @@ if [ -n "$tenancy" ]; then
             fi
         fi
     done
+    # The host's health record (health.py): placement keeps new work off what it quarantines.
+    if [ -f "$ldir/.health.json" ]; then set -- "$@" "$ldir/.health.json"; fi
     # Other jobs units states only when other jobs have entries here (the common case of
     # one job per host shows nothing more), and never a unit twice.
     if [ -n "$others" ]; then
@@ -270,6 +319,63 @@ if [ -n "$resolve" ]; then
     printf %s "$out"
     echo
     echo @resolve-end
+fi
+# The health read, as health.HEALTH_SH is written there (the agent runs the same text).
+if [ -n "$health" ]; then
+hsec=${health%% *}
+r=${health#* }
+hlim=${r%% *}
+r=${r#* }
+hfields=${r%% *}
+r=${r#* }
+hlegacy=${r%% *}
+r=${r#* }
+hafter=${r%% *}
+hkmsg=${r#* }
+hgok=0
+if [ -n "$gpus" ] && [ "$gcode" = 0 ]; then hgok=1; fi
+echo @health
+if [ "$hgok" = 1 ]; then
+    out=$(timeout $hsec nvidia-smi --query-gpu=$hfields --format=csv,noheader,nounits 2>&1 </dev/null)
+    code=$?
+    case $out in *"is not a valid field"*)
+        out=$(timeout $hsec nvidia-smi --query-gpu=$hlegacy --format=csv,noheader,nounits 2>&1 </dev/null)
+        code=$? ;;
+    esac
+    echo "@hgpus $code"
+    printf %s "$out" | head -n 64 | cut -c 1-400
+    echo
+    echo @hgpus-end
+fi
+a=
+if [ -f $hafter ] && [ ! -h $hafter ]; then read -r a <$hafter; fi
+case $a in *[!0-9.]*) a= ;; esac
+up=
+read -r up _ </proc/uptime
+now=$(date +%s)
+since=$((now - 86400))
+if [ -n "$a" ]; then since=${a%%.*}; fi
+if [ -f $hkmsg ]; then
+    echo "@xid file $now $up $a"
+    grep -a -F "NVRM: Xid" $hkmsg 2>/dev/null </dev/null | tail -n $hlim | cut -c 1-400
+elif command -v journalctl >/dev/null 2>&1; then
+    echo "@xid journal $now $up $a"
+    timeout $hsec journalctl -k -b -q --no-pager -o short-unix --since=@$since 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
+elif command -v dmesg >/dev/null 2>&1; then
+    echo "@xid dmesg $now $up $a"
+    timeout $hsec dmesg 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
+else
+    echo "@xid none $now $up $a"
+fi
+echo @xid-end
+if command -v dcgmi >/dev/null 2>&1; then
+    out=$(timeout $hsec dcgmi health -c 2>&1 </dev/null)
+    echo "@dcgm $?"
+    printf %s "$out" | head -n 200 | cut -c 1-400
+    echo
+    echo @dcgm-end
+fi
+echo @health-end
 fi
 if [ -n "$progress" ]; then
     echo @progress

@@ -59,6 +59,8 @@ class ProbeRequest:
     # link): what shows a job's progress here (rules/progress.py: heartbeats, metric files,
     # the checkpoint directory). Bounded by the controller (MAX_PROGRESS_PATHS).
     progress: list[str] = field(default_factory=list)
+    # Who is logged in to each dev session here (host/devsession.py): the service's rounds.
+    logins: bool = False
 
     op = "probe"
 
@@ -120,6 +122,11 @@ class ProbeReport:
     # With `progress`: path -> its modification time (the host's clock, whole seconds), for
     # those that exist; None: not asked.
     progress: dict[str, int] | None = None
+    # With tenancy: the host's health record (host/health.py: a state per GPU and for the
+    # host), {} when it has none.
+    health: dict[str, Any] | None = None
+    # With logins: unit -> its dev session's connections (`user@pts/3`, `user@notty`).
+    logins: dict[str, list[str]] | None = None
 
     def readable_manifest(self) -> dict[str, Any] | None:
         m = self.manifest
@@ -144,6 +151,8 @@ class ProbeReport:
             dropins=self.dropins,
             ledger_records=self.ledger_records,
             progress=self.progress,
+            health=self.health,
+            logins=self.logins,
         )
 
 
@@ -171,6 +180,7 @@ class Reservation:
     priority: int = 500
     preemptible: bool = False
     submitted: float | None = None
+    dev: dict[str, Any] | None = None  # a dev session's terms (core/devsession.DevTerms)
 
 
 @dataclass(frozen=True)
@@ -293,6 +303,43 @@ class NetcheckReport:
     seconds: float = 0.0
 
 
+# --------------------------------------------------------------------------- the fabric
+
+
+@dataclass(frozen=True)
+class FabricRequest:
+    """The fabric between hosts (host/fabric.py). `look`: the tools this host has to measure
+    it with. `tcp` and `torch`: this host's part (`rank`) of an all-reduce over `peers`
+    (every member's [address, port], in ring order). `nccl`: nccl-tests' all_reduce_perf
+    under mpirun over `peers`, started from this host (the group's first)."""
+
+    job: str
+    action: str = "look"
+    rank: int = 0
+    peers: list[list[Any]] = field(default_factory=list)
+    token: str = ""  # what the members present to each other: who may connect
+    size: int = 0  # bytes all-reduced per iteration
+    seconds: float = 0.5  # tcp: iterations go on until this long
+    timeout: float = 60.0  # the transfer's bound, once every member joined
+    join: float = 20.0  # how long the members wait for each other
+    gpus: int = 0  # nccl: GPUs per host (-g); torch: CUDA (NCCL) when > 0
+
+    op = "fabric"
+
+
+@dataclass(frozen=True)
+class FabricReport:
+    tools: dict[str, Any] | None = None  # look: all_reduce_perf, mpirun, torch
+    seconds: float | None = None  # the timed part, on this host's clock
+    sent: int = 0  # bytes this host sent (received: got) in the timed part
+    received: int = 0
+    iterations: int = 0
+    error: str | None = None
+    peer: int | None = None  # the rank an error is about (did not join, could not be reached)
+    output: str = ""  # nccl: the tail of all_reduce_perf's output
+    backend: str = ""  # torch: gloo or nccl
+
+
 # --------------------------------------------------------------------------- batch
 
 
@@ -408,6 +455,27 @@ class StacksReport:
 
 
 @dataclass(frozen=True)
+class DevRequest:
+    """A dev session's terms in its ledger entry replaced (`provision dev --extend`): `dev`,
+    when the entry is there and is the session's (`lineage`, its owner's state); and/or
+    `warn`, a message to the terminals logged in to the session's `unit` (host/logins.py)."""
+
+    job: str
+    dev: dict[str, Any] | None = None
+    lineage: str = ""
+    warn: str = ""
+    unit: str = ""
+
+    op = "dev"
+
+
+@dataclass(frozen=True)
+class DevReport:
+    errors: list[str] = field(default_factory=list)
+    warned: int = 0  # terminals the message was written to
+
+
+@dataclass(frozen=True)
 class OwnersRequest:
     """Which other jobs' manifests on the host list these paths (files two jobs push)."""
 
@@ -420,6 +488,52 @@ class OwnersRequest:
 @dataclass(frozen=True)
 class OwnersReport:
     owners: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {job: sha256}
+
+
+@dataclass(frozen=True)
+class HealthRequest:
+    """Change the host's health record under the ledger's lock (host/health.py): each change
+    {"gpu": N or None (the host), "to": STATE, "from": [STATES] (refused unless the mark is
+    one of them; absent: any), "reason", "evidence", "by", "job", "owner", "uuid"}; and
+    `xid_after`, the last kernel message the health read has dealt with (host clock)."""
+
+    job: str = ""
+    changes: list[Any] = field(default_factory=list)
+    xid_after: float | None = None
+
+    op = "health"
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    record: dict[str, Any] = field(default_factory=dict)  # the record after the changes
+    refused: list[str] = field(default_factory=list)  # a change whose mark was not as expected
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HealthTestRequest:
+    """Test GPUs here (DCGM's diagnostics, else provision's torch test): `gpus`, the host
+    itself when `host` (then `gpus` are all of its GPUs); released when they pass and
+    `release`, quarantined when they fail."""
+
+    job: str = ""
+    gpus: list[int] = field(default_factory=list)
+    host: bool = False
+    by: str = ""
+    release: bool = True
+    timeout: float = 900.0
+
+    op = "healthtest"
+
+
+@dataclass(frozen=True)
+class HealthTestReport:
+    ran: str = ""  # what tested ("dcgmi diag -r 2", "torch"); "" nothing could
+    passed: bool | None = None
+    words: str = ""  # its verdict in its words (the evidence of a failure)
+    record: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
 
 REQUESTS = {
@@ -436,6 +550,10 @@ REQUESTS = {
         QueueRequest,
         PreemptRequest,
         StacksRequest,
+        HealthRequest,
+        HealthTestRequest,
+        FabricRequest,
+        DevRequest,
     )
 }
 REPORTS = {
@@ -450,6 +568,10 @@ REPORTS = {
     "queue": QueueReport,
     "preempt": PreemptReport,
     "stacks": StacksReport,
+    "health": HealthReport,
+    "healthtest": HealthTestReport,
+    "fabric": FabricReport,
+    "dev": DevReport,
 }
 
 

@@ -14,7 +14,9 @@ rm -f /etc/ssh/ssh_host_*
 rm -f /var/lib/dbus/machine-id
 ln -s /etc/machine-id /var/lib/dbus/machine-id
 
-chmod 0755 /usr/bin/nvidia-smi
+chmod 0755 /usr/bin/nvidia-smi /usr/lib/provision-sandbox/infiniband \
+    /usr/lib/provision-sandbox/nccl-tests/all_reduce_perf /usr/lib/provision-sandbox/nccl-tests/mpirun
+chmod 0644 /usr/lib/provision-sandbox/nvidia-smi-fabric
 chmod 0644 /etc/ssh/sshd_config.d/provision-sandbox.conf \
     /etc/systemd/system/provision-ssh-host-key.service \
     /etc/systemd/journald.conf.d/provision-sandbox.conf \

@@ -36,6 +36,7 @@ from provision.core.model import (
     TFConfigOptions,
 )
 from provision.host import layout
+from provision.inventory import placementspec
 from provision.inventory import recoveryspec as rec
 from provision.inventory import scheduling as sched
 from provision.inventory.address import split as split_address
@@ -78,6 +79,7 @@ TOP_KEYS = (
     "state",
     "tune",
     *sched.KEYS,
+    *placementspec.KEYS,
     *rec.KEYS,
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
@@ -508,6 +510,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
     progress, recovery = rec.progress(c, top.get("progress")), rec.recovery(c, top.get("recovery"))
     spares = rec.spares(c, top.get("spares"), hosts, pools)
     checkpoints = rec.checkpoints(c, top.get("checkpoints"), outputs)
+    preference = placementspec.placement(c, top.get("placement"), hosts)
     for where, s in (
         [(("setup",), setup)] + [(("pools", p.role, "setup"), p.setup) for p in pools] if files_here else []
     ):
@@ -545,6 +548,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
         recovery=recovery,
         spares=spares,
         checkpoints=checkpoints,
+        placement=preference,
     )
     _check_capacity(inv, c)
     if c.problems:

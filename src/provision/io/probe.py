@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.core.target import Target
-from provision.host import agent, hostcheck, hostfacts, hostlib, layout, ledger
+from provision.host import agent, health, hostcheck, hostfacts, hostlib, layout, ledger, logins
 from provision.host.protocol import CHECK_FACTS, MAX_PROGRESS_PATHS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from provision.io.ssh import ANSWER_LIMIT, Session, call_agent
 
@@ -113,10 +113,18 @@ def command(req: ProbeRequest) -> str | None:
         " ".join(layout.unit_known_paths("")),  # the two prefixes: SYSTEMD_DIR/, INVOCATION_PREFIX
         # Drop-ins are drift of the unit files: read with the files (status does not compare them).
         " ".join((layout.DROPIN_DIRS, *(layout.DROPIN_BASES if req.files else ()))),
+        _health_words(req),
+        " ".join(logins.CGROUP_MOUNTS) if req.logins else "",
         " ".join(progress),
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
+
+
+def _health_words(req: ProbeRequest) -> str:
+    """probe.sh's HEALTH word: the health read when the checks ask it (host/health.py)."""
+    asked = (req.checks or {}).get("health")
+    return health.words(health._seconds(asked)) if asked else ""
 
 
 def _gpu_timeout(req: ProbeRequest) -> int:
@@ -255,6 +263,12 @@ def _checks(  # noqa: C901  one branch per section of probe.sh's answer, in its 
         ip_out = "\n".join(_section(line, b"@resolve-end"))
         interface = hostcheck.interface_of(addresses, code, ip_out)
         text = line()
+    if c.get("health"):
+        if text != b"@health":
+            raise _Mismatch("no health section")
+        block = ["@health", *_section(line, b"@health-end"), "@health-end"]
+        out["health"] = health.parse_section(block)
+        text = line()
     return text, now, mono, (out if req.checks is not None else None), interface
 
 
@@ -308,6 +322,12 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
             lo.append((pr[0], text.endswith(b" lo")))
         listening, local = ledger.listening(pairs), ledger.local_only(lo)
         text = line()
+    sessions = None
+    if req.logins:
+        if text != b"@logins":
+            raise _Mismatch("no logins section")
+        sessions = _logins(_section(line, b"@logins-end"))
+        text = line()
     text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
     progress: dict[str, int] | None = None
     if req.progress:
@@ -336,7 +356,11 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         size_s, mode_s, uid_s, name = text.decode().split(" ", 3)
         stats[name] = (int(size_s), int(mode_s, 16), int(uid_s))
     # With tenancy the script adds the ledger's files after the paths asked for.
-    held_paths = [p for p in stats if req.tenancy and p.startswith(layout.LEDGER_DIR + "/") and p not in paths]
+    held_paths = [
+        p
+        for p in stats
+        if req.tenancy and p.startswith(layout.LEDGER_DIR + "/") and p not in paths and p != layout.HEALTH_PATH
+    ]
     # ... and each other job's runs and end marker (ProbeReport.ledger_records).
     held_jobs = {layout.job_of_ledger_path(p) for p in held_paths} - {req.job}
     record_paths = {
@@ -350,8 +374,10 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         for path in stats:
             if path.startswith(base) and path.endswith(".exits") and "/" not in path[len(base) :]:
                 record_paths.setdefault(path, (other, "exits:" + path[len(base) : -len(".exits")]))
-    # In the order the script read them (each ledger entry, then that job's records).
-    paths = paths + [p for p in stats if p not in paths and (p in record_paths or p in held_paths)]
+    # In the order the script read them (each ledger entry, then that job's records; the health record).
+    paths = paths + [
+        p for p in stats if p not in paths and (p in record_paths or p in held_paths or p == layout.HEALTH_PATH)
+    ]
     regular = [p for p in paths if p in stats and stat.S_ISREG(stats[p][1])]
     if int(text.split()[1]) != len(regular):
         raise _Mismatch("a file changed type while probed")
@@ -420,7 +446,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
     for u in units:
         record = whole(layout.exits_path(job, layout.task_of_unit(job, u)))
         exits[u] = layout.parse_exits(record.decode("utf-8", "replace")) if record is not None else []
-    held = held_units = records = None
+    held = held_units = records = health_record = None
     if req.tenancy:
         got: dict[str, dict[str, Any]] = {other: {} for other in sorted(held_jobs)}
         for path, (other, key) in sorted(record_paths.items()):
@@ -440,6 +466,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         others = ledger.units_of(held, job)
         shown = agent.parse_unit_states(unit_text, others)
         held_units = {u: shown[u] for u in others}
+        health_record = ledger.parse_entry(whole(layout.HEALTH_PATH) or b"") if layout.HEALTH_PATH in stats else {}
     shown_units = agent.parse_unit_states(unit_text, units) if units else {}
     return ProbeReport(
         manifest=manifest,
@@ -461,7 +488,22 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         ledger_records=records,
         dropins=sorted(dropins) if req.files else None,
         progress=progress,
+        health=health_record,
+        logins=sessions,
     )
+
+
+def _logins(lines: list[str]) -> dict[str, list[str]]:
+    """The @logins section's "UNIT TITLE" lines as host/logins.logins() reports them."""
+    out: dict[str, list[str]] = {}
+    for text in lines:
+        unit, _, title = text.partition(" ")
+        if not _SAFE_UNIT.fullmatch(unit):
+            raise _Mismatch(f"a login line out of step: {text[:80]!r}")
+        got = logins.login_of(title)
+        if got is not None and len(out.setdefault(unit, [])) < logins.MAX_LOGINS:
+            out[unit].append(got)
+    return {u: v for u, v in out.items() if v}
 
 
 def probe_host(session: Session, target: Target, req: ProbeRequest, *, timeout: float = 120) -> ProbeReport:

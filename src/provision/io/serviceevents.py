@@ -122,6 +122,13 @@ class EventTables(ServiceDB):
         rows = self._all(sql + " ORDER BY id LIMIT ?", [*args, int(limit)])
         return [s for r in rows if (s := _stored(r)) is not None]
 
+    def job_events(self, job: str, limit: int) -> list[Stored]:
+        """The job's last `limit` events, oldest first (its page's timeline)."""
+        rows = self._all(
+            f"SELECT {_COLS} FROM provision_service_events WHERE job = ? ORDER BY id DESC LIMIT ?", (job, int(limit))
+        )
+        return [s for r in reversed(rows) if (s := _stored(r)) is not None]
+
     def last_event_id(self) -> int:
         rows = self._all("SELECT MAX(id) FROM provision_service_events")
         return int(rows[0][0] or 0)

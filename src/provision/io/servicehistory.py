@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision.io.servicedb import ServiceDB, opt_int
+from provision.rules.historyview import HistoryQuery
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ _DDL: tuple[str, ...] = (
         submission TEXT NOT NULL)""",
     # The Usage page reads the history by when a row started (gpu_hours_in).
     "CREATE INDEX IF NOT EXISTS provision_service_history_started ON provision_service_history (started)",
+    # The Jobs page's finished work, newest first; a job's runs (its page, the Jobs page's sums).
+    "CREATE INDEX IF NOT EXISTS provision_service_history_ended ON provision_service_history (ended)",
+    "CREATE INDEX IF NOT EXISTS provision_service_history_job ON provision_service_history (job, started)",
     """CREATE TABLE IF NOT EXISTS provision_service_gpu_samples (
         host TEXT NOT NULL, gpu INTEGER NOT NULL, t {real} NOT NULL, util INTEGER, memory_mib INTEGER,
         memory_total_mib INTEGER, job TEXT, owner TEXT)""",
@@ -57,6 +61,42 @@ _DDL: tuple[str, ...] = (
     # Each GPU's samples in order (its latest, the idle candidates' runs: gpu_samples).
     """CREATE INDEX IF NOT EXISTS provision_service_gpu_samples_gpu ON provision_service_gpu_samples (host, gpu, t)""",
 )
+
+_HISTORY_COLS = "kind, job, owner, started, ended, how, hosts, gpus, submission"
+
+
+def _where(q: HistoryQuery) -> tuple[str, list[Any]]:
+    sql, args = "WHERE 1 = 1", list[Any]()
+    if q.owner:
+        sql += " AND owner = ?"
+        args.append(q.owner)
+    if q.kinds:
+        sql += f" AND kind IN ({', '.join('?' for _ in q.kinds)})"
+        args += list(q.kinds)
+    if q.state:
+        # Its words begin with the state's (a terminal job's row is the event's sentence: it names it).
+        words = q.words() or (q.state,)
+        begins = " OR ".join("LOWER(how) LIKE ?" for _ in words)
+        within = " OR ".join("LOWER(how) LIKE ?" for _ in words)
+        sql += f" AND (({begins}) OR (submission LIKE ? AND ({within})))"
+        args += [w + "%" for w in words] + ["event:%"] + ["%" + w + "%" for w in words]
+    if q.finished:
+        sql += " AND ended IS NOT NULL"
+    if q.since is not None:
+        sql += " AND (ended IS NULL OR ended >= ?)" if not q.finished else " AND ended >= ?"
+        args.append(float(q.since))
+    if q.job:  # a text in the job's name, not a pattern
+        sql += " AND job LIKE ? ESCAPE '!'"
+        args.append("%" + q.job.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%")
+    return sql, args
+
+
+def _row(r: Any) -> HistoryRow:
+    return HistoryRow(
+        str(r[0]), str(r[1]), str(r[2]), float(r[3]), None if r[4] is None else float(r[4]), str(r[5]),
+        tuple(json.loads(r[6])), int(r[7]), str(r[8]),
+    )  # fmt: skip
+
 
 GPU_KEEP = 3600.0  # an hour at the full rate (the Cluster page's "last hour"); older rows are dropped
 _GPU_COLS = "host, gpu, t, util, memory_mib, memory_total_mib, job, owner"
@@ -103,7 +143,7 @@ class HistoryTables(ServiceDB):
         self._do("UPDATE provision_service_history SET ended = ?, how = ? WHERE id = ?", (ended, how, row_id))
 
     def history(self, *, owner: str | None = None, since: float | None = None) -> list[HistoryRow]:
-        sql = "SELECT kind, job, owner, started, ended, how, hosts, gpus, submission FROM provision_service_history WHERE 1 = 1"
+        sql = f"SELECT {_HISTORY_COLS} FROM provision_service_history WHERE 1 = 1"
         args: list[Any] = []
         if owner:
             sql += " AND owner = ?"
@@ -111,12 +151,58 @@ class HistoryTables(ServiceDB):
         if since is not None:
             sql += " AND (ended IS NULL OR ended >= ?)"
             args.append(since)
-        rows = self._all(sql + " ORDER BY started, id", args)
-        return [
-            HistoryRow(str(r[0]), str(r[1]), str(r[2]), float(r[3]), None if r[4] is None else float(r[4]), str(r[5]),
-                  tuple(json.loads(r[6])), int(r[7]), str(r[8]))
-            for r in rows
-        ]  # fmt: skip
+        return [_row(r) for r in self._all(sql + " ORDER BY started, id", args)]
+
+    def history_page(self, q: HistoryQuery, now: float) -> tuple[list[HistoryRow], int]:
+        """One page of the rows `q` picks, newest first: those still open (unless
+        `q.finished`), then the ended ones by when they ended (through its index: 100,000
+        rows sorted for each page took a tenth of a second); and how many it picks in all."""
+        where, args = _where(q)
+        cols = f"SELECT {_HISTORY_COLS} FROM provision_service_history {where}"
+        opened: list[Any] = []
+        if not q.finished:
+            opened = self._all(f"{cols} AND ended IS NULL ORDER BY started DESC, id DESC LIMIT ?", [*args, 1000])
+        shown = opened[q.offset : q.offset + q.limit]
+        more = q.limit - len(shown)
+        if more > 0:
+            skip = max(0, q.offset - len(opened))
+            shown += self._all(
+                f"{cols} AND ended IS NOT NULL ORDER BY ended DESC, id DESC LIMIT ? OFFSET ?", [*args, more, skip]
+            )
+        done = int(
+            self._all(f"SELECT count(*) FROM provision_service_history {where} AND ended IS NOT NULL", args)[0][0]
+        )
+        return [_row(r) for r in shown], len(opened) + done
+
+    def job_history(self, job: str, limit: int = 200) -> list[HistoryRow]:
+        """The job's rows (its runs, waits; a trial's), the last `limit`, oldest first."""
+        rows = self._all(
+            f"SELECT {_HISTORY_COLS} FROM provision_service_history WHERE job = ? ORDER BY started DESC, id DESC LIMIT ?",
+            (job, int(limit)),
+        )
+        return [_row(r) for r in reversed(rows)]
+
+    def jobs_hours(
+        self, jobs: Sequence[str], now: float, kinds: Sequence[str]
+    ) -> dict[str, tuple[float, float | None, int, int]]:
+        """job -> (GPU-hours over its rows of `kinds`, an open one until now; when its last
+        row ended, None while one is open; how many rows; the most GPUs a row held), for
+        the jobs named."""
+        out: dict[str, tuple[float, float | None, int, int]] = {}
+        names = sorted(set(jobs))
+        for i in range(0, len(names), 500):
+            part = names[i : i + 500]
+            marks = ", ".join("?" for _ in part)
+            sql = (
+                "SELECT job, SUM(gpus * (COALESCE(ended, ?) - started)), MAX(COALESCE(ended, ?)), "
+                "MAX(CASE WHEN ended IS NULL THEN 1 ELSE 0 END), COUNT(*), MAX(gpus) FROM provision_service_history "
+                f"WHERE job IN ({marks}) AND kind IN ({', '.join('?' for _ in kinds)}) GROUP BY job"
+            )
+            for job, seconds, last, open_, n, gpus in self._all(sql, [float(now), float(now), *part, *kinds]):
+                out[str(job)] = (
+                    max(0.0, float(seconds or 0)) / 3600.0, None if open_ else float(last), int(n), int(gpus or 0)
+                )  # fmt: skip
+        return out
 
     # -- what the GPUs did
 

@@ -1,8 +1,8 @@
 """The service's database (`provision serve`), as the service and the CLI use it: one
-ServiceStore made of the tables of io/servicedb.py (the connection), io/servicehistory.py
-and io/serviceevents.py, and those here.
+ServiceStore made of the tables of io/servicedb.py (the connection), io/servicehistory.py,
+io/serviceevents.py and io/servicenotify.py, and those here.
 
-What it holds: content-addressed blobs (sha256 -> bytes, stored once whoever submits them),
+What it holds (beside the kept logs, io/servicelogs.py): content-addressed blobs (sha256 -> bytes, stored once whoever submits them),
 submissions (what was handed over, by whom, its status and which service holds it), the
 services that run (their heartbeat, on the database's clock, and the NAMES of the
 environment variables they carry: never values), and the history of every run, trial and
@@ -22,7 +22,10 @@ from typing import Any
 from provision.core.errors import ProvisionError
 from provision.core.submission import MOVES, BadRow, Kind, Options, Status, valid_id
 from provision.io.serviceevents import EventTables
+from provision.io.servicehealth import HealthTables
 from provision.io.servicehistory import HistoryTables
+from provision.io.servicelogs import LogTables
+from provision.io.servicenotify import NotifyTables
 from provision.rules.priority import queue_key
 
 ALIVE_AFTER = 10.0  # seconds: a service whose last heartbeat is older is taken for gone
@@ -96,7 +99,7 @@ _SUB_COLS = (
 )
 
 
-class ServiceStore(EventTables, HistoryTables):
+class ServiceStore(NotifyTables, EventTables, HistoryTables, LogTables, HealthTables):
     """One connection to the service's database (module docstring). Thread-safe: calls are
     serialised (the service's loop and its followers are few and short)."""
 
@@ -178,6 +181,25 @@ class ServiceStore(EventTables, HistoryTables):
         """The readable submissions (unfinished: in the queue's order); a row that cannot
         be read is left out (bad_rows names it)."""
         return [s for s in self._rows(unfinished, job) if isinstance(s, Submission)]
+
+    def finished_submissions(self, jobs: int) -> list[Submission]:
+        """The latest finished submission of each of the `jobs` jobs that finished last (the
+        dashboard keeps showing their work), newest first."""
+        finished = [s.value for s in Status if s.finished]
+        rows = self._all(
+            f"SELECT {_SUB_COLS} FROM provision_service_submissions WHERE status IN ({', '.join('?' for _ in finished)}) "
+            "ORDER BY COALESCE(ended, created) DESC, id DESC LIMIT ?",
+            [*finished, 4 * jobs],
+        )
+        out: dict[str, Submission] = {}
+        for r in rows:
+            try:
+                sub = _submission(r)
+            except BadRow:
+                continue
+            if sub.job not in out and len(out) < jobs:
+                out[sub.job] = sub
+        return list(out.values())
 
     def bad_rows(self) -> list[tuple[str, str]]:
         """(id, why) of each unfinished row this version cannot read: set aside by the

@@ -32,6 +32,9 @@ class Step(StrEnum):
     END = "end the job"
     NETWORK = "check the network"
     QUEUE = "mark the queued apply"
+    HEALTH = "change the health record"
+    TEST = "test GPUs"
+    FABRIC = "measure the fabric"
 
 
 @dataclass

@@ -533,8 +533,8 @@ def _storage(url: str | None, journal: Path, *, create: bool) -> optuna.storages
     try:
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, skip_table_creation=not create)
     except Exception as e:  # SQLAlchemy's and the driver's errors alike: say where, not a traceback
-        if not create and "does not exist" in _first_line(e):
-            return None  # a database where no study was ever made (no tables): nothing to read
+        if not create and any(w in _first_line(e) for w in ("does not exist", "no such table")):
+            return None  # a team's database where no study was ever made: no tables, no study
         where = url.split("@")[-1]
         # A server that does not answer (StudyUnavailable) may answer later: the service retries.
         error = StudyUnavailable if isinstance(e, sqlalchemy.exc.OperationalError) else ProvisionError

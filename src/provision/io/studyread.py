@@ -26,7 +26,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,12 @@ from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from provision.core.tuning import TrialRow, TrialState, Tune
+from provision.core.tuning import Curve, TrialRow, TrialState, Tune
 from provision.io.study import ENDED_ATTR, Study, StudyUnavailable, _first_line, load_study, trial_row
+from provision.io.studyimportance import importances
 
+_Looked = tuple[tuple[TrialRow, ...], str | None, Mapping[int, Curve]]  # rows, why it ended, curves
+IMPORTANCE_EVERY = 30.0  # seconds between two weighings of a study that goes on
 FRESH = 1.0  # seconds a read answers before the storage is asked again (a page polls every few)
 
 
@@ -47,6 +50,7 @@ class Snapshot:
     rows: tuple[TrialRow, ...]  # by number
     ended: str | None  # why the study ended (None: it can go on), as `tune --status` says
     version: int
+    curves: Mapping[int, Curve] = field(default_factory=dict)  # trial number -> its reports (those that reported)
 
 
 def ended_why(attr: Any, rows: Sequence[TrialRow]) -> str | None:
@@ -64,6 +68,7 @@ class _Seen:
 
     study_id: int
     rows: dict[int, TrialRow] = field(default_factory=dict)  # trial id -> row (not every trial is one)
+    curves: dict[int, Curve] = field(default_factory=dict)  # trial id -> its reports
     unfinished: set[int] = field(default_factory=set)  # trial ids that can still change
     ids: set[int] = field(default_factory=set)  # every trial id seen
     last: int = -1  # the highest trial id seen
@@ -86,6 +91,9 @@ class StudyReader:
         self._sql = url is not None
         self._dists: dict[str, BaseDistribution] = {}  # distribution_json -> distribution (a few per study)
         self.reads = 0  # trials read from the storage, all told (the tests see what a look cost)
+        self._imp: tuple[int, dict[str, float]] | None = None  # (succeeded trials weighed, the importance)
+        self._imp_at = float("-inf")
+        self._imp_lock = threading.Lock()
 
     def read(self) -> Snapshot | None:
         """The study now (at most `fresh` seconds old); None: it was never started."""
@@ -97,11 +105,24 @@ class StudyReader:
             if got is None:
                 self._snap = None
             else:
-                rows, ended = got
+                rows, ended, curves = got
                 old = self._snap
-                if old is None or old.rows != rows or old.ended != ended:
-                    self._snap = Snapshot(rows, ended, (old.version + 1) if old is not None else 1)
+                if old is None or old.rows != rows or old.ended != ended or old.curves != curves:
+                    self._snap = Snapshot(rows, ended, (old.version + 1) if old is not None else 1, curves)
             return self._snap
+
+    def importance(self, snap: Snapshot) -> dict[str, float]:
+        """The parameters' importance over `snap`'s succeeded trials (io/studyimportance.py),
+        weighed again when more have succeeded, at most every IMPORTANCE_EVERY s while the
+        study goes on (10,000 trials take ~1 s) and at once when it ended."""
+        with self._imp_lock:
+            done = sum(1 for r in snap.rows if r.state is TrialState.SUCCEEDED)
+            kept = self._imp
+            due = snap.ended is not None or time.monotonic() - self._imp_at >= IMPORTANCE_EVERY
+            if kept is None or (kept[0] != done and due):
+                kept = self._imp = (done, importances(self.tune, snap.rows))
+                self._imp_at = time.monotonic()
+            return kept[1]
 
     def close(self) -> None:
         if self._engine is not None:
@@ -111,7 +132,7 @@ class StudyReader:
 
     # ------------------------------------------------------------------ where it is read
 
-    def _look(self) -> tuple[tuple[TrialRow, ...], str | None] | None:
+    def _look(self) -> _Looked | None:
         if self._sql:
             try:
                 return self._look_sql()
@@ -125,7 +146,7 @@ class StudyReader:
                 self._sql, self._seen = False, None
         return self._look_optuna()
 
-    def _look_optuna(self) -> tuple[tuple[TrialRow, ...], str | None] | None:
+    def _look_optuna(self) -> _Looked | None:
         if self.url is None:
             try:
                 st = os.stat(self.journal)
@@ -134,7 +155,7 @@ class StudyReader:
                 return None
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._study is not None and stamp == self._stamp and self._snap is not None:
-                return self._snap.rows, self._snap.ended
+                return self._snap.rows, self._snap.ended, self._snap.curves
             self._stamp = stamp
         if self._study is None:
             self._study = load_study(self.tune, self.job, self.url, self.journal)
@@ -143,7 +164,11 @@ class StudyReader:
         rows = tuple(self._study.rows())
         self.reads += len(rows)
         running = any(r.state is TrialState.RUNNING for r in rows)
-        return rows, self._study.ended(len(rows)) if rows and not running else None
+        trials = self._study.study.get_trials(deepcopy=False)
+        curves = {
+            t.number + 1: curve_of(t) for t in trials if t.intermediate_values and not t.user_attrs.get("surplus")
+        }
+        return rows, self._study.ended(len(rows)) if rows and not running else None, curves
 
     # ------------------------------------------------------------------ Optuna's tables, read plainly
 
@@ -153,7 +178,7 @@ class StudyReader:
             self._engine = sqlalchemy.create_engine(self.url, pool_pre_ping=True, pool_size=1, max_overflow=1)
         return self._engine.connect()
 
-    def _look_sql(self) -> tuple[tuple[TrialRow, ...], str | None] | None:
+    def _look_sql(self) -> _Looked | None:
         with self._connect() as c:
             sid = c.execute(Q_STUDY, {"name": self.job}).scalar()
             if sid is None:
@@ -174,13 +199,16 @@ class StudyReader:
         self.reads += len(got)
         why = json.loads(ended) if ended else None
         if not got and self._snap is not None and seen.rows and self._snap.rows:
-            return self._snap.rows, ended_why(why, self._snap.rows)  # nothing changed: the same rows
+            return self._snap.rows, ended_why(why, self._snap.rows), self._snap.curves  # nothing changed
         for t in got:
             row = trial_row(self.job, t)
             if row is None:
                 seen.rows.pop(t._trial_id, None)
+                seen.curves.pop(t._trial_id, None)
             else:
                 seen.rows[t._trial_id] = row
+                if t.intermediate_values:
+                    seen.curves[t._trial_id] = curve_of(t)
             if t.state in (OptunaState.RUNNING, OptunaState.WAITING):
                 seen.unfinished.add(t._trial_id)
             else:
@@ -188,11 +216,12 @@ class StudyReader:
             seen.ids.add(t._trial_id)
             seen.last = max(seen.last, t._trial_id)
         rows = tuple(sorted(seen.rows.values(), key=lambda r: r.number))
-        return rows, ended_why(why, rows)
+        curves = {seen.rows[i].number: c for i, c in seen.curves.items() if i in seen.rows}
+        return rows, ended_why(why, rows), curves
 
     def _fetch(self, c: sqlalchemy.Connection, study: int, last: int, ids: set[int]) -> list[FrozenTrial]:
         """The study's trials whose id is above `last` or in `ids`, as Optuna would give them
-        (what a row needs: no system attributes, no intermediate values)."""
+        (what a row and its curve need: no system attributes)."""
         args = {"s": study, "last": last, "ids": sorted(ids) or [-1]}
         trials = c.execute(Q_TRIALS, args).all()
         if not trials:
@@ -207,6 +236,9 @@ class StudyReader:
             values[v.trial_id] = _value(v.value, v.value_type)
         for a in c.execute(Q_ATTRS, args):
             attrs.get(a.trial_id, {})[a.key] = json.loads(a.value_json)
+        reports: dict[int, dict[int, float]] = {t.trial_id: {} for t in trials}
+        for i in c.execute(Q_REPORTS, args):
+            reports.get(i.trial_id, {})[int(i.step)] = _value(i.intermediate_value, i.intermediate_value_type)
         return [
             FrozenTrial(
                 number=t.number,
@@ -218,7 +250,7 @@ class StudyReader:
                 distributions={p.param_name: self._dist(p.distribution_json) for p in ps},
                 user_attrs=attrs[t.trial_id],
                 system_attrs={},
-                intermediate_values={},
+                intermediate_values=reports[t.trial_id],
                 trial_id=t.trial_id,
             )
             for t in trials
@@ -230,6 +262,11 @@ class StudyReader:
         if d is None:
             d = self._dists[text] = json_to_distribution(text)
         return d
+
+
+def curve_of(t: FrozenTrial) -> Curve:
+    """The trial's intermediate values (what it reported at each step), by step."""
+    return tuple(sorted((int(k), float(v)) for k, v in t.intermediate_values.items()))
 
 
 def _no_tables(words: str) -> bool:
@@ -280,6 +317,10 @@ Q_VALUES = sqlalchemy.text(
 Q_ATTRS = sqlalchemy.text(
     "SELECT a.trial_id, a.key, a.value_json FROM trial_user_attributes a "
     f"JOIN trials t ON t.trial_id = a.trial_id WHERE {_CHANGED}"
+).bindparams(_IDS)
+Q_REPORTS = sqlalchemy.text(
+    "SELECT i.trial_id, i.step, i.intermediate_value, i.intermediate_value_type FROM trial_intermediate_values i "
+    f"JOIN trials t ON t.trial_id = i.trial_id WHERE {_CHANGED}"
 ).bindparams(_IDS)
 Q_COUNT = sqlalchemy.text("SELECT count(*) FROM trials WHERE study_id = :s")
 Q_IDS = sqlalchemy.text("SELECT trial_id FROM trials WHERE study_id = :s")

@@ -12,12 +12,20 @@ Rules, in one place:
 - `previous` (the placement recorded in state) is kept for every task whose slot is still
   valid, so growing or shrinking a pool never moves a task that already exists;
 - `held` (what other jobs hold on shared hosts, and ports something else listens on, as
-  tenancy.py reads them from the hosts' ledgers) is never given out: neither kept from
-  `previous` nor chosen;
+  tenancy.py reads them from the hosts' ledgers; GPUs their health keeps from new work) is
+  never given out: neither kept from `previous` nor chosen; a host it closes gets no new
+  task (rules/health.py: draining).
 - `spares:` hosts come last while every host is in service: a replica goes to one only
   when no other eligible host has room; once a host is drained or set aside for the job (a
   recovery: core/recovery.py), the spares are hosts like the others, so the replicas that
   move go to them first (least loaded); a replica placed on a spare stays there.
+- `placement: {prefer_same: [label, ...]}`: the hosts are grouped by each label's value (a
+  switch, an NVLink domain), and a new task goes to the best group's hosts first (least
+  loaded within it), so the job spans as few groups as fit it. The best group is the
+  smallest that holds every task of the job (one per host, or as many as its free
+  accelerators take), else the largest; ties go to the group first in the inventory, and
+  hosts without the label come last. The first label counts most: a later label's groups
+  are ranked within the earlier labels' group.
 """
 
 from __future__ import annotations
@@ -88,6 +96,9 @@ class Held:
     gpus: frozenset[int] = frozenset()
     ports: frozenset[int] = frozenset()
     by: tuple[str, ...] = ()  # e.g. "GPUs 0-1 held by job bert (alice@ws-3, running 2h)"
+    # The host takes no new task (its health: draining, quarantined): "new" keeps the
+    # job's previous slots there (they run), "all" keeps none either.
+    closed: str = ""
 
 
 class PlacementError(ProvisionError):
@@ -122,11 +133,12 @@ def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
 
 
 class _HostState:
-    __slots__ = ("host", "order", "free", "ports", "tasks", "version")
+    __slots__ = ("host", "order", "free", "ports", "tasks", "version", "closed")
 
     def __init__(self, host: Host, order: int, held: Held | None = None):
         self.host = host
         self.order = order
+        self.closed = held.closed if held else ""
         taken = held.gpus if held else frozenset()
         self.free = [a for a in range(host.accelerator_count) if a not in taken]  # sorted, free
         self.ports: set[int] = set(held.ports) if held else set()
@@ -160,19 +172,22 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
     # 1,000-host placement at O(tasks · log hosts).
     heaps: dict[str, list[tuple[object, ...]]] = {}
 
-    # Spares wait while every host is in service; once one is drained or set aside, a
-    # spare is a host like the others (least loaded first): the displaced replica's.
-    spares = frozenset(inv.spares) if not any(h.drain for h in inv.hosts) else frozenset()
+    spares = _waiting_spares(inv, states)
+    prefer, slots = _preference(inv, states, len(order))
+    spent = (len(inv.placement.prefer_same) + 1) * (len(states) + 1,)  # a host whose slots are taken
 
     def key(pool: Pool, st: _HostState) -> tuple[object, ...]:
         avoid = pool.accelerators == 0 and st.host.accelerator_count > 0
         fit = len(st.free) if pool.accelerators else 0
-        return (st.host.name in spares, avoid, st.tasks, fit, st.order, st.version, st.host.name)
+        rank = prefer.get(st.host.name, ()) if st.tasks < slots.get(st.host.name, 0) else spent
+        return (st.host.name in spares, avoid, rank, st.tasks, fit, st.order, st.version, st.host.name)
 
     def heap_for(pool: Pool) -> list[tuple[object, ...]]:
         if pool.role not in heaps:
             h = [
-                key(pool, st) for st in states.values() if pool.eligible(st.host) and len(st.free) >= pool.accelerators
+                key(pool, st)
+                for st in states.values()
+                if pool.eligible(st.host) and len(st.free) >= pool.accelerators and not st.closed
             ]
             heapq.heapify(h)
             heaps[pool.role] = h
@@ -185,17 +200,69 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
         st = _best(heap, states, pool, key)
         if st is None:
             raise _no_fit(pool, index, states, held)
-        port = pool.port or default_port(st.host)
-        while port in st.ports:
-            port += 1
-        if port > 65535:
-            raise PlacementError(pool.role, f"replica {index}: no free port left on {st.host.name}")
-        take(st, pool, index, port, tuple(st.free[: pool.accelerators]))
+        take(st, pool, index, _port(pool, index, st), tuple(st.free[: pool.accelerators]))
         if len(st.free) >= pool.accelerators:
             heapq.heappush(heap, key(pool, st))
 
     tasks = sorted(chosen.values(), key=lambda t: (ROLES.index(t.role), t.index))
     return Placement(tuple(tasks))
+
+
+def _waiting_spares(inv: Inventory, states: Mapping[str, _HostState]) -> frozenset[str]:
+    """The spares that come last: all of them while every host is in service; once one is
+    drained, set aside or closed by its health, a spare is a host like the others (least
+    loaded first): the displaced replica's."""
+    if any(h.drain for h in inv.hosts) or any(st.closed for st in states.values()):
+        return frozenset()
+    return frozenset(inv.spares)
+
+
+def _port(pool: Pool, index: int, st: _HostState) -> int:
+    """The pool's port on the host, or the next one no task of it takes."""
+    port = pool.port or default_port(st.host)
+    while port in st.ports:
+        port += 1
+    if port > 65535:
+        raise PlacementError(pool.role, f"replica {index}: no free port left on {st.host.name}")
+    return port
+
+
+def _preference(
+    inv: Inventory, states: Mapping[str, _HostState], need: int
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Under `placement.prefer_same`: each host's rank (lower first; a number per label: its
+    group's, where a group that holds the job's `need` tasks comes first, the smallest of
+    those first, then the others largest first), and its slots: the tasks it takes at that
+    rank (one, or as many replicas of the largest as its free accelerators hold), past
+    which it ranks last and the job spills into the next group (the module docstring)."""
+    labels = inv.placement.prefer_same
+    if not labels:
+        return {}, {}
+    per = max((p.accelerators for p in inv.pools), default=0)
+    slots = {name: max(1, len(st.free) // per) if per else 1 for name, st in states.items()}
+
+    def rank(members: list[_HostState]) -> tuple[object, ...]:
+        cap, first = sum(slots[st.host.name] for st in members), min(st.order for st in members)
+        return (0, cap, first) if cap >= need else (1, -cap, first)
+
+    out: dict[str, list[int]] = {name: [] for name in states}
+    for k, label in enumerate(labels):
+        # A label's groups are ranked within its group of the labels before it.
+        groups: dict[tuple[str | None, ...], dict[str, list[_HostState]]] = {}
+        for st in states.values():
+            value = st.host.label_map.get(label)
+            if value is not None and not st.host.drain:
+                prefix = tuple(st.host.label_map.get(x) for x in labels[:k])
+                groups.setdefault(prefix, {}).setdefault(value, []).append(st)
+        ranked = {
+            (prefix, value): i
+            for prefix, by_value in groups.items()
+            for i, (value, _) in enumerate(sorted(by_value.items(), key=lambda item: rank(item[1])))
+        }
+        for name, st in states.items():
+            prefix = tuple(st.host.label_map.get(x) for x in labels[:k])
+            out[name].append(ranked.get((prefix, st.host.label_map.get(label, "")), len(states)))
+    return {name: tuple(r) for name, r in out.items()}, slots
 
 
 def _kept(
@@ -204,7 +271,7 @@ def _kept(
     """The task's previous slot and its host, if the slot is still valid there."""
     slot = previous.get(f"{pool.role}-{index}")
     st = states.get(slot.host) if slot else None
-    if slot is None or st is None or not pool.eligible(st.host):
+    if slot is None or st is None or not pool.eligible(st.host) or st.closed == "all":
         return None, None
     base = pool.port or default_port(st.host)
     accs = tuple(slot.accelerators)

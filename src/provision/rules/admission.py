@@ -74,8 +74,9 @@ def _free(r: Round) -> dict[str, int]:
     """GPUs free on each host that answered (the round's `free_gpus`)."""
     out = {}
     for name, h in (r.doc.get("hosts") or {}).items():
-        if h.get("error") is None and isinstance(h.get("free_gpus"), list):
-            out[name] = len(h["free_gpus"])
+        free = h.get("free_gpus")
+        if h.get("error") is None and isinstance(free, list):
+            out[name] = len(free)
     return out
 
 

@@ -350,19 +350,19 @@ def _int(v: Any) -> int:
         return 0
 
 
-def of_status(st: JobStatus, owner: str, gpus: int, started: bool) -> list[Event]:
+def of_status(st: JobStatus, owner: str, gpus: int, started: bool, resumed: bool = False) -> list[Event]:
     """A run's own events, as the one that applied it sees its status (a handed-over apply's
-    worker): `started` when it just applied it, and its end once the job ended or was
-    preempted; the same keys as the rounds' (the store keeps one of each)."""
+    worker): `started` when it just applied it (`resumed`: a run after a preemption), and
+    its end once the job ended or was preempted; the same keys as the rounds' (the store
+    keeps one of each)."""
     run = st.run.number if st.run is not None else None
     hosts = tuple(sorted({t.host for t in st.tasks}))
     host = hosts[0] if hosts else ""
     out = []
     if started and run is not None:
-        words = f"job {st.job} started (run {run}) on {', '.join(hosts)}"
-        out.append(
-            Event(Kind.JOB_STARTED, started_key(st.job, run), st.job, owner, host, words, None, run, hosts, gpus)
-        )
+        kind, what = (Kind.JOB_RESUMED, "resumed after its preemption") if resumed else (Kind.JOB_STARTED, "started")
+        words = f"job {st.job} {what} (run {run}) on {', '.join(hosts)}"
+        out.append(Event(kind, started_key(st.job, run), st.job, owner, host, words, None, run, hosts, gpus))
     how = _HOW.get(st.phase)
     if how is None or (st.phase is JobPhase.PREEMPTED and any(t.state.live for t in st.tasks)):
         return out

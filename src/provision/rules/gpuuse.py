@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision.host.protocol import ProbeReport
+from provision.rules.jobsdoc import GpuAppJson, GpuUseJson
 from provision.rules.status import JobStatus
 
 IDLE_BELOW_PCT = 5  # a held GPU below this ...
@@ -89,7 +90,7 @@ def idle_since(samples: Sequence[tuple[float, int | None]], now: float, window: 
 
 def host_use(
     facts: Mapping[str, Any] | None, checks: Mapping[str, Any] | None, ledger: Mapping[str, Any] | None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, GpuUseJson]:
     """A host's GPUs as the dashboard's `gpu_use` ({"<index>": {"utilization", "memory_mib",
     "memory_total_mib", "apps"}}) from a probe report's parts: the facts' numbers, and the
     compute processes of its GPU check, each tied to the job whose ledger entry names the
@@ -105,7 +106,7 @@ def host_use(
     }
     gpus = (checks or {}).get("gpus")
     listed = gpus.get("apps") if isinstance(gpus, Mapping) else None
-    apps: dict[int, list[dict[str, Any]]] = {}
+    apps: dict[int, list[GpuAppJson]] = {}
     for a in listed if isinstance(listed, list) else ():
         index = by_uuid.get(str(a.get("gpu_uuid"))) if isinstance(a, Mapping) else None
         if index is not None:
@@ -121,7 +122,7 @@ def host_use(
     }
 
 
-def _app(a: Mapping[str, Any], unit_job: Mapping[str, str]) -> dict[str, Any]:
+def _app(a: Mapping[str, Any], unit_job: Mapping[str, str]) -> GpuAppJson:
     """A compute process as the page shows it, with the job it belongs to (None: not a job's)."""
     owner = a.get("owner")
     who: Mapping[str, Any] = owner if isinstance(owner, Mapping) else {}

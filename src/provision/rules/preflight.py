@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from provision.core.model import Host, Inventory
 from provision.host.protocol import ProbeReport
 from provision.render.files import FileKind, HostBundle
+from provision.rules import health as hl
 from provision.rules import hypertune
 from provision.rules.facts import mismatches
 from provision.rules.plan import FileAction, HostPlan, Plan
@@ -71,6 +72,7 @@ ORDER = (
     "tpu",
     "tpu processes",
     "gpu health",
+    "gpu signals",
     "gpu processes",
     "driver",
     "ports",
@@ -251,6 +253,8 @@ def _gpu_findings(name: str, host: Host, hp: HostPlan, report: ProbeReport, job:
         return out  # nvidia-smi did not answer: the line above says so
     assigned = {a for u in bundle.tasks for a in u.task.accelerators}
     out += _gpu_health(name, c, assigned)
+    if "health" in (report.checks or {}):  # the health read's signals (rules/health.py)
+        out += [Finding(name, k, Status(st), d) for k, st, d in hl.findings(acc.count, report, assigned)]
     if c.get("apps_error"):
         out.append(Finding(name, "gpu processes", Status.WARN, f"could not list compute processes: {c['apps_error']}"))
         return out

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
+from provision.rules.health import HealthPolicy
 
 # The classes every team has until its policy names others (`provision policy set`).
 DEFAULT_CLASSES: Mapping[str, int] = {"low": 100, "normal": 500, "high": 1000}
@@ -14,6 +15,19 @@ DEFAULT_CLASSES: Mapping[str, int] = {"low": 100, "normal": 500, "high": 1000}
 
 class PriorityError(ProvisionError):
     pass
+
+
+@dataclass(frozen=True)
+class DevPolicy:
+    """What `provision dev` sessions get (the policy's `dev:`): their priority (a class or a
+    number: preemptible, like every session), how long one lasts unless --hours says, and
+    the idle rule: its GPUs below `idle_below` % for `idle_minutes` with nobody logged in
+    end it."""
+
+    priority: int | str = "normal"
+    hours: float = 8.0
+    idle_minutes: int = 60
+    idle_below: int = 5
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,8 @@ class Policy:
     classes: tuple[tuple[str, int], ...] = tuple(DEFAULT_CLASSES.items())
     guarantees: tuple[tuple[str, int], ...] = ()  # owner (or group) -> GPUs
     groups: tuple[tuple[str, str], ...] = ()  # owner -> the group whose guarantee it shares
+    health: HealthPolicy = HealthPolicy()  # which Xids are fatal, whether a release needs a test
+    dev: DevPolicy = DevPolicy()
 
     def quota_of(self, owner: str) -> str:
         """The name an owner's usage and guarantee are counted under."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypedDict
 
 from provision.core.model import Inventory
 from provision.core.recovery import AUTO_FACTOR, AUTO_FLOOR_S, AUTO_SAMPLES, AUTO_START_S, ProgressSpec
@@ -159,6 +160,16 @@ def stalled(
     return Stall(base, b) if now - base > b else None
 
 
+class ProgressJson(TypedDict):
+    """`status --json`'s `progress` (ProgressView.to_json)."""
+
+    last: str | None
+    checkpoint: str | None
+    bound_seconds: int
+    auto: bool
+    stalled: bool
+
+
 @dataclass(frozen=True)
 class ProgressView:
     """What `status` says of a job's progress: its latest sign and newest checkpoint (this
@@ -170,7 +181,7 @@ class ProgressView:
     auto: bool
     stalled: bool
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> ProgressJson:
         return {
             "last": iso(self.last),
             "checkpoint": iso(self.checkpoint),

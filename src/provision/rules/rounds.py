@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.core import runs
+from provision.core.devsession import logins_of
 from provision.core.recovery import ProgressSpec, RecoverySpec
 from provision.host.protocol import ProbeReport
+from provision.rules import health as hl
+from provision.rules.jobsdoc import JobsDoc
+from provision.rules.priority import Policy
 from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.tenancy import HostView, host_view
 
@@ -30,6 +34,14 @@ class HostSeen:
     view: HostView
     units: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Its health record, what this round's health read found (rules/health.py), the time of
+    # the newest Xid line it found past the last look, and the host's clock then.
+    health: hl.HostHealth = hl.HostHealth()
+    signals: tuple[hl.Signal, ...] = ()
+    xid_after: float | None = None
+    clock: float | None = None
+    # Each dev session's connections here (unit -> `user@pts/3`, ...), as bounded as read.
+    logins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def answered(self) -> bool:
@@ -56,13 +68,35 @@ class HostSeen:
         return m if isinstance(m, dict) and "_unreadable" not in m else None
 
 
-def host_seen(name: str, gpus: int, report: ProbeReport, now: float, job: str) -> HostSeen:
+def host_seen(
+    name: str,
+    gpus: int,
+    report: ProbeReport,
+    now: float,
+    job: str,
+    policy: hl.HealthPolicy = hl.HealthPolicy(),
+    outputs: str | None = None,
+) -> HostSeen:
     """A host as a round sees it from a tenancy probe of `job` (whose own units, runs and
-    marker the probe reports apart from the other jobs')."""
+    marker the probe reports apart from the other jobs'), with its health read when the
+    probe asked it."""
     records: dict[str, Mapping[str, Any]] = dict(report.ledger_records or {})
     records[job] = {"runs": report.runs, "lifecycle": report.lifecycle, "exits": report.exits}
     units = {**(report.ledger_units or {}), **report.units}
-    return HostSeen(host_view(name, gpus, report, now), units, records)
+    got = report.logins if isinstance(report.logins, dict) else {}
+    logins = {u: ls for u, v in list(got.items())[:256] if isinstance(u, str) and (ls := logins_of(v))}
+    read = (report.checks or {}).get("health")
+    clock = ((read or {}).get("xid") or {}).get("now") if isinstance(read, dict) else None
+    return HostSeen(
+        host_view(name, gpus, report, now),
+        units,
+        records,
+        hl.of_report(report),
+        hl.signals(gpus, report, policy, outputs) if isinstance(read, dict) else (),
+        hl.xid_after(report) if isinstance(read, dict) else None,
+        float(clock) if isinstance(clock, (int, float)) else None,
+        logins,
+    )
 
 
 @dataclass(frozen=True)
@@ -94,7 +128,7 @@ class Round:
     number: int
     began: float
     hosts: Mapping[str, HostSeen]
-    doc: Mapping[str, Any]
+    doc: JobsDoc
     studies: frozenset[str] = frozenset()
     success: Mapping[str, str] = field(default_factory=dict)
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -102,6 +136,7 @@ class Round:
     demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
     # The jobs watched for progress or recovered (rules/recovery.py), by job.
     watch: Mapping[str, JobWatch] = field(default_factory=dict)
+    policy: Policy | None = None  # the team's (priority classes, guarantees), as the inventories' state says
 
     @property
     def answered(self) -> frozenset[str]:

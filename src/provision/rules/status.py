@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from provision.core.events import EventJson
 from provision.core.explain import exit_words, reason
 from provision.core.lifecycle import (
     PREEMPT_PHASE,
@@ -24,15 +25,75 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
-from provision.core.recovery import RecoveryRecord
-from provision.core.runs import Run, merged
+from provision.core.recovery import RecoveryJson, RecoveryRecord
+from provision.core.runs import Run, RunJson, merged
+from provision.core.tuning import TrialJson
 from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
-from provision.rules.progress import ProgressView
+from provision.rules.health import task_notes
+from provision.rules.historyview import HistoryRowJson
+from provision.rules.jobsdoc import JobHostJson
+from provision.rules.progress import ProgressJson, ProgressView
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
+
+
+class TaskJson(TypedDict):
+    task: str
+    role: str
+    host: str
+    address: str
+    gpus: list[int]
+    state: str
+    exit_code: int | None
+    restarts: int
+    since_seconds: int | None
+    detail: str
+    ended_at: str | None
+    last_lines: list[str]
+    gpu_util_pct: int | None
+
+
+class StatusJson(TypedDict):
+    """`provision status --json` (JobStatus.to_json)."""
+
+    format_version: int
+    job: str
+    phase: str
+    reason: str | None
+    unreachable: list[str]
+    tasks: list[TaskJson]
+    left_behind: list[str]
+    owner: str | None
+    run: RunJson | None
+    setup_lines: dict[str, list[str]]
+    health: list[str]
+    # A job with `progress:` or `recovery:` (rules/recovery.judged): its progress, where its
+    # run broke (one line), its recoveries.
+    progress: NotRequired[ProgressJson]
+    broke: NotRequired[str]
+    recovery: NotRequired[RecoveryJson]
+
+
+class JobDoc(StatusJson):
+    """The dashboard's job (web/inventories.InventorySource.job): the status, the inventory's
+    env with every secret_env value masked, its study (or null), and the actions its phase
+    allows (of stop, rerun, cancel)."""
+
+    env: dict[str, str]
+    study: str | None
+    actions: list[str]
+    # The service's: what it kept of the job (its runs in the history, its events, its logs),
+    # and a trial's row of its study and what it reported.
+    runs: NotRequired[list[HistoryRowJson]]
+    timeline: NotRequired[list[EventJson]]
+    kept_logs: NotRequired[bool]
+    trial: NotRequired[TrialJson]
+    reports: NotRequired[list[list[float]]]  # [[step, value], ...]
+    known: NotRequired[str]  # where the page's words come from when no inventory names the job: "history"
+    held: NotRequired[dict[str, JobHostJson]]  # such a job's entries in the hosts' ledgers now
 
 
 @dataclass(frozen=True)
@@ -51,7 +112,7 @@ class TaskStatus:
     last_lines: tuple[str, ...] = ()  # its journal's last lines, for a task that failed
     gpu_util: int | None = None  # % over its GPUs while it runs (rules/gpuuse.with_task_util); None: unknown
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TaskJson:
         return {
             "task": self.task,
             "role": self.role,
@@ -91,8 +152,10 @@ class JobStatus:
     progress: ProgressView | None = None
     broke: str = ""
     recovery: RecoveryRecord | None = None
+    # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
+    health: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StatusJson:
         out = self._json()
         if self.progress is not None:
             out["progress"] = self.progress.to_json()
@@ -102,7 +165,7 @@ class JobStatus:
             out["recovery"] = self.recovery.to_json()
         return out
 
-    def _json(self) -> dict[str, Any]:
+    def _json(self) -> StatusJson:
         return {
             "format_version": 2,
             "job": self.job,
@@ -114,6 +177,7 @@ class JobStatus:
             "owner": self.owner,
             "run": self.run.to_json() if self.run is not None else None,
             "setup_lines": {h: list(v) for h, v in self.setup_lines.items()},
+            "health": list(self.health),
         }
 
     @property
@@ -200,7 +264,16 @@ def _judged(
     why = (_setup_reason(rows) or why) if stopped is None else preempted_why if phase is JobPhase.PREEMPTED else why
     runs = merged(rep.runs for rep in reports.values())
     last = runs[-1] if runs else None
-    return JobStatus(inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest)
+    declared = {h.name: h.accelerator_count for h in inv.hosts}
+    notes = tuple(
+        n
+        for r in rows
+        if r.host in reports
+        for n in task_notes(r.task, r.host, r.gpus, reports[r.host], declared.get(r.host, 0))
+    )
+    return JobStatus(
+        inv.job, phase, why, tuple(rows), tuple(sorted(unreachable)), stopped=stopped, run=last, rest=rest, health=notes
+    )
 
 
 def stop_marker(reports: Mapping[str, ProbeReport]) -> dict[str, Any] | None:

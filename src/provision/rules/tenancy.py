@@ -34,11 +34,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from provision.core.devsession import DevTerms
 from provision.core.scheduling import PreemptMark
 from provision.core.text import duration, printable
 from provision.host import layout
 from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
+from provision.rules.health import HostHealth, blocked_words, of_report
+from provision.rules.health import summary as health_summary
+from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, DevJson, JobJson, JobsDoc
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
@@ -155,6 +159,7 @@ class Holder:
     submitted: float | None = None  # the controller's clock (the submitter's)
     queued_gpus: int = 1  # a queued apply's largest task's GPUs here (marks before it: 1)
     preempted_by: str = ""  # the job that preempted it (its entry's mark)
+    dev: DevTerms | None = None  # a dev session's terms (`provision dev`)
 
     @property
     def who(self) -> str:
@@ -270,6 +275,7 @@ def holders(host: str, report: ProbeReport, now: float | None = None) -> list[Ho
                 *_turn(e, since),
                 _queued_gpus(e.get("queued")),
                 _preempted_by(PreemptMark.of_entry(e)),
+                DevTerms.parse(e.get("dev")),
             )
         )
     return out
@@ -319,13 +325,28 @@ def unreadable_problem(entries: list[str]) -> str:
     )
 
 
-def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, local: Iterable[int] = ()) -> Held:
+def held_for(
+    job: str,
+    hs: list[Holder],
+    listening: Iterable[int],
+    now: float,
+    local: Iterable[int] = (),
+    health: HostHealth | None = None,
+) -> Held:
     """What placement of `job` may not use on a host: what other jobs hold, and ports that
     something other than provision's jobs listens on (`local`: those only on loopback, the
-    host's own services: avoided, not named as holders)."""
+    host's own services: avoided, not named as holders), and what the host's health keeps
+    from new work (rules/health.py: a quarantined GPU; a draining host takes no new task,
+    the job's own tasks that run there keep their slots)."""
     gpus: set[int] = set()
     ports: set[int] = set()
     by = []
+    closed = ""
+    if health is not None:
+        gpus |= health.blocked
+        by += blocked_words(health)
+        if health.host is not None and health.host.state.blocks:
+            closed = "new" if any(h.job == job and h.hold is Hold.RUNNING for h in hs) else "all"
     for h in hs:
         if not h.holds_for(job):
             continue
@@ -337,7 +358,7 @@ def held_for(job: str, hs: list[Holder], listening: Iterable[int], now: float, l
     shown = sorted(p for p in foreign - set(local) if p >= SHOWN_PORTS)
     if shown:
         by.append(f"{_ports_words(shown)} in use by processes provision did not start")
-    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by))
+    return Held(frozenset(gpus), frozenset(ports | foreign), tuple(by), closed)
 
 
 def owner_problem(job: str, own: Holder | None, me: Owner, take_over: bool) -> str | None:
@@ -361,6 +382,7 @@ class Turn:
     priority: int = NORMAL
     preemptible: bool = False
     submitted: float | None = None
+    dev: DevTerms | None = None  # a dev session's terms, written with its reservation
 
 
 def reservation(
@@ -388,6 +410,7 @@ def reservation(
         and list(own.ports) == ports
         and sorted(own.units) == sorted(units)
         and (own.priority, own.preemptible) == (turn.priority, turn.preemptible)
+        and (turn.dev is None or own.dev == turn.dev)
     ):
         return None
     return Reservation(
@@ -403,6 +426,7 @@ def reservation(
         priority=turn.priority,
         preemptible=turn.preemptible,
         submitted=turn.submitted,
+        dev=turn.dev.to_json() if turn.dev is not None else None,
     )
 
 
@@ -413,8 +437,6 @@ def gpu_uuids(report: ProbeReport) -> dict[int, str]:
 
 # --------------------------------------------------------------------------- `provision jobs`
 
-JOBS_FORMAT_VERSION = 1
-
 
 @dataclass(frozen=True)
 class HostView:
@@ -424,12 +446,13 @@ class HostView:
     foreign_ports: tuple[int, ...] = ()
     error: str | None = None
     unreadable: tuple[str, ...] = ()  # ledger entries that cannot be read (unreadable_entries)
+    health: HostHealth = HostHealth()  # what the host's health keeps from new work (rules/health.py)
 
     @property
     def free_gpus(self) -> list[int]:
-        if self.unreadable:  # an entry that cannot be read may hold any of them
-            return []
-        taken = {g for h in self.holders if h.hold.holds for g in h.gpus}
+        if self.unreadable or (self.health.host is not None and self.health.host.state.blocks):
+            return []  # an entry that cannot be read may hold any of them; a draining host takes none
+        taken = {g for h in self.holders if h.hold.holds for g in h.gpus} | self.health.blocked
         return [g for g in range(self.gpus) if g not in taken]
 
 
@@ -442,7 +465,7 @@ def job_hold(hs: Iterable[Holder]) -> Hold:
     return Hold.ENDED
 
 
-def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> dict[str, Any]:
+def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -> JobsDoc:
     """`provision jobs --json`. Each job's "priority" is shown as the team's policy names it
     (its class, else the number as text), "priority_level" is the number."""
     policy = policy or Policy()
@@ -454,13 +477,14 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
     def iso(t: float | None) -> str | None:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t is not None else None
 
-    jobs = []
+    jobs: list[JobJson] = []
     for job, hs in sorted(by_job.items()):
         since = min((h.since for h in hs if h.since is not None), default=None)
         owner = next((h.owner for h in hs if h.owner is not None), None)
         queued = min((h.queued for h in hs if h.queued is not None), default=None)
         prio = max(h.priority for h in hs)
         submitted = min((h.submitted for h in hs if h.submitted is not None), default=None)
+        dev = next((h.dev for h in hs if h.dev is not None), None)
         jobs.append(
             {
                 "job": job,
@@ -474,6 +498,7 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "priority_level": prio,
                 "preemptible": any(h.preemptible for h in hs),
                 "submitted": iso(submitted),
+                "dev": dev_json(dev, now) if dev is not None else None,
                 "hosts": {
                     h.host: {
                         "state": h.hold.value,
@@ -496,9 +521,23 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
                 "foreign_ports": list(hv.foreign_ports),
                 "unreadable": list(hv.unreadable),
+                "health": health_summary(hv.health, range(hv.gpus)),
             }
             for hv in hosts
         },
+    }
+
+
+def dev_json(d: DevTerms, now: float) -> DevJson:
+    """A dev session's terms as `provision jobs --json` and the dashboard show them."""
+    return {
+        "name": d.name,
+        "user": d.user or None,
+        "image": d.image or None,
+        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.until)),
+        "left_seconds": max(0, int(d.until - now)),
+        "idle_limit_seconds": d.idle_s,
+        "idle_below_pct": d.idle_below,
     }
 
 
@@ -508,7 +547,8 @@ def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) 
     jobs = [["JOB", "OWNER", "STATE", "PRIORITY", "SINCE", "HOSTS"]]
     for j in data["jobs"]:
         age = duration(j["age_seconds"]) if j["age_seconds"] is not None else "-"
-        jobs.append([j["job"], j["owner"] or "-", j["state"], j["priority"], age, ", ".join(sorted(j["hosts"]))])
+        state = j["state"] + (f" (dev session {d['name']})" if (d := j["dev"]) else "")
+        jobs.append([j["job"], j["owner"] or "-", state, j["priority"], age, ", ".join(sorted(j["hosts"]))])
     rows = [["HOST", "GPUS", "FREE GPUS", "HELD (job: GPUs / ports)"]]
     for hv in hosts:
         if hv.error is not None:
@@ -523,6 +563,7 @@ def jobs_lines(hosts: list[HostView], now: float, policy: Policy | None = None) 
         if hv.foreign_ports:
             held.append(f"other processes: - / {_span(hv.foreign_ports)}")
         held += [f"unreadable ledger entry {x}: may hold anything" for x in hv.unreadable]
+        held += blocked_words(hv.health)
         rows.append([hv.name, str(hv.gpus), _span(hv.free_gpus) or "-", "; ".join(held) or "-"])
     return [jobs, rows]
 
@@ -558,4 +599,6 @@ def host_view(name: str, gpus: int, report: ProbeReport, now: float) -> HostView
     ours = {p for h in hs for p in h.ports}
     local = set(report.listening_local or [])  # the host's own services (held_for)
     foreign = tuple(p for p in sorted(set(report.listening or []) - ours - local) if p >= SHOWN_PORTS)
-    return HostView(name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)))
+    return HostView(
+        name, gpus, tuple(hs), foreign, unreadable=tuple(unreadable_entries(report)), health=of_report(report)
+    )

@@ -9,8 +9,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 HOLDING = frozenset({"trial", "run"})  # kinds of rows whose GPUs were held (a trial, an applied job's run)
+
+
+class UsageDay(TypedDict):
+    day: str  # 2026-11-27 (UTC)
+    owner: str
+    gpu_hours: float
+
+
+class UsageWeek(TypedDict):
+    week: str  # 2026-W48 (ISO)
+    owner: str
+    gpu_hours: float
+
+
+class IdleGpu(TypedDict):
+    """A GPU held by a job and idle (rules/gpuuse.idle_since) for `idle_minutes`."""
+
+    host: str
+    gpu: int
+    job: str
+    owner: str | None
+    idle_minutes: int
+
+
+class UsageDoc(TypedDict):
+    """The dashboard's usage: GPU-hours per owner per day and per ISO week, and GPUs held but
+    idle; "as_of": when the service summed them."""
+
+    format_version: int
+    days: list[UsageDay]
+    weeks: list[UsageWeek]
+    idle: list[IdleGpu]
+    as_of: NotRequired[str]
 
 
 @dataclass(frozen=True)

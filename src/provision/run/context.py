@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from provision.core.devsession import DevTerms
 from provision.core.errors import ProvisionError
 from provision.core.model import Host, Inventory
 from provision.core.records import HostRecord, TaskRecord
@@ -42,6 +43,7 @@ from provision.render.clusterenv import uses_socket_ifname
 from provision.render.files import FileKind, HostBundle, Rendered, render
 from provision.rules import preflight
 from provision.rules.facts import needed as needed_facts
+from provision.rules.health import health_fields
 from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
 from provision.rules.progress import watched
@@ -72,6 +74,7 @@ class Context:
     submitted: float = field(default_factory=time.time)
     policy: Policy = field(default_factory=Policy)
     who: str = ""  # acting in another's name (the service recovering a handed-over job: its submitter)
+    dev: DevTerms | None = None  # a dev session's terms (`provision dev`): into its reservation
 
     @property
     def owner(self) -> Owner:
@@ -87,6 +90,7 @@ class Context:
             level(sched.priority, self.policy),
             sched.may_be_preempted(self.inventory.tf_config.trial is not None),
             self.submitted,
+            self.dev,
         )
 
     def whole(self) -> Context:
@@ -250,7 +254,9 @@ class Ask:
     tenancy: the ledger (and with `listening` the listening ports); checks: the pre-flight
     checks; interface: the cluster address's interface; clocks: the host's clocks (status);
     gpu_apps: with facts "check" on a GPU host, each GPU's compute processes and their
-    systemd units too (the dashboard ties them to tasks), without the other checks."""
+    systemd units too (the dashboard ties them to tasks), without the other checks;
+    health: the health read too (rules/health.py: the GPUs' health fields, the kernel's
+    Xids since the last look, DCGM's health watch, the file system of outputs:)."""
 
     facts: Facts = "none"
     files: bool = True
@@ -261,6 +267,8 @@ class Ask:
     clocks: bool = False
     gpu_apps: bool = False
     progress: bool = False  # what shows the job's progress on the host (rules/progress.watched)
+    health: bool = False
+    logins: bool = False  # who is logged in to the host's dev sessions
 
     def settled(self) -> Ask:
         """For a settled host: nothing that only matters before a start (engine.settled)."""
@@ -279,6 +287,22 @@ def probe_request(ctx: Context, name: str, ask: Ask, more: Iterable[str] = ()) -
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
     host = next((h for h in ctx.inventory.hosts if h.name == name), None)
+    fields: dict[str, Any] = (
+        preflight.request_fields(
+            ctx.inventory,
+            host,
+            bundle,
+            needed_facts(host) if ask.facts == CHECK_FACTS else [],
+            checks=ask.checks,
+            interface=ask.interface,
+        )
+        if ask.checks or ask.interface
+        else {}
+    )
+    if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks:
+        fields |= _apps_only(host)
+    if ask.health and host is not None:  # beside the other checks (rules/health.health_fields)
+        fields["checks"] = health_fields(ctx.inventory, fields.get("checks"), preflight.GPU_TIMEOUT)
     units = set(rec.units()) if rec else set()
     # What the state says was put there, besides what should be: the host's manifest names
     # it too, but the shell probe must name every path before it reads the manifest.
@@ -305,21 +329,10 @@ def probe_request(ctx: Context, name: str, ask: Ask, more: Iterable[str] = ()) -
         tenancy=ask.tenancy,
         listening=ask.listening,
         clocks=ask.clocks,
-        # Pre-flight checks and the cluster address's interface (checks.py).
-        **(
-            preflight.request_fields(
-                ctx.inventory,
-                host,
-                bundle,
-                needed_facts(host) if ask.facts == CHECK_FACTS else [],
-                checks=ask.checks,
-                interface=ask.interface,
-            )
-            if ask.checks or ask.interface
-            else {}
-        ),
-        **(_apps_only(host) if ask.gpu_apps and ask.facts == CHECK_FACTS and not ask.checks else {}),
         progress=sorted(set(progress_paths(ctx, name) if ask.progress else ()) | set(more)),
+        logins=ask.logins,
+        # Pre-flight checks, the cluster address's interface (checks.py), the health read.
+        **fields,
     )
 
 

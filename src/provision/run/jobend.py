@@ -54,7 +54,7 @@ def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], s
     inv = ctx.inventory
     ask = Ask(
         facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True,
-        progress=inv.progress is not None,
+        health=util, progress=inv.progress is not None,
     )  # fmt: skip
     res = probe(ctx, ask, fast=True, only=hosts | left)
     answered = {n: r for n, r in res.ok.items() if n in hosts}

@@ -24,6 +24,7 @@ from provision.placement.tasks import place
 from provision.render.clusterenv import uses_socket_ifname
 from provision.render.files import FileKind, render
 from provision.rules import provenance
+from provision.rules.health import of_report
 from provision.rules.plan import Plan, owners_wanted
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
 from provision.rules.programs import warnings as program_warnings
@@ -68,7 +69,14 @@ def _place_around_others(
 
     held_by = {n: holders(n, r, now) for n, r in reports.ok.items()}
     held = {
-        n: held_for(ctx.inventory.job, hs, reports.ok[n].listening or [], now, reports.ok[n].listening_local or [])
+        n: held_for(
+            ctx.inventory.job,
+            hs,
+            reports.ok[n].listening or [],
+            now,
+            reports.ok[n].listening_local or [],
+            of_report(reports.ok[n]),  # what the host's health keeps from new work
+        )
         for n, hs in held_by.items()
     }
     placement = place(ctx.inventory, ctx.state.previous_placement(), held)
@@ -105,7 +113,7 @@ def build_plan(
     _known_tasks(ctx, replace or set())
     ahead = _owners_beside(ctx) if owners_ahead else None
     interface = thorough or uses_socket_ifname(ctx.inventory)  # the cluster address's (check: always)
-    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface)
+    ask = Ask(facts="check" if facts else "none", tenancy=True, checks=checks, interface=interface, health=thorough)
     forced = thorough or rerun or force_setup or bool(replace)
     quiet = set() if forced else {n for n in ctx.targets if settled(ctx, n)}
     reports = probe(ctx, ask, fast=True, timings=timings, quiet=quiet)

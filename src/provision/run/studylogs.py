@@ -110,7 +110,7 @@ def _show(ctx: Context, study: Study, r: TrialRow, s: _Shown, removed: bool, ask
     """One trial's lines not printed yet: its kept logs, or its hosts' (exit code)."""
     kept = study_dir(ctx.where, ctx.inventory.job) / f"trial-{r.number}"
     if r.state.ended and removed and not s.cursors and kept.is_dir():  # kept whole: its wind-up is done
-        entries = list(_kept(kept, ask.tasks, ask.tail))
+        entries = list(kept_entries(kept, ask.tasks, ask.tail))
         _print(s, r.number, entries, {e.task: e.host for e in entries}, ask)
         s.done = True
         return EXIT_OK
@@ -143,7 +143,7 @@ def _print(s: _Shown, number: int, entries: list[Entry], hosts: dict[str, str], 
     s.lines += len(entries)
 
 
-def _kept(kept: Path, tasks: tuple[str, ...], tail: int | None) -> Iterator[Entry]:
+def kept_entries(kept: Path, tasks: tuple[str, ...], tail: int | None) -> Iterator[Entry]:
     """A kept trial's lines (DIR/<task>.log: `TIME HOST TEXT`, as `logs -o` writes them),
     every task's merged in time order."""
 

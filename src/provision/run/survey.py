@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
 
 from provision.core.model import Inventory
 from provision.core.target import HostError
@@ -25,6 +24,7 @@ from provision.host.protocol import ProbeReport
 from provision.inventory.inventory import load
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
+from provision.rules.jobsdoc import GpuUseJson
 from provision.rules.priority import Policy
 from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.progress import Watched, watched
@@ -38,8 +38,9 @@ Found = Mapping[str, tuple[str, Inventory]]  # job -> (its file, the inventory)
 # A Context for one inventory (job, file) for the length of a with block.
 Contexts = Callable[[str, str], AbstractContextManager[Context]]
 
-# What a survey asks each host: the ledger (who holds what) and what its GPUs do.
-SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True)
+# What a survey asks each host: the ledger (who holds what), what its GPUs do, their
+# health (rules/health.py), and who is logged in to its dev sessions.
+SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, health=True, logins=True)
 
 
 def stamp(path: str) -> Stamp:
@@ -134,24 +135,27 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         got = list(pool.map(one, asked))
     policy = next((p for _, p in got if p is not None), None)  # the priorities' names (one team, one policy)
     hosts: dict[str, HostSeen] = {}
-    extra: dict[str, dict[str, Any]] = {}
+    extra: dict[str, tuple[dict[str, str], bool, dict[str, GpuUseJson] | None]] = {}
     for (job, _, inv), (res, _) in zip(asked, got, strict=True):
         for h in inv.hosts:
             if h.name not in mine[job]:
                 continue
             r = res.get(h.name)
             if isinstance(r, ProbeReport):
-                hosts[h.name] = host_seen(h.name, h.accelerator_count, r, began, job)
+                team = policy or Policy()
+                hosts[h.name] = host_seen(h.name, h.accelerator_count, r, began, job, team.health, inv.outputs)
             else:
                 why = r.message if isinstance(r, HostError) else "not asked"
                 hosts[h.name] = unreachable(h.name, h.accelerator_count, why)
-            extra[h.name] = {"labels": h.label_map, "drain": h.drain}
-            if isinstance(r, ProbeReport):
-                extra[h.name]["gpu_use"] = host_use(r.facts, r.checks, r.ledger)
+            use = host_use(r.facts, r.checks, r.ledger) if isinstance(r, ProbeReport) else None
+            extra[h.name] = (h.label_map, h.drain, use)
     reports = {n: r for res, _ in got for n, r in res.ok.items()}
     doc = jobs_json([hs.view for hs in hosts.values()], began, policy)
-    for name, more in extra.items():
-        doc["hosts"][name].update(more)
+    for name, (labels, drain, use) in extra.items():
+        host = doc["hosts"][name]
+        host["labels"], host["drain"] = labels, drain
+        if use is not None:
+            host["gpu_use"] = use
     return Round(
         number,
         began,
@@ -162,6 +166,7 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         jobs={j: frozenset(h.name for h in inv.hosts) for j, (_, inv) in found.items()},
         demand={j: demand_of(inv) for j, (_, inv) in found.items()},
         watch={j: dataclasses.replace(w, seen=progress_seen(paths, reports, began)) for j, (paths, w) in watch.items()},
+        policy=policy,
     )
 
 

@@ -357,7 +357,7 @@ class StudyLoop:
         self.study.beat(post.number, doing=words)
 
     def _reported(self, h: Handle, reports: tuple[Report, ...], *, final: bool = False) -> None:
-        """New steps go to the study (with early stopping), and the rule judges the trial at
+        """New steps go to the study (its learning curve), and the rule judges the trial at
         each step past the last it was judged at, in order, as if they came one by one (a
         look may bring several): the first that stops it is where it stopped (its words, its
         step and value), and the study keeps none after it, unless the job ended first
@@ -367,8 +367,11 @@ class StudyLoop:
         line can wait a beat."""
         last = reports[-1]
         self.mine.progress[h.number] = (last.step, last.value)
-        if self.w.tune.early_stopping is EarlyStopping.NONE or (h.stop_early is not None and not final):
+        if h.stop_early is not None and not final:
             return
+        # Without early stopping the steps still go to the study (the dashboard's learning
+        # curves), one write each, but none is judged.
+        judging = self.w.tune.early_stopping is not EarlyStopping.NONE
         told = self._told_steps(h.number)
         before = top = max(told, default=-1)  # a step at or below one judged is kept, not judged again
         for r in reports:
@@ -376,7 +379,7 @@ class StudyLoop:
                 continue
             told.add(r.step)
             self.study.report(h.number, r.value, r.step)
-            if r.step <= top or (final and not self.w.tune.early_stopping.has_rungs):
+            if not judging or r.step <= top or (final and not self.w.tune.early_stopping.has_rungs):
                 continue
             top = r.step
             if self.study.should_prune(h.number) and not final:
@@ -385,7 +388,7 @@ class StudyLoop:
                 self.mine.progress[h.number] = (r.step, r.value)
                 self.study.beat(h.number, doing=f"stopping: {h.stop_early}")
                 break
-        if top > before:  # a rung is passed only where a step was judged
+        if judging and top > before:  # a rung is passed only where a step was judged
             self._rung(h.number)
 
     def _told_steps(self, number: int) -> set[int]:

@@ -15,6 +15,8 @@ from typing import Any
 
 from provision.io.servicehistory import GpuSample
 from provision.rules.gpuuse import IDLE_FOR_S, idle_since
+from provision.rules.jobsdoc import GpuHistoryJson
+from provision.rules.usage import IdleGpu
 
 SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something changes (at most 10 s)
 # ... and while nobody does: a round per host costs the service ~10 ms of CPU (paramiko), so
@@ -146,21 +148,21 @@ class GpuHistory:
         """Whether the point at `t` (in its slot: an average of its samples' times) ended before `since`."""
         return t < since if self.step is None else (t // self.step + 1) * self.step <= since
 
-    def _publish(self) -> dict[str, dict[str, list[list[float]]]]:
-        out: dict[str, dict[str, list[list[float]]]] = {}
+    def _publish(self) -> dict[str, GpuHistoryJson]:
+        out: dict[str, GpuHistoryJson] = {}
         for (host, gpu), points in sorted(self._points.items()):
             out.setdefault(host, {})[str(gpu)] = points
         return out
 
 
-def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[dict[str, Any]]:
+def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[IdleGpu]:
     """GPUs held by a job and below 5 % for `window` seconds up to the latest sample, with the
     job and owner (the Usage page's list). Only the samples under the current holder count:
     a GPU that just changed hands has not been idle for its new job."""
     by_gpu: dict[tuple[str, int], list[GpuSample]] = {}
     for s in samples:
         by_gpu.setdefault((s.host, s.gpu), []).append(s)
-    out = []
+    out: list[IdleGpu] = []
     for (host, gpu), got in sorted(by_gpu.items()):
         got.sort(key=lambda s: s.t)
         last = got[-1]
@@ -174,7 +176,7 @@ def idle_json(samples: Sequence[GpuSample], now: float, window: float) -> list[d
     return out
 
 
-def idle_of(runs: Iterable[tuple[str, int, str, str | None, float]], now: float, window: float) -> list[dict[str, Any]]:
+def idle_of(runs: Iterable[tuple[str, int, str, str | None, float]], now: float, window: float) -> list[IdleGpu]:
     """idle_json's list from each candidate's run below 5 % (ServiceStore.gpu_idle_runs:
     host, gpu, job, owner, when the run began): those idle for `window` seconds by now."""
     return [

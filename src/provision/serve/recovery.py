@@ -40,8 +40,14 @@ class Recoverer:
 
     name = "recoveries"
 
-    def __init__(self, store: ServiceStore, say: Callable[[str], None], contexts: KeptContexts | None = None):
-        self.store, self.say, self.contexts = store, say, contexts
+    def __init__(
+        self,
+        store: ServiceStore,
+        say: Callable[[str], None],
+        contexts: KeptContexts | None = None,
+        wake: Callable[[], None] = lambda: None,
+    ):
+        self.store, self.say, self.contexts, self.wake = store, say, contexts, wake
         self.memory: dict[str, Memory] = {}
         self.busy: dict[str, threading.Thread] = {}
         self.reported: set[tuple[str, float]] = set()  # hangs said (no recovery:): once each
@@ -116,4 +122,5 @@ class Recoverer:
         words = f"job {job} recovered: {inc.words}; running again{took}"
         event = Event(Kind.JOB_RECOVERED, recovered_key(job, inc.n), job, host=inc.host, words=words, run=inc.new_run)
         self.store.emit([event])
+        self.wake()
         self.say(words)

@@ -24,6 +24,7 @@ from provision.core.errors import ProvisionError
 from provision.io.servicehistory import GPU_KEEP, GpuSample
 from provision.io.servicestore import ServiceStore
 from provision.rules.events import Seen, diff
+from provision.rules.jobsdoc import GpuHistoryJson
 from provision.rules.rounds import Round
 from provision.rules.watch import QUIET
 from provision.run.survey import Contexts, Found, KeptContexts, survey
@@ -47,7 +48,7 @@ class GpuRecorder:
     def __init__(self, store: ServiceStore):
         self.store = store
         self._kept: GpuHistory | None = None
-        self.doc: dict[str, Any] | None = None  # host -> {"<gpu>": [[t, %], ...]}; None before a round
+        self.doc: dict[str, GpuHistoryJson] | None = None  # host -> {"<gpu>": [[t, %], ...]}; None before a round
         self.at = -math.inf  # (monotonic) when `doc` was made
 
     def on_round(self, r: Round) -> None:
@@ -146,7 +147,10 @@ class Rounds:
     def every(self) -> float:
         r = self.latest
         changing = r is not None and any(j.get("state") not in QUIET for j in r.doc.get("jobs") or [])
-        return round_every(time.monotonic() - self.looked, changing or self.wanted)
+        due = any(
+            getattr(s, "hurry", lambda: False)() for s in self.subscribers
+        )  # an act due soon (a dev session's end)
+        return round_every(time.monotonic() - self.looked, changing or self.wanted or due)
 
     def run(self) -> None:
         last = -math.inf

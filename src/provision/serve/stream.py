@@ -46,8 +46,10 @@ class Delivery:
         leading: threading.Event,
         say: Callable[[str], None],
         every: float = 1.0,
+        retry: Sequence[float] = RETRY,
     ):
         self.store, self.handler, self.leading, self.say, self.every = store, handler, leading, say, every
+        self.retry = tuple(retry) or RETRY  # the pauses after each failure in a row (its last repeated)
         self.stopping = threading.Event()
         self.woken = threading.Event()
         self.thread = threading.Thread(target=self.run, name=f"events:{handler.name}", daemon=True)
@@ -67,13 +69,15 @@ class Delivery:
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            pause = self.every
+            pause, failed = self.every, False
             if self.leading.is_set():
                 try:
                     while self.once() and not self.stopping.is_set():
                         pass  # a full batch: there may be more
                 except Exception as e:  # the handler or the database: the same events again later
-                    pause = RETRY[min(self.failures, len(RETRY) - 1)]
+                    if self.stopping.is_set():
+                        break  # stopped mid-batch: the next leader goes on from the cursor
+                    pause, failed = self.retry[min(self.failures, len(self.retry) - 1)], True
                     if not self.failures:
                         why = e.message if isinstance(e, ProvisionError) else f"{type(e).__name__}: {e}"
                         self.say(
@@ -84,7 +88,10 @@ class Delivery:
                     if self.failures:
                         self.say(f"events to {self.handler.name}: delivered again")
                     self.failures = 0
-            self.woken.wait(pause)
+            if failed:  # new events do not cut a failing endpoint's pause short
+                self.stopping.wait(pause)
+            else:
+                self.woken.wait(pause)
             self.woken.clear()
 
     def once(self) -> bool:
@@ -119,7 +126,7 @@ class HistoryWriter:
             e = s.event
             if e.kind not in (Kind.JOB_STARTED, Kind.JOB_RESUMED, Kind.JOB_ENDED) or not e.job:
                 continue
-            if self.store.submissions(unfinished=True, job=e.job):
+            if self._handed(e.job, s.time):
                 continue  # handed over: its worker writes its history
             if e.kind is Kind.JOB_ENDED:
                 row = self.store.open_row_of(e.job, "run", "event:")
@@ -130,3 +137,13 @@ class HistoryWriter:
             if self.store.has_rows(mark):
                 continue
             self.store.record(HistoryRow("run", e.job, e.owner, s.time, None, "", e.hosts, e.gpus, mark))
+
+    def _handed(self, job: str, t: float) -> bool:
+        """Whether a submission of `job` was being driven at time `t`: unfinished, or one that
+        ran then (a job that ended in seconds: its submission finished before this event came)."""
+        for sub in self.store.submissions(job=job):
+            if not sub.status.finished:
+                return True
+            if sub.started is not None and sub.started - 1.0 <= t <= (sub.ended or t) + 60.0:
+                return True
+        return False

@@ -40,16 +40,16 @@ from pathlib import Path
 from types import FrameType
 
 from provision.core.errors import EXIT_TIMEOUT, ProvisionError
-from provision.core.events import Event, How
+from provision.core.events import Event, How, best_key
 from provision.core.events import Kind as EventKind
 from provision.core.lifecycle import JobPhase
 from provision.core.model import Inventory
 from provision.core.submission import Kind, Status
-from provision.core.tuning import TrialRow, TrialState
+from provision.core.tuning import TrialRow, TrialState, new_best
 from provision.inventory.inventory import load
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceStore, Submission
-from provision.io.study import Runner, StudyUnavailable
+from provision.io.study import Runner, Study, StudyUnavailable
 from provision.rules.events import of_status
 from provision.rules.plan import Plan
 from provision.rules.recovery import awaits
@@ -157,6 +157,8 @@ def run_tune(store: ServiceStore, sub: Submission, where: Path) -> tuple[Status,
                 )
             )
             history.tell(trial_ended(r, sub.owner, gpus))
+            if (best := _new_best(study, r, inv, sub.owner)) is not None:
+                history.tell(best)
 
     loop = _Cancellable(work, study, Runner.here(), on_row=row, leave=LEAVE)
     loop.store, loop.sid = store, sub.id
@@ -212,6 +214,22 @@ def trial_ended(r: TrialRow, owner: str, gpus: int) -> Event:
         EventKind.TRIAL_ENDED, f"trial:{r.job}", r.job, owner, hosts[0] if hosts else "", f"trial {r.number} {_how(r)}",
         how, hosts=hosts, gpus=gpus,
     )  # fmt: skip
+
+
+def _new_best(study: Study, r: TrialRow, inv: Inventory, owner: str) -> Event | None:
+    """A study's new best (its trial beat every one before it), as the stream keeps it:
+    once per trial number; None when it is not (or the storage cannot say now)."""
+    if inv.tune is None or r.state is not TrialState.SUCCEEDED or r.value is None:
+        return None
+    try:
+        rows = study.rows()
+    except StudyUnavailable:  # the loop says so and leaves; its successor tells the next best
+        return None
+    if not new_best(rows, r, inv.tune.metric):
+        return None
+    words = f"study {inv.job}: trial {r.number} is the best so far ({inv.tune.metric.name} {r.value:.6g})"
+    host = r.hosts[0] if r.hosts else ""
+    return Event(EventKind.STUDY_BEST, best_key(inv.job, r.number), inv.job, owner, host, words, hosts=r.hosts)
 
 
 def _how(r: TrialRow) -> str:
@@ -297,7 +315,7 @@ def _queue_and_apply(
     finally:
         q.done()  # its queue marks, where the apply's reservation did not replace them
     ctx.release_lock()  # the job may run for days: its owner may plan meanwhile
-    return _watch(store, sub, ctx, hosts, gpus)
+    return _watch(store, sub, ctx, hosts, gpus, resuming)
 
 
 class _Wait:
@@ -328,7 +346,7 @@ def _no_room(message: str) -> str:
 
 
 def _watch(
-    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int
+    store: ServiceStore, sub: Submission, ctx: Context, hosts: tuple[str, ...], gpus: int, resumed: bool = False
 ) -> tuple[Status, str] | None:
     """One look at the applied job's run: ended (its history row closed), cancelled (stopped
     as `provision stop` does), preempted (None: its row says by whom), or WATCHING: the
@@ -345,7 +363,7 @@ def _watch(
             st, _ = look(ctx)
     except ProvisionError as e:  # its hosts do not answer now: the service's rounds look again
         return Status.WATCHING, f"applied; its hosts do not answer now ({e.message})"
-    store.emit(of_status(st, sub.owner, gpus, started))  # its start and end, as the rounds would say them
+    store.emit(of_status(st, sub.owner, gpus, started, resumed))  # its start and end, as the rounds would say them
     if CANCEL.is_set() and not st.phase.ended:
         got = store.get(sub.id)
         who = got.cancel if got and got.cancel else "its owner"

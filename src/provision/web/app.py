@@ -28,26 +28,40 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp
 
+from provision.core.answers import ActionAnswer
 from provision.core.errors import ProvisionError
 from provision.core.events import parse_kinds
-from provision.web import charts
+from provision.core.tuning import TrialJson
+from provision.rules.historyview import KINDS as HISTORY_KINDS
+from provision.rules.historyview import SHOWN_STATES, by_owner_over_days
+from provision.rules.jobsdoc import JobsDoc
+from provision.rules.studyview import StudyCurves, StudyDoc, shown_counts, shown_state
+from provision.web import charts, timecharts
 from provision.web.auth import CSRF_COOKIE, CSRF_FIELD, TOKEN_COOKIE, Auth, Denied, Mode, Viewer, check_csrf, new_csrf
 from provision.web.guard import Bounds, Guard, Site
 from provision.web.metrics import CONTENT_TYPE, exposition
 from provision.web.source import NotFound, Source, Unavailable
 from provision.web.views import (
     ACTIONS,
+    HISTORY_PAGE,
     HOSTS_PAGE,
+    KINDS,
+    PHASES,
+    SINCE,
     TRIALS_PAGE,
     BadFilter,
     TrialOrder,
     cluster_page,
+    history_filter,
+    hours,
     job_filter,
     job_sections,
     page_number,
     page_of,
     pager,
+    sig,
     sorted_trials,
+    took,
     trial_order,
     whole_number,
 )
@@ -56,6 +70,7 @@ HERE = Path(__file__).parent
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
 SAID_KEEP, SAID_SECONDS = 256, 600.0  # what an action said: the last this many, for this long
+USAGE_DAYS = 14  # the days the History page's chart spans (the Usage page's: serve/source.USAGE_DAYS)
 
 
 def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bounds = Bounds()) -> ASGIApp:
@@ -72,6 +87,9 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/studies/{name}", page(d.study)),
         Route("/studies/{name}/{action}", page(d.act_page), methods=["POST"]),
         Route("/usage", page(d.usage)),
+        Route("/history", page(d.history)),
+        Route("/quotas", page(d.quotas)),
+        Route("/health", page(d.health)),
         Route("/login", d.login, methods=["GET", "POST"]),
         Route("/api/v1/hosts", api(d.api_hosts)),
         Route("/api/v1/jobs", api(d.api_jobs)),
@@ -81,6 +99,9 @@ def make_app(source: Source, *, auth: Auth, site: Site | None = None, bounds: Bo
         Route("/api/v1/studies/{name}", api(d.api_study)),
         Route("/api/v1/studies/{name}/{action}", api(d.act_api), methods=["POST"]),
         Route("/api/v1/usage", api(d.api_usage)),
+        Route("/api/v1/history", api(d.api_history)),
+        Route("/api/v1/quotas", api(d.api_quotas)),
+        Route("/api/v1/health", api(d.api_health)),
         Route("/api/v1/events", api(d.api_events)),
         Route("/metrics", api(d.metrics)),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
@@ -112,16 +133,17 @@ class Dashboard:
         # (the URL carries the id, never the words: a link another site made shows nothing).
         self._said: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # id -> (monotonic, job, words)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-        env.globals.update(charts=charts)
+        env.globals.update(charts=charts, timecharts=timecharts, shown_state=shown_state, shown_counts=shown_counts)
+        env.filters.update(sig=sig, took=took, hours=hours)
         self.templates = Jinja2Templates(env=env)
         # What a study's document made, kept while the Source gives the same document (it
         # gives a new one when the study changed): the page's charts and its trials in each
         # order asked, the API's JSON, by study. A Source that makes a new document each time
         # keeps nothing.
-        self._made: dict[str, tuple[dict[str, Any], Markup, dict[tuple[str, bool], list[Any]]]] = {}
-        self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self._hosts_encoded: tuple[dict[str, Any], bytes] | None = None  # (the hosts' document, its JSON)
-        self._cluster: tuple[dict[str, Any], dict[int, Markup]] | None = None  # (the hosts' document, page -> body)
+        self._made: dict[str, tuple[StudyDoc, Markup, dict[tuple[str, bool], list[TrialJson]]]] = {}
+        self._encoded: dict[str, tuple[StudyDoc, bytes]] = {}
+        self._hosts_encoded: tuple[JobsDoc, bytes] | None = None  # (the hosts' document, its JSON)
+        self._cluster: tuple[JobsDoc, dict[int, Markup]] | None = None  # (the hosts' document, page -> body)
         self._metrics: tuple[tuple[int, ...], Any, str] | None = None  # (the documents' ids, them, the text)
 
     def render(self, request: Request, viewer: Viewer | None, template: str, status: int = 200, **ctx: Any) -> Response:
@@ -184,7 +206,7 @@ class Dashboard:
         doc = self._current(await call(self.source.hosts))
         return self.render(request, viewer, "cluster.html", body=await call(self._cluster_body, doc, page))
 
-    def _current(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def _current(self, doc: JobsDoc) -> JobsDoc:
         """The hosts' document now: what was made from an older one goes (each held a document
         of 8,000 GPUs alive until its own page was asked again: the service's memory)."""
         if self._cluster is not None and self._cluster[0] is not doc:
@@ -193,7 +215,7 @@ class Dashboard:
             self._hosts_encoded = None
         return doc
 
-    def _cluster_body(self, doc: dict[str, Any], page: int) -> Markup:
+    def _cluster_body(self, doc: JobsDoc, page: int) -> Markup:
         """The Cluster page's content, made once per hosts' document and page (a round's
         1,000 hosts grouped and a page of 256 GPUs' rows and charts: ~50 ms each request)."""
         got = self._cluster
@@ -209,23 +231,32 @@ class Dashboard:
         return body
 
     async def jobs(self, request: Request, viewer: Viewer) -> Response:
+        """Queued and running work from the hosts (with the service's numbers: rules/jobrows),
+        finished work from the history, newest first (without one: the hosts' ended jobs)."""
         flt = job_filter(request.query_params)
-        doc = self._current(await call(self.source.jobs))
+        doc = await call(self.source.jobs)
         everyone = doc.get("jobs") or []
         picked = [j for j in everyone if flt.matches(j)]
+        hq = flt.finished(time.time(), HISTORY_PAGE)
+        finished = await call(self.source.history, hq) if hq is not None else None
+        if finished is not None and finished["total"]:  # the history's: the ledgers' ended ones are in it
+            picked = [j for j in picked if j["state"] != "ended"]
         shown, pages = page_of(picked, flt.page)
-        owners = sorted({j["owner"] for j in everyone if j.get("owner")})
+        owners = sorted({o for j in everyone if (o := j.get("owner"))} | ({flt.owner} if flt.owner else set()))
         sections = job_sections(shown)
+        fpages = max(1, -(-finished["total"] // HISTORY_PAGE)) if finished is not None else 1
+        total = len(picked) + (finished["total"] if finished is not None else 0)
         return self.render(
-            request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=len(picked)
-        )
+            request, viewer, "jobs.html", sections=sections, flt=flt, pages=pages, owners=owners, total=total,
+            finished=finished, fpages=fpages, phases=PHASES, kinds=KINDS, since=list(SINCE),
+        )  # fmt: skip
 
     async def job(self, request: Request, viewer: Viewer) -> Response:
         doc = await call(self.source.job, request.path_params["name"])
         may = viewer.may_act_on(doc.get("owner"))
         allowed = [a for a in doc.get("actions") or [] if a in ACTIONS] if may else []
         done = self._said_on(request.path_params["name"], request.query_params.get("done"))
-        return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done)
+        return self.render(request, viewer, "job.html", job=doc, allowed=allowed, done=done, now=time.time())
 
     def _say(self, name: str, words: str) -> str:
         """Keep what an action on job `name` said; the id its page shows it by."""
@@ -250,7 +281,8 @@ class Dashboard:
         # checks it again, fresh); the page never waits for a probe of the hosts.
         owner = await call(self.source.owner, name, True)
         may = viewer.may_act_on(owner)
-        drawn, trials = await call(self._study_made, name, doc, order)
+        curves = await call(self.source.curves, name)
+        drawn, trials = await call(self._study_made, name, doc, order, curves)
         rows, pages = page_of(trials, order.page, TRIALS_PAGE)
         return self.render(
             request,
@@ -266,11 +298,14 @@ class Dashboard:
             page_size=TRIALS_PAGE,
         )
 
-    def _study_made(self, name: str, doc: dict[str, Any], order: TrialOrder) -> tuple[Markup, list[Any]]:
-        """The study's charts and its trials in `order`'s sort, made once per document."""
+    def _study_made(
+        self, name: str, doc: StudyDoc, order: TrialOrder, curves: StudyCurves
+    ) -> tuple[Markup, list[TrialJson]]:
+        """The study's charts and its trials in `order`'s sort, made once per document (the
+        curves are read from the same snapshot: they change with it)."""
         got = self._made.get(name)
         if got is None or got[0] is not doc:  # the study changed (or was never shown)
-            body = Markup(self.templates.env.get_template("study_charts.html").render(study=doc))
+            body = Markup(self.templates.env.get_template("study_charts.html").render(study=doc, curves=curves))
             got = self._made[name] = (doc, body, {})
         key = (order.sort, order.desc)
         if key not in got[2]:
@@ -280,9 +315,32 @@ class Dashboard:
     async def usage(self, request: Request, viewer: Viewer) -> Response:
         return self.render(request, viewer, "usage.html", usage=await call(self.source.usage))
 
+    async def history(self, request: Request, viewer: Viewer) -> Response:
+        """The history's rows (runs, trials, waits; preempted runs among them), filtered and
+        paginated; GPU-hours per owner per day (a chart) and week."""
+        hf = history_filter(request.query_params)
+        now = time.time()
+        doc = await call(self.source.history, hf.query(now))
+        usage = await call(self.source.usage)
+        axis = [time.strftime("%Y-%m-%d", time.gmtime(now - k * 86400)) for k in range(USAGE_DAYS - 1, -1, -1)]
+        days, _, series = by_owner_over_days(usage["days"], axis=axis)
+        owners = sorted({r["owner"] for r in (*usage["days"], *usage["weeks"])} | ({hf.owner} if hf.owner else set()))
+        pages = max(1, -(-doc["total"] // HISTORY_PAGE))
+        return self.render(
+            request, viewer, "history.html", doc=doc, usage=usage, hf=hf, pages=pages, owners=owners,
+            chart=timecharts.hours_svg(days, series), kinds=HISTORY_KINDS, states=(*SHOWN_STATES, "running", "waiting"),
+            since=list(SINCE), pager=pager(hf.page, pages),
+        )  # fmt: skip
+
+    async def quotas(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "quotas.html", doc=await call(self.source.quotas))
+
+    async def health(self, request: Request, viewer: Viewer) -> Response:
+        return self.render(request, viewer, "health.html", health=await call(self.source.incidents))
+
     # ------------------------------------------------------------------ actions
 
-    async def act(self, request: Request, viewer: Viewer) -> tuple[str, dict[str, Any]]:
+    async def act(self, request: Request, viewer: Viewer) -> tuple[str, ActionAnswer]:
         """A POSTed action, checked: CSRF, then that the viewer may act on this job."""
         name, action = request.path_params["name"], request.path_params["action"]
         form = await form_of(request)
@@ -330,7 +388,7 @@ class Dashboard:
         doc = self._current(await call(self.source.hosts))
         return Response(await call(self._hosts_body, doc), media_type="application/json")
 
-    def _hosts_body(self, doc: dict[str, Any]) -> bytes:
+    def _hosts_body(self, doc: JobsDoc) -> bytes:
         """The hosts' JSON, encoded once per document (1,000 hosts x 8 GPUs with their last
         hour: 3 MB, encoded again for every request before)."""
         got = self._hosts_encoded
@@ -340,7 +398,7 @@ class Dashboard:
 
     async def api_jobs(self, request: Request, viewer: Viewer) -> Response:
         flt = job_filter(request.query_params)
-        doc = self._current(await call(self.source.jobs))
+        doc = await call(self.source.jobs)
         rest = {k: v for k, v in doc.items() if k != "hosts"}
         return JSONResponse({**rest, "jobs": [j for j in doc.get("jobs") or [] if flt.matches(j)]})
 
@@ -361,6 +419,16 @@ class Dashboard:
 
     async def api_usage(self, request: Request, viewer: Viewer) -> Response:
         return JSONResponse(await call(self.source.usage))
+
+    async def api_history(self, request: Request, viewer: Viewer) -> Response:
+        hf = history_filter(request.query_params)
+        return JSONResponse(await call(self.source.history, hf.query(time.time())))
+
+    async def api_quotas(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.quotas))
+
+    async def api_health(self, request: Request, viewer: Viewer) -> Response:
+        return JSONResponse(await call(self.source.incidents))
 
     async def api_events(self, request: Request, viewer: Viewer) -> Response:
         """Events after `after` (an id; 0: from the oldest kept), of `job`, of `kind`s."""

@@ -3,20 +3,22 @@ air-gapped, and a page's charts then need nothing but the page). Pure: JSON in, 
 every text from the data is escaped.
 
 A study's trials are the `trials` of `provision tune --status --json`; its parameters the
-"space" (rules/studyview.space_json). Pruned (stopped early) trials are orange squares,
-running ones hollow, failed ones red crosses along the bottom (they have no value).
+"space" (rules/studyview.space_json); each trial's reports are a StudyCurves. Pruned
+(stopped early) trials are orange squares, cancelled ones grey squares, running ones hollow,
+failed ones red crosses along the bottom (they have no value). A number is shown to 4
+significant digits; its tooltip has it whole.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from markupsafe import Markup, escape
 
-from provision.core.tuning import TrialState
+from provision.core.tuning import TrialJson, TrialState, Value
+from provision.rules.studyview import CANCELLED, ParamJson, StudyCurves, StudyDoc, shown_state
 
 W, H = 640, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
@@ -28,8 +30,8 @@ CHART_TRIALS = 1000
 # The trial states of `tune --status --json` (core/tuning.TrialState's values).
 SUCCEEDED, PRUNED = TrialState.SUCCEEDED.value, TrialState.STOPPED_EARLY.value
 RUNNING, FAILED = TrialState.RUNNING.value, TrialState.FAILED.value
-COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728"}
-CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed"}
+COLOR = {SUCCEEDED: "#1f77b4", PRUNED: "#ff7f0e", RUNNING: "#7f7f7f", FAILED: "#d62728", CANCELLED: "#8c8c8c"}
+CLASS = {SUCCEEDED: "succeeded", PRUNED: "pruned", RUNNING: "running", FAILED: "failed", CANCELLED: "cancelled"}
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,23 @@ class Axis:
         return self.p0 + (x - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
 
     def ticks(self, n: int = 5) -> list[float]:
+        """About `n` round values within the axis (1, 2 or 5 times a power of ten apart): a
+        tick reads 0.002, never the padding's -2.87e-05; a log axis: its powers of ten."""
         if self.log:
-            return [10.0**e for e in range(math.ceil(self.lo), math.floor(self.hi) + 1)] or [10**self.lo]
-        return [self.lo + (self.hi - self.lo) * i / (n - 1) for i in range(n)]
+            powers = [10.0**e for e in range(math.ceil(self.lo), math.floor(self.hi) + 1)]
+            if len(powers) >= 3:
+                return powers
+            # Less than two decades: 1, 2 and 5 times each power within it.
+            got = [m * 10.0**e for e in range(math.floor(self.lo), math.ceil(self.hi) + 1) for m in (1, 2, 5)]
+            return [float(f"{t:.12g}") for t in got if self.lo <= math.log10(t) <= self.hi] or [10**self.lo]
+        raw = (self.hi - self.lo) / max(1, n - 1)
+        if not math.isfinite(raw) or raw <= 0:
+            return [self.lo]
+        mag = 10.0 ** math.floor(math.log10(raw))
+        step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * 0.999)
+        first = math.ceil(self.lo / step - 1e-9)
+        out = [float(f"{k * step:.12g}") for k in range(first, math.floor(self.hi / step + 1e-9) + 1)]
+        return out or [self.lo]
 
 
 def log_wanted(values: Sequence[float]) -> bool:
@@ -99,30 +115,30 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str, xticks: list[tuple[float,
 def _mark(px: float, py: float, state: str, tip: str) -> str:
     c = COLOR.get(state, "#333")
     t = f"<title>{escape(tip)}</title>"
-    if state == PRUNED:
-        return f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="pruned">{t}</rect>'
+    if state in (PRUNED, CANCELLED):
+        return (
+            f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" fill="{c}" class="{CLASS[state]}">{t}</rect>'
+        )
     if state == FAILED:
         return f'<path d="M{px - 4:.1f},{py - 4:.1f}l8,8m0,-8l-8,8" stroke="{c}" stroke-width="2" class="failed">{t}</path>'
     fill = "none" if state == RUNNING else c
     return f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}" class="{CLASS.get(state, "other")}">{t}</circle>'
 
 
-def _valued(trials: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
-    return [
-        (t, float(t["value"])) for t in trials if isinstance(t.get("value"), int | float) and math.isfinite(t["value"])
-    ]
+def _valued(trials: Sequence[TrialJson]) -> list[tuple[TrialJson, float]]:
+    return [(t, float(v)) for t in trials if isinstance(v := t.get("value"), int | float) and math.isfinite(v)]
 
 
-def _tip(t: dict[str, Any], metric: str) -> str:
+def _tip(t: TrialJson, metric: str) -> str:
     params = ", ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
-    return f"trial {t['number']} ({t['state']}): {metric}={t.get('value')} {params}"
+    return f"trial {t['number']} ({shown_state(t)}): {metric}={t.get('value')} {params}"
 
 
 def better(goal: str, a: float, b: float) -> bool:
     return a > b if goal == "maximize" else a < b
 
 
-def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, float]]:
+def best_so_far(trials: Sequence[TrialJson], goal: str) -> list[tuple[int, float]]:
     """Where the best succeeded value changes, in trial order."""
     out: list[tuple[int, float]] = []
     for t, v in sorted(_valued(trials), key=lambda tv: tv[0]["number"]):
@@ -131,7 +147,7 @@ def best_so_far(trials: Sequence[dict[str, Any]], goal: str) -> list[tuple[int, 
     return out
 
 
-def chart_trials(study: dict[str, Any], limit: int = CHART_TRIALS) -> list[dict[str, Any]]:
+def chart_trials(study: StudyDoc, limit: int = CHART_TRIALS) -> list[TrialJson]:
     """The trials the charts draw, in the study's order: all of them up to `limit`; past it,
     `limit` of them: the running ones, where the best so far changed, the best tenth, the
     extremes (the first and last trial, the lowest and highest value and parameter), then an
@@ -157,14 +173,12 @@ def chart_trials(study: dict[str, Any], limit: int = CHART_TRIALS) -> list[dict[
     return [trials[i] for i in sorted(chosen)]
 
 
-def drawn(study: dict[str, Any]) -> dict[str, Any]:
+def drawn(study: StudyDoc) -> StudyDoc:
     """The study as its charts draw it: its trials thinned (chart_trials)."""
     return {**study, "trials": chart_trials(study)}
 
 
-def _extremes(
-    trials: Sequence[dict[str, Any]], valued: list[tuple[int, float]], space: list[dict[str, Any]]
-) -> list[int]:
+def _extremes(trials: Sequence[TrialJson], valued: list[tuple[int, float]], space: list[ParamJson]) -> list[int]:
     """The first and last trial, the lowest and highest value and each numeric parameter's
     lowest and highest (of the valued trials): a thinned chart keeps its axes."""
     out = [0, len(trials) - 1]
@@ -176,7 +190,7 @@ def _extremes(
     return out
 
 
-def _param_key(name: str, trials: Sequence[dict[str, Any]]) -> Callable[[tuple[int, float]], float | None]:
+def _param_key(name: str, trials: Sequence[TrialJson]) -> Callable[[tuple[int, float]], float | None]:
     def key(iv: tuple[int, float]) -> float | None:
         p = (trials[iv[0]].get("params") or {}).get(name)
         return float(p) if isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) else None
@@ -184,12 +198,12 @@ def _param_key(name: str, trials: Sequence[dict[str, Any]]) -> Callable[[tuple[i
     return key
 
 
-def _value_of(t: dict[str, Any]) -> float | None:
+def _value_of(t: TrialJson) -> float | None:
     v = t.get("value")
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
-def objective_svg(study: dict[str, Any], shown: Sequence[dict[str, Any]] | None = None) -> Markup:
+def objective_svg(study: StudyDoc, shown: Sequence[TrialJson] | None = None) -> Markup:
     """The objective over trials (those `shown`: chart_trials), the best so far (over every
     trial) as a step line."""
     trials, metric, goal = study["trials"], study["metric"]["name"], study["metric"]["goal"]
@@ -217,42 +231,87 @@ def objective_svg(study: dict[str, Any], shown: Sequence[dict[str, Any]] | None 
         )
     for t, v in valued:
         if v > 0 or not y.log:
-            body.append(_mark(x(t["number"]), y(v), t["state"], _tip(t, metric)))
+            body.append(_mark(x(t["number"]), y(v), shown_state(t), _tip(t, metric)))
     for t in marked:
         if t["state"] == FAILED:
             body.append(_mark(x(t["number"]), H - BOTTOM - 6, FAILED, _tip(t, metric)))
     return _svg(body, f"{metric} over trials")
 
 
-def param_svg(study: dict[str, Any], param: dict[str, Any]) -> Markup:
-    """The objective against one parameter: a log axis for a log-scaled one, categories at
-    positions."""
+def param_axis(param: ParamJson, values: Sequence[Value], p0: float, p1: float) -> ParamAxis:
+    """A parameter's axis as its type asks: categories (and a discrete parameter's values, in
+    increasing order) at whole positions, each labelled; an integer's whole numbers only; a
+    double's a scale (log for a log-scaled one)."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if param["type"] in ("categorical", "discrete") or not numeric:
+        declared = list(param.get("values") or [])
+        if param["type"] == "discrete" and numeric and all(isinstance(v, int | float) for v in declared):
+            nums = sorted({float(v) for v in [*declared, *values] if isinstance(v, int | float)})
+            keys, labels = [_key(v) for v in nums], [num_text(v) for v in nums]
+        else:
+            keys = [str(v) for v in declared]
+            keys += sorted({str(v) for v in values} - set(keys))
+            labels = keys
+        where = {k: float(i) for i, k in enumerate(keys)}
+        ax = Axis(-0.5, max(len(keys) - 0.5, 0.5), p0, p1)
+        return ParamAxis(ax, where, [(float(i), c) for i, c in enumerate(labels)], param["name"])
+    nums = [float(v) for v in values if isinstance(v, int | float)]
+    log = param.get("scale") == "log" and bool(nums) and min(nums) > 0
+    ax = Axis.of(nums, p0, p1, log=log)
+    label = param["name"] + (" (log)" if log else "")
+    if param["type"] == "integer" and not log:
+        lo, hi = math.ceil(ax.lo), math.floor(ax.hi)
+        every = max(1, math.ceil((hi - lo + 1) / 6))
+        return ParamAxis(ax, None, [(float(k), str(k)) for k in range(lo, hi + 1, every)], label)
+    return ParamAxis(ax, None, None, label)
+
+
+def _key(v: Value) -> str:
+    """A value's place on a category axis: a number by its value (8 and 8.0 alike)."""
+    return repr(float(v)) if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
+@dataclass(frozen=True)
+class ParamAxis:
+    axis: Axis
+    at: dict[str, float] | None  # a value's position (_key) on a category axis; None: the value itself
+    ticks: list[tuple[float, str]] | None  # (position, label); None: the axis's own
+    label: str
+
+    def pos(self, v: Value) -> float:
+        if self.at is None:
+            return float(v)
+        return self.at.get(_key(v), self.at.get(str(v), 0.0))
+
+
+def num_text(v: Value) -> str:
+    """A value as a page shows it: 4 significant digits (the full one is in its tooltip)."""
+    if isinstance(v, bool) or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}"
+
+
+def param_svg(study: StudyDoc, param: ParamJson) -> Markup:
+    """The objective against one parameter, on the axis its type asks for (param_axis)."""
     name, metric = param["name"], study["metric"]["name"]
     pts = [(t, t["params"][name], v) for t, v in _valued(study["trials"]) if name in (t.get("params") or {})]
     ys = [v for _, _, v in pts]
     y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
-    numeric = all(isinstance(p, int | float) and not isinstance(p, bool) for _, p, _ in pts)
-    if param["type"] == "categorical" or not numeric:
-        cats = [str(v) for v in param.get("values") or []]
-        cats += sorted({str(p) for _, p, _ in pts} - set(cats))
-        x = Axis(-0.5, max(len(cats) - 0.5, 0.5), LEFT, W - RIGHT)
-        where = {c: float(i) for i, c in enumerate(cats)}
-        body = _frame(x, y, name, metric, [(float(i), c) for i, c in enumerate(cats)])
-        coords = [(t, where[str(p)], v) for t, p, v in pts]
-    else:
-        log = param.get("scale") == "log" and bool(pts) and min(float(p) for _, p, _ in pts) > 0
-        x = Axis.of([float(p) for _, p, _ in pts], LEFT, W - RIGHT, log=log)
-        body = _frame(x, y, name + (" (log)" if log else ""), metric)
-        coords = [(t, float(p), v) for t, p, v in pts]
-    for t, px, v in coords:
+    pa = param_axis(param, [p for _, p, _ in pts], LEFT, W - RIGHT)
+    body = _frame(pa.axis, y, pa.label, metric, pa.ticks)
+    for t, p, v in pts:
         if v > 0 or not y.log:
-            body.append(_mark(x(px), y(v), t["state"], _tip(t, metric)))
+            body.append(_mark(pa.axis(pa.pos(p)), y(v), shown_state(t), _tip(t, metric)))
     return _svg(body, f"{metric} against {name}")
 
 
-def parallel_svg(study: dict[str, Any]) -> Markup:
-    """Parallel coordinates: an axis per parameter and the objective; a line per trial
-    with a value (pruned trials dashed)."""
+def parallel_svg(study: StudyDoc) -> Markup:
+    """Parallel coordinates: an axis per parameter (as its type asks: param_axis) and the
+    objective; a line per trial with a value (stopped early and cancelled ones dashed)."""
     space, metric = study.get("space") or [], study["metric"]["name"]
     valued = _valued(study["trials"])
     names = [p["name"] for p in space] + [metric]
@@ -261,41 +320,105 @@ def parallel_svg(study: dict[str, Any]) -> Markup:
             [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no values yet</text>'], "parallel coordinates"
         )
     gap = (W - LEFT - RIGHT) / (len(names) - 1)
-    axes: list[tuple[Axis, dict[str, float] | None]] = []
-    for p in space:
-        vals = [t["params"].get(p["name"]) for t, _ in valued if p["name"] in (t.get("params") or {})]
-        if p["type"] == "categorical" or not all(isinstance(v, int | float) for v in vals):
-            cats = sorted({str(v) for v in vals} | {str(v) for v in p.get("values") or []})
-            axes.append(
-                (Axis(-0.5, max(len(cats) - 0.5, 0.5), H - BOTTOM, TOP), {c: float(i) for i, c in enumerate(cats)})
-            )
-        else:
-            log = p.get("scale") == "log" and bool(vals) and min(float(v) for v in vals) > 0
-            axes.append((Axis.of([float(v) for v in vals], H - BOTTOM, TOP, log=log), None))
+    axes = [
+        param_axis(
+            p, [v for t, _ in valued if (v := (t.get("params") or {}).get(p["name"])) is not None], H - BOTTOM, TOP
+        )
+        for p in space
+    ]
     ys = [v for _, v in valued]
-    axes.append((Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys)), None))
+    value_axis = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
     body = []
     for i, n in enumerate(names):
         px = LEFT + i * gap
         body.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{H - BOTTOM}" class="axis"/>')
         body.append(f'<text x="{px:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">{escape(n)}</text>')
+        if i < len(axes) and axes[i].ticks is not None and len(axes[i].ticks or ()) <= 12:
+            for pos, label in axes[i].ticks or ():
+                py = axes[i].axis(pos)
+                body.append(f'<text x="{px + 3:.1f}" y="{py + 3:.1f}" class="tick">{escape(label)}</text>')
     for t, v in valued:
         pts = []
-        for i, (ax, at) in enumerate(axes):
-            raw = v if i == len(axes) - 1 else (t.get("params") or {}).get(names[i])
+        for i, pa in enumerate(axes):
+            raw = (t.get("params") or {}).get(names[i])
             if raw is None:
                 continue
-            pos = at[str(raw)] if at is not None else float(raw)
-            if ax.log and pos <= 0:
+            pos = pa.pos(raw)
+            if pa.axis.log and pos <= 0:
                 continue
-            pts.append(f"{LEFT + i * gap:.1f},{ax(pos):.1f}")
-        dash = ' stroke-dasharray="4 3"' if t["state"] == PRUNED else ""
-        color = COLOR.get(t["state"], "#333")
+            pts.append(f"{LEFT + i * gap:.1f},{pa.axis(pos):.1f}")
+        if v > 0 or not value_axis.log:
+            pts.append(f"{LEFT + len(axes) * gap:.1f},{value_axis(v):.1f}")
+        state = shown_state(t)
+        dash = ' stroke-dasharray="4 3"' if state in (PRUNED, CANCELLED) else ""
+        color = COLOR.get(state, "#333")
         body.append(
             f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}"{dash} class="trial">'
             f"<title>{escape(_tip(t, metric))}</title></polyline>"
         )
     return _svg(body, "parallel coordinates")
+
+
+CURVES_DRAWN = 200  # trials whose learning curves a chart draws at most (chart_trials picks them)
+
+
+def curves_svg(study: StudyDoc, curves: StudyCurves, limit: int = CURVES_DRAWN) -> Markup:
+    """Each trial's reports over its steps (its learning curve, as Optuna Dashboard's
+    intermediate values): a line per trial in its state's colour, a trial stopped early (or
+    cancelled, or failed) marked where it stopped. At most `limit` trials (chart_trials)."""
+    metric = study["metric"]["name"]
+    picked = [t for t in chart_trials(study, limit) if curves.curves.get(t["number"])]
+    if not picked:
+        return _svg([f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no reports yet</text>'], "learning curves")
+    points = [(t, [(float(s), v) for s, v in curves.curves[t["number"]] if math.isfinite(v)]) for t in picked]
+    xs = [s for _, ps in points for s, _ in ps]
+    ys = [v for _, ps in points for _, v in ps]
+    x = Axis.of(xs, LEFT, W - RIGHT)
+    y = Axis.of(ys, H - BOTTOM, TOP, log=log_wanted(ys))
+    lo, hi = math.ceil(x.lo), math.floor(x.hi)
+    every = max(1, math.ceil((hi - lo + 1) / 8))
+    body = _frame(
+        x, y, "step", metric + (" (log)" if y.log else ""), [(float(k), str(k)) for k in range(lo, hi + 1, every)]
+    )
+    for t, ps in points:
+        ps = [(s, v) for s, v in ps if v > 0 or not y.log]
+        if not ps:
+            continue
+        state = shown_state(t)
+        color = COLOR.get(state, "#333")
+        tip = escape(_tip(t, metric) + f"; last report {ps[-1][1]} at step {ps[-1][0]:g}")
+        line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in ps)
+        body.append(
+            f'<polyline points="{line}" fill="none" stroke="{color}" class="curve {CLASS.get(state, "other")}" '
+            f'data-curve="{t["number"]}"><title>{tip}</title></polyline>'
+        )
+        if state in (PRUNED, CANCELLED, FAILED):  # where it stopped
+            body.append(_mark(x(ps[-1][0]), y(ps[-1][1]), state, _tip(t, metric) + f" (stopped at step {ps[-1][0]:g})"))
+    return _svg(body, "learning curves")
+
+
+def importance_svg(importance: Mapping[str, float]) -> Markup:
+    """Each parameter's importance (Optuna's evaluator: its share of the value's variation),
+    the largest first, as bars."""
+    if not importance:
+        return _svg(
+            [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">too few succeeded trials to weigh</text>'],
+            "parameter importance",
+        )
+    rows = sorted(importance.items(), key=lambda kv: (-kv[1], kv[0]))
+    h = TOP + BOTTOM + 22 * len(rows)
+    left, right = 140, W - RIGHT - 60
+    body = []
+    for i, (name, share) in enumerate(rows):
+        py = TOP + 22 * i
+        width = max(0.0, min(1.0, share)) * (right - left)
+        body.append(f'<text x="{left - 6}" y="{py + 14}" text-anchor="end">{escape(name)}</text>')
+        body.append(
+            f'<rect x="{left}" y="{py + 3}" width="{width:.1f}" height="14" class="importance">'
+            f"<title>{escape(name)}: {share:.4f}</title></rect>"
+        )
+        body.append(f'<text x="{left + width + 4:.1f}" y="{py + 14}">{100 * share:.1f} %</text>')
+    return _svg(body, "parameter importance", h=h)
 
 
 def series_svg(points: Sequence[tuple[float, float]], *, label: str, top: float = 100.0) -> Markup:

@@ -17,19 +17,33 @@ The shapes (docs/dashboard.md):
 - study(name): `provision tune --status --json` (rules/studyview.study_json) plus "space"
   (rules/studyview.space_json: each parameter's type and scale).
 - usage(): USAGE_EXAMPLE's shape.
+- history(q): the service's history rows (rules/historyview.HistoryDoc); quotas(): each
+  owner's guarantee and use (rules/quotas.QuotasDoc); curves(name): each trial's reports.
+A job's document may carry what the service kept of it (rules/status.JobDoc: its runs,
+timeline, kept logs; a trial's row and reports).
+- incidents(): the health history (rules/healthlog.report_doc); a host of hosts() may carry
+  "health" ({"host": {"state", "reason", ...}, "gpus": {"<index>": {"state", ...}}}).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from provision.core.events import Kind
+from provision.core.answers import ActionAnswer, LogsDoc
+from provision.core.events import EventsDoc, Kind
+from provision.rules.healthlog import HealthReportDoc
+from provision.rules.historyview import HistoryDoc, HistoryQuery
+from provision.rules.jobsdoc import JobsDoc
+from provision.rules.quotas import QuotasDoc
+from provision.rules.status import JobDoc
+from provision.rules.studyview import StudyCurves, StudyDoc
+from provision.rules.usage import UsageDoc
 
 SECRET_MASK = "********"
 
 # usage(): GPU-hours per owner per day and per ISO week, and GPUs held but idle.
-USAGE_EXAMPLE: dict[str, Any] = {
+USAGE_EXAMPLE: UsageDoc = {
     "format_version": 1,
     "days": [{"day": "2026-11-27", "owner": "ana@example.com", "gpu_hours": 12.5}],
     "weeks": [{"week": "2026-W48", "owner": "ana@example.com", "gpu_hours": 40.0}],
@@ -52,27 +66,44 @@ class Unavailable(RuntimeError):
 
 
 class Source(Protocol):
-    def hosts(self) -> dict[str, Any]: ...
+    def hosts(self) -> JobsDoc: ...
 
-    def jobs(self) -> dict[str, Any]: ...
+    def jobs(self) -> JobsDoc: ...
 
-    def latest(self) -> dict[str, Any]:
+    def latest(self) -> JobsDoc:
         """hosts() as /metrics reads it: the source's latest GPU sample where it samples."""
         ...
 
-    def job(self, name: str) -> dict[str, Any]: ...
+    def job(self, name: str) -> JobDoc: ...
 
-    def logs(self, name: str, after: str | None) -> dict[str, Any]: ...
+    def logs(self, name: str, after: str | None) -> LogsDoc: ...
 
     def studies(self) -> list[str]: ...
 
-    def study(self, name: str) -> dict[str, Any]: ...
+    def study(self, name: str) -> StudyDoc: ...
 
-    def usage(self) -> dict[str, Any]: ...
+    def usage(self) -> UsageDoc: ...
 
-    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> dict[str, Any]:
+    def incidents(self) -> HealthReportDoc:
+        """`provision health --report --json`'s shape (rules/healthlog.report_doc): the
+        hosts and GPUs ranked by incidents, and every incident of the last 30 days."""
+        ...
+
+    def events(self, after: int, job: str | None = None, kinds: Sequence[Kind] = ()) -> EventsDoc:
         """`provision events --json`'s shape after event id `after`, and "after": the last
         id given (the next request's)."""
+        ...
+
+    def history(self, q: HistoryQuery) -> HistoryDoc:
+        """The history rows `q` picks (newest first), a page of them, and how many in all."""
+        ...
+
+    def quotas(self) -> QuotasDoc:
+        """Each owner's (or group's) guaranteed GPUs, in use, borrowed and waiting."""
+        ...
+
+    def curves(self, name: str) -> StudyCurves:
+        """Each trial of study `name`'s reports (its learning curve)."""
         ...
 
     def owner(self, name: str, recent: bool = False) -> str | None:
@@ -83,13 +114,13 @@ class Source(Protocol):
 
     # Actions: `who` is the authenticated user (the hosts' history names them). Each returns
     # {"ok": bool, "message": str, ...}; a refusal is ok false with its reason.
-    def stop(self, name: str, who: str) -> dict[str, Any]: ...
+    def stop(self, name: str, who: str) -> ActionAnswer: ...
 
-    def rerun(self, name: str, who: str) -> dict[str, Any]: ...
+    def rerun(self, name: str, who: str) -> ActionAnswer: ...
 
-    def cancel(self, name: str, who: str) -> dict[str, Any]: ...
+    def cancel(self, name: str, who: str) -> ActionAnswer: ...
 
-    def promote(self, name: str, trial: int, who: str) -> dict[str, Any]: ...
+    def promote(self, name: str, trial: int, who: str) -> ActionAnswer: ...
 
 
 def masked_env(

@@ -4,22 +4,33 @@ paginated. Pure."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+from provision.core.events import iso
+from provision.core.tuning import TrialJson
+from provision.rules.historyview import KINDS as HISTORY_KINDS
+from provision.rules.historyview import SHOWN_STATES, HistoryQuery
+from provision.rules.jobsdoc import GpuAppJson, HostJson, JobJson, JobsDoc
 from provision.rules.tenancy import doc_queue_key
 
 ACTIONS = ("stop", "rerun", "cancel")
 PAGE_SIZE = 50
-# The states of `provision jobs --json` (rules/tenancy.Hold), and where each is listed.
+# The states of `provision jobs --json` (rules/tenancy.Hold; "preempted": rules/jobrows.py),
+# and where each is listed: a preempted job waits for room to resume.
 SECTIONS = {
-    "queued": ("queued",),
+    "queued": ("queued", "preempted"),
     "running": ("running", "reserved", "held", "stale"),
     "finished": ("ended",),
 }
-PHASES = tuple(s for states in SECTIONS.values() for s in states)
+LIVE = tuple(s for states in SECTIONS.values() for s in states)
+# ... and how finished work ended (the history's: rules/historyview.STATES).
+PHASES = LIVE + tuple(s for s in SHOWN_STATES if s not in LIVE)
+SINCE = {"1h": 3600.0, "1d": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0}  # the pages' "ended within"
+KINDS = ("run", "trial", "study")  # the finished work the Jobs page lists (the History page: waits too)
 
 
 class BadFilter(ValueError):
@@ -29,17 +40,40 @@ class BadFilter(ValueError):
 @dataclass(frozen=True)
 class JobFilter:
     owner: str = ""
-    phase: str = ""
+    phase: str = ""  # a live state (LIVE), or how finished work ended
     text: str = ""
     page: int = 1
+    kind: str = ""  # finished work: run, trial or study
+    since: str = ""  # finished work: ended within (SINCE)
+    fpage: int = 1  # the Finished section's page
 
-    def matches(self, j: Mapping[str, Any]) -> bool:
+    def matches(self, j: JobJson) -> bool:
         if self.owner and j.get("owner") != self.owner:
             return False
-        if self.phase and j.get("state") != self.phase:
+        if self.phase and (j.get("state") != self.phase if self.phase in LIVE else True):
             return False
+        if self.kind or self.since:
+            return False  # those pick finished work only
         t = self.text.lower()
         return not t or t in j["job"].lower() or t in (j.get("owner") or "").lower()
+
+    def finished(self, now: float, size: int) -> HistoryQuery | None:
+        """The history rows the Finished section lists (None: a live state was picked)."""
+        if self.phase in LIVE and self.phase != "ended":
+            return None
+        state = "" if self.phase in ("", "ended") else self.phase
+        since = now - SINCE[self.since] if self.since else None
+        kinds = (self.kind,) if self.kind else KINDS
+        return HistoryQuery(
+            self.owner, kinds, state, since, True, self.text, size, (self.fpage - 1) * size
+        )  # fmt: skip
+
+    def link(self, **changed: object) -> str:
+        """This filter's query string with `changed` given."""
+        fields: dict[str, object] = {"owner": self.owner, "phase": self.phase, "q": self.text, "kind": self.kind}
+        fields.update({"since": self.since, "page": self.page, "fpage": self.fpage})
+        fields.update({("q" if k == "text" else k): v for k, v in changed.items()})
+        return urlencode({k: v for k, v in fields.items() if v not in ("", None)})
 
 
 MAX_NUMBER = 999_999_999  # a page or trial number past this is no page or trial
@@ -61,8 +95,87 @@ def page_number(q: Mapping[str, str]) -> int:
 def job_filter(q: Mapping[str, str]) -> JobFilter:
     phase = q.get("phase", "")
     if phase and phase not in PHASES:
-        raise BadFilter(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
-    return JobFilter(q.get("owner", ""), phase, q.get("q", ""), page_number(q))
+        raise BadFilter(f"phase: expected one of {', '.join(PHASES)}, got {phase[:40]!r}")
+    kind, since = _choice(q, "kind", KINDS), _choice(q, "since", tuple(SINCE))
+    fpage = whole_number(q.get("fpage", "1") or "1", "fpage")
+    return JobFilter(q.get("owner", "")[:200], phase, q.get("q", "")[:200], page_number(q), kind, since, fpage)
+
+
+def _choice(q: Mapping[str, str], name: str, allowed: Sequence[str]) -> str:
+    got = q.get(name, "") or ""
+    if got and got not in allowed:
+        raise BadFilter(f"{name}: expected one of {', '.join(allowed)}, got {got[:40]!r}")
+    return got
+
+
+HISTORY_PAGE = 50  # rows a page of the History page (and the Jobs page's Finished section) lists
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """The History page's filters: an owner's rows, of a kind, ended how, within a time, whose
+    job's name holds a text; a page of HISTORY_PAGE."""
+
+    owner: str = ""
+    kind: str = ""
+    state: str = ""
+    since: str = ""
+    text: str = ""
+    page: int = 1
+
+    def query(self, now: float) -> HistoryQuery:
+        since = now - SINCE[self.since] if self.since else None
+        kinds = (self.kind,) if self.kind else ()
+        off = (self.page - 1) * HISTORY_PAGE
+        return HistoryQuery(self.owner, kinds, self.state, since, False, self.text, HISTORY_PAGE, off)
+
+    def link(self, **changed: object) -> str:
+        fields: dict[str, object] = {"owner": self.owner, "kind": self.kind, "state": self.state}
+        fields.update({"since": self.since, "q": self.text, "page": self.page})
+        fields.update({("q" if k == "text" else k): v for k, v in changed.items()})
+        return urlencode({k: v for k, v in fields.items() if v not in ("", None)})
+
+
+def history_filter(q: Mapping[str, str]) -> HistoryFilter:
+    states = (*SHOWN_STATES, "running", "waiting")
+    return HistoryFilter(
+        q.get("owner", "")[:200], _choice(q, "kind", HISTORY_KINDS), _choice(q, "state", states),
+        _choice(q, "since", tuple(SINCE)), q.get("q", "")[:200], page_number(q),
+    )  # fmt: skip
+
+
+def sig(v: object, digits: int = 4) -> str:
+    """A number as a page shows it: `digits` significant digits (0.0002029370528231493 ->
+    0.0002029; 123456.7 -> 1.235e+05); integers whole; anything else as it is. The full
+    value goes in the cell's tooltip and the JSON."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return "" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.{digits}g}"
+
+
+def hours(h: float | None) -> str:
+    """GPU-hours as a table shows them: one decimal, two significant digits below 0.1."""
+    if h is None:
+        return ""
+    return f"{h:.1f}" if h >= 0.1 or h == 0 else f"{h:.2g}"
+
+
+def took(seconds: float | None) -> str:
+    """A duration in words a table holds: 45 s, 12 min, 3.5 h, 2.1 d."""
+    if seconds is None:
+        return ""
+    s = float(seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
 
 
 def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[list[Any], int]:
@@ -71,8 +184,8 @@ def page_of(items: Sequence[Any], page: int, size: int = PAGE_SIZE) -> tuple[lis
     return list(items[(page - 1) * size : page * size]), pages
 
 
-def job_sections(jobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {k: [] for k in SECTIONS}
+def job_sections(jobs: Sequence[JobJson]) -> dict[str, list[JobJson]]:
+    out: dict[str, list[JobJson]] = {k: [] for k in SECTIONS}
     for j in jobs:
         for section, states in SECTIONS.items():
             if j.get("state") in states:
@@ -85,13 +198,15 @@ def job_sections(jobs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[st
 @dataclass(frozen=True)
 class Gpu:
     index: int
-    state: str  # free, held, drained, unreachable, unknown
+    state: str  # free, held, drained, unreachable, unknown; quarantined, draining, testing (its health)
     job: str | None = None
     owner: str | None = None
     utilization: float | None = None
     memory_mib: float | None = None
     history: tuple[tuple[float, float], ...] = ()  # (epoch seconds, utilization %), the last hour
     apps: tuple[str, ...] = ()  # its compute processes: "pid name, N MiB (job)"
+    health: str = "healthy"  # rules/health.State: healthy, suspect, quarantined, draining, testing
+    health_reason: str = ""  # why, and since when
 
 
 @dataclass(frozen=True)
@@ -102,37 +217,57 @@ class HostRow:
     foreign_ports: tuple[int, ...]
 
 
-def _gpus(h: Mapping[str, Any], owners: Mapping[str, str | None]) -> tuple[Gpu, ...]:
+def _gpus(h: HostJson, owners: Mapping[str, str | None]) -> tuple[Gpu, ...]:
     holder = {g: job for job, held in (h.get("held") or {}).items() for g in held.get("gpus", [])}
     free = set(h.get("free_gpus") or [])
     use = h.get("gpu_use") or {}
     past = h.get("gpu_history") or {}
     out = []
     for g in range(int(h.get("gpus") or 0)):
-        u = use.get(str(g)) or {}
+        u = use.get(str(g))
         job = holder.get(g)
+        health, why = _health_of(h, g)
         if h.get("error"):
             state = "unreachable"
         elif job is not None:
             state = "held"
         elif h.get("drain"):
             state = "drained"
+        elif health in BLOCKING:  # not free: no new work goes there
+            state = health
         else:
             state = "free" if g in free else "unknown"
         history = tuple((float(t), float(v)) for t, v in past.get(str(g)) or ())
         owner = owners.get(job) if job else None
-        apps = tuple(_app_words(a) for a in u.get("apps") or ())
-        out.append(Gpu(g, state, job, owner, u.get("utilization"), u.get("memory_mib"), history, apps))
+        apps = tuple(_app_words(a) for a in (u.get("apps") or () if u else ()))
+        util, mib = (u.get("utilization"), u.get("memory_mib")) if u else (None, None)
+        out.append(Gpu(g, state, job, owner, util, mib, history, apps, health, why))
     return tuple(out)
 
 
-def _app_words(a: Mapping[str, Any]) -> str:
+BLOCKING = ("quarantined", "draining", "testing")  # the health states no new work goes to
+
+
+def _health_of(h: Mapping[str, Any], g: int) -> tuple[str, str]:
+    """A GPU's health (its host's, when the host's keeps new work off it) and why."""
+    health = h.get("health") or {}
+    host = health.get("host") or {}
+    mark = (health.get("gpus") or {}).get(str(g)) or {}
+    if host.get("state") in BLOCKING and mark.get("state", "healthy") == "healthy":
+        mark = {**host, "reason": f"the host: {host.get('reason') or ''}"}
+    state = str(mark.get("state") or "healthy")
+    since = mark.get("since")
+    when = f" (since {iso(since)})" if isinstance(since, int | float) else ""
+    return state, (str(mark.get("reason") or "") + when) if state != "healthy" else ""
+
+
+def _app_words(a: GpuAppJson) -> str:
     mib = f", {a['used_mib']} MiB" if a.get("used_mib") is not None else ""
     whose = f" ({a['job']})" if a.get("job") else " (not a provision job)"
     return f"{a.get('pid') or '?'} {a.get('name') or ''}{mib}{whose}"
 
 
-def _group_of(h: Mapping[str, Any]) -> str:
+def _group_of(h: HostJson) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items())) or "no labels"
 
 
@@ -140,7 +275,7 @@ def _group_order(label: str) -> tuple[bool, str]:
     return (label == "no labels", label)
 
 
-def cluster_groups(doc: Mapping[str, Any]) -> list[tuple[str, list[HostRow]]]:
+def cluster_groups(doc: JobsDoc) -> list[tuple[str, list[HostRow]]]:
     """The hosts of `provision jobs --json` grouped by their labels ("k=v, ..."), unlabelled last."""
     owners = {j["job"]: j.get("owner") for j in doc.get("jobs") or []}
     groups: dict[str, list[HostRow]] = {}
@@ -177,7 +312,7 @@ class ClusterPage:
     hosts: int
 
 
-def host_spark(h: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
+def host_spark(h: HostJson) -> tuple[tuple[float, float], ...]:
     """A host's GPUs' mean utilization over its history (the GPUs' points are of the same
     rounds: matched from the newest)."""
     series = [s for s in (h.get("gpu_history") or {}).values() if s]
@@ -189,7 +324,7 @@ def host_spark(h: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
     )
 
 
-def cluster_page(doc: Mapping[str, Any], page: int, size: int = HOSTS_PAGE) -> ClusterPage:
+def cluster_page(doc: JobsDoc, page: int, size: int = HOSTS_PAGE) -> ClusterPage:
     """The Cluster page: every label group counted, and page `page` of the hosts (by group,
     then name) with each GPU's row; only those rows are made."""
     hosts = doc.get("hosts") or {}
@@ -215,7 +350,12 @@ def cluster_page(doc: Mapping[str, Any], page: int, size: int = HOSTS_PAGE) -> C
         for label, c in counts.items()
     )
     names, pages = page_of(order, page, size)
-    shown = cluster_groups({"jobs": doc.get("jobs") or [], "hosts": {n: hosts[n] for n in names}})
+    some: JobsDoc = {
+        "format_version": doc.get("format_version", 1),
+        "jobs": doc.get("jobs") or [],
+        "hosts": {n: hosts[n] for n in names},
+    }
+    shown = cluster_groups(some)
     return ClusterPage(groups, shown, {n: host_spark(hosts[n]) for n in names}, min(page, pages), pages, len(order))
 
 
@@ -256,11 +396,11 @@ def trial_order(q: Mapping[str, str], params: Sequence[str]) -> TrialOrder:
     return TrialOrder(sort, order == "desc", page_number(q))
 
 
-def sorted_trials(trials: Sequence[Mapping[str, Any]], sort: str, desc: bool) -> list[Mapping[str, Any]]:
+def sorted_trials(trials: Sequence[TrialJson], sort: str, desc: bool) -> list[TrialJson]:
     """The trials by one column ("number", "value", "param.lr"...): the numbers, then the
     texts, each either way; the empty cells last either way; ties in trial order."""
 
-    def cell(t: Mapping[str, Any]) -> Any:
+    def cell(t: TrialJson) -> Any:
         if sort.startswith("param."):
             return (t.get("params") or {}).get(sort[len("param.") :])
         return t.get(sort)

@@ -21,12 +21,13 @@
         });
         if (atEnd) { box.scrollTop = box.scrollHeight; }
         after = doc.after || after;
+        if (doc.kept) { var kept = document.getElementById("log-kept"); if (kept) { kept.hidden = false; } }
         errors.textContent = (doc.errors || []).join("; ");
         polls += 1;
         box.setAttribute("data-polls", String(polls));  // a test knows the page has caught up
       })
       .catch(function (e) { errors.textContent = "logs: " + e; })
-      .then(function () { setTimeout(poll, 300); });  // one request at a time, however slow
+      .then(function () { setTimeout(poll, after.indexOf("kept") === 0 ? 5000 : 300); });  // one at a time; a kept copy changes no more
   }
   poll();
 })();

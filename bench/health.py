@@ -1,0 +1,347 @@
+"""Benchmarks of GPU and host health (docs/health.md), on sandbox hosts:
+
+    PYTHONPATH=$PWD/src python bench/health.py latency [--trials 6]
+        a fatal Xid on a held GPU: quarantined (the host's record) and its owner told (the
+        `gpu.quarantined` event, naming the job and its owner) within one service round;
+    PYTHONPATH=$PWD/src python bench/health.py race [--seconds 300] [--hosts 4] [--appliers 3]
+        applies racing with quarantines and releases: no work ever placed on a quarantined
+        GPU, as sampled on the hosts (their ledger and health record read together, under
+        the ledger's lock, every 0.5 s);
+    PYTHONPATH=$PWD/src python bench/health.py soak [--seconds 1800] [--hosts 8]
+        a healthy cluster watched by the service (rounds every 10 s): no false quarantine.
+
+The idle service's CPU with and without the health read is bench/serve_idle.py run at the
+commit before it and at this one (bench/results/*-health-serve-idle-*.txt).
+
+Each writes bench/results/<date>-health-<what>.txt. The service runs with its embedded
+database, a page looking (a client reads /api/v1/hosts every 5 s): rounds every 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from servebench import ROOT, Report, Serve
+
+from provision import sandbox
+from provision.host import layout
+from provision.sandbox.inventory import dump
+
+FAULTS = "/etc/provision-sandbox"
+ROUND = 10.0  # the service's period while a page looks (serve/gpusample.SAMPLE_EVERY)
+SLACK = 5.0  # a round's own time (every host probed at once, then its subscribers), on a loaded machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def docker_sh(sb: sandbox.Sandbox, host: str, cmd: str) -> str:
+    code, out = sb.docker_exec(host, ["/bin/sh", "-c", cmd])
+    if code != 0:
+        raise RuntimeError(f"{host}: {cmd}: {out}")
+    return str(out)
+
+
+class Looker:
+    """A page looking: /api/v1/hosts every `every` s, so the rounds come every 10 s."""
+
+    def __init__(self, port: int, every: float = 5.0):
+        self.port, self.every, self.stop = port, every, threading.Event()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/hosts", timeout=30).read()
+            except OSError:
+                pass
+
+
+def setup(name: str, hosts: int, gpus: int) -> tuple[sandbox.Sandbox, Path, dict[str, str]]:
+    sb = sandbox.up(name, hosts=hosts, gpus_per_host=gpus, timeout=900)
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PROVISION_SERVICE_DB": str(tmp / "svc" / "service.sqlite"),
+           "PROVISION_OWNER": "bench@example.com"}  # fmt: skip
+    return sb, tmp, env
+
+
+def write_inv(sb: sandbox.Sandbox, path: Path, job: str, host: str | None = None, gpus: int = 1) -> Path:
+    pool = {"replicas": 1, "accelerators": gpus, "command": ["sleep", "infinity"]}
+    if host:
+        pool["hosts"] = [host]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump(sandbox.inventory_dict(sb, job=job, pools={"chief": pool}), sb))
+    return path
+
+
+def record(sb: sandbox.Sandbox, host: str) -> dict:
+    return json.loads(docker_sh(sb, host, f"cat {layout.HEALTH_PATH} 2>/dev/null || echo {{}}"))
+
+
+def rounds(db: Path) -> list[float]:
+    """When each round's GPU samples were stored (the database's clock: this machine's)."""
+    with sqlite3.connect(db, timeout=30) as c:
+        return [float(r[0]) for r in c.execute("SELECT DISTINCT t FROM provision_service_gpu_samples ORDER BY t")]
+
+
+def events(db: Path, kind: str) -> list[tuple[float, str, str, str]]:
+    with sqlite3.connect(db, timeout=30) as c:
+        try:
+            return [(float(r[0]), r[1], r[2], r[3]) for r in c.execute(
+                "SELECT t, job, owner, words FROM provision_service_events WHERE kind = ? ORDER BY id", (kind,))]  # fmt: skip
+        except sqlite3.OperationalError:
+            return []
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def latency(args: argparse.Namespace) -> int:  # noqa: C901  one bench's steps in order
+    rep = Report(
+        args.name or time.strftime("%Y-%m-%d-health-latency"),
+        "a fatal Xid on a held GPU: quarantined and its owner told",
+    )
+    sb, tmp, env = setup("hlat", 2, 2)
+    db = Path(env["PROVISION_SERVICE_DB"])
+    inv = write_inv(sb, tmp / "job" / "job.yaml", "held", "host-1")
+    svc = None
+    try:
+        r = cli("apply", "-y", str(inv), cwd=inv.parent, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        port = free_port()
+        svc = Serve(tmp / "serve", env, ("--listen", f"127.0.0.1:{port}", "--inventory", str(inv)))
+        svc.wait_for("leading", 60)
+        looker = Looker(port)
+        end = time.monotonic() + 120
+        while len(rounds(db)) < 2 and time.monotonic() < end:
+            time.sleep(0.5)
+        bus = docker_sh(sb, "host-1", "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader").splitlines()[0]
+        pci = "0000:" + bus.split(", ")[1].split(":", 1)[1][:5].lower()
+        took, told = [], []
+        for i in range(args.trials):
+            time.sleep(random.uniform(0, ROUND))  # anywhere in a round
+            t0 = time.time()
+            docker_sh(sb, "host-1", f'echo "$(date +%s.%N | cut -c1-17) host-1 kernel: NVRM: Xid (PCI:{pci}): 79, '
+                                    f'pid={i}, name=python3, GPU has fallen off the bus." >> {FAULTS}/kmsg')  # fmt: skip
+            seen = None
+            while time.time() - t0 < 120:
+                if record(sb, "host-1").get("gpus", {}).get("0", {}).get("state") == "quarantined":
+                    seen = time.time()
+                    break
+                time.sleep(0.2)
+            assert seen is not None, svc.output()
+            while len(events(db, "gpu.quarantined")) < i + 1 and time.time() - t0 < 120:
+                time.sleep(0.2)
+            ev = events(db, "gpu.quarantined")[i]
+            took.append(seen - t0)
+            told.append(ev[0] - t0)
+            rep.say(f"trial {i + 1}: quarantined {seen - t0:.1f} s after the Xid, its event stored {ev[0] - t0:.1f} s "
+                    f"after it (job {ev[1]}, owner {ev[2]})")  # fmt: skip
+            assert ev[1] == "held" and ev[2] == "bench@example.com", ev
+            r = cli("health", "release", str(inv), "host-1:0", "--skip-test", cwd=inv.parent, env=env)
+            assert r.returncode == 0, r.stdout + r.stderr
+            while len(events(db, "gpu.released")) < i + 1 and time.time() - t0 < 180:
+                time.sleep(0.2)
+        looker.stop.set()
+        rep.say(f"{args.trials} trials on 2 sandbox hosts x 2 GPUs, a job holding GPU 0 of host-1, rounds every "
+                f"{ROUND:g} s (a page looking)")  # fmt: skip
+        rep.say(f"  quarantined after the Xid: median {statistics.median(took):.1f} s, max {max(took):.1f} s")
+        rep.say(
+            f"  owner told (event stored) after the Xid: median {statistics.median(told):.1f} s, max {max(told):.1f} s"
+        )
+        # The host is read once a round: an Xid written just after a read waits for the next
+        # round (one period), then that round's own time (its probe of every host) before it acts.
+        bound = ROUND + SLACK
+        rep.verdict(f"quarantined and the owner told within one round (the {ROUND:g} s period plus the round's own "
+                    f"time, <= {SLACK:g} s)", f"max {max(told):.1f} s", max(told) <= bound)  # fmt: skip
+        rep.say(f"  {sum(1 for t in told if t <= ROUND)} of {len(told)} within {ROUND:g} s of the Xid")
+    finally:
+        if svc is not None:
+            svc.stop()
+        sandbox.down(sb.name)
+    rep.write()
+    return 0
+
+
+# --------------------------------------------------------------------------- race
+
+SAMPLE_SH = (
+    f"cd {layout.LEDGER_DIR} 2>/dev/null || exit 0; flock .lock sh -c "
+    '\'cat .health.json 2>/dev/null; echo; echo @@; for f in *.json; do [ -f "$f" ] && cat "$f" && echo; done\''
+)
+
+
+def sample(sb: sandbox.Sandbox, host: str) -> list[str]:
+    """Work placed on a quarantined GPU here: a ledger entry holding it, reserved after the
+    quarantine (ledger and health record read together under the ledger's lock)."""
+    out = docker_sh(sb, host, SAMPLE_SH)
+    head, _, rest = out.partition("@@")
+    rec = json.loads(head) if head.strip() else {}
+    bad = []
+    marks = rec.get("gpus") or {}
+    for line in rest.splitlines():
+        if not line.strip():
+            continue
+        e = json.loads(line)
+        for g in e.get("gpus") or []:
+            m = marks.get(str(g))
+            if m and m.get("state") in ("quarantined", "testing") and float(e.get("since", 0)) > float(m["since"]):
+                bad.append(
+                    f"{host}: job {e.get('job')} took GPU {g} at {e.get('since')}, quarantined since {m['since']}"
+                )
+    return bad
+
+
+def race(args: argparse.Namespace) -> int:  # noqa: C901  one bench's threads and their counts
+    rep = Report(args.name or time.strftime("%Y-%m-%d-health-race"), "applies racing with quarantines and releases")
+    sb, tmp, env = setup("hrace", args.hosts, 2)
+    hosts = [h.name for h in sb.hosts]
+    ctl = write_inv(sb, tmp / "ctl" / "ctl.yaml", "ctl")  # the inventory quarantines and releases go through
+    counts = {"applied": 0, "refused": 0, "quarantined": 0, "released": 0, "samples": 0}
+    violations: list[str] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def applier(a: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            inv = write_inv(sb, tmp / f"a{a}" / f"r{n}.yaml", f"race{a}-{n}")
+            r = cli("apply", "-y", str(inv), cwd=inv.parent, env=env)
+            with lock:
+                counts["applied" if r.returncode == 0 else "refused"] += 1
+            cli("destroy", "-y", str(inv), cwd=inv.parent, env=env)
+
+    def quarantiner() -> None:
+        held: list[str] = []
+        while not stop.wait(random.uniform(0.5, 2.0)):
+            if held and (len(held) >= args.hosts or random.random() < 0.5):
+                t = held.pop(random.randrange(len(held)))
+                r = cli("health", "release", str(ctl), t, "--skip-test", cwd=ctl.parent, env=env)
+                with lock:
+                    counts["released"] += r.returncode == 0
+            else:
+                t = f"{random.choice(hosts)}:{random.randrange(2)}"
+                r = cli("health", "quarantine", str(ctl), t, "--reason", "race", cwd=ctl.parent, env=env)
+                if r.returncode == 0:
+                    held.append(t)
+                    with lock:
+                        counts["quarantined"] += 1
+
+    def sampler() -> None:
+        while not stop.wait(0.5):
+            for h in hosts:
+                try:
+                    got = sample(sb, h)
+                except (RuntimeError, ValueError):
+                    continue  # a file between two writes: the next sample
+                with lock:
+                    counts["samples"] += 1
+                    violations.extend(got)
+
+    threads = [threading.Thread(target=applier, args=(a,)) for a in range(args.appliers)]
+    threads += [threading.Thread(target=quarantiner), threading.Thread(target=sampler)]
+    try:
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        stop.wait(args.seconds)
+        stop.set()
+        for t in threads:
+            t.join(300)
+        took = time.monotonic() - t0
+        rep.say(f"{args.hosts} sandbox hosts x 2 GPUs, {args.appliers} appliers (apply -y then destroy -y of a "
+                f"1-GPU job, each its own) and a quarantiner (quarantine or release --skip-test every 0.5-2 s), "
+                f"{took:.0f} s")  # fmt: skip
+        rep.say("  " + ", ".join(f"{k} {v}" for k, v in counts.items()) + " (host samples)")
+        for v in violations[:20]:
+            rep.say(f"  violation: {v}")
+        rep.verdict("no work placed on a quarantined GPU (sampled on the hosts)", f"{len(violations)} violations "
+                    f"in {counts['samples']} samples", not violations and counts["samples"] > 0)  # fmt: skip
+    finally:
+        stop.set()
+        sandbox.down(sb.name)
+    rep.write()
+    return 0
+
+
+# --------------------------------------------------------------------------- soak
+
+
+def soak(args: argparse.Namespace) -> int:
+    rep = Report(args.name or time.strftime("%Y-%m-%d-health-soak"), "a healthy cluster watched: no false quarantine")
+    sb, tmp, env = setup("hsoak", args.hosts, 2)
+    db = Path(env["PROVISION_SERVICE_DB"])
+    invs = [write_inv(sb, tmp / f"j{i}" / "job.yaml", f"soak{i}") for i in range(args.hosts)]
+    svc = None
+    try:
+        for inv in invs:
+            r = cli("apply", "-y", str(inv), cwd=inv.parent, env=env)
+            assert r.returncode == 0, r.stdout + r.stderr
+        port = free_port()
+        args_ = ["--listen", f"127.0.0.1:{port}"] + [a for inv in invs for a in ("--inventory", str(inv))]
+        svc = Serve(tmp / "serve", env, tuple(args_))
+        svc.wait_for("leading", 60)
+        looker = Looker(port)
+        t0 = time.monotonic()
+        time.sleep(args.seconds)  # the soak itself: the service's rounds run meanwhile
+        looker.stop.set()
+        made = rounds(db)
+        with sqlite3.connect(db, timeout=30) as c:
+            incidents = c.execute("SELECT count(*) FROM provision_service_health").fetchone()[0]
+        marks = {h.name: record(sb, h.name) for h in sb.hosts}
+        quarantined = events(db, "gpu.quarantined") + events(db, "host.drained")
+        rep.say(f"{args.hosts} sandbox hosts x 2 GPUs, a job on each (one GPU held), {time.monotonic() - t0:.0f} s, "
+                f"{len(made)} rounds")  # fmt: skip
+        rep.say(f"  incidents {incidents}, quarantines and drains {len(quarantined)}, "
+                f"hosts with a mark {sum(1 for m in marks.values() if m)}")  # fmt: skip
+        rep.verdict("no false quarantine in a healthy soak", f"{len(quarantined)} quarantines, {incidents} incidents "
+                    f"over {len(made)} rounds", not quarantined and not incidents and len(made) > 0)  # fmt: skip
+    finally:
+        if svc is not None:
+            svc.stop()
+        sandbox.down(sb.name)
+    rep.write()
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("latency")
+    a.add_argument("--trials", type=int, default=6)
+    b = sub.add_parser("race")
+    b.add_argument("--seconds", type=float, default=300.0)
+    b.add_argument("--hosts", type=int, default=4)
+    b.add_argument("--appliers", type=int, default=3)
+    c = sub.add_parser("soak")
+    c.add_argument("--seconds", type=float, default=1800.0)
+    c.add_argument("--hosts", type=int, default=8)
+    for p in (a, b, c):
+        p.add_argument("--name", default="")
+    args = ap.parse_args()
+    return {"latency": latency, "race": race, "soak": soak}[args.what](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
