@@ -210,3 +210,116 @@ def test_spares_wait_while_every_host_is_in_service():
 def test_a_spare_is_used_when_nothing_else_fits():
     inv = _inv(3, ("gpu-3",), replicas=3)
     assert [t.host.name for t in place(inv).tasks] == ["gpu-1", "gpu-2", "gpu-3"]
+
+
+# --------------------------------------------------------------------------- the hosts' health
+
+
+def mark(state, by="provision serve (ctl)", job="j", reason="Xid 79: fallen off the bus"):
+    from provision.rules.health import Mark, State
+
+    return Mark(State(state), reason, "", 9_000.0, by, job)
+
+
+def test_a_fatal_health_mark_names_where_it_broke():
+    from provision.rules.health import HostHealth
+    from provision.rules.recovery import health_notes
+
+    healths = {
+        "gpu-1": HostHealth(gpus={5: mark("quarantined")}),
+        "gpu-2": HostHealth(gpus={0: mark("quarantined", job="other")}),  # another job's GPU
+        "gpu-3": HostHealth(host=mark("quarantined", by="provision recovery of j")),  # this recovery's own
+        "gpu-4": HostHealth(gpus={1: mark("suspect")}),  # a warning is not fatal
+    }
+    notes = health_notes("j", ["gpu-1", "gpu-2", "gpu-3", "gpu-4"], healths)
+    assert list(notes) == ["gpu-1"] and notes["gpu-1"].startswith("GPU 5 of gpu-1 quarantined at ")
+    assert notes["gpu-1"].endswith(": Xid 79: fallen off the bus")
+    # The task that failed on the sick host comes first, though another failed before it.
+    got = broken(dataclasses.replace(FAILED, health={"gpu-1": "GPU 5 of gpu-1 quarantined"}))
+    assert got is not None and got.host == "gpu-1" and got.words.endswith("; GPU 5 of gpu-1 quarantined"), got
+    # A hang on a host with a fatal mark: that host is the culprit.
+    got = broken(dataclasses.replace(HUNG, health={"gpu-2": "gpu-2 draining at 14:01: PCIe gone"}))
+    assert got is not None and got.host == "gpu-2" and "; gpu-2 draining" in got.words, got
+    # A host that stopped answering, with what another host's health says.
+    got = broken(_away(dataclasses.replace(PEER_LOST, health={"gpu-1": "GPU 0 of gpu-1 quarantined"})))
+    assert got is not None and got.host == "gpu-2" and got.words.endswith("; GPU 0 of gpu-1 quarantined"), got
+
+
+def _away(f):
+    from provision.rules.recovery import _with_away_tasks
+
+    return _with_away_tasks(f, TASKS)
+
+
+def test_the_service_looks_every_round_while_a_job_is_watched():
+    from provision.core.recovery import ROUND_S
+    from provision.rules.recovery import Memory
+    from provision.serve.gpusample import SAMPLE_EVERY
+    from provision.serve.recovery import Recoverer
+
+    assert ROUND_S == SAMPLE_EVERY  # the shortest progress bound is one round
+    r = Recoverer(None, print)  # type: ignore[arg-type]
+    assert not r.hurry()
+    r.memory["j"] = Memory()
+    assert r.hurry()
+
+
+# --------------------------------------------------------------------------- goodput
+
+
+def test_goodput_counts_each_incidents_time_and_the_work_redone():
+    from provision.core.recovery import goodput, lost
+
+    # Broke at 1000 (its last checkpoint at 980), seen at 1012, stopped at 1015, running at 1040.
+    done = Incident(1, Broke.HOST, "worker-0", "gpu-2", "w", "host", 1, 1000.0, 1012.0, 1015.0, 1040.0, 980.0,
+                    stage=Stage.DONE, started=0.0)  # fmt: skip
+    got = lost(done, 5000.0)
+    assert (got.detect, got.stop, got.run_again, got.redone, got.total) == (12.0, 3.0, 25.0, 20.0, 60.0)
+    assert got.words() == "seen in 12 s, stopped in 3 s, running again in 25 s, 20 s of work redone"
+    # One under way at 2000 counts until now; one given up costs nothing after it was seen.
+    open_ = Incident(2, Broke.HUNG, "", "", "w", "hung", 2, 2000.0, 2100.0, stage=Stage.STOPPING)
+    gave = Incident(3, Broke.FAILED, "", "", "w", "f", 3, 3000.0, 3010.0, stage=Stage.GAVE_UP)
+    assert lost(open_, 2200.0).total == 200.0 and lost(gave, 9000.0).total == 10.0
+    g = goodput(RecoveryRecord(incidents=(done,)), 500.0, 1000.0 * 10)
+    assert g is not None and g["wall_seconds"] == 10_000.0 and g["lost_seconds"] == 60.0 and g["ratio"] == 0.994
+    assert g["incidents"][0]["run_again_seconds"] == 25.0
+    # Nothing lost: all of it progressed; nothing known of its start: no figure.
+    assert goodput(RecoveryRecord(), 100.0, 200.0)["ratio"] == 1.0  # type: ignore[index]
+    assert goodput(RecoveryRecord(), None, 200.0) is None
+    # The record's survives the state's file.
+    assert Incident.from_json(done.to_json()) == done
+
+
+def test_goodput_is_on_metrics():
+    from provision.web.metrics import exposition
+
+    doc = {"hosts": {}, "jobs": [{"job": "bert", "owner": "ann", "state": "running",
+                                  "goodput": {"ratio": 0.93, "wall_seconds": 600.0, "lost_seconds": 42.0,
+                                              "incidents": [{"n": 1}]}}]}  # fmt: skip
+    text = exposition(doc, {}, 0.0)
+    assert 'provision_job_goodput_ratio{job="bert",owner="ann"} 0.93' in text
+    assert 'provision_job_incidents{job="bert",owner="ann"} 1' in text
+    assert 'provision_job_lost_seconds{job="bert",owner="ann"} 42' in text
+
+
+def test_status_says_where_it_broke_its_goodput_and_its_incidents():
+    import click
+
+    from provision.cli.output import status_lines
+    from provision.core.lifecycle import JobPhase
+    from provision.core.recovery import goodput
+    from provision.rules.status import JobStatus
+
+    done = Incident(1, Broke.HOST, "worker-0", "gpu-2", "worker-0's host gpu-2 stopped answering at 14:02", "host",
+                    1, 1000.0, 1012.0, 1015.0, 1040.0, 980.0, stage=Stage.DONE, started=0.0)  # fmt: skip
+    rec = RecoveryRecord(("gpu-2",), (done,))
+    st = JobStatus("bert", JobPhase.RUNNING, "", (), broke=done.words, recovery=rec, goodput=goodput(rec, None, 6000.0))
+    text = "\n".join(click.unstyle(x) for x in status_lines(st))
+    assert "Broke: worker-0's host gpu-2 stopped answering at 14:02" in text
+    assert "Goodput: 99% of 100m, 1 incident, 60s lost" in text, text
+    assert (
+        "incident 1 (done): worker-0's host gpu-2 stopped answering at 14:02: seen in 12 s, stopped in 3 s, "
+        "running again in 25 s, 20 s of work redone" in text
+    )
+    doc = st.to_json()
+    assert doc["goodput"]["incidents"][0]["detect_seconds"] == 12.0 and doc["recovery"]["aside"] == ["gpu-2"]

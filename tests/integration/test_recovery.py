@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sysconfig
 import time
 from pathlib import Path
 
@@ -187,7 +189,11 @@ def test_the_service_recovers_a_killed_host_onto_the_spare_after_its_own_kill_9(
         ck = [c for c in checkpoint_steps(sb, "host-1", job, "chief-0")]
         wait_until(lambda: resumed_from(sb, "host-1", job, "chief-0"), timeout=120, what="the chief to resume")
         assert resumed_from(sb, "host-1", job, "chief-0")[-1] in ck
-        wait_until(lambda: _events(tmp_path, "job.recovered"), timeout=60, what="job.recovered")
+        ev = wait_until(lambda: _events(tmp_path, "job.recovered"), timeout=60, what="job.recovered")
+        assert len(ev) == 1 and "host-2 stopped answering" in ev[0]["words"], ev
+        assert re.search(r"seen in \d+ s, stopped in \d+ s, running again in \d+ s", ev[0]["words"]), ev
+        st = status(inv)
+        assert 0 < st["goodput"]["ratio"] < 1 and st["goodput"]["incidents"][0]["detect_seconds"] <= 30, st["goodput"]
         assert sampler.stop() <= 2 and sampler.samples > 10, (sampler.most, sampler.samples)
         print(f"running again {took:.0f} s after the host was killed")
     finally:
@@ -200,12 +206,18 @@ def test_the_service_recovers_a_killed_host_onto_the_spare_after_its_own_kill_9(
 
 def test_a_hung_rank_is_found_its_stacks_kept_and_its_host_set_aside(sb, sandbox_inventory, tmp_path, docker_engine):
     job = "rec-hang"
-    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job)
+    # Collectives that wait longer than the progress bound: the hang, not the peer's timeout, is seen.
+    env = {"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "300"}
+    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job, env=env)
     ok(cli("apply", "-y", inv, cwd=tmp_path))
     wait_until(lambda: checkpoint_steps(sb, "host-1", job, "chief-0"), timeout=240, what="a first checkpoint")
     svc = _serve(tmp_path, inv)
     try:
         wait_until(lambda: len(steps(sb, "host-2", job, "worker-0")) > 3, timeout=120, what="steps")
+        # py-spy on the hosts (its static binary, as `pip install py-spy` puts it there).
+        spy = Path(sysconfig.get_path("scripts")) / "py-spy"
+        for host in ("host-1", "host-2"):
+            subprocess.run(["docker", "cp", str(spy), f"{sb.host(host).container}:/usr/local/bin/py-spy"], check=True)
         sh(sb, "host-2", "pkill -STOP -f '^/usr/bin/python3 /opt/rec/train.py'", check=True)
         stopped = time.monotonic()
         wait_until(lambda: svc.lines("hung"), timeout=120, what="the service to find the hang")
@@ -217,14 +229,21 @@ def test_a_hung_rank_is_found_its_stacks_kept_and_its_host_set_aside(sb, sandbox
             what="the job running again without the hung rank's host",
         )
         logs = sh(sb, "host-2", f"journalctl -q -o cat -t provision-{job}-worker-0 --no-pager")
-        assert "the Python stacks of worker-0" in logs, logs[-2000:]
+        assert "the Python stacks of worker-0" in logs and "process state T" in logs, logs[-2000:]
+        assert re.search(r"train\.py:\d+\)", logs), logs[-2000:]  # py-spy's frames of the trainer
         st = status(inv)
         assert st["recovery"]["aside"] == ["host-2"]
         assert "stopped rank on host-2" in st["recovery"]["incidents"][-1]["words"]
+        # Set aside for every job through the hosts' health: quarantined, by the recovery.
+        health = json.loads(ok(cli("health", inv, "--json", "--target", "host-2", cwd=tmp_path)).stdout)
+        mark = health["hosts"][0]
+        assert mark["state"] == "quarantined" and mark["by"] == f"provision recovery of {job}", mark
     finally:
         svc.stop()
         show_logs(tmp_path)
         cli("destroy", "-y", inv, cwd=tmp_path)
+        for host in ("host-1", "host-2"):
+            cli("health", "release", inv, host, "--skip-test", cwd=tmp_path)
 
 
 def test_a_host_that_only_blinks_never_restarts_the_job(sb, sandbox_inventory, tmp_path):

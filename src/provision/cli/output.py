@@ -205,6 +205,14 @@ def recovery_lines(st: JobStatus) -> list[str]:
         out.append(f"Progress: {last}{ck} ({bound})" + ("; hung" if p.stalled else ""))
     if st.broke:
         out.append(click.style(f"Broke: {printable(st.broke)}", fg="yellow"))
+    g = st.goodput
+    if g is not None and g["ratio"] is not None:
+        n = len(g["incidents"])
+        lost = f", {n} incident{'s' if n != 1 else ''}, {duration(int(g['lost_seconds']))} lost" if n else ""
+        out.append(f"Goodput: {g['ratio']:.0%} of {duration(int(g['wall_seconds']))}{lost}")
+    for inc in st.recovery.incidents[-3:] if st.recovery is not None else ():
+        how = f"not recovered: {inc.why}" if inc.why else inc.lost(time.time()).words()
+        out.append(f"  incident {inc.n} ({inc.stage.value}): {printable(inc.words)}: {printable(how)}")
     return out
 
 

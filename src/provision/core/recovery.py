@@ -121,6 +121,7 @@ class IncidentJson(TypedDict):
     stage: str
     why: str
     new_run: int | None
+    started: float | None
 
 
 class RecoveryJson(TypedDict):
@@ -153,6 +154,7 @@ class Incident:
     stage: Stage = Stage.STOPPING
     why: str = ""  # a recovery given up: why
     new_run: int | None = None
+    started: float | None = None  # when the run that broke started (goodput counts from the first)
 
     def to_json(self) -> IncidentJson:
         return {
@@ -172,7 +174,12 @@ class Incident:
             "stage": self.stage.value,
             "why": self.why,
             "new_run": self.new_run,
+            "started": self.started,
         }
+
+    def lost(self, now: float) -> Lost:
+        """What this incident cost (module's goodput)."""
+        return lost(self, now)
 
     @classmethod
     def from_json(cls, d: object) -> Incident | None:
@@ -196,6 +203,7 @@ class Incident:
                 Stage(str(d.get("stage", Stage.STOPPING.value))),
                 str(d.get("why", "")),
                 _int(d.get("new_run")),
+                _num(d.get("started")),
             )
         except ValueError:
             return None
@@ -246,3 +254,94 @@ def _int(v: object) -> int | None:
 
 def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+# --------------------------------------------------------------------------- goodput
+
+
+class LostJson(TypedDict):
+    """An incident's times (seconds; None: that stage not reached)."""
+
+    n: int
+    detect_seconds: float | None  # from when it broke to when it was seen
+    stop_seconds: float | None  # from seen to stopped everywhere
+    run_again_seconds: float | None  # from stopped to running again
+    redone_seconds: float | None  # the work done since its last checkpoint, redone
+    lost_seconds: float  # from when it broke to running again (or now), with the work redone
+
+
+class GoodputJson(TypedDict):
+    """A job's goodput: the share of its wall time (since its first watched run started)
+    spent progressing, and each incident's times."""
+
+    ratio: float | None
+    wall_seconds: float
+    lost_seconds: float
+    incidents: list[LostJson]
+
+
+@dataclass(frozen=True)
+class Lost:
+    n: int
+    detect: float | None
+    stop: float | None
+    run_again: float | None
+    redone: float | None
+    total: float
+
+    def to_json(self) -> LostJson:
+        def r(v: float | None) -> float | None:
+            return round(v, 1) if v is not None else None
+
+        return {
+            "n": self.n,
+            "detect_seconds": r(self.detect),
+            "stop_seconds": r(self.stop),
+            "run_again_seconds": r(self.run_again),
+            "redone_seconds": r(self.redone),
+            "lost_seconds": round(self.total, 1),
+        }
+
+    def words(self) -> str:
+        def s(v: float | None) -> str:
+            return f"{v:.0f} s" if v is not None else "-"
+
+        return (
+            f"seen in {s(self.detect)}, stopped in {s(self.stop)}, running again in {s(self.run_again)}, "
+            f"{s(self.redone)} of work redone"
+        )
+
+
+def _gap(a: float | None, b: float | None) -> float | None:
+    return max(0.0, b - a) if a is not None and b is not None else None
+
+
+def lost(i: Incident, now: float) -> Lost:
+    """An incident's cost: from when it broke to when it was seen, stopped and running
+    again, and the work since its last checkpoint (redone after it); in all, from when it
+    broke to running again (now, while it is not), plus the work redone. A recovery given
+    up loses nothing more here: the job ended."""
+    redone = _gap(i.checkpoint, i.at) if i.checkpoint is not None and i.checkpoint <= (i.at or 0) else None
+    end = i.running if i.running is not None else (i.detected if i.stage is Stage.GAVE_UP else now)
+    total = (_gap(i.at, end) or 0.0) + (redone or 0.0)
+    return Lost(i.n, _gap(i.at, i.detected), _gap(i.detected, i.stopped), _gap(i.stopped, i.running), redone, total)
+
+
+def goodput(record: RecoveryRecord, started: float | None, now: float) -> GoodputJson | None:
+    """The job's goodput since `started` (its first watched run's start: the oldest
+    incident's, else the run now): its wall time less what its incidents lost, as a share.
+    None when nothing says when it started."""
+    first = next((i.started for i in record.incidents if i.started is not None), None)
+    known = [x for x in (first, started) if x is not None]
+    since = min(known) if known else None
+    if since is None or now <= since:
+        return None
+    wall = now - since
+    losses = [lost(i, now) for i in record.incidents]
+    total = min(wall, sum(x.total for x in losses))
+    return {
+        "ratio": round((wall - total) / wall, 4),
+        "wall_seconds": round(wall, 1),
+        "lost_seconds": round(total, 1),
+        "incidents": [x.to_json() for x in losses],
+    }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 
-from . import layout
+from . import layout, logins
 from . import protocol as P
 from .hostlib import run
 
@@ -21,16 +21,9 @@ MAX_PIDS = 64
 DUMP_TIMEOUT = 20
 
 
-def _pids(unit: str) -> list[int]:
-    code, out, _ = run(["systemctl", "show", "-p", "ControlGroup", "--value", "--", unit])
-    cg = out.strip() if code == 0 else ""
-    if not cg.startswith("/") or ".." in cg:
-        return []
-    try:
-        with open("/sys/fs/cgroup" + cg + "/cgroup.procs") as f:
-            return [int(x) for x in f.read().split()[:MAX_PIDS] if x.isdigit()]
-    except OSError:
-        return []
+def _pids(unit: str, bases: list[str]) -> list[int]:
+    """The unit's processes, from its cgroup in each hierarchy mounted (host/logins.py)."""
+    return logins.unit_pids(unit, bases)[:MAX_PIDS]
 
 
 def proc_state(pid: int) -> str:
@@ -54,10 +47,11 @@ def _into_log(ident: str, argv: list[str]) -> bool:
 def op_stacks(req: P.StacksRequest) -> P.StacksReport:
     spy = shutil.which("py-spy")
     tasks: dict[str, dict[str, object]] = {}
+    bases = logins.cgroup_bases()
     for unit in req.units[:MAX_PIDS]:
         task = layout.task_of_unit(req.job, unit)
         ident = layout.log_identifier(req.job, task)
-        pids = _pids(unit)
+        pids = _pids(unit, bases)
         states = {str(p): proc_state(p) for p in pids}
         dumped = False
         head = "provision: %s: the Python stacks of %s" % (req.why or "no progress", task)

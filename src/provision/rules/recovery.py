@@ -21,7 +21,7 @@ The rules, in one place:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -36,8 +36,9 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
-from provision.core.recovery import Broke, Incident, RecoveryRecord, RecoverySpec, Stage
+from provision.core.recovery import Broke, Incident, RecoveryRecord, RecoverySpec, Stage, goodput
 from provision.host import layout
+from provision.rules.health import HostHealth, Mark
 from provision.rules.progress import ProgressView, Stall, bound, learnt, stalled
 from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.rounds import JobWatch, Round
@@ -70,6 +71,9 @@ class Facts:
     succeeded: bool = False  # the job's success policy holds: nothing to recover
     stopped: bool = False  # ended on request (`provision stop`, a preemption): nothing to recover
     checkpoint: float | None = None  # its newest checkpoint (this machine's clock)
+    # host -> a fatal health mark there on the job's GPUs or the host (health_notes)
+    health: Mapping[str, str] = field(default_factory=dict)
+    started: float | None = None  # when its run started (this machine's clock, near enough)
 
 
 class Do(StrEnum):
@@ -96,15 +100,35 @@ def clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "?"
 
 
+def health_notes(job: str, hosts: Iterable[str], healths: Mapping[str, HostHealth]) -> dict[str, str]:
+    """host -> its fatal health mark, in a few words: a GPU quarantined while the job held
+    it, or the host drained or quarantined ("GPU 5 of gpu-3 quarantined at 14:01: Xid 79").
+    A mark this job's own recovery set is not news."""
+    out: dict[str, str] = {}
+    for host in sorted(set(hosts)):
+        h = healths.get(host)
+        if h is None:
+            continue
+        marks: list[tuple[int | None, Mark]] = [(None, h.host)] if h.host is not None and h.host.state.blocks else []
+        marks += [(g, m) for g, m in h.gpus.items() if m.state.blocks and m.job == job]
+        for g, m in marks:
+            if m is not None and not m.by.startswith("provision recovery of "):
+                what = f"GPU {g} of {host}" if g is not None else host
+                out[host] = f"{what} {m.state.value} at {clock(m.since)}: {m.reason}"[:200]
+                break
+    return out
+
+
 def broken(f: Facts) -> Incident | None:
     """How the run broke, from the evidence (module docstring), as an incident not yet
     numbered (n 0); None when nothing says it broke."""
     if f.succeeded or f.stopped:
         return None
     live = [t for t in f.tasks if t.state.live]
+    # A task that ended on a host with a fatal health mark comes first: the likeliest cause.
     failed = sorted(
         (t for t in f.tasks if t.state is TaskState.FAILED or (t.state is TaskState.RESTARTING and t.ended_at)),
-        key=lambda t: (t.ended_at if t.ended_at is not None else float("inf"), t.task),
+        key=lambda t: (t.host not in f.health, t.ended_at if t.ended_at is not None else float("inf"), t.task),
     )
     if not failed and (f.stall is None or not live):
         return None
@@ -115,16 +139,36 @@ def broken(f: Facts) -> Incident | None:
         since = f.away[host]
         when = f" at {clock(since)}" if since is not None else ""
         words = f"{task}'s host {host} stopped answering{when}" if task else f"host {host} stopped answering{when}"
-        return Incident(0, Broke.HOST, task, host, words, "host", f.run, since or at, checkpoint=f.checkpoint)
+        words += _noted(f, host)
+        return Incident(
+            0, Broke.HOST, task, host, words, "host", f.run, since or at, checkpoint=f.checkpoint, started=f.started
+        )
     if failed:
         t = failed[0]
-        words = f"{t.task} on {t.host} failed first ({t.detail or 'failed'}), at {clock(t.ended_at)}"
+        words = f"{t.task} on {t.host} failed first ({t.detail or 'failed'}), at {clock(t.ended_at)}{_noted(f, t.host)}"
         return Incident(
-            0, Broke.FAILED, t.task, t.host, words, f"failed:{t.detail}", f.run, at, checkpoint=f.checkpoint
+            0,
+            Broke.FAILED,
+            t.task,
+            t.host,
+            words,
+            f"failed:{t.detail}",
+            f.run,
+            at,
+            checkpoint=f.checkpoint,
+            started=f.started,
         )
     assert f.stall is not None
-    words = f"hung: {f.stall.words()}"
-    return Incident(0, Broke.HUNG, "", "", words, "hung", f.run, at, checkpoint=f.checkpoint)
+    sick = sorted(h for h in f.health if any(t.host == h for t in f.tasks))
+    host = sick[0] if sick else ""  # a hang on a host with a fatal mark: that host's
+    words = f"hung: {f.stall.words()}{_noted(f, host)}"
+    return Incident(0, Broke.HUNG, "", host, words, "hung", f.run, at, checkpoint=f.checkpoint, started=f.started)
+
+
+def _noted(f: Facts, host: str) -> str:
+    """The health mark of `host`, else of any host of the job, after the words."""
+    note = f.health.get(host) or next(iter(f.health.values()), "")
+    return f"; {note}" if note else ""
 
 
 def _first_task_on(f: Facts, host: str) -> str:
@@ -155,10 +199,7 @@ def decide(
     if last is not None and last.run is not None and inc.run is not None and inc.run <= last.run:
         # The run the last incident ended: it is that one (a look before its stop was seen).
         return Verdict(Do.NONE) if last.stage is not Stage.GAVE_UP else Verdict(Do.NONE, last, last.words)
-    inc = Incident(
-        record.next_number(), inc.broke, inc.task, inc.host, inc.words, inc.signature, inc.run, inc.at,
-        detected=now, checkpoint=inc.checkpoint, aside=(inc.host,) if inc.host else (),
-    )  # fmt: skip
+    inc = replace(inc, n=record.next_number(), detected=now, aside=(inc.host,) if inc.host else ())
     recent = [i for i in record.incidents if i.detected is not None and i.detected >= now - spec.window_s]
     if len([i for i in recent if i.stage is not Stage.GAVE_UP]) >= spec.max:
         why = f"recovered {len(recent)} times within {_span(spec.window_s)} already (recovery.max {spec.max})"
@@ -181,11 +222,7 @@ def _with_away_tasks(f: Facts, tasks_on: Mapping[str, str]) -> Facts:
         for task, host in sorted(tasks_on.items())
         if host in f.away and task not in seen
     )
-    return (
-        Facts(f.job, f.tasks + more, f.away, f.stall, f.run, f.aside_live, f.succeeded, f.stopped, f.checkpoint)
-        if more
-        else f
-    )
+    return replace(f, tasks=f.tasks + more) if more else f
 
 
 def _same_way(a: Incident, b: Incident) -> bool:
@@ -205,10 +242,7 @@ def _how(i: Incident) -> str:
 
 
 def _gave_up(i: Incident, why: str) -> Incident:
-    return Incident(
-        i.n, i.broke, i.task, i.host, i.words, i.signature, i.run, i.at, i.detected, checkpoint=i.checkpoint,
-        stage=Stage.GAVE_UP, why=why,
-    )  # fmt: skip
+    return replace(i, stage=Stage.GAVE_UP, why=why, aside=())
 
 
 def _span(s: int) -> str:
@@ -229,9 +263,12 @@ def stacks_culprits(states: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- a job's status
 
 
-def facts_of_status(st: JobStatus, seen: ProgressSeen | None, stall: Stall | None) -> Facts:
+def facts_of_status(
+    st: JobStatus, seen: ProgressSeen | None, stall: Stall | None, healths: Mapping[str, HostHealth] | None = None
+) -> Facts:
     """The facts of one look at the job (its status): the hosts that did not answer are
-    away (since when is not known from one look)."""
+    away (since when is not known from one look); `healths`: the health records of the
+    hosts that answered."""
     tasks = tuple(
         TaskFact(t.task, t.role, t.host, t.state, t.detail, t.ended_at)
         for t in st.tasks
@@ -247,6 +284,8 @@ def facts_of_status(st: JobStatus, seen: ProgressSeen | None, stall: Stall | Non
         succeeded=st.phase is JobPhase.SUCCEEDED,
         stopped=st.phase in (JobPhase.STOPPED, JobPhase.PREEMPTED),
         checkpoint=seen.checkpoint if seen is not None else None,
+        health=health_notes(st.job, {t.host for t in st.tasks}, healths or {}),
+        started=st.run.started_at if st.run is not None else None,
     )
 
 
@@ -259,7 +298,14 @@ def stall_of(inv: Inventory, st: JobStatus, seen: ProgressSeen | None, now: floa
     return stalled(inv.progress, (), seen.latest if seen is not None else None, started, now)
 
 
-def judged(inv: Inventory, st: JobStatus, seen: ProgressSeen | None, record: RecoveryRecord, now: float) -> JobStatus:
+def judged(
+    inv: Inventory,
+    st: JobStatus,
+    seen: ProgressSeen | None,
+    record: RecoveryRecord,
+    now: float,
+    healths: Mapping[str, HostHealth] | None = None,
+) -> JobStatus:
     """The status with its progress, where it broke (one line) and its recoveries (the
     state's record), for `status`, `--json` and the job's page."""
     view, stall = None, stall_of(inv, st, seen, now)
@@ -267,11 +313,18 @@ def judged(inv: Inventory, st: JobStatus, seen: ProgressSeen | None, record: Rec
         last = seen.latest if seen is not None else None
         ck = seen.checkpoint if seen is not None else None
         view = ProgressView(last, ck, bound(inv.progress, ()), inv.progress.auto, stall is not None)
-    v = decide(inv.recovery, record, facts_of_status(st, seen, stall), now)
+    v = decide(inv.recovery, record, facts_of_status(st, seen, stall, healths), now)
     broke = v.words if v.do is not Do.NONE or v.incident is not None else ""
     if st.phase is JobPhase.RECOVERING and record.open is not None:
         broke = record.open.words
-    return replace(st, progress=view, broke=broke, recovery=record if record.incidents or record.aside else None)
+    started = st.run.started_at if st.run is not None else None
+    return replace(
+        st,
+        progress=view,
+        broke=broke,
+        recovery=record if record.incidents or record.aside else None,
+        goodput=goodput(record, started, now),
+    )
 
 
 # --------------------------------------------------------------------------- the service's rounds
@@ -330,9 +383,11 @@ def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
             and any(x.job == job and x.hold is Hold.RUNNING for x in r.hosts[h].view.holders)
         )
     )
+    healths = {h: hs.health for h, hs in r.hosts.items() if hs.answered}
     return Facts(
         job, tuple(tasks), dict(m.away), stall, max(runs) if runs else None, aside_live,
         succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=w.seen.checkpoint,
+        health=health_notes(job, set(w.tasks.values()), healths), started=max(starts) if starts else None,
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from provision.core import runs
 from provision.core.devsession import logins_of
-from provision.core.recovery import ProgressSpec, RecoverySpec
+from provision.core.recovery import ProgressSpec, RecoveryRecord, RecoverySpec
 from provision.host.protocol import ProbeReport
 from provision.rules import health as hl
 from provision.rules.jobsdoc import JobsDoc
@@ -111,6 +111,7 @@ class JobWatch:
     tasks: Mapping[str, str]
     seen: ProgressSeen
     aside: tuple[str, ...] = ()
+    record: RecoveryRecord = RecoveryRecord()  # its recoveries, as its state had them
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:

@@ -25,7 +25,7 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
-from provision.core.recovery import RecoveryJson, RecoveryRecord
+from provision.core.recovery import GoodputJson, RecoveryJson, RecoveryRecord
 from provision.core.runs import Run, RunJson, merged
 from provision.core.tuning import TrialJson
 from provision.host import layout
@@ -75,6 +75,7 @@ class StatusJson(TypedDict):
     progress: NotRequired[ProgressJson]
     broke: NotRequired[str]
     recovery: NotRequired[RecoveryJson]
+    goodput: NotRequired[GoodputJson]
 
 
 class JobDoc(StatusJson):
@@ -152,6 +153,7 @@ class JobStatus:
     progress: ProgressView | None = None
     broke: str = ""
     recovery: RecoveryRecord | None = None
+    goodput: GoodputJson | None = None  # core/recovery.goodput
     # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
     health: tuple[str, ...] = ()
 
@@ -163,6 +165,8 @@ class JobStatus:
             out["broke"] = self.broke
         if self.recovery is not None:
             out["recovery"] = self.recovery.to_json()
+        if self.goodput is not None:
+            out["goodput"] = self.goodput
         return out
 
     def _json(self) -> StatusJson:

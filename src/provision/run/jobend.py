@@ -31,6 +31,7 @@ from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
 from provision.rules.gpuuse import with_task_util
+from provision.rules.health import of_report
 from provision.rules.progress import seen as progress_seen
 from provision.rules.progress import watched
 from provision.rules.recovery import awaits, judged
@@ -62,7 +63,8 @@ def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], s
     if inv.progress is not None or inv.recovery is not None:  # its progress, where it broke, its recoveries
         paths = {h: watched(inv, [t.name for t in ctx.rendered.placement.on_host(h)]) for h in hosts}
         now = time.time()
-        st = judged(inv, st, progress_seen(paths, answered, now), ctx.state.recovery, now)
+        healths = {h: of_report(r) for h, r in answered.items()}
+        st = judged(inv, st, progress_seen(paths, answered, now), ctx.state.recovery, now, healths)
     st = with_task_util(st, answered) if util else st
     behind, running = [], set()
     for n in sorted(left):

@@ -29,30 +29,86 @@ from provision.core.errors import ProvisionError
 from provision.core.recovery import Broke, Incident, Stage
 from provision.core.target import HostError
 from provision.host import layout
-from provision.host.protocol import PreemptReport, PreemptRequest, StacksReport, StacksRequest
+from provision.host.protocol import HealthRequest, PreemptReport, PreemptRequest, StacksReport, StacksRequest
 from provision.io.ssh import call_agent
 from provision.placement.tasks import set_aside
 from provision.render.files import render
+from provision.rules import health as hl
+from provision.rules.health import Change, State, of_report
 from provision.rules.progress import seen as progress_seen
 from provision.rules.progress import watched
 from provision.rules.recovery import Do, Verdict, decide, facts_of_status, stacks_culprits, stall_of
 from provision.rules.status import job_status
 from provision.run.apply import apply_plan
 from provision.run.context import Ask, Context, probe
+from provision.run.health import look as health_look
+from provision.run.health import send as send_health
 from provision.run.planning import build_plan
 from provision.run.victim import wait_stopped
 
 Say = Callable[[str], None]
 
 
-def set_aside_quarantine(ctx: Context, inc: Incident) -> None:
-    """Where a recovery sets a failed host (or GPU) aside beyond this job: once the hosts
-    keep a health record of their own (a quarantine on the host's ledger, `provision
-    health`, gpu.quarantined events), this asks for the quarantine of `inc.aside` with the
-    incident's words. Until then the job's own state is the only record: the host is set
-    aside for this job alone (placement treats it as drained for it), and other jobs may
-    still be placed there."""
-    return None
+def recovery_by(job: str) -> str:
+    """Who the health marks a recovery sets say set them."""
+    return f"provision recovery of {job}"
+
+
+def _marks(ctx: Context, inc: Incident, host: str) -> list[int | None]:
+    """What of `host` the incident quarantines: the GPUs of the job's tasks there that
+    broke (the failed task's, else every task's there), or the host itself when they hold
+    none (a CPU host)."""
+    tasks = [t for t in ctx.rendered.placement.on_host(host) if not inc.task or t.name == inc.task or inc.host != host]
+    gpus = sorted({g for t in tasks for g in t.accelerators})
+    return list(gpus) if gpus else [None]
+
+
+def set_aside_quarantine(ctx: Context, inc: Incident, say: Say) -> None:
+    """The failed host or GPU set aside for every job, through the hosts' health (host/
+    health.py: a quarantine on the host's ledger, which placement keeps new work off and
+    the service's health keeper tells as gpu.quarantined or host.drained): on each host of
+    `inc.aside` that answers. A host that does not answer cannot take the mark: it is set
+    aside for this job alone (its state's record), which placement honours as well."""
+    job = ctx.inventory.job
+    words = f"recovery of job {job}: {inc.words}"[: hl.TEXT]
+    expect = (State.HEALTHY, State.SUSPECT)
+    requests = {
+        host: HealthRequest(job, [Change(g, State.QUARANTINED, expect, words, "", recovery_by(job), job).to_wire()
+                                  for g in _marks(ctx, inc, host)])
+        for host in inc.aside
+        if host in ctx.targets and not (inc.broke is Broke.HOST and host == inc.host)
+    }  # fmt: skip
+    _send_health(ctx, requests, "quarantined", say)
+
+
+def give_back_quarantine(ctx: Context, hosts: tuple[str, ...], say: Say) -> None:
+    """The quarantines a recovery set on `hosts` taken away (the failure was the job's own):
+    only the marks it set itself (the host refuses a mark that is otherwise now)."""
+    job = ctx.inventory.job
+    requests = {}
+    for look in health_look(ctx, set(hosts) & set(ctx.targets)):
+        marks = ([(None, look.health.host)] if look.health.host else []) + list(look.health.gpus.items())
+        changes = [
+            Change(g, State.HEALTHY, (State.QUARANTINED,), f"given back: job {job}'s own failure", "", recovery_by(job))
+            for g, m in marks
+            if m is not None and m.by == recovery_by(job) and m.state is State.QUARANTINED
+        ]
+        if changes:
+            requests[look.name] = HealthRequest(job, [c.to_wire() for c in changes])
+    _send_health(ctx, requests, "released", say)
+
+
+def _send_health(ctx: Context, requests: dict[str, HealthRequest], did: str, say: Say) -> None:
+    if not requests:
+        return
+    res = send_health(ctx, requests)
+    for host, err in sorted(res.errors.items()):
+        say(f"{host}: health not changed ({err.message}); the job keeps it aside itself")
+    for host, rep in sorted(res.ok.items()):
+        for why in rep.refused + rep.errors:
+            say(f"{host}: {why}")
+        if not rep.refused and not rep.errors:
+            say(f"{host}: {did} for every job (provision health {host})")
 
 
 def record(ctx: Context, inc: Incident, aside: tuple[str, ...] = ()) -> Incident:
@@ -117,16 +173,18 @@ def recover(ctx: Context, v: Verdict, say: Say, away: set[str] | None = None, *,
     if inc.stage is Stage.STOPPING:
         inc = _stop(ctx, inc, away, say)
     if inc.stage is Stage.PLACING:
-        _set_aside(ctx, inc)
+        _set_aside(ctx, inc, say)
         if start:
             inc = _start(ctx, inc, say)
     return inc
 
 
 def _stop(ctx: Context, inc: Incident, away: set[str], say: Say) -> Incident:
-    if inc.broke is Broke.HUNG and not inc.aside:
-        culprits = stacks_culprits(stacks(ctx, inc, say))
-        if culprits:
+    if inc.broke in (Broke.HUNG, Broke.FAILED):
+        # Its stacks into its logs. A rank stopped or stuck on a device is the culprit: of a
+        # hang, and of a failure too (its peers fail when their collective times out).
+        culprits = tuple(h for h in stacks_culprits(stacks(ctx, inc, say)) if h != inc.host)
+        if culprits and (inc.broke is Broke.FAILED or not inc.aside):
             inc = dataclasses.replace(
                 inc, aside=culprits, host=culprits[0], words=f"{inc.words}; stopped rank on {culprits[0]}"
             )
@@ -140,10 +198,11 @@ def _stop(ctx: Context, inc: Incident, away: set[str], say: Say) -> Incident:
     return record(ctx, inc, inc.aside)
 
 
-def _set_aside(ctx: Context, inc: Incident) -> None:
-    """The job placed again without the hosts set aside for it (its state's), rendered."""
+def _set_aside(ctx: Context, inc: Incident, say: Say) -> None:
+    """The failed host or GPU quarantined (where it answers), and the job placed again
+    without the hosts set aside for it (its state's), rendered."""
     if inc.aside:
-        set_aside_quarantine(ctx, inc)
+        set_aside_quarantine(ctx, inc, say)
     aside = ctx.state.recovery.aside
     ctx.inventory = set_aside(ctx.inventory, aside)
     ctx.rendered = render(
@@ -172,6 +231,8 @@ def give_up(ctx: Context, v: Verdict, say: Say) -> Incident:
     assert v.incident is not None
     rec = ctx.state.recovery.with_incident(v.incident)
     ctx.state.set_recovery(rec.without_aside(v.give_back) if v.give_back else rec)
+    if v.give_back:
+        give_back_quarantine(ctx, v.give_back, say)
     say(f"job {ctx.inventory.job}: {v.words}")
     return v.incident
 
@@ -198,7 +259,7 @@ def recover_first(ctx: Context, say: Say) -> bool:
     st = job_status(inv, tasks, res.ok, {n: e.message for n, e in res.errors.items() if n in hosts})
     now = time.time()
     seen = progress_seen({h: watched(inv, [t.name for t in tasks if t.host.name == h]) for h in hosts}, res.ok, now)
-    f = facts_of_status(st, seen, stall_of(inv, st, seen, now))
+    f = facts_of_status(st, seen, stall_of(inv, st, seen, now), {h: of_report(r) for h, r in res.ok.items()})
     v = decide(inv.recovery, ctx.state.recovery, f, now, {t.name: t.host.name for t in tasks})
     if v.do is Do.GIVE_UP:
         give_up(ctx, v, say)

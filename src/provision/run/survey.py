@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 
 from provision.core.model import Inventory
+from provision.core.recovery import goodput
 from provision.core.target import HostError
 from provision.host.protocol import ProbeReport
 from provision.inventory.inventory import load
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
-from provision.rules.jobsdoc import GpuUseJson
+from provision.rules.jobsdoc import GpuUseJson, JobsDoc
 from provision.rules.priority import Policy
 from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.progress import Watched, watched
@@ -156,6 +157,7 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         host["labels"], host["drain"] = labels, drain
         if use is not None:
             host["gpu_use"] = use
+    _with_goodput(doc, {j: w for j, (_, w) in watch.items()}, hosts, began)
     return Round(
         number,
         began,
@@ -173,6 +175,16 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
 Paths = dict[str, list[Watched]]  # host -> what shows a job's progress there
 
 
+def _with_goodput(doc: JobsDoc, watch: Mapping[str, JobWatch], hosts: Mapping[str, HostSeen], now: float) -> None:
+    """A watched job's goodput (core/recovery.goodput) in its row: the pages, /metrics."""
+    for j in doc["jobs"]:
+        w = watch.get(j["job"])
+        if w is not None:
+            starts = [t for h in set(w.tasks.values()) if h in hosts and (t := hosts[h].run_started(j["job"]))]
+            if (g := goodput(w.record, max(starts) if starts else None, now)) is not None:
+                j["goodput"] = g
+
+
 def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatch]]:
     """The jobs watched for progress or recovered: what the probe stats for each on its
     hosts, and the job as the round carries it (its placement as its state has it now)."""
@@ -184,10 +196,10 @@ def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatc
             placement = ctx.rendered.placement
             paths = {h: watched(ctx.inventory, [t.name for t in placement.on_host(h)]) for h in placement_hosts(ctx)}
             tasks = {t.name: t.host.name for t in placement.tasks}
-            aside = ctx.state.recovery.aside
+            record = ctx.state.recovery
         out[job] = (
             {h: ws for h, ws in paths.items() if ws},
-            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), aside),
+            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record),
         )
     return out
 

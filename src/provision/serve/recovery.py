@@ -73,6 +73,11 @@ class Recoverer:
         for gone in set(self.memory) - set(r.watch):
             del self.memory[gone]
 
+    def hurry(self) -> bool:
+        """Rounds every SAMPLE_EVERY (10 s: core/recovery.ROUND_S) while a job is watched,
+        not QUIET_EVERY: a host lost or a hang is seen within a round."""
+        return bool(self.memory)
+
     def wait(self, timeout: float = 600.0) -> None:
         """Until the recoveries under way have ended (tests)."""
         until = time.monotonic() + timeout
@@ -118,8 +123,7 @@ class Recoverer:
     def _told(self, job: str, inc: Incident) -> None:
         """job.recovered, once per incident (its key), and kept for whoever asks."""
         self.done.append(inc)
-        took = f", {int(inc.running - inc.detected)} s after it was seen" if inc.running and inc.detected else ""
-        words = f"job {job} recovered: {inc.words}; running again{took}"
+        words = f"job {job} recovered: {inc.words}; {inc.lost(time.time()).words()}"
         event = Event(Kind.JOB_RECOVERED, recovered_key(job, inc.n), job, host=inc.host, words=words, run=inc.new_run)
         self.store.emit([event])
         self.wake()
