@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares, checkpoints)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -1137,13 +1137,6 @@ CASES: list[Case] = [
             ),
         ),
         fix="`min` is the fewest nodes the job trains on, `max` the most; min <= replicas <= max.",
-    ),
-    Case(
-        "checkpoints-without-outputs",
-        "Checkpoint copies without outputs:",
-        E("34: checkpoints: needs outputs: (AIP_CHECKPOINT_DIR is OUTPUTS/checkpoints/ on every host)"),
-        edits=(("success: {policy: chief}\n", "success: {policy: chief}\ncheckpoints: {copy_to: peer}\n"),),
-        fix="Add `outputs: /data/runs` (the base of AIP_CHECKPOINT_DIR), or leave `checkpoints` out.",
     ),
     Case(
         "tf-config-chief-name",

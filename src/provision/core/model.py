@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision.core.recovery import CheckpointSpec, Elastic, ProgressSpec, RecoverySpec
+from provision.core.recovery import Elastic, ProgressSpec, RecoverySpec
 from provision.core.scheduling import Scheduling
 from provision.core.tuning import Tune
 
@@ -173,11 +173,10 @@ class Inventory:
     # `priority:`, `preemptible:`, `preemption:` (core/scheduling.py).
     scheduling: Scheduling = field(default_factory=Scheduling)
     # When its hardware fails (core/recovery.py, docs/recovery.md): how its progress is
-    # watched, how often it is recovered, the hosts kept as spares, its checkpoints' copy.
+    # watched, how often it is recovered, the hosts kept as spares.
     progress: ProgressSpec | None = None
     recovery: RecoverySpec | None = None
     spares: tuple[str, ...] = ()
-    checkpoints: CheckpointSpec | None = None
     # `placement:` what placement prefers (placement/tasks.py).
     placement: Preference = field(default_factory=Preference)
 

@@ -1,6 +1,6 @@
 """What a job asks of provision when its hardware fails: how its progress is watched
 (`progress:`), how often it is recovered (`recovery:`), which hosts wait as spares
-(`spares:`), where its checkpoints are kept off their host (`checkpoints:`), and a pool's
+(`spares:`), and a pool's
 elastic size (`pools.ROLE.elastic`). The values as the inventory gives them; rules/progress.py
 and rules/recovery.py judge with them. Pure."""
 
@@ -42,32 +42,6 @@ class RecoverySpec:
 
     max: int = DEFAULT_MAX
     window_s: int = DEFAULT_WINDOW_S
-
-
-class CopyTo(StrEnum):
-    """Where the latest complete checkpoint is kept off its host."""
-
-    CONTROLLER = "controller"  # the machine that recovers the job (the service's, or the owner's)
-    PEER = "peer"  # another host of the job (the next one in name order)
-    NONE = "none"  # the inventory declares it shared storage: nothing is copied
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """`checkpoints: {shared: false, copy_to: controller, max_size: 2G, bandwidth: 50M}`.
-
-    `shared`: AIP_CHECKPOINT_DIR is storage every host sees (NFS, a parallel file system):
-    nothing is copied. Else the newest complete checkpoint is copied to `copy_to`, at most
-    `max_size` bytes, at most `bandwidth_bps` bytes a second, at low I/O priority."""
-
-    shared: bool = False
-    copy_to: CopyTo = CopyTo.CONTROLLER
-    max_bytes: int = 2 * 1024**3
-    bandwidth_bps: int = 50 * 1024**2
-
-    @property
-    def copies(self) -> bool:
-        return not self.shared and self.copy_to is not CopyTo.NONE
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The inventory's keys for a run that survives its hardware: `progress:`, `recovery:`,
-`spares:`, `checkpoints:` and a pool's `elastic:` (core/recovery.py), checked as the rest
+`spares:` and a pool's `elastic:` (core/recovery.py), checked as the rest
 of the inventory is: every problem one line naming its place (docs/recovery.md)."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from provision.core.recovery import (
     DEFAULT_MAX,
     DEFAULT_WINDOW_S,
     ROUND_S,
-    CheckpointSpec,
-    CopyTo,
     Elastic,
     ProgressSpec,
     RecoverySpec,
@@ -22,29 +20,11 @@ from provision.core.recovery import (
 from provision.inventory.scheduling import duration_s
 from provision.inventory.yamldoc import Checker, KeyPath, show_value
 
-KEYS = ("progress", "recovery", "spares", "checkpoints")
+KEYS = ("progress", "recovery", "spares")
 MAX_RECOVERIES = 1000
 MAX_TIMEOUT_S = 7 * 24 * 3600
-_SIZE = re.compile(r"(\d{1,12})([KMGT]i?B?|B)?", re.IGNORECASE)
-_SIZE_UNIT = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 # The programs that are torchrun: its own name, or Python running its module.
 TORCHRUN = re.compile(r"(^|/)torchrun$")
-
-
-def size_bytes(value: Any) -> int | None:
-    """`2G`, `500M`, `64Ki`, `1048576` -> bytes; None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value > 0 else None
-    if not isinstance(value, str):
-        return None
-    m = _SIZE.fullmatch(value.strip())
-    if not m:
-        return None
-    unit = (m.group(2) or "").lower()[:1]
-    n = int(m.group(1)) * _SIZE_UNIT[unit]
-    return n if n > 0 else None
 
 
 def progress(c: Checker, value: Any) -> ProgressSpec | None:
@@ -117,31 +97,6 @@ def spares(c: Checker, value: Any, hosts: Sequence[Host], pools: Sequence[Pool])
         else:
             out.append(n)
     return tuple(out)
-
-
-def checkpoints(c: Checker, value: Any, outputs: str | None) -> CheckpointSpec | None:
-    path = ("checkpoints",)
-    if value is None:
-        return None
-    m = c.mapping(value, path)
-    if m is None:
-        return None
-    c.keys(m, path, ("shared", "copy_to", "max_size", "bandwidth"))
-    if outputs is None:
-        c.add(path, "needs outputs: (AIP_CHECKPOINT_DIR is OUTPUTS/checkpoints/ on every host)")
-    shared = m.get("shared", False)
-    if not isinstance(shared, bool):
-        c.add(path + ("shared",), f"expected true or false, got {show_value(shared)}")
-        shared = False
-    copy_to = c.choice(m.get("copy_to", CopyTo.CONTROLLER.value), path + ("copy_to",), tuple(x.value for x in CopyTo))
-    spec = CheckpointSpec(shared, CopyTo(copy_to or CopyTo.CONTROLLER.value))
-    sizes: dict[str, int] = {}
-    for key, default in (("max_size", spec.max_bytes), ("bandwidth", spec.bandwidth_bps)):
-        got = size_bytes(m.get(key, default))
-        if got is None:
-            c.add(path + (key,), f"expected a size such as 2G, 500M or 1048576, got {show_value(m.get(key))}")
-        sizes[key] = got or default
-    return CheckpointSpec(spec.shared, spec.copy_to, sizes["max_size"], sizes["bandwidth"])
 
 
 def elastic(

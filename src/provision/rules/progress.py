@@ -58,9 +58,9 @@ def checkpoint_dir(inv: Inventory) -> str | None:
     return f"{inv.outputs}/{sub}"
 
 
-def watched(inv: Inventory, tasks: Iterable[str], *, checkpoints: bool = False) -> list[Watched]:
+def watched(inv: Inventory, tasks: Iterable[str]) -> list[Watched]:
     """What the probe stats on a host for the job's `tasks` there: nothing for a job
-    without `progress:` (unless `checkpoints`: the copy's look at its newest checkpoint)."""
+    without `progress:`."""
     out: list[Watched] = []
     if inv.progress is not None:
         for t in sorted(tasks):
@@ -68,7 +68,7 @@ def watched(inv: Inventory, tasks: Iterable[str], *, checkpoints: bool = False) 
             if inv.tune is not None and inv.tf_config.trial is not None:
                 out.append(Watched(layout.metric_file(inv.job, t), Sign.METRICS, t))
     ck = checkpoint_dir(inv)
-    if ck is not None and (inv.progress is not None or checkpoints) and list(tasks):
+    if ck is not None and inv.progress is not None and list(tasks):
         out.append(Watched(ck, Sign.CHECKPOINT))
     return out[:MAX_PROGRESS_PATHS]
 
