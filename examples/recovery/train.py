@@ -8,8 +8,10 @@ CPU that does what provision asks of a job it recovers.
   at all (written to a temporary name, then renamed: `ckpt-STEP.pt`, the newest kept);
 - on SIGTERM (provision's stop, a preemption's or a recovery's) rank 0 saves one more and
   every rank exits 0;
-- with PROVISION_RESUME=1 rank 0 loads the newest checkpoint and every rank goes on from
-  its step (DDP gives every rank rank 0's weights; the step is broadcast).
+- with PROVISION_RESUME=1 (provision ran it again) or TORCHELASTIC_RESTART_COUNT above 0
+  (torchrun restarted it at a new size: `elastic:`) each rank loads the newest checkpoint
+  it has, and every rank goes on from the newest of them (its weights broadcast from the
+  rank that has it: after torchrun's rendezvous rank 0 may be on another host).
 
 Env: STEPS (default 1000000), STEP_S (seconds a step takes, default 1), CKPT_EVERY
 (default 20), GLOO_TIMEOUT (seconds a collective may wait for a peer, default 30).
@@ -72,18 +74,24 @@ def main() -> int:
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = torch.zeros(1, dtype=torch.long)
-    if rank == 0 and os.environ.get("PROVISION_RESUME") == "1":
-        found = newest(ckdir)
-        if found:
-            state = torch.load(found)
-            model.module.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            start[0] = state["step"]
-        log(f"resumed from step {int(start[0])} ({found or 'no checkpoint'})")
-    dist.broadcast(start, 0)
-    for p in model.parameters():  # rank 0's weights (the checkpoint's) on every rank
-        dist.broadcast(p.data, 0)
+    world = dist.get_world_size()
+    mine = torch.zeros(1, dtype=torch.long)
+    resume = os.environ.get("PROVISION_RESUME") == "1" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+    found = newest(ckdir) if resume else None
+    if found:
+        state = torch.load(found)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        mine[0] = state["step"]
+    start = mine.clone()
+    dist.all_reduce(start, op=dist.ReduceOp.MAX)  # the newest checkpoint any rank has ...
+    src = torch.tensor([rank if found and int(mine[0]) == int(start[0]) else world])
+    dist.all_reduce(src, op=dist.ReduceOp.MIN)  # ... and the first rank that has it
+    source = int(src[0]) if int(src[0]) < world else 0
+    if resume:
+        log(f"resumed from step {int(start[0])} ({found or 'no checkpoint here'}; world {world})")
+    for p in model.parameters():  # its weights on every rank
+        dist.broadcast(p.data, source)
     step, last = int(start[0]), time.monotonic()
     x, y = torch.randn(16, 8), torch.randn(16, 1)
     while step < steps:
@@ -95,7 +103,7 @@ def main() -> int:
         step += 1
         flag = torch.tensor([1 if STOP else 0])
         dist.all_reduce(flag)  # one rank stopped: every rank stops at this step
-        log(f"step {step} loss {loss.item():.4f}")
+        log(f"step {step} loss {loss.item():.4f} world {world}")
         touch(beat)
         if rank == 0 and (flag.item() or time.monotonic() - last >= every):
             save(torch, model.module, opt, step, ckdir)

@@ -235,8 +235,8 @@ def test_a_hung_rank_is_found_its_stacks_kept_and_its_host_set_aside(sb, sandbox
         assert st["recovery"]["aside"] == ["host-2"]
         assert "stopped rank on host-2" in st["recovery"]["incidents"][-1]["words"]
         # Set aside for every job through the hosts' health: quarantined, by the recovery.
-        health = json.loads(ok(cli("health", inv, "--json", "--target", "host-2", cwd=tmp_path)).stdout)
-        mark = health["hosts"][0]
+        health = json.loads(cli("health", inv, "--json", cwd=tmp_path).stdout)
+        mark = next(h for h in health["hosts"] if h["host"] == "host-2")
         assert mark["state"] == "quarantined" and mark["by"] == f"provision recovery of {job}", mark
     finally:
         svc.stop()
@@ -264,4 +264,53 @@ def test_a_host_that_only_blinks_never_restarts_the_job(sb, sandbox_inventory, t
     finally:
         svc.stop()
         show_logs(tmp_path)
+        cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
+    sb, sandbox_inventory, tmp_path, docker_engine
+):
+    """torchrun's c10d rendezvous (`elastic: {min: 1, max: 2}` on the workers): a worker's
+    host killed, the chief and the other worker go on at world size 2 from the newest
+    checkpoint, in the same run of the job (no restart of it)."""
+    job = "rec-elastic"
+    torchrun = [PY, "-m", "torch.distributed.run", "/opt/rec/train.py"]
+    pools = {
+        "chief": {"replicas": 1, "command": torchrun},
+        "worker": {"replicas": 2, "command": torchrun, "elastic": {"min": 1, "max": 2}},
+    }
+    sandbox_inventory(
+        sb, job=job, pools=pools, path=tmp_path / "inv.yaml", ssh={"connect_timeout": 3},
+        files=[{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
+        env={"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15"}, outputs=f"/var/tmp/{job}",
+        recovery={"max": 5, "window": "1h"}, preemption={"grace": "20s"},
+    )  # fmt: skip
+    inv = tmp_path / "inv.yaml"
+    ok(cli("apply", "-y", inv, cwd=tmp_path))
+    container = sb.host("host-3").container
+    try:
+        assert where(status(inv)) == {"chief-0": "host-1", "worker-0": "host-2", "worker-1": "host-3"}
+        env = sh(sb, "host-1", f"cat /etc/provision/{job}/chief-0.env")
+        assert re.search(r'^PET_NNODES="?2:3"?$', env, re.M) and re.search(r'^PET_RDZV_BACKEND="?c10d', env, re.M), env
+        assert re.search(rf'^PET_RDZV_ID="?{job}"?$', env, re.M) and "PET_NODE_RANK" not in env, env
+
+        def world(n: int) -> list[int]:
+            text = sh(sb, "host-1", f"journalctl -q -o cat -t provision-{job}-chief-0 --no-pager")
+            return [int(s) for s in re.findall(rf"\] step (\d+) loss \S+ world {n}\b", text)]
+
+        wait_until(lambda: world(3) and checkpoint_steps(sb, "host-1", job, "chief-0"), timeout=240, what="steps at 3")
+        run = status(inv)["run"]["number"]
+        docker_engine.containers.get(container).kill()
+        killed = time.monotonic()
+        wait_until(lambda: world(2), timeout=240, what="training at world size 2")
+        took = time.monotonic() - killed
+        resumed = resumed_from(sb, "host-1", job, "chief-0")
+        assert resumed and resumed[-1] in checkpoint_steps(sb, "host-1", job, "chief-0"), resumed
+        assert min(world(2)) == resumed[-1] + 1  # it went on from its newest checkpoint
+        st = status(inv)
+        assert st["run"]["number"] == run, st  # torchrun's restart, not the job's
+        assert {t["task"]: t["state"] for t in st["tasks"]}["chief-0"] == "Running", st
+        print(f"training at world size 2 {took:.0f} s after a node was killed")
+    finally:
+        docker_engine.containers.get(container).start()
         cli("destroy", "-y", inv, cwd=tmp_path)

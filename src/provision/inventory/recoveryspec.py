@@ -123,6 +123,9 @@ def elastic(
         return None
     if lo is None or hi is None:
         return None
+    if path[-1] != "worker":
+        c.add(p, "only the worker pool can be elastic: the chief hosts the rendezvous, and its size is fixed")
+        return None
     if lo > hi:
         c.add(p, f"min {lo} is more than max {hi}")
         return None
