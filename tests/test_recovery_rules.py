@@ -323,3 +323,14 @@ def test_status_says_where_it_broke_its_goodput_and_its_incidents():
     )
     doc = st.to_json()
     assert doc["goodput"]["incidents"][0]["detect_seconds"] == 12.0 and doc["recovery"]["aside"] == ["gpu-2"]
+
+
+def test_an_incident_row_of_the_history_is_recovered():
+    from provision.rules.historyview import KINDS, row_json
+
+    assert "incident" in KINDS
+    how = "recovered: worker-0's host gpu-2 stopped answering at 14:02; seen in 9 s, stopped in 2 s, ..."
+    row = {"kind": "incident", "job": "bert", "owner": "ann", "started": 100.0, "ended": 125.0, "how": how,
+           "hosts": ("gpu-2",), "gpus": 0, "submission": "recovered:bert:1"}  # fmt: skip
+    got = row_json(row, 200.0)  # type: ignore[arg-type]
+    assert got["state"] == "recovered" and got["seconds"] == 25.0 and got["gpu_hours"] == 0.0

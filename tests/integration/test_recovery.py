@@ -194,6 +194,10 @@ def test_the_service_recovers_a_killed_host_onto_the_spare_after_its_own_kill_9(
         assert re.search(r"seen in \d+ s, stopped in \d+ s, running again in \d+ s", ev[0]["words"]), ev
         st = status(inv)
         assert 0 < st["goodput"]["ratio"] < 1 and st["goodput"]["incidents"][0]["detect_seconds"] <= 30, st["goodput"]
+        # The incident a row of the history: from when it broke to running again.
+        hist = json.loads(ok(cli("history", "--json", cwd=tmp_path, env=service_env(tmp_path))).stdout)
+        rows = [e for e in hist["events"] if e["kind"] == "incident" and e["job"] == job]
+        assert len(rows) == 1 and rows[0]["how"].startswith("recovered: worker-0's host host-2"), hist
         assert sampler.stop() <= 2 and sampler.samples > 10, (sampler.most, sampler.samples)
         print(f"running again {took:.0f} s after the host was killed")
     finally:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from provision.core.errors import ProvisionError
 from provision.core.events import Event, Kind
 from provision.core.recovery import Incident, Stage
+from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceStore
 from provision.rules.recovery import Do, Facts, Memory, decide, facts_of_round, remember, troubled
 from provision.rules.rounds import JobWatch, Round
@@ -110,21 +111,30 @@ class Recoverer:
             elif v.do is Do.GIVE_UP:
                 give_up(ctx, v, self.say)
             elif v.do is Do.CLOSE:
-                self._told(job, close(ctx, v, None, f.run))
+                self._told(job, close(ctx, v, None, f.run), ctx.owner.who)
             elif v.do in (Do.RECOVER, Do.FINISH):
                 inc = recover(ctx, v, self.say, set(f.away))
                 if inc.stage is Stage.DONE:
-                    self._told(job, inc)
+                    self._told(job, inc, ctx.owner.who)
         finally:
             ctx.close()
             if self.contexts is not None:
                 self.contexts.forget(w.file)  # its placement and the hosts set aside changed
 
-    def _told(self, job: str, inc: Incident) -> None:
-        """job.recovered, once per incident (its key), and kept for whoever asks."""
+    def _told(self, job: str, inc: Incident, owner: str) -> None:
+        """job.recovered, once per incident (its key); the incident a row of the history
+        (from when it broke to running again, how long each stage took); and kept for
+        whoever asks."""
         self.done.append(inc)
-        words = f"job {job} recovered: {inc.words}; {inc.lost(time.time()).words()}"
-        event = Event(Kind.JOB_RECOVERED, recovered_key(job, inc.n), job, host=inc.host, words=words, run=inc.new_run)
+        lost = inc.lost(time.time()).words()
+        words = f"job {job} recovered: {inc.words}; {lost}"
+        event = Event(Kind.JOB_RECOVERED, recovered_key(job, inc.n), job, owner, inc.host, words, run=inc.new_run)
         self.store.emit([event])
+        mark = recovered_key(job, inc.n)
+        if inc.at is not None and not self.store.has_rows(mark):
+            how = f"recovered: {inc.words}; {lost}"
+            self.store.record(
+                HistoryRow("incident", job, owner, inc.at, inc.running or time.time(), how, (inc.host,), 0, mark)
+            )
         self.wake()
         self.say(words)
