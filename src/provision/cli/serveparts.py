@@ -12,6 +12,7 @@ from provision.inventory.statebackend import Backend
 from provision.io.servicestore import ServiceStore
 from provision.rules.priority import Policy
 from provision.run.survey import KeptContexts
+from provision.serve.devreaper import DevReaper
 from provision.serve.health import HealthKeeper
 from provision.serve.hostsfile import HostsFile
 from provision.serve.keeper import LogKeeper
@@ -53,12 +54,20 @@ def parts(
     made = EventMaker(side, wake=lambda: _wake(deliveries))
     contexts = KeptContexts(known)  # the rounds' thread's: the survey's and the health keeper's
     health = HealthKeeper(side, known.read, contexts, wake=lambda: _wake(deliveries))
+    dev = DevReaper(side, known.read, contexts, say, wake=lambda: _wake(deliveries))  # idle GPUs go back
     # Jobs with progress: or recovery: (serve/recovery.py), after the health keeper: a
     # quarantine this round makes is in place before a recovery places the job again.
     recoveries = Recoverer(side, say, contexts, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, contexts, [gpus, made, health, recoveries], leading, say)
+    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries], leading, say)
     source = ServiceSource(
-        side, work_root(store), rounds=rounds, gpus=gpus, known=known, policy=policy_reader(url), health=health
+        side,
+        work_root(store),
+        rounds=rounds,
+        gpus=gpus,
+        known=known,
+        policy=policy_reader(url),
+        health=health,
+        dev=dev.view_of,
     )
     # The kept logs on a connection of their own: a run's last lines are megabytes.
     keeping = open_place(url)

@@ -42,7 +42,7 @@ from provision.host.protocol import ProbeReport, Reservation
 from provision.placement.tasks import Held, PlacedTask
 from provision.rules.health import HostHealth, blocked_words, of_report
 from provision.rules.health import summary as health_summary
-from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, DevJson, JobJson, JobsDoc
+from provision.rules.jobsdoc import JOBS_FORMAT_VERSION, DevJson, HostJson, JobJson, JobsDoc
 from provision.rules.liveness import process_alive
 from provision.rules.priority import DEFAULT_CLASSES, Policy, name_of, queue_key
 
@@ -510,21 +510,18 @@ def jobs_json(hosts: list[HostView], now: float, policy: Policy | None = None) -
                 },
             }
         )
+    return {"format_version": JOBS_FORMAT_VERSION, "jobs": jobs, "hosts": {hv.name: _host_json(hv) for hv in hosts}}
+
+
+def _host_json(hv: HostView) -> HostJson:
     return {
-        "format_version": JOBS_FORMAT_VERSION,
-        "jobs": jobs,
-        "hosts": {
-            hv.name: {
-                "error": hv.error,
-                "gpus": hv.gpus,
-                "free_gpus": hv.free_gpus if hv.error is None else None,
-                "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
-                "foreign_ports": list(hv.foreign_ports),
-                "unreadable": list(hv.unreadable),
-                "health": health_summary(hv.health, range(hv.gpus)),
-            }
-            for hv in hosts
-        },
+        "error": hv.error,
+        "gpus": hv.gpus,
+        "free_gpus": hv.free_gpus if hv.error is None else None,
+        "held": {h.job: {"gpus": list(h.gpus), "ports": list(h.ports)} for h in hv.holders if h.hold.holds},
+        "foreign_ports": list(hv.foreign_ports),
+        "unreadable": list(hv.unreadable),
+        "health": health_summary(hv.health, range(hv.gpus)),
     }
 
 

@@ -80,6 +80,20 @@ def hours_svg(days: Sequence[str], series: Mapping[str, Sequence[float]]) -> Mar
     return _svg(body, "GPU-hours by owner, per day")
 
 
+# Steps a time axis ticks at, in seconds: whole seconds, minutes, hours and days, as a
+# clock's face has them (not 2,000 s).
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+
+
+def time_ticks(t0: float, span: float, most: int = 5) -> list[float]:
+    """Offsets from t0 of the ticks of a time axis over [t0, t0 + span]: multiples of the
+    smallest clock step that gives at most `most` of them, each a distinct second."""
+    step = next((s for s in TIME_STEPS if span / s <= most - 1), TIME_STEPS[-1])
+    first = math.ceil(t0 / step) * step
+    out = [first - t0 + k * step for k in range(int((t0 + span - first) // step) + 1)]
+    return out or [0.0]
+
+
 def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], now: float) -> Markup:
     """A job's runs (and waits) as bars over time, coloured by how each ended, and what
     happened between (a preemption, a resume, a task that failed and restarted) marked."""
@@ -102,7 +116,7 @@ def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], no
     body = [f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{h - 30}" y2="{h - 30}" class="axis"/>']
     span = max(times) - t0
     shape = "%H:%M:%S" if span < 3600 else "%m-%d %H:%M" if span < 3 * 86400 else "%Y-%m-%d"
-    for t in x.ticks(4):
+    for t in time_ticks(t0, span):
         label = time.strftime(shape, time.gmtime(t0 + t))
         body.append(f'<text x="{x(t):.1f}" y="{h - 14}" text-anchor="middle">{escape(label)}</text>')
     body.append(f'<text x="{W - RIGHT}" y="{h - 2}" text-anchor="end" class="label">UTC</text>')
