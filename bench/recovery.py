@@ -136,8 +136,15 @@ def serve(tmp: Path, env: dict[str, str], job: Job) -> Serve:
     return svc
 
 
+def said(rep: Report, svc: Serve, what: str) -> None:
+    """The service's lines about the job (its stops, runs again, recoveries) in the report."""
+    for line in svc.output().splitlines():
+        if any(w in line for w in ("stopping it", "recovered", "runs again", "quarantined", "not recovered")):
+            rep.say(f"  {what}: service: {line}")
+
+
 def kill(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args: argparse.Namespace) -> bool:
-    job = Job(sb, tmp, env, "bench-kill", args)
+    job = Job(sb, tmp, env, "bench-kill", args, gloo=10)
     job.apply()
     victim = job.workers[-1]
     container = sb.host(victim).container
@@ -147,7 +154,7 @@ def kill(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         t0 = time.time()
         docker("kill", container)
         inc = until(job.running_again, 300, "the job running again", every=1.0)
-        resumed = until(job.resumed, 120, "the chief to resume")[-1]
+        resumed = until(job.resumed, 120, "the chief to resume")[0]
         redone = job.redone(resumed)
         detect, again = inc["detected"] - t0, inc["running"] - inc["detected"]
         where = {t["task"]: t["host"] for t in job.status().get("tasks", [])}
@@ -158,6 +165,7 @@ def kill(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         rep.say(f"kill: incident times {json.dumps((g.get('incidents') or [{}])[-1])}")
         return rep_verdicts(rep, "kill", detect, 30.0, again, redone, args) and job.spare in where.values()
     finally:
+        said(rep, svc, "kill")
         svc.stop()
         docker("start", container)
         until(lambda: cli("status", str(job.inv), cwd=job.dir, env=env).returncode in (0, 1), 120, "the host back")
@@ -185,13 +193,14 @@ def hang(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         t0 = time.time()
         sh(sb, victim, "pkill -STOP -f '^/usr/bin/python3 /opt/rec/train.py'")
         inc = until(job.running_again, 300, "the job running again", every=1.0)
-        resumed = until(job.resumed, 120, "the chief to resume")[-1]
+        resumed = until(job.resumed, 120, "the chief to resume")[0]
         redone = job.redone(resumed)
         detect, again = inc["detected"] - t0, inc["running"] - inc["detected"]
         rep.say(f"hang: a rank on {victim} SIGSTOPped; detected {detect:.1f} s after (bound {BOUND} s), running "
                 f"again {again:.1f} s after detection, {redone} steps redone; incident: {inc['words']}")  # fmt: skip
         return rep_verdicts(rep, "hang", detect, BOUND + ROUND + 5.0, again, redone, args)
     finally:
+        said(rep, svc, "hang")
         svc.stop()
         job.destroy()
 
@@ -216,6 +225,7 @@ def blink(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args
         rep.verdict("blink: no restart", f"{stops} stops, same run: {same}", same and stops == 0)
         return same and stops == 0
     finally:
+        said(rep, svc, "blink")
         svc.stop()
         job.destroy()
 

@@ -163,7 +163,10 @@ def test_the_progress_bound(spec, intervals, bound):
     [
         (None, None, 100.0, False),
         (None, 0.0, 30.0, False),
-        (None, 0.0, 61.0, True),
+        (None, 0.0, 61.0, False),  # no sign of this run yet: its start-up too (120 s)
+        (None, 0.0, 121.0, True),
+        (-500.0, 0.0, 100.0, False),  # a sign of the run before only
+        (-500.0, 0.0, 121.0, True),
         (50.0, 0.0, 100.0, False),
         (50.0, 0.0, 111.0, True),
     ],

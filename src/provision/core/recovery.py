@@ -21,6 +21,10 @@ AUTO_FACTOR = 5.0
 AUTO_FLOOR_S = 60.0
 AUTO_SAMPLES = 3
 AUTO_START_S = 600.0  # NCCL's own watchdog's default: no sooner than it before anything is learnt
+# A run's first sign of progress comes after its start-up (imports, the rendezvous, a
+# checkpoint loaded), which a loaded host stretches: until its first sign a run is hung only
+# past its bound or this, whichever is longer.
+STARTUP_S = 120.0
 DEFAULT_MAX = 5
 DEFAULT_WINDOW_S = 24 * 3600
 

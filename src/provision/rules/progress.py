@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import TypedDict
 
 from provision.core.model import Inventory
-from provision.core.recovery import AUTO_FACTOR, AUTO_FLOOR_S, AUTO_SAMPLES, AUTO_START_S, ProgressSpec
+from provision.core.recovery import AUTO_FACTOR, AUTO_FLOOR_S, AUTO_SAMPLES, AUTO_START_S, STARTUP_S, ProgressSpec
 from provision.host import layout
 from provision.host.protocol import MAX_PROGRESS_PATHS, ProbeReport
 from provision.render.clusterenv import OUTPUT_DIRS
@@ -152,11 +152,14 @@ def stalled(
     spec: ProgressSpec, intervals: Sequence[float], last: float | None, started: float | None, now: float
 ) -> Stall | None:
     """Has the job gone past its bound without progress (`last`: its latest sign, `started`:
-    when its run started, on this machine's clock)? None when not, or when nothing is known."""
+    when its run started, on this machine's clock)? None when not, or when nothing is known.
+    A run with no sign of its own yet has its start-up too (STARTUP_S)."""
     base = max(x for x in (last, started) if x is not None) if (last is not None or started is not None) else None
     if base is None:
         return None
     b = bound(spec, intervals)
+    if started is not None and (last is None or last < started):
+        b = max(b, STARTUP_S)
     return Stall(base, b) if now - base > b else None
 
 
