@@ -167,6 +167,7 @@ def test_the_progress_bound(spec, intervals, bound):
         (None, 0.0, 121.0, True),
         (-500.0, 0.0, 100.0, False),  # a sign of the run before only
         (-500.0, 0.0, 121.0, True),
+        (20.0, 0.0, 100.0, False),  # a sign at its start: the start's own (its checkpoint directory made)
         (50.0, 0.0, 100.0, False),
         (50.0, 0.0, 111.0, True),
     ],

@@ -227,7 +227,8 @@ def test_a_hung_rank_is_found_its_stacks_kept_and_its_host_set_aside(sb, sandbox
     wait_until(lambda: checkpoint_steps(sb, "host-1", job, "chief-0"), timeout=240, what="a first checkpoint")
     svc = _serve(tmp_path, inv)
     try:
-        wait_until(lambda: len(steps(sb, "host-2", job, "worker-0")) > 3, timeout=120, what="steps")
+        # Past its start-up (a sign of its own 30 s after its start), then a rank stops.
+        wait_until(lambda: len(steps(sb, "host-2", job, "worker-0")) > 35, timeout=180, what="steps")
         # py-spy on the hosts (its static binary, as `pip install py-spy` puts it there).
         spy = Path(sysconfig.get_path("scripts")) / "py-spy"
         for host in ("host-1", "host-2"):

@@ -25,6 +25,9 @@ AUTO_START_S = 600.0  # NCCL's own watchdog's default: no sooner than it before 
 # checkpoint loaded), which a loaded host stretches: until its first sign a run is hung only
 # past its bound or this, whichever is longer.
 STARTUP_S = 120.0
+# ... and a sign within this of its start is not its own: the start itself moves the
+# checkpoint directory (made as the units start, on a host new to the job).
+SETTLE_S = 30.0
 DEFAULT_MAX = 5
 DEFAULT_WINDOW_S = 24 * 3600
 

@@ -25,7 +25,15 @@ from enum import StrEnum
 from typing import TypedDict
 
 from provision.core.model import Inventory
-from provision.core.recovery import AUTO_FACTOR, AUTO_FLOOR_S, AUTO_SAMPLES, AUTO_START_S, STARTUP_S, ProgressSpec
+from provision.core.recovery import (
+    AUTO_FACTOR,
+    AUTO_FLOOR_S,
+    AUTO_SAMPLES,
+    AUTO_START_S,
+    SETTLE_S,
+    STARTUP_S,
+    ProgressSpec,
+)
 from provision.host import layout
 from provision.host.protocol import MAX_PROGRESS_PATHS, ProbeReport
 from provision.render.clusterenv import OUTPUT_DIRS
@@ -153,12 +161,13 @@ def stalled(
 ) -> Stall | None:
     """Has the job gone past its bound without progress (`last`: its latest sign, `started`:
     when its run started, on this machine's clock)? None when not, or when nothing is known.
-    A run with no sign of its own yet has its start-up too (STARTUP_S)."""
+    A run with no sign of its own yet (none SETTLE_S after its start) has its start-up too
+    (STARTUP_S)."""
     base = max(x for x in (last, started) if x is not None) if (last is not None or started is not None) else None
     if base is None:
         return None
     b = bound(spec, intervals)
-    if started is not None and (last is None or last < started):
+    if started is not None and (last is None or last <= started + SETTLE_S):
         b = max(b, STARTUP_S)
     return Stall(base, b) if now - base > b else None
 
