@@ -108,11 +108,12 @@ class Job:
     def resumed(self) -> list[int]:
         return found(r"resumed from step (\d+)", journal(self.sb, "host-1", self.name, "chief-0"))
 
-    def redone(self, resumed: int) -> int:
+    def redone(self, resumed: int, resumes: int = 0) -> int:
         """The steps the broken run made after the checkpoint it resumed from: the chief's
-        last step before it resumed, less that checkpoint's."""
-        before = journal(self.sb, "host-1", self.name, "chief-0").split("resumed from")[0]
-        steps = found(r"\] step (\d+) ", before)
+        last step before it resumed (the resume after `resumes` earlier ones), less that
+        checkpoint's."""
+        parts = journal(self.sb, "host-1", self.name, "chief-0").split("resumed from")
+        steps = found(r"\] step (\d+) ", parts[resumes] if len(parts) > resumes else "")
         return (max(steps) if steps else resumed) - resumed
 
     def incident(self) -> dict | None:
@@ -120,9 +121,14 @@ class Job:
         incs = (st.get("recovery") or {}).get("incidents") or []
         return incs[-1] if incs else None
 
-    def running_again(self) -> dict | None:
+    def running_again(self, after: int = 0) -> dict | None:
+        """The newest incident, numbered after `after`, once the job runs again."""
         inc = self.incident()
-        return inc if inc and inc.get("stage") == "done" and inc.get("running") else None
+        return inc if inc and inc["n"] > after and inc.get("stage") == "done" and inc.get("running") else None
+
+    def incidents(self) -> int:
+        inc = self.incident()
+        return int(inc["n"]) if inc else 0
 
     def destroy(self) -> None:
         cli("destroy", "-y", str(self.inv), cwd=self.dir, env=self.env)
@@ -151,11 +157,12 @@ def kill(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
     svc = serve(tmp, env, job)
     try:
         until(lambda: len(job.checkpoints()) >= 2, 300, "two checkpoints")
+        before = job.incidents()  # a loaded machine's false alarm before the kill is not this one
         t0 = time.time()
         docker("kill", container)
-        inc = until(job.running_again, 300, "the job running again", every=1.0)
-        resumed = until(job.resumed, 120, "the chief to resume")[0]
-        redone = job.redone(resumed)
+        inc = until(lambda: job.running_again(before), 300, "the job running again", every=1.0)
+        resumed = until(lambda: job.resumed()[before:], 120, "the chief to resume")[0]
+        redone = job.redone(resumed, before)
         detect, again = inc["detected"] - t0, inc["running"] - inc["detected"]
         where = {t["task"]: t["host"] for t in job.status().get("tasks", [])}
         rep.say(f"kill: {victim} killed; detected {detect:.1f} s after, running again {again:.1f} s after "
@@ -190,11 +197,12 @@ def hang(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
     svc = serve(tmp, env, job)
     try:
         until(lambda: len(job.checkpoints()) >= 2, 300, "two checkpoints")
+        before = job.incidents()
         t0 = time.time()
         sh(sb, victim, "pkill -STOP -f '^/usr/bin/python3 /opt/rec/train.py'")
-        inc = until(job.running_again, 300, "the job running again", every=1.0)
-        resumed = until(job.resumed, 120, "the chief to resume")[0]
-        redone = job.redone(resumed)
+        inc = until(lambda: job.running_again(before), 300, "the job running again", every=1.0)
+        resumed = until(lambda: job.resumed()[before:], 120, "the chief to resume")[0]
+        redone = job.redone(resumed, before)
         detect, again = inc["detected"] - t0, inc["running"] - inc["detected"]
         rep.say(f"hang: a rank on {victim} SIGSTOPped; detected {detect:.1f} s after (bound {BOUND} s), running "
                 f"again {again:.1f} s after detection, {redone} steps redone; incident: {inc['words']}")  # fmt: skip
