@@ -42,7 +42,9 @@ def write_inventory(sb, sandbox_inventory, path: Path, job: str, **extra) -> Pat
     }
     more = {
         "files": [{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
-        "env": {"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15"},
+        # Collectives wait 60 s for a peer: a killed peer's connection closes at once, and a
+        # loaded machine may start the replacement's ranks that far apart.
+        "env": {"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "60"},
         "outputs": f"/var/tmp/{job}",
         "spares": ["host-3"],
         "recovery": {"max": 5, "window": "1h"},
