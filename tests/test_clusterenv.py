@@ -408,3 +408,52 @@ def test_outputs_refused(tmp_path, value, why):
     (tmp_path / "inv.yaml").write_text(_yaml.safe_dump(doc))
     with pytest.raises(ProvisionError, match=why):
         load(tmp_path / "inv.yaml")
+
+
+ELASTIC = """
+job: el
+hosts:
+  - {name: a, address: 192.0.2.1}
+  - {name: b, address: 192.0.2.2}
+  - {name: c, address: 192.0.2.3}
+pools:
+  chief: {replicas: 1, command: [/usr/bin/python3, -m, torch.distributed.run, /opt/job/train.py]}
+  worker: {replicas: 2, elastic: {min: 1, max: 3}, command: [/opt/venv/bin/torchrun, /opt/job/train.py]}
+"""
+
+
+def test_an_elastic_pool_runs_under_torchruns_c10d_rendezvous():
+    """`elastic: {min, max}` on the workers: torchrun's own parser reads --nnodes=MIN:MAX
+    (with the chief), the c10d rendezvous at the chief's address and port, the job's name
+    its id; no fixed rank (the rendezvous gives them)."""
+    from torch.distributed import run
+
+    inv = parse(ELASTIC, Path("/nonexistent/el.yaml"))
+    placement, tasks = envs(inv)
+    chief = placement.by_role("chief")[0]
+    for _t, env in tasks:
+        assert "PET_NODE_RANK" not in env and "PET_MASTER_ADDR" not in env
+        pet = {k: v for k, v in env.items() if k.startswith("PET_")}
+        with environ(**pet):
+            config, _, _ = run.config_from_args(run.get_args_parser().parse_args(["/opt/job/train.py"]))
+        assert (config.min_nodes, config.max_nodes) == (2, 4)
+        assert config.rdzv_backend == "c10d" and config.rdzv_endpoint == f"192.0.2.1:{chief.port}"
+        assert config.run_id == "el" and config.max_restarts == 3
+
+
+@pytest.mark.parametrize(
+    "pools, why",
+    [
+        ("  chief: {replicas: 1, elastic: {min: 1, max: 1}, command: [torchrun, t.py]}\n",
+         "pools.chief.elastic: only the worker pool can be elastic"),
+        ("  worker: {replicas: 4, elastic: {min: 1, max: 3}, command: [torchrun, t.py]}\n",
+         "pools.worker.elastic: replicas (4) must be from min 1 to max 3"),
+    ],
+)  # fmt: skip
+def test_an_elastic_pool_is_the_workers_within_its_bounds(pools, why):
+    from provision.core.errors import ProvisionError
+
+    text = "job: el\nhosts: [{name: a, address: 192.0.2.1}]\npools:\n" + pools
+    with pytest.raises(ProvisionError) as e:
+        parse(text, Path("/nonexistent/el.yaml"))
+    assert why in str(e.value), str(e.value)

@@ -11,6 +11,7 @@ from provision.serve.devreaper import DevReaper
 from provision.serve.health import HealthKeeper
 from provision.serve.keeper import LogKeeper
 from provision.serve.notify import Notifications
+from provision.serve.recovery import Recoverer
 from provision.serve.rounds import EventMaker, GpuRecorder
 from provision.serve.stream import Delivery, HistoryWriter
 
@@ -21,7 +22,7 @@ def test_every_subscriber_and_delivery_is_wired(tmp_path, monkeypatch):
     got = parts("local", store, (), None, None, threading.Event(), lambda line: None)
     try:
         subs = {type(s) for s in got.rounds.subscribers}
-        assert subs == {GpuRecorder, EventMaker, HealthKeeper, DevReaper}
+        assert subs == {GpuRecorder, EventMaker, HealthKeeper, DevReaper, Recoverer}
         handlers = {type(d.handler) for d in got.deliveries if isinstance(d, Delivery)}
         assert handlers == {HistoryWriter, LogKeeper}
         assert any(isinstance(d, Notifications) for d in got.deliveries)

@@ -45,7 +45,7 @@ def test_the_hosts_document_is_typed_as_jobs_json_writes_it():
     same(HostJson, dict(doc["hosts"]["gpu-1"]))
     # What a survey adds to a host (labels, drain, gpu_use) and the service (gpu_history) are the optional ones.
     assert keys(HostJson)[1] == {"labels", "drain", "gpu_use", "gpu_history"}
-    assert keys(JobJson)[1] == {"gpus", "gpu_hours", "ended"}
+    assert keys(JobJson)[1] == {"gpus", "gpu_hours", "ended", "goodput"}  # goodput: a watched job's (survey)
     facts = {"gpus": [{"index": 0, "uuid": "GPU-a", "util_pct": 5, "memory_used_mib": 1, "memory_mib": 80}]}
     checks = {"gpus": {"apps": [{"gpu_uuid": "GPU-a", "pid": 7, "name": "py", "used_mib": 1, "owner": {}}]}}
     use = host_use(facts, checks, {})
@@ -77,3 +77,34 @@ def test_the_events_and_the_usage_are_typed_as_they_are_written():
     same(UsageDoc, dict(doc))
     same(UsageDay, dict(doc["days"][0]))
     same(UsageWeek, dict(doc["weeks"][0]))
+
+
+def test_a_watched_jobs_status_is_typed_as_it_is_written():
+    from provision.core.recovery import (
+        Broke,
+        GoodputJson,
+        Incident,
+        IncidentJson,
+        LostJson,
+        RecoveryJson,
+        RecoveryRecord,
+        Stage,
+        goodput,
+    )  # fmt: skip
+    from provision.rules.progress import ProgressJson, ProgressView
+
+    inc = Incident(1, Broke.HOST, "worker-0", "h2", "w", "host", 1, NOW - 50, NOW - 40, NOW - 35, NOW - 20,
+                   NOW - 60, stage=Stage.DONE, started=NOW - 100)  # fmt: skip
+    rec = RecoveryRecord(("h2",), (inc,))
+    view = ProgressView(NOW - 1, NOW - 5, 60.0, False, False)
+    st = JobStatus(
+        "j", JobPhase.RUNNING, "", (), progress=view, broke="w", recovery=rec, goodput=goodput(rec, None, NOW)
+    )
+    doc = st.to_json()
+    same(StatusJson, dict(doc))
+    assert keys(StatusJson)[1] >= {"progress", "broke", "recovery", "goodput"}
+    same(ProgressJson, dict(doc["progress"]))
+    same(RecoveryJson, dict(doc["recovery"]))
+    same(IncidentJson, dict(doc["recovery"]["incidents"][0]))
+    same(GoodputJson, dict(doc["goodput"]))
+    same(LostJson, dict(doc["goodput"]["incidents"][0]))

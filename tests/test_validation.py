@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",
@@ -1074,6 +1074,69 @@ CASES: list[Case] = [
         E("34: placement.spread: unknown key (allowed: prefer_same)"),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nplacement: {spread: [rack]}\n"),),
         fix="`placement:` has one key, `prefer_same`: a list of host labels.",
+    ),
+    Case(
+        "spares-unknown",
+        "A spare that is not one of the hosts",
+        E("34: spares[0]: no host named 'gpu-9' in hosts: a spare is one of the inventory's hosts"),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\nspares: [gpu-9]\n"),),
+        fix="Name a host of `hosts:` (add the spare machine there, then list its name in `spares:`).",
+    ),
+    Case(
+        "spares-used-by-pool",
+        "A spare that a pool names",
+        E(
+            "35: spares[0]: cpu-1 is named by pools.ps.hosts: a spare waits for a replica that needs one, "
+            "no pool is placed on it by name"
+        ),
+        edits=(
+            (
+                "    replicas: 1\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:",
+                "    replicas: 1\n    hosts: [cpu-1]\n    command: [/opt/venv/bin/python, /opt/job/train.py]\nenv:",
+            ),
+            ("success: {policy: chief}\n", "success: {policy: chief}\nspares: [cpu-1]\n"),
+        ),
+        fix="Take the host out of the pool's `hosts:` list, or out of `spares:`: a spare is kept free until a "
+        "recovery needs it.",
+    ),
+    Case(
+        "progress-timeout-short",
+        "A progress bound shorter than the service's round",
+        E(
+            "34: progress.timeout: '5s' is shorter than the service's round (10 s): a job would be judged hung "
+            "between two looks; give at least 10s, or auto"
+        ),
+        edits=(("success: {policy: chief}\n", "success: {policy: chief}\nprogress: {timeout: 5s}\n"),),
+        fix="Give a bound of at least one round (`10m` is a good start for a job that logs or checkpoints every "
+        "minute), or `auto` to learn it from the job's own intervals.",
+    ),
+    Case(
+        "elastic-not-torchrun",
+        "An elastic pool that is not PyTorch's",
+        E(
+            "25: pools.worker.elastic: runs under PyTorch's elastic engine (torchrun's c10d rendezvous), so the "
+            "pool's command must be torchrun (or python -m torch.distributed.run), got '/opt/venv/bin/python'"
+        ),
+        edits=(
+            (
+                "    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+                "    accelerators: 8\n    elastic: {min: 1, max: 2}\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+            ),
+        ),
+        fix="Run the pool's program under torchrun: `command: [/opt/venv/bin/torchrun, /opt/job/train.py]` "
+        "(provision adds `--nnodes=MIN:MAX` and the rendezvous), or leave `elastic` out.",
+    ),
+    Case(
+        "elastic-min-max",
+        "An elastic pool whose min is more than its max",
+        E("25: pools.worker.elastic: min 3 is more than max 2"),
+        edits=(
+            (
+                "    accelerators: 8\n    command: [/opt/venv/bin/python, /opt/job/train.py]\n  ps:",
+                "    accelerators: 8\n    elastic: {min: 3, max: 2}\n    command: [/opt/venv/bin/torchrun, /opt/job/train.py]\n  ps:",
+            ),
+        ),
+        fix="`min` is the fewest nodes the job trains on, `max` the most; min <= replicas <= max.",
     ),
     Case(
         "tf-config-chief-name",

@@ -37,6 +37,7 @@ from provision.run.destroy import destroy_plan
 from provision.run.jobend import end_job, look, stop_marker
 from provision.run.planning import build_plan
 from provision.run.queue import Queue, ledger_marks
+from provision.run.recover import recover_first, started_again
 
 if TYPE_CHECKING:  # types only: the preemption step loads only for an apply that is held
     from provision.run.preempt import Preemptor
@@ -232,6 +233,7 @@ class _Applying:
         pre: list[Preemptor] = []  # this plan's preemption step, made when first held
 
         def make() -> Plan:
+            recover_first(ctx, progress_line)  # a run that broke: stopped, its failed host set aside (run/recover.py)
             return build_plan(ctx, **self.flags, whole=progress_line)  # preempted whole first (run/victim.py)
 
         def one() -> Plan:
@@ -257,6 +259,8 @@ class _Applying:
         while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
             progress("another apply took GPUs or ports first: planning again")
             outcomes = apply_plan(ctx, self.plan(ctx), progress, self.setup_lines)
+        placed = [o for n, o in outcomes.items() if n in ctx.rendered.hosts]
+        started_again(ctx, any(o.error for o in placed), progress)  # a recovery's start (run/recover.py)
         return outcomes
 
 

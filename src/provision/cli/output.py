@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import click
@@ -150,6 +151,7 @@ PHASE_COLOR = {
     "Restarting": "yellow",
     "Stopped": None,
     "Preempted": "yellow",
+    "Recovering": "yellow",
     "Pending": None,
     "Unknown": "red",
 }
@@ -180,7 +182,8 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
             )
         )
     lines = table(rows)
-    out = [head, *([printable(st.run.words()).capitalize()] if st.run is not None else []), lines[0]]
+    out = [head, *([printable(st.run.words()).capitalize()] if st.run is not None else []), *recovery_lines(st)]
+    out.append(lines[0])
     for t, line in zip(st.tasks, lines[1:]):
         color = PHASE_COLOR.get(t.state.value)
         out.append(click.style(line, fg=color) if color else line)
@@ -188,6 +191,29 @@ def status_lines(st: JobStatus, inventory: str | None = None) -> list[str]:
     behind = [click.style(f"Warning: {printable(line)}", fg="yellow") for line in st.left_behind]
     sick = [click.style(f"Health: {printable(line)}", fg="red") for line in st.health]  # the hosts' words
     return out + ([""] + failed if failed else []) + ([""] + behind if behind else []) + ([""] + sick if sick else [])
+
+
+def recovery_lines(st: JobStatus) -> list[str]:
+    """A watched job's progress, where its run broke, and its recoveries (rules/recovery.py)."""
+    out = []
+    p = st.progress
+    if p is not None:
+        now = time.time()
+        last = f"last sign {duration(int(max(0, now - p.last)))} ago" if p.last is not None else "no sign yet"
+        ck = f", newest checkpoint {duration(int(max(0, now - p.checkpoint)))} ago" if p.checkpoint is not None else ""
+        bound = f"bound {duration(int(p.bound))}" + (" (auto)" if p.auto else "")
+        out.append(f"Progress: {last}{ck} ({bound})" + ("; hung" if p.stalled else ""))
+    if st.broke:
+        out.append(click.style(f"Broke: {printable(st.broke)}", fg="yellow"))
+    g = st.goodput
+    if g is not None and g["ratio"] is not None:
+        n = len(g["incidents"])
+        lost = f", {n} incident{'s' if n != 1 else ''}, {duration(int(g['lost_seconds']))} lost" if n else ""
+        out.append(f"Goodput: {g['ratio']:.0%} of {duration(int(g['wall_seconds']))}{lost}")
+    for inc in st.recovery.incidents[-3:] if st.recovery is not None else ():
+        how = f"not recovered: {inc.why}" if inc.why else inc.lost(time.time()).words()
+        out.append(f"  incident {inc.n} ({inc.stage.value}): {printable(inc.words)}: {printable(how)}")
+    return out
 
 
 def stoppable(st: JobStatus) -> list[TaskStatus]:

@@ -19,6 +19,7 @@ from provision.serve.hostsfile import HostsFile
 from provision.serve.keeper import LogKeeper
 from provision.serve.notify import Notifications
 from provision.serve.places import open_place, work_root
+from provision.serve.recovery import Recoverer
 from provision.serve.rounds import EventMaker, GpuRecorder, Rounds
 from provision.serve.source import Known, ServiceSource
 from provision.serve.stream import Delivery, HistoryWriter
@@ -56,7 +57,10 @@ def parts(
     contexts = KeptContexts(known)  # the rounds' thread's: the survey's and the health keeper's
     health = HealthKeeper(side, known.read, contexts, wake=lambda: _wake(deliveries))
     dev = DevReaper(side, known.read, contexts, say, wake=lambda: _wake(deliveries))  # idle GPUs go back
-    rounds = Rounds(known.read, contexts, [gpus, made, health, dev], leading, say)
+    # Jobs with progress: or recovery: (serve/recovery.py), after the health keeper: a
+    # quarantine this round makes is in place before a recovery places the job again.
+    recoveries = Recoverer(side, say, contexts, wake=lambda: _wake(deliveries))
+    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries], leading, say)
     source = ServiceSource(
         side,
         work_root(store),

@@ -50,6 +50,9 @@ class JobPhase(StrEnum):
     # Higher-priority work took its GPUs: it holds nothing, and it is not over:
     # its owner's apply (or the service) resumes it, so `wait` and restart rules go on.
     PREEMPTED = "Preempted"
+    # Its run broke (a host lost, a task failed, a hang): provision stops it everywhere,
+    # sets the failed host aside and runs it again from its last checkpoint (run/recover.py).
+    RECOVERING = "Recovering"
     UNKNOWN = "Unknown"
 
     @property
@@ -87,6 +90,7 @@ class Reason(StrEnum):
     WITH_JOB = "restarts with the job"
     RERUN = "rerun requested"
     RESUMED = "resumes after preemption"
+    RECOVERED = "resumes after a recovery"
 
 
 # --------------------------------------------------------------------------- orders
@@ -103,6 +107,12 @@ LONG_LIVED = frozenset({"ps", "reduction_server", "evaluator"})
 STOP_PHASE = JobPhase.STOPPED.value
 # The marker's phase a preemption writes (host/preempt.py): the next start resumes.
 PREEMPT_PHASE = JobPhase.PREEMPTED.value
+
+
+def recovering(marker: Mapping[str, object] | None) -> bool:
+    """Does the end marker say a recovery stopped the job (host/preempt.py writes a
+    Preempted marker with the recovery in it: the same stop and resume)?"""
+    return isinstance(marker, Mapping) and isinstance(marker.get("recovery"), dict)
 
 
 def start_phase(role: str) -> int:
@@ -422,6 +432,8 @@ def job_phase(
     at = stopped.get("host_time")
     if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED) and isinstance(at, (int, float)) and when < at:
         return phase, why
+    if stopped.get("phase") == PREEMPT_PHASE and recovering(stopped):
+        return JobPhase.RECOVERING, str(stopped.get("reason") or "recovering")
     if stopped.get("phase") == PREEMPT_PHASE:
         return JobPhase.PREEMPTED, str(stopped.get("reason") or "preempted")
     return JobPhase.STOPPED, str(stopped.get("reason") or "stopped")
@@ -547,7 +559,7 @@ def decide(
 def _after_end(ended: Mapping[str, object]) -> Decision:
     """A task of an ended job: left as it is, but a preempted job's apply resumes it."""
     if ended.get("phase") == PREEMPT_PHASE:
-        return Decision(Action.RESTART, Reason.RESUMED, "")
+        return Decision(Action.RESTART, Reason.RECOVERED if recovering(ended) else Reason.RESUMED, "")
     return Decision(Action.NONE, Reason.JOB_ENDED, str(ended.get("phase", "ended")).lower())
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision.core.recovery import Elastic, ProgressSpec, RecoverySpec
 from provision.core.scheduling import Scheduling
 from provision.core.tuning import Tune
 
@@ -98,6 +99,7 @@ class Pool:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     setup: Setup | None = None  # runs after the job's setup, on hosts with a task of this pool
     grace_period: int = GRACE_PERIOD
+    elastic: Elastic | None = None  # `elastic: {min, max}`: torchrun's c10d rendezvous (core/recovery.py)
 
     def eligible(self, host: Host) -> bool:
         if host.drain:
@@ -170,6 +172,11 @@ class Inventory:
     tune: Tune | None = None
     # `priority:`, `preemptible:`, `preemption:` (core/scheduling.py).
     scheduling: Scheduling = field(default_factory=Scheduling)
+    # When its hardware fails (core/recovery.py, docs/recovery.md): how its progress is
+    # watched, how often it is recovered, the hosts kept as spares.
+    progress: ProgressSpec | None = None
+    recovery: RecoverySpec | None = None
+    spares: tuple[str, ...] = ()
     # `placement:` what placement prefers (placement/tasks.py).
     placement: Preference = field(default_factory=Preference)
 

@@ -159,7 +159,6 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         checks_out = _checks(req.checks, facts_out)
     if req.cluster_address:
         interface = lazy("hostcheck").interface(req.cluster_address)
-    boot_id = layout.boot_id()
     held = held_units = listening = local = records = None
     if req.tenancy:
         held = ledger.read_all()
@@ -182,7 +181,7 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         facts=facts_out,
         now=time.time(),
         now_monotonic_us=int(time.monotonic() * 1e6),
-        boot_id=boot_id,
+        boot_id=layout.boot_id(),
         ledger=held,
         ledger_units=held_units,
         listening=listening,
@@ -193,9 +192,22 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
         listening_local=local,
         dropins=dropins(layout.DROPIN_BASES, layout.PREFIX, layout.DROPIN_SUFFIX) if req.files else None,
         ledger_records=records,
+        progress=mtimes(req.progress[: P.MAX_PROGRESS_PATHS]) if req.progress else None,
         health=(ledger.read_entry(layout.HEALTH_PATH) or {}) if req.tenancy else None,
         logins=logins,
     )
+
+
+def mtimes(paths: Iterable[str]) -> dict[str, int]:
+    """Each path's modification time (whole seconds), never through a link (the shell
+    probe's `stat -c %Y`): what shows a job's progress (ProbeRequest.progress)."""
+    out = {}
+    for p in paths:
+        try:
+            out[p] = int(os.lstat(p).st_mtime)
+        except OSError:
+            pass
+    return out
 
 
 def _mkdirs(path: str, created: list[str]) -> None:
@@ -595,6 +607,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
         ledger.queue(req.job, req.owner, req.waiting, time.time(), req.priority, req.submitted, req.gpus)
     ),
     "preempt": lambda req: lazy("preempt").op_preempt(req),
+    "stacks": lambda req: lazy("stacks").op_stacks(req),
     "health": lambda req: lazy("health").op_health(req),
     "healthtest": lambda req: lazy("health").op_healthtest(req),
     "fabric": lambda req: lazy("fabric").op_fabric(req),

@@ -192,6 +192,12 @@ def metric_file(job: str, task: str) -> str:
     return state_dir(job) + "/hypertune/" + task + ".metrics"
 
 
+def heartbeat_path(job: str, task: str) -> str:
+    """PROVISION_HEARTBEAT: a file the task touches to say it progresses (a job with
+    `progress:`); only its modification time is read, never its content."""
+    return state_dir(job) + "/" + task + ".heartbeat"
+
+
 def originals_dir(job: str) -> str:
     return state_dir(job) + "/originals"
 

@@ -294,7 +294,14 @@ def conflicts(entries: dict[str, Any], res: Reservation) -> list[str]:
     # Preempted: its GPUs wait for the preemptor, unless the controller saw that
     # reservation lapse (the preemptor gone) and nothing changed since.
     follows = isinstance(mark, dict) and bool(mark.get("follows"))  # the job's own stop: reserved for nobody
-    if isinstance(mark, dict) and not follows and own is not None and res.free.get(res.job) != own.get("token"):
+    mine = isinstance(mark, dict) and mark.get("by") == res.job  # a recovery's stop: held for its own next run
+    if (
+        isinstance(mark, dict)
+        and not follows
+        and not mine
+        and own is not None
+        and res.free.get(res.job) != own.get("token")
+    ):
         g = sorted(gpus & set(own.get("gpus") or []))
         if g:
             out.append("GPU %s reserved for job %s, which preempted this job" % (_span(g), mark.get("by", "?")))

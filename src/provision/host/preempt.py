@@ -20,6 +20,9 @@ asks its other hosts the same with `follows` (the host whose marker it follows),
 preemptor's words: the same marker and stop, but no reservation (the preemptor may not
 know this host), so its GPUs are free once its units have ended.
 
+A recovery (run/recover.py) stops a job the same way, marked by the job itself (`by` its
+own name: its GPUs wait for its next run, nobody else's) with the recovery in its marker.
+
 The next start of the job (its owner's apply, or the service's) clears the marker, and,
 because it resumes, writes layout.resume_env_path (PROVISION_RESUME=1): clear_lifecycle.
 Its units' start clears the entry's mark on every host (ledger.mark_started): the resumed
@@ -107,7 +110,7 @@ def _mark(req: P.PreemptRequest, grace: float, now: float) -> tuple[Any, str]:
     return entry, ""
 
 
-def _end_marker(job: str, mark: dict[str, Any]) -> None:
+def _end_marker(job: str, mark: dict[str, Any], recovery: dict[str, Any] | None = None) -> None:
     """The Preempted end marker (status reads who, when, for what), unless the job ended
     before (its own marker stands)."""
     path = layout.lifecycle_path(job)
@@ -118,7 +121,7 @@ def _end_marker(job: str, mark: dict[str, Any]) -> None:
         return
     marker = {
         "phase": PREEMPT_PHASE,
-        "reason": "preempted by %s" % mark["by"],
+        "reason": ("recovering: %s" % recovery.get("words", "")) if recovery else "preempted by %s" % mark["by"],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mark["at"])),
         "host_time": mark["at"],
         "preempted": {
@@ -127,6 +130,8 @@ def _end_marker(job: str, mark: dict[str, Any]) -> None:
             if k in mark
         },
     }
+    if recovery:  # the same marker and resume; status words it as the recovery it is
+        marker["recovery"] = {k: recovery[k] for k in ("n", "words") if k in recovery}
     _atomic(path, json.dumps(marker).encode(), 0o600)
 
 
@@ -154,7 +159,7 @@ def op_preempt(req: P.PreemptRequest) -> P.PreemptReport:
     try:
         os.makedirs(layout.state_dir(req.job), 0o755, exist_ok=True)
         _atomic(layout.preempt_at_path(req.job), ("%.3f\n" % mark["deadline"]).encode(), 0o644)
-        _end_marker(req.job, mark)
+        _end_marker(req.job, mark, req.recovery if isinstance(req.recovery, dict) else None)
     except OSError as e:
         errors.append("%s: %s" % (e.filename or layout.state_dir(req.job), e.strerror))
     try:  # the job ended: a boot starts nothing of it (agent.start_at_boot)

@@ -1,7 +1,7 @@
 # provision's fast probe: what plan reads from a host, without starting Python.
 #
 # Run by probe.py as:
-#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH LOGINS PATH...
+#   sh -c "<this file>" provision-probe MAX PROPS UNITS GPUS TPU TENANCY CLOCK APPS PORTS DISK RESOLVE LOOK KNOWN DROPINS HEALTH LOGINS PROGRESS PATH...
 #   MAX    content of regular files up to MAX+1 bytes each is sent back (for diffs)
 #   PROPS  the unit properties to show, comma-separated (agent.UNIT_PROPS)
 #   UNITS  unit names, separated by spaces (the controller checks they are plain names)
@@ -33,6 +33,8 @@
 #          lines since the last look, DCGM's health watch)
 #   LOGINS empty, or "V2 V2B V1" (host/logins.CGROUP_MOUNTS): each provision unit's sshd
 #          processes, "UNIT TITLE" lines (a dev session's connections: host/logins.py)
+#   PROGRESS empty, or paths (space-separated) whose modification time alone is read (stat, not
+#          through a link): what shows a job's progress (ProbeRequest.progress)
 #   PATH   files to report: managed files, manifest, lifecycle marker, exit records
 # Read-only. Each section is framed so probe.py can check it adds up; when anything does
 # not (a file changed size between stat and head, say), the controller asks the Python agent.
@@ -60,7 +62,8 @@ dbases=
 case ${14} in *" "*) dbases=${14#* } ;; esac
 health=${15}
 logins=${16}
-shift 16
+progress=${17}
+shift 17
 nl="
 "
 gcode=""
@@ -373,6 +376,11 @@ if command -v dcgmi >/dev/null 2>&1; then
     echo @dcgm-end
 fi
 echo @health-end
+fi
+if [ -n "$progress" ]; then
+    echo @progress
+    stat -c "%Y %n" -- $progress 2>/dev/null </dev/null
+    echo @progress-end
 fi
 # Drop-ins: a base whose top directory is a link (/lib on a merged-/usr host) is skipped,
 # as the agent does (hostlib.dropins): the same files again.

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROTOCOL_VERSION = 1
+MAX_PROGRESS_PATHS = 256  # a probe stats at most this many progress paths (ProbeRequest.progress)
 NO_FACTS, CHECK_FACTS, ALL_FACTS = "none", "check", "all"
 
 
@@ -54,6 +55,10 @@ class ProbeRequest:
     # holds it is where NCCL and Gloo must talk).
     checks: dict[str, Any] | None = None
     cluster_address: str = ""
+    # Paths whose modification time alone is read (never their content, never through a
+    # link): what shows a job's progress here (rules/progress.py: heartbeats, metric files,
+    # the checkpoint directory). Bounded by the controller (MAX_PROGRESS_PATHS).
+    progress: list[str] = field(default_factory=list)
     # Who is logged in to each dev session here (host/devsession.py): the service's rounds.
     logins: bool = False
 
@@ -114,6 +119,9 @@ class ProbeReport:
     # "lifecycle": {...}}, either absent when the host has none): how a job the service's
     # rounds watch ended, and which run it was.
     ledger_records: dict[str, dict[str, Any]] | None = None
+    # With `progress`: path -> its modification time (the host's clock, whole seconds), for
+    # those that exist; None: not asked.
+    progress: dict[str, int] | None = None
     # With tenancy: the host's health record (host/health.py: a state per GPU and for the
     # host), {} when it has none.
     health: dict[str, Any] | None = None
@@ -142,6 +150,7 @@ class ProbeReport:
             listening_local=self.listening_local,
             dropins=self.dropins,
             ledger_records=self.ledger_records,
+            progress=self.progress,
             health=self.health,
             logins=self.logins,
         )
@@ -410,6 +419,9 @@ class PreemptRequest:
     # The job's side: preempted on this host (its marker) and asked by whoever acts
     # for the job to stop here too (a job is preempted whole): its GPUs wait for nobody.
     follows: str = ""
+    # A recovery's stop (run/recover.py): `by` is the job itself (its GPUs here wait for
+    # its own next run), and the end marker says so: {"n": incident, "words": where it broke}.
+    recovery: dict[str, Any] | None = None
 
     op = "preempt"
 
@@ -421,6 +433,25 @@ class PreemptReport:
     deadline: float | None = None  # host clock
     grace: float = 0.0
     gpus: list[int] = field(default_factory=list)  # what it held here
+
+
+@dataclass(frozen=True)
+class StacksRequest:
+    """A hung job's look (host/stacks.py): each unit's processes and their states, and
+    its Python stacks (py-spy, when installed) written into the task's log."""
+
+    job: str
+    units: list[str] = field(default_factory=list)
+    why: str = ""  # said in the log above the stacks
+
+    op = "stacks"
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    # unit -> {"pids": [...], "states": {pid: letter}, "dumped": bool, "py_spy": bool}
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -518,6 +549,7 @@ REQUESTS = {
         OwnersRequest,
         QueueRequest,
         PreemptRequest,
+        StacksRequest,
         HealthRequest,
         HealthTestRequest,
         FabricRequest,
@@ -535,6 +567,7 @@ REPORTS = {
     "owners": OwnersReport,
     "queue": QueueReport,
     "preempt": PreemptReport,
+    "stacks": StacksReport,
     "health": HealthReport,
     "healthtest": HealthTestReport,
     "fabric": FabricReport,

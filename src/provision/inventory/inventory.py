@@ -37,6 +37,7 @@ from provision.core.model import (
 )
 from provision.host import layout
 from provision.inventory import placementspec
+from provision.inventory import recoveryspec as rec
 from provision.inventory import scheduling as sched
 from provision.inventory.address import split as split_address
 from provision.inventory.filespec import check_files
@@ -79,6 +80,7 @@ TOP_KEYS = (
     "tune",
     *sched.KEYS,
     *placementspec.KEYS,
+    *rec.KEYS,
 )
 SSH_KEYS = ("user", "port", "identity_file", "host_key_policy", "jump_host", "connect_timeout")
 HOST_KEYS = ("name", "address", "cluster_address", "accelerators", "labels", "drain") + SSH_KEYS
@@ -94,6 +96,7 @@ POOL_KEYS = (
     "restart",
     "setup",
     "grace_period",
+    "elastic",
 )
 
 
@@ -340,6 +343,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
     restart = _restart(c, m.get("restart"), path + ("restart",))
     setup = _setup(c, m.get("setup"), path + ("setup",))
     grace = c.integer(m.get("grace_period", GRACE_PERIOD), path + ("grace_period",), 1, MAX_GRACE_PERIOD)
+    elastic = rec.elastic(c, m.get("elastic"), path, command if "image" not in m else None, replicas)
     if replicas is None or accelerators is None:
         return None
     return Pool(
@@ -356,6 +360,7 @@ def _pool(c: Checker, role: str, value: Any, host_names: set[str], hosts: list[H
         restart=restart,
         setup=setup,
         grace_period=grace if grace is not None else GRACE_PERIOD,
+        elastic=elastic,
     )
 
 
@@ -502,6 +507,8 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
     setup = _setup(c, top.get("setup"), ("setup",))
     state = _state(c, top.get("state", LOCAL))
     tune, scheduling = parse_tune(c, top.get("tune"), job), sched.scheduling(c, top)
+    progress, recovery = rec.progress(c, top.get("progress")), rec.recovery(c, top.get("recovery"))
+    spares = rec.spares(c, top.get("spares"), hosts, pools)
     preference = placementspec.placement(c, top.get("placement"), hosts)
     for where, s in (
         [(("setup",), setup)] + [(("pools", p.role, "setup"), p.setup) for p in pools] if files_here else []
@@ -536,6 +543,9 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
         state=state,
         tune=tune,
         scheduling=scheduling,
+        progress=progress,
+        recovery=recovery,
+        spares=spares,
         placement=preference,
     )
     _check_capacity(inv, c)

@@ -28,7 +28,7 @@ from typing import Any
 
 from provision.core.target import Target
 from provision.host import agent, health, hostcheck, hostfacts, hostlib, layout, ledger, logins
-from provision.host.protocol import CHECK_FACTS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
+from provision.host.protocol import CHECK_FACTS, MAX_PROGRESS_PATHS, NO_FACTS, FileInfo, ProbeReport, ProbeRequest
 from provision.io.ssh import ANSWER_LIMIT, Session, call_agent
 
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9/._@:+=,-]*$")
@@ -82,7 +82,10 @@ def command(req: ProbeRequest) -> str | None:
     facts = set(req.facts_only) if req.facts == CHECK_FACTS else set()
     _, units, paths = _asked(req)
     looked = req.looked()
-    if not all(_SAFE_UNIT.fullmatch(u) for u in units) or not all(_SAFE_PATH.fullmatch(p) for p in paths + looked):
+    progress = req.progress[:MAX_PROGRESS_PATHS]
+    if not all(_SAFE_UNIT.fullmatch(u) for u in units) or not all(
+        _SAFE_PATH.fullmatch(p) for p in paths + looked + progress
+    ):
         return None
     gpus = " ".join((str(hostfacts.NVIDIA_SMI_TIMEOUT), *hostfacts.NVIDIA_SMI)) if "gpus" in facts else ""
     checks = _check_words(req, facts)
@@ -112,6 +115,7 @@ def command(req: ProbeRequest) -> str | None:
         " ".join((layout.DROPIN_DIRS, *(layout.DROPIN_BASES if req.files else ()))),
         _health_words(req),
         " ".join(logins.CGROUP_MOUNTS) if req.logins else "",
+        " ".join(progress),
         *paths,
     ]
     return " ".join(shlex.quote(w) for w in words)
@@ -141,7 +145,7 @@ def _check_words(req: ProbeRequest, facts: set[str]) -> list[str] | None:
         return None
     ports = [int(p) for p in c.get("ports") or []]
     return [
-        "2" if req.clocks else "1" if c.get("clock") else "",
+        "2" if req.clocks else "1" if c.get("clock") or req.progress else "",  # progress: ages on the host's clock
         " ".join((str(_gpu_timeout(req)), *hostcheck.APPS_QUERY)) if gpus else "",
         " " + " ".join(str(p) for p in ports) + " " if ports else "",
         " ".join(disk),
@@ -325,6 +329,17 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         sessions = _logins(_section(line, b"@logins-end"))
         text = line()
     text, now, mono, checks, interface = _checks(line, text, req, gpu_text, facts)
+    progress: dict[str, int] | None = None
+    if req.progress:
+        if text != b"@progress":
+            raise _Mismatch("no progress section")
+        progress = {}
+        for said in _section(line, b"@progress-end"):
+            mtime, _, name = said.partition(" ")
+            if not mtime.lstrip("-").isdigit() or name not in req.progress:
+                raise _Mismatch(f"a progress line out of step: {said!r}")
+            progress[name] = int(mtime)
+        text = line()
     if text != b"@dropins":
         raise _Mismatch("no dropins section")
     dropins = []
@@ -472,6 +487,7 @@ def parse(out: bytes, req: ProbeRequest) -> ProbeReport:  # noqa: C901  one bran
         runs=as_json(layout.runs_path(job)),
         ledger_records=records,
         dropins=sorted(dropins) if req.files else None,
+        progress=progress,
         health=health_record,
         logins=sessions,
     )

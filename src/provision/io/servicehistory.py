@@ -31,7 +31,7 @@ class GpuSample:
 class HistoryRow:
     """One history row: a run, a trial or a queue wait."""
 
-    kind: str  # "study", "trial", "run" (an applied job's), "wait" (a queued apply's)
+    kind: str  # "study", "trial", "run" (an applied job's), "wait" (a queued apply's), "incident" (a recovery's)
     job: str
     owner: str
     started: float

@@ -39,6 +39,7 @@ from typing import Any
 
 from provision.core.errors import ProvisionError
 from provision.core.records import HostRecord, stamped
+from provision.core.recovery import RecoveryRecord
 from provision.inventory.statebackend import Backend
 from provision.io.statestore import (
     FORMAT_VERSION,
@@ -119,6 +120,7 @@ class State:
         placement: dict[str, Slot],
         original: bytes | None,
         store: Store | None = None,
+        recovery: RecoveryRecord | None = None,
     ):
         self.path = path  # the local file (with another backend: where it would be; known_hosts beside it)
         self.store: Store = store or LocalStore(path)
@@ -128,6 +130,7 @@ class State:
         self.job = job
         self.hosts = hosts
         self.placement = placement
+        self.recovery = recovery or RecoveryRecord()  # hosts set aside for the job, its incidents
         self._original = original  # the file as read: the backup, written before the first save
         self._lock = threading.Lock()
         self._key: bytes | None = None
@@ -174,6 +177,7 @@ class State:
                 placement=placement,
                 original=raw,
                 store=store,
+                recovery=RecoveryRecord.from_json(data.get("recovery")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProvisionError(
@@ -267,7 +271,21 @@ class State:
                 self.placement = dict(placement)
                 self._changed()
 
+    def set_recovery(self, record: RecoveryRecord) -> None:
+        """The job's recoveries (core/recovery.py), saved at once: a service killed in the
+        middle of one, or the owner's next apply, goes on from what is here."""
+        with self._lock:
+            if record != self.recovery:
+                self.recovery = record
+                self._changed()
+
     def to_json(self) -> dict[str, Any]:
+        out = self._json()
+        if self.recovery != RecoveryRecord():
+            out["recovery"] = self.recovery.to_json()
+        return out
+
+    def _json(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
             "serial": self.serial,

@@ -15,6 +15,10 @@ Rules, in one place:
   tenancy.py reads them from the hosts' ledgers; GPUs their health keeps from new work) is
   never given out: neither kept from `previous` nor chosen; a host it closes gets no new
   task (rules/health.py: draining).
+- `spares:` hosts come last while every host is in service: a replica goes to one only
+  when no other eligible host has room; once a host is drained or set aside for the job (a
+  recovery: core/recovery.py), the spares are hosts like the others, so the replicas that
+  move go to them first (least loaded); a replica placed on a spare stays there.
 - `placement: {prefer_same: [label, ...]}`: the hosts are grouped by each label's value (a
   switch, an NVLink domain), and a new task goes to the best group's hosts first (least
   loaded within it), so the job spans as few groups as fit it. The best group is the
@@ -26,8 +30,9 @@ Rules, in one place:
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
@@ -110,6 +115,16 @@ class PlacementError(ProvisionError):
         return f"pools.{self.role}: {self.reason}"
 
 
+def set_aside(inv: Inventory, hosts: Collection[str]) -> Inventory:
+    """The job with `hosts` drained for it alone: a recovery set them aside (the job's state
+    keeps them: core/recovery.RecoveryRecord), so its replicas there are placed again
+    elsewhere and no other of its replicas goes there; other jobs are not concerned."""
+    if not hosts or not any(h.name in hosts and not h.drain for h in inv.hosts):
+        return inv
+    drained = tuple(dataclasses.replace(h, drain=True) if h.name in hosts else h for h in inv.hosts)
+    return dataclasses.replace(inv, hosts=drained)
+
+
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
     """Index-major order: growing one pool appends, it never reorders earlier replicas."""
     pools = sorted(pools, key=lambda p: ROLES.index(p.role))
@@ -157,6 +172,7 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
     # 1,000-host placement at O(tasks · log hosts).
     heaps: dict[str, list[tuple[object, ...]]] = {}
 
+    spares = _waiting_spares(inv, states)
     prefer, slots = _preference(inv, states, len(order))
     spent = (len(inv.placement.prefer_same) + 1) * (len(states) + 1,)  # a host whose slots are taken
 
@@ -164,7 +180,7 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
         avoid = pool.accelerators == 0 and st.host.accelerator_count > 0
         fit = len(st.free) if pool.accelerators else 0
         rank = prefer.get(st.host.name, ()) if st.tasks < slots.get(st.host.name, 0) else spent
-        return (avoid, rank, st.tasks, fit, st.order, st.version, st.host.name)
+        return (st.host.name in spares, avoid, rank, st.tasks, fit, st.order, st.version, st.host.name)
 
     def heap_for(pool: Pool) -> list[tuple[object, ...]]:
         if pool.role not in heaps:
@@ -190,6 +206,15 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
 
     tasks = sorted(chosen.values(), key=lambda t: (ROLES.index(t.role), t.index))
     return Placement(tuple(tasks))
+
+
+def _waiting_spares(inv: Inventory, states: Mapping[str, _HostState]) -> frozenset[str]:
+    """The spares that come last: all of them while every host is in service; once one is
+    drained, set aside or closed by its health, a spare is a host like the others (least
+    loaded first): the displaced replica's."""
+    if any(h.drain for h in inv.hosts) or any(st.closed for st in states.values()):
+        return frozenset()
+    return frozenset(inv.spares)
 
 
 def _port(pool: Pool, index: int, st: _HostState) -> int:

@@ -153,6 +153,43 @@ def preemptible(inv: Inventory) -> bool:
     return inv.scheduling.may_be_preempted(inv.tf_config.trial is not None)
 
 
+def resumable(inv: Inventory) -> bool:
+    """Is the job stopped with the preemption's signal and grace and resumed with
+    PROVISION_RESUME=1: a preemptible job, and one provision recovers (`recovery:`)."""
+    return preemptible(inv) or inv.recovery is not None
+
+
+ELASTIC_RESTARTS = 3  # torchrun's --max-restarts for an elastic job: each node lost is one
+
+
+def torchrun_env(inv: Inventory, jc: JobCluster, r: int, nproc: int) -> list[tuple[str, str]]:
+    """torchrun's own settings (its PET_ variables): a static rendezvous at the master for
+    a job of fixed size; with a pool's `elastic: {min, max}`, torchrun's c10d rendezvous:
+    --nnodes=MIN:MAX counted with the job's other nodes (its chief), its endpoint the
+    master's address and port (where the job's chief stays: the same across restarts), the
+    job's name its id, and restarts enough for torchrun to go on when a node is lost."""
+    m = jc.master
+    assert m is not None
+    pool = next((p for p in inv.pools if p.elastic is not None), None)
+    if pool is None or pool.elastic is None:
+        return [
+            ("PET_NNODES", str(jc.world)),
+            ("PET_NODE_RANK", str(r)),
+            ("PET_MASTER_ADDR", m.host.cluster_address),
+            ("PET_MASTER_PORT", str(m.port)),
+            ("PET_NPROC_PER_NODE", str(nproc)),
+        ]
+    spec, others = pool.elastic, jc.world - pool.replicas
+    return [
+        ("PET_NNODES", f"{others + spec.min}:{others + spec.max}"),
+        ("PET_RDZV_BACKEND", "c10d"),
+        ("PET_RDZV_ENDPOINT", f"{m.host.cluster_address}:{m.port}"),
+        ("PET_RDZV_ID", inv.job),
+        ("PET_MAX_RESTARTS", str(ELASTIC_RESTARTS)),
+        ("PET_NPROC_PER_NODE", str(nproc)),
+    ]
+
+
 def task_env(  # noqa: C901  one branch per variable family provision sets (docs/environment.md)
     inv: Inventory,
     task: PlacedTask,
@@ -171,8 +208,10 @@ def task_env(  # noqa: C901  one branch per variable family provision sets (docs
         # Logs reach journald as they are printed, not when a buffer fills; env may override.
         ("PYTHONUNBUFFERED", "1"),
     ]
-    if preemptible(inv):  # where a preemption's deadline is written (host/preempt.py)
+    if resumable(inv):  # where a preemption's (or a recovery's) deadline is written (host/preempt.py)
         env.append(("PROVISION_PREEMPT_AT", layout.preempt_at_path(inv.job)))
+    if inv.progress is not None:  # a file the task may touch to show it progresses
+        env.append(("PROVISION_HEARTBEAT", layout.heartbeat_path(inv.job, task.name)))
     trial = inv.tf_config.trial
 
     # TF_CONFIG: not for single-task jobs, and reduction servers are not TF tasks.
@@ -209,11 +248,7 @@ def task_env(  # noqa: C901  one branch per variable family provision sets (docs
             ("MASTER_PORT", str(m.port)),
             ("WORLD_SIZE", str(jc.world)),
             ("RANK", str(r)),
-            ("PET_NNODES", str(jc.world)),
-            ("PET_NODE_RANK", str(r)),
-            ("PET_MASTER_ADDR", m.host.cluster_address),
-            ("PET_MASTER_PORT", str(m.port)),
-            ("PET_NPROC_PER_NODE", str(nproc)),
+            *torchrun_env(inv, jc, r, nproc),
             ("JAX_COORDINATOR_ADDRESS", m.address),
             ("JAX_NUM_PROCESSES", str(jc.world)),
             ("JAX_PROCESS_ID", str(r)),

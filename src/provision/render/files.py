@@ -26,7 +26,7 @@ from provision.core.model import FileSpec, Host, Inventory, Pool
 from provision.host import layout, outdirs
 from provision.inventory.pushed import walk_spec
 from provision.placement.tasks import PlacedTask, Placement, Slot, place
-from provision.render.clusterenv import JobCluster, job_cluster, output_dirs, preemptible, task_env
+from provision.render.clusterenv import JobCluster, job_cluster, output_dirs, resumable, task_env
 
 MANIFEST_VERSION = 1
 SECRET_MASK = "(sensitive value)"
@@ -231,7 +231,7 @@ def _render_task(
     pool = inv.pool(task.role)
     assert pool is not None
     env = task_env(inv, task, jc, secrets=secrets, gpu_uuids=gpu_uuids, socket_ifname=socket_ifname)
-    preempt = preemptible(inv)
+    preempt = resumable(inv)
     j = _jinja()
     common = {"job": inv.job, "task": task.name, "host": task.host.name}
     env_text = j.get_template("task.env.j2").render(**common, assignments=[encode.env_assignment(k, v) for k, v in env])
@@ -247,7 +247,7 @@ def _render_task(
         exec_stop=layout.exec_stop_command(inv.job, task.name),
         exec_stop_post=layout.exec_stop_post_command(inv.job, task.name),
         accelerators=pool.accelerators,
-        # A preemptible job's stop is its preemption (host/preempt.py): systemd sends the
+        # A preemptible (or recovered) job's stop is its preemption (host/preempt.py): systemd sends the
         # preemption's signal and kills what is left after its grace (any stop of it).
         stop_timeout=max(1, inv.scheduling.grace_s) if preempt else pool.grace_period,  # 0 means none to systemd
         kill_signal=inv.scheduling.signal.value if preempt and inv.scheduling.signal.value != "SIGTERM" else "",

@@ -13,6 +13,9 @@ The rules, in one place:
   how (core/lifecycle.job_phase over its tasks' units, the end marker and the job's success
   policy where the service knows its inventory, else the chief's); a run that started and
   ended between two rounds gives both;
+- a job a recovery stopped (its marker says so, run/recover.py) is recovering: its run ends
+  (`job.ended`, how failed) if it had not ended already, and its next run is `job.started`
+  (the recovery itself says `job.recovered`);
 - a preempted job is `job.preempted` and ends (`job.ended`, how preempted); a job gone from
   every host it was on while it ran was destroyed; a run whose tasks were all stopped with
   no end marker is judged at the next round: gone, it was destroyed (destroy stops the
@@ -34,7 +37,16 @@ from enum import StrEnum
 from typing import Any
 
 from provision.core.events import Event, How, Kind, ended_key, started_key
-from provision.core.lifecycle import PREEMPT_PHASE, STOP_PHASE, JobPhase, TaskRow, TaskState, job_phase, task_state
+from provision.core.lifecycle import (
+    PREEMPT_PHASE,
+    STOP_PHASE,
+    JobPhase,
+    TaskRow,
+    TaskState,
+    job_phase,
+    recovering,
+    task_state,
+)
 from provision.host import layout
 from provision.rules.rounds import HostSeen, Round
 from provision.rules.status import JobStatus
@@ -46,6 +58,7 @@ class State(StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"  # every task stopped, no end marker: destroy under way, or a stop by hand
     PREEMPTED = "preempted"
+    RECOVERING = "recovering"  # a recovery stopped it (run/recover.py): its next run follows
     ENDED = "ended"
 
 
@@ -192,23 +205,31 @@ def _job(
         c = replace(c, state=State.ENDED)  # said already
     ran = p is not None and p.state in (State.RUNNING, State.STOPPING) and not new_run
     if known and (new_run or ran):
-        events += _failures(job, c, p if not new_run else None)
-        if c.state is State.STOPPING and p is not None and p.state is State.STOPPING and not new_run:
-            events.append(_end(job, c.run, c.owner, How.STOPPED, c.words, c.hosts, c.gpus))
-            c = replace(c, state=State.ENDED)
-        elif c.state is State.PREEMPTED:
-            words = f"job {job} was preempted" + (f" by {c.preempted_by}" if c.preempted_by else "")
-            events.append(
-                Event(Kind.JOB_PREEMPTED, f"preempt:{job}:{c.run}", job, c.owner, c.hosts[0], words, run=c.run)
-            )
-            events.append(_end(job, c.run, c.owner, How.PREEMPTED, words, c.hosts, c.gpus))
-        elif c.state is State.ENDED and c.how is not None:
-            events.append(_end(job, c.run, c.owner, c.how, c.words, c.hosts, c.gpus))
+        c, more = _run_events(job, c, p, new_run)
+        events += more
     failed = tuple(sorted({t for t, _, s, _, _ in c.tasks if s is TaskState.FAILED}))
     restarts = tuple(sorted((t, n) for t, _, _, _, n in c.tasks))
     if p is not None and not new_run:
         failed = tuple(sorted(set(failed) | set(p.failed)))
     return JobSeen(c.state, c.run, c.owner, c.hosts, c.gpus, failed, restarts), events
+
+
+def _run_events(job: str, c: _Now, p: JobSeen | None, new_run: bool) -> tuple[_Now, list[Event]]:
+    """The events of a run that is new or ran at the last round: its tasks' failures and
+    its end (stopped, preempted, ended, or stopped by a recovery); `c` as it is kept."""
+    events = _failures(job, c, p if not new_run else None)
+    if c.state is State.STOPPING and p is not None and p.state is State.STOPPING and not new_run:
+        events.append(_end(job, c.run, c.owner, How.STOPPED, c.words, c.hosts, c.gpus))
+        c = replace(c, state=State.ENDED)
+    elif c.state is State.PREEMPTED:
+        words = f"job {job} was preempted" + (f" by {c.preempted_by}" if c.preempted_by else "")
+        events.append(Event(Kind.JOB_PREEMPTED, f"preempt:{job}:{c.run}", job, c.owner, c.hosts[0], words, run=c.run))
+        events.append(_end(job, c.run, c.owner, How.PREEMPTED, words, c.hosts, c.gpus))
+    elif c.state is State.ENDED and c.how is not None:
+        events.append(_end(job, c.run, c.owner, c.how, c.words, c.hosts, c.gpus))
+    elif c.state is State.RECOVERING:  # it ran until the recovery stopped it (a hang): its run ends
+        events.append(_end(job, c.run, c.owner, How.FAILED, c.words, c.hosts, c.gpus))
+    return c, events
 
 
 def _gone(job: str, p: JobSeen | None, answered: frozenset[str]) -> tuple[JobSeen | None, list[Event]]:
@@ -286,6 +307,8 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
             rows.append(TaskRow(task, role, h.host, got.state, got.detail, _ended_at(got.state, exits)))
     if Hold.RUNNING in holds:
         state = State.RUNNING
+    elif recovering(marker) or preempted_by == job:
+        state = State.RECOVERING
     elif Hold.PREEMPTED in holds or (marker is not None and marker.get("phase") == JobPhase.PREEMPTED.value):
         state = State.PREEMPTED
     elif run is None or holds <= {Hold.RESERVED, Hold.QUEUED, Hold.STALE}:
@@ -293,6 +316,8 @@ def _now(job: str, on: list[tuple[HostSeen, Holder]], success: str) -> _Now:
     else:
         state = State.ENDED
     how, words = None, ""
+    if state is State.RECOVERING:
+        words = f"job {job} run {run} ended: " + str((marker or {}).get("reason") or "recovering")
     if state is State.ENDED and marker is None and rows and all(r.state is TaskState.STOPPED for r in rows):
         state, how = State.STOPPING, How.STOPPED
         words = f"job {job} stopped: {rows[0].task} was {rows[0].detail}"

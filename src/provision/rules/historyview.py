@@ -12,12 +12,13 @@ from typing import TypedDict
 from provision.rules.usage import HOLDING
 
 HISTORY_FORMAT = 1
-KINDS = ("run", "trial", "study", "wait")
+KINDS = ("run", "trial", "study", "wait", "incident")
 # How a row ended, in one word, from its words ("Failed: chief-0 exited 1", "succeeded, 0.25",
 # "stopped by ann", "done: ..."): the first of these its words begin with, else the first it
 # names (a terminal job's end is the event's sentence: "job bert was destroyed while it ran").
 STATES = (
     ("stopped early", "stopped early"),
+    ("recovered", "recovered"),  # an incident's row (serve/recovery.py)
     ("succeeded", "succeeded"),
     ("done", "succeeded"),
     ("fitted", "fitted"),

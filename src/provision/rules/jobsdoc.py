@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
+from provision.core.recovery import GoodputJson
 from provision.rules.health import HealthSummary
 
 JOBS_FORMAT_VERSION = 1
@@ -67,6 +68,7 @@ class JobJson(TypedDict):
     submitted: str | None
     hosts: dict[str, JobHostJson]
     dev: DevJson | None  # a dev session's terms (`provision dev`)
+    goodput: NotRequired[GoodputJson]  # a job with progress: or recovery: (the service's rounds)
     gpus: NotRequired[int]
     gpu_hours: NotRequired[float | None]
     ended: NotRequired[str | None]

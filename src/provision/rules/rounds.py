@@ -17,10 +17,12 @@ from typing import Any
 
 from provision.core import runs
 from provision.core.devsession import logins_of
+from provision.core.recovery import ProgressSpec, RecoveryRecord, RecoverySpec
 from provision.host.protocol import ProbeReport
 from provision.rules import health as hl
 from provision.rules.jobsdoc import JobsDoc
 from provision.rules.priority import Policy
+from provision.rules.progress import Seen as ProgressSeen
 from provision.rules.tenancy import HostView, host_view
 
 
@@ -54,6 +56,11 @@ class HostSeen:
         """The unit's .exits records here (systemd forgets an ended unit's outcome)."""
         got = ((self.records.get(job) or {}).get("exits") or {}).get(unit)
         return got if isinstance(got, list) else None
+
+    def run_started(self, job: str) -> float | None:
+        """When the job's latest run started here (the host's clock)."""
+        got = runs.parse((self.records.get(job) or {}).get("runs"))
+        return got[-1].started_at if got else None
 
     def marker_of(self, job: str) -> Mapping[str, Any] | None:
         """The job's end marker here (`provision stop`, a preemption), if any."""
@@ -92,6 +99,21 @@ def host_seen(
     )
 
 
+@dataclass(frozen=True)
+class JobWatch:
+    """A job the round watches for its progress or recovers (`progress:`, `recovery:`):
+    its inventory file, what it asks, where its tasks are placed now (task -> host), the
+    hosts set aside for it, and its progress as this round saw it."""
+
+    file: str
+    progress: ProgressSpec | None
+    recovery: RecoverySpec | None
+    tasks: Mapping[str, str]
+    seen: ProgressSeen
+    aside: tuple[str, ...] = ()
+    record: RecoveryRecord = RecoveryRecord()  # its recoveries, as its state had them
+
+
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:
     return HostSeen(HostView(name, gpus, error=why))
 
@@ -113,6 +135,8 @@ class Round:
     jobs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # ... and what each replica needs: (its GPUs, the hosts it may run on), one per replica.
     demand: Mapping[str, tuple[tuple[int, frozenset[str]], ...]] = field(default_factory=dict)
+    # The jobs watched for progress or recovered (rules/recovery.py), by job.
+    watch: Mapping[str, JobWatch] = field(default_factory=dict)
     policy: Policy | None = None  # the team's (priority classes, guarantees), as the inventories' state says
 
     @property

@@ -25,6 +25,7 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
+from provision.core.recovery import GoodputJson, RecoveryJson, RecoveryRecord
 from provision.core.runs import Run, RunJson, merged
 from provision.core.tuning import TrialJson
 from provision.host import layout
@@ -34,6 +35,7 @@ from provision.rules import preempted
 from provision.rules.health import task_notes
 from provision.rules.historyview import HistoryRowJson
 from provision.rules.jobsdoc import JobHostJson
+from provision.rules.progress import ProgressJson, ProgressView
 from provision.rules.queueorder import place_in_queue
 from provision.rules.tenancy import holders
 
@@ -68,6 +70,12 @@ class StatusJson(TypedDict):
     run: RunJson | None
     setup_lines: dict[str, list[str]]
     health: list[str]
+    # A job with `progress:` or `recovery:` (rules/recovery.judged): its progress, where its
+    # run broke (one line), its recoveries.
+    progress: NotRequired[ProgressJson]
+    broke: NotRequired[str]
+    recovery: NotRequired[RecoveryJson]
+    goodput: NotRequired[GoodputJson]
 
 
 class JobDoc(StatusJson):
@@ -140,10 +148,28 @@ class JobStatus:
     # Preempted on some hosts, its tasks still running (or stopping) on others:
     # who acts for the job preempts it there too (run/victim.py).
     rest: preempted.Rest | None = None
+    # A job watched for progress or recovered (rules/recovery.judged): its progress, where
+    # its run broke (one line), and its recoveries as its state keeps them.
+    progress: ProgressView | None = None
+    broke: str = ""
+    recovery: RecoveryRecord | None = None
+    goodput: GoodputJson | None = None  # core/recovery.goodput
     # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
     health: tuple[str, ...] = ()
 
     def to_json(self) -> StatusJson:
+        out = self._json()
+        if self.progress is not None:
+            out["progress"] = self.progress.to_json()
+        if self.broke:
+            out["broke"] = self.broke
+        if self.recovery is not None:
+            out["recovery"] = self.recovery.to_json()
+        if self.goodput is not None:
+            out["goodput"] = self.goodput
+        return out
+
+    def _json(self) -> StatusJson:
         return {
             "format_version": 2,
             "job": self.job,

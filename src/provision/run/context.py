@@ -38,6 +38,7 @@ from provision.io.ssh import Session, call_agent
 from provision.io.state import State, default_state_path, open_store, writable_dir
 from provision.io.statestore import Lock
 from provision.io.steps import GroupResult, Step, run_step
+from provision.placement.tasks import set_aside
 from provision.render.clusterenv import uses_socket_ifname
 from provision.render.files import FileKind, HostBundle, Rendered, render
 from provision.rules import preflight
@@ -45,6 +46,7 @@ from provision.rules.facts import needed as needed_facts
 from provision.rules.health import health_fields
 from provision.rules.priority import Policy, level
 from provision.rules.programs import paths as program_paths
+from provision.rules.progress import watched
 from provision.rules.tenancy import Owner, Turn
 
 Progress = Callable[[str], None]
@@ -71,11 +73,13 @@ class Context:
     # time), and the team's priority classes (the state backend's policy).
     submitted: float = field(default_factory=time.time)
     policy: Policy = field(default_factory=Policy)
+    who: str = ""  # acting in another's name (the service recovering a handed-over job: its submitter)
     dev: DevTerms | None = None  # a dev session's terms (`provision dev`): into its reservation
 
     @property
     def owner(self) -> Owner:
-        return Owner.here(self.state.lineage, self.state.store.owner_ref)
+        me = Owner.here(self.state.lineage, self.state.store.owner_ref)
+        return dataclasses.replace(me, who=self.who) if self.who else me
 
     @property
     def turn(self) -> Turn:
@@ -144,6 +148,7 @@ def open_context(
     submitted: float | None = None,
     keep_session: bool = False,
     files_here: bool = True,
+    who: str = "",
 ) -> Context:
     """Load (`loaded`: the job as given, as a study's trial's), lock (when `operation` changes
     hosts: before the state is read), read the state, render. `session`: connections shared
@@ -174,8 +179,8 @@ def open_context(
             targets = {k: v for k, v in targets.items() if k in only}
         if not only:  # a missing key fails every connection: say so once, before any
             refuse_bad_keys(inv, inventory_path)
-        secrets = secrets_from_env(inv, inventory_path) if render_secrets else None
-        ifnames = cached_ifnames(inv, state)
+        inv = set_aside(inv, state.recovery.aside)  # hosts a recovery set aside for this job
+        secrets, ifnames = secrets_from_env(inv, inventory_path) if render_secrets else None, cached_ifnames(inv, state)
         rendered = render(inv, previous=state.previous_placement(), secrets=secrets, socket_ifnames=ifnames)
     except BaseException:
         if lock is not None:
@@ -186,7 +191,7 @@ def open_context(
     session = session or Session(KnownHosts(state.known_hosts_path), parallelism=parallelism, verbose=verbose)
     return Context(
         inv, state, session, targets, rendered, inventory_path, everyone, lock, bool(only), secrets, take_over,
-        ifnames=ifnames, own_session=own, submitted=submitted if submitted is not None else time.time(), policy=policy,
+        ifnames=ifnames, own_session=own, submitted=submitted if submitted is not None else time.time(), policy=policy, who=who,
     )  # fmt: skip
 
 
@@ -261,6 +266,7 @@ class Ask:
     interface: bool = False
     clocks: bool = False
     gpu_apps: bool = False
+    progress: bool = False  # what shows the job's progress on the host (rules/progress.watched)
     health: bool = False
     logins: bool = False  # who is logged in to the host's dev sessions
 
@@ -269,7 +275,15 @@ class Ask:
         return dataclasses.replace(self, listening=False, checks=False, interface=False)
 
 
-def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
+def progress_paths(ctx: Context, name: str) -> list[str]:
+    """What shows the job's progress on host `name` (its tasks placed there)."""
+    tasks = [t.name for t in ctx.rendered.placement.on_host(name)]
+    return [w.path for w in watched(ctx.inventory, tasks)]
+
+
+def probe_request(ctx: Context, name: str, ask: Ask, more: Iterable[str] = ()) -> ProbeRequest:
+    """`more`: paths whose modification time the probe reads besides (other jobs' progress
+    on this host, as the service's survey asks)."""
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
     host = next((h for h in ctx.inventory.hosts if h.name == name), None)
@@ -315,6 +329,7 @@ def probe_request(ctx: Context, name: str, ask: Ask) -> ProbeRequest:
         tenancy=ask.tenancy,
         listening=ask.listening,
         clocks=ask.clocks,
+        progress=sorted(set(progress_paths(ctx, name) if ask.progress else ()) | set(more)),
         logins=ask.logins,
         # Pre-flight checks, the cluster address's interface (checks.py), the health read.
         **fields,
@@ -337,14 +352,16 @@ def probe(
     only: set[str] | None = None,
     quiet: Iterable[str] = (),
     timings: dict[str, tuple[float, float]] | None = None,
+    more: Mapping[str, Iterable[str]] | None = None,
 ) -> GroupResult[ProbeReport]:
     """One round trip per host. fast: through the shell probe where it can answer
     (probe.py); else the agent. quiet: hosts asked `ask.settled()`. `timings` gets when
-    each host was asked and answered (checks.py: the clock check)."""
+    each host was asked and answered (checks.py: the clock check). `more`: host -> paths
+    whose modification time it reads besides (probe_request)."""
     quiet = set(quiet)
 
     def one(t: Target) -> ProbeReport:
-        req = probe_request(ctx, t.name, ask.settled() if t.name in quiet else ask)
+        req = probe_request(ctx, t.name, ask.settled() if t.name in quiet else ask, (more or {}).get(t.name, ()))
         asked = time.time()
         if fast:
             report = probe_host(ctx.session, t, req)

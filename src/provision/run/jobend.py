@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import functools
+import time
 from collections.abc import Iterator
 
 import click
@@ -30,6 +31,10 @@ from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
 from provision.rules.gpuuse import with_task_util
+from provision.rules.health import of_report
+from provision.rules.progress import seen as progress_seen
+from provision.rules.progress import watched
+from provision.rules.recovery import awaits, judged
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
 from provision.run.context import Ask, Context, probe
@@ -47,10 +52,19 @@ def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], s
     # The shell probe (and the clocks for how long each task has been in its state); the
     # ledger says who owns the job, its listening ports are not needed; the GPUs' facts give
     # each task's utilization (the same nvidia-smi run plan's checks make, on GPU hosts only).
-    ask = Ask(facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True, health=util)
+    inv = ctx.inventory
+    ask = Ask(
+        facts="check" if util else "none", files=False, tenancy=True, listening=False, clocks=True,
+        health=util, progress=inv.progress is not None,
+    )  # fmt: skip
     res = probe(ctx, ask, fast=True, only=hosts | left)
     answered = {n: r for n, r in res.ok.items() if n in hosts}
-    st = job_status(ctx.inventory, tasks, answered, {n: e.message for n, e in res.errors.items() if n in hosts})
+    st = job_status(inv, tasks, answered, {n: e.message for n, e in res.errors.items() if n in hosts})
+    if inv.progress is not None or inv.recovery is not None:  # its progress, where it broke, its recoveries
+        paths = {h: watched(inv, [t.name for t in ctx.rendered.placement.on_host(h)]) for h in hosts}
+        now = time.time()
+        healths = {h: of_report(r) for h, r in answered.items()}
+        st = judged(inv, st, progress_seen(paths, answered, now), ctx.state.recovery, now, healths)
     st = with_task_util(st, answered) if util else st
     behind, running = [], set()
     for n in sorted(left):
@@ -96,7 +110,7 @@ def collect(ctx: Context) -> JobStatus:
             if mine:
                 leave_hosts(ctx, running_left)
                 st, unmarked, foreign, _ = _status(ctx)
-    if st.phase.ended and not ctx.subset:
+    if st.phase.ended and not ctx.subset and not awaits(ctx.inventory, st, ctx.state.recovery):
         live = [t for t in st.tasks if t.state.live]
         if (live or unmarked) and foreign is not None:
             # Reading is anyone's; ending another operator's job is its owner's call.

@@ -10,6 +10,7 @@ file is unchanged (a round opens no state and renders nothing).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -18,14 +19,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 
 from provision.core.model import Inventory
+from provision.core.recovery import goodput
 from provision.core.target import HostError
 from provision.host.protocol import ProbeReport
 from provision.inventory.inventory import load
 from provision.io.steps import GroupResult
 from provision.rules.gpuuse import host_use
-from provision.rules.jobsdoc import GpuUseJson
+from provision.rules.jobsdoc import GpuUseJson, JobsDoc
 from provision.rules.priority import Policy
-from provision.rules.rounds import HostSeen, Round, host_seen, unreachable
+from provision.rules.progress import Seen as ProgressSeen
+from provision.rules.progress import Watched, watched
+from provision.rules.progress import seen as progress_seen
+from provision.rules.rounds import HostSeen, JobWatch, Round, host_seen, unreachable
 from provision.rules.tenancy import jobs_json
 from provision.run.context import Ask, Context, open_context, probe
 
@@ -83,12 +88,15 @@ class KeptContexts:
     def __init__(self, invs: Inventories):
         self.invs = invs
         self._kept: dict[str, tuple[Stamp, Context]] = {}
+        self._stale: set[str] = set()  # paths whose Context is opened again at its next use
 
     @contextmanager
     def __call__(self, job: str, path: str) -> Iterator[Context]:
         now = self.invs.stamp_of(path)
         got = self._kept.get(path)
-        if got is None or got[0] != now or now is None:
+        stale = path in self._stale
+        self._stale.discard(path)
+        if got is None or got[0] != now or now is None or stale:
             if got is not None:
                 got[1].close()
             got = (now, open_context(path, render_secrets=False))
@@ -96,6 +104,11 @@ class KeptContexts:
         for gone in set(self._kept) - set(self.invs.paths):
             self._kept.pop(gone)[1].close()
         yield got[1]
+
+    def forget(self, path: str) -> None:
+        """Open the inventory's Context again at its next use: its state changed (a
+        recovery moved its tasks). From any thread: the rounds' own thread closes it."""
+        self._stale.add(path)
 
     def close(self) -> None:
         for _, ctx in self._kept.values():
@@ -112,10 +125,12 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         mine[job] = {h.name for h in inv.hosts} - seen
         seen |= mine[job]
     asked = [(job, *found[job]) for job, names in mine.items() if names]
+    watch = _watched(found, contexts)
+    more = _paths_by_host(watch)
 
     def one(a: tuple[str, str, Inventory]) -> tuple[GroupResult[ProbeReport], Policy | None]:
         with contexts(a[0], a[1]) as ctx:
-            return probe(ctx, SURVEY_ASK, fast=True, only=mine[a[0]]), ctx.policy
+            return probe(ctx, SURVEY_ASK, fast=True, only=mine[a[0]], more=more), ctx.policy
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
         got = list(pool.map(one, asked))
@@ -135,12 +150,14 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
                 hosts[h.name] = unreachable(h.name, h.accelerator_count, why)
             use = host_use(r.facts, r.checks, r.ledger) if isinstance(r, ProbeReport) else None
             extra[h.name] = (h.label_map, h.drain, use)
+    reports = {n: r for res, _ in got for n, r in res.ok.items()}
     doc = jobs_json([hs.view for hs in hosts.values()], began, policy)
     for name, (labels, drain, use) in extra.items():
         host = doc["hosts"][name]
         host["labels"], host["drain"] = labels, drain
         if use is not None:
             host["gpu_use"] = use
+    _with_goodput(doc, {j: w for j, (_, w) in watch.items()}, hosts, began)
     return Round(
         number,
         began,
@@ -150,8 +167,54 @@ def survey(found: Found, contexts: Contexts, number: int = 0) -> Round:
         success={j: inv.success for j, (_, inv) in found.items()},
         jobs={j: frozenset(h.name for h in inv.hosts) for j, (_, inv) in found.items()},
         demand={j: demand_of(inv) for j, (_, inv) in found.items()},
+        watch={j: dataclasses.replace(w, seen=progress_seen(paths, reports, began)) for j, (paths, w) in watch.items()},
         policy=policy,
     )
+
+
+Paths = dict[str, list[Watched]]  # host -> what shows a job's progress there
+
+
+def _with_goodput(doc: JobsDoc, watch: Mapping[str, JobWatch], hosts: Mapping[str, HostSeen], now: float) -> None:
+    """A watched job's goodput (core/recovery.goodput) in its row: the pages, /metrics."""
+    for j in doc["jobs"]:
+        w = watch.get(j["job"])
+        if w is not None:
+            starts = [t for h in set(w.tasks.values()) if h in hosts and (t := hosts[h].run_started(j["job"]))]
+            if (g := goodput(w.record, max(starts) if starts else None, now)) is not None:
+                j["goodput"] = g
+
+
+def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatch]]:
+    """The jobs watched for progress or recovered: what the probe stats for each on its
+    hosts, and the job as the round carries it (its placement as its state has it now)."""
+    out: dict[str, tuple[Paths, JobWatch]] = {}
+    for job, (path, inv) in found.items():
+        if inv.progress is None and inv.recovery is None:
+            continue
+        with contexts(job, path) as ctx:
+            placement = ctx.rendered.placement
+            paths = {h: watched(ctx.inventory, [t.name for t in placement.on_host(h)]) for h in placement_hosts(ctx)}
+            tasks = {t.name: t.host.name for t in placement.tasks}
+            record = ctx.state.recovery
+        out[job] = (
+            {h: ws for h, ws in paths.items() if ws},
+            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record),
+        )
+    return out
+
+
+def _paths_by_host(watch: Mapping[str, tuple[Paths, JobWatch]]) -> dict[str, set[str]]:
+    """host -> every watched job's progress paths there (one probe asks for them all)."""
+    more: dict[str, set[str]] = {}
+    for paths, _ in watch.values():
+        for host, ws in paths.items():
+            more.setdefault(host, set()).update(w.path for w in ws)
+    return more
+
+
+def placement_hosts(ctx: Context) -> list[str]:
+    return sorted({t.host.name for t in ctx.rendered.placement.tasks})
 
 
 def demand_of(inv: Inventory) -> tuple[tuple[int, frozenset[str]], ...]:

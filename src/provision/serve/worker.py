@@ -52,6 +52,7 @@ from provision.io.servicestore import ServiceStore, Submission
 from provision.io.study import Runner, Study, StudyUnavailable
 from provision.rules.events import of_status
 from provision.rules.plan import Plan
+from provision.rules.recovery import awaits
 from provision.run.apply import apply_plan
 from provision.run.context import Context, open_context
 from provision.run.jobend import end_job, look, stop_marker
@@ -369,6 +370,8 @@ def _watch(
         end_job(ctx, st, marker=stop_marker(ctx))
         store.closed(row, store.now(), f"stopped by {who}")
         return Status.CANCELLED, f"stopped by {who}"
+    if awaits(ctx.inventory, st, ctx.state.recovery):  # the service's recoveries act on it (serve/recovery.py)
+        return Status.WATCHING, f"applied; the job broke ({st.broke or st.reason}): the service recovers it"
     if st.phase.ended:
         how = st.phase.value + (f": {st.reason}" if st.reason else "")
         store.closed(row, store.now(), how)

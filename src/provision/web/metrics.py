@@ -22,6 +22,9 @@ HELP = {
     "provision_queue_length": ("gauge", "Applies waiting for room (apply --queue)."),
     "provision_queue_wait_seconds": ("gauge", "How long each queued apply has waited."),
     "provision_trials": ("gauge", "A study's trials by state."),
+    "provision_job_goodput_ratio": ("gauge", "A watched job's share of its wall time spent progressing."),
+    "provision_job_incidents": ("gauge", "A watched job's failures (its recoveries and those given up)."),
+    "provision_job_lost_seconds": ("gauge", "A watched job's time lost to its failures, with the work redone."),
 }
 
 
@@ -62,6 +65,17 @@ def _gpu_samples(
                 yield "provision_gpu_memory_used_mib", labels, float(u["memory_mib"])
 
 
+def _goodput_samples(jobs: Iterable[Mapping[str, Any]]) -> Iterable[tuple[str, dict[str, object], float]]:
+    """A watched job's goodput (core/recovery.goodput, as the service's rounds put it)."""
+    for j in jobs:
+        g = j.get("goodput")
+        if isinstance(g, dict) and isinstance(g.get("ratio"), int | float):
+            labels: dict[str, object] = {"job": j["job"], "owner": j.get("owner")}
+            yield "provision_job_goodput_ratio", labels, float(g["ratio"])
+            yield "provision_job_incidents", labels, float(len(g.get("incidents") or []))
+            yield "provision_job_lost_seconds", labels, float(g.get("lost_seconds") or 0)
+
+
 def exposition(jobs_doc: Mapping[str, Any], studies: Mapping[str, Mapping[str, Any]], now: float) -> str:
     """jobs_doc: `provision jobs --json`; studies: name -> its study document."""
     jobs = jobs_doc.get("jobs") or []
@@ -74,6 +88,8 @@ def exposition(jobs_doc: Mapping[str, Any], studies: Mapping[str, Mapping[str, A
         by_state[j["state"]] = by_state.get(j["state"], 0) + 1
     for state, n in sorted(by_state.items()):
         out["provision_jobs"].append(sample("provision_jobs", {"state": state}, n))
+    for name, labels, value in _goodput_samples(jobs):
+        out[name].append(sample(name, labels, value))
     queued = [j for j in jobs if j.get("queued")]
     out["provision_queue_length"].append(sample("provision_queue_length", {}, len(queued)))
     for j in queued:

@@ -1,0 +1,328 @@
+"""What a job asks of provision when its hardware fails: how its progress is watched
+(`progress:`), how often it is recovered (`recovery:`), which hosts wait as spares
+(`spares:`), and a pool's
+elastic size (`pools.ROLE.elastic`). The values as the inventory gives them; rules/progress.py
+and rules/recovery.py judge with them. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypedDict
+
+# The service's round while a watched job changes or is watched for progress
+# (serve/gpusample.SAMPLE_EVERY, which a test holds equal): a progress bound shorter than
+# one round could not be told from a round that has not come yet.
+ROUND_S = 10.0
+# `progress: {timeout: auto}`: the bound learnt from the job's own intervals between two
+# signs of progress, AUTO_FACTOR times their median, never under AUTO_FLOOR_S; until
+# AUTO_SAMPLES intervals were seen, AUTO_START_S.
+AUTO_FACTOR = 5.0
+AUTO_FLOOR_S = 60.0
+AUTO_SAMPLES = 3
+AUTO_START_S = 600.0  # NCCL's own watchdog's default: no sooner than it before anything is learnt
+# A run's first sign of progress comes after its start-up (imports, the rendezvous, a
+# checkpoint loaded), which a loaded host stretches: until its first sign a run is hung only
+# past its bound or this, whichever is longer.
+STARTUP_S = 120.0
+# ... and a sign within this of its start is not its own: the start itself moves the
+# checkpoint directory (made as the units start, on a host new to the job).
+SETTLE_S = 30.0
+DEFAULT_MAX = 5
+DEFAULT_WINDOW_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class ProgressSpec:
+    """`progress: {timeout: 10m}` (seconds) or `{timeout: auto}` (None)."""
+
+    timeout_s: int | None = None
+
+    @property
+    def auto(self) -> bool:
+        return self.timeout_s is None
+
+
+@dataclass(frozen=True)
+class RecoverySpec:
+    """`recovery: {max: 5, window: 24h}`: at most `max` recoveries within `window`."""
+
+    max: int = DEFAULT_MAX
+    window_s: int = DEFAULT_WINDOW_S
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """`pools.ROLE.elastic: {min: 2, max: 4}`: the pool's nodes under torchrun's c10d
+    rendezvous (`--nnodes=MIN:MAX`)."""
+
+    min: int
+    max: int
+
+
+# --------------------------------------------------------------------------- the state's record
+
+
+class Broke(StrEnum):
+    """How a run broke."""
+
+    FAILED = "failed"  # a task ended on a host that answers
+    HOST = "host"  # a host of the job stopped answering and the others ended or stopped progressing
+    HUNG = "hung"  # its tasks live but show no progress past the bound
+
+
+class Stage(StrEnum):
+    """Where a recovery is: a service killed in the middle goes on from here (the state's)."""
+
+    STOPPING = "stopping"  # the job is being stopped everywhere that answers, with its grace
+    PLACING = "placing"  # stopped: its failed replicas are placed again and it starts
+    DONE = "done"  # it runs again
+    GAVE_UP = "gave up"  # not recovered (budget spent, or the same failure on another host)
+
+
+KEEP_INCIDENTS = 50
+
+
+class IncidentJson(TypedDict):
+    """An incident as the job's state and `status --json` keep it (Incident.to_json)."""
+
+    n: int
+    broke: str
+    task: str
+    host: str
+    words: str
+    signature: str
+    run: int | None
+    at: float | None
+    detected: float | None
+    stopped: float | None
+    running: float | None
+    checkpoint: float | None
+    aside: list[str]
+    stage: str
+    why: str
+    new_run: int | None
+    started: float | None
+
+
+class RecoveryJson(TypedDict):
+    """A job's recoveries (RecoveryRecord.to_json)."""
+
+    aside: list[str]
+    incidents: list[IncidentJson]
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure of the job and its recovery, with the times goodput counts (this
+    machine's clock, epoch seconds): when it broke (the first failed exit, the last progress
+    before a hang, the last answer of a host), when it was seen, stopped, running again;
+    and the work done since its last checkpoint, redone after it."""
+
+    n: int
+    broke: Broke
+    task: str
+    host: str
+    words: str  # where it broke, one line ("chief-0's host gpu-3 stopped answering at 14:02")
+    signature: str  # how it failed, to tell the same failure on another host (its own bug)
+    run: int | None = None  # the run that broke
+    at: float | None = None  # when it broke
+    detected: float | None = None
+    stopped: float | None = None
+    running: float | None = None  # the next run started
+    checkpoint: float | None = None  # the newest checkpoint before it broke (its mtime)
+    aside: tuple[str, ...] = ()  # hosts set aside for the job by this recovery
+    stage: Stage = Stage.STOPPING
+    why: str = ""  # a recovery given up: why
+    new_run: int | None = None
+    started: float | None = None  # when the run that broke started (goodput counts from the first)
+
+    def to_json(self) -> IncidentJson:
+        return {
+            "n": self.n,
+            "broke": self.broke.value,
+            "task": self.task,
+            "host": self.host,
+            "words": self.words,
+            "signature": self.signature,
+            "run": self.run,
+            "at": self.at,
+            "detected": self.detected,
+            "stopped": self.stopped,
+            "running": self.running,
+            "checkpoint": self.checkpoint,
+            "aside": list(self.aside),
+            "stage": self.stage.value,
+            "why": self.why,
+            "new_run": self.new_run,
+            "started": self.started,
+        }
+
+    def lost(self, now: float) -> Lost:
+        """What this incident cost (module's goodput)."""
+        return lost(self, now)
+
+    @classmethod
+    def from_json(cls, d: object) -> Incident | None:
+        if not isinstance(d, dict) or not isinstance(d.get("n"), int):
+            return None
+        try:
+            return cls(
+                int(d["n"]),
+                Broke(str(d.get("broke"))),
+                str(d.get("task", "")),
+                str(d.get("host", "")),
+                str(d.get("words", "")),
+                str(d.get("signature", "")),
+                _int(d.get("run")),
+                _num(d.get("at")),
+                _num(d.get("detected")),
+                _num(d.get("stopped")),
+                _num(d.get("running")),
+                _num(d.get("checkpoint")),
+                tuple(str(h) for h in d.get("aside") or ()),
+                Stage(str(d.get("stage", Stage.STOPPING.value))),
+                str(d.get("why", "")),
+                _int(d.get("new_run")),
+                _num(d.get("started")),
+            )
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """What the job's state keeps of its recoveries: the hosts set aside for it (placement
+    treats them as drained for this job alone) and its incidents, newest last."""
+
+    aside: tuple[str, ...] = ()
+    incidents: tuple[Incident, ...] = ()
+
+    @property
+    def open(self) -> Incident | None:
+        """The recovery under way (stopping or placing), if any."""
+        last = self.incidents[-1] if self.incidents else None
+        return last if last is not None and last.stage in (Stage.STOPPING, Stage.PLACING) else None
+
+    def with_incident(self, inc: Incident) -> RecoveryRecord:
+        kept = [i for i in self.incidents if i.n != inc.n] + [inc]
+        kept.sort(key=lambda i: i.n)
+        return RecoveryRecord(self.aside, tuple(kept[-KEEP_INCIDENTS:]))
+
+    def with_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
+        return RecoveryRecord(tuple(sorted(set(self.aside) | set(hosts))), self.incidents)
+
+    def without_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
+        return RecoveryRecord(tuple(h for h in self.aside if h not in set(hosts)), self.incidents)
+
+    def next_number(self) -> int:
+        return (self.incidents[-1].n if self.incidents else 0) + 1
+
+    def to_json(self) -> RecoveryJson:
+        return {"aside": list(self.aside), "incidents": [i.to_json() for i in self.incidents]}
+
+    @classmethod
+    def from_json(cls, d: object) -> RecoveryRecord:
+        if not isinstance(d, dict):
+            return cls()
+        incs = [i for i in (Incident.from_json(x) for x in d.get("incidents") or ()) if i is not None]
+        return cls(tuple(str(h) for h in d.get("aside") or ()), tuple(incs[-KEEP_INCIDENTS:]))
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+# --------------------------------------------------------------------------- goodput
+
+
+class LostJson(TypedDict):
+    """An incident's times (seconds; None: that stage not reached)."""
+
+    n: int
+    detect_seconds: float | None  # from when it broke to when it was seen
+    stop_seconds: float | None  # from seen to stopped everywhere
+    run_again_seconds: float | None  # from stopped to running again
+    redone_seconds: float | None  # the work done since its last checkpoint, redone
+    lost_seconds: float  # from when it broke to running again (or now), with the work redone
+
+
+class GoodputJson(TypedDict):
+    """A job's goodput: the share of its wall time (since its first watched run started)
+    spent progressing, and each incident's times."""
+
+    ratio: float | None
+    wall_seconds: float
+    lost_seconds: float
+    incidents: list[LostJson]
+
+
+@dataclass(frozen=True)
+class Lost:
+    n: int
+    detect: float | None
+    stop: float | None
+    run_again: float | None
+    redone: float | None
+    total: float
+
+    def to_json(self) -> LostJson:
+        def r(v: float | None) -> float | None:
+            return round(v, 1) if v is not None else None
+
+        return {
+            "n": self.n,
+            "detect_seconds": r(self.detect),
+            "stop_seconds": r(self.stop),
+            "run_again_seconds": r(self.run_again),
+            "redone_seconds": r(self.redone),
+            "lost_seconds": round(self.total, 1),
+        }
+
+    def words(self) -> str:
+        def s(v: float | None) -> str:
+            return f"{v:.0f} s" if v is not None else "-"
+
+        return (
+            f"seen in {s(self.detect)}, stopped in {s(self.stop)}, running again in {s(self.run_again)}, "
+            f"{s(self.redone)} of work redone"
+        )
+
+
+def _gap(a: float | None, b: float | None) -> float | None:
+    return max(0.0, b - a) if a is not None and b is not None else None
+
+
+def lost(i: Incident, now: float) -> Lost:
+    """An incident's cost: from when it broke to when it was seen, stopped and running
+    again, and the work since its last checkpoint (redone after it); in all, from when it
+    broke to running again (now, while it is not), plus the work redone. A recovery given
+    up loses nothing more here: the job ended."""
+    redone = _gap(i.checkpoint, i.at) if i.checkpoint is not None and i.checkpoint <= (i.at or 0) else None
+    end = i.running if i.running is not None else (i.detected if i.stage is Stage.GAVE_UP else now)
+    total = (_gap(i.at, end) or 0.0) + (redone or 0.0)
+    return Lost(i.n, _gap(i.at, i.detected), _gap(i.detected, i.stopped), _gap(i.stopped, i.running), redone, total)
+
+
+def goodput(record: RecoveryRecord, started: float | None, now: float) -> GoodputJson | None:
+    """The job's goodput since `started` (its first watched run's start: the oldest
+    incident's, else the run now): its wall time less what its incidents lost, as a share.
+    None when nothing says when it started."""
+    first = next((i.started for i in record.incidents if i.started is not None), None)
+    known = [x for x in (first, started) if x is not None]
+    since = min(known) if known else None
+    if since is None or now <= since:
+        return None
+    wall = now - since
+    losses = [lost(i, now) for i in record.incidents]
+    total = min(wall, sum(x.total for x in losses))
+    return {
+        "ratio": round((wall - total) / wall, 4),
+        "wall_seconds": round(wall, 1),
+        "lost_seconds": round(total, 1),
+        "incidents": [x.to_json() for x in losses],
+    }

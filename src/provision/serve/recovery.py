@@ -1,0 +1,140 @@
+"""The service's recoveries: a subscriber of the rounds (serve/rounds.py) that watches each
+job with `progress:` or `recovery:` (rules/rounds.JobWatch), remembers its progress between
+rounds (rules/recovery.Memory: `auto` learns its bound there), and when a round shows
+evidence that the job broke (rules/recovery.troubled: a task ended, its progress stopped, a
+set-aside host runs it again, a recovery under way) reads the job's state and decides
+(rules/recovery.decide), then acts through run/recover.py on a thread of its own, one per
+job: a recovery takes its tasks' grace and an apply, and the round goes on meanwhile.
+
+It acts in the job's name: a handed-over job's as its submitter (its state and owner), a
+job of `serve --inventory` as the service. Each recovery is `job.recovered` once (its key:
+the job and the incident's number). A service killed in the middle leaves the stage in
+the job's state and the stop's marker on its hosts: the next leader's first round finds
+them and finishes it (a recovery under way is always finished first).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from provision.core.errors import ProvisionError
+from provision.core.events import Event, Kind
+from provision.core.recovery import Incident, Stage
+from provision.io.servicehistory import HistoryRow
+from provision.io.servicestore import ServiceStore
+from provision.rules.recovery import Do, Facts, Memory, decide, facts_of_round, remember, troubled
+from provision.rules.rounds import JobWatch, Round
+from provision.run.context import open_context
+from provision.run.jobend import leave_hosts
+from provision.run.recover import close, give_up, recover, stacks
+from provision.run.survey import KeptContexts
+
+
+def recovered_key(job: str, n: int) -> str:
+    return f"recovered:{job}:{n}"
+
+
+class Recoverer:
+    """The rounds' subscriber (module docstring)."""
+
+    name = "recoveries"
+
+    def __init__(
+        self,
+        store: ServiceStore,
+        say: Callable[[str], None],
+        contexts: KeptContexts | None = None,
+        wake: Callable[[], None] = lambda: None,
+    ):
+        self.store, self.say, self.contexts, self.wake = store, say, contexts, wake
+        self.memory: dict[str, Memory] = {}
+        self.busy: dict[str, threading.Thread] = {}
+        self.reported: set[tuple[str, float]] = set()  # hangs said (no recovery:): once each
+        self.done: list[Incident] = []  # what it recovered (tests, the bench)
+
+    def on_round(self, r: Round) -> None:
+        for job, w in r.watch.items():
+            m = self.memory[job] = remember(self.memory.get(job, Memory()), w, r)
+            f = facts_of_round(job, w, r, m)
+            marked = any(
+                (hs.marker_of(job) or {}).get("recovery") for h, hs in r.hosts.items() if h in set(w.tasks.values())
+            )
+            t = self.busy.get(job)
+            if (t is not None and t.is_alive()) or not troubled(f, marked):
+                continue
+            if f.stall is not None and w.recovery is None:
+                if (job, f.stall.since) in self.reported:
+                    continue
+                self.reported.add((job, f.stall.since))
+            t = threading.Thread(target=self._act, args=(job, w, f), name=f"recover:{job}", daemon=True)
+            self.busy[job] = t
+            t.start()
+        for gone in set(self.memory) - set(r.watch):
+            del self.memory[gone]
+
+    def hurry(self) -> bool:
+        """Rounds every SAMPLE_EVERY (10 s: core/recovery.ROUND_S) while a job is watched,
+        not QUIET_EVERY: a host lost or a hang is seen within a round."""
+        return bool(self.memory)
+
+    def wait(self, timeout: float = 600.0) -> None:
+        """Until the recoveries under way have ended (tests)."""
+        until = time.monotonic() + timeout
+        for t in list(self.busy.values()):
+            t.join(max(0.0, until - time.monotonic()))
+
+    def _act(self, job: str, w: JobWatch, f: Facts) -> None:
+        try:
+            self._act_now(job, w, f)
+        except ProvisionError as e:  # said; the next round that shows it broke looks again
+            self.say(f"job {job}: recovery: {e.message}")
+        except Exception as e:  # a bug must not end the service
+            self.say(f"job {job}: recovery failed: {type(e).__name__}: {e}")
+
+    def _act_now(self, job: str, w: JobWatch, f: Facts) -> None:
+        subs = self.store.submissions(unfinished=True, job=job)
+        sub = subs[0] if subs else None
+        ctx = open_context(
+            w.file, state_path=(sub.state_path or None) if sub else None, operation="recover",
+            who=sub.owner if sub else "", files_here=True,
+        )  # fmt: skip
+        try:
+            v = decide(ctx.inventory.recovery, ctx.state.recovery, f, time.time(), w.tasks)
+            if v.do is Do.STOP_THERE:
+                self.say(f"job {job}: {v.words}: stopping it there")
+                leave_hosts(ctx, set(v.hosts) & set(ctx.state.hosts))
+            elif v.do is Do.REPORT and v.incident is not None:
+                self.say(f"job {job}: {v.words} (no recovery: set, its stacks are in its logs)")
+                stacks(ctx, v.incident, self.say)
+            elif v.do is Do.GIVE_UP:
+                give_up(ctx, v, self.say)
+            elif v.do is Do.CLOSE:
+                self._told(job, close(ctx, v, None, f.run), ctx.owner.who)
+            elif v.do in (Do.RECOVER, Do.FINISH):
+                inc = recover(ctx, v, self.say, set(f.away))
+                if inc.stage is Stage.DONE:
+                    self._told(job, inc, ctx.owner.who)
+        finally:
+            ctx.close()
+            if self.contexts is not None:
+                self.contexts.forget(w.file)  # its placement and the hosts set aside changed
+
+    def _told(self, job: str, inc: Incident, owner: str) -> None:
+        """job.recovered, once per incident (its key); the incident a row of the history
+        (from when it broke to running again, how long each stage took); and kept for
+        whoever asks."""
+        self.done.append(inc)
+        lost = inc.lost(time.time()).words()
+        words = f"job {job} recovered: {inc.words}; {lost}"
+        event = Event(Kind.JOB_RECOVERED, recovered_key(job, inc.n), job, owner, inc.host, words, run=inc.new_run)
+        self.store.emit([event])
+        mark = recovered_key(job, inc.n)
+        if inc.at is not None and not self.store.has_rows(mark):
+            how = f"recovered: {inc.words}; {lost}"
+            self.store.record(
+                HistoryRow("incident", job, owner, inc.at, inc.running or time.time(), how, (inc.host,), 0, mark)
+            )
+        self.wake()
+        self.say(words)
