@@ -297,7 +297,8 @@ class Bench:
     # -- provision
 
     def clean(self) -> None:
-        self.fleet.run_all(lambda h: self.compare.clean_command(JOB))
+        """The hosts as before the job's first apply: its files, units and ledger entry gone."""
+        self.fleet.run_all(lambda h: self.compare.clean_command(JOB) + f"; rm -f /var/lib/provision/.ledger/{JOB}.json")
         for p in (self.work / ".provision").glob(f"{JOB}.state.json*"):
             p.unlink()
 

@@ -29,6 +29,7 @@ from provision.placement.tasks import PlacementError
 from provision.rules import provenance
 from provision.rules.fabric import CHOICES as BANDWIDTH_TOOLS
 from provision.rules.plan import Plan
+from provision.run import firstapply
 from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
 from provision.run.check import run_check, summary, table_rows
 from provision.run.context import Context
@@ -223,12 +224,24 @@ class _Applying:
     """apply's plan and apply steps with its flags; with --queue, planned until the job fits,
     and planned again when another apply took GPUs or ports first."""
 
-    def __init__(self, queue: Queue | None, setup_lines: Callable[[str, str], None] | None = None, **plan_flags: Any):
+    def __init__(
+        self,
+        queue: Queue | None,
+        setup_lines: Callable[[str, str], None] | None = None,
+        auto_approve: bool = False,
+        **plan_flags: Any,
+    ):
         self.queue = queue
         self.setup_lines = setup_lines  # --wait --logs: the setup's output as it runs
         self.flags = plan_flags
+        self.auto_approve = auto_approve
+        self.presumed: firstapply.Presumed | None = None  # a first apply planned without a probe
 
     def plan(self, ctx: Context) -> Plan:
+        if self.queue is None and firstapply.eligible(ctx, auto_approve=self.auto_approve, flags=self.flags):
+            self.presumed = firstapply.presumed_plan(ctx, checks=bool(self.flags.get("checks")))
+            if self.presumed is not None:
+                return self.presumed.plan
         pre: list[Preemptor] = []  # this plan's preemption step, made when first held
 
         def make() -> Plan:
@@ -253,6 +266,14 @@ class _Applying:
         return one() if self.queue is None else self.queue.plan(one)
 
     def apply(self, ctx: Context, p: Plan, progress: Callable[[str], None]) -> dict[str, HostOutcome]:
+        pre, self.presumed = self.presumed, None
+        if pre is not None and p is pre.plan:
+
+            def again() -> dict[str, HostOutcome]:  # as an apply that probes first, every host
+                self.auto_approve = False
+                return self.apply(ctx, self.plan(ctx), progress)
+
+            return firstapply.execute(ctx, pre, progress, checks=bool(self.flags.get("checks")), again=again)
         outcomes = apply_plan(ctx, p, progress, self.setup_lines)
         while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
             progress("another apply took GPUs or ports first: planning again")
@@ -327,7 +348,14 @@ def apply(
     q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
     lines = _setup_line if wait_after and stream_logs else None
     how = _Applying(
-        q, lines, replace=set(replace), rerun=rerun, partial=partial, force_setup=force_setup, checks=not skip_checks
+        q,
+        lines,
+        auto_approve,
+        replace=set(replace),
+        rerun=rerun,
+        partial=partial,
+        force_setup=force_setup,
+        checks=not skip_checks,
     )
     try:
         code = _change(

@@ -25,7 +25,19 @@ PACKAGE = "provision.host"
 MODULES = ("trust", "layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
 # Sent along too, but imported only by the requests that use it (agent.lazy): compiling
 # hostcheck cost every network check ~6 ms of a host's CPU.
-LAZY = ("hostcheck", "outdirs", "setups", "preempt", "unitgc", "health", "fabric", "topology", "logins", "devop")
+LAZY = (
+    "hostcheck",
+    "outdirs",
+    "setups",
+    "preempt",
+    "unitgc",
+    "health",
+    "fabric",
+    "topology",
+    "logins",
+    "devop",
+    "fresh",
+)
 STANDINS = {"dataclasses": "standins"}
 
 # Compiling the modules is most of what starting the agent costs a host (~10 ms of its

@@ -375,6 +375,28 @@ class BatchReport:
 
 
 @dataclass(frozen=True)
+class FreshRequest:
+    """A first apply's guard, first in its batch: probe as `probe` asks and refuse (errors:
+    why; the batch then stops, nothing written) unless the host is as a plan presumed it
+    without asking, nothing of the job or of anyone's ledger here (host/fresh.py). `now`:
+    the controller's clock when sent; `skew`: how far the host's may be from it."""
+
+    job: str
+    probe: ProbeRequest
+    ports: list[int] = field(default_factory=list)
+    now: float = 0.0
+    skew: float = 0.0
+
+    op = "fresh"
+
+
+@dataclass(frozen=True)
+class FreshReport:
+    probe: ProbeReport | None = None  # the host as it is (the apply plans again from it)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class QueueRequest:
     """Mark the job's ledger entry as waiting in `apply --queue` (waiting: for what), or
     take the mark away (waiting None)."""
@@ -522,6 +544,7 @@ REQUESTS = {
         HealthTestRequest,
         FabricRequest,
         DevRequest,
+        FreshRequest,
     )
 }
 REPORTS = {
@@ -539,6 +562,7 @@ REPORTS = {
     "healthtest": HealthTestReport,
     "fabric": FabricReport,
     "dev": DevReport,
+    "fresh": FreshReport,
 }
 
 
@@ -595,6 +619,8 @@ def request_from_wire(data: dict[str, Any]) -> Any:
         nested["reserve"] = lambda r: _build(Reservation, r, {})
     if cls is BatchRequest:
         nested["requests"] = lambda rs: [request_from_wire(r) for r in rs]
+    if cls is FreshRequest:
+        nested["probe"] = lambda r: _build(ProbeRequest, r, {})
     return _build(cls, data, nested)
 
 
@@ -603,6 +629,8 @@ def report_from_wire(op: str, data: Any) -> Any:
     nested: dict[str, Any] = {}
     if cls is ProbeReport:
         nested["files"] = _map_of(lambda f: _build(FileInfo, f, {}))
+    if cls is FreshReport:
+        nested["probe"] = lambda r: report_from_wire("probe", r)
     if cls is BatchReport:
         raise WireError("batch reports are read with batch_from_wire")
     return _build(cls, data, nested)

@@ -26,6 +26,9 @@ from provision.host.protocol import (
     DestroyReport,
     DestroyRequest,
     FileWrite,
+    FreshReport,
+    FreshRequest,
+    ProbeReport,
     SetupReport,
     SetupRequest,
     UnitsReport,
@@ -140,6 +143,10 @@ class _Apply:
         self.setup_lines: Callable[[str, str], None] | None = None
         self.run_number = plan.new_run()  # recorded on the hosts that start tasks (core/runs.py)
         self._lock = threading.Lock()
+        # A first apply planned without a probe (run/firstapply.py): each host's guard goes
+        # first in its write's batch; a host that refuses is left to the caller, with why.
+        self.guard: Callable[[Target], FreshRequest] | None = None
+        self.refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
 
     def run(self) -> dict[str, HostOutcome]:
         ctx = self.ctx
@@ -171,7 +178,11 @@ class _Apply:
         if self.lost:
             self._roll_back()
             return self.outcomes
-        setups = [n for n, hp in self.work.items() if hp.setup is not None and self.outcomes[n].error is None]
+        setups = [
+            n
+            for n, hp in self.work.items()
+            if hp.setup is not None and self.outcomes[n].error is None and n not in self.refused
+        ]
         if setups:
             self._note(run_step(ctx.session, Step.SETUP, self._setup, self._targets(setups)))
         for phase in phases():
@@ -179,6 +190,7 @@ class _Apply:
                 n
                 for n, hp in self.work.items()
                 if self.outcomes[n].error is None
+                and n not in self.refused
                 and not (phase == self.first and n in self._early)
                 and any(t.phase == phase for t in hp.starts())
             ]
@@ -334,8 +346,16 @@ class _Apply:
         early = self.first is not None and hp.setup is None and any(x.phase == self.first for x in hp.starts())
         if early:
             assert self.first is not None
-            batch = BatchRequest([req, self._start_request(t, self.first)])
+            guarded = [self.guard(t)] if self.guard is not None else []
+            batch = BatchRequest([*guarded, req, self._start_request(t, self.first)])
             both: BatchReport = call_agent(ctx.session, t, batch)
+            if guarded:
+                checked: FreshReport = both.results[0]
+                if checked.errors or len(both.results) < 2:
+                    with self._lock:
+                        self.refused[t.name] = (checked.probe, checked.errors)
+                    return
+                both = BatchReport(both.results[1:])
             res: WriteReport = both.results[0]
         else:
             res = call_agent(ctx.session, t, req)
@@ -429,9 +449,21 @@ def apply_plan(
     plan: Plan,
     progress: Progress = lambda s: None,
     setup_lines: Callable[[str, str], None] | None = None,
+    *,
+    guard: Callable[[Target], FreshRequest] | None = None,
+    refused: dict[str, tuple[ProbeReport | None, list[str]]] | None = None,
 ) -> dict[str, HostOutcome]:
     """Make it so. Hosts with errors in the plan are left alone; the rest converge.
-    `setup_lines(host, line)`: each line a setup prints, as it runs."""
+    `setup_lines(host, line)`: each line a setup prints, as it runs. `guard`: a first
+    apply's (run/firstapply.py), first in each host's batch; the hosts that refused go to
+    `refused` (their answer, and why), untouched."""
     a = _Apply(ctx, plan, progress)
     a.setup_lines = setup_lines
-    return a.run()
+    if guard is not None and a.first is None:
+        raise ValueError("a guarded apply writes and starts in one batch: nothing may stop first")
+    a.guard = guard
+    try:
+        return a.run()
+    finally:
+        if refused is not None:
+            refused.update(a.refused)
