@@ -99,3 +99,99 @@ def test_the_agent_runs_the_guard(monkeypatch):
     monkeypatch.setitem(agent.OPS, "units", lambda req: ran.append(req))
     out = agent.op_batch(P.BatchRequest([P.FreshRequest(JOB, REQ, [2222], 0.0, SKEW), P.UnitsRequest(job=JOB)]))
     assert len(out.results) == 1 and ran == []
+
+
+# --------------------------------------------------------------------------- the controller's side
+
+
+def _ctx(tmp_path, extra: str = "", env: str = "{NCCL_SOCKET_IFNAME: eth0, GLOO_SOCKET_IFNAME: eth0}"):
+    from provision.run.context import open_context
+
+    key = tmp_path / "id"
+    key.write_text("k\n")
+    key.chmod(0o600)
+    hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i}}}\n" for i in range(1, 4))
+    (tmp_path / "inv.yaml").write_text(
+        f"job: fa\nssh: {{user: root, identity_file: {key}}}\nenv: {env}\nhosts:\n{hosts}"
+        "pools:\n  chief: {replicas: 1, command: [/bin/sleep, infinity]}\n"
+        "  worker: {replicas: 2, command: [/bin/sleep, infinity]}\n" + extra
+    )
+    return open_context(str(tmp_path / "inv.yaml"), operation="apply")
+
+
+FLAGS = {"replace": set(), "rerun": False, "partial": False, "force_setup": False, "checks": True}
+
+
+def test_which_first_applies_plan_without_asking(tmp_path, monkeypatch):
+    from provision.run.firstapply import eligible
+
+    ctx = _ctx(tmp_path)
+    try:
+        assert eligible(ctx, auto_approve=True, flags=FLAGS)
+        assert not eligible(ctx, auto_approve=False, flags=FLAGS)  # asked: probe first
+        assert not eligible(ctx, auto_approve=True, flags={**FLAGS, "rerun": True})
+        assert not eligible(ctx, auto_approve=True, flags={**FLAGS, "replace": {"chief-0"}})
+        monkeypatch.setenv("PROVISION_FIRST_APPLY", "probe")
+        assert not eligible(ctx, auto_approve=True, flags=FLAGS)
+    finally:
+        ctx.close()
+    monkeypatch.delenv("PROVISION_FIRST_APPLY")
+    for sub, extra, env in (
+        ("ifname", "", "{X: y}"),  # each host's interface to look up
+        ("setup", 'setup: {commands: ["true"]}\n', None),
+    ):
+        d = tmp_path / sub
+        d.mkdir()
+        ctx = _ctx(d, extra, env) if env else _ctx(d, extra)
+        try:
+            assert not eligible(ctx, auto_approve=True, flags=FLAGS), sub
+        finally:
+            ctx.close()
+
+
+def test_the_presumed_plan_creates_everything_and_its_manifests_are_the_rendered_ones(tmp_path):
+    import copy
+
+    from provision.render.files import FileKind, manifest_bytes
+    from provision.run.apply import _manifests
+    from provision.run.firstapply import presumed_plan
+
+    ctx = _ctx(tmp_path)
+    try:
+        pre = presumed_plan(ctx, checks=True)
+        assert pre is not None and not pre.plan.problems
+        assert {hp.name for hp in pre.plan.hosts if hp.changed} == {"h1", "h2", "h3"}
+        for hp in pre.plan.hosts:
+            assert all(f.action.value == "create" for f in hp.files)
+            assert [t.action.value for t in hp.tasks] == ["start"]
+            final = hp.bundle.manifest
+            interim = copy.deepcopy(final)  # as apply made them before: deep copies, encoded
+            for t in hp.starts():
+                interim["tasks"][t.task]["inputs"] = "pending"
+            want = (manifest_bytes(interim), manifest_bytes(interim), manifest_bytes(final))
+            assert _manifests(hp) == want
+            assert want[2] == next(f.data() for f in hp.bundle.files if f.kind is FileKind.MANIFEST)
+            # A host with an old manifest: pending lists the old files and tasks too.
+            old = {"files": {"/old": {"sha256": "x"}}, "tasks": {"gone-0": {"unit": "u", "inputs": "i"}}}
+            hp2 = dataclasses.replace(hp, report=dataclasses.replace(hp.report, manifest=old))
+            pending = json.loads(_manifests(hp2)[0])
+            assert pending["files"]["/old"] == {"sha256": "x"} and pending["tasks"]["gone-0"]["inputs"] == "pending"
+            assert set(final["files"]) < set(pending["files"]) and "/old" not in final["files"]
+    finally:
+        ctx.close()
+
+
+def test_the_context_asks_who_applies_once_and_finds_hosts_by_name(tmp_path, monkeypatch):
+    from provision.rules import tenancy
+
+    ctx = _ctx(tmp_path)
+    calls = []
+    real = tenancy.Owner.here
+    monkeypatch.setattr(tenancy.Owner, "here", classmethod(lambda cls, *a: calls.append(a) or real(*a)))
+    try:
+        assert ctx.owner is ctx.owner and len(calls) == 1
+        assert ctx.host("h2") is ctx.inventory.hosts[1] and ctx.host("nope") is None
+        ctx.inventory = dataclasses.replace(ctx.inventory, hosts=ctx.inventory.hosts[:1])
+        assert ctx.host("h2") is None  # a new inventory: looked up in it
+    finally:
+        ctx.close()

@@ -107,11 +107,7 @@ def presumed_plan(ctx: Context, *, checks: bool) -> Presumed | None:
     now = time.time()
     requests = {n: probe_request(ctx, n, ask(checks)) for n in ctx.targets}
     reports = {n: presumed(r, now) for n, r in requests.items()}
-    held = {
-        n: held_for(ctx.inventory.job, [], [], now, [], None)
-        for n in ctx.targets
-        if n in {h.name for h in ctx.inventory.hosts}
-    }
+    held = {n: held_for(ctx.inventory.job, [], [], now, [], None) for n in ctx.targets if ctx.host(n) is not None}
     if place(ctx.inventory, ctx.state.previous_placement(), held) != ctx.rendered.placement:
         return None
     warnings = {
