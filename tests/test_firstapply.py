@@ -195,3 +195,20 @@ def test_the_context_asks_who_applies_once_and_finds_hosts_by_name(tmp_path, mon
         assert ctx.host("h2") is None  # a new inventory: looked up in it
     finally:
         ctx.close()
+
+
+def test_a_port_something_listens_on_is_in_use_and_a_free_one_is_not():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with socket.socket() as t:  # a port just freed is free
+            t.bind(("0.0.0.0", 0))
+            free = t.getsockname()[1]
+        assert fresh.in_use([busy, free]) == [busy]
+    # The guard asks no listening ports (listening None): the ports the binds found are in use.
+    quiet = _with(listening=None)
+    assert fresh.refusals(quiet, REQ, [], NOW, SKEW) == []
+    assert "port 2222 in use" in fresh.refusals(quiet, REQ, [2222], NOW, SKEW)[0]

@@ -72,12 +72,7 @@ def _change(
     p = make_plan(ctx)
     if not as_json:
         print_plan(p, destroying=operation == "destroy")
-    if p.problems:
-        e = ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
-        if p.unreachable:
-            report_unreachable(p)
-            e.exit_code = EXIT_UNREACHABLE
-        raise e
+    _refuse_problems(p)
     outcomes: dict[str, HostOutcome] = {}
     if p.changed:
         if operation == "apply" and not force_conflicts:
@@ -94,6 +89,18 @@ def _change(
         print_outcome(ctx, p, outcomes, operation)
     report_unreachable(p, outcomes)
     return exit_code(p, outcomes)
+
+
+def _refuse_problems(p: Plan, cleared: bool = False) -> None:
+    """A plan with problems changes nothing (`cleared`: what a first apply wrote was taken
+    off again before this plan was made)."""
+    if p.problems:
+        said = "the hosts this apply wrote were cleared" if cleared else "nothing was changed on any host"
+        e = ProvisionError(f"{p.problems[0]} ({said})", details=p.problems[1:])
+        if p.unreachable:
+            report_unreachable(p)
+            e.exit_code = EXIT_UNREACHABLE
+        raise e
 
 
 def _theirs_confirmed(p: Plan) -> None:
@@ -235,6 +242,7 @@ class _Applying:
         self.setup_lines = setup_lines  # --wait --logs: the setup's output as it runs
         self.flags = plan_flags
         self.auto_approve = auto_approve
+        self.force_conflicts = False
         self.presumed: firstapply.Presumed | None = None  # a first apply planned without a probe
 
     def plan(self, ctx: Context) -> Plan:
@@ -269,11 +277,19 @@ class _Applying:
         pre, self.presumed = self.presumed, None
         if pre is not None and p is pre.plan:
 
+            def vet(again: Plan, cleared: bool) -> None:  # as _change vets the plan it shows
+                _refuse_problems(again, cleared)
+                if not self.force_conflicts:
+                    _theirs_confirmed(again)
+
             def again() -> dict[str, HostOutcome]:  # as an apply that probes first, every host
                 self.auto_approve = False
-                return self.apply(ctx, self.plan(ctx), progress)
+                p = self.plan(ctx)
+                vet(p, True)
+                return self.apply(ctx, p, progress)
 
-            return firstapply.execute(ctx, pre, progress, checks=bool(self.flags.get("checks")), again=again)
+            checks = bool(self.flags.get("checks"))
+            return firstapply.execute(ctx, pre, progress, checks=checks, again=again, vet=lambda p: vet(p, False))
         outcomes = apply_plan(ctx, p, progress, self.setup_lines)
         while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
             progress("another apply took GPUs or ports first: planning again")
@@ -357,6 +373,7 @@ def apply(
         force_setup=force_setup,
         checks=not skip_checks,
     )
+    how.force_conflicts = force_conflicts
     try:
         code = _change(
             ctx,

@@ -66,9 +66,10 @@ def refusals(rep: P.ProbeReport, req: P.ProbeRequest, ports: Any, now: float, sk
         out.append("the ledger holds %s" % (", ".join(sorted(rep.ledger or {})) or "entries"))
     if rep.health:
         out.append("the host has a health record")
-    taken = sorted(set(ports) & set(rep.listening or [])) + sorted(
-        int(p) for p in ((rep.checks or {}).get("ports") or {})
-    )
+    # `ports`: the job's ports a bind found in use (op_fresh), or, when the report lists
+    # the listening ports, the job's ports, of which those listed are in use.
+    taken = sorted(set(ports) & set(rep.listening if rep.listening is not None else ports))
+    taken += sorted(int(p) for p in ((rep.checks or {}).get("ports") or {}))
     if taken:
         out.append("port %s in use" % ", ".join(str(p) for p in sorted(set(taken))))
     if not (rep.facts or {}).get("systemd_pid1"):
@@ -78,8 +79,38 @@ def refusals(rep: P.ProbeReport, req: P.ProbeRequest, ports: Any, now: float, sk
     return ["%s: %s" % (job, w) for w in out]
 
 
+def in_use(ports: Any) -> list[int]:
+    """The ports something has bound here, as a bind with SO_REUSEADDR tells (a listener's,
+    not a closing connection's): microseconds, where reading /proc/net/tcp walks every
+    socket of the kernel (~7 ms of a busy machine's CPU). _socket: the socket module's
+    import costs more than the binds."""
+    import _socket
+
+    out = []
+    for port in ports:
+        for family, address in ((_socket.AF_INET6, "::"), (_socket.AF_INET, "0.0.0.0")):
+            try:
+                s = _socket.socket(family, _socket.SOCK_STREAM)
+            except OSError:
+                continue  # no IPv6 here: the IPv4 bind tells
+            try:
+                s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+                s.bind((address, int(port)))
+            except OSError as e:
+                if e.errno == 98:  # EADDRINUSE (EADDRNOTAVAIL, IPv6 off: the IPv4 bind tells)
+                    out.append(int(port))
+                    break
+                continue
+            finally:
+                s.close()
+            break  # bound: free (an IPv6 bind is dual-stack: IPv4 listeners conflict too)
+    return out
+
+
 def op_fresh(req: P.FreshRequest) -> P.FreshReport:
+    """The guard: the probe asked (the controller leaves out the listening ports and the
+    port check: the binds tell), then why the host is not as presumed."""
     from .agent import op_probe  # the agent loads this module (agent.lazy): no circle at import
 
     rep = op_probe(req.probe)
-    return P.FreshReport(rep, refusals(rep, req.probe, req.ports, req.now, req.skew))
+    return P.FreshReport(rep, refusals(rep, req.probe, in_use(req.ports), req.now, req.skew))

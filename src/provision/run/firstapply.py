@@ -132,7 +132,12 @@ def guard(pre: Presumed) -> Callable[[Target], FreshRequest]:
 
     def one(t: Target) -> FreshRequest:
         req = pre.requests[t.name]
-        return FreshRequest(req.job, req, pre.ports.get(t.name, []), time.time(), SKEW)
+        # The job's ports are bound on the host to tell they are free (host/fresh.in_use),
+        # not looked up among every listener (/proc/net/tcp costs the host ~7 ms); the other
+        # checks of a presumed plan read nothing a fresh host has (no GPUs, no files: to
+        # have room for; its clock is the report's): the host loads no check module.
+        asked = dataclasses.replace(req, listening=False, checks=None)
+        return FreshRequest(req.job, asked, pre.ports.get(t.name, []), time.time(), SKEW)
 
     return one
 
@@ -144,10 +149,12 @@ def execute(
     *,
     checks: bool,
     again: Callable[[], dict[str, HostOutcome]],
+    vet: Callable[[Plan], None],
 ) -> dict[str, HostOutcome]:
     """Apply the presumed plan in one round trip per host; hosts that refused are planned
     again from their answers and applied so; `again`: the apply as a probing one makes it,
-    after the hosts this one wrote were cleared, when that cannot be done host by host."""
+    after the hosts this one wrote were cleared, when that cannot be done host by host.
+    `vet` raises for a plan the command would not apply unasked (another's content)."""
     refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
     outcomes = apply_plan(ctx, pre.plan, progress, guard=guard(pre), refused=refused)
     if not refused or any(o.lost_race for o in outcomes.values()):
@@ -159,9 +166,15 @@ def execute(
         p2: Plan | None = build_plan(sub, checks=checks)
     except ProvisionError:  # held by other work, say: the whole apply decides (preemption, the queue)
         p2 = None
+    wrote = [n for n in outcomes if n not in refused]
     if p2 is None or p2.problems or sub.rendered.placement != ctx.rendered.placement:
-        clear(ctx, [n for n in outcomes if n not in refused], progress)
+        clear(ctx, wrote, progress)
         return again()
+    try:
+        vet(p2)
+    except (ProvisionError, SystemExit):  # refused as a probing apply would: before anything was written
+        clear(ctx, wrote, progress)
+        raise
     outcomes.update(apply_plan(sub, p2, progress))
     return outcomes
 
