@@ -91,7 +91,7 @@ def test_the_guard_crosses_the_wire_first_in_its_batch():
 def test_the_agent_runs_the_guard(monkeypatch):
     from provision.host import agent
 
-    monkeypatch.setattr(agent, "op_probe", lambda req: _with(manifest={"files": {}}))
+    monkeypatch.setattr(fresh, "op_probe", lambda req: _with(manifest={"files": {}}))
     rep = agent.OPS["fresh"](P.FreshRequest(JOB, REQ, [2222], 0.0, SKEW))
     assert rep.errors == ["j: the job's manifest is here"]
     # A batch stops after the refusal: nothing after it runs.

@@ -235,14 +235,13 @@ class _Applying:
         self,
         queue: Queue | None,
         setup_lines: Callable[[str, str], None] | None = None,
-        auto_approve: bool = False,
+        approved: tuple[bool, bool] = (False, False),
         **plan_flags: Any,
     ):
         self.queue = queue
         self.setup_lines = setup_lines  # --wait --logs: the setup's output as it runs
         self.flags = plan_flags
-        self.auto_approve = auto_approve
-        self.force_conflicts = False
+        self.auto_approve, self.force_conflicts = approved  # -y, --force-conflicts
         self.presumed: firstapply.Presumed | None = None  # a first apply planned without a probe
 
     def plan(self, ctx: Context) -> Plan:
@@ -363,17 +362,8 @@ def apply(
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply", take_over=take_over)
     q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
     lines = _setup_line if wait_after and stream_logs else None
-    how = _Applying(
-        q,
-        lines,
-        auto_approve,
-        replace=set(replace),
-        rerun=rerun,
-        partial=partial,
-        force_setup=force_setup,
-        checks=not skip_checks,
-    )
-    how.force_conflicts = force_conflicts
+    flags = {"replace": set(replace), "rerun": rerun, "partial": partial, "force_setup": force_setup}
+    how = _Applying(q, lines, (auto_approve, force_conflicts), **flags, checks=not skip_checks)
     try:
         code = _change(
             ctx,

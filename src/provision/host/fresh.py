@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from . import layout
 from . import protocol as P
+from .agent import op_probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def in_use(ports: Any) -> list[int]:
     not a closing connection's): microseconds, where reading /proc/net/tcp walks every
     socket of the kernel (~7 ms of a busy machine's CPU). _socket: the socket module's
     import costs more than the binds."""
-    import _socket
+    import _socket  # the C part only: the socket module's import (enum, selectors) costs more
 
     out = []
     for port in ports:
@@ -110,7 +111,5 @@ def in_use(ports: Any) -> list[int]:
 def op_fresh(req: P.FreshRequest) -> P.FreshReport:
     """The guard: the probe asked (the controller leaves out the listening ports and the
     port check: the binds tell), then why the host is not as presumed."""
-    from .agent import op_probe  # the agent loads this module (agent.lazy): no circle at import
-
     rep = op_probe(req.probe)
     return P.FreshReport(rep, refusals(rep, req.probe, in_use(req.ports), req.now, req.skew))
