@@ -212,3 +212,15 @@ def test_a_port_something_listens_on_is_in_use_and_a_free_one_is_not():
     quiet = _with(listening=None)
     assert fresh.refusals(quiet, REQ, [], NOW, SKEW) == []
     assert "port 2222 in use" in fresh.refusals(quiet, REQ, [2222], NOW, SKEW)[0]
+
+
+def test_a_clock_off_the_other_hosts_is_a_warning_after_the_guards_answers():
+    from provision.run.firstapply import clock_warnings
+
+    def answer(skew: float) -> tuple[P.ProbeReport, float, float]:
+        return (_with(now=NOW + 0.5 + skew), NOW, NOW + 1.0)
+
+    answers = {"h1": answer(0), "h2": answer(0.2), "h3": answer(12.0), "h4": (None, NOW, NOW + 1)}
+    got = clock_warnings(answers)
+    assert len(got) == 1 and got[0].startswith("h3: warning: clock") and "ahead of" in got[0]
+    assert clock_warnings({"h1": answer(0), "h2": answer(0.3)}) == []

@@ -152,6 +152,7 @@ class _Apply:
         # first in its write's batch; a host that refuses is left to the caller, with why.
         self.guard: Callable[[Target], FreshRequest] | None = None
         self.refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
+        self.answers: dict[str, tuple[ProbeReport | None, float, float]] = {}  # guard: answer, asked, answered
 
     def run(self) -> dict[str, HostOutcome]:
         ctx = self.ctx
@@ -351,16 +352,10 @@ class _Apply:
         early = self.first is not None and hp.setup is None and any(x.phase == self.first for x in hp.starts())
         if early:
             assert self.first is not None
-            guarded = [self.guard(t)] if self.guard is not None else []
-            batch = BatchRequest([*guarded, req, self._start_request(t, self.first)])
-            both: BatchReport = call_agent(ctx.session, t, batch)
-            if guarded:
-                checked: FreshReport = both.results[0]
-                if checked.errors or len(both.results) < 2:
-                    with self._lock:
-                        self.refused[t.name] = (checked.probe, checked.errors)
-                    return
-                both = BatchReport(both.results[1:])
+            got = self._write_and_start(t, BatchRequest([req, self._start_request(t, self.first)]))
+            if got is None:
+                return  # refused by the guard: nothing written
+            both = got
             res: WriteReport = both.results[0]
         else:
             res = call_agent(ctx.session, t, req)
@@ -378,6 +373,24 @@ class _Apply:
             with self._lock:
                 self._early.add(t.name)
             self._started(t, self.first, both.results[1])
+
+    def _write_and_start(self, t: Target, batch: BatchRequest) -> BatchReport | None:
+        """The write and the first start in one round trip, behind the guard when there is
+        one (None: the host refused; its answer and why in self.refused)."""
+        if self.guard is None:
+            out: BatchReport = call_agent(self.ctx.session, t, batch)
+            return out
+        fresh = self.guard(t)
+        self.ctx.session.connect(t)  # first: the clock's bounds are the request's, not the handshake's
+        asked = time.time()
+        both: BatchReport = call_agent(self.ctx.session, t, BatchRequest([fresh, *batch.requests]))
+        checked: FreshReport = both.results[0]
+        with self._lock:
+            self.answers[t.name] = (checked.probe, asked, time.time())
+            if checked.errors or len(both.results) < 2:
+                self.refused[t.name] = (checked.probe, checked.errors)
+                return None
+        return BatchReport(both.results[1:])
 
     def _setup(self, t: Target) -> None:
         hp = self.work[t.name]
@@ -457,11 +470,13 @@ def apply_plan(
     *,
     guard: Callable[[Target], FreshRequest] | None = None,
     refused: dict[str, tuple[ProbeReport | None, list[str]]] | None = None,
+    answers: dict[str, tuple[ProbeReport | None, float, float]] | None = None,
 ) -> dict[str, HostOutcome]:
     """Make it so. Hosts with errors in the plan are left alone; the rest converge.
     `setup_lines(host, line)`: each line a setup prints, as it runs. `guard`: a first
     apply's (run/firstapply.py), first in each host's batch; the hosts that refused go to
-    `refused` (their answer, and why), untouched."""
+    `refused` (their answer, and why), untouched; every guard's answer to `answers`, with
+    when it was asked and answered."""
     a = _Apply(ctx, plan, progress)
     a.setup_lines = setup_lines
     if guard is not None and a.first is None:
@@ -472,3 +487,5 @@ def apply_plan(
     finally:
         if refused is not None:
             refused.update(a.refused)
+        if answers is not None:
+            answers.update(a.answers)

@@ -32,16 +32,15 @@ from provision.rules.facts import needed as needed_facts
 from provision.rules.hypertune import pythons
 from provision.rules.plan import Plan
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
-from provision.rules.preflight import CLOCK_SKEW
+from provision.rules.preflight import CLOCK_SKEW, clock_offsets, clock_skews
 from provision.rules.programs import warnings as program_warnings
 from provision.rules.tenancy import held_for
 from provision.run.apply import HostOutcome, apply_plan
 from provision.run.context import Ask, Context, Progress, probe_request
 from provision.run.planning import build_plan
 
-# How far a host's clock may be from the controller's when it reads the request: the
-# plan's clock check compares hosts with each other (CLOCK_SKEW), a request may wait a
-# few seconds on a loaded controller before it is sent.
+# How far a host's clock may be from the controller's, for a guard asked to compare (this
+# module asks none: the clock is judged afterwards, as a warning).
 SKEW = CLOCK_SKEW + 5.0
 
 
@@ -137,7 +136,9 @@ def guard(pre: Presumed) -> Callable[[Target], FreshRequest]:
         # checks of a presumed plan read nothing a fresh host has (no GPUs, no files: to
         # have room for; its clock is the report's): the host loads no check module.
         asked = dataclasses.replace(req, listening=False, checks=None)
-        return FreshRequest(req.job, asked, pre.ports.get(t.name, []), time.time(), SKEW)
+        # The clock is judged here afterwards, against the other hosts' (clock_warnings):
+        # it is a warning, as in a probing plan, never a refusal.
+        return FreshRequest(req.job, asked, pre.ports.get(t.name, []))
 
     return one
 
@@ -156,7 +157,11 @@ def execute(
     after the hosts this one wrote were cleared, when that cannot be done host by host.
     `vet` raises for a plan the command would not apply unasked (another's content)."""
     refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
-    outcomes = apply_plan(ctx, pre.plan, progress, guard=guard(pre), refused=refused)
+    answers: dict[str, tuple[ProbeReport | None, float, float]] = {}
+    outcomes = apply_plan(ctx, pre.plan, progress, guard=guard(pre), refused=refused, answers=answers)
+    if checks:
+        for line in clock_warnings(answers):
+            progress(line)
     if not refused or any(o.lost_race for o in outcomes.values()):
         return outcomes  # a lost reservation was rolled back as in any apply
     for n, (_, why) in sorted(refused.items()):
@@ -177,6 +182,19 @@ def execute(
         raise
     outcomes.update(apply_plan(sub, p2, progress))
     return outcomes
+
+
+def clock_warnings(answers: Mapping[str, tuple[ProbeReport | None, float, float]]) -> list[str]:
+    """The pre-flight clock check's warnings (rules/preflight), from the guards' answers:
+    each host's clock against the other hosts', within when it was asked and answered."""
+    nows = {n: r.now for n, (r, _, _) in answers.items() if r is not None and r.now is not None}
+    skews = clock_skews(clock_offsets(nows, {n: (a, b) for n, (_, a, b) in answers.items()}))
+    return [
+        f"{n}: warning: clock {abs(s):.1f} s {'ahead of' if s > 0 else 'behind'} the other hosts' "
+        f"(over {CLOCK_SKEW:g} s): timeouts and log times will not agree; is NTP running?"
+        for n, s in sorted(skews.items())
+        if abs(s) > CLOCK_SKEW
+    ]
 
 
 def clear(ctx: Context, names: list[str], progress: Progress) -> None:
