@@ -5,9 +5,9 @@ answer instead of a probe, and sends the probe, the write and the start in one b
 this guard first: the host answers the probe and refuses, writing nothing, unless nothing
 of the job is here (no file it would write, no manifest, end marker, runs or setup mark, no
 unit systemd has loaded, no drop-in for its units), nobody's ledger entry or health record
-is here, every program its tasks run is an executable file, none of its ports is in use,
-systemd runs as PID 1 and the clock is the controller's. Any of those would have changed
-the plan; the apply plans again for a host that refuses, from the answer it gave.
+is here, every program its tasks run is an executable file, none of its ports is in use
+and systemd runs as PID 1 (and, when asked, the clock is the controller's). Any of those
+would have changed the plan; the apply plans again for a host that refuses.
 
 The controller's side (run/firstapply.py) builds its presumed answer so that `refusals` of it
 is empty: both read this module. Runs on the host (stdlib only; loaded when asked).

@@ -127,7 +127,7 @@ def presumed_plan(ctx: Context, *, checks: bool) -> Presumed | None:
 
 
 def guard(pre: Presumed) -> Callable[[Target], FreshRequest]:
-    """Each host's guard, its clock read as it is sent."""
+    """Each host's guard (the probe it runs and the ports it binds)."""
 
     def one(t: Target) -> FreshRequest:
         req = pre.requests[t.name]
