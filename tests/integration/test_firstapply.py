@@ -110,7 +110,7 @@ def test_another_jobs_ledger_entry_refuses_and_the_apply_plans_every_host_again(
     other, inv = tmp_path / "other.yaml", tmp_path / "inv.yaml"
     sandbox_inventory(
         sandbox3,
-        job=job_name + "o",
+        job="o" + job_name[1:],
         pools={"chief": {"replicas": 1, "command": LONG}},
         path=other,
         hosts=["host-3"],
