@@ -29,6 +29,7 @@ from provision.placement.tasks import PlacementError
 from provision.rules import provenance
 from provision.rules.fabric import CHOICES as BANDWIDTH_TOOLS
 from provision.rules.plan import Plan
+from provision.run import firstapply
 from provision.run.apply import HostOutcome, adopt_hosts, apply_plan
 from provision.run.check import run_check, summary, table_rows
 from provision.run.context import Context
@@ -72,12 +73,7 @@ def _change(
     p = make_plan(ctx)
     if not as_json:
         print_plan(p, destroying=operation == "destroy")
-    if p.problems:
-        e = ProvisionError(p.problems[0] + " (nothing was changed on any host)", details=p.problems[1:])
-        if p.unreachable:
-            report_unreachable(p)
-            e.exit_code = EXIT_UNREACHABLE
-        raise e
+    _refuse_problems(p)
     outcomes: dict[str, HostOutcome] = {}
     if p.changed:
         if operation == "apply" and not force_conflicts:
@@ -94,6 +90,18 @@ def _change(
         print_outcome(ctx, p, outcomes, operation)
     report_unreachable(p, outcomes)
     return exit_code(p, outcomes)
+
+
+def _refuse_problems(p: Plan, cleared: bool = False) -> None:
+    """A plan with problems changes nothing (`cleared`: what a first apply wrote was taken
+    off again before this plan was made)."""
+    if p.problems:
+        said = "the hosts this apply wrote were cleared" if cleared else "nothing was changed on any host"
+        e = ProvisionError(f"{p.problems[0]} ({said})", details=p.problems[1:])
+        if p.unreachable:
+            report_unreachable(p)
+            e.exit_code = EXIT_UNREACHABLE
+        raise e
 
 
 def _theirs_confirmed(p: Plan) -> None:
@@ -224,12 +232,24 @@ class _Applying:
     """apply's plan and apply steps with its flags; with --queue, planned until the job fits,
     and planned again when another apply took GPUs or ports first."""
 
-    def __init__(self, queue: Queue | None, setup_lines: Callable[[str, str], None] | None = None, **plan_flags: Any):
+    def __init__(
+        self,
+        queue: Queue | None,
+        setup_lines: Callable[[str, str], None] | None = None,
+        approved: tuple[bool, bool] = (False, False),
+        **plan_flags: Any,
+    ):
         self.queue = queue
         self.setup_lines = setup_lines  # --wait --logs: the setup's output as it runs
         self.flags = plan_flags
+        self.auto_approve, self.force_conflicts = approved  # -y, --force-conflicts
+        self.presumed: firstapply.Presumed | None = None  # a first apply planned without a probe
 
     def plan(self, ctx: Context) -> Plan:
+        if self.queue is None and firstapply.eligible(ctx, auto_approve=self.auto_approve, flags=self.flags):
+            self.presumed = firstapply.presumed_plan(ctx, checks=bool(self.flags.get("checks")))
+            if self.presumed is not None:
+                return self.presumed.plan
         pre: list[Preemptor] = []  # this plan's preemption step, made when first held
 
         def make() -> Plan:
@@ -255,6 +275,22 @@ class _Applying:
         return one() if self.queue is None else self.queue.plan(one)
 
     def apply(self, ctx: Context, p: Plan, progress: Callable[[str], None]) -> dict[str, HostOutcome]:
+        pre, self.presumed = self.presumed, None
+        if pre is not None and p is pre.plan:
+
+            def vet(again: Plan, cleared: bool) -> None:  # as _change vets the plan it shows
+                _refuse_problems(again, cleared)
+                if not self.force_conflicts:
+                    _theirs_confirmed(again)
+
+            def again() -> dict[str, HostOutcome]:  # as an apply that probes first, every host
+                self.auto_approve = False
+                p = self.plan(ctx)
+                vet(p, True)
+                return self.apply(ctx, p, progress)
+
+            checks = bool(self.flags.get("checks"))
+            return firstapply.execute(ctx, pre, progress, checks=checks, again=again, vet=lambda p: vet(p, False))
         outcomes = apply_plan(ctx, p, progress, self.setup_lines)
         while self.queue is not None and any(o.lost_race for o in outcomes.values()) and not self.queue.expired():
             progress("another apply took GPUs or ports first: planning again")
@@ -330,9 +366,8 @@ def apply(
     ctx = open_ctx(inventory, state_path, targets, parallelism, verbose, operation="apply", take_over=take_over)
     q = Queue(timeout=timeout if queue else 0, progress=progress_line, mark=ledger_marks(ctx)) if queue else None
     lines = _setup_line if wait_after and stream_logs else None
-    how = _Applying(
-        q, lines, replace=set(replace), rerun=rerun, partial=partial, force_setup=force_setup, checks=not skip_checks
-    )
+    flags = {"replace": set(replace), "rerun": rerun, "partial": partial, "force_setup": force_setup}
+    how = _Applying(q, lines, (auto_approve, force_conflicts), **flags, checks=not skip_checks)
     try:
         code = _change(
             ctx,

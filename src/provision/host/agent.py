@@ -612,6 +612,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "healthtest": lambda req: lazy("health").op_healthtest(req),
     "fabric": lambda req: lazy("fabric").op_fabric(req),
     "dev": lambda req: lazy("devop").op_dev(req),
+    "fresh": lambda req: lazy("fresh").op_fresh(req),
 }
 
 

@@ -37,6 +37,7 @@ LAZY = (
     "logins",
     "devop",
     "stacks",
+    "fresh",
 )
 STANDINS = {"dataclasses": "standins"}
 

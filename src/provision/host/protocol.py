@@ -5,9 +5,8 @@ possibly to the shell probe (probe.sh, read by controller-side probe.py), which 
 the same ProbeReport. The wire form is JSON: `to_wire` and `from_wire` turn these classes
 into plain dicts and back, field by field; nothing else crosses the wire.
 
-Runs on hosts too (shipped by host/bundle.py), under `python3 -S` where importing the real
-dataclasses module would cost more than a probe's own work: the bundle gives it a small
-stand-in with the same behaviour for what this module uses (tested against the module).
+Runs on hosts too (shipped by host/bundle.py), under `python3 -S`, where the real dataclasses
+module costs more than a probe's work: the bundle gives it a tested stand-in.
 """
 
 from __future__ import annotations
@@ -384,6 +383,28 @@ class BatchReport:
 
 
 @dataclass(frozen=True)
+class FreshRequest:
+    """A first apply's guard, first in its batch: probe as `probe` asks and refuse (errors:
+    why; the batch then stops, nothing written) unless the host is as a plan presumed it
+    without asking, nothing of the job or of anyone's ledger here (host/fresh.py). `now`:
+    the controller's clock when sent; `skew`: how far the host's may be from it."""
+
+    job: str
+    probe: ProbeRequest
+    ports: list[int] = field(default_factory=list)
+    now: float = 0.0
+    skew: float = 0.0
+
+    op = "fresh"
+
+
+@dataclass(frozen=True)
+class FreshReport:
+    probe: ProbeReport | None = None  # the host as it is (the apply plans again from it)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class QueueRequest:
     """Mark the job's ledger entry as waiting in `apply --queue` (waiting: for what), or
     take the mark away (waiting None)."""
@@ -539,40 +560,17 @@ class HealthTestReport:
 REQUESTS = {
     c.op: c
     for c in (
-        ProbeRequest,
-        WriteRequest,
-        UnitsRequest,
-        DestroyRequest,
-        SetupRequest,
-        BatchRequest,
-        NetcheckRequest,
-        OwnersRequest,
-        QueueRequest,
-        PreemptRequest,
-        StacksRequest,
-        HealthRequest,
-        HealthTestRequest,
-        FabricRequest,
-        DevRequest,
+        ProbeRequest, WriteRequest, UnitsRequest, DestroyRequest, SetupRequest, BatchRequest, NetcheckRequest,
+        OwnersRequest, QueueRequest, PreemptRequest, StacksRequest, HealthRequest, HealthTestRequest, FabricRequest,
+        DevRequest, FreshRequest,
     )
-}
+}  # fmt: skip
 REPORTS = {
-    "probe": ProbeReport,
-    "write": WriteReport,
-    "units": UnitsReport,
-    "destroy": DestroyReport,
-    "setup": SetupReport,
-    "batch": BatchReport,
-    "netcheck": NetcheckReport,
-    "owners": OwnersReport,
-    "queue": QueueReport,
-    "preempt": PreemptReport,
-    "stacks": StacksReport,
-    "health": HealthReport,
-    "healthtest": HealthTestReport,
-    "fabric": FabricReport,
-    "dev": DevReport,
-}
+    "probe": ProbeReport, "write": WriteReport, "units": UnitsReport, "destroy": DestroyReport, "setup": SetupReport,
+    "batch": BatchReport, "netcheck": NetcheckReport, "owners": OwnersReport, "queue": QueueReport,
+    "preempt": PreemptReport, "stacks": StacksReport, "health": HealthReport, "healthtest": HealthTestReport,
+    "fabric": FabricReport, "dev": DevReport, "fresh": FreshReport,
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- wire form
@@ -628,6 +626,8 @@ def request_from_wire(data: dict[str, Any]) -> Any:
         nested["reserve"] = lambda r: _build(Reservation, r, {})
     if cls is BatchRequest:
         nested["requests"] = lambda rs: [request_from_wire(r) for r in rs]
+    if cls is FreshRequest:
+        nested["probe"] = lambda r: _build(ProbeRequest, r, {})
     return _build(cls, data, nested)
 
 
@@ -636,6 +636,8 @@ def report_from_wire(op: str, data: Any) -> Any:
     nested: dict[str, Any] = {}
     if cls is ProbeReport:
         nested["files"] = _map_of(lambda f: _build(FileInfo, f, {}))
+    if cls is FreshReport:
+        nested["probe"] = lambda r: report_from_wire("probe", r)
     if cls is BatchReport:
         raise WireError("batch reports are read with batch_from_wire")
     return _build(cls, data, nested)

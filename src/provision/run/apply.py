@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import os
 import threading
@@ -26,6 +25,9 @@ from provision.host.protocol import (
     DestroyReport,
     DestroyRequest,
     FileWrite,
+    FreshReport,
+    FreshRequest,
+    ProbeReport,
     SetupReport,
     SetupRequest,
     UnitsReport,
@@ -77,24 +79,30 @@ def _manifests(hp: HostPlan) -> tuple[bytes, bytes, bytes]:
     """
     assert hp.bundle is not None
     final = hp.bundle.manifest
-    interim = copy.deepcopy(final)
-    for t in hp.starts():
-        interim["tasks"][t.task]["inputs"] = "pending"
-    pending = copy.deepcopy(interim)
+    # Copies of the levels changed only (nothing below is changed): the manifest of a
+    # many-host job's host is large, and deep copies of it were most of an apply's CPU.
+    starts = {t.task for t in hp.starts()}
+    tasks = {k: {**v, "inputs": "pending"} if k in starts else v for k, v in final["tasks"].items()}
+    interim = {**final, "tasks": tasks}
     old = hp.report.readable_manifest() if hp.report else None
-    if old is not None:
-        for path, rec in old.get("files", {}).items():
-            pending["files"].setdefault(path, rec)
-        for name, rec in old.get("tasks", {}).items():
-            pending["tasks"].setdefault(name, {**rec, "inputs": "pending"})
-    return manifest_bytes(pending), manifest_bytes(interim), manifest_bytes(final)
+    # The final manifest's bytes are the rendered manifest file's (encoded once, in render).
+    final_b = next((f.data() for f in hp.bundle.files if f.kind is FileKind.MANIFEST), None) or manifest_bytes(final)
+    interim_b = manifest_bytes(interim) if starts else final_b
+    if old is None:
+        return interim_b, interim_b, final_b
+    pending = {**interim, "files": dict(interim["files"]), "tasks": dict(tasks)}
+    for path, rec in old.get("files", {}).items():
+        pending["files"].setdefault(path, rec)
+    for name, rec in old.get("tasks", {}).items():
+        pending["tasks"].setdefault(name, {**rec, "inputs": "pending"})
+    return manifest_bytes(pending), interim_b, final_b
 
 
 def host_record(ctx: Context, t: Target, hp: HostPlan, *, pending: bool = False) -> HostRecord:
     """What the state keeps of a host: how to reach it, and (keyed) what is there."""
     assert hp.bundle is not None
     files, tasks = kept(ctx, hp.bundle)
-    host = next((h for h in ctx.inventory.hosts if h.name == hp.name), None)
+    host = ctx.host(hp.name)
     ifname = ctx.ifnames.get(hp.name, "")
     return HostRecord(
         address=t.address,
@@ -140,6 +148,11 @@ class _Apply:
         self.setup_lines: Callable[[str, str], None] | None = None
         self.run_number = plan.new_run()  # recorded on the hosts that start tasks (core/runs.py)
         self._lock = threading.Lock()
+        # A first apply planned without a probe (run/firstapply.py): each host's guard goes
+        # first in its write's batch; a host that refuses is left to the caller, with why.
+        self.guard: Callable[[Target], FreshRequest] | None = None
+        self.refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
+        self.answers: dict[str, tuple[ProbeReport | None, float, float]] = {}  # guard: answer, asked, answered
 
     def run(self) -> dict[str, HostOutcome]:
         ctx = self.ctx
@@ -171,7 +184,11 @@ class _Apply:
         if self.lost:
             self._roll_back()
             return self.outcomes
-        setups = [n for n, hp in self.work.items() if hp.setup is not None and self.outcomes[n].error is None]
+        setups = [
+            n
+            for n, hp in self.work.items()
+            if hp.setup is not None and self.outcomes[n].error is None and n not in self.refused
+        ]
         if setups:
             self._note(run_step(ctx.session, Step.SETUP, self._setup, self._targets(setups)))
         for phase in phases():
@@ -179,6 +196,7 @@ class _Apply:
                 n
                 for n, hp in self.work.items()
                 if self.outcomes[n].error is None
+                and n not in self.refused
                 and not (phase == self.first and n in self._early)
                 and any(t.phase == phase for t in hp.starts())
             ]
@@ -334,8 +352,10 @@ class _Apply:
         early = self.first is not None and hp.setup is None and any(x.phase == self.first for x in hp.starts())
         if early:
             assert self.first is not None
-            batch = BatchRequest([req, self._start_request(t, self.first)])
-            both: BatchReport = call_agent(ctx.session, t, batch)
+            got = self._write_and_start(t, BatchRequest([req, self._start_request(t, self.first)]))
+            if got is None:
+                return  # refused by the guard: nothing written
+            both = got
             res: WriteReport = both.results[0]
         else:
             res = call_agent(ctx.session, t, req)
@@ -353,6 +373,24 @@ class _Apply:
             with self._lock:
                 self._early.add(t.name)
             self._started(t, self.first, both.results[1])
+
+    def _write_and_start(self, t: Target, batch: BatchRequest) -> BatchReport | None:
+        """The write and the first start in one round trip, behind the guard when there is
+        one (None: the host refused; its answer and why in self.refused)."""
+        if self.guard is None:
+            out: BatchReport = call_agent(self.ctx.session, t, batch)
+            return out
+        fresh = self.guard(t)
+        self.ctx.session.connect(t)  # first: the clock's bounds are the request's, not the handshake's
+        asked = time.time()
+        both: BatchReport = call_agent(self.ctx.session, t, BatchRequest([fresh, *batch.requests]))
+        checked: FreshReport = both.results[0]
+        with self._lock:
+            self.answers[t.name] = (checked.probe, asked, time.time())
+            if checked.errors or len(both.results) < 2:
+                self.refused[t.name] = (checked.probe, checked.errors)
+                return None
+        return BatchReport(both.results[1:])
 
     def _setup(self, t: Target) -> None:
         hp = self.work[t.name]
@@ -429,9 +467,25 @@ def apply_plan(
     plan: Plan,
     progress: Progress = lambda s: None,
     setup_lines: Callable[[str, str], None] | None = None,
+    *,
+    guard: Callable[[Target], FreshRequest] | None = None,
+    refused: dict[str, tuple[ProbeReport | None, list[str]]] | None = None,
+    answers: dict[str, tuple[ProbeReport | None, float, float]] | None = None,
 ) -> dict[str, HostOutcome]:
     """Make it so. Hosts with errors in the plan are left alone; the rest converge.
-    `setup_lines(host, line)`: each line a setup prints, as it runs."""
+    `setup_lines(host, line)`: each line a setup prints, as it runs. `guard`: a first
+    apply's (run/firstapply.py), first in each host's batch; the hosts that refused go to
+    `refused` (their answer, and why), untouched; every guard's answer to `answers`, with
+    when it was asked and answered."""
     a = _Apply(ctx, plan, progress)
     a.setup_lines = setup_lines
-    return a.run()
+    if guard is not None and a.first is None:
+        raise ValueError("a guarded apply writes and starts in one batch: nothing may stop first")
+    a.guard = guard
+    try:
+        return a.run()
+    finally:
+        if refused is not None:
+            refused.update(a.refused)
+        if answers is not None:
+            answers.update(a.answers)

@@ -76,10 +76,24 @@ class Context:
     who: str = ""  # acting in another's name (the service recovering a handed-over job: its submitter)
     dev: DevTerms | None = None  # a dev session's terms (`provision dev`): into its reservation
 
+    # Owner.here asks git for the user's email (a process): once per Context, not per host.
+    _owner: tuple[tuple[str, Any], Owner] | None = field(default=None, repr=False, compare=False)
+    _hosts: tuple[Inventory, dict[str, Host]] | None = field(default=None, repr=False, compare=False)
+
     @property
     def owner(self) -> Owner:
-        me = Owner.here(self.state.lineage, self.state.store.owner_ref)
+        key = (self.state.lineage, self.state.store.owner_ref)
+        if self._owner is None or self._owner[0] != key:
+            self._owner = (key, Owner.here(*key))
+        me = self._owner[1]
         return dataclasses.replace(me, who=self.who) if self.who else me
+
+    def host(self, name: str) -> Host | None:
+        """The inventory's host of that name (a map, made once per inventory: per host
+        lookups stay linear in the hosts)."""
+        if self._hosts is None or self._hosts[0] is not self.inventory:
+            self._hosts = (self.inventory, {h.name: h for h in self.inventory.hosts})
+        return self._hosts[1].get(name)
 
     @property
     def turn(self) -> Turn:
@@ -286,7 +300,7 @@ def probe_request(ctx: Context, name: str, ask: Ask, more: Iterable[str] = ()) -
     on this host, as the service's survey asks)."""
     rec = ctx.state.hosts.get(name)
     bundle = ctx.rendered.hosts.get(name)
-    host = next((h for h in ctx.inventory.hosts if h.name == name), None)
+    host = ctx.host(name)
     fields: dict[str, Any] = (
         preflight.request_fields(
             ctx.inventory,
