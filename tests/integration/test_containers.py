@@ -68,6 +68,8 @@ def container_environ(sb, host: str, container: str) -> dict[str, str]:
     out = sh(
         sb, host, f"pid=$(docker inspect --format '{{{{.State.Pid}}}}' {container}); base64 -w0 /proc/$pid/environ"
     )
+    if out.code != 0:  # not there yet (a restart replacing it): nothing to read, ask again
+        return {}
     raw = base64.b64decode(out.strip())
     return dict(item.split("=", 1) for item in raw.decode("utf-8").split("\0") if item)
 

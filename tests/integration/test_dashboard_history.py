@@ -54,9 +54,11 @@ def env(tmp_path_factory, postgres):
     policy lives there)."""
     pytest.importorskip("psycopg")
     tmp = tmp_path_factory.mktemp("remembers")
+    # A team database of its own: the policy it sets is no other test's.
+    postgres.sql("CREATE DATABASE remembers")
     return tmp, {
         **postgres.env(),
-        "PROVISION_STATE": postgres.url(),
+        "PROVISION_STATE": postgres.url(database="remembers"),
         "PROVISION_SERVICE_DB": str(tmp / "svc" / "service.sqlite"),
         "PROVISION_OWNER": OWNER,
         "PROVISION_QUEUE_POLL": "1",

@@ -346,7 +346,11 @@ def _points(port: int) -> int:
 
 
 def test_a_policy_naming_an_xid_that_is_not_a_number_is_one_line_and_changes_nothing(postgres, tmp_path):
-    env = {**postgres.env(), "PROVISION_STATE": postgres.url(), "PROVISION_OWNER": "ana@lab.example"}
+    # A team database of its own: the policy it sets is no other test's (test_priority reads
+    # the shared one's as never set).
+    postgres.sql("CREATE DATABASE health_policy")
+    url = postgres.url(database="health_policy")
+    env = {**postgres.env(), "PROVISION_STATE": url, "PROVISION_OWNER": "ana@lab.example"}
     pol = tmp_path / "policy.yaml"
     pol.write_text("health:\n  xids: {31: fatal}\n")
     ok(cli("policy", "set", pol, cwd=tmp_path, env=env))

@@ -337,7 +337,7 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
         assert any(e["how"].startswith("Preempted at ") and "by svc-high" in e["how"] for e in runs), runs
         assert len(runs) == 2, runs  # the preempted run, and the resumed one
         # The event stream says it once each: preempted (and how its run ended), resumed.
-        ev = json.loads(ok(cli("events", "--json", "--job", "svcw-low", cwd=svc, env=env)).stdout)["events"]
+        ev = json.loads(ok(cli("events", "--json", "--job", "svc-low", cwd=svc, env=env)).stdout)["events"]
         kinds = [(e["kind"], e["run"], e["how"]) for e in ev if e["kind"] != "task.failed"]
         assert kinds == [
             ("job.started", 1, None),
@@ -345,7 +345,7 @@ def test_the_service_resumes_a_preempted_job_by_itself(box, sandbox_inventory, t
             ("job.ended", 1, "preempted"),
             ("job.resumed", 2, None),
         ], ev
-        assert "by svcw-high" in next(e["words"] for e in ev if e["kind"] == "job.preempted"), ev
+        assert "by svc-high" in next(e["words"] for e in ev if e["kind"] == "job.preempted"), ev
     finally:
         cli("cancel", low, cwd=tmp_path, env=env)
         _unserve(serve, svc)

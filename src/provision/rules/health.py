@@ -517,11 +517,11 @@ def findings(declared: int, report: ProbeReport, assigned: Iterable[int]) -> lis
     """`provision check`'s "gpu signals" lines (check, pass|warn|fail, detail): a fatal
     signal on a GPU the job gets fails it, any other signal warns, a quarantined GPU the job
     would get fails it. The host's own (nvidia-smi failing, a GPU gone) are the "gpus"
-    check's already."""
+    check's already, and uncorrectable ECC errors the "gpu health" check's (said once)."""
     used = set(assigned)
     out = []
     for s in signals(declared, report):
-        if s.kind in ("nvidia-smi", "gone"):
+        if s.kind in ("nvidia-smi", "gone", "ecc"):
             continue
         bad = s.level is Level.FATAL and (s.gpu is None or s.gpu in used)
         where = f"GPU {s.gpu}" if s.gpu is not None else "the host"
