@@ -23,7 +23,7 @@ import sys
 import time
 
 from . import protocol as P
-from .hostlib import json, run
+from .hostlib import dual_stack_listener, json, run
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -102,28 +102,6 @@ def _why(e: BaseException) -> str:
         }
         return words.get(e.errno, e.strerror or str(e))
     return str(e) or type(e).__name__
-
-
-def _listen(socket: Any, port: int) -> Any:
-    last: OSError | None = None
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        s = None
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            s.bind((addr, port))
-            s.listen(16)
-            return s
-        except OSError as e:
-            if s is not None:
-                s.close()
-            last = e
-            if e.errno == 98:  # EADDRINUSE: the same on either family
-                break
-    assert last is not None
-    raise last
 
 
 def _recv_exact(sock: Any, view: Any, deadline: float) -> None:
@@ -205,7 +183,7 @@ def tcp_ring(req: Any) -> Any:  # noqa: C901  the ring's forming, its timed step
     start = time.monotonic()
     joined_by = start + req.join
     try:
-        listener = _listen(socket, int(req.peers[rank][1]))
+        listener = dual_stack_listener(socket, int(req.peers[rank][1]), 16)
     except OSError as e:
         return P.FabricReport(error="cannot listen on port %s: %s" % (req.peers[rank][1], _why(e)))
     got: list[Any] = []

@@ -27,7 +27,7 @@ import time
 from . import layout, ledger
 from . import protocol as P
 from .hostfacts import NVIDIA_SMI_TIMEOUT, gpu_report
-from .hostlib import run, timed_out
+from .hostlib import dual_stack_listener, run, timed_out
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -455,28 +455,9 @@ def _accept(listener: Any) -> Any:
 
 def _listener(port: int) -> Any:
     """A listener on every address of the host (IPv6 and IPv4 where the host has both)."""
-    socket = _socket_module()
-
-    last = None
-    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        s = None
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            s.bind((addr, port))
-            s.listen(128)
-            s.setblocking(False)
-            return s
-        except OSError as e:
-            if s is not None:
-                s.close()
-            last = e
-            if e.errno == 98:  # EADDRINUSE: the same on either family
-                break
-    assert last is not None
-    raise last
+    s = dual_stack_listener(_socket_module(), port, 128)
+    s.setblocking(False)
+    return s
 
 
 class _Dial:

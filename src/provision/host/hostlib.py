@@ -245,3 +245,28 @@ def dropins(bases: Any, prefix: str, suffix: str) -> list[str]:
                 continue
             out += [b + "/" + d + "/" + c for c in confs if c.endswith(suffix) and not c.startswith(".")]
     return sorted(out)
+
+
+def dual_stack_listener(socket: Any, port: int, backlog: int) -> Any:
+    """A TCP listener on every address of the host (IPv6 and IPv4 where it has both, else
+    IPv4), from the socket module given (socket.py or _socket: the callers' import costs
+    differ). EADDRINUSE is the same on either family: raised at once."""
+    last = None
+    for family, addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        s = None
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind((addr, port))
+            s.listen(backlog)
+            return s
+        except OSError as e:
+            if s is not None:
+                s.close()
+            last = e
+            if e.errno == 98:
+                break
+    assert last is not None
+    raise last
