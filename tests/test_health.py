@@ -17,6 +17,7 @@ from provision.core.events import Kind
 from provision.host import health as hosthealth
 from provision.host import layout, ledger
 from provision.host.protocol import ProbeReport, Reservation
+from provision.io import probe
 from provision.rules import health as hl
 from provision.rules import healthlog, xids
 from provision.rules.health import Change, HostHealth, Level, Mark, Signal, State
@@ -89,9 +90,13 @@ def test_dcgm_health_report_is_read_per_gpu():
 
 
 def test_probe_sh_runs_the_health_read_as_the_agent_does():
-    """One text for both readers: probe.sh holds host/health.HEALTH_SH as it is written."""
+    """One text for both readers: the loaded probe.sh holds host/health.HEALTH_SH as it is
+    written, in place of its one placeholder line."""
     text = (Path(hosthealth.__file__).parent / "probe.sh").read_text()
-    assert hosthealth.HEALTH_SH in text
+    assert text.count("@HEALTH_SH@") == 1 and "nvidia-smi --query-gpu=$hfields" not in text
+    loaded = probe.script()
+    assert "@HEALTH_SH@" not in loaded
+    assert "\n".join(line for line in hosthealth.HEALTH_SH.splitlines() if line.strip()) in loaded
     assert "'" not in hosthealth.HEALTH_SH and "\\" not in hosthealth.HEALTH_SH  # probe.sh travels single-quoted
 
 

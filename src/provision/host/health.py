@@ -4,9 +4,9 @@ state per GPU and for the host: rules/health.py judges, this file keeps), change
 ledger's lock so that a reservation sees it (ledger.health_refusals). Stdlib only; shipped
 with the agent and compiled only by the requests that use it (bundle.LAZY).
 
-One reader for both paths: HEALTH_SH is the sh the shell probe (probe.sh) runs as it is
-written here, and the agent runs the same text through `sh -c` (`read`); `parse_section`
-reads either's output. tests/test_host_bundle.py holds probe.sh to this text, and
+One reader for both paths: HEALTH_SH is the sh the shell probe (probe.sh) runs, put in
+its place when the controller loads that script (io/probe.py), and the agent runs the same
+text through `sh -c` (`read`); `parse_section` reads either's output.
 tests/integration/test_probe.py holds the two answers equal on real hosts.
 
 Everything read is bounded (lines, bytes per line, seconds) and is the host's word: the

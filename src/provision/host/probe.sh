@@ -334,48 +334,8 @@ hafter=${r%% *}
 hkmsg=${r#* }
 hgok=0
 if [ -n "$gpus" ] && [ "$gcode" = 0 ]; then hgok=1; fi
-echo @health
-if [ "$hgok" = 1 ]; then
-    out=$(timeout $hsec nvidia-smi --query-gpu=$hfields --format=csv,noheader,nounits 2>&1 </dev/null)
-    code=$?
-    case $out in *"is not a valid field"*)
-        out=$(timeout $hsec nvidia-smi --query-gpu=$hlegacy --format=csv,noheader,nounits 2>&1 </dev/null)
-        code=$? ;;
-    esac
-    echo "@hgpus $code"
-    printf %s "$out" | head -n 64 | cut -c 1-400
-    echo
-    echo @hgpus-end
-fi
-a=
-if [ -f $hafter ] && [ ! -h $hafter ]; then read -r a <$hafter; fi
-case $a in *[!0-9.]*) a= ;; esac
-up=
-read -r up _ </proc/uptime
-now=$(date +%s)
-since=$((now - 86400))
-if [ -n "$a" ]; then since=${a%%.*}; fi
-if [ -f $hkmsg ]; then
-    echo "@xid file $now $up $a"
-    grep -a -F "NVRM: Xid" $hkmsg 2>/dev/null </dev/null | tail -n $hlim | cut -c 1-400
-elif command -v journalctl >/dev/null 2>&1; then
-    echo "@xid journal $now $up $a"
-    timeout $hsec journalctl -k -b -q --no-pager -o short-unix --since=@$since 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
-elif command -v dmesg >/dev/null 2>&1; then
-    echo "@xid dmesg $now $up $a"
-    timeout $hsec dmesg 2>/dev/null </dev/null | grep -a -F "NVRM: Xid" | tail -n $hlim | cut -c 1-400
-else
-    echo "@xid none $now $up $a"
-fi
-echo @xid-end
-if command -v dcgmi >/dev/null 2>&1; then
-    out=$(timeout $hsec dcgmi health -c 2>&1 </dev/null)
-    echo "@dcgm $?"
-    printf %s "$out" | head -n 200 | cut -c 1-400
-    echo
-    echo @dcgm-end
-fi
-echo @health-end
+# The health read: host/health.HEALTH_SH, put in here when the script is loaded (io/probe.py).
+@HEALTH_SH@
 fi
 if [ -n "$progress" ]; then
     echo @progress

@@ -41,6 +41,8 @@ def script() -> str:
     global _SCRIPT
     if _SCRIPT is None:
         text = (Path(__file__).parent.parent / "host" / "probe.sh").read_text()
+        # One text for both readers of a host's health: the agent runs HEALTH_SH as it is.
+        text = text.replace("@HEALTH_SH@\n", health.HEALTH_SH, 1)
         # Comments stay on the controller; what is left travels as one single-quoted word.
         _SCRIPT = "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
     return _SCRIPT
