@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from browser import chromium, shot
 from clirun import cli, ok, sh, status, unit_props, wait_until
 
 pytestmark = pytest.mark.integration
@@ -91,26 +90,11 @@ def server(job, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.fail("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)", pytrace=False)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(driver), options=opts)
-    yield b
-    b.quit()
+    yield from chromium(height=1000)
 
 
 def _shot(browser, name: str) -> None:
-    root = os.environ.get("PROVISION_ARTIFACTS") or str(Path(__file__).resolve().parents[2] / "test-artifacts")
-    where = Path(root) / "dashboard"
-    where.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(where / f"{name}.png"))
+    shot(browser, "dashboard", name)
 
 
 def _call(url: str, token: str | None = None, method: str = "GET") -> int:

@@ -27,6 +27,7 @@ from urllib.parse import urljoin, urlparse
 import pytest
 import yaml
 
+from browser import chromium, shot
 from clirun import cli, ok, sh, wait_until
 from provision import sandbox
 
@@ -154,26 +155,11 @@ def _kept(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.fail("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)", pytrace=False)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400"):
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(driver), options=opts)
-    yield b
-    b.quit()
+    yield from chromium(height=1400)
 
 
 def _shot(browser, name: str) -> None:
-    root = os.environ.get("PROVISION_ARTIFACTS") or str(Path(__file__).resolve().parents[2] / "test-artifacts")
-    where = Path(root) / "dashboard-history"
-    where.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(where / f"{name}.png"))
+    shot(browser, "dashboard-history", name)
 
 
 def test_the_study_page_after_its_end_has_its_curves(served, browser):
