@@ -26,13 +26,18 @@ import pytest
 
 SANDBOX_FIXTURES = {"docker_engine", "sandbox_factory", "sandbox4", "sandbox3", "sandbox_frameworks"}
 _TEST_NAME = re.compile(r"^pt(\d+)-")
-# The host tests of the second xdist lane (~7 of the ~31 minutes of host tests, measured in
-# CI): modules that start their own sandboxes (or sandbox3, started again in that worker)
-# and assert no timings, so they may run beside the first lane's. The other worker would
-# otherwise idle after the ~4.5 minutes of tests without hosts.
+# The host tests of the second xdist lane: modules that start their own sandboxes (or
+# sandbox3, started again in that worker) and assert no tight timings, so they may run
+# beside the first lane's. The first lane held ~30 of the ~35 minutes of host tests (CI, 2
+# cores) while the other worker idled after the ~4.5 minutes of tests without hosts; the dev
+# sessions', dashboards' and health's modules (~11 minutes, their own hosts) moved here.
 SECOND_LANE = {
     "test_check",
     "test_containers",
+    "test_dashboard",
+    "test_dashboard_history",
+    "test_dev",
+    "test_health",
     "test_docs_examples",
     "test_hostile",
     "test_probe",

@@ -35,7 +35,7 @@ SLEEP = ["/bin/sh", "-c", "exec sleep 600"]
 # The service's test knobs: a session's idle time, and its warning's lead. Longer than a quiet
 # minute of rounds: the service sees a new session at its next round (60 s while nothing is
 # due), as with a real hour's idle time.
-IDLE_S, WARN_S = 90, 20
+IDLE_S, WARN_S = 60, 20
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +316,7 @@ def test_the_service_ends_an_idle_session_after_its_warning_and_never_a_busy_or_
     try:
         for name in ("idle", "busy"):
             ok(dev(team, home, "--name", name))
-        ok(dev(team, home, "--name", "here", "--hours", "0.04"))  # 144 s, logged in throughout
+        ok(dev(team, home, "--name", "here", "--hours", "0.03"))  # 108 s, logged in throughout
         s = listed(team, home)
         b = s["busy"]
         sh(hosts, b["host"], f"printf '{b['gpus'][0]} 60\\n' > /etc/provision-sandbox/utilization", check=True)
@@ -347,7 +347,7 @@ def test_the_service_ends_an_idle_session_after_its_warning_and_never_a_busy_or_
         assert "are up" in here["words"] and "idle" not in here["words"], here
         tty = (home.parent / "here.tty").read_text(errors="replace")
         assert "*** provision: dev session here of ana@lab.example" in tty and "its hours" in tty, tty
-        assert "this session ended: ended by the service: its 0.04 h are up" in tty, tty
+        assert "this session ended: ended by the service: its 0.03 h are up" in tty, tty
 
         # The busy one, busy for longer than its idle time by now: never ended.
         assert time.time() - s["busy"]["since"] > IDLE_S + WARN_S
