@@ -580,6 +580,7 @@ def op_batch(req: P.BatchRequest) -> P.BatchReport:
     (apply writes a host's files and starts its first tasks this way)."""
     results: list[Any] = []
     for sub in req.requests:
+        sub = lazy("fresh").completed(results[0], sub) if sub.op == "write" and req.requests[0].op == "fresh" else sub
         results.append(OPS[sub.op](sub))
         if getattr(results[-1], "errors", None):
             break
