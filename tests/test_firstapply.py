@@ -285,14 +285,22 @@ def test_the_gpus_presumed_are_the_inventorys_and_the_guard_fills_in_their_uuids
     assert [w.reserve.gpu_uuids for w in seen] == [["GPU-1"], [""]]
 
 
-def test_the_guard_refuses_files_without_room(tmp_path):
+def test_the_guard_refuses_files_without_room(tmp_path, monkeypatch):
+    """Each destination's bytes summed on the file system of its nearest existing
+    directory, with the margin beyond (a free 1,000 bytes here)."""
     d = tmp_path / "data"
-    st = os.statvfs(tmp_path)
-    free = st.f_bavail * st.f_frsize
-    assert fresh.room_refusals({"need": [[str(d / "new" / "dir"), 10]], "margin": 0}) == []
-    got = fresh.room_refusals({"need": [[str(d), free], [str(d / "x"), 1]], "margin": 0})
-    assert len(got) == 1 and f"on {tmp_path}, files: need {free + 1}" in got[0], got  # summed on tmp_path
-    assert fresh.room_refusals({"need": [[str(d), 10]], "margin": free}) != []
+    asked = []
+
+    def statvfs(path):
+        asked.append(path)
+        return os.statvfs_result((4096, 1, 10, 10, 1000, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(fresh.os, "statvfs", statvfs)
+    assert fresh.room_refusals({"need": [[str(d / "new" / "dir"), 600], [str(d), 400]], "margin": 0}) == []
+    assert asked == [str(tmp_path)]
+    got = fresh.room_refusals({"need": [[str(d / "x"), 600], [str(tmp_path), 401]], "margin": 0})
+    assert got == [f"1000 bytes free on {tmp_path}, files: need 1001 and room beyond"], got
+    assert fresh.room_refusals({"need": [[str(d), 10]], "margin": 991}) != []
 
 
 def test_gpu_jobs_outputs_and_files_plan_without_asking_and_reserve_the_gpus(tmp_path):
