@@ -250,3 +250,5 @@ def test_a_gpu_job_is_one_round_trip_and_a_gpu_taken_or_quarantined_since_is_pla
         assert r.returncode == 0, r.stdout + r.stderr
         assert cli("plan", "--detailed-exitcode", inv, cwd=tmp_path).returncode == 0
         assert cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0
+    for host in ("host-1", "host-2"):  # outputs: are the user's: destroy keeps them
+        sh(sandbox4, host, f"rm -rf /var/tmp/{job_name}")
