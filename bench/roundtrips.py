@@ -6,7 +6,9 @@ controller's CPU goes, for a first apply, a plan and a no-op apply; beside both 
     python bench/roundtrips.py SANDBOX --src A=/path/to/main/src --src B=$PWD/src --order ABBA
 
 SANDBOX: a running sandbox (`provision sandbox up -n 32 --name SANDBOX`). The workload is
-bench/workload/provision.yaml on the sandbox's hosts (one task per host, host keys strict).
+bench/workload/provision.yaml on the sandbox's hosts (one task per host, host keys strict);
+with --gpus G each task takes G of its host's GPUs (a sandbox made with `-g`: the hosts
+declare them, their nvidia-smi stand-in answers the probe and the guard).
 
 Floors, measured in the same sitting:
 - connect floor: every host at once, a thread each, a fresh paramiko connection + `true`;
@@ -214,6 +216,8 @@ class Bench:
             self.sb, JOB, wl["pools"], ssh={**wl["ssh"], "identity_file": str(self.sb.key_path)}, env=wl["env"]
         )
         inv["pools"]["worker"]["replicas"] = self.n - 1
+        for pool in inv["pools"].values() if self.args.gpus else ():
+            pool["accelerators"] = self.args.gpus
         return inv
 
     def _floor_files(self) -> dict[str, tuple[bytes, bytes, str]]:
@@ -394,6 +398,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/roundtrips")
     ap.add_argument("--out")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs each task takes (a sandbox with GPUs)")
     args = ap.parse_args()
     src = [tuple(s.split("=", 1)) for s in args.src] or [("here", str(HERE.parent / "src"))]
     args.src = src

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -104,17 +105,19 @@ def test_the_agent_runs_the_guard(monkeypatch):
 # --------------------------------------------------------------------------- the controller's side
 
 
-def _ctx(tmp_path, extra: str = "", env: str = "{NCCL_SOCKET_IFNAME: eth0, GLOO_SOCKET_IFNAME: eth0}"):
+def _ctx(tmp_path, extra: str = "", env: str = "{NCCL_SOCKET_IFNAME: eth0, GLOO_SOCKET_IFNAME: eth0}", gpus: int = 0):
     from provision.run.context import open_context
 
     key = tmp_path / "id"
     key.write_text("k\n")
     key.chmod(0o600)
-    hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i}}}\n" for i in range(1, 4))
+    acc = f", accelerators: {{type: nvidia-h100, count: {gpus}}}" if gpus else ""
+    hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i}{acc}}}\n" for i in range(1, 4))
+    each = f"accelerators: {min(gpus, 1)}, " if gpus else ""
     (tmp_path / "inv.yaml").write_text(
         f"job: fa\nssh: {{user: root, identity_file: {key}}}\nenv: {env}\nhosts:\n{hosts}"
-        "pools:\n  chief: {replicas: 1, command: [/bin/sleep, infinity]}\n"
-        "  worker: {replicas: 2, command: [/bin/sleep, infinity]}\n" + extra
+        f"pools:\n  chief: {{replicas: 1, {each}command: [/bin/sleep, infinity]}}\n"
+        f"  worker: {{replicas: 2, {each}command: [/bin/sleep, infinity]}}\n" + extra
     )
     return open_context(str(tmp_path / "inv.yaml"), operation="apply")
 
@@ -224,3 +227,110 @@ def test_a_clock_off_the_other_hosts_is_a_warning_after_the_guards_answers():
     got = clock_warnings(answers)
     assert len(got) == 1 and got[0].startswith("h3: warning: clock") and "ahead of" in got[0]
     assert clock_warnings({"h1": answer(0), "h2": answer(0.3)}) == []
+
+
+# --------------------------------------------------------------------------- GPUs, outputs, files:
+
+H100 = {"count": 2, "words": ["h100"], "mib": 0}
+GPUS = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(2)]
+FACTS = {"systemd_pid1": True, "nvidia_smi": "ok", "gpus": GPUS}
+CHECK = {"health": [{"index": 0, "driver": "550"}, {"index": 1, "driver": "550"}], "apps": []}
+
+
+@pytest.mark.parametrize(
+    ("facts", "checks", "want", "why"),
+    [
+        (FACTS, {"gpus": CHECK}, H100, None),
+        (FACTS, None, H100, None),  # asked without checks: the count and model alone
+        (FACTS, None, {}, None),  # no GPUs presumed: none looked at
+        (FACTS, None, {**H100, "mib": 80 * 1024}, None),
+        ({**FACTS, "gpus": GPUS[:1]}, None, H100, "1 GPUs here (nvidia-smi: ok), not 2"),
+        ({"nvidia_smi": "not found"}, None, H100, "0 GPUs here (nvidia-smi: not found)"),
+        (FACTS, None, {**H100, "words": ["a100"]}, "the GPUs here are NVIDIA H100 80GB HBM3"),
+        (FACTS, None, {**H100, "mib": 40 * 1024}, "81559 MiB of memory"),
+        (FACTS, {"gpus": {**CHECK, "apps": [{"pid": 9, "gpu_uuid": "GPU-1"}]}}, H100, "a compute process is on a GPU"),
+        (FACTS, {"gpus": {**CHECK, "health": [{"index": 1, "ecc_uncorrected": 2}]}}, H100, "ECC errors"),
+        (FACTS, {"gpus": {"error": "timed out"}}, H100, "the GPU check failed: timed out"),
+    ],
+)
+def test_the_guard_holds_the_gpus_to_those_presumed(facts, checks, want, why):
+    got = fresh.gpu_refusals(facts, checks, want)
+    assert (got == []) if why is None else any(why in g for g in got), got
+
+
+def test_the_gpus_presumed_are_the_inventorys_and_the_guard_fills_in_their_uuids():
+    from provision.core.model import Accelerators, Host, SSHSettings
+    from provision.run.firstapply import gpus_presumed
+
+    def host(type_: str, n: int) -> Host:
+        return Host("g", "a", SSHSettings(), "a", accelerators=Accelerators(type_, n))
+
+    assert gpus_presumed(host("nvidia-h100-80gb", 8)) == {"count": 8, "words": ["h100"], "mib": 80 * 1024}
+    assert gpus_presumed(host("tpu-v5e", 4)) == {} and gpus_presumed(None) == {}
+    res = P.Reservation(job=JOB, gpus=[1], gpu_uuids=[""], ports=[2222], units=["u"])
+    write = P.WriteRequest(job=JOB, reserve=res)
+    got = fresh.completed(P.FreshReport(_with(facts=FACTS)), write)
+    assert got.reserve.gpu_uuids == ["GPU-1"] and got.reserve.gpus == [1]
+    assert fresh.completed(P.FreshReport(None), write) == write  # nothing read: as planned
+    # The agent's batch completes the write that follows the guard, and only that one.
+    import unittest.mock
+
+    from provision.host import agent
+
+    seen = []
+    ops = {**agent.OPS, "fresh": lambda r: P.FreshReport(_with(facts=FACTS)), "write": seen.append}
+    with unittest.mock.patch.dict(agent.OPS, ops):
+        agent.op_batch(P.BatchRequest([P.FreshRequest(JOB, REQ), write]))
+        agent.op_batch(P.BatchRequest([write]))
+    assert [w.reserve.gpu_uuids for w in seen] == [["GPU-1"], [""]]
+
+
+def test_the_guard_refuses_files_without_room(tmp_path, monkeypatch):
+    """Each destination's bytes summed on the file system of its nearest existing
+    directory, with the margin beyond (a free 1,000 bytes here)."""
+    d = tmp_path / "data"
+    asked = []
+
+    def statvfs(path):
+        asked.append(path)
+        return os.statvfs_result((4096, 1, 10, 10, 1000, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(fresh.os, "statvfs", statvfs)
+    assert fresh.room_refusals({"need": [[str(d / "new" / "dir"), 600], [str(d), 400]], "margin": 0}) == []
+    assert asked == [str(tmp_path)]
+    got = fresh.room_refusals({"need": [[str(d / "x"), 600], [str(tmp_path), 401]], "margin": 0})
+    assert got == [f"1000 bytes free on {tmp_path}, files: need 1001 and room beyond"], got
+    assert fresh.room_refusals({"need": [[str(d), 10]], "margin": 991}) != []
+
+
+def test_gpu_jobs_outputs_and_files_plan_without_asking_and_reserve_the_gpus(tmp_path):
+    from provision.run.firstapply import eligible, guard, presumed_plan
+
+    src = tmp_path / "data.txt"
+    src.write_text("x" * 100)
+    ctx = _ctx(tmp_path, f"outputs: /data/out\nfiles:\n  - {{src: {src}, dest: /opt/in/}}\n", gpus=2)
+    try:
+        assert eligible(ctx, auto_approve=True, flags=FLAGS)
+        pre = presumed_plan(ctx, checks=True)
+        assert pre is not None and not pre.plan.problems, pre and pre.plan.problems
+        reserved = {hp.name: hp.reserve.gpus for hp in pre.plan.hosts if hp.reserve is not None}
+        assert reserved == {"h1": [0], "h2": [0], "h3": [0]}
+        req = guard(ctx, pre, checks=True)(ctx.targets["h1"])
+        assert req.gpus == {"count": 2, "words": ["h100"], "mib": 0} and req.probe.checks["gpus"] is True
+        assert req.room["need"] == [["/opt/in", 100]]
+        assert fresh.refusals(presumed(req.probe, NOW, ctx.host("h1")), req.probe, [], NOW, SKEW) == []
+        assert not guard(ctx, pre, checks=False)(ctx.targets["h1"]).room
+    finally:
+        ctx.close()
+
+
+def test_gpu_drivers_that_differ_across_hosts_are_a_warning_after_the_guards_answers():
+    from provision.run.firstapply import driver_warnings
+
+    def answer(driver: str) -> tuple[P.ProbeReport, float, float]:
+        return (_with(checks={"gpus": {"health": [{"index": 0, "driver": driver}]}}), NOW, NOW + 1)
+
+    got = driver_warnings({"h1": answer("550.1"), "h2": answer("550.1"), "h3": answer("535.2"), "h4": (None, 0, 0)})
+    assert len(got) == 1 and got[0].startswith("h3: warning: driver 535.2 here, 550.1 on h1, h2"), got
+    assert driver_warnings({"h1": answer("550.1"), "h2": answer("550.1")}) == []
+    assert driver_warnings({"h1": (BASE, NOW, NOW)}) == []  # no GPUs

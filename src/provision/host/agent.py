@@ -16,7 +16,6 @@ import time
 
 from . import layout, ledger, trust
 from . import protocol as P
-from .hostfacts import facts
 from .hostlib import base64, dropins, json, read_json, run, sha256_file
 
 # mypy reads the guarded imports (it takes any TYPE_CHECKING as true); hosts never import typing
@@ -153,8 +152,8 @@ def op_probe(req: P.ProbeRequest) -> P.ProbeReport:
     facts_out = checks_out = interface = None
     gpu_check = bool(req.checks and req.checks.get("gpus"))  # one nvidia-smi run gives both
     if req.facts != P.NO_FACTS:
-        only = req.facts_only if req.facts == P.CHECK_FACTS else None
-        facts_out = facts([g for g in only if g != "gpus"] if gpu_check and only is not None else only)
+        only = req.facts_only if req.facts == P.CHECK_FACTS else None  # (hostfacts: a write reads no facts)
+        facts_out = lazy("hostfacts").facts([g for g in only if g != "gpus"] if gpu_check and only else only)
     if req.checks is not None:
         checks_out = _checks(req.checks, facts_out)
     if req.cluster_address:
@@ -581,6 +580,7 @@ def op_batch(req: P.BatchRequest) -> P.BatchReport:
     (apply writes a host's files and starts its first tasks this way)."""
     results: list[Any] = []
     for sub in req.requests:
+        sub = lazy("fresh").completed(results[0], sub) if sub.op == "write" and req.requests[0].op == "fresh" else sub
         results.append(OPS[sub.op](sub))
         if getattr(results[-1], "errors", None):
             break

@@ -22,10 +22,11 @@ from . import layout
 HERE = Path(__file__).resolve().parent
 PACKAGE = "provision.host"
 # What every request imports (the agent and what it imports at its top).
-MODULES = ("trust", "layout", "protocol", "ledger", "hostlib", "hostfacts", "agent")
+MODULES = ("trust", "layout", "protocol", "ledger", "hostlib", "agent")
 # Sent along too, but imported only by the requests that use it (agent.lazy): compiling
-# hostcheck cost every network check ~6 ms of a host's CPU.
+# hostcheck cost every network check ~6 ms of a host's CPU; a write or a start reads no facts.
 LAZY = (
+    "hostfacts",
     "hostcheck",
     "outdirs",
     "setups",

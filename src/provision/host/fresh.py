@@ -5,15 +5,19 @@ answer instead of a probe, and sends the probe, the write and the start in one b
 this guard first: the host answers the probe and refuses, writing nothing, unless nothing
 of the job is here (no file it would write, no manifest, end marker, runs or setup mark, no
 unit systemd has loaded, no drop-in for its units), nobody's ledger entry or health record
-is here, every program its tasks run is an executable file, none of its ports is in use
-and systemd runs as PID 1 (and, when asked, the clock is the controller's). Any of those
-would have changed the plan; the apply plans again for a host that refuses.
+is here (no GPU held or quarantined), every program its tasks run is an executable file,
+none of its ports is in use, systemd runs as PID 1, the GPUs presumed are here (as many, of
+the model, none busy or failing), `files:` have room (and, when asked, the clock is the
+controller's). Any of those would have changed the plan; the apply plans again for a host
+that refuses.
 
 The controller's side (run/firstapply.py) builds its presumed answer so that `refusals` of it
 is empty: both read this module. Runs on the host (stdlib only; loaded when asked).
 """
 
 from __future__ import annotations
+
+import os
 
 from . import layout
 from . import protocol as P
@@ -80,6 +84,78 @@ def refusals(rep: P.ProbeReport, req: P.ProbeRequest, ports: Any, now: float, sk
     return ["%s: %s" % (job, w) for w in out]
 
 
+def gpu_refusals(facts: Any, checks: Any, want: Any) -> list[str]:
+    """Why the GPUs here are not those presumed (`want`: count, the model's words the names
+    must hold, the memory each has within a tenth): as rules/preflight would fail them, and
+    any compute process or health issue on any GPU (the plan asked would say so)."""
+    if not want:
+        return []
+    gpus = [g for g in (facts or {}).get("gpus") or [] if isinstance(g, dict)]
+    names = " ".join(str(g.get("name")) for g in gpus).lower()
+    words = "".join(ch if ch.isalnum() else " " for ch in names).split()
+    squashed = "".join(ch for ch in names if ch.isalnum())
+    out = []
+    if len(gpus) < want.get("count", 0):
+        out.append(
+            "%d GPUs here (nvidia-smi: %s), not %d" % (len(gpus), (facts or {}).get("nvidia_smi"), want["count"])
+        )
+    elif any(w not in words and w not in squashed for w in want.get("words") or []):
+        out.append("the GPUs here are %s" % ", ".join(sorted({str(g.get("name")) for g in gpus})))
+    mib, have = want.get("mib"), [g["memory_mib"] for g in gpus if isinstance(g.get("memory_mib"), int)]
+    if mib and any(abs(m - mib) > 0.1 * mib for m in have):
+        out.append("the GPUs here have %d MiB of memory" % min(have))
+    c = (checks or {}).get("gpus")
+    if isinstance(c, dict):
+        if c.get("error") or c.get("apps_error"):
+            out.append("the GPU check failed: %s" % (c.get("error") or c.get("apps_error")))
+        if c.get("apps"):
+            out.append("a compute process is on a GPU")
+        if any(
+            h.get("ecc_uncorrected") or h.get("retired_pending") or h.get("remap_pending")
+            for h in c.get("health") or []
+        ):
+            out.append("a GPU has ECC errors or a retirement or remapping pending")
+    return out
+
+
+def room_refusals(room: Any) -> list[str]:
+    """Where `files:` would not have room (their bytes and the margin beyond) on the file
+    system holding the nearest existing directory of each destination."""
+    need: dict[str, int] = {}
+    for dest, n in room.get("need") or []:
+        d = dest
+        while not os.path.isdir(d) and d != "/":
+            d = os.path.dirname(d)
+        need[d] = need.get(d, 0) + int(n)
+    out = []
+    for d, n in sorted(need.items()):
+        try:
+            st = os.statvfs(d)
+        except OSError:
+            continue  # as the disk check: a path it cannot read is not judged
+        free = st.f_bavail * st.f_frsize
+        if free < n + int(room.get("margin") or 0):
+            out.append("%d bytes free on %s, files: need %d and room beyond" % (free, d, n))
+    return out
+
+
+def completed(fresh: P.FreshReport, write: Any) -> Any:
+    """The write after the guard, its reservation with the UUIDs of the GPUs it takes as
+    the guard's probe found them (a plan made without asking knew their indices only)."""
+    res = getattr(write, "reserve", None)
+    gpus = ((fresh.probe.facts if fresh.probe else None) or {}).get("gpus") or []
+    if res is None or not res.gpus or any(res.gpu_uuids):
+        return write
+    uuids = {g.get("index"): str(g.get("uuid") or "") for g in gpus if isinstance(g, dict)}
+    return _replaced(write, reserve=_replaced(res, gpu_uuids=[uuids.get(g, "") for g in res.gpus]))
+
+
+def _replaced(msg: Any, **changes: Any) -> Any:
+    """dataclasses.replace, which the hosts' stand-in (host/standins.py) does not have."""
+    names = type(msg).__dict__.get("__annotations__", {})
+    return type(msg)(**{**{n: getattr(msg, n) for n in names}, **changes})
+
+
 def in_use(ports: Any) -> list[int]:
     """The ports something has bound here, as a bind with SO_REUSEADDR tells (a listener's,
     not a closing connection's): microseconds, where reading /proc/net/tcp walks every
@@ -110,6 +186,10 @@ def in_use(ports: Any) -> list[int]:
 
 def op_fresh(req: P.FreshRequest) -> P.FreshReport:
     """The guard: the probe asked (the controller leaves out the listening ports and the
-    port check: the binds tell), then why the host is not as presumed."""
+    port check: the binds tell; a GPU host's GPU check stays), then why the host is not as
+    presumed."""
     rep = op_probe(req.probe)
-    return P.FreshReport(rep, refusals(rep, req.probe, in_use(req.ports), req.now, req.skew))
+    why = refusals(rep, req.probe, in_use(req.ports), req.now, req.skew)
+    why += ["%s: %s" % (req.job, w) for w in gpu_refusals(rep.facts, rep.checks, req.gpus)]
+    why += ["%s: %s" % (req.job, w) for w in (room_refusals(req.room) if req.room else [])]
+    return P.FreshReport(rep, why)

@@ -386,14 +386,16 @@ class BatchReport:
 class FreshRequest:
     """A first apply's guard, first in its batch: probe as `probe` asks and refuse (errors:
     why; the batch then stops, nothing written) unless the host is as a plan presumed it
-    without asking, nothing of the job or of anyone's ledger here (host/fresh.py). `now`:
-    the controller's clock when sent; `skew`: how far the host's may be from it."""
+    without asking (host/fresh.py). `now`/`skew`: the controller's clock, how far the
+    host's may be; `gpus`: {count, words, mib} presumed; `room`: {need: [[dir, bytes]], margin}."""
 
     job: str
     probe: ProbeRequest
     ports: list[int] = field(default_factory=list)
     now: float = 0.0
     skew: float = 0.0
+    gpus: dict[str, Any] = field(default_factory=dict)
+    room: dict[str, Any] = field(default_factory=dict)
 
     op = "fresh"
 
@@ -406,8 +408,7 @@ class FreshReport:
 
 @dataclass(frozen=True)
 class QueueRequest:
-    """Mark the job's ledger entry as waiting in `apply --queue` (waiting: for what), or
-    take the mark away (waiting None)."""
+    """Mark the job's ledger entry as waiting in `apply --queue` (waiting: for what); None: unmark."""
 
     job: str
     owner: dict[str, Any] = field(default_factory=dict)
@@ -569,8 +570,7 @@ REPORTS = {
     "probe": ProbeReport, "write": WriteReport, "units": UnitsReport, "destroy": DestroyReport, "setup": SetupReport,
     "batch": BatchReport, "netcheck": NetcheckReport, "owners": OwnersReport, "queue": QueueReport,
     "preempt": PreemptReport, "stacks": StacksReport, "health": HealthReport, "healthtest": HealthTestReport,
-    "fabric": FabricReport, "dev": DevReport, "fresh": FreshReport,
-}  # fmt: skip
+    "fabric": FabricReport, "dev": DevReport, "fresh": FreshReport}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- wire form

@@ -549,12 +549,17 @@ def judge(
 
 
 def _drivers(used: list[HostPlan]) -> list[Finding]:
+    return driver_findings({hp.name: (hp.report.checks or {}) if hp.report else {} for hp in used})
+
+
+def driver_findings(checks: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+    """The GPU driver of each host (its checks' answer) against the other hosts'."""
     drivers: dict[str, str] = {}
-    for hp in used:
-        c = ((hp.report.checks or {}) if hp.report else {}).get("gpus") or {}
+    for name, answer in checks.items():
+        c = answer.get("gpus") or {}
         found = sorted({str(h.get("driver")) for h in c.get("health") or [] if h.get("driver")})
         if found:
-            drivers[hp.name] = ", ".join(found)
+            drivers[name] = ", ".join(found)
     if not drivers:
         return []
     counts: dict[str, int] = {}

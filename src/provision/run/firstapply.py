@@ -2,13 +2,17 @@
 probe, the ledger's compare-and-set, the write and the first start in one agent call.
 
 A first apply (`apply -y`, the state knows none of the job's hosts) of a job for which plan
-learns nothing from a host beyond "nothing of the job or of anyone's ledger is here" (no
-accelerators to count, no setup, images, `files:`, outputs, study, interface lookup) is
-planned from `presumed` answers, without a probe; each host's batch begins with a guard
-(host/fresh.py) that probes and refuses, writing nothing, when the host is not as
-presumed. A host that refuses (or cannot be reached) is planned again from what it
-answered; when that plan is not the presumed one's job (a problem, a task moved), the hosts
-this apply wrote are cleared and the apply runs as one that probes first would.
+learns nothing from a host beyond "nothing of the job or of anyone's ledger is here, and
+the GPUs the inventory declares, idle and healthy" (no setup, images, study, interface
+lookup, TPUs) is planned from `presumed` answers, without a probe; each host's batch begins
+with a guard (host/fresh.py) that probes and refuses, writing nothing, when the host is not
+as presumed (a GPU fewer or of another model, one busy or failing, no room for `files:`).
+The ledger's compare-and-set in the same call refuses a GPU another job took meanwhile,
+and the host's health record one quarantined. A host that refuses (or cannot be reached)
+is planned again from what it answered; when that plan changes what the hosts already
+written were given (a problem, a task moved there), those hosts are cleared and the apply
+runs as one that probes first would. Setup and images stay two steps: a setup's mark and
+an image's presence decide what runs at all, and shipping an image is a transfer of its own.
 
 PROVISION_FIRST_APPLY=probe turns this off (every apply probes first).
 """
@@ -17,22 +21,35 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
+import re
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from provision.core.errors import ProvisionError
+from provision.core.model import Host, Inventory
 from provision.core.target import HostError, Target
 from provision.host.protocol import DestroyReport, DestroyRequest, FileInfo, FreshRequest, ProbeReport, ProbeRequest
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
 from provision.placement.tasks import place
 from provision.render.clusterenv import uses_socket_ifname
+from provision.render.files import FileKind, HostBundle
 from provision.rules import provenance
 from provision.rules.facts import needed as needed_facts
 from provision.rules.hypertune import pythons
 from provision.rules.plan import Plan
 from provision.rules.planner import Checks, Images, Tenancy, make_plan
-from provision.rules.preflight import CLOCK_SKEW, clock_offsets, clock_skews
+from provision.rules.preflight import (
+    CLOCK_SKEW,
+    DISK_MARGIN,
+    GPU_TIMEOUT,
+    Status,
+    clock_offsets,
+    clock_skews,
+    driver_findings,
+)
 from provision.rules.programs import warnings as program_warnings
 from provision.rules.tenancy import held_for
 from provision.run.apply import HostOutcome, apply_plan
@@ -53,12 +70,12 @@ def eligible(ctx: Context, *, auto_approve: bool, flags: Mapping[str, object]) -
         return False
     if ctx.state.hosts:
         return False  # not a first apply (a killed one left records: they are looked at)
-    if inv.setup or inv.files or inv.outputs or inv.tune or inv.tf_config.trial is not None:
+    if inv.setup or inv.tune or inv.tf_config.trial is not None:
         return False
     if uses_socket_ifname(inv) or any(p.image for p in inv.pools):
         return False
-    if any(needed_facts(h) or pythons(inv, h) for h in inv.hosts):
-        return False
+    if any(needed_facts(h) not in ([], ["gpus"]) or pythons(inv, h) for h in inv.hosts):
+        return False  # TPUs: who holds the chips is asked first
     return bool(ctx.rendered.hosts) and all(n in ctx.targets for n in ctx.rendered.hosts)
 
 
@@ -67,10 +84,17 @@ def ask(checks: bool) -> Ask:
     return Ask(facts="check", tenancy=True, checks=checks, interface=False)
 
 
-def presumed(req: ProbeRequest, now: float) -> ProbeReport:
-    """The answer of a host with nothing of the job and nobody's ledger on it, to `req`:
-    host/fresh.refusals of it is empty (the host refuses whenever it answers otherwise)."""
+def presumed(req: ProbeRequest, now: float, host: Host | None = None) -> ProbeReport:
+    """The answer of a host with nothing of the job and nobody's ledger on it, to `req`,
+    with the GPUs `host` declares (of its model, idle, healthy; their UUIDs the host fills
+    in): host/fresh.refusals of it is empty (the host refuses whenever it answers otherwise)."""
     files: dict[str, FileInfo | None] = {p: None for p in (*req.want, *req.paths)}
+    facts: dict[str, Any] = {"systemd_pid1": True}
+    if "gpus" in req.facts_only and host is not None and host.accelerators is not None:
+        facts["nvidia_smi"] = "ok"
+        facts["gpus"] = [
+            {"index": i, "uuid": "", "name": host.accelerators.type} for i in range(host.accelerator_count)
+        ]
     for p in req.programs:
         files[p] = FileInfo("file", 0o755, 0)
     units = {u: {"Id": u, "LoadState": "not-found", "ActiveState": "inactive"} for u in req.units}
@@ -78,7 +102,7 @@ def presumed(req: ProbeRequest, now: float) -> ProbeReport:
         files=files,
         units=units,
         exits={u: [] for u in req.units},
-        facts={"systemd_pid1": True},
+        facts=facts,
         now=now,
         ledger={},
         ledger_units={},
@@ -105,7 +129,7 @@ def presumed_plan(ctx: Context, *, checks: bool) -> Presumed | None:
     the placement around nothing held is not the one rendered (then probe first)."""
     now = time.time()
     requests = {n: probe_request(ctx, n, ask(checks)) for n in ctx.targets}
-    reports = {n: presumed(r, now) for n, r in requests.items()}
+    reports = {n: presumed(r, now, ctx.host(n)) for n, r in requests.items()}
     held = {n: held_for(ctx.inventory.job, [], [], now, [], None) for n in ctx.targets if ctx.host(n) is not None}
     if place(ctx.inventory, ctx.state.previous_placement(), held) != ctx.rendered.placement:
         return None
@@ -126,19 +150,68 @@ def presumed_plan(ctx: Context, *, checks: bool) -> Presumed | None:
     return Presumed(provenance.mark(p, ctx.state.hosts, ctx.state.keyed, ctx.owner.who), requests, ports)
 
 
-def guard(pre: Presumed) -> Callable[[Target], FreshRequest]:
-    """Each host's guard (the probe it runs and the ports it binds)."""
+def gpus_presumed(host: Host | None) -> dict[str, Any]:
+    """What the guard holds a GPU host's GPUs to: as many as declared, every word of the type
+    with a digit (the model: rules/preflight.gpu_model_problem) in their names, a size
+    ('80gb') their memory within a tenth."""
+    acc = host.accelerators if host is not None else None
+    if acc is None or acc.kind != "gpu" or not acc.count:
+        return {}
+    words = [w for w in re.split(r"[^a-z0-9]+", acc.type.lower()) if w and any(c.isdigit() for c in w)]
+    sizes = [int(m.group(1)) * 1024 for w in words if (m := re.fullmatch(r"(\d+)gb?", w))]
+    return {
+        "count": acc.count,
+        "words": [w for w in words if not re.fullmatch(r"\d+gb?", w)],
+        "mib": max(sizes, default=0),
+    }
+
+
+def room(inv: Inventory, bundle: HostBundle | None) -> dict[str, Any]:
+    """What `files:` need on a host, per destination (each file once, under the longest
+    destination holding it, as the disk check counts), and the margin beyond."""
+    if not inv.files or bundle is None:
+        return {}
+    dests = {
+        posixpath.normpath(s.dest if s.is_dir or s.dest.endswith("/") else posixpath.dirname(s.dest)) for s in inv.files
+    }
+    files = [f for f in bundle.files if f.kind is FileKind.FILE]
+    need: list[list[Any]] = []
+    counted: set[str] = set()
+    for dest in sorted(dests, key=len, reverse=True):
+        mine = [
+            f for f in files if f.path not in counted and (f.path == dest or f.path.startswith(dest.rstrip("/") + "/"))
+        ]
+        counted |= {f.path for f in mine}
+        need.append([dest, sum(len(f.content) if f.content is not None else _size(f.source) for f in mine)])
+    return {"need": need, "margin": DISK_MARGIN}
+
+
+def _size(path: str | os.PathLike[str] | None) -> int:
+    try:
+        return os.stat(path).st_size if path else 0
+    except OSError:
+        return 0
+
+
+def guard(ctx: Context, pre: Presumed, *, checks: bool) -> Callable[[Target], FreshRequest]:
+    """Each host's guard (the probe it runs, the ports it binds, the GPUs and room it
+    presumes)."""
 
     def one(t: Target) -> FreshRequest:
         req = pre.requests[t.name]
+        gpus = gpus_presumed(ctx.host(t.name))
         # The job's ports are bound on the host to tell they are free (host/fresh.in_use),
         # not looked up among every listener (/proc/net/tcp costs the host ~7 ms); the other
-        # checks of a presumed plan read nothing a fresh host has (no GPUs, no files: to
-        # have room for; its clock is the report's): the host loads no check module.
-        asked = dataclasses.replace(req, listening=False, checks=None)
+        # checks but the GPUs' read nothing the guard does not (the room for files: is the
+        # guard's; the clock is the report's): a host without GPUs loads no check module.
+        gpu_check = {"gpus": True, "gpu_timeout": GPU_TIMEOUT} if gpus and checks else None
+        asked = dataclasses.replace(req, listening=False, checks=gpu_check)
         # The clock is judged here afterwards, against the other hosts' (clock_warnings):
         # it is a warning, as in a probing plan, never a refusal.
-        return FreshRequest(req.job, asked, pre.ports.get(t.name, []))
+        bundle = ctx.rendered.hosts.get(t.name)
+        return FreshRequest(
+            req.job, asked, pre.ports.get(t.name, []), gpus=gpus, room=room(ctx.inventory, bundle) if checks else {}
+        )
 
     return one
 
@@ -158,9 +231,11 @@ def execute(
     `vet` raises for a plan the command would not apply unasked (another's content)."""
     refused: dict[str, tuple[ProbeReport | None, list[str]]] = {}
     answers: dict[str, tuple[ProbeReport | None, float, float]] = {}
-    outcomes = apply_plan(ctx, pre.plan, progress, guard=guard(pre), refused=refused, answers=answers)
+    outcomes = apply_plan(
+        ctx, pre.plan, progress, guard=guard(ctx, pre, checks=checks), refused=refused, answers=answers
+    )
     if checks:
-        for line in clock_warnings(answers):
+        for line in clock_warnings(answers) + driver_warnings(answers):
             progress(line)
     if not refused or any(o.lost_race for o in outcomes.values()):
         return outcomes  # a lost reservation was rolled back as in any apply
@@ -172,7 +247,10 @@ def execute(
     except ProvisionError:  # held by other work, say: the whole apply decides (preemption, the queue)
         p2 = None
     wrote = [n for n in outcomes if n not in refused]
-    if p2 is None or p2.problems or sub.rendered.placement != ctx.rendered.placement:
+    # Placed again around what the host holds (a GPU taken or quarantined there), a task may
+    # move on it alone: the hosts written keep theirs while their files are as rendered.
+    moved = any(sub.rendered.hosts.get(n) != ctx.rendered.hosts.get(n) for n in wrote)
+    if p2 is None or p2.problems or moved:
         clear(ctx, wrote, progress)
         return again()
     try:
@@ -195,6 +273,12 @@ def clock_warnings(answers: Mapping[str, tuple[ProbeReport | None, float, float]
         for n, s in sorted(skews.items())
         if abs(s) > CLOCK_SKEW
     ]
+
+
+def driver_warnings(answers: Mapping[str, tuple[ProbeReport | None, float, float]]) -> list[str]:
+    """The pre-flight driver check's warnings, from the GPU hosts' guards' answers."""
+    found = driver_findings({n: r.checks or {} for n, (r, _, _) in answers.items() if r is not None})
+    return [f"{f.host}: warning: {f.detail}" for f in found if f.status is Status.WARN]
 
 
 def clear(ctx: Context, names: list[str], progress: Progress) -> None:
