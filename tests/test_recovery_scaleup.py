@@ -190,3 +190,26 @@ def test_a_replica_whose_gpu_is_set_aside_moves_to_the_same_hosts_other_gpus():
     assert [(t.host.name, t.accelerators) for t in again.tasks] == [("g3", (0, 1)), ("g2", (0, 1))]
     # withheld GPUs are this job's only: the inventory's host is otherwise as written
     assert set_aside(inv, (), {}) is inv and set_aside(inv, (), {"g1": ()}) is inv
+
+
+def test_a_scale_up_is_one_job_scaled_event_naming_the_lost_host_and_the_new_one():
+    from provision.core.events import Kind
+    from provision.serve.recovery import Recoverer
+
+    class Store:
+        events: list = []
+
+        def emit(self, events):
+            self.events.extend(events)
+
+    said: list[str] = []
+    r = Recoverer(Store(), said.append)  # type: ignore[arg-type]
+    v = scale_up(facts(*LIVE, away={"h3": LOST}), ON, NOW)
+    assert v is not None
+    r._scaled("j", v.words, v.hosts, 2, {"worker-1": "h9"}, "ann@example.com")
+    (e,) = Store.events
+    assert e.kind is Kind.JOB_SCALED and e.key == "scaled:j:2:h3" and e.run == 2 and e.hosts == ("h9",), e
+    assert e.words.startswith("job j scaled up: worker-1's host h3 stopped answering at ") and e.words.endswith(
+        "; started worker-1 on h9 (the running tasks go on)"
+    ), e.words
+    assert said == [e.words] and r.scaled == [{"worker-1": "h9"}]
