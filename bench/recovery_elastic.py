@@ -49,7 +49,8 @@ class ElasticJob:
         }
         inv = sandbox.inventory_dict(
             sb, job=self.name, pools=pools, files=[{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
-            env={"STEP_S": str(args.step), "CKPT_EVERY": str(args.checkpoint), "GLOO_TIMEOUT": str(args.gloo)},
+            env={"STEP_S": str(args.step), "CKPT_EVERY": str(args.checkpoint), "GLOO_TIMEOUT": str(args.gloo),
+                 "PET_RDZV_CONF": f"last_call_timeout={args.last_call:g}"},
             outputs=f"/var/tmp/{self.name}", spares=[self.spare], recovery={"max": 5, "window": "1h"},
             preemption={"grace": "20s"}, ssh={"connect_timeout": 3},
         )  # fmt: skip
@@ -123,6 +124,7 @@ def main() -> int:
     ap.add_argument("--step", type=float, default=1.0)
     ap.add_argument("--checkpoint", type=float, default=8.0)
     ap.add_argument("--gloo", type=float, default=10.0, help="the trainer's collectives' timeout (s)")
+    ap.add_argument("--last-call", type=float, default=5.0, help="torchrun's rendezvous last_call_timeout (s)")
     ap.add_argument("--name")
     args = ap.parse_args()
     rep = Report(args.name or time.strftime("%Y-%m-%d-recovery-elastic"), "an elastic job's node lost, the spare in")
@@ -132,7 +134,8 @@ def main() -> int:
            "PROVISION_OWNER": "bench@example.com"}  # fmt: skip
     rep.say(f"{args.hosts} sandbox hosts (the chief, {args.hosts - 2} elastic workers, a spare), torch over gloo on "
             f"CPU under torchrun's c10d rendezvous, a step {args.step:g} s, a checkpoint every {args.checkpoint:g} "
-            f"s, collectives' timeout {args.gloo:g} s; the anchors: {ANCHORS}")  # fmt: skip
+            f"s, collectives' timeout {args.gloo:g} s, torchrun's last call {args.last_call:g} s (PET_RDZV_CONF); "
+            f"the anchors: {ANCHORS}")  # fmt: skip
     try:
         ok = elastic(rep, sb, tmp, env, args)
     except (AssertionError, TimeoutError) as e:
