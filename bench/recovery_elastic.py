@@ -91,25 +91,31 @@ def elastic(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], ar
         docker("kill", container)
         until(lambda: job.world(job.full - 1, job.chief, "chief-0"), 300, "the smaller size", every=0.5)
         smaller = time.monotonic() - t0
+        rep.say(
+            f"elastic: {victim} ({victim_task}) killed; the chief at world size {job.full - 1} after {smaller:.1f} s"
+        )
+        rep.verdict("elastic: training at the smaller size <= 30 s after the kill", f"{smaller:.1f} s", smaller <= 30)
         until(lambda: job.scaled(tmp), 300, "job.scaled", every=0.5)
         scaled = time.monotonic() - t0
+        rep.say(f"elastic: job.scaled after {scaled:.1f} s: {job.scaled(tmp)[0]['words']}")
         until(lambda: job.world(job.full, job.spare, victim_task), 300, "the spare's first step", every=0.5)
         joined = time.monotonic() - t0
+        rep.say(f"elastic: the spare's first step at world size {job.full} after {joined:.1f} s")
+        rep.verdict("elastic: the spare joins <= 60 s after the kill", f"{joined:.1f} s", joined <= 60)
         until(lambda: max(job.world(job.full, job.chief, "chief-0")) > before, 120, "the chief at full size")
         chief_back = time.monotonic() - t0
+        until(lambda: len(job.world(job.full, job.chief, "chief-0")) > 30, 120, "30 steps at full size")
         st = job.status()
         same = (st.get("run") or {}).get("number") == run and job.chief_pid() == pid
         where = {t["task"]: t["host"] for t in st.get("tasks", [])}
-        rep.say(f"elastic: {victim} ({victim_task}) killed; the chief at world size {job.full - 1} after "
-                f"{smaller:.1f} s, job.scaled after {scaled:.1f} s, the spare's first step at world size "
-                f"{job.full} after {joined:.1f} s (the chief's {chief_back:.1f} s); the same run and chief process: "
-                f"{same}; placed {where}")  # fmt: skip
-        rep.say(f"elastic: job.scaled: {job.scaled(tmp)[0]['words']}")
-        rep.verdict("elastic: training at the smaller size <= 30 s after the kill", f"{smaller:.1f} s", smaller <= 30)
-        rep.verdict("elastic: the spare joins <= 60 s after the kill", f"{joined:.1f} s", joined <= 60)
+        rep.say(f"elastic: the chief at world size {job.full} again after {chief_back:.1f} s; the same run and "
+                f"chief process 30 steps on: {same}; placed {where}")  # fmt: skip
         rep.verdict("elastic: no restart of the job (same run, same chief process)", str(same), same)
         return smaller <= 30 and joined <= 60 and same and where.get(victim_task) == job.spare
     finally:
+        for host, task in ((job.chief, "chief-0"), (job.spare, victim_task)):
+            for line in journal(sb, host, job.name, task).splitlines()[-25:]:
+                rep.say(f"  elastic: {task} on {host}: {line[:300]}")
         for line in svc.output().splitlines():
             if any(w in line for w in ("scaled up", "starting", "stopping it", "recovered", "not scaled")):
                 rep.say(f"  elastic: service: {line}")

@@ -337,5 +337,10 @@ def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost_and_the
         if svc is not None:
             svc.stop()
             show_logs(tmp_path)
+        for host, task in (("host-1", "chief-0"), ("host-1", "worker-1"), ("host-3", "worker-0")):
+            print(
+                f"==== {task} on {host}:",
+                sh(sb, host, f"journalctl -q -o cat -u provision-{job}-{task} -n 40 --no-pager"),
+            )
         docker_engine.containers.get(container).start()
         cli("destroy", "-y", inv, cwd=tmp_path)
