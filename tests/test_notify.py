@@ -428,7 +428,7 @@ def test_list_shows_scheme_and_host_never_the_path(tmp_path: Path) -> None:
                          "--slack", f"https://hooks.slack.com/services/T0/{SECRET}", cwd=tmp_path)  # fmt: skip
     assert code == 0, err
     rid = out.split()[2].rstrip(":")
-    assert out.startswith(f"Added rule {rid}: job.started, job.ended, job.preempted, job.resumed, job.recovered, "
+    assert out.startswith(f"Added rule {rid}: job.started, job.ended, job.preempted, job.resumed, job.recovered, job.scaled, "
                           "gpu.quarantined of ann@example.com's work to slack https://hooks.slack.com/…, from now on.")  # fmt: skip
     code, listed, _ = run("notify", "list", cwd=tmp_path)
     code2, doc, _ = run("notify", "list", "--json", cwd=tmp_path)

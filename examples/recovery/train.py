@@ -7,7 +7,9 @@ CPU that does what provision asks of a job it recovers.
 - every CKPT_EVERY seconds rank 0 saves a checkpoint to AIP_CHECKPOINT_DIR, complete or not
   at all (written to a temporary name, then renamed: `ckpt-STEP.pt`, the newest kept);
 - on SIGTERM (provision's stop, a preemption's or a recovery's) rank 0 saves one more and
-  every rank exits 0;
+  every rank exits 0; under torchrun, when only some ranks got it (torchrun restarting its
+  nodes: one joined), each rank waits for its own and exits 0 then, 1 if it never comes (a
+  node whose workers all end well would close torchrun's rendezvous);
 - with PROVISION_RESUME=1 (provision ran it again) or TORCHELASTIC_RESTART_COUNT above 0
   (torchrun restarted it at a new size: `elastic:`) each rank loads the newest checkpoint
   it has, and every rank goes on from the newest of them (its weights broadcast from the
@@ -56,6 +58,21 @@ def touch(path: str | None) -> None:
             os.utime(path)
 
 
+def restarted(step: int) -> int:
+    """Some ranks asked to stop, not all, under torchrun: its agents restart their nodes (a
+    node joins or left), each its own in turn. Every rank waits for its own agent's signal;
+    one that never comes is a failure its agent restarts, never a success (a node that ends
+    well closes the rendezvous for all)."""
+    until = time.monotonic() + 15
+    while not STOP and time.monotonic() < until:
+        time.sleep(0.1)
+    if not STOP:
+        log(f"at step {step} other ranks were restarted, not this one: failing, for torchrun to restart it")
+        return 1
+    log(f"restarted by torchrun at step {step}")
+    return 0
+
+
 def main() -> int:
     import torch
     import torch.distributed as dist
@@ -102,13 +119,15 @@ def main() -> int:
         opt.step()
         step += 1
         flag = torch.tensor([1 if STOP else 0])
-        dist.all_reduce(flag)  # one rank stopped: every rank stops at this step
+        dist.all_reduce(flag)  # how many ranks were asked to stop: every rank stops at this step
         log(f"step {step} loss {loss.item():.4f} world {world}")
         touch(beat)
         if rank == 0 and (flag.item() or time.monotonic() - last >= every):
             save(torch, model.module, opt, step, ckdir)
             last = time.monotonic()
         if flag.item():
+            if int(flag.item()) < world and os.environ.get("TORCHELASTIC_RUN_ID"):
+                return restarted(step)
             log(f"stopped at step {step}")
             return 0
         time.sleep(max(0.0, step_s - (time.monotonic() - t0)))

@@ -309,3 +309,93 @@ def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
     finally:
         docker_engine.containers.get(container).start()
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+# The service's part holds (it placed worker-0 on host-3 and started it there alone, 33 s
+# after host-2's first missed round, job.scaled said), but torchrun 2.13's next round at
+# the larger size never completed in the sandbox: every agent waited 60 s for the others'
+# role_info / assigned_ranks keys (DistStoreError, round 2) and the chief's agent exited 1,
+# which the service then recovered as a failure. Unskip when that is understood.
+@pytest.mark.skip(reason="torchrun's rendezvous at the larger size times out after the spare joins (open)")
+def test_an_elastic_pools_lost_worker_is_started_on_the_spare_and_torchrun_takes_it_in(
+    sb, sandbox_inventory, tmp_path, docker_engine
+):
+    """torchrun's c10d rendezvous (`elastic: {min: 1, max: 2}` on the workers, host-3 a
+    spare): a worker's host killed, the chief and the other worker go on at world size 2
+    from the newest checkpoint, in the same run of the job (no restart of it); then the
+    service places the lost worker on the spare and starts it alone, and torchrun takes it
+    in: training goes on at world size 3, the chief's task never restarted."""
+    job = "rec-elastic"
+    torchrun = [PY, "-m", "torch.distributed.run", "/opt/rec/train.py"]
+    pools = {
+        "chief": {"replicas": 1, "command": torchrun},
+        "worker": {"replicas": 2, "command": torchrun, "elastic": {"min": 1, "max": 2}},
+    }
+    sandbox_inventory(
+        sb, job=job, pools=pools, path=tmp_path / "inv.yaml", ssh={"connect_timeout": 3},
+        files=[{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
+        # torchrun's rendezvous closes 5 s after its fewest nodes joined (its default: 30 s),
+        # so the smaller size trains before the spare is in.
+        env={"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15", "PET_RDZV_CONF": "last_call_timeout=5"},
+        outputs=f"/var/tmp/{job}", recovery={"max": 5, "window": "1h"}, preemption={"grace": "20s"},
+        spares=["host-3"],
+    )  # fmt: skip
+    inv = tmp_path / "inv.yaml"
+    ok(cli("apply", "-y", inv, cwd=tmp_path))
+    container = sb.host("host-2").container
+    svc = None
+    try:
+        # The spare waits: the second worker shares the chief's host.
+        assert where(status(inv)) == {"chief-0": "host-1", "worker-0": "host-2", "worker-1": "host-1"}
+        env = sh(sb, "host-1", f"cat /etc/provision/{job}/chief-0.env")
+        assert re.search(r'^PET_NNODES="?2:3"?$', env, re.M) and re.search(r'^PET_RDZV_BACKEND="?c10d', env, re.M), env
+        assert re.search(rf'^PET_RDZV_ID="?{job}"?$', env, re.M) and "PET_NODE_RANK" not in env, env
+
+        def world(n: int, host: str = "host-1", task: str = "chief-0") -> list[int]:
+            text = sh(sb, host, f"journalctl -q -o cat -t provision-{job}-{task} --no-pager")
+            return [int(s) for s in re.findall(rf"\] step (\d+) loss \S+ world {n}\b", text)]
+
+        def chief_pid() -> str:
+            return sh(sb, "host-1", f"systemctl show -p MainPID --value provision-{job}-chief-0").strip()
+
+        def saved() -> list[int]:  # rank 0 is either node of host-1's, as torchrun ranks them
+            return checkpoint_steps(sb, "host-1", job, "chief-0") + checkpoint_steps(sb, "host-1", job, "worker-1")
+
+        wait_until(lambda: world(3) and saved(), timeout=240, what="steps at 3")
+        run, pid = status(inv)["run"]["number"], chief_pid()
+        svc = _serve(tmp_path, inv)
+        docker_engine.containers.get(container).kill()
+        killed = time.monotonic()
+        wait_until(lambda: world(2), timeout=240, what="training at world size 2")
+        smaller = time.monotonic() - killed
+        resumed = resumed_from(sb, "host-1", job, "chief-0")
+        assert resumed and resumed[-1] in saved(), resumed
+        assert min(world(2)) == resumed[-1] + 1  # it went on from its newest checkpoint
+        st = status(inv)
+        assert st["run"]["number"] == run, st  # torchrun's restart, not the job's
+        assert {t["task"]: t["state"] for t in st["tasks"]}["chief-0"] == "Running", st
+        # The spare joins: the lost worker started there alone, the same run, at world size 3.
+        wait_until(lambda: world(3, "host-3", "worker-0"), timeout=240, what="the spare training at world size 3")
+        joined = time.monotonic() - killed
+        wait_until(lambda: max(world(3)) > max(world(2)), timeout=120, what="the chief at world size 3 again")
+        st = status(inv)
+        assert where(st) == {"chief-0": "host-1", "worker-0": "host-3", "worker-1": "host-1"}, st
+        assert st["run"]["number"] == run and chief_pid() == pid, st  # nothing of the job restarted
+        assert st["recovery"]["aside"] == ["host-2"] and not st["recovery"]["incidents"], st["recovery"]
+        ev = wait_until(lambda: _events(tmp_path, "job.scaled"), timeout=60, what="job.scaled")
+        assert len(ev) == 1 and "worker-0's host host-2 stopped answering" in ev[0]["words"], ev
+        assert "worker-0 on host-3" in ev[0]["words"] and ev[0]["run"] == run, ev
+        print(
+            f"training at world size 2 {smaller:.0f} s after a node was killed; the spare in at 3 after {joined:.0f} s"
+        )
+    finally:
+        if svc is not None:
+            svc.stop()
+            show_logs(tmp_path)
+        for host, task in (("host-1", "chief-0"), ("host-1", "worker-1"), ("host-3", "worker-0")):
+            print(
+                f"==== {task} on {host}:",
+                sh(sb, host, f"journalctl -q -o cat -u provision-{job}-{task} -n 40 --no-pager"),
+            )
+        docker_engine.containers.get(container).start()
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -27,6 +27,7 @@ class Kind(StrEnum):
     JOB_PREEMPTED = "job.preempted"
     JOB_RESUMED = "job.resumed"  # a new run after a preemption (PROVISION_RESUME=1)
     JOB_RECOVERED = "job.recovered"
+    JOB_SCALED = "job.scaled"  # an elastic job's lost workers placed again and started (a scale-up)
     TASK_FAILED = "task.failed"
     HOST_UNREACHABLE = "host.unreachable"
     HOST_BACK = "host.back"

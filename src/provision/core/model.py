@@ -62,6 +62,9 @@ class Host:
     accelerators: Accelerators | None = None
     labels: tuple[tuple[str, str], ...] = ()
     drain: bool = False  # `drain: true`: its tasks move away while it is still up
+    # GPUs no task of this job is given: a recovery set them aside for it (the job's state,
+    # core/recovery.RecoveryRecord), the host's other GPUs still the job's to use.
+    withheld: tuple[int, ...] = ()
 
     @property
     def accelerator_count(self) -> int:

@@ -99,6 +99,7 @@ class IncidentJson(TypedDict):
     running: float | None
     checkpoint: float | None
     aside: list[str]
+    gpus: dict[str, list[int]]
     stage: str
     why: str
     new_run: int | None
@@ -109,7 +110,33 @@ class RecoveryJson(TypedDict):
     """A job's recoveries (RecoveryRecord.to_json)."""
 
     aside: list[str]
+    gpus: dict[str, list[int]]
     incidents: list[IncidentJson]
+
+
+Gpus = tuple[tuple[str, tuple[int, ...]], ...]  # host -> GPUs, sorted by host (hashable)
+
+
+def gpus_of(d: object) -> Gpus:
+    """host -> GPUs as the state keeps them ({"gpu-3": [5]}); anything malformed left out."""
+    if not isinstance(d, dict):
+        return ()
+    out = []
+    for host, gs in d.items():
+        if not isinstance(host, str) or not isinstance(gs, list):
+            continue
+        got = tuple(sorted({g for g in gs if isinstance(g, int) and not isinstance(g, bool) and g >= 0}))
+        if got:
+            out.append((host, got))
+    out.sort()
+    return tuple(out)
+
+
+def merge_gpus(a: Gpus, b: Gpus) -> Gpus:
+    both: dict[str, set[int]] = {}
+    for host, gs in (*a, *b):
+        both.setdefault(host, set()).update(gs)
+    return tuple((h, tuple(sorted(g))) for h, g in sorted(both.items()))
 
 
 @dataclass(frozen=True)
@@ -131,7 +158,8 @@ class Incident:
     stopped: float | None = None
     running: float | None = None  # the next run started
     checkpoint: float | None = None  # the newest checkpoint before it broke (its mtime)
-    aside: tuple[str, ...] = ()  # hosts set aside for the job by this recovery
+    aside: tuple[str, ...] = ()  # hosts set aside for the job by this recovery (whole, or `gpus`)
+    gpus: Gpus = ()  # of those hosts, the ones where only these GPUs were set aside
     stage: Stage = Stage.STOPPING
     why: str = ""  # a recovery given up: why
     new_run: int | None = None
@@ -152,6 +180,7 @@ class Incident:
             "running": self.running,
             "checkpoint": self.checkpoint,
             "aside": list(self.aside),
+            "gpus": {h: list(g) for h, g in self.gpus},
             "stage": self.stage.value,
             "why": self.why,
             "new_run": self.new_run,
@@ -181,6 +210,7 @@ class Incident:
                 _num(d.get("running")),
                 _num(d.get("checkpoint")),
                 tuple(str(h) for h in d.get("aside") or ()),
+                gpus_of(d.get("gpus")),
                 Stage(str(d.get("stage", Stage.STOPPING.value))),
                 str(d.get("why", "")),
                 _int(d.get("new_run")),
@@ -193,10 +223,17 @@ class Incident:
 @dataclass(frozen=True)
 class RecoveryRecord:
     """What the job's state keeps of its recoveries: the hosts set aside for it (placement
-    treats them as drained for this job alone) and its incidents, newest last."""
+    treats them as drained for this job alone), the GPUs set aside for it where the
+    evidence was a GPU's (placement gives the job the host's other GPUs), and its
+    incidents, newest last."""
 
     aside: tuple[str, ...] = ()
     incidents: tuple[Incident, ...] = ()
+    gpus: Gpus = ()
+
+    @property
+    def gpu_map(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.gpus)
 
     @property
     def open(self) -> Incident | None:
@@ -207,26 +244,36 @@ class RecoveryRecord:
     def with_incident(self, inc: Incident) -> RecoveryRecord:
         kept = [i for i in self.incidents if i.n != inc.n] + [inc]
         kept.sort(key=lambda i: i.n)
-        return RecoveryRecord(self.aside, tuple(kept[-KEEP_INCIDENTS:]))
+        return RecoveryRecord(self.aside, tuple(kept[-KEEP_INCIDENTS:]), self.gpus)
 
-    def with_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
-        return RecoveryRecord(tuple(sorted(set(self.aside) | set(hosts))), self.incidents)
+    def with_aside(self, hosts: tuple[str, ...], gpus: Gpus = ()) -> RecoveryRecord:
+        """`hosts` set aside whole, and of others only `gpus` (a host set aside whole has
+        no GPUs of its own in the record)."""
+        whole = set(self.aside) | set(hosts)
+        kept = tuple((h, g) for h, g in merge_gpus(self.gpus, gpus) if h not in whole)
+        return RecoveryRecord(tuple(sorted(whole)), self.incidents, kept)
 
     def without_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
-        return RecoveryRecord(tuple(h for h in self.aside if h not in set(hosts)), self.incidents)
+        gone = set(hosts)
+        kept = tuple((h, g) for h, g in self.gpus if h not in gone)
+        return RecoveryRecord(tuple(h for h in self.aside if h not in gone), self.incidents, kept)
 
     def next_number(self) -> int:
         return (self.incidents[-1].n if self.incidents else 0) + 1
 
     def to_json(self) -> RecoveryJson:
-        return {"aside": list(self.aside), "incidents": [i.to_json() for i in self.incidents]}
+        return {
+            "aside": list(self.aside),
+            "gpus": {h: list(g) for h, g in self.gpus},
+            "incidents": [i.to_json() for i in self.incidents],
+        }
 
     @classmethod
     def from_json(cls, d: object) -> RecoveryRecord:
         if not isinstance(d, dict):
             return cls()
         incs = [i for i in (Incident.from_json(x) for x in d.get("incidents") or ()) if i is not None]
-        return cls(tuple(str(h) for h in d.get("aside") or ()), tuple(incs[-KEEP_INCIDENTS:]))
+        return cls(tuple(str(h) for h in d.get("aside") or ()), tuple(incs[-KEEP_INCIDENTS:]), gpus_of(d.get("gpus")))
 
 
 def _int(v: object) -> int | None:

@@ -16,9 +16,11 @@ Rules, in one place:
   never given out: neither kept from `previous` nor chosen; a host it closes gets no new
   task (rules/health.py: draining).
 - `spares:` hosts come last while every host is in service: a replica goes to one only
-  when no other eligible host has room; once a host is drained or set aside for the job (a
-  recovery: core/recovery.py), the spares are hosts like the others, so the replicas that
-  move go to them first (least loaded); a replica placed on a spare stays there.
+  when no other eligible host has room; once a host (or some of its GPUs) is drained or
+  set aside for the job (a recovery: core/recovery.py), the spares are hosts like the
+  others, so the replicas that move go to them or the same host's other free GPUs (least
+  loaded, then best fit); a replica placed on a spare stays there. GPUs set aside for the
+  job (`Host.withheld`) are never given to it: a replica kept there moves.
 - `placement: {prefer_same: [label, ...]}`: the hosts are grouped by each label's value (a
   switch, an NVLink domain), and a new task goes to the best group's hosts first (least
   loaded within it), so the job spans as few groups as fit it. The best group is the
@@ -115,14 +117,22 @@ class PlacementError(ProvisionError):
         return f"pools.{self.role}: {self.reason}"
 
 
-def set_aside(inv: Inventory, hosts: Collection[str]) -> Inventory:
-    """The job with `hosts` drained for it alone: a recovery set them aside (the job's state
-    keeps them: core/recovery.RecoveryRecord), so its replicas there are placed again
-    elsewhere and no other of its replicas goes there; other jobs are not concerned."""
-    if not hosts or not any(h.name in hosts and not h.drain for h in inv.hosts):
-        return inv
-    drained = tuple(dataclasses.replace(h, drain=True) if h.name in hosts else h for h in inv.hosts)
-    return dataclasses.replace(inv, hosts=drained)
+def set_aside(inv: Inventory, hosts: Collection[str], gpus: Mapping[str, Collection[int]] | None = None) -> Inventory:
+    """The job with `hosts` drained for it alone and `gpus` (host -> GPUs) withheld from it:
+    a recovery set them aside (the job's state keeps them: core/recovery.RecoveryRecord), so
+    its replicas there are placed again elsewhere (another host, or the host's other free
+    GPUs) and no other of its replicas goes there; other jobs are not concerned."""
+    gpus = {h: tuple(sorted(set(g))) for h, g in (gpus or {}).items() if g and h not in hosts}
+
+    def aside(h: Host) -> Host:
+        if h.name in hosts and not h.drain:
+            return dataclasses.replace(h, drain=True)
+        if h.name in gpus and set(gpus[h.name]) - set(h.withheld):
+            return dataclasses.replace(h, withheld=tuple(sorted(set(h.withheld) | set(gpus[h.name]))))
+        return h
+
+    changed = tuple(aside(h) for h in inv.hosts)
+    return inv if changed == inv.hosts else dataclasses.replace(inv, hosts=changed)
 
 
 def task_order(pools: Iterable[Pool]) -> list[tuple[Pool, int]]:
@@ -139,7 +149,7 @@ class _HostState:
         self.host = host
         self.order = order
         self.closed = held.closed if held else ""
-        taken = held.gpus if held else frozenset()
+        taken = (held.gpus if held else frozenset()) | set(host.withheld)
         self.free = [a for a in range(host.accelerator_count) if a not in taken]  # sorted, free
         self.ports: set[int] = set(held.ports) if held else set()
         self.tasks = 0
@@ -209,10 +219,10 @@ def place(  # noqa: C901  the placement rule's two passes (keep, then place) sha
 
 
 def _waiting_spares(inv: Inventory, states: Mapping[str, _HostState]) -> frozenset[str]:
-    """The spares that come last: all of them while every host is in service; once one is
-    drained, set aside or closed by its health, a spare is a host like the others (least
-    loaded first): the displaced replica's."""
-    if any(h.drain for h in inv.hosts) or any(st.closed for st in states.values()):
+    """The spares that come last: all of them while every host is in service; once one (or
+    some of its GPUs) is drained, set aside or closed by its health, a spare is a host like
+    the others (least loaded first): the displaced replica's."""
+    if any(h.drain or h.withheld for h in inv.hosts) or any(st.closed for st in states.values()):
         return frozenset()
     return frozenset(inv.spares)
 

@@ -8,20 +8,27 @@ The rules, in one place:
   progressing ("chief-0's host gpu-3 stopped answering at 14:02"), else the first task
   that failed (by its exit's time) and its host, else the hang; that host is set aside for
   the job (its replicas there are placed again, on a spare or a free GPU elsewhere); a hang
-  with no culprit sets nothing aside (the stacks may name one: run/recover.py);
+  with no culprit sets nothing aside (the stacks may name one: run/recover.py); where the
+  evidence is a GPU's (the host answers and the task held GPUs), only those GPUs are set
+  aside, or of them the ones a fatal health mark names (`aside_of`), and the replica may
+  go to the same host's other free GPUs;
 - a recovery under way (the state records it, stopping or placing) is finished first,
   whoever looks: the next leader of a service killed in the middle, or the owner's apply;
 - at most `recovery.max` recoveries within `recovery.window`; a job that fails the same
   way twice in a row on different hosts (its own bug, not its hosts') is not recovered
   again, and the host set aside for the first one is given back;
 - a set-aside host that answers again and runs the job's tasks there is stopped there at
-  once (a frozen host's tasks wake with it): the job never runs twice.
+  once (a frozen host's tasks wake with it): the job never runs twice;
+- an elastic job (a pool's `elastic:`) whose lost hosts held only elastic workers goes on
+  at its smaller size (torchrun's); once such a host has not answered for LOST_S while the
+  job runs on, its workers are placed again (a spare, a free GPU elsewhere) and started
+  there alone: a scale-up, the running tasks left as they are.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -36,7 +43,7 @@ from provision.core.lifecycle import (
     task_state,
 )
 from provision.core.model import Inventory
-from provision.core.recovery import Broke, Incident, RecoveryRecord, RecoverySpec, Stage, goodput
+from provision.core.recovery import Broke, Gpus, Incident, RecoveryRecord, RecoverySpec, Stage, goodput
 from provision.host import layout
 from provision.rules.health import HostHealth, Mark
 from provision.rules.progress import ProgressView, Stall, bound, learnt, stalled
@@ -74,6 +81,12 @@ class Facts:
     # host -> a fatal health mark there on the job's GPUs or the host (health_notes)
     health: Mapping[str, str] = field(default_factory=dict)
     started: float | None = None  # when its run started (this machine's clock, near enough)
+    elastic: str = ""  # the job's elastic pool (its role), if it has one
+
+
+# A host of an elastic job not answering for this long (two rounds, and the trainer's
+# collectives' usual timeout) is lost, not blinking: its workers are placed again.
+LOST_S = 20.0
 
 
 class Do(StrEnum):
@@ -85,6 +98,7 @@ class Do(StrEnum):
     REPORT = "report"  # broke (a hang), and the job has no `recovery:`: said, not acted on
     STOP_THERE = "stop there"  # a set-aside host runs some of the job again: stop it there
     CLOSE = "close"  # the recovery's new run runs (an apply got there): the incident is done
+    SCALE_UP = "scale up"  # an elastic job's lost workers placed again and started alone
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,8 @@ class Verdict:
     incident: Incident | None = None
     words: str = ""
     give_back: tuple[str, ...] = ()  # hosts set aside before that are given back (its own bug)
-    hosts: tuple[str, ...] = ()  # STOP_THERE: where
+    hosts: tuple[str, ...] = ()  # STOP_THERE: where; SCALE_UP: the lost hosts
+    tasks: tuple[str, ...] = ()  # SCALE_UP: the workers placed again
 
 
 def clock(t: float | None) -> str:
@@ -192,7 +207,7 @@ def decide(
         f = _with_away_tasks(f, tasks_on)
     inc = broken(f)
     if inc is None:
-        return Verdict(Do.WAIT if f.away else Do.NONE)
+        return scale_up(f, tasks_on or {}, now) or Verdict(Do.WAIT if f.away else Do.NONE)
     if spec is None:
         return Verdict(Do.REPORT, inc, inc.words)
     last = record.incidents[-1] if record.incidents else None
@@ -208,6 +223,25 @@ def decide(
         why = f"it failed the same way on {last.host} and {inc.host} ({_how(inc)}): the job's own bug, not its hosts'"
         return Verdict(Do.GIVE_UP, _gave_up(inc, why), f"{inc.words}; not recovered: {why}", give_back=last.aside)
     return Verdict(Do.RECOVER, inc, inc.words)
+
+
+def scale_up(f: Facts, tasks_on: Mapping[str, str], now: float) -> Verdict | None:
+    """SCALE_UP when the job is elastic, runs on (a live task, nothing failed: `decide`
+    asks only then), and hosts of it holding only its elastic workers have not answered
+    for LOST_S: those workers are placed again; else None."""
+    if not f.elastic or f.succeeded or f.stopped or not any(t.state.live for t in f.tasks):
+        return None
+    lost: list[str] = []
+    for host, since in sorted(f.away.items()):
+        on = [t for t, h in tasks_on.items() if h == host]
+        if since is not None and now - since >= LOST_S and on and all(t.rsplit("-", 1)[0] == f.elastic for t in on):
+            lost.append(host)
+    if not lost:
+        return None
+    tasks = tuple(sorted(t for t, h in tasks_on.items() if h in lost))
+    first = {h: min(t for t, x in tasks_on.items() if x == h) for h in lost}
+    words = "; ".join(f"{first[h]}'s host {h} stopped answering at {clock(f.away[h])}" for h in lost)
+    return Verdict(Do.SCALE_UP, words=words, hosts=tuple(lost), tasks=tasks)
 
 
 def _newer(run: int | None, than: int | None) -> bool:
@@ -251,6 +285,37 @@ def _span(s: int) -> str:
     if s % 60 == 0:
         return f"{s // 60} min"
     return f"{s} s"
+
+
+def aside_of(
+    inc: Incident,
+    held: Mapping[str, Sequence[int]],
+    answers: Collection[str],
+    sick: Mapping[str, Sequence[int | None]] | None = None,
+) -> tuple[tuple[str, ...], Gpus]:
+    """What of each host of `inc.aside` is set aside for the job: the whole host, or only
+    some of its GPUs where the evidence is a GPU's: the host answers (`answers`) and the
+    job's tasks that broke there held GPUs (`held`: host -> their GPUs); then those GPUs,
+    or of them only the ones a fatal health mark names (`sick`: host -> the GPUs marked,
+    None for the host itself, which sets the host aside whole). A host that does not
+    answer, a task that held no GPU: the whole host. (whole hosts, host -> GPUs)."""
+    whole: list[str] = []
+    part: list[tuple[str, tuple[int, ...]]] = []
+    for host in inc.aside:
+        gpus = tuple(sorted(set(held.get(host, ()))))
+        marked = tuple((sick or {}).get(host, ()))
+        if host not in answers or (inc.broke is Broke.HOST and host == inc.host) or not gpus or None in marked:
+            whole.append(host)
+            continue
+        named = tuple(g for g in gpus if g in marked)
+        part.append((host, named or gpus))
+    return tuple(sorted(whole)), tuple(sorted(part))
+
+
+def sick_of(h: HostHealth) -> tuple[int | None, ...]:
+    """What a fatal health mark names on a host: its GPUs marked, None for the host itself."""
+    host: tuple[int | None, ...] = (None,) if h.host is not None and h.host.state.blocks else ()
+    return host + tuple(sorted(g for g, m in h.gpus.items() if m.state.blocks))
 
 
 def stacks_culprits(states: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
@@ -388,13 +453,17 @@ def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
         job, tuple(tasks), dict(m.away), stall, max(runs) if runs else None, aside_live,
         succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=w.seen.checkpoint,
         health=health_notes(job, set(w.tasks.values()), healths), started=max(starts) if starts else None,
+        elastic=w.elastic,
     )  # fmt: skip
 
 
-def troubled(f: Facts, recovering_now: bool) -> bool:
+def troubled(f: Facts, recovering_now: bool, tasks_on: Mapping[str, str] | None = None, now: float = 0.0) -> bool:
     """Is there anything for the service to look at closer (the job's state is read only
-    then): evidence it broke, a set-aside host running it, or a recovery under way."""
-    return recovering_now or bool(f.aside_live) or broken(f) is not None
+    then): evidence it broke, a set-aside host running it, a recovery under way, or an
+    elastic job's lost workers to place again."""
+    if recovering_now or bool(f.aside_live) or broken(f) is not None:
+        return True
+    return tasks_on is not None and scale_up(f, tasks_on, now) is not None
 
 
 def _num(v: object) -> float | None:

@@ -112,6 +112,7 @@ class JobWatch:
     seen: ProgressSeen
     aside: tuple[str, ...] = ()
     record: RecoveryRecord = RecoveryRecord()  # its recoveries, as its state had them
+    elastic: str = ""  # its elastic pool's role (`elastic:`), if any: a lost worker is a scale-up
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:

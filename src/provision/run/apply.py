@@ -471,13 +471,17 @@ def apply_plan(
     guard: Callable[[Target], FreshRequest] | None = None,
     refused: dict[str, tuple[ProbeReport | None, list[str]]] | None = None,
     answers: dict[str, tuple[ProbeReport | None, float, float]] | None = None,
+    join_run: int | None = None,
 ) -> dict[str, HostOutcome]:
     """Make it so. Hosts with errors in the plan are left alone; the rest converge.
     `setup_lines(host, line)`: each line a setup prints, as it runs. `guard`: a first
     apply's (run/firstapply.py), first in each host's batch; the hosts that refused go to
     `refused` (their answer, and why), untouched; every guard's answer to `answers`, with
-    when it was asked and answered."""
+    when it was asked and answered. `join_run`: the run the tasks it starts join (an
+    elastic job's scale-up on some hosts alone), recorded on their hosts as that run."""
     a = _Apply(ctx, plan, progress)
+    if join_run is not None:
+        a.run_number = join_run
     a.setup_lines = setup_lines
     if guard is not None and a.first is None:
         raise ValueError("a guarded apply writes and starts in one batch: nothing may stop first")

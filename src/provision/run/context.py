@@ -193,7 +193,7 @@ def open_context(
             targets = {k: v for k, v in targets.items() if k in only}
         if not only:  # a missing key fails every connection: say so once, before any
             refuse_bad_keys(inv, inventory_path)
-        inv = set_aside(inv, state.recovery.aside)  # hosts a recovery set aside for this job
+        inv = set_aside(inv, state.recovery.aside, state.recovery.gpu_map)  # what a recovery set aside for this job
         secrets, ifnames = secrets_from_env(inv, inventory_path) if render_secrets else None, cached_ifnames(inv, state)
         rendered = render(inv, previous=state.previous_placement(), secrets=secrets, socket_ifnames=ifnames)
     except BaseException:

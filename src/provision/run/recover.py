@@ -10,13 +10,18 @@ the middle, or the next apply, goes on from the stage the state says: core/recov
    a checkpoint; the end marker says a recovery stopped it, and the next start resumes with
    PROVISION_RESUME=1), and waited for until its tasks have ended;
 2. PLACING: the failed host is set aside for the job (its state's record: placement treats
-   it as drained for this job alone; set_aside_quarantine is where the host's own health
-   record will be asked too), the job is planned and applied again: only the replicas of
-   the set-aside host move (a spare, or a free GPU elsewhere), each start resumes from the
-   same AIP_CHECKPOINT_DIR;
+   it as drained for this job alone), or only its failed GPUs where the evidence is a
+   GPU's (rules/recovery.aside_of: the host answers and the task held GPUs; placement then
+   withholds those GPUs from the job), and quarantined through the host's own health
+   (set_aside_quarantine); the job is planned and applied again: only the replicas of
+   what was set aside move (a spare, the same host's other free GPUs, or a free GPU
+   elsewhere), each start resumes from the same AIP_CHECKPOINT_DIR;
 3. DONE: its new run runs.
 Nothing of the job starts before every task of the broken run has ended where its host
 answers: the job never runs twice.
+
+An elastic job's lost workers (rules/recovery.scale_up) are no incident: `grow` places them
+again and starts them alone, in the run under way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from provision.core.errors import ProvisionError
-from provision.core.recovery import Broke, Incident, Stage
+from provision.core.recovery import Broke, Gpus, Incident, Stage
 from provision.core.target import HostError
 from provision.host import layout
 from provision.host.protocol import HealthRequest, PreemptReport, PreemptRequest, StacksReport, StacksRequest
@@ -37,7 +42,16 @@ from provision.rules import health as hl
 from provision.rules.health import Change, State, of_report
 from provision.rules.progress import seen as progress_seen
 from provision.rules.progress import watched
-from provision.rules.recovery import Do, Verdict, decide, facts_of_status, stacks_culprits, stall_of
+from provision.rules.recovery import (
+    Do,
+    Verdict,
+    aside_of,
+    decide,
+    facts_of_status,
+    sick_of,
+    stacks_culprits,
+    stall_of,
+)
 from provision.rules.status import job_status
 from provision.run.apply import apply_plan
 from provision.run.context import Ask, Context, probe
@@ -54,12 +68,18 @@ def recovery_by(job: str) -> str:
     return f"provision recovery of {job}"
 
 
-def _marks(ctx: Context, inc: Incident, host: str) -> list[int | None]:
-    """What of `host` the incident quarantines: the GPUs of the job's tasks there that
-    broke (the failed task's, else every task's there), or the host itself when they hold
-    none (a CPU host)."""
+def _broke_gpus(ctx: Context, inc: Incident, host: str) -> list[int]:
+    """The GPUs of the job's tasks on `host` that broke (the failed task's, else every
+    task's there)."""
     tasks = [t for t in ctx.rendered.placement.on_host(host) if not inc.task or t.name == inc.task or inc.host != host]
-    gpus = sorted({g for t in tasks for g in t.accelerators})
+    return sorted({g for t in tasks for g in t.accelerators})
+
+
+def _marks(ctx: Context, inc: Incident, host: str) -> list[int | None]:
+    """What of `host` the incident quarantines: the GPUs it set aside there (a GPU's
+    evidence), else those of the job's tasks there that broke, or the host itself when they
+    hold none (a CPU host)."""
+    gpus = dict(inc.gpus).get(host) or _broke_gpus(ctx, inc, host)
     return list(gpus) if gpus else [None]
 
 
@@ -111,11 +131,20 @@ def _send_health(ctx: Context, requests: dict[str, HealthRequest], did: str, say
             say(f"{host}: {did} for every job (provision health {host})")
 
 
-def record(ctx: Context, inc: Incident, aside: tuple[str, ...] = ()) -> Incident:
-    """The incident (and hosts set aside) in the job's state, saved now."""
+def record(ctx: Context, inc: Incident, aside: tuple[str, ...] = (), gpus: Gpus = ()) -> Incident:
+    """The incident (and the hosts, or GPUs, set aside) in the job's state, saved now."""
     rec = ctx.state.recovery.with_incident(inc)
-    ctx.state.set_recovery(rec.with_aside(aside) if aside else rec)
+    ctx.state.set_recovery(rec.with_aside(aside, gpus) if aside or gpus else rec)
     return inc
+
+
+def aside_now(ctx: Context, inc: Incident, away: set[str]) -> tuple[tuple[str, ...], Gpus]:
+    """What of the incident's hosts is set aside (rules/recovery.aside_of): each asked for
+    its health once (a host that answers, and the GPUs its fatal marks name)."""
+    hosts = set(inc.aside) - away
+    looks = [x for x in health_look(ctx, hosts) if x.error is None] if hosts else []
+    held = {h: _broke_gpus(ctx, inc, h) for h in inc.aside}
+    return aside_of(inc, held, {x.name for x in looks}, {x.name: sick_of(x.health) for x in looks})
 
 
 def stacks(ctx: Context, inc: Incident, say: Say) -> dict[str, list[str]]:
@@ -194,8 +223,9 @@ def _stop(ctx: Context, inc: Incident, away: set[str], say: Say) -> Incident:
     hosts = tuple(sorted({t.host.name for t in ctx.rendered.placement.tasks} - away))
     if not wait_stopped(ctx, hosts, grace):
         raise ProvisionError(f"job {ctx.inventory.job}: its tasks had not ended {int(grace)} s after the stop")
-    inc = dataclasses.replace(inc, stopped=time.time(), stage=Stage.PLACING)
-    return record(ctx, inc, inc.aside)
+    whole, gpus = aside_now(ctx, inc, away)
+    inc = dataclasses.replace(inc, stopped=time.time(), stage=Stage.PLACING, gpus=gpus)
+    return record(ctx, inc, whole, gpus)
 
 
 def _set_aside(ctx: Context, inc: Incident, say: Say) -> None:
@@ -203,8 +233,8 @@ def _set_aside(ctx: Context, inc: Incident, say: Say) -> None:
     without the hosts set aside for it (its state's), rendered."""
     if inc.aside:
         set_aside_quarantine(ctx, inc, say)
-    aside = ctx.state.recovery.aside
-    ctx.inventory = set_aside(ctx.inventory, aside)
+    rec = ctx.state.recovery
+    ctx.inventory = set_aside(ctx.inventory, rec.aside, rec.gpu_map)
     ctx.rendered = render(
         ctx.inventory, previous=ctx.state.previous_placement(), secrets=ctx.secrets, socket_ifnames=ctx.ifnames
     )
@@ -220,9 +250,40 @@ def _start(ctx: Context, inc: Incident, say: Say) -> Incident:
         raise ProvisionError(f"job {ctx.inventory.job}: not started again: {errors[0]}")
     new_run = inc.run + 1 if inc.run is not None else None  # the next run number (core/runs)
     inc = dataclasses.replace(inc, running=time.time(), stage=Stage.DONE, new_run=new_run)
-    aside = f"; placed without {', '.join(inc.aside)}" if inc.aside else ""
+    parts = dict(inc.gpus)
+    without = [f"GPU {','.join(map(str, parts[h]))} of {h}" if h in parts else h for h in inc.aside]
+    aside = f"; placed without {', '.join(without)}" if without else ""
     say(f"job {ctx.inventory.job} runs again (incident {inc.n}){aside}")
     return record(ctx, inc)
+
+
+def grow(ctx: Context, v: Verdict, run: int | None, say: Say) -> dict[str, str]:
+    """SCALE_UP acted on: the lost hosts set aside for the job (its state's record), their
+    workers placed again (a spare, a free GPU elsewhere) and started there alone, in the
+    run under way (`run`): torchrun's rendezvous takes the new nodes in and restarts its
+    workers at the larger size; the running tasks are not touched. Task -> its new host."""
+    job = ctx.inventory.job
+    before = ctx.rendered.placement.slots()
+    rec = ctx.state.recovery
+    inv = set_aside(ctx.inventory, set(rec.aside) | set(v.hosts), rec.gpu_map)
+    # Placed first, recorded after: a job with no room left stays as it is (and says so).
+    rendered = render(inv, previous=ctx.state.previous_placement(), secrets=ctx.secrets, socket_ifnames=ctx.ifnames)
+    moved = {n: s.host for n, s in rendered.placement.slots().items() if n not in before or before[n] != s}
+    if set(moved) - set(v.tasks):
+        others = ", ".join(sorted(set(moved) - set(v.tasks)))
+        raise ProvisionError(f"job {job}: not scaled up: placing {', '.join(v.tasks)} again would move {others}")
+    ctx.state.set_recovery(ctx.state.recovery.with_aside(v.hosts))
+    ctx.inventory, ctx.rendered = inv, rendered
+    there = dataclasses.replace(ctx, targets={h: ctx.targets[h] for h in set(moved.values())}, subset=True)
+    say(f"job {job}: {v.words}: starting {', '.join(sorted(moved))} on {', '.join(sorted(set(moved.values())))}")
+    p = build_plan(there, checks=False)
+    if p.problems:
+        raise ProvisionError(f"job {job}: not scaled up: {p.problems[0]}")
+    outcomes = apply_plan(there, p, say, join_run=run)
+    errors = [f"{o.name}: {o.error}" for o in outcomes.values() if o.error]
+    if errors:
+        raise ProvisionError(f"job {job}: not scaled up: {errors[0]}")
+    return moved
 
 
 def give_up(ctx: Context, v: Verdict, say: Say) -> Incident:

@@ -199,9 +199,13 @@ def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatc
             record = ctx.state.recovery
         out[job] = (
             {h: ws for h, ws in paths.items() if ws},
-            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record),
+            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record, _elastic(inv)),
         )
     return out
+
+
+def _elastic(inv: Inventory) -> str:
+    return next((p.role for p in inv.pools if p.elastic is not None), "")
 
 
 def _paths_by_host(watch: Mapping[str, tuple[Paths, JobWatch]]) -> dict[str, set[str]]:

@@ -11,6 +11,10 @@ job of `serve --inventory` as the service. Each recovery is `job.recovered` once
 the job and the incident's number). A service killed in the middle leaves the stage in
 the job's state and the stop's marker on its hosts: the next leader's first round finds
 them and finishes it (a recovery under way is always finished first).
+
+An elastic job's lost workers (rules/recovery.scale_up) are placed again and started alone
+(run/recover.grow), the job's running tasks left as they are: `job.scaled` once (its key:
+the job, its run and the hosts lost).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from provision.rules.recovery import Do, Facts, Memory, decide, facts_of_round, 
 from provision.rules.rounds import JobWatch, Round
 from provision.run.context import open_context
 from provision.run.jobend import leave_hosts
-from provision.run.recover import close, give_up, recover, stacks
+from provision.run.recover import close, give_up, grow, recover, stacks
 from provision.run.survey import KeptContexts
 
 
@@ -53,6 +57,7 @@ class Recoverer:
         self.busy: dict[str, threading.Thread] = {}
         self.reported: set[tuple[str, float]] = set()  # hangs said (no recovery:): once each
         self.done: list[Incident] = []  # what it recovered (tests, the bench)
+        self.scaled: list[dict[str, str]] = []  # the workers it placed again (task -> host)
 
     def on_round(self, r: Round) -> None:
         for job, w in r.watch.items():
@@ -62,7 +67,7 @@ class Recoverer:
                 (hs.marker_of(job) or {}).get("recovery") for h, hs in r.hosts.items() if h in set(w.tasks.values())
             )
             t = self.busy.get(job)
-            if (t is not None and t.is_alive()) or not troubled(f, marked):
+            if (t is not None and t.is_alive()) or not troubled(f, marked, w.tasks, r.began):
                 continue
             if f.stall is not None and w.recovery is None:
                 if (job, f.stall.since) in self.reported:
@@ -105,6 +110,8 @@ class Recoverer:
             if v.do is Do.STOP_THERE:
                 self.say(f"job {job}: {v.words}: stopping it there")
                 leave_hosts(ctx, set(v.hosts) & set(ctx.state.hosts))
+            elif v.do is Do.SCALE_UP:
+                self._scaled(job, v.words, v.hosts, f.run, grow(ctx, v, f.run, self.say), ctx.owner.who)
             elif v.do is Do.REPORT and v.incident is not None:
                 self.say(f"job {job}: {v.words} (no recovery: set, its stacks are in its logs)")
                 stacks(ctx, v.incident, self.say)
@@ -120,6 +127,21 @@ class Recoverer:
             ctx.close()
             if self.contexts is not None:
                 self.contexts.forget(w.file)  # its placement and the hosts set aside changed
+
+    def _scaled(
+        self, job: str, words: str, lost: tuple[str, ...], run: int | None, moved: dict[str, str], owner: str
+    ) -> None:
+        """job.scaled, once per hosts lost in a run (its key)."""
+        onto = ", ".join(f"{t} on {h}" for t, h in sorted(moved.items()))
+        said = f"job {job} scaled up: {words}; started {onto} (the running tasks go on)"
+        key = f"scaled:{job}:{run}:{','.join(lost)}"
+        hosts = tuple(sorted(set(moved.values())))
+        self.store.emit(
+            [Event(Kind.JOB_SCALED, key, job, owner, hosts[0] if hosts else "", said, run=run, hosts=hosts)]
+        )
+        self.scaled.append(moved)
+        self.wake()
+        self.say(said)
 
     def _told(self, job: str, inc: Incident, owner: str) -> None:
         """job.recovered, once per incident (its key); the incident a row of the history

@@ -34,6 +34,7 @@ MARKS = {
     "job.resumed": "resumed",
     "task.failed": "task failed",
     "job.recovered": "recovered",
+    "job.scaled": "scaled up",
 }
 
 
