@@ -309,3 +309,42 @@ def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
     finally:
         docker_engine.containers.get(container).start()
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_the_spare(
+    sb, sandbox_inventory, tmp_path, docker_engine
+):
+    """`outputs:` on each host's own disk: the service keeps the chief's newest checkpoint
+    on the controller; the chief's host (the saving rank's) killed, the job is recovered onto
+    the spare, the copy put into the spare's AIP_CHECKPOINT_DIR first, and the chief resumes
+    from the copy's step (its own step log says)."""
+    job = "rec-ckpt"
+    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job, checkpoint={"bandwidth": "5MB/s"})
+    ok(cli("apply", "-y", inv, cwd=tmp_path))
+    began = time.monotonic()
+    svc = _serve(tmp_path, inv)
+    record = tmp_path / ".provision" / "checkpoints" / job / "copy.json"
+    container = sb.host("host-1").container
+    try:
+        wait_until(lambda: record.exists(), timeout=240, what="a copy of the chief's checkpoint on the controller")
+        copy = status(inv)["checkpoint_copy"]
+        assert copy["host"] == "host-1" and copy["step"] in checkpoint_steps(sb, "host-1", job, "chief-0"), copy
+        assert copy["lag_seconds"] is not None, copy
+        docker_engine.containers.get(container).kill()  # the saving rank's host dies
+        wait_until(
+            lambda: running_on(inv, {"chief-0": "host-3", "worker-0": "host-2"}),
+            timeout=240,
+            what="the job running again with its chief on the spare",
+        )
+        kept = json.loads(record.read_text())
+        assert svc.lines(f"checkpoint copy {kept['name']} (step {kept['step']}) of host-1 put into"), svc.lines("")
+        wait_until(lambda: resumed_from(sb, "host-3", job, "chief-0"), timeout=180, what="the chief to resume")
+        assert resumed_from(sb, "host-3", job, "chief-0")[-1] == kept["step"] > 0
+        wait_until(lambda: min(steps(sb, "host-3", job, "chief-0") or [0]) > 0, timeout=60, what="steps on the spare")
+        assert min(steps(sb, "host-3", job, "chief-0")) == kept["step"] + 1  # it went on from the copy
+        print(f"copied, killed and resumed from the copy in {time.monotonic() - began:.0f} s")
+    finally:
+        svc.stop()
+        show_logs(tmp_path)
+        docker_engine.containers.get(container).start()
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -199,7 +199,7 @@ def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatc
             record = ctx.state.recovery
         out[job] = (
             {h: ws for h, ws in paths.items() if ws},
-            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record),
+            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record, inv.checkpoint),
         )
     return out
 
