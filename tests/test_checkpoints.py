@@ -314,3 +314,17 @@ def test_a_hostile_stream_is_refused_and_keeps_the_copy(tmp_path):
     with pytest.raises(ProvisionError, match="a symbolic link to /etc/shadow"):
         copy_newest(Liar({"ckpt-16.pt": b"b"}, 2000), TARGET, CK, CheckpointSpec(), tmp_path, lambda _: None, 2.0)
     assert read_record(tmp_path) == rec and not Path(tmp_path / rec.dir / "ckpt-16.pt").exists()
+
+
+def test_status_prints_the_copy_and_its_lag():
+    import click
+
+    from provision.cli.output import status_lines
+    from provision.core.lifecycle import JobPhase
+    from provision.rules.status import JobStatus
+
+    st = JobStatus("bert", JobPhase.RUNNING, "", (), checkpoint_copy=view(HAVE, 160.0))
+    text = "\n".join(click.unstyle(x) for x in status_lines(st))
+    assert "Checkpoint copy: ckpt-8.pt (step 8) of host-1 on the controller, 60s behind the newest" in text, text
+    doc = st.to_json()
+    assert doc["checkpoint_copy"]["step"] == 8 and doc["checkpoint_copy"]["lag_seconds"] == 60, doc
