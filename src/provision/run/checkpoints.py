@@ -14,6 +14,7 @@ removed by the next copy.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shlex
@@ -87,11 +88,11 @@ def copy_newest(
         chosen = newest(listing(session, target, ckdir, where))
         v = verdict(spec, rec, chosen, target.name)
         if v.act is Act.KEEP or chosen is None:
-            rec = CopyRecord(**{**rec.__dict__, "looked_at": now})
+            rec = dataclasses.replace(rec, looked_at=now)
         elif v.act is Act.SKIP:
             if rec.skipped != v.words:
                 say(f"checkpoint copy: {v.words}")
-            rec = CopyRecord(**{**rec.__dict__, "looked_at": now, "skipped": v.words})
+            rec = dataclasses.replace(rec, looked_at=now, skipped=v.words)
         else:
             new = f"c-{int(now * 1000):x}"
             dest = d / new

@@ -9,6 +9,7 @@ round.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +72,6 @@ class CheckpointKeeper:
                 self.records[job] = rec
         except (ProvisionError, HostError) as e:  # said; the next look tries again
             self.say(f"job {job}: checkpoint copy: {e.message}")
-            self.records[job] = CopyRecord(**{**read_record(copy_dir(w.file, job)).__dict__, "looked_at": now})
+            self.records[job] = dataclasses.replace(read_record(copy_dir(w.file, job)), looked_at=now)
         except Exception as e:  # a bug must not end the service
             self.say(f"job {job}: checkpoint copy failed: {type(e).__name__}: {e}")
