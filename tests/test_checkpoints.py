@@ -264,7 +264,7 @@ def test_a_copy_interrupted_keeps_the_previous_complete_one(tmp_path):
     rec = copy_newest(first, TARGET, CK, CheckpointSpec(), tmp_path, said.append, 10.0)
     assert rec.name == "ckpt-8.pt" and rec.step == 8 and read_record(tmp_path) == rec
     assert (tmp_path / rec.dir / "ckpt-8.pt").read_bytes() == b"eight" * 100
-    assert said == ["checkpoint copy: ckpt-8.pt (0.0 MB) from host-1 kept on the controller"]
+    assert said == ["checkpoint copy: ckpt-8.pt (0.0 MB) from host-1, kept on the controller"]
     # the host's side of the stream: the lowest CPU and I/O priority
     assert LOW.strip() in first.commands[-1]
 
@@ -328,3 +328,97 @@ def test_status_prints_the_copy_and_its_lag():
     assert "Checkpoint copy: ckpt-8.pt (step 8) of host-1 on the controller, 60s behind the newest" in text, text
     doc = st.to_json()
     assert doc["checkpoint_copy"]["step"] == 8 and doc["checkpoint_copy"]["lag_seconds"] == 60, doc
+
+
+# -- a peer keeps it (`copy: peer`)
+
+PEER = CheckpointSpec(CopyTo.PEER)
+
+
+@pytest.mark.parametrize(
+    "tasks, peer",
+    [
+        ({"chief-0": "host-1", "worker-0": "host-2", "worker-1": "host-3"}, "host-2"),
+        ({"chief-0": "host-2", "worker-0": "host-1"}, "host-1"),
+        ({"chief-0": "host-1", "worker-0": "host-1"}, None),  # one host: no peer to keep it
+    ],
+)
+def test_the_peer_that_keeps_it(tasks, peer):
+    from provision.rules.checkpoints import peer_of
+
+    assert peer_of(PEER, tasks) == peer
+    assert peer_of(CheckpointSpec(), tasks) == ""  # the controller
+
+
+def test_a_copy_is_made_again_when_its_peer_changes():
+    kept = CopyRecord("c-1", "ckpt-8.pt", 8, 10, 100, "host-1", 1.0, peer="host-2")
+    chosen = newest([Remote("ckpt-8.pt", 10, 100)])
+    assert verdict(PEER, kept, chosen, "host-1", "host-2").act is Act.KEEP
+    assert verdict(PEER, kept, chosen, "host-1", "host-3").act is Act.COPY  # its peer left the job
+    assert line(view(kept, None), str) == "Checkpoint copy: ckpt-8.pt (step 8) of host-1 on host-2"
+
+
+class Relay(Host):
+    """The saving host and, through `run`, the peer (its commands and what they were sent)."""
+
+    def __init__(self, *a, peer_status: int = 0, **kw):
+        super().__init__(*a, **kw)
+        self.ran: list[tuple[str, str, bytes]] = []
+        self.peer_status = peer_status
+
+    def run(self, target, command, *, stdin=b"", timeout=600):
+        self.ran.append((target.name, command, stdin))
+        return Result(self.peer_status, b"", b"no room" if self.peer_status else b"")
+
+
+def test_a_peers_copy_goes_through_the_controller_and_is_kept_there_only(tmp_path):
+    d = tmp_path / "j"
+    d.mkdir()
+    peer = Target("host-2", "10.0.0.2")
+    host = Relay({"ckpt-8.pt": b"eight"}, 1000)
+    rec = copy_newest(host, TARGET, CK, PEER, d, lambda _: None, 10.0, ("host-2", peer))
+    assert rec.peer == "host-2" and read_record(d) == rec
+    assert not [p for p in d.iterdir() if p.name.startswith("c-")]  # not on this machine
+    (name, command, data) = host.ran[0]
+    assert name == "host-2" and f"/var/lib/provision/j/checkpoint-copy {rec.dir} -" in command
+    assert tarfile.open(fileobj=io.BytesIO(data)).getnames() == ["ckpt-8.pt"]
+    # The peer refuses the next one: the record still names the copy it keeps.
+    bad = Relay({"ckpt-16.pt": b"sixteen"}, 2000, peer_status=1)
+    with pytest.raises(Exception, match="host-2: the checkpoint copy not kept there: no room"):
+        copy_newest(bad, TARGET, CK, PEER, d, lambda _: None, 20.0, ("host-2", peer))
+    assert read_record(d) == rec
+    assert f"checkpoint-copy c-{int(20.0 * 1000):x} {rec.dir}" in bad.ran[0][1]  # the kept one stays there
+
+
+def _sh(script: str, *args: str, cwd: Path, stdin: bytes = b"") -> int:
+    import subprocess
+
+    return subprocess.run(["sh", "-c", script, "x", *args], cwd=cwd, input=stdin, capture_output=True).returncode
+
+
+def test_the_hosts_side_keeps_the_named_copy_until_the_next_and_puts_one_back_whole(tmp_path):
+    from provision.host import layout
+
+    keep = tmp_path / "keep"
+    assert _sh(layout.CHECKPOINT_KEEP_SH, str(keep), "c-1", "-", cwd=tmp_path, stdin=tar_bytes({"a.pt": b"1"}, 1)) == 0
+    assert (
+        _sh(layout.CHECKPOINT_KEEP_SH, str(keep), "c-2", "c-1", cwd=tmp_path, stdin=tar_bytes({"b.pt": b"2"}, 2)) == 0
+    )
+    assert sorted(p.name for p in keep.iterdir()) == ["c-1", "c-2"]  # the record's (c-1) kept until it names c-2
+    assert _sh(layout.CHECKPOINT_KEEP_SH, str(keep), "c-3", "c-2", cwd=tmp_path, stdin=b"not a tar") != 0
+    assert sorted(p.name for p in keep.iterdir() if not p.name.startswith(".")) == ["c-1", "c-2"]
+    assert (
+        _sh(layout.CHECKPOINT_KEEP_SH, str(keep), "c-3", "c-2", cwd=tmp_path, stdin=tar_bytes({"c.pt": b"3"}, 3)) == 0
+    )
+    assert sorted(p.name for p in keep.iterdir() if not p.name.startswith(".")) == ["c-2", "c-3"]
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "ckpt-4.pt").write_bytes(b"old")
+    assert _sh(layout.put_sh(layout.UNPACK_STDIN), cwd=ck, stdin=tar_bytes({"ckpt-8.pt": b"8", "s/x": b"x"}, 8)) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-4.pt", "ckpt-8.pt", "s"]  # no hidden work left
+    assert _sh(layout.put_sh(layout.UNPACK_STDIN), cwd=ck, stdin=b"cut short") != 0
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-4.pt", "ckpt-8.pt", "s"]  # nothing half-put
+    src = keep / "c-3"
+    assert _sh(layout.put_sh(f'cp -R -p -- {src}/. "$w"/'), cwd=ck) == 0  # on the peer itself
+    assert (ck / "c.pt").read_bytes() == b"3"

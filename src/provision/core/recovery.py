@@ -55,6 +55,7 @@ class CopyTo(StrEnum):
     """`checkpoint.copy`: where the newest complete checkpoint is kept off its host."""
 
     CONTROLLER = "controller"  # beside the inventory: .provision/checkpoints/JOB/
+    PEER = "peer"  # on another host of the job: state_dir(JOB)/checkpoint-copy/
     SHARED = "shared"  # `outputs:` is storage every host mounts: nothing to copy
     NONE = "none"  # not copied
 

@@ -182,7 +182,7 @@ def size_bytes(value: Any) -> int | None:
 
 
 def checkpoint(c: Checker, value: Any, outputs: str | None, rec: RecoverySpec | None) -> CheckpointSpec | None:
-    """`checkpoint: {copy: controller | shared | none, max_size: 2GiB, bandwidth: 20MB/s}`:
+    """`checkpoint: {copy: controller | peer | shared | none, max_size: 2GiB, bandwidth: 20MB/s}`:
     where the newest complete checkpoint is kept off its host (docs/recovery.md). A job with
     `recovery:` and `outputs:` has it copied to the controller unless it says otherwise."""
     path = ("checkpoint",)
@@ -216,7 +216,7 @@ def checkpoint(c: Checker, value: Any, outputs: str | None, rec: RecoverySpec | 
             rate = n
     if copy is None:
         return None
-    if outputs is None and copy == CopyTo.CONTROLLER.value:
+    if outputs is None and copy in (CopyTo.CONTROLLER.value, CopyTo.PEER.value):
         c.add(path + ("copy",), "copies AIP_CHECKPOINT_DIR, which is below `outputs:`: the job has none")
         return None
     return CheckpointSpec(CopyTo(copy), most, rate)

@@ -11,6 +11,8 @@ asks every round; run/recover.py puts the copy on the saving rank's new host.
 - **Newest only**: the newest complete entry (by its time, then its name), as the saving
   rank's host lists it. Only when it is not the one copied already.
 - **Bounded**: an entry over `checkpoint.max_size` is not copied, and said so once.
+- **Where**: on the controller, or (`copy: peer`) on another host of the job, through the
+  controller (it reads the host's stream, checked, and sends it on).
 - **Where it goes back**: the saving rank (chief-0, else worker-0) placed on a host other
   than the one the copy came from gets it into its AIP_CHECKPOINT_DIR before it starts.
 """
@@ -91,6 +93,7 @@ class CopyRecord:
     copied_at: float = 0.0
     skipped: str = ""  # "ckpt-80.pt: 3.2 GB, over max_size 1.1 GB"
     looked_at: float = 0.0  # the last look at the directory (this machine's clock)
+    peer: str = ""  # the host that keeps it (`copy: peer`); "" the controller
 
     @property
     def has_copy(self) -> bool:
@@ -109,14 +112,32 @@ def record_of(text: str) -> CopyRecord:
         rec = CopyRecord(**{k: raw[k] for k in CopyRecord.__dataclass_fields__ if k in raw})
     except (ValueError, TypeError):
         return CopyRecord()
-    ok = isinstance(rec.dir, str) and re.fullmatch(r"c-[0-9a-z_-]{1,64}", rec.dir or "c-x") is not None
+    ok = (
+        isinstance(rec.peer, str)
+        and isinstance(rec.dir, str)
+        and re.fullmatch(r"c-[0-9a-z_-]{1,64}", rec.dir or "c-x") is not None
+    )
     return rec if ok and isinstance(rec.name, str) and isinstance(rec.mtime, int) else CopyRecord()
 
 
 def copying(inv: Inventory) -> CheckpointSpec | None:
-    """The job's copy spec when it is copied to the controller (None: not copied)."""
+    """The job's copy spec when it is copied (to the controller or a peer; None: not)."""
     spec = inv.checkpoint
-    return spec if spec is not None and spec.copy is CopyTo.CONTROLLER and inv.outputs is not None else None
+    return spec if spec is not None and spec.copy in COPIED and inv.outputs is not None else None
+
+
+COPIED = (CopyTo.CONTROLLER, CopyTo.PEER)
+
+
+def peer_of(spec: CheckpointSpec, tasks: Mapping[str, str]) -> str | None:
+    """Where a `copy: peer` copy is kept: the first host (by name) of the job's other
+    tasks, not the saving rank's; "" for the controller; None when the job has no other
+    host to keep it (not copied: said)."""
+    if spec.copy is not CopyTo.PEER:
+        return ""
+    task = saving_task(tasks)
+    others = sorted({h for t, h in tasks.items() if task is None or h != tasks[task]})
+    return others[0] if others else None
 
 
 def look_now(rec: CopyRecord, dir_changed: float | None, now: float) -> bool:
@@ -143,11 +164,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def verdict(spec: CheckpointSpec, rec: CopyRecord, chosen: Chosen | None, host: str) -> Verdict:
-    """What to do with the newest complete checkpoint the saving host listed."""
+def verdict(spec: CheckpointSpec, rec: CopyRecord, chosen: Chosen | None, host: str, peer: str = "") -> Verdict:
+    """What to do with the newest complete checkpoint the saving host listed (`peer`: the
+    host to keep it, "" the controller)."""
     if chosen is None:
         return Verdict(Act.KEEP)
-    if rec.has_copy and (rec.name, rec.mtime, rec.size, rec.host) == (chosen.name, chosen.mtime, chosen.size, host):
+    now = (chosen.name, chosen.mtime, chosen.size, host, peer)
+    if rec.has_copy and (rec.name, rec.mtime, rec.size, rec.host, rec.peer) == now:
         return Verdict(Act.KEEP)
     if chosen.size > spec.max_bytes:
         return Verdict(
@@ -155,7 +178,7 @@ def verdict(spec: CheckpointSpec, rec: CopyRecord, chosen: Chosen | None, host: 
             f"{chosen.name}: {_mb(chosen.size)}, over checkpoint.max_size {_mb(spec.max_bytes)}: not copied "
             "(put outputs: on shared storage)",
         )
-    return Verdict(Act.COPY, f"{chosen.name} ({_mb(chosen.size)}) from {host}")
+    return Verdict(Act.COPY, f"{chosen.name} ({_mb(chosen.size)}) from {host}, kept on {peer or 'the controller'}")
 
 
 def restore_to(rec: CopyRecord, tasks: Mapping[str, str], answering: Sequence[str]) -> str | None:
@@ -175,6 +198,7 @@ class CopyJson(TypedDict):
     step: int | None
     bytes: int
     host: str | None
+    kept_on: str | None  # "controller", or the peer host's name
     saved_at: int | None
     copied_at: int | None
     lag_seconds: int | None
@@ -192,6 +216,7 @@ def view(rec: CopyRecord, newest_seen: float | None) -> CopyJson:
         step=rec.step,
         bytes=rec.size,
         host=rec.host or None,
+        kept_on=(rec.peer or "controller") if rec.has_copy else None,
         saved_at=rec.mtime or None,
         copied_at=int(rec.copied_at) or None,
         lag_seconds=lag,
@@ -208,4 +233,5 @@ def line(j: CopyJson, ago: Any) -> str:
     lag = j["lag_seconds"]
     behind = "" if lag is None else f", {ago(lag)} behind the newest" if lag > SAME_S else ", the newest"
     skipped = f"; {j['skipped']}" if j["skipped"] else ""
-    return f"Checkpoint copy: {j['name']}{step} of {j['host']} on the controller{behind}{skipped}"
+    on = "the controller" if j["kept_on"] == "controller" else j["kept_on"]
+    return f"Checkpoint copy: {j['name']}{step} of {j['host']} on {on}{behind}{skipped}"
