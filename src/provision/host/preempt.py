@@ -186,5 +186,10 @@ def clear_lifecycle(job: str) -> None:
         except FileNotFoundError:
             pass
     if resumes:
-        os.makedirs(layout.state_dir(job), 0o755, exist_ok=True)
-        _atomic(layout.resume_env_path(job), b'PROVISION_RESUME="1"\n', 0o644)
+        mark_resume(job)
+
+
+def mark_resume(job: str) -> None:
+    """This run of the job resumes here: its units read PROVISION_RESUME=1."""
+    os.makedirs(layout.state_dir(job), 0o755, exist_ok=True)
+    _atomic(layout.resume_env_path(job), b'PROVISION_RESUME="1"\n', 0o644)
