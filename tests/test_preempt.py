@@ -197,7 +197,7 @@ def test_a_recoverys_start_resumes_on_a_host_new_to_the_job(host_dirs):
     from provision.host import agent
     from provision.host.protocol import WriteRequest
 
-    agent._after_write(WriteRequest("low", clear_lifecycle=True, resume=True), [])
+    agent._after_write(WriteRequest("low", clear_lifecycle=True, run={"run": 2, "by": "ann", "resume": True}), [])
     assert open(layout.resume_env_path("low")).read() == 'PROVISION_RESUME="1"\n'
     agent._after_write(WriteRequest("low", clear_lifecycle=True), [])  # the next start: a fresh run
     assert not os.path.exists(layout.resume_env_path("low"))

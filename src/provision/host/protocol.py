@@ -204,12 +204,9 @@ class WriteRequest:
     daemon_reload: bool = False
     reset_failed: list[str] = field(default_factory=list)
     clear_lifecycle: bool = False
-    # A recovery's run starts here: its tasks resume (PROVISION_RESUME=1) on a host new to
-    # the job too, which has no end marker of the stop (preempt.mark_resume).
-    resume: bool = False
     manifest: str = ""  # base64
     reserve: Reservation | None = None  # first of all; on a conflict nothing is written
-    run: dict[str, Any] | None = None  # {"run", "by"}: this apply starts run N (core/runs.py)
+    run: dict[str, Any] | None = None  # {"run", "by", "resume"?}: this apply starts run N (core/runs.py)
     # Pushed files the plan found shared with another job (same bytes), so not sent: still
     # there after the pending manifest names them, or a conflict (the other job left: plan again).
     expect: list[str] = field(default_factory=list)

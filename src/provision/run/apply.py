@@ -333,12 +333,11 @@ class _Apply:
             daemon_reload=(hp.units_changed and not fresh) or bool(stops),
             reset_failed=stops,
             clear_lifecycle=bool(hp.starts()),
-            resume=bool(hp.starts()) and self._recovering,
             manifest=_b64(final if self.last_phase[t.name] < 0 else interim),
             reserve=hp.reserve,
             expect=[path for path, _ in hp.shared],
             outputs=output_dirs(self.ctx.inventory),
-            run={"run": self.run_number, "by": self.ctx.owner.who}
+            run={"run": self.run_number, "by": self.ctx.owner.who} | ({"resume": True} if self._recovering else {})
             if self.run_number is not None and hp.starts()
             else None,
         )
