@@ -343,6 +343,11 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
         wait_until(lambda: min(steps(sb, "host-3", job, "chief-0") or [0]) > 0, timeout=60, what="steps on the spare")
         assert min(steps(sb, "host-3", job, "chief-0")) == kept["step"] + 1  # it went on from the copy
         print(f"copied, killed and resumed from the copy in {time.monotonic() - began:.0f} s")
+        svc.stop()
+        docker_engine.containers.get(container).start()
+        # Destroyed (once host-1 answers again), the job's copy goes too: never a later job's resume.
+        wait_until(lambda: cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0, timeout=180, what="destroy")
+        assert not record.parent.exists()
     finally:
         svc.stop()
         show_logs(tmp_path)

@@ -72,6 +72,11 @@ def read_record(d: Path) -> CopyRecord:
     return rec if not rec.has_copy or rec.peer or (d / rec.dir).is_dir() else CopyRecord()
 
 
+def forget_copy(inventory_path: str | Path, job: str) -> None:
+    """The job destroyed: its copy removed (a job of the same name later starts afresh)."""
+    shutil.rmtree(copy_dir(inventory_path, job), ignore_errors=True)
+
+
 def write_record(d: Path, rec: CopyRecord) -> None:
     """The record replaced at once (a write killed half-way leaves the previous one)."""
     tmp = d / f".{RECORD}.{os.getpid()}.tmp"
