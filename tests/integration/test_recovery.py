@@ -311,6 +311,10 @@ def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
         cli("destroy", "-y", inv, cwd=tmp_path)
 
 
+def _copied(record: Path) -> str | None:
+    return json.loads(record.read_text()).get("name") if record.exists() else None
+
+
 def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_the_spare(
     sb, sandbox_inventory, tmp_path, docker_engine
 ):
@@ -327,8 +331,7 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
     container = sb.host("host-1").container
     try:
         # Its record is there from the first look; a copy once the chief has saved one.
-        copied = lambda: record.exists() and json.loads(record.read_text()).get("name")  # noqa: E731
-        wait_until(copied, timeout=240, what="a copy of the chief's checkpoint on the controller")
+        wait_until(lambda: _copied(record), timeout=240, what="a copy of the chief's checkpoint on the controller")
         copy = status(inv)["checkpoint_copy"]
         assert copy["host"] == "host-1" and copy["step"] in checkpoint_steps(sb, "host-1", job, "chief-0"), copy
         assert copy["lag_seconds"] is not None, copy
