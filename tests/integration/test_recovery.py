@@ -344,7 +344,7 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
         # The copy (of host-1's last checkpoint the service saw) put into the spare's
         # AIP_CHECKPOINT_DIR before the chief started there, resumed.
         put = re.findall(r"host-3: checkpoint copy ckpt-(\d+)\.pt \(step \d+\) of host-1 put into", svc.output())
-        assert len(put) == 1 and int(put[0]) in checkpoint_steps(sb, "host-1", job, "chief-0"), svc.output()[-3000:]
+        assert len(put) == 1 and int(put[0]) >= copy["step"], svc.output()[-3000:]  # the newest it copied
         wait_until(lambda: resumed_from(sb, "host-3", job, "chief-0"), timeout=180, what="the chief to resume")
         assert resumed_from(sb, "host-3", job, "chief-0")[-1] == int(put[0]) > 0
         wait_until(lambda: steps(sb, "host-3", job, "chief-0"), timeout=60, what="steps on the spare")
