@@ -192,6 +192,17 @@ def test_the_next_start_resumes_and_a_fresh_one_does_not(host_dirs):
     assert not os.path.exists(layout.resume_env_path("low"))
 
 
+def test_a_recoverys_start_resumes_on_a_host_new_to_the_job(host_dirs):
+    """No end marker there (the stop never reached it): the write says the run resumes."""
+    from provision.host import agent
+    from provision.host.protocol import WriteRequest
+
+    agent._after_write(WriteRequest("low", clear_lifecycle=True, run={"run": 2, "by": "ann", "resume": True}), [])
+    assert open(layout.resume_env_path("low")).read() == 'PROVISION_RESUME="1"\n'
+    agent._after_write(WriteRequest("low", clear_lifecycle=True), [])  # the next start: a fresh run
+    assert not os.path.exists(layout.resume_env_path("low"))
+
+
 def test_the_jobs_own_stop_on_another_host_follows_and_reserves_nothing(host_dirs):
     """A job preempted on another host is stopped here by its own side (preempted
     whole): the same marker and stop, but its GPUs wait for nobody once its units ended."""

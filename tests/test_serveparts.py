@@ -7,6 +7,7 @@ import threading
 
 from provision.cli.serveparts import parts
 from provision.io.servicestore import ServiceStore
+from provision.serve.checkpoints import CheckpointKeeper
 from provision.serve.devreaper import DevReaper
 from provision.serve.health import HealthKeeper
 from provision.serve.keeper import LogKeeper
@@ -22,7 +23,7 @@ def test_every_subscriber_and_delivery_is_wired(tmp_path, monkeypatch):
     got = parts("local", store, (), None, None, threading.Event(), lambda line: None)
     try:
         subs = {type(s) for s in got.rounds.subscribers}
-        assert subs == {GpuRecorder, EventMaker, HealthKeeper, DevReaper, Recoverer}
+        assert subs == {GpuRecorder, EventMaker, HealthKeeper, DevReaper, Recoverer, CheckpointKeeper}
         handlers = {type(d.handler) for d in got.deliveries if isinstance(d, Delivery)}
         assert handlers == {HistoryWriter, LogKeeper}
         assert any(isinstance(d, Notifications) for d in got.deliveries)

@@ -204,7 +204,7 @@ CASES: list[Case] = [
         "unknown-key-top",
         "Unknown key (no close match)",
         E(
-            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares)"
+            "34: nodes: unknown key (allowed: job, ssh, hosts, pools, env, secret_env, files, tf_config, success, job_spec, setup, outputs, state, tune, priority, preemptible, preemption, placement, progress, recovery, spares, checkpoint)"
         ),
         edits=(("success: {policy: chief}\n", "success: {policy: chief}\nnodes: 3\n"),),
         fix="Remove it, or use one of the allowed keys.",

@@ -399,3 +399,54 @@ def test_an_elastic_pools_lost_worker_is_started_on_the_spare_and_torchrun_takes
             )
         docker_engine.containers.get(container).start()
         cli("destroy", "-y", inv, cwd=tmp_path)
+
+
+def _copied(record: Path) -> str | None:
+    return json.loads(record.read_text()).get("name") if record.exists() else None
+
+
+def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_the_spare(
+    sb, sandbox_inventory, tmp_path, docker_engine
+):
+    """`outputs:` on each host's own disk: the service keeps the chief's newest checkpoint
+    on the controller; the chief's host (the saving rank's) killed, the job is recovered onto
+    the spare, the copy put into the spare's AIP_CHECKPOINT_DIR first, and the chief resumes
+    from the copy's step (its own step log says)."""
+    job = "rec-ckpt"
+    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job, checkpoint={"bandwidth": "5MB/s"})
+    ok(cli("apply", "-y", inv, cwd=tmp_path))
+    began = time.monotonic()
+    svc = _serve(tmp_path, inv)
+    record = tmp_path / ".provision" / "checkpoints" / job / "copy.json"
+    container = sb.host("host-1").container
+    try:
+        # Its record is there from the first look; a copy once the chief has saved one.
+        wait_until(lambda: _copied(record), timeout=240, what="a copy of the chief's checkpoint on the controller")
+        copy = status(inv)["checkpoint_copy"]
+        assert copy["host"] == "host-1" and copy["step"] in checkpoint_steps(sb, "host-1", job, "chief-0"), copy
+        assert copy["lag_seconds"] is not None, copy
+        docker_engine.containers.get(container).kill()  # the saving rank's host dies
+        wait_until(
+            lambda: running_on(inv, {"chief-0": "host-3", "worker-0": "host-2"}),
+            timeout=240,
+            what="the job running again with its chief on the spare",
+        )
+        # The copy (of host-1's last checkpoint the service saw) put into the spare's
+        # AIP_CHECKPOINT_DIR before the chief started there, resumed.
+        put = re.findall(r"host-3: checkpoint copy ckpt-(\d+)\.pt \(step \d+\) of host-1 put into", svc.output())
+        assert len(put) == 1 and int(put[0]) >= copy["step"], svc.output()[-3000:]  # the newest it copied
+        wait_until(lambda: resumed_from(sb, "host-3", job, "chief-0"), timeout=180, what="the chief to resume")
+        assert resumed_from(sb, "host-3", job, "chief-0")[-1] == int(put[0]) > 0
+        wait_until(lambda: steps(sb, "host-3", job, "chief-0"), timeout=60, what="steps on the spare")
+        assert min(steps(sb, "host-3", job, "chief-0")) == int(put[0]) + 1  # it went on from the copy
+        print(f"copied, killed and resumed from the copy in {time.monotonic() - began:.0f} s")
+        svc.stop()
+        docker_engine.containers.get(container).start()
+        # Destroyed (once host-1 answers again), the job's copy goes too: never a later job's resume.
+        wait_until(lambda: cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0, timeout=180, what="destroy")
+        assert not record.parent.exists()
+    finally:
+        svc.stop()
+        show_logs(tmp_path)
+        docker_engine.containers.get(container).start()
+        cli("destroy", "-y", inv, cwd=tmp_path)

@@ -13,6 +13,7 @@ from provision.core.lifecycle import Action, JobPhase, TaskState, stop_rank
 from provision.core.text import duration, printable
 from provision.host.protocol import Reservation
 from provision.rules import provenance
+from provision.rules.checkpoints import line as copy_line
 from provision.rules.plan import FileAction, FileChange, Plan, TaskChange
 from provision.rules.status import JobStatus, TaskStatus
 from provision.run.apply import HostOutcome
@@ -210,6 +211,8 @@ def recovery_lines(st: JobStatus) -> list[str]:
         n = len(g["incidents"])
         lost = f", {n} incident{'s' if n != 1 else ''}, {duration(int(g['lost_seconds']))} lost" if n else ""
         out.append(f"Goodput: {g['ratio']:.0%} of {duration(int(g['wall_seconds']))}{lost}")
+    if st.checkpoint_copy is not None:
+        out.append(copy_line(st.checkpoint_copy, lambda s: duration(int(s))))
     for inc in st.recovery.incidents[-3:] if st.recovery is not None else ():
         how = f"not recovered: {inc.why}" if inc.why else inc.lost(time.time()).words()
         out.append(f"  incident {inc.n} ({inc.stage.value}): {printable(inc.words)}: {printable(how)}")

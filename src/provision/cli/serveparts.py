@@ -12,6 +12,7 @@ from provision.inventory.statebackend import Backend
 from provision.io.servicestore import ServiceStore
 from provision.rules.priority import Policy
 from provision.run.survey import KeptContexts
+from provision.serve.checkpoints import CheckpointKeeper
 from provision.serve.devreaper import DevReaper
 from provision.serve.gpusample import few_arenas
 from provision.serve.health import HealthKeeper
@@ -60,7 +61,8 @@ def parts(
     # Jobs with progress: or recovery: (serve/recovery.py), after the health keeper: a
     # quarantine this round makes is in place before a recovery places the job again.
     recoveries = Recoverer(side, say, contexts, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries], leading, say)
+    copies = CheckpointKeeper(side, say)  # each watched job's newest checkpoint kept off its host
+    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries, copies], leading, say)
     source = ServiceSource(
         side,
         work_root(store),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision.core.recovery import Elastic, ProgressSpec, RecoverySpec
+from provision.core.recovery import CheckpointSpec, Elastic, ProgressSpec, RecoverySpec
 from provision.core.scheduling import Scheduling
 from provision.core.tuning import Tune
 
@@ -180,6 +180,8 @@ class Inventory:
     progress: ProgressSpec | None = None
     recovery: RecoverySpec | None = None
     spares: tuple[str, ...] = ()
+    # `checkpoint:` where its newest checkpoint is kept off its host (None: not copied).
+    checkpoint: CheckpointSpec | None = None
     # `placement:` what placement prefers (placement/tasks.py).
     placement: Preference = field(default_factory=Preference)
 

@@ -51,6 +51,28 @@ class RecoverySpec:
     window_s: int = DEFAULT_WINDOW_S
 
 
+class CopyTo(StrEnum):
+    """`checkpoint.copy`: where the newest complete checkpoint is kept off its host."""
+
+    CONTROLLER = "controller"  # beside the inventory: .provision/checkpoints/JOB/
+    PEER = "peer"  # on another host of the job: state_dir(JOB)/checkpoint-copy/
+    SHARED = "shared"  # `outputs:` is storage every host mounts: nothing to copy
+    NONE = "none"  # not copied
+
+
+DEFAULT_COPY_MAX = 1 << 30  # bytes: a checkpoint over it is not copied (shared storage is the answer)
+DEFAULT_COPY_RATE = 20_000_000  # bytes a second: the copy never takes the training's network
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """`checkpoint: {copy: controller, max_size: 1GiB, bandwidth: 20MB/s}`."""
+
+    copy: CopyTo = CopyTo.CONTROLLER
+    max_bytes: int = DEFAULT_COPY_MAX
+    rate: int = DEFAULT_COPY_RATE
+
+
 @dataclass(frozen=True)
 class Elastic:
     """`pools.ROLE.elastic: {min: 2, max: 4}`: the pool's nodes under torchrun's c10d

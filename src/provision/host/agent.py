@@ -347,8 +347,8 @@ def _after_write(req: P.WriteRequest, errors: list[str]) -> None:
     if req.reset_failed:
         run(["systemctl", "reset-failed", "--"] + req.reset_failed)
     marks = (layout.lifecycle_path(req.job), layout.resume_env_path(req.job))
-    if req.clear_lifecycle and any(map(os.path.lexists, marks)):  # a preempted job's start resumes
-        lazy("preempt").clear_lifecycle(req.job)
+    if req.clear_lifecycle and ((req.run or {}).get("resume") or any(map(os.path.lexists, marks))):  # it resumes
+        lazy("preempt").clear_lifecycle(req.job, bool((req.run or {}).get("resume")))  # a recovery's: anywhere
     if req.run:  # stamped with the host's clock, the one its journal uses
         runs = layout.with_run(read_json(layout.runs_path(req.job)), req.run, time.time())
         atomic_write(layout.runs_path(req.job), json.dumps(runs).encode(), 0o600, [])

@@ -51,6 +51,34 @@ def state_dir(job: str) -> str:
     return VAR + "/" + job
 
 
+def checkpoint_copy_dir(job: str) -> str:
+    """A peer's copy of the job's newest checkpoint (`checkpoint: {copy: peer}`): removed
+    with the job's records by destroy."""
+    return state_dir(job) + "/checkpoint-copy"
+
+
+# The host's side of the checkpoint copy (run/checkpoints.py). On a peer: sh -c
+# CHECKPOINT_KEEP_SH x DIR NAME KEEP, a tar on stdin: unpacked beside (a hidden name),
+# renamed to NAME once whole; the copies but NAME and KEEP (the one the controller's record
+# still names) removed. Into a checkpoint directory (after outdirs.read_prefix made it the
+# working directory): put_sh(UNPACK), UNPACK filling "$w": unpacked beside under a hidden
+# name (the trainer never takes one), then each entry renamed into place.
+CHECKPOINT_KEEP_SH = (
+    'd=$1; n=$2; k=$3; mkdir -p -m 0700 -- "$d" && cd -P -- "$d" && w=.new-$$ && rm -rf -- "$w" && '
+    'mkdir -m 0700 -- "$w" && tar -xf - -C "$w" --no-same-owner --no-same-permissions && '
+    'rm -rf -- "$n" && mv -- "$w" "$n" && for e in c-*; do [ "$e" = "$n" ] || [ "$e" = "$k" ] || rm -rf -- "$e"; done'
+)
+UNPACK_STDIN = 'tar -xf - -C "$w" --no-same-owner --no-same-permissions'
+
+
+def put_sh(unpack: str) -> str:
+    return (
+        'w=.provision-restore-$$; rm -rf -- "$w"; { mkdir -m 0700 -- "$w" && ' + unpack + "; } || "
+        '{ rm -rf -- "$w"; exit 1; }; for e in "$w"/* "$w"/.[!.]*; do [ -e "$e" ] || continue; '
+        'rm -rf -- "./${e##*/}"; mv -f -- "$e" . || exit 1; done; rm -rf -- "$w"'
+    )
+
+
 def manifest_path(job: str) -> str:
     return job_dir(job) + "/manifest.json"
 

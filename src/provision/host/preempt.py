@@ -173,12 +173,13 @@ def op_preempt(req: P.PreemptRequest) -> P.PreemptReport:
     return P.PreemptReport(errors, "", mark["deadline"], grace, list(entry.get("gpus") or []))
 
 
-def clear_lifecycle(job: str) -> None:
+def clear_lifecycle(job: str, resume: bool = False) -> None:
     """A start of the job clears its end marker (agent._after_write); when that marker says
-    Preempted, this run resumes: its units read PROVISION_RESUME=1 (resume_env_path).
+    Preempted (or `resume`: a recovery's run, on a host new to the job that no stop marked),
+    this run resumes: its units read PROVISION_RESUME=1 (resume_env_path).
     Any other start is a fresh run: no resume file, no deadline."""
     marker = read_json(layout.lifecycle_path(job))
-    resumes = isinstance(marker, dict) and marker.get("phase") == PREEMPT_PHASE
+    resumes = resume or (isinstance(marker, dict) and marker.get("phase") == PREEMPT_PHASE)
     gone = [layout.lifecycle_path(job), layout.preempt_at_path(job)]
     for path in gone + ([] if resumes else [layout.resume_env_path(job)]):
         try:

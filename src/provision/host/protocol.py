@@ -206,7 +206,7 @@ class WriteRequest:
     clear_lifecycle: bool = False
     manifest: str = ""  # base64
     reserve: Reservation | None = None  # first of all; on a conflict nothing is written
-    run: dict[str, Any] | None = None  # {"run", "by"}: this apply starts run N (core/runs.py)
+    run: dict[str, Any] | None = None  # {"run", "by", "resume"?}: this apply starts run N (core/runs.py)
     # Pushed files the plan found shared with another job (same bytes), so not sent: still
     # there after the pending manifest names them, or a conflict (the other job left: plan again).
     expect: list[str] = field(default_factory=list)

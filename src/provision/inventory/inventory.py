@@ -509,6 +509,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
     tune, scheduling = parse_tune(c, top.get("tune"), job), sched.scheduling(c, top)
     progress, recovery = rec.progress(c, top.get("progress")), rec.recovery(c, top.get("recovery"))
     spares = rec.spares(c, top.get("spares"), hosts, pools)
+    checkpoint = rec.checkpoint(c, top.get("checkpoint"), outputs, recovery)
     preference = placementspec.placement(c, top.get("placement"), hosts)
     for where, s in (
         [(("setup",), setup)] + [(("pools", p.role, "setup"), p.setup) for p in pools] if files_here else []
@@ -546,6 +547,7 @@ def parse(text: str, path: Path, display: str | None = None, *, files_here: bool
         progress=progress,
         recovery=recovery,
         spares=spares,
+        checkpoint=checkpoint,
         placement=preference,
     )
     _check_capacity(inv, c)

@@ -10,9 +10,13 @@ from typing import Any
 
 from provision.core.model import Host, Pool
 from provision.core.recovery import (
+    DEFAULT_COPY_MAX,
+    DEFAULT_COPY_RATE,
     DEFAULT_MAX,
     DEFAULT_WINDOW_S,
     ROUND_S,
+    CheckpointSpec,
+    CopyTo,
     Elastic,
     ProgressSpec,
     RecoverySpec,
@@ -20,9 +24,22 @@ from provision.core.recovery import (
 from provision.inventory.scheduling import duration_s
 from provision.inventory.yamldoc import Checker, KeyPath, show_value
 
-KEYS = ("progress", "recovery", "spares")
+KEYS = ("progress", "recovery", "spares", "checkpoint")
 MAX_RECOVERIES = 1000
 MAX_TIMEOUT_S = 7 * 24 * 3600
+SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKMGT]i?B|B)?$")
+UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+}
+MAX_COPY_BYTES = 1 << 40
 # The programs that are torchrun: its own name, or Python running its module.
 TORCHRUN = re.compile(r"(^|/)torchrun$")
 
@@ -149,3 +166,57 @@ def torchrun(command: Sequence[str]) -> bool:
             "torch.distributed.run",
         ]
     )
+
+
+def size_bytes(value: Any) -> int | None:
+    """`2GiB`, `500MB`, `1048576`: bytes (None: not a size)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    m = SIZE.match(str(value).strip())
+    if m is None:
+        return None
+    n = int(float(m.group(1)) * UNITS[(m.group(2) or "B").replace("k", "K")])
+    return n if n > 0 else None
+
+
+def checkpoint(c: Checker, value: Any, outputs: str | None, rec: RecoverySpec | None) -> CheckpointSpec | None:
+    """`checkpoint: {copy: controller | peer | shared | none, max_size: 2GiB, bandwidth: 20MB/s}`:
+    where the newest complete checkpoint is kept off its host (docs/recovery.md). A job with
+    `recovery:` and `outputs:` has it copied to the controller unless it says otherwise."""
+    path = ("checkpoint",)
+    if value is None:
+        return CheckpointSpec() if rec is not None and outputs is not None else None
+    m = c.mapping(value, path)
+    if m is None:
+        return None
+    c.keys(m, path, ("copy", "max_size", "bandwidth"))
+    copy = c.choice(m.get("copy", CopyTo.CONTROLLER.value), path + ("copy",), tuple(k.value for k in CopyTo))
+    most = DEFAULT_COPY_MAX
+    if "max_size" in m:
+        n = size_bytes(m["max_size"])
+        if n is None or n > MAX_COPY_BYTES:
+            c.add(
+                path + ("max_size",),
+                f"expected a size up to 1TiB (2GiB, 500MB, bytes), got {show_value(m['max_size'])}",
+            )
+        else:
+            most = n
+    rate = DEFAULT_COPY_RATE
+    if "bandwidth" in m:
+        raw = m["bandwidth"]
+        n = size_bytes(raw[:-2] if isinstance(raw, str) and raw.endswith("/s") else raw)
+        if n is None or n < 1000:
+            c.add(
+                path + ("bandwidth",),
+                f"expected bytes a second of at least 1kB/s (20MB/s, 1MiB/s), got {show_value(raw)}",
+            )
+        else:
+            rate = n
+    if copy is None:
+        return None
+    if outputs is None and copy in (CopyTo.CONTROLLER.value, CopyTo.PEER.value):
+        c.add(path + ("copy",), "copies AIP_CHECKPOINT_DIR, which is below `outputs:`: the job has none")
+        return None
+    return CheckpointSpec(CopyTo(copy), most, rate)

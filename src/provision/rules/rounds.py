@@ -17,7 +17,7 @@ from typing import Any
 
 from provision.core import runs
 from provision.core.devsession import logins_of
-from provision.core.recovery import ProgressSpec, RecoveryRecord, RecoverySpec
+from provision.core.recovery import CheckpointSpec, ProgressSpec, RecoveryRecord, RecoverySpec
 from provision.host.protocol import ProbeReport
 from provision.rules import health as hl
 from provision.rules.jobsdoc import JobsDoc
@@ -113,6 +113,7 @@ class JobWatch:
     aside: tuple[str, ...] = ()
     record: RecoveryRecord = RecoveryRecord()  # its recoveries, as its state had them
     elastic: str = ""  # its elastic pool's role (`elastic:`), if any: a lost worker is a scale-up
+    checkpoint: CheckpointSpec | None = None  # its checkpoint copied off its host (rules/checkpoints.py)
 
 
 def unreachable(name: str, gpus: int, why: str) -> HostSeen:

@@ -32,6 +32,7 @@ from provision.host import layout
 from provision.host.protocol import ProbeReport
 from provision.placement.tasks import PlacedTask
 from provision.rules import preempted
+from provision.rules.checkpoints import CopyJson
 from provision.rules.health import task_notes
 from provision.rules.historyview import HistoryRowJson
 from provision.rules.jobsdoc import JobHostJson
@@ -76,6 +77,7 @@ class StatusJson(TypedDict):
     broke: NotRequired[str]
     recovery: NotRequired[RecoveryJson]
     goodput: NotRequired[GoodputJson]
+    checkpoint_copy: NotRequired[CopyJson]  # its newest checkpoint kept off its host (rules/checkpoints.py)
 
 
 class JobDoc(StatusJson):
@@ -154,6 +156,7 @@ class JobStatus:
     broke: str = ""
     recovery: RecoveryRecord | None = None
     goodput: GoodputJson | None = None  # core/recovery.goodput
+    checkpoint_copy: CopyJson | None = None  # rules/checkpoints.view
     # What the hosts' health says of the GPUs its tasks run on (rules/health.task_notes).
     health: tuple[str, ...] = ()
 
@@ -167,6 +170,8 @@ class JobStatus:
             out["recovery"] = self.recovery.to_json()
         if self.goodput is not None:
             out["goodput"] = self.goodput
+        if self.checkpoint_copy is not None:
+            out["checkpoint_copy"] = self.checkpoint_copy
         return out
 
     def _json(self) -> StatusJson:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from provision.core.lifecycle import needs_reset_failed, never_loaded, phases, start_failure, started_ok
 from provision.core.records import HostRecord
+from provision.core.recovery import Stage
 from provision.core.target import HostError, Target
 from provision.core.text import duration
 from provision.host.protocol import (
@@ -147,6 +148,9 @@ class _Apply:
         self.lost: set[str] = set()  # hosts where another job's reservation won the race
         self.setup_lines: Callable[[str, str], None] | None = None
         self.run_number = plan.new_run()  # recorded on the hosts that start tasks (core/runs.py)
+        # A recovery placing the job again (run/recover.py): every host it starts resumes.
+        inc = ctx.state.recovery.open
+        self._recovering = inc is not None and inc.stage is Stage.PLACING
         self._lock = threading.Lock()
         # A first apply planned without a probe (run/firstapply.py): each host's guard goes
         # first in its write's batch; a host that refuses is left to the caller, with why.
@@ -333,7 +337,7 @@ class _Apply:
             reserve=hp.reserve,
             expect=[path for path, _ in hp.shared],
             outputs=output_dirs(self.ctx.inventory),
-            run={"run": self.run_number, "by": self.ctx.owner.who}
+            run={"run": self.run_number, "by": self.ctx.owner.who} | ({"resume": True} if self._recovering else {})
             if self.run_number is not None and hp.starts()
             else None,
         )

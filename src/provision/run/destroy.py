@@ -21,6 +21,7 @@ from provision.rules.plan import Plan
 from provision.rules.planner import Tenancy, make_destroy_plan
 from provision.rules.tenancy import holders
 from provision.run.apply import HostOutcome
+from provision.run.checkpoints import forget_copy
 from provision.run.context import (
     Ask,
     Context,
@@ -96,6 +97,8 @@ def destroy(  # noqa: C901  destroy's steps in order (stop by phase, remove, ima
             progress(f"{t.name}: removed image{'s' if len(refs) != 1 else ''} {', '.join(refs)}")
 
         run_step(ctx.session, Step.REMOVE, rm_images, [ctx.targets[n] for n in removed.ok])
+    if not ctx.subset and all(o.error is None for o in outcomes.values()):  # its checkpoint copy goes too
+        forget_copy(ctx.inventory.path, ctx.inventory.job)
     # Hosts with nothing left are forgotten, so a second destroy is a clean no-op.
     with ctx.state.deferred():
         for h in plan.hosts:

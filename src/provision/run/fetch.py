@@ -180,11 +180,25 @@ def _clear(dest: Path) -> None:
             raise ProvisionError(f"{path}: cannot remove what an earlier fetch left: {e.strerror or e}") from None
 
 
+# The host's side of a background copy: the lowest CPU and I/O priority (ionice where the
+# host has it), so the copy never slows the training.
+LOW = "nice -n 19 $(command -v ionice >/dev/null 2>&1 && echo ionice -c 3) "
+
+
 def transfer(
-    session: Downloader, target: Target, base: str, where: str, todo: list[Remote], dest: Path, progress: Progress
+    session: Downloader,
+    target: Target,
+    base: str,
+    where: str,
+    todo: list[Remote],
+    dest: Path,
+    progress: Progress,
+    *,
+    rate: int | None = None,
 ) -> None:
     """One tar of `todo`, checked as it arrives and unpacked into a private directory in
-    dest (claimed), then moved into place once all of it is in."""
+    dest (claimed), then moved into place once all of it is in. `rate`: a background copy's
+    (run/checkpoints.py): bytes a second, read no faster (SSH's window holds tar back)."""
     announced = {r.path: r.size for r in todo}
     total = sum(announced.values())
     _check_room(dest, announced, where)
@@ -204,14 +218,14 @@ def transfer(
             except Refused as e:
                 raise ProvisionError(f"{where}: {e}: nothing fetched") from None
             writer.take(events)
+            if rate:
+                time.sleep(max(0.0, stream.got / rate - (time.monotonic() - began)))
             if time.monotonic() - last >= 2:
                 last = time.monotonic()
                 progress(f"{where}: {_mb(stream.got)} of about {_mb(total)}")
 
         names = b"\0".join(r.path.encode("utf-8", "surrogateescape") for r in todo) + b"\0"
-        # In the directory read_prefix checked (host/outdirs.py): never through a link to root's files.
-        cmd = "sh -c " + shlex.quote(outdirs.read_prefix(base) + "exec tar --format=gnu --null -T - -cf -")
-        res = session.download(target, cmd, sink, stdin=names)
+        res = session.download(target, _tar_command(base, rate), sink, stdin=names)
         if res.exit_status != 0:
             raise ProvisionError(f"{where}: tar exited {res.exit_status}: {_one_line(res.stderr)}: nothing fetched")
         try:
@@ -228,6 +242,13 @@ def transfer(
     finally:
         writer.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _tar_command(base: str, rate: int | None) -> str:
+    """tar of the names on stdin, in the directory read_prefix checked (host/outdirs.py):
+    never through a link to root's files; a background copy's at the lowest priority."""
+    tar = (LOW if rate else "") + "tar --format=gnu --null -T - -cf -"
+    return "sh -c " + shlex.quote(outdirs.read_prefix(base) + "exec " + tar)
 
 
 class _Writer:

@@ -30,6 +30,8 @@ from provision.host.protocol import UnitsReport, UnitsRequest
 from provision.io.journal import last_lines, setup_last_lines
 from provision.io.ssh import call_agent
 from provision.io.steps import Step, run_step
+from provision.rules.checkpoints import copying
+from provision.rules.checkpoints import view as ck_view
 from provision.rules.gpuuse import with_task_util
 from provision.rules.health import of_report
 from provision.rules.progress import seen as progress_seen
@@ -37,6 +39,7 @@ from provision.rules.progress import watched
 from provision.rules.recovery import awaits, judged
 from provision.rules.status import JobStatus, job_status, left_behind, needs_lines, with_lines
 from provision.rules.tenancy import holders, owner_problem
+from provision.run.checkpoints import copy_dir, read_record
 from provision.run.context import Ask, Context, probe
 from provision.run.victim import preempt_whole
 
@@ -64,7 +67,12 @@ def _status(ctx: Context, *, util: bool = True) -> tuple[JobStatus, list[str], s
         paths = {h: watched(inv, [t.name for t in ctx.rendered.placement.on_host(h)]) for h in hosts}
         now = time.time()
         healths = {h: of_report(r) for h, r in answered.items()}
-        st = judged(inv, st, progress_seen(paths, answered, now), ctx.state.recovery, now, healths)
+        seen = progress_seen(paths, answered, now)
+        st = judged(inv, st, seen, ctx.state.recovery, now, healths)
+        if copying(inv) is not None:  # its newest checkpoint kept off its host, and how far behind
+            st = dataclasses.replace(
+                st, checkpoint_copy=ck_view(read_record(copy_dir(inv.path, inv.job)), seen.checkpoint)
+            )
     st = with_task_util(st, answered) if util else st
     behind, running = [], set()
     for n in sorted(left):

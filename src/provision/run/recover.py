@@ -39,6 +39,7 @@ from provision.io.ssh import call_agent
 from provision.placement.tasks import set_aside
 from provision.render.files import render
 from provision.rules import health as hl
+from provision.rules.checkpoints import copying, saving_task
 from provision.rules.health import Change, State, of_report
 from provision.rules.progress import seen as progress_seen
 from provision.rules.progress import watched
@@ -54,6 +55,7 @@ from provision.rules.recovery import (
 )
 from provision.rules.status import job_status
 from provision.run.apply import apply_plan
+from provision.run.checkpoints import copy_job, put_back
 from provision.run.context import Ask, Context, probe
 from provision.run.health import look as health_look
 from provision.run.health import send as send_health
@@ -202,10 +204,31 @@ def recover(ctx: Context, v: Verdict, say: Say, away: set[str] | None = None, *,
     if inc.stage is Stage.STOPPING:
         inc = _stop(ctx, inc, away, say)
     if inc.stage is Stage.PLACING:
+        before = {t.name: t.host.name for t in ctx.rendered.placement.tasks}
         _set_aside(ctx, inc, say)
+        _checkpoint_moves(ctx, before, away, say)
         if start:
             inc = _start(ctx, inc, say)
     return inc
+
+
+def _checkpoint_moves(ctx: Context, before: dict[str, str], away: set[str], say: Say) -> None:
+    """The resumed run finds its checkpoint where it expects it: when the saving rank
+    moves, the newest copy off its old host (brought up to date first where that host still
+    answers: its tasks saved one when stopped) is put into its new host's
+    AIP_CHECKPOINT_DIR before the job starts (run/checkpoints.py)."""
+    if copying(ctx.inventory) is None:
+        return
+    now = {t.name: t.host.name for t in ctx.rendered.placement.tasks}
+    task = saving_task(now)
+    if task is None or before.get(task) in (None, now[task]):
+        return
+    if before[task] not in away and before[task] in ctx.targets:
+        try:
+            copy_job(ctx, before, say, time.time())
+        except (ProvisionError, HostError) as e:
+            say(f"checkpoint copy from {before[task]}: {e.message} (the last copy is put back)")
+    put_back(ctx, now, sorted(set(ctx.targets) - away), say)
 
 
 def _stop(ctx: Context, inc: Incident, away: set[str], say: Say) -> Incident:

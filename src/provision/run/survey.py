@@ -199,7 +199,17 @@ def _watched(found: Found, contexts: Contexts) -> dict[str, tuple[Paths, JobWatc
             record = ctx.state.recovery
         out[job] = (
             {h: ws for h, ws in paths.items() if ws},
-            JobWatch(path, inv.progress, inv.recovery, tasks, ProgressSeen(), record.aside, record, _elastic(inv)),
+            JobWatch(
+                path,
+                inv.progress,
+                inv.recovery,
+                tasks,
+                ProgressSeen(),
+                record.aside,
+                record,
+                elastic=_elastic(inv),
+                checkpoint=inv.checkpoint,
+            ),  # fmt: skip
         )
     return out
 
