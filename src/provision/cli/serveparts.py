@@ -60,7 +60,9 @@ def parts(
     # Jobs with progress: or recovery: (serve/recovery.py), after the health keeper: a
     # quarantine this round makes is in place before a recovery places the job again.
     recoveries = Recoverer(side, say, contexts, wake=lambda: _wake(deliveries))
-    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries], leading, say)
+    # The health keeper first: a fatal Xid's quarantine and its event wait for no other
+    # subscriber's work (the samples', the stream's) in the round that read it.
+    rounds = Rounds(known.read, contexts, [health, gpus, made, dev, recoveries], leading, say)
     source = ServiceSource(
         side,
         work_root(store),
