@@ -244,7 +244,13 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         time.sleep(12)  # the first round at the fast rate
-        looked = measure(rep, "the same, /metrics scraped every 15 s (rounds every 10 s)", svc, args.seconds, ports)
+        looked = measure(
+            rep,
+            "the same, /metrics scraped every 15 s (rounds every 10 s, every 5 s while a job holds a GPU)",
+            svc,
+            args.seconds,
+            ports,
+        )
         scraping.set()
         pids = tree(svc.p.pid)
         main_rss = rss_mib(svc.p.pid)
