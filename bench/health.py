@@ -13,8 +13,8 @@
         a healthy cluster watched by the service (a page looking, a GPU held on each host:
         rounds every 5 s): no false quarantine, no suspect, no incident.
 
-The idle service's CPU with and without the health read is bench/serve_idle.py run at the
-commit before it and at this one (bench/results/*-health-serve-idle-*.txt).
+The idle service's CPU with and without the health read is bench/serve_idle.py
+--health-abba ROUNDS (A B B A in one sitting; bench/results/*-health-serve-idle-*.txt).
 
 Each writes bench/results/<date>-health-<what>.txt. The service runs with its embedded
 database, a page looking (a client reads /api/v1/hosts every 5 s): rounds every 10 s, every
