@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,39 @@ def measure(rep: Report, what: str, svc: Serve, seconds: float, ports: set[int])
     return s
 
 
+def round_times(db: Path) -> list[float]:
+    with sqlite3.connect(db, timeout=30) as c:
+        return [float(r[0]) for r in c.execute("SELECT DISTINCT t FROM provision_service_gpu_samples ORDER BY t")]
+
+
+def health_abba(
+    rep: Report, svc: Serve, tmp: Path, env: dict[str, str], port: int, ports: set[int], rounds: int
+) -> Serve:
+    """The idle service with its health read and without, A B B A, in one sitting: each a
+    service started again on the same database (it watches the same jobs), measured from
+    the middle of a quiet gap over `rounds` whole rounds (every QUIET_EVERY s)."""
+    db = Path(env["PROVISION_SERVICE_DB"])
+    share: dict[bool, list[float]] = {True: [], False: []}
+    for on in (True, False, False, True):
+        svc.stop()
+        svc = Serve(tmp / "serve", {**env, "PROVISION_BENCH_NO_HEALTH": "" if on else "1"},
+                    ("--listen", f"127.0.0.1:{port}"))  # fmt: skip
+        svc.wait_for("leading", 60)
+        before = len(round_times(db))
+        end = time.monotonic() + 300
+        while len(round_times(db)) < before + 1 and time.monotonic() < end:  # its first round (connecting)
+            time.sleep(1)
+        time.sleep(max(0.0, round_times(db)[-1] + 30.0 - time.time()))  # the middle of the gap
+        what = "with the health read" if on else "without it (PROVISION_BENCH_NO_HEALTH=1)"
+        m = measure(rep, f"  {'A' if on else 'B'}: {what}, {rounds} rounds", svc, rounds * 60.0, ports)
+        share[on].append(m.cpu_share())
+    a, b = statistics.mean(share[True]), statistics.mean(share[False])
+    rep.say(f"health read on: {', '.join(f'{100 * x:.2f}' for x in share[True])} % of a core (mean {100 * a:.2f} %); "
+            f"off: {', '.join(f'{100 * x:.2f}' for x in share[False])} % (mean {100 * b:.2f} %)")  # fmt: skip
+    rep.verdict("the health read adds <= 10 % to the idle service's CPU", f"+{100 * (a - b) / b:.1f} %", a <= 1.1 * b)
+    return svc
+
+
 def main() -> int:  # noqa: C901  one bench's steps in order, each with its report lines
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, default=128)
@@ -132,6 +166,14 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     ap.add_argument("--sandbox", help="a running sandbox's name (else one is started and removed)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--name", default="2026-11-27-issue40-serve-idle")
+    ap.add_argument(
+        "--health-abba",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="then the service restarted 4 times, A B B A: with the health read, without it "
+        "(PROVISION_BENCH_NO_HEALTH=1), without, with; each measured over ROUNDS whole rounds",
+    )
     args = ap.parse_args()
     rep = Report(args.name, f"the service watching {args.hosts} sandbox hosts and {args.jobs} idle jobs")
     t = time.monotonic()
@@ -164,7 +206,8 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     try:
         svc.wait_for("leading", 60)
         time.sleep(5)
-        measure(rep, "the service alone (nothing handed over)", svc, 60.0, ports)
+        if not args.health_abba:
+            measure(rep, "the service alone (nothing handed over)", svc, 60.0, ports)
         t = time.monotonic()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda p: submit(p, env), invs))
@@ -185,6 +228,8 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
                     rep.say(f"  failed: {job}: {why}")
         time.sleep(20)  # the applies' aftermath (workers' first looks) settles
         s = measure(rep, f"the service watching {runs} idle jobs on {len(hosts)} hosts", svc, args.seconds, ports)
+        if args.health_abba:
+            svc = health_abba(rep, svc, tmp, env, port, ports, args.health_abba)
         # Someone looks: /metrics scraped every 15 s (the last round's samples, no probe of its
         # own), so the rounds come every 10 s instead of every minute (serve/gpusample.round_every).
         scraping = threading.Event()
@@ -199,7 +244,13 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         time.sleep(12)  # the first round at the fast rate
-        looked = measure(rep, "the same, /metrics scraped every 15 s (rounds every 10 s)", svc, args.seconds, ports)
+        looked = measure(
+            rep,
+            "the same, /metrics scraped every 15 s (rounds every 10 s, every 5 s while a job holds a GPU)",
+            svc,
+            args.seconds,
+            ports,
+        )
         scraping.set()
         pids = tree(svc.p.pid)
         main_rss = rss_mib(svc.p.pid)

@@ -21,6 +21,7 @@ from provision.io.servicestore import ServiceStore
 from provision.rules.rounds import Round
 from provision.run.survey import Inventories, KeptContexts
 from provision.serve.gpusample import (
+    HELD_EVERY,
     IDLE_WINDOW_ENV,
     LOOKING_S,
     QUIET_EVERY,
@@ -346,18 +347,39 @@ def test_metrics_gpu_gauges_come_from_the_latest_round(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("looked_ago", "busy", "every"),
+    ("looked_ago", "busy", "held", "every"),
     [
-        (5.0, False, SAMPLE_EVERY),  # a page read the samples just now
-        (LOOKING_S - 1, False, SAMPLE_EVERY),
-        (LOOKING_S + 1, False, QUIET_EVERY),  # nobody looks, nothing changes
-        (math.inf, True, SAMPLE_EVERY),  # a job ending, preempted or new to the watch
+        (5.0, False, False, SAMPLE_EVERY),  # a page read the samples just now
+        (LOOKING_S - 1, False, False, SAMPLE_EVERY),
+        (LOOKING_S + 1, False, False, QUIET_EVERY),  # nobody looks, nothing changes
+        (math.inf, True, False, SAMPLE_EVERY),  # a job ending, preempted or new to the watch
+        (5.0, False, True, HELD_EVERY),  # ... and a job holds a GPU: an Xid told within 10 s
+        (math.inf, True, True, HELD_EVERY),
+        (LOOKING_S + 1, False, True, QUIET_EVERY),  # held, but nobody looks and nothing changes
     ],
 )
 def test_rounds_come_every_10_s_while_looked_at_or_changing_else_every_minute(
-    looked_ago: float, busy: bool, every: float
+    looked_ago: float, busy: bool, held: bool, every: float
 ) -> None:
-    assert round_every(looked_ago, busy) == every
+    assert round_every(looked_ago, busy, held) == every
+    assert HELD_EVERY < SAMPLE_EVERY and 10.0 - HELD_EVERY >= 4.0  # the round's own time fits beside the wait
+
+
+def test_a_round_that_saw_a_gpu_held_brings_the_held_pace(tmp_path: Path) -> None:
+    from provision.rules.rounds import HostSeen
+    from provision.rules.tenancy import Hold, Holder, HostView
+
+    store = ServiceStore.open_local(tmp_path / "s.sqlite")
+    held = HostView("gpu-1", 2, (Holder("gpu-1", "bert", None, (1,), (), 1.0, Hold.RUNNING, "t"),))
+    free = HostView("gpu-1", 2)
+    rounds, _ = _rounds(store, [DOC, DOC], [])
+    looks = iter([{"gpu-1": HostSeen(held)}, {"gpu-1": HostSeen(free)}])
+    rounds.survey = lambda found, contexts, n: Round(n, time.time(), next(looks), DOC)
+    rounds.look()  # a page reads
+    rounds.round()
+    assert rounds.every() == HELD_EVERY
+    rounds.round()
+    assert rounds.every() == SAMPLE_EVERY
 
 
 def test_the_rounds_ask_their_period_again_every_second(tmp_path: Path) -> None:

@@ -476,3 +476,12 @@ def test_a_bad_health_policy_is_one_line_naming_the_place(text, want):
     with pytest.raises(ValidationError) as e:
         parse(text, "p.yaml")
     assert len(e.value.problems) == 1 and e.value.problems[0].startswith(want), e.value.problems
+
+
+def test_the_bench_knob_leaves_the_health_read_out_of_the_survey_and_only_it() -> None:
+    """What the read costs the idle service is measured with it and without (bench/serve_idle.py)."""
+    code = "from provision.run.survey import SURVEY_ASK as a; print(a.health, a.tenancy, a.gpu_apps, a.logins)"
+    for value, want in (("1", "False True True True"), ("", "True True True True")):
+        env = {**os.environ, "PROVISION_BENCH_NO_HEALTH": value}
+        got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert got.stdout.split() == want.split()

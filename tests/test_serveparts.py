@@ -24,6 +24,9 @@ def test_every_subscriber_and_delivery_is_wired(tmp_path, monkeypatch):
     try:
         subs = {type(s) for s in got.rounds.subscribers}
         assert subs == {GpuRecorder, EventMaker, HealthKeeper, DevReaper, Recoverer, CheckpointKeeper}
+        order = [type(s) for s in got.rounds.subscribers]
+        # A quarantine waits for no other subscriber's work, and is in place before a recovery.
+        assert order[0] is HealthKeeper and order.index(HealthKeeper) < order.index(Recoverer)
         handlers = {type(d.handler) for d in got.deliveries if isinstance(d, Delivery)}
         assert handlers == {HistoryWriter, LogKeeper}
         assert any(isinstance(d, Notifications) for d in got.deliveries)

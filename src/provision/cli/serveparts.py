@@ -62,7 +62,9 @@ def parts(
     # quarantine this round makes is in place before a recovery places the job again.
     recoveries = Recoverer(side, say, contexts, wake=lambda: _wake(deliveries))
     copies = CheckpointKeeper(side, say)  # each watched job's newest checkpoint kept off its host
-    rounds = Rounds(known.read, contexts, [gpus, made, health, dev, recoveries, copies], leading, say)
+    # The health keeper first: a fatal Xid's quarantine and its event wait for no other
+    # subscriber's work (the samples', the stream's) in the round that read it.
+    rounds = Rounds(known.read, contexts, [health, gpus, made, dev, recoveries, copies], leading, say)
     source = ServiceSource(
         side,
         work_root(store),

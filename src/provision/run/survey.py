@@ -41,7 +41,16 @@ Contexts = Callable[[str, str], AbstractContextManager[Context]]
 
 # What a survey asks each host: the ledger (who holds what), what its GPUs do, their
 # health (rules/health.py), and who is logged in to its dev sessions.
-SURVEY_ASK = Ask(facts="check", files=False, tenancy=True, gpu_apps=True, health=True, logins=True)
+# A bench knob, not a setting: PROVISION_BENCH_NO_HEALTH=1 leaves the health read out (what
+# the read costs the idle service, measured with it and without; docs/health.md names it).
+SURVEY_ASK = Ask(
+    facts="check",
+    files=False,
+    tenancy=True,
+    gpu_apps=True,
+    health=os.environ.get("PROVISION_BENCH_NO_HEALTH") != "1",
+    logins=True,
+)
 
 
 def stamp(path: str) -> Stamp:

@@ -22,6 +22,10 @@ SAMPLE_EVERY = 10.0  # seconds between rounds while someone looks or something c
 # ... and while nobody does: a round per host costs the service ~10 ms of CPU (paramiko), so
 # 128 hosts every 10 s would be 13 % of a core for samples nobody reads (< 5 %).
 QUIET_EVERY = 60.0
+# ... and while a GPU is held at that pace: a fatal Xid read at a round, acted on in it, must be
+# told within 10 s of the kernel's line, so the wait for the next round (up to a period) and the
+# round's own time (the probe of every host, the health keeper's one call to the host) fit.
+HELD_EVERY = 5.0
 LOOKING_S = 120.0  # seconds after a page (or /metrics) read the samples that it counts as looked at
 HISTORY_POINTS = 120  # a GPU's last hour as the Cluster page draws it: a point per round while it has
 # this many samples or fewer (a fresh service draws at once), a point per few rounds beyond.
@@ -187,11 +191,14 @@ def idle_of(runs: Iterable[tuple[str, int, str, str | None, float]], now: float,
     ]
 
 
-def round_every(looked_ago: float, busy: bool) -> float:
+def round_every(looked_ago: float, busy: bool, held: bool = False) -> float:
     """Seconds from one round to the next: SAMPLE_EVERY while pages read the samples or the
     last round saw work that changes (a job not simply running: ending, preempted, new to
-    the watch), QUIET_EVERY otherwise (the pages probe for themselves when they come)."""
-    return SAMPLE_EVERY if busy or looked_ago < LOOKING_S else QUIET_EVERY
+    the watch), HELD_EVERY then if a job holds a GPU, QUIET_EVERY otherwise (the pages probe
+    for themselves when they come)."""
+    if busy or looked_ago < LOOKING_S:
+        return HELD_EVERY if held else SAMPLE_EVERY
+    return QUIET_EVERY
 
 
 def _libc_trim() -> Callable[[int], int] | None:

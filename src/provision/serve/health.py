@@ -1,6 +1,6 @@
 """The hosts' health, acted on: a subscriber of the service's rounds (serve/rounds.py).
 
-At each round, on the rounds' thread, after the events of the round are made:
+At each round, on the rounds' thread, its first subscriber (a quarantine waits for no other's work):
 1. each host that answered: its signals and marks (the round's health read, rules/rounds)
    judged (rules/health.decide: a fatal signal quarantines its GPU, a bad host drains...);
 2. the changes sent, one agent call per host that has any (run/health.send; the host

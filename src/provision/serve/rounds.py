@@ -24,6 +24,7 @@ from provision.core.errors import ProvisionError
 from provision.io.servicehistory import GPU_KEEP, GpuSample
 from provision.io.servicestore import ServiceStore
 from provision.rules.events import Seen, diff
+from provision.rules.health import holders_of
 from provision.rules.jobsdoc import GpuHistoryJson
 from provision.rules.rounds import Round
 from provision.rules.watch import QUIET
@@ -124,6 +125,7 @@ class Rounds:
         self.number = 0
         self.looked = -math.inf  # (monotonic) when a page last read the samples
         self.wanted = False  # something new is watched that no round has seen yet
+        self.held = False  # the last round saw a job holding a GPU
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.run, name="rounds", daemon=True)
         self._failing: dict[str, bool] = {}
@@ -150,7 +152,7 @@ class Rounds:
         due = any(
             getattr(s, "hurry", lambda: False)() for s in self.subscribers
         )  # an act due soon (a dev session's end)
-        return round_every(time.monotonic() - self.looked, changing or self.wanted or due)
+        return round_every(time.monotonic() - self.looked, changing or self.wanted or due, self.held)
 
     def run(self) -> None:
         last = -math.inf
@@ -181,6 +183,7 @@ class Rounds:
             return None
         self._ok("the hosts")
         self.wanted = False
+        self.held = any(holders_of(h.view) for h in r.hosts.values())
         for s in self.subscribers:
             try:
                 s.on_round(r)
