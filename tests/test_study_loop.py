@@ -839,7 +839,8 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
         threading.Timer(0.3, lambda: (proc.kill(), proc.wait())).start()
         threading.Timer(0.4, lambda: set_state("inactive")).start()
         said, took = run(10)
-        assert said == "ended inactive" and took < 2, (said, took)  # settled: its place is free
+        # Well before its 10 s: at once, with room for a loaded machine (2.6 s seen under load 40).
+        assert said == "ended inactive" and took < 6, (said, took)  # settled: its place is free
         assert settled_free(said)
     finally:
         proc.kill()
@@ -849,7 +850,7 @@ def test_the_host_side_wait_returns_when_a_process_ends_or_its_time_is_up(tmp_pa
     (tmp_path / "pid").write_text(str(proc.pid))
     threading.Timer(0.1, proc.wait).start()
     said, took = run(10)  # gone, its unit never settles (a restart pending): not a free place
-    assert said == "ended active" and not settled_free(said) and took < 2, (said, took)
+    assert said == "ended active" and not settled_free(said) and took < 6, (said, took)
     # Stopped by a preemption (its mark written before the stop): its GPUs are not free.
     (tmp_path / "preempt-at").write_text("1700000000.000\n")
     set_state("inactive")
