@@ -327,8 +327,8 @@ def test_large_cluster_is_fast():
 
     hosts = [host(i, 8) for i in range(1000)] + [host(2000 + i, None) for i in range(4)]
     inv = inventory(hosts, [pool("chief", 1, 8), pool("worker", 999, 8), pool("ps", 4)])
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     p = place(inv)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     assert len({t.host.name for t in p.tasks}) == 1004
     check_invariants(inv, p)
