@@ -273,8 +273,8 @@ def freeze(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], arg
         paused = False
         t1 = time.time()
         pat = "'^/usr/bin/python3 /opt/rec/train.py'"
-        gone = until(lambda: "none" in sh(sb, victim, f"pgrep -f {pat} || echo none"), 180, "the woken rank gone")
-        rep.say(f"freeze: {victim} woken: its old rank gone {time.time() - t1:.1f} s later ({gone.strip()})")
+        until(lambda: "none" in sh(sb, victim, f"pgrep -f {pat} || echo none"), 180, "the woken rank gone")
+        rep.say(f"freeze: {victim} woken: its old rank gone {time.time() - t1:.1f} s later")
         return ok
     finally:
         said(rep, svc, "freeze")
