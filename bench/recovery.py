@@ -20,6 +20,7 @@ Writes bench/results/<date>-recovery.txt, beside the anchors: Slurm's usual Slur
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import re
@@ -414,6 +415,10 @@ def soak(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         run = until(lambda: (job.status().get("run") or {}).get("number"), 120, "the run")
         until(lambda: timed_steps(sb, job), 300, "the first step")
         start, drops = time.time(), 0
+        if args.by:  # as long as asked, or shorter to end by then (its exact length is said)
+            hh, mm = (int(x) for x in args.by.split(":"))
+            end = calendar.timegm(time.gmtime()[:3] + (hh, mm, 0, 0, 0, 0))
+            args.soak = max(1.0, min(args.soak, (end - start - 30) / 60))
         while time.time() - start < args.soak * 60 - 5:
             time.sleep(max(0.0, start + drops * 60 - time.time()))
             sh(sb, victim, f"iptables -I {rule}")
@@ -449,6 +454,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0, help="goodput: the run's length")
     ap.add_argument("--every", type=float, default=120.0, help="goodput: seconds between two faults")
     ap.add_argument("--soak", type=float, default=30.0, help="soak: its minutes")
+    ap.add_argument("--by", help="soak: ended by HH:MM UTC, shorter if need be")
     ap.add_argument("--only", choices=tuple(MODES), action="append")
     ap.add_argument("--name")
     args = ap.parse_args()
