@@ -286,21 +286,18 @@ def freeze(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], arg
 
 
 def auto(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args: argparse.Namespace) -> bool:
-    """A rank SIGSTOPped under `progress: {timeout: auto}`, once the bound was learnt from
-    the job's own intervals (status's bound below AUTO_START_S)."""
+    """A rank SIGSTOPped under `progress: {timeout: auto}`, once the service could learn the
+    bound from the job's own intervals."""
     job = Job(sb, tmp, env, "bench-auto", args, gloo=600, progress={"timeout": "auto"})
     job.apply()
     victim = job.workers[-1]
     svc = serve(tmp, env, job)
     try:
-
-        def learnt() -> int:
-            b = int((job.status().get("progress") or {}).get("bound_seconds") or 600)
-            return b if b < 600 else 0
-
-        t_apply = time.time()
-        learnt_bound = until(learnt, 400, "auto's bound learnt", every=2.0)
-        rep.say(f"auto: bound learnt {time.time() - t_apply:.0f} s after the service started: {learnt_bound} s")
+        # the service learns the bound from the rounds' intervals (`status`, one look, says
+        # AUTO_START_S): a minute of steps gives it AUTO_SAMPLES and more; the incident's
+        # words say the bound it used
+        first = until(lambda: timed_steps(sb, job), 300, "the first step")[0][0]
+        time.sleep(max(0.0, first + 60 - time.time()))
         until(lambda: len(job.checkpoints()) >= 2, 300, "two checkpoints")
         before = job.incidents()
         t0 = time.time()
@@ -309,7 +306,9 @@ def auto(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         resumed = until(lambda: job.resumed()[before:], 120, "the chief to resume")[0]
         redone = job.redone(resumed, before)
         detect, again = inc["detected"] - t0, inc["running"] - inc["detected"]
-        rep.say(f"auto: a rank on {victim} SIGSTOPped; detected {detect:.1f} s after (bound learnt {learnt_bound} s), "
+        learnt_bound = re.search(r"bound (\d+) s", inc["words"])
+        rep.say(f"auto: a rank on {victim} SIGSTOPped {t0 - first:.0f} s after its first step; detected {detect:.1f} s "
+                f"after (the bound learnt: {learnt_bound.group(1) if learnt_bound else '?'} s), "
                 f"running again {again:.1f} s after detection, {redone} steps redone; incident: {inc['words']}")  # fmt: skip
         return rep_verdicts(rep, "auto", detect, 120.0, again, redone, args)
     finally:
