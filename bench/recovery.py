@@ -323,6 +323,14 @@ def timed_steps(sb: sandbox.Sandbox, job: Job) -> list[tuple[float, int]]:
     return [(float(t), int(n)) for t, n in re.findall(r"^(\d+\.\d+) .*?\] step (\d+) ", out, re.M)]
 
 
+def left(by: str | None) -> float:
+    """Seconds from now to HH:MM UTC today (--by), or a day without one."""
+    if not by:
+        return 86400.0
+    hh, mm = (int(x) for x in by.split(":"))
+    return calendar.timegm(time.gmtime()[:3] + (hh, mm, 0, 0, 0, 0)) - time.time()
+
+
 def nfaults(args: argparse.Namespace) -> int:
     """The faults of a goodput run: one every --every seconds, none at its end."""
     return int((args.minutes * 60 - 1) // args.every)
@@ -415,9 +423,7 @@ def soak(rep: Report, sb: sandbox.Sandbox, tmp: Path, env: dict[str, str], args:
         until(lambda: timed_steps(sb, job), 300, "the first step")
         start, drops = time.time(), 0
         if args.by:  # as long as asked, or shorter to end by then (its exact length is said)
-            hh, mm = (int(x) for x in args.by.split(":"))
-            end = calendar.timegm(time.gmtime()[:3] + (hh, mm, 0, 0, 0, 0))
-            args.soak = max(1.0, min(args.soak, (end - start - 30) / 60))
+            args.soak = max(1.0, min(args.soak, (left(args.by) - 30) / 60))
         while time.time() - start < args.soak * 60 - 5:
             time.sleep(max(0.0, start + drops * 60 - time.time()))
             sh(sb, victim, f"iptables -I {rule}")
@@ -469,6 +475,9 @@ def main() -> int:
     ok = True
     try:
         for group in groups:
+            if group == ["goodput"] and "soak" in modes and left(args.by) < args.minutes * 60 + 25 * 60:
+                print("goodput: skipped: no time for it and a 10-minute soak before --by", flush=True)
+                continue
             name = "recovery" + ("" if group == OLD else "-" + "-".join(group))
             rep = Report(args.name or time.strftime(f"%Y-%m-%d-{name}"), ", ".join(MODES[m] for m in group))
             spares = faults if group == ["goodput"] else args.spares
