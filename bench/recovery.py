@@ -1,9 +1,10 @@
 """A run that survives its hardware (docs/recovery.md), measured on sandbox hosts with a real
 torch DDP job on CPU over gloo (examples/recovery/train.py), a service watching it:
 
-    PYTHONPATH=$PWD/src python bench/recovery.py [--hosts 4] [--step 1] [--checkpoint 20] [--blinks 3]
+    PYTHONPATH=$PWD/src python bench/recovery.py [--hosts 4] [--spares 1] [--step 1] [--checkpoint 20]
+        [--blinks 3] [--only MODE ...] [--minutes 10] [--every 120] [--soak 30] [--by HH:MM]
 
-One job: its chief and workers on all hosts but the last, the last one a spare (`spares:`).
+One job: its chief and workers on --hosts hosts, the next --spares its spares (`spares:`).
 In turn, each with a fresh job, the service recovering it with no command typed:
 - kill: a worker's host killed (its container killed): the time from the kill to the
   service's detection, to the job running again on the spare, and the work redone (read
@@ -11,10 +12,21 @@ In turn, each with a fresh job, the service recovering it with no command typed:
   resumed from);
 - hang: a worker's rank SIGSTOPped (its collectives wait longer than the progress bound):
   the time to detection against its bound plus one round;
-- blink: a host's SSH dropped for 5 s, `--blinks` times, a round apart: no restart.
+- blink: a host's SSH dropped for 5 s, `--blinks` times, a round apart: no restart;
+- freeze: a worker's host frozen off the network (`docker pause`): as kill, and once woken
+  its old rank gone (the service stops it there);
+- auto: as hang under `progress: {timeout: auto}`, the rank stopped after a minute of
+  steps (the service has learnt the bound by then): detected within 2 minutes;
+- goodput: a run of --minutes with a fault every --every seconds (a rank SIGKILLed, a
+  worker's host killed, a rank SIGSTOPped, in turn; a spare for each, as each failed host is
+  set aside): provision's goodput (`status --json`) against the trainer's own step log
+  (its last step at its median step time, over the same wall time), every fault recovered;
+- soak: --soak minutes in which a worker's host drops port 22 (iptables) for 5 s every
+  minute: no restart, no break in the chief's step log (--by ends it sooner if need be).
 
-Writes bench/results/<date>-recovery.txt, beside the anchors: Slurm's usual SlurmdTimeout
-300 s, NCCL's watchdog 600 s, Ray's node death 15-65 s.
+Writes bench/results/<date>-recovery.txt (kill, hang, blink) and
+bench/results/<date>-recovery-<mode>.txt for each other mode, beside the anchors: Slurm's
+usual SlurmdTimeout 300 s, NCCL's watchdog 600 s, Ray's node death 15-65 s.
 """
 
 from __future__ import annotations
