@@ -268,6 +268,27 @@ def test_the_service_looks_every_round_while_a_job_is_watched():
     assert r.hurry()
 
 
+def test_a_round_that_began_before_a_recovery_ended_starts_no_other(monkeypatch):
+    # The round read the failed task's host before the recovery placed the job again and
+    # the others after it started the new run: what it saw is the failure just recovered.
+    import provision.serve.recovery as sr
+    from provision.rules.progress import Seen
+    from provision.rules.rounds import JobWatch, Round
+
+    acts: list[str] = []
+    r = sr.Recoverer(None, print)  # type: ignore[arg-type]
+    monkeypatch.setattr(sr, "troubled", lambda f, marked: True)
+    monkeypatch.setattr(r, "_act", lambda job, w, f: acts.append(job))
+    watch = {"j": JobWatch("j.yaml", None, RecoverySpec(), {}, Seen())}
+    r.acted["j"] = 1000.0  # its last recovery ended then
+    r.on_round(Round(7, 990.0, {}, {"hosts": {}, "jobs": []}, watch=watch))  # type: ignore[typeddict-item]
+    r.wait()
+    assert acts == []
+    r.on_round(Round(8, 1001.0, {}, {"hosts": {}, "jobs": []}, watch=watch))  # type: ignore[typeddict-item]
+    r.wait()
+    assert acts == ["j"]
+
+
 # --------------------------------------------------------------------------- goodput
 
 

@@ -58,6 +58,10 @@ class Recoverer:
         self.reported: set[tuple[str, float]] = set()  # hangs said (no recovery:): once each
         self.done: list[Incident] = []  # what it recovered (tests, the bench)
         self.scaled: list[dict[str, str]] = []  # the workers it placed again (task -> host)
+        # job -> when its last look closer ended: a round that began before it read some
+        # hosts before the recovery and some after (its old placement's failed task beside
+        # the new run), evidence of a failure already recovered
+        self.acted: dict[str, float] = {}
 
     def on_round(self, r: Round) -> None:
         for job, w in r.watch.items():
@@ -67,7 +71,11 @@ class Recoverer:
                 (hs.marker_of(job) or {}).get("recovery") for h, hs in r.hosts.items() if h in set(w.tasks.values())
             )
             t = self.busy.get(job)
-            if (t is not None and t.is_alive()) or not troubled(f, marked, w.tasks, r.began):
+            if (
+                (t is not None and t.is_alive())
+                or not troubled(f, marked, w.tasks, r.began)
+                or r.began < self.acted.get(job, 0.0)
+            ):
                 continue
             if f.stall is not None and w.recovery is None:
                 if (job, f.stall.since) in self.reported:
@@ -97,6 +105,8 @@ class Recoverer:
             self.say(f"job {job}: recovery: {e.message}")
         except Exception as e:  # a bug must not end the service
             self.say(f"job {job}: recovery failed: {type(e).__name__}: {e}")
+        finally:
+            self.acted[job] = time.time()
 
     def _act_now(self, job: str, w: JobWatch, f: Facts) -> None:
         subs = self.store.submissions(unfinished=True, job=job)
