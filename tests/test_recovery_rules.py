@@ -277,7 +277,7 @@ def test_a_round_that_began_before_a_recovery_ended_starts_no_other(monkeypatch)
 
     acts: list[str] = []
     r = sr.Recoverer(None, print)  # type: ignore[arg-type]
-    monkeypatch.setattr(sr, "troubled", lambda f, marked: True)
+    monkeypatch.setattr(sr, "troubled", lambda f, marked, *_: True)
     monkeypatch.setattr(r, "_act", lambda job, w, f: acts.append(job))
     watch = {"j": JobWatch("j.yaml", None, RecoverySpec(), {}, Seen())}
     r.acted["j"] = 1000.0  # its last recovery ended then
