@@ -320,8 +320,12 @@ def serve_canned(gpus: int, serve_args: list[str]) -> None:
         def dump() -> None:
             while True:
                 time.sleep(15)
-                top = tracemalloc.take_snapshot().statistics("lineno")[:30]
-                Path(where).write_text("\n".join(str(x) for x in top) + "\n")
+                snap = tracemalloc.take_snapshot()
+                files = snap.statistics("filename")
+                total = sum(x.size for x in files) / 2**20
+                rss = [x for x in Path("/proc/self/smaps_rollup").read_text().splitlines() if "Rss" in x or "Anon" in x]
+                lines = [f"traced: {total:.1f} MiB", *rss, "", *map(str, files[:25]), ""]
+                Path(where).write_text("\n".join(lines + [str(x) for x in snap.statistics("lineno")[:60]]) + "\n")
 
         threading.Thread(target=dump, daemon=True).start()
     from provision.cli.app import run
@@ -484,7 +488,7 @@ def measure(rep: Report, base: str, pid: int, urls: list[str], args: argparse.Na
             rep.say(
                 f"{u:42s} p50 {1000 * median(times):7.1f} ms  p95 {1000 * p95(times):7.1f} ms  "
                 f"max {1000 * max(times):7.1f} ms  ({size} bytes, {bad} not 200, {len(times)} requests; "
-                f"the warm-up before them {1000 * first:.0f} ms)"
+                f"the warm-up before them {1000 * first:.0f} ms; RSS {mem.samples[-1][2] if mem.samples else 0:.0f} MiB)"
             )
     if args.usage_cold:
         cold_usage(rep, base, args.usage_cold)

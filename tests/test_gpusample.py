@@ -152,6 +152,18 @@ def test_the_kept_history_adds_each_round_to_its_last_point_and_drops_the_hour_g
     assert each.doc == {"h": {"0": [(15, 2.0)]}}
 
 
+def test_gpus_of_equal_points_share_them_and_their_json_is_as_before() -> None:
+    h = GpuHistory(None, [("a", 0, 5.0, 5.0, 50.0, 1), ("b", 0, 5.0, 5.0, 50.0, 1)], [5.0])
+    assert h.doc["a"]["0"][0] is h.doc["b"]["0"][0]  # one tuple for both
+    h.add([GpuSample("a", 0, 15.0, 50, 1, 2), GpuSample("b", 0, 15.0, 50, 1, 2), GpuSample("c", 0, 15.0, 7, 1, 2)], 0.0)
+    assert h.doc["a"]["0"][1] is h.doc["b"]["0"][1] and h.doc["a"]["0"][1] is not h.doc["c"]["0"][0]
+    # a sample's whole number and an average's float are not merged (the JSON says each as it did)
+    assert [type(p[1]) for p in h.doc["a"]["0"]] == [float, int] and h.doc["a"]["0"][0] == (5, 50.0)
+    h.add([GpuSample("a", 0, 3700.0, 1, 1, 2)], 3600.0)  # the hour past the first points: they go
+    assert h.doc == {"a": {"0": [(3700, 1)]}}
+    assert h.doc["a"]["0"][0] is h._shared(3700.0, 1)
+
+
 def test_each_round_makes_the_history_a_point_per_round(tmp_path: Path) -> None:
     store = ServiceStore.open_local(tmp_path / "s.sqlite")
     docs = []

@@ -10,6 +10,7 @@ import click
 from provision.cli.progress import failed_lines
 from provision.core.imagechange import ImageChange
 from provision.core.lifecycle import Action, JobPhase, TaskState, stop_rank
+from provision.core.recovery import goodput_words, incident_words
 from provision.core.text import duration, printable
 from provision.host.protocol import Reservation
 from provision.rules import provenance
@@ -206,16 +207,13 @@ def recovery_lines(st: JobStatus) -> list[str]:
         out.append(f"Progress: {last}{ck} ({bound})" + ("; hung" if p.stalled else ""))
     if st.broke:
         out.append(click.style(f"Broke: {printable(st.broke)}", fg="yellow"))
-    g = st.goodput
-    if g is not None and g["ratio"] is not None:
-        n = len(g["incidents"])
-        lost = f", {n} incident{'s' if n != 1 else ''}, {duration(int(g['lost_seconds']))} lost" if n else ""
-        out.append(f"Goodput: {g['ratio']:.0%} of {duration(int(g['wall_seconds']))}{lost}")
+    words = goodput_words(st.goodput) if st.goodput is not None else None
+    if words is not None:
+        out.append(words)
     if st.checkpoint_copy is not None:
         out.append(copy_line(st.checkpoint_copy, lambda s: duration(int(s))))
     for inc in st.recovery.incidents[-3:] if st.recovery is not None else ():
-        how = f"not recovered: {inc.why}" if inc.why else inc.lost(time.time()).words()
-        out.append(f"  incident {inc.n} ({inc.stage.value}): {printable(inc.words)}: {printable(how)}")
+        out.append("  " + printable(incident_words(inc, time.time())))
     return out
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypedDict
 
+from provision.core.text import duration
+
 # The service's round while a watched job changes or is watched for progress
 # (serve/gpusample.SAMPLE_EVERY, which a test holds equal): a progress bound shorter than
 # one round could not be told from a round that has not come yet.
@@ -395,3 +397,20 @@ def goodput(record: RecoveryRecord, started: float | None, now: float) -> Goodpu
         "lost_seconds": round(total, 1),
         "incidents": [x.to_json() for x in losses],
     }
+
+
+def goodput_words(g: GoodputJson) -> str | None:
+    """The job's goodput in one line, as `status` prints it and the job's page shows it
+    ("Goodput: 97% of 3h, 1 incident, 5m lost"); None while it has no ratio."""
+    if g["ratio"] is None:
+        return None
+    n = len(g["incidents"])
+    lost = f", {n} incident{'s' if n != 1 else ''}, {duration(int(g['lost_seconds']))} lost" if n else ""
+    return f"Goodput: {g['ratio']:.0%} of {duration(int(g['wall_seconds']))}{lost}"
+
+
+def incident_words(inc: Incident, now: float) -> str:
+    """An incident in one line, as `status` prints it and the job's page shows it: where it
+    broke, then its times (or why it was not recovered)."""
+    how = f"not recovered: {inc.why}" if inc.why else inc.lost(now).words()
+    return f"incident {inc.n} ({inc.stage.value}): {inc.words}: {how}"

@@ -96,6 +96,27 @@ def _point(t: float, util: float) -> tuple[float, float]:
     return (round(t), round(util, 1))
 
 
+Point = tuple[float, float]
+
+
+class _Shared:
+    """One tuple for each point of equal time and utilization: a round's GPUs share its time,
+    and many their utilization (idle, full), so 8,000 GPUs' hour held ~220,000 tuples and
+    their numbers apart (24 MiB) where a few thousand do. Equal is also of one type (a
+    sample's 50 stays 50, an average's 50.0 stays 50.0: the JSON says what it said)."""
+
+    def __init__(self) -> None:
+        self._of: dict[tuple[float, float, bool], Point] = {}
+
+    def __call__(self, t: float, util: float) -> Point:
+        p = _point(t, util)
+        return self._of.setdefault((p[0], p[1], isinstance(p[1], float)), p)
+
+    def forget_before(self, t: float) -> None:
+        """Points older than `t` are no GPU's any more (a later equal point is a tuple anew)."""
+        self._of = {k: v for k, v in self._of.items() if k[0] >= t}
+
+
 class GpuHistory:
     """Each GPU's last hour as the pages draw it (`doc`: host -> {"<gpu>": [[t, utilization
     %], ...]}, the hosts' `gpu_history`), from the database's points (history_step's slots),
@@ -109,10 +130,11 @@ class GpuHistory:
         self.step = step
         self.rounds = sorted(rounds)  # when the hour's rounds were (history_step counts them)
         self._last: dict[tuple[str, int], Bucket] = {}  # each GPU's last point's sums (only it changes)
-        self._points: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self._points: dict[tuple[str, int], list[Point]] = {}
+        self._shared = _Shared()
         for host, gpu, slot, t, util, n in rows:
             self._last[(host, gpu)] = (slot, t * n, util * n, n)
-            self._points.setdefault((host, gpu), []).append(_point(t, util))
+            self._points.setdefault((host, gpu), []).append(self._shared(t, util))
         self.doc = self._publish()
 
     def rounds_after(self, since: float) -> int:
@@ -137,16 +159,18 @@ class GpuHistory:
                 last = self._last.get(key) if self.step is not None and p else None
                 if last is None or last[0] != slot:  # a new point (always, a point a round)
                     self._last[key] = (slot, s.t, float(s.util), 1)
-                    p.append(_point(s.t, s.util))
+                    p.append(self._shared(s.t, s.util))
                 else:
                     n = last[3] + 1
                     self._last[key] = (slot, last[1] + s.t, last[2] + s.util, n)
-                    p[-1] = _point((last[1] + s.t) / n, (last[2] + s.util) / n)
+                    p[-1] = self._shared((last[1] + s.t) / n, (last[2] + s.util) / n)
             if p:
                 self._points[key] = p
             else:
                 self._points.pop(key, None)
                 self._last.pop(key, None)
+        # A live point's time is within its slot, which ends after `since`.
+        self._shared.forget_before(since - (self.step or 0.0) - 1)
         self.doc = self._publish()
 
     def _ended(self, t: float, since: float) -> bool:
@@ -209,15 +233,24 @@ def _libc_trim() -> Callable[[int], int] | None:
 
 
 _TRIM = _libc_trim()
-M_ARENA_MAX = -8  # glibc's mallopt parameter
+M_ARENA_MAX = -8  # glibc's mallopt parameters
+M_MMAP_THRESHOLD = -3
+# A block this large or larger is mapped on its own and unmapped when freed. glibc's own
+# threshold grows with each such block freed (to 32 MiB), after which a page's megabytes
+# of JSON, a round's documents and the database's results were carved out of the heap and
+# left it in pieces, resident; a fixed one also stops glibc's adjusting.
+MMAP_AT = 256 << 10
 
 
 def few_arenas(n: int = 2) -> None:
     """At most n malloc arenas for the service's threads (glibc makes up to 8 a core, each
     holding its own freed memory: the rounds', the deliveries' and the pages' threads kept
-    tens of MiB resident apart). Called before the threads start."""
+    tens of MiB resident apart), and large blocks mapped apart (MMAP_AT). Called before the
+    threads start."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, n)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_ARENA_MAX, n)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_AT)
     except (OSError, AttributeError):
         pass
 

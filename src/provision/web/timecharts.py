@@ -1,6 +1,7 @@
 """The dashboard's charts over time, as SVG drawn here (web/charts.py's way: no JavaScript,
 every text from the data escaped): GPU-hours by owner per day (the History page), a job's
-timeline (its runs, preemptions and restarts: its page) and a trial's reports. Pure."""
+timeline (its runs, preemptions, restarts and recovery incidents: its page) and a trial's
+reports. Pure."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from markupsafe import Markup, escape
 
 from provision.core.events import EventJson
+from provision.core.recovery import GoodputJson, Incident, RecoveryJson, Stage, goodput_words, incident_words
 from provision.rules.historyview import HistoryRowJson
 from provision.web.charts import BOTTOM, LEFT, RIGHT, TOP, Axis, H, W, _frame, _svg, log_wanted
 
@@ -36,6 +38,72 @@ MARKS = {
     "job.recovered": "recovered",
     "job.scaled": "scaled up",
 }
+
+
+# An incident on the timeline: from when it broke to running again (its outage), the work
+# it redid before it (its newest checkpoint to when it broke), and a tick at each step.
+OUTAGE = "#d62728"
+REDONE = "#f4b183"
+STEPS = (("at", "broke"), ("detected", "seen"), ("stopped", "stopped"), ("running", "running again"))
+
+
+def incidents_of(recovery: RecoveryJson | None) -> list[Incident]:
+    """The incidents a job's state keeps (its document's `recovery`), those it can read."""
+    got = (Incident.from_json(d) for d in (recovery.get("incidents") or [] if recovery else []))
+    return [i for i in got if i is not None]
+
+
+def incident_lines(recovery: RecoveryJson | None, now: float) -> list[str]:
+    """Each incident as `status` says it (core/recovery.incident_words), the newest first."""
+    return [incident_words(i, now) for i in reversed(incidents_of(recovery))]
+
+
+def goodput_line(g: GoodputJson | None) -> str:
+    """The job's goodput as `status` says it, or nothing."""
+    return (goodput_words(g) or "") if g else ""
+
+
+def _incident_spans(incidents: Sequence[Incident], now: float) -> list[tuple[Incident, float, float, float | None]]:
+    """Each incident that says when it broke: its outage (broke to running again; to now
+    while it is not, to when it was seen if given up) and where its redone work began."""
+    out = []
+    for i in incidents:
+        if i.at is None:
+            continue
+        end = i.running if i.running is not None else (i.detected or i.at if i.stage is Stage.GAVE_UP else now)
+        redo = i.checkpoint if i.checkpoint is not None and i.checkpoint <= i.at else None
+        out.append((i, i.at, max(end, i.at), redo))
+    return out
+
+
+def _incident_marks(
+    spans: Sequence[tuple[Incident, float, float, float | None]], x: Axis, t0: float, now: float
+) -> list[str]:
+    body = []
+    lane = 60
+    for i, at, end, redo in spans:
+        line = incident_words(i, now)
+        if redo is not None:
+            x0, x1 = x(redo - t0), x(at - t0)
+            body.append(
+                f'<rect x="{x0:.1f}" y="{lane}" width="{max(1.0, x1 - x0):.1f}" height="14" fill="{REDONE}" '
+                f'class="redone"><title>{escape(f"incident {i.n}: {at - redo:.0f} s of work redone")}</title></rect>'
+            )
+        x0, x1 = x(at - t0), x(end - t0)
+        body.append(
+            f'<rect x="{x0:.1f}" y="{lane}" width="{max(2.0, x1 - x0):.1f}" height="14" fill="{OUTAGE}" '
+            f'class="incident {i.stage.value.replace(" ", "-")}"><title>{escape(line)}</title></rect>'
+        )
+        for field, word in STEPS:
+            t = getattr(i, field)
+            if t is not None:
+                px = x(t - t0)
+                body.append(
+                    f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{lane - 3}" y2="{lane + 17}" class="step {field}">'
+                    f"<title>{escape(f'incident {i.n}: {word} at ' + time.strftime('%H:%M:%S', time.gmtime(t)))}"
+                    "</title></line>"
+                )
+    return body
 
 
 def _epoch(iso: str | None) -> float | None:
@@ -95,9 +163,13 @@ def time_ticks(t0: float, span: float, most: int = 5) -> list[float]:
     return out or [0.0]
 
 
-def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], now: float) -> Markup:
-    """A job's runs (and waits) as bars over time, coloured by how each ended, and what
-    happened between (a preemption, a resume, a task that failed and restarted) marked."""
+def timeline_svg(
+    runs: Sequence[HistoryRowJson], events: Sequence[EventJson], now: float, incidents: Sequence[Incident] = ()
+) -> Markup:
+    """A job's runs (and waits) as bars over time, coloured by how each ended, what happened
+    between (a preemption, a resume, a task that failed and restarted) marked, and its
+    recovery incidents (incidents_of) in a lane of their own: each outage from when it broke
+    to running again, ticked where it was seen and stopped, after the work it redid."""
     spans: list[tuple[HistoryRowJson, float, float]] = []
     for r in runs:
         start = _epoch(r["started"])
@@ -108,11 +180,13 @@ def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], no
         at = _epoch(ev["time"])
         if ev["kind"] in MARKS and at is not None:
             marks.append((ev, at))
+    broke = _incident_spans(incidents, now)
     times = [t for _, s, e in spans for t in (s, e)] + [t for _, t in marks]
+    times += [t for _, s, e, r in broke for t in (s, e, r) if t is not None]
     if not times:
         return _svg([f'<text x="{W / 2}" y="40" text-anchor="middle">nothing recorded yet</text>'], "timeline", h=80)
     t0 = min(times)
-    h = 120
+    h = 140 if broke else 120
     x = Axis.of([t - t0 for t in times], LEFT, W - RIGHT)
     body = [f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{h - 30}" y2="{h - 30}" class="axis"/>']
     span = max(times) - t0
@@ -140,7 +214,10 @@ def timeline_svg(runs: Sequence[HistoryRowJson], events: Sequence[EventJson], no
         )
     body.append(f'<text x="{LEFT - 4}" y="31" text-anchor="end">runs</text>')
     body.append(f'<text x="{LEFT - 4}" y="51" text-anchor="end">waits</text>')
-    return _svg(body, "timeline: runs, waits, preemptions, restarts", h=h)
+    if broke:
+        body += _incident_marks(broke, x, t0, now)
+        body.append(f'<text x="{LEFT - 4}" y="71" text-anchor="end">incidents</text>')
+    return _svg(body, "timeline: runs, waits, preemptions, restarts, incidents", h=h)
 
 
 def reports_svg(reports: Sequence[Sequence[float]], metric: str) -> Markup:
