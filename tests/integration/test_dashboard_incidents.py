@@ -6,31 +6,16 @@ docs/images/dashboard-job-incidents.png's."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 
+from browser import chromium, shot
 from test_web_incidents import RecoveredSource
 from webserve import served
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.fail("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)", pytrace=False)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(driver), options=opts)
-    yield b
-    b.quit()
+    yield from chromium(height=900)
 
 
 def test_a_recovered_jobs_page_draws_its_incidents(browser):
@@ -45,7 +30,4 @@ def test_a_recovered_jobs_page_draws_its_incidents(browser):
         assert browser.find_element(By.ID, "goodput").text.startswith("Goodput: ")
         listed = browser.find_element(By.ID, "incidents").text
         assert "incident 1 (done)" in listed and "11 s of work redone" in listed
-        root = os.environ.get("PROVISION_ARTIFACTS") or str(Path(__file__).resolve().parents[2] / "test-artifacts")
-        where = Path(root) / "dashboard-incidents"
-        where.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(where / "dashboard-job-incidents.png"))
+        shot(browser, "dashboard-incidents", "dashboard-job-incidents")
