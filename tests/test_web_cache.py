@@ -222,3 +222,30 @@ def test_a_jobs_status_is_asked_once_a_second(monkeypatch: pytest.MonkeyPatch) -
     assert src.job("bert") == {"job": "bert", "n": 1} and probes == ["bert"]
     src._jobs.forget("bert")  # as stop and rerun do
     assert src.job("bert")["n"] == 2
+
+
+def test_the_log_keepers_read_is_bounded_per_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper's tail asks each host for at most KEEP_READ_LIMIT bytes; a job whose every
+    host refused (sent more) is an error the keeper says, not an empty copy kept."""
+    from contextlib import contextmanager
+
+    from provision.core.errors import ProvisionError
+    from provision.web import inventories
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(INV)
+    src = InventorySource([path])
+    asked: list[int | None] = []
+    answer: tuple[list[Any], dict[str, Any], list[str]] = ([], {}, [])
+
+    def fake_entries(ctx: Any, *, tail: int | None, cursors: Any, limit: int | None = None) -> Any:
+        asked.append(limit)
+        return answer
+
+    monkeypatch.setattr(inventories, "log_entries", fake_entries)
+    monkeypatch.setattr(InventorySource, "_ctx", contextmanager(lambda self, *a, **k: iter([None])))
+    assert src.tail("sweep", 20_000) == [] and asked == [inventories.KEEP_READ_LIMIT]
+    answer = ([], {}, ["host-1: sent more than 67108864 bytes in answer to one command: refused"])
+    with pytest.raises(ProvisionError, match="sent more than 67108864 bytes"):
+        src.tail("sweep", 20_000)
+    src.close()

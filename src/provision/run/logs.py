@@ -156,13 +156,14 @@ def run_logs(
 
 
 def log_entries(
-    ctx: Context, *, tail: int | None, cursors: dict[str, dict[str, str]]
+    ctx: Context, *, tail: int | None, cursors: dict[str, dict[str, str]], limit: int | None = None
 ) -> tuple[list[Entry], dict[str, dict[str, str]], list[str]]:
     """The job's entries after `cursors` (host -> task -> journal cursor; a task without
     one: its last `tail`), merged in time order; the cursors after them; one line per host
-    that failed. `logs -o DIR`'s fetch, for a reader that keeps the cursors (the dashboard)."""
+    that failed (a host that sent more than `limit` bytes is one). `logs -o DIR`'s fetch,
+    for a reader that keeps the cursors (the dashboard)."""
     sel = Selection.of(ctx, ())
-    results = _fetch(ctx, sel, None, tail, cursors)
+    results = _fetch(ctx, sel, None, tail, cursors, limit=limit)
     entries = list(merge(hl.entries for hl in results.values() if isinstance(hl, HostLog)))
     after = {h: dict(c) for h, c in cursors.items()}
     for e in entries:
@@ -235,8 +236,10 @@ def _fetch(
     tail: int | None,
     cursors: dict[str, dict[str, str]],
     until: str | None = None,
+    limit: int | None = None,
 ) -> dict[str, HostLog | HostError]:
-    """Every host's entries at once (one round trip each), --tail applied per task."""
+    """Every host's entries at once (one round trip each), --tail applied per task; a host's
+    answer over `limit` bytes is a HostError."""
     # With a cursor, journalctl is asked from the cursor on and --tail is applied here.
     reversed_tasks = {
         h: {t for t in ts if tail is not None and not cursors.get(h, {}).get(t)} for h, ts in sel.by_host.items()
@@ -246,7 +249,7 @@ def _fetch(
         cmd = fetch_command(
             sel.job, sel.by_host[tg.name], since=since, tail=tail, cursors=cursors.get(tg.name), until=until
         )
-        res = ctx.session.run(tg, cmd, timeout=300)
+        res = ctx.session.run(tg, cmd, timeout=300, limit=limit)
         hl = parse_fetch(tg.name, res.stdout, res.stderr, sel.idents, reversed_tasks[tg.name], sel.units)
         if tail is not None:
             per: dict[str, list[Entry]] = {}

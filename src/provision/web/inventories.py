@@ -47,6 +47,9 @@ if TYPE_CHECKING:  # the reader imports Optuna: loaded at the first study asked
     from provision.io.studyread import Snapshot, StudyReader
 
 LOG_TAIL = 200  # lines of each task a page starts with
+# Bytes the log keeper reads from one host when a run ends, at most: its tasks' last lines may
+# be 48 KiB each (journald's LineMax), and the store keeps 8 MiB of a job anyway.
+KEEP_READ_LIMIT = 64 << 20
 KEPT = "kept"  # the cursor after a kept copy's lines (nothing follows them)
 # A trial's job: its study's job, "-t", its number (core/tuning.trial_job).
 TRIAL_NAME = re.compile(r"^(?P<study>[a-z0-9][a-z0-9-]*?)-t(?P<number>[1-9][0-9]{0,8})$")
@@ -201,7 +204,9 @@ class InventorySource:
         except NotFound:
             return None
         with self._ctx(name, path, lane="keep") as ctx:
-            entries, _, _ = log_entries(ctx, tail=lines, cursors={})
+            entries, _, errors = log_entries(ctx, tail=lines, cursors={}, limit=KEEP_READ_LIMIT)
+        if errors and not entries:
+            raise ProvisionError("; ".join(errors))  # said by the keeper; its hosts' lines not kept
         return [log_line(e) for e in entries]
 
     # ------------------------------------------------------------------ a study's trials (STUDY-tN)
