@@ -422,3 +422,35 @@ def test_the_hosts_side_keeps_the_named_copy_until_the_next_and_puts_one_back_wh
     src = keep / "c-3"
     assert _sh(layout.put_sh(f'cp -R -p -- {src}/. "$w"/'), cwd=ck) == 0  # on the peer itself
     assert (ck / "c.pt").read_bytes() == b"3"
+
+
+def test_the_service_copies_a_controller_and_a_peer_job_and_nothing_else(tmp_path, monkeypatch):
+    """The keeper's choice, one round: a job copied to the controller or to a peer gets its
+    copy started (in a thread), one shared or not copied does not, nor one whose saving
+    host did not answer."""
+    import threading
+
+    from provision.rules.progress import Seen
+    from provision.rules.rounds import HostSeen, JobWatch, Round
+    from provision.rules.tenancy import HostView
+    from provision.serve.checkpoints import CheckpointKeeper
+
+    tasks = {"chief-0": "host-1", "worker-0": "host-2"}
+
+    def watch(copy: CopyTo, job: str) -> JobWatch:
+        return JobWatch(str(tmp_path / f"{job}.yaml"), None, None, tasks, Seen(), checkpoint=CheckpointSpec(copy=copy))
+
+    started: list[str] = []
+    keeper = CheckpointKeeper(None, lambda line: None)  # type: ignore[arg-type]
+    monkeypatch.setattr(keeper, "_copy", lambda job, w: started.append(job))
+    jobs = {copy.value: watch(copy, copy.value) for copy in CopyTo}
+    hosts = {h: HostSeen(HostView(h, 0)) for h in ("host-1", "host-2")}
+    keeper.on_round(Round(1, 1.0, hosts, {}, watch=jobs))  # type: ignore[arg-type]
+    for t in list(keeper.busy.values()):
+        t.join(10)
+    assert sorted(started) == ["controller", "peer"]
+    started.clear()
+    keeper.busy.clear()
+    gone = {**hosts, "host-1": HostSeen(HostView("host-1", 0, error="no answer"))}
+    keeper.on_round(Round(2, 2.0, gone, {}, watch=jobs))  # type: ignore[arg-type]
+    assert started == [] and not any(isinstance(t, threading.Thread) for t in keeper.busy.values())

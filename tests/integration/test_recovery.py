@@ -262,13 +262,8 @@ def test_a_hung_rank_is_found_its_stacks_kept_and_its_host_set_aside(sb, sandbox
             cli("health", "release", inv, host, "--skip-test", cwd=tmp_path)
 
 
-def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
-    sb, sandbox_inventory, tmp_path, docker_engine
-):
-    """torchrun's c10d rendezvous (`elastic: {min: 1, max: 2}` on the workers): a worker's
-    host killed, the chief and the other worker go on at world size 2 from the newest
-    checkpoint, in the same run of the job (no restart of it)."""
-    job = "rec-elastic"
+def _elastic_inventory(sb, sandbox_inventory, tmp_path, job: str, env: dict | None = None, **more) -> None:
+    """tmp_path/inv.yaml: the trainer under torchrun, its workers `elastic: {min: 1, max: 2}`."""
     torchrun = [PY, "-m", "torch.distributed.run", "/opt/rec/train.py"]
     pools = {
         "chief": {"replicas": 1, "command": torchrun},
@@ -277,9 +272,19 @@ def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
     sandbox_inventory(
         sb, job=job, pools=pools, path=tmp_path / "inv.yaml", ssh={"connect_timeout": 3},
         files=[{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
-        env={"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15"}, outputs=f"/var/tmp/{job}",
-        recovery={"max": 5, "window": "1h"}, preemption={"grace": "20s"},
+        env={"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15", **(env or {})}, outputs=f"/var/tmp/{job}",
+        recovery={"max": 5, "window": "1h"}, preemption={"grace": "20s"}, **more,
     )  # fmt: skip
+
+
+def test_an_elastic_pool_goes_on_at_its_smaller_size_when_a_node_is_lost(
+    sb, sandbox_inventory, tmp_path, docker_engine
+):
+    """torchrun's c10d rendezvous (`elastic: {min: 1, max: 2}` on the workers): a worker's
+    host killed, the chief and the other worker go on at world size 2 from the newest
+    checkpoint, in the same run of the job (no restart of it)."""
+    job = "rec-elastic"
+    _elastic_inventory(sb, sandbox_inventory, tmp_path, job)
     inv = tmp_path / "inv.yaml"
     ok(cli("apply", "-y", inv, cwd=tmp_path))
     container = sb.host("host-3").container
@@ -326,20 +331,11 @@ def test_an_elastic_pools_lost_worker_is_started_on_the_spare_and_torchrun_takes
     service places the lost worker on the spare and starts it alone, and torchrun takes it
     in: training goes on at world size 3, the chief's task never restarted."""
     job = "rec-elastic"
-    torchrun = [PY, "-m", "torch.distributed.run", "/opt/rec/train.py"]
-    pools = {
-        "chief": {"replicas": 1, "command": torchrun},
-        "worker": {"replicas": 2, "command": torchrun, "elastic": {"min": 1, "max": 2}},
-    }
-    sandbox_inventory(
-        sb, job=job, pools=pools, path=tmp_path / "inv.yaml", ssh={"connect_timeout": 3},
-        files=[{"src": str(TRAIN), "dest": "/opt/rec/train.py"}],
-        # torchrun's rendezvous closes 5 s after its fewest nodes joined (its default: 30 s),
-        # so the smaller size trains before the spare is in.
-        env={"STEP_S": "1", "CKPT_EVERY": "8", "GLOO_TIMEOUT": "15", "PET_RDZV_CONF": "last_call_timeout=5"},
-        outputs=f"/var/tmp/{job}", recovery={"max": 5, "window": "1h"}, preemption={"grace": "20s"},
-        spares=["host-3"],
-    )  # fmt: skip
+    # torchrun's rendezvous closes 5 s after its fewest nodes joined (its default: 30 s),
+    # so the smaller size trains before the spare is in.
+    _elastic_inventory(
+        sb, sandbox_inventory, tmp_path, job, {"PET_RDZV_CONF": "last_call_timeout=5"}, spares=["host-3"]
+    )
     inv = tmp_path / "inv.yaml"
     ok(cli("apply", "-y", inv, cwd=tmp_path))
     container = sb.host("host-2").container

@@ -15,10 +15,9 @@ import time
 from collections.abc import Callable
 
 from provision.core.errors import ProvisionError
-from provision.core.recovery import CopyTo
 from provision.core.target import HostError
 from provision.io.servicestore import ServiceStore
-from provision.rules.checkpoints import CopyRecord, look_now, saving_task
+from provision.rules.checkpoints import COPIED, CopyRecord, look_now, saving_task
 from provision.rules.rounds import JobWatch, Round
 from provision.run.checkpoints import copy_dir, copy_job, read_record
 from provision.run.context import open_context
@@ -36,7 +35,7 @@ class CheckpointKeeper:
 
     def on_round(self, r: Round) -> None:
         for job, w in r.watch.items():
-            if w.checkpoint is None or w.checkpoint.copy is not CopyTo.CONTROLLER:
+            if w.checkpoint is None or w.checkpoint.copy not in COPIED:  # a peer's copy goes through here too
                 continue
             t = self.busy.get(job)
             if t is not None and t.is_alive():
