@@ -167,7 +167,8 @@ def torchrun_env(inv: Inventory, jc: JobCluster, r: int, nproc: int) -> list[tup
     a job of fixed size; with a pool's `elastic: {min, max}`, torchrun's c10d rendezvous:
     --nnodes=MIN:MAX counted with the job's other nodes (its chief), its endpoint the
     master's address and port (where the job's chief stays: the same across restarts), the
-    job's name its id, and restarts enough for torchrun to go on when a node is lost."""
+    job's name its id, restarts enough for torchrun to go on when a node is lost, and each
+    round's workers' store where that round's rank 0 is."""
     m = jc.master
     assert m is not None
     pool = next((p for p in inv.pools if p.elastic is not None), None)
@@ -187,6 +188,11 @@ def torchrun_env(inv: Inventory, jc: JobCluster, r: int, nproc: int) -> list[tup
         ("PET_RDZV_ID", inv.job),
         ("PET_MAX_RESTARTS", str(ELASTIC_RESTARTS)),
         ("PET_NPROC_PER_NODE", str(nproc)),
+        # torchrun (2.4 on) keeps the workers' store where its first round's rank 0 put
+        # it and never moves it: after a node is lost and one joins, the nodes' workers
+        # look for each other in different stores and every round times out. Off, each
+        # round's rank 0 says where its workers meet (tests/integration/test_recovery.py).
+        ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),
     ]
 
 
