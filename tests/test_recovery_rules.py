@@ -315,6 +315,66 @@ def test_goodput_counts_each_incidents_time_and_the_work_redone():
     assert Incident.from_json(done.to_json()) == done
 
 
+def test_a_recovered_runs_start_up_is_lost_time_too():
+    from provision.core.recovery import goodput, lost
+
+    # Running again at 1040, its first step (a sign of progress) at 1052: 12 s of start-up.
+    up = Incident(1, Broke.FAILED, "worker-0", "gpu-2", "w", "f", 1, 1000.0, 1012.0, 1015.0, 1040.0, 1000.0,
+                  stage=Stage.DONE, started=0.0, progressing=1052.0)  # fmt: skip
+    got = lost(up, 5000.0)
+    assert (got.start_up, got.redone, got.total) == (12.0, 0.0, 52.0)
+    assert (
+        got.words() == "seen in 12 s, stopped in 3 s, running again in 25 s, progressing 12 s later, 0 s of work redone"
+    )
+    g = goodput(RecoveryRecord(incidents=(up,)), 0.0, 1000.0)
+    assert g is not None and g["incidents"][0]["start_up_seconds"] == 12.0 and g["lost_seconds"] == 52.0
+    assert Incident.from_json(up.to_json()) == up
+    # A state written before the field: no start-up known, none counted.
+    old = {k: v for k, v in up.to_json().items() if k != "progressing"}
+    assert lost(Incident.from_json(old), 5000.0).start_up is None  # type: ignore[arg-type]
+
+
+def test_the_service_keeps_a_recovered_jobs_first_progress_once(monkeypatch):
+    import provision.serve.recovery as sr
+    from provision.rules.progress import Seen
+    from provision.rules.recovery import Memory
+    from provision.rules.rounds import JobWatch, Round
+
+    kept: list[tuple[str, int, float]] = []
+    r = sr.Recoverer(None, print)  # type: ignore[arg-type]
+    monkeypatch.setattr(sr, "troubled", lambda *_: False)
+    monkeypatch.setattr(r, "_keep_progressing", lambda job, st, at: kept.append((job, st.n, at)))
+    monkeypatch.setattr(sr.threading, "Thread", _Inline)
+    r.starting["j"] = sr.Starting("j.yaml", None, "ann", 3, 1040.0)
+    watch = {"j": JobWatch("j.yaml", None, RecoverySpec(), {}, Seen())}
+
+    def round_(n: int, latest: float | None) -> None:
+        monkeypatch.setattr(sr, "remember", lambda m, w, r_: Memory(latest))
+        r.on_round(Round(n, 1000.0 + n, {}, {"hosts": {}, "jobs": []}, watch=watch))  # type: ignore[typeddict-item]
+
+    round_(1, 1030.0)  # the old run's heartbeat: not the new run's progress
+    assert kept == []
+    round_(2, 1051.5)
+    round_(3, 1060.0)
+    assert kept == [("j", 3, 1051.5)]
+    r.starting["k"] = sr.Starting("k.yaml", None, "ann", 1, 1040.0)
+    round_(4, 1070.0)  # k is no longer watched: forgotten
+    assert "k" not in r.starting and kept == [("j", 3, 1051.5)]
+
+
+class _Inline:
+    """threading.Thread that runs its target at start()."""
+
+    def __init__(self, target, args=(), **_):  # type: ignore[no-untyped-def]
+        self.target, self.args = target, args
+
+    def start(self) -> None:
+        self.target(*self.args)
+
+    def is_alive(self) -> bool:
+        return False
+
+
 def test_goodput_is_on_metrics():
     from provision.web.metrics import exposition
 

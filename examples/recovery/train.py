@@ -7,7 +7,8 @@ CPU that does what provision asks of a job it recovers.
 - every CKPT_EVERY seconds rank 0 saves a checkpoint to AIP_CHECKPOINT_DIR, complete or not
   at all (written to a temporary name, then renamed: `ckpt-STEP.pt`, the newest kept);
 - on SIGTERM (provision's stop, a preemption's or a recovery's) rank 0 saves one more and
-  every rank exits 0; under torchrun, when only some ranks got it (torchrun restarting its
+  every rank exits 0; when a collective fails (a peer's process or host lost, or its
+  collectives timed out) rank 0 saves what it has, complete at that step, and exits 1; under torchrun, when only some ranks got it (torchrun restarting its
   nodes: one joined), each rank waits for its own and exits 0 then, 1 if it never comes (a
   node whose workers all end well would close torchrun's rendezvous);
 - with PROVISION_RESUME=1 (provision ran it again) or TORCHELASTIC_RESTART_COUNT above 0
@@ -73,6 +74,17 @@ def restarted(step: int) -> int:
     return 0
 
 
+def lost_peer(torch, model, opt, step: int, ckdir: str, rank: int) -> int:
+    """A collective failed: a peer was lost (its process or its host) or timed out. The
+    weights are those of `step` on every rank (the optimiser never ran on a failed
+    all-reduce), so rank 0 saves them before failing: the run provision starts again
+    resumes here, not from the last periodic checkpoint."""
+    log(f"a peer was lost at step {step}")
+    if rank == 0:
+        save(torch, model, opt, step, ckdir)
+    return 1
+
+
 def main() -> int:
     import torch
     import torch.distributed as dist
@@ -113,13 +125,19 @@ def main() -> int:
     x, y = torch.randn(16, 8), torch.randn(16, 1)
     while step < steps:
         t0 = time.monotonic()
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
+        try:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()  # its gradients' all-reduce: a peer lost fails here ...
+        except RuntimeError:
+            return lost_peer(torch, model.module, opt, step, ckdir, rank)
         opt.step()
         step += 1
         flag = torch.tensor([1 if STOP else 0])
-        dist.all_reduce(flag)  # how many ranks were asked to stop: every rank stops at this step
+        try:
+            dist.all_reduce(flag)  # how many ranks were asked to stop: every rank stops at this step
+        except RuntimeError:  # ... or here
+            return lost_peer(torch, model.module, opt, step, ckdir, rank)
         log(f"step {step} loss {loss.item():.4f} world {world}")
         touch(beat)
         if rank == 0 and (flag.item() or time.monotonic() - last >= every):

@@ -128,6 +128,7 @@ class IncidentJson(TypedDict):
     why: str
     new_run: int | None
     started: float | None
+    progressing: float | None
 
 
 class RecoveryJson(TypedDict):
@@ -188,6 +189,9 @@ class Incident:
     why: str = ""  # a recovery given up: why
     new_run: int | None = None
     started: float | None = None  # when the run that broke started (goodput counts from the first)
+    # the next run's first sign of progress (its start-up, e.g. `import torch`, the
+    # rendezvous and the checkpoint's load, is lost time too); None until the service saw one
+    progressing: float | None = None
 
     def to_json(self) -> IncidentJson:
         return {
@@ -209,6 +213,7 @@ class Incident:
             "why": self.why,
             "new_run": self.new_run,
             "started": self.started,
+            "progressing": self.progressing,
         }
 
     def lost(self, now: float) -> Lost:
@@ -239,6 +244,7 @@ class Incident:
                 str(d.get("why", "")),
                 _int(d.get("new_run")),
                 _num(d.get("started")),
+                _num(d.get("progressing")),
             )
         except ValueError:
             return None
@@ -318,8 +324,11 @@ class LostJson(TypedDict):
     detect_seconds: float | None  # from when it broke to when it was seen
     stop_seconds: float | None  # from seen to stopped everywhere
     run_again_seconds: float | None  # from stopped to running again
+    start_up_seconds: float | None  # from running again to its first sign of progress
     redone_seconds: float | None  # the work done since its last checkpoint, redone
-    lost_seconds: float  # from when it broke to running again (or now), with the work redone
+    # from when it broke to progressing again (running again where no progress was seen;
+    # now while it is not running), with the work redone
+    lost_seconds: float
 
 
 class GoodputJson(TypedDict):
@@ -340,6 +349,7 @@ class Lost:
     run_again: float | None
     redone: float | None
     total: float
+    start_up: float | None = None
 
     def to_json(self) -> LostJson:
         def r(v: float | None) -> float | None:
@@ -350,6 +360,7 @@ class Lost:
             "detect_seconds": r(self.detect),
             "stop_seconds": r(self.stop),
             "run_again_seconds": r(self.run_again),
+            "start_up_seconds": r(self.start_up),
             "redone_seconds": r(self.redone),
             "lost_seconds": round(self.total, 1),
         }
@@ -359,8 +370,9 @@ class Lost:
             return f"{v:.0f} s" if v is not None else "-"
 
         return (
-            f"seen in {s(self.detect)}, stopped in {s(self.stop)}, running again in {s(self.run_again)}, "
-            f"{s(self.redone)} of work redone"
+            f"seen in {s(self.detect)}, stopped in {s(self.stop)}, running again in {s(self.run_again)}"
+            + (f", progressing {s(self.start_up)} later" if self.start_up is not None else "")
+            + f", {s(self.redone)} of work redone"
         )
 
 
@@ -369,14 +381,16 @@ def _gap(a: float | None, b: float | None) -> float | None:
 
 
 def lost(i: Incident, now: float) -> Lost:
-    """An incident's cost: from when it broke to when it was seen, stopped and running
-    again, and the work since its last checkpoint (redone after it); in all, from when it
-    broke to running again (now, while it is not), plus the work redone. A recovery given
-    up loses nothing more here: the job ended."""
+    """An incident's cost: from when it broke to when it was seen, stopped, running again
+    and progressing again (its start-up), and the work since its last checkpoint (redone
+    after it); in all, from when it broke to progressing again (running again where the
+    job shows no progress, or none was seen yet; now, while it is not running), plus the
+    work redone. A recovery given up loses nothing more here: the job ended."""
     redone = _gap(i.checkpoint, i.at) if i.checkpoint is not None and i.checkpoint <= (i.at or 0) else None
+    up = _gap(i.running, i.progressing)
     end = i.running if i.running is not None else (i.detected if i.stage is Stage.GAVE_UP else now)
-    total = (_gap(i.at, end) or 0.0) + (redone or 0.0)
-    return Lost(i.n, _gap(i.at, i.detected), _gap(i.detected, i.stopped), _gap(i.stopped, i.running), redone, total)
+    total = (_gap(i.at, end) or 0.0) + (up or 0.0) + (redone or 0.0)
+    return Lost(i.n, _gap(i.at, i.detected), _gap(i.detected, i.stopped), _gap(i.stopped, i.running), redone, total, up)
 
 
 def goodput(record: RecoveryRecord, started: float | None, now: float) -> GoodputJson | None:

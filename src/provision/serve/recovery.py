@@ -12,6 +12,9 @@ the job and the incident's number). A service killed in the middle leaves the st
 the job's state and the stop's marker on its hosts: the next leader's first round finds
 them and finishes it (a recovery under way is always finished first).
 
+A recovered job's start-up is lost time too: the first sign of progress the rounds see of
+its new run is kept in its incident (`progressing`), once.
+
 An elastic job's lost workers (rules/recovery.scale_up) are placed again and started alone
 (run/recover.grow), the job's running tasks left as they are: `job.scaled` once (its key:
 the job, its run and the hosts lost).
@@ -19,9 +22,11 @@ the job, its run and the hosts lost).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
 from provision.core.events import Event, Kind
@@ -32,12 +37,24 @@ from provision.rules.recovery import Do, Facts, Memory, decide, facts_of_round, 
 from provision.rules.rounds import JobWatch, Round
 from provision.run.context import open_context
 from provision.run.jobend import leave_hosts
-from provision.run.recover import close, give_up, grow, recover, stacks
+from provision.run.recover import close, give_up, grow, record, recover, stacks
 from provision.run.survey import KeptContexts
 
 
 def recovered_key(job: str, n: int) -> str:
     return f"recovered:{job}:{n}"
+
+
+@dataclass(frozen=True)
+class Starting:
+    """A job running again after incident `n`, its first sign of progress not seen yet:
+    where its inventory and state are, to keep that sign in the incident."""
+
+    file: str
+    state_path: str | None
+    owner: str
+    n: int
+    running: float
 
 
 class Recoverer:
@@ -62,6 +79,7 @@ class Recoverer:
         # hosts before the recovery and some after (its old placement's failed task beside
         # the new run), evidence of a failure already recovered
         self.acted: dict[str, float] = {}
+        self.starting: dict[str, Starting] = {}
 
     def on_round(self, r: Round) -> None:
         for job, w in r.watch.items():
@@ -84,8 +102,36 @@ class Recoverer:
             t = threading.Thread(target=self._act, args=(job, w, f), name=f"recover:{job}", daemon=True)
             self.busy[job] = t
             t.start()
+        self._progressed(r)
         for gone in set(self.memory) - set(r.watch):
             del self.memory[gone]
+
+    def _progressed(self, r: Round) -> None:
+        """The recovered jobs that show progress again since they ran again: each one's
+        incident keeps when (on a thread: it writes the job's state)."""
+        for job, st in list(self.starting.items()):
+            latest = self.memory[job].latest if job in self.memory else None
+            if job not in r.watch:
+                del self.starting[job]
+            elif latest is not None and latest > st.running:
+                del self.starting[job]
+                threading.Thread(
+                    target=self._keep_progressing, args=(job, st, latest), name=f"progressing:{job}", daemon=True
+                ).start()
+
+    def _keep_progressing(self, job: str, st: Starting, at: float) -> None:
+        try:
+            ctx = open_context(st.file, state_path=st.state_path, operation="recover", who=st.owner, files_here=True)
+            try:
+                inc = next((i for i in ctx.state.recovery.incidents if i.n == st.n), None)
+                if inc is not None and inc.progressing is None:
+                    record(ctx, dataclasses.replace(inc, progressing=at))
+            finally:
+                ctx.close()
+        except ProvisionError as e:  # the figure is missing, nothing else
+            self.say(f"job {job}: its progress after incident {st.n} not kept: {e.message}")
+        except Exception as e:  # a bug must not end the service
+            self.say(f"job {job}: its progress after incident {st.n} not kept: {type(e).__name__}: {e}")
 
     def hurry(self) -> bool:
         """Rounds every SAMPLE_EVERY (10 s: core/recovery.ROUND_S) while a job is watched,
@@ -133,6 +179,9 @@ class Recoverer:
                 inc = recover(ctx, v, self.say, set(f.away))
                 if inc.stage is Stage.DONE:
                     self._told(job, inc, ctx.owner.who)
+                    if inc.running is not None:
+                        path = (sub.state_path or None) if sub else None
+                        self.starting[job] = Starting(w.file, path, ctx.owner.who, inc.n, inc.running)
         finally:
             ctx.close()
             if self.contexts is not None:
