@@ -340,12 +340,12 @@ def test_the_service_keeps_a_recovered_jobs_first_progress_once(monkeypatch):
     from provision.rules.recovery import Memory
     from provision.rules.rounds import JobWatch, Round
 
-    kept: list[tuple[str, int, float]] = []
     r = sr.Recoverer(None, print)  # type: ignore[arg-type]
+    kept: list[tuple[str, str, RecoveryRecord | None]] = []
+    before = RecoveryRecord(incidents=(Incident(3, Broke.FAILED, "w-0", "h", "w", "f", 1, 1000.0, running=1040.0),))
     monkeypatch.setattr(sr, "troubled", lambda *_: False)
-    monkeypatch.setattr(r, "_keep_progressing", lambda job, st, at: kept.append((job, st.n, at)))
-    monkeypatch.setattr(sr.threading, "Thread", _Inline)
-    r.starting["j"] = sr.Starting("j.yaml", None, "ann", 3, 1040.0)
+    monkeypatch.setattr(r, "_keep", lambda job, file, change, what: kept.append((job, what, change(before))))
+    r.starting["j"] = sr.Starting(3, 1040.0)
     watch = {"j": JobWatch("j.yaml", None, RecoverySpec(), {}, Seen())}
 
     def round_(n: int, latest: float | None) -> None:
@@ -356,10 +356,40 @@ def test_the_service_keeps_a_recovered_jobs_first_progress_once(monkeypatch):
     assert kept == []
     round_(2, 1051.5)
     round_(3, 1060.0)
-    assert kept == [("j", 3, 1051.5)]
-    r.starting["k"] = sr.Starting("k.yaml", None, "ann", 1, 1040.0)
+    assert [(j, w) for j, w, _ in kept] == [("j", "its progress after incident 3")]
+    got = kept[0][2]
+    assert got is not None and got.incidents[0].progressing == 1051.5
+    assert sr._progressing(sr.Starting(3, 1040.0), 1070.0)(got) is None  # once
+    r.starting["k"] = sr.Starting(1, 1040.0)
     round_(4, 1070.0)  # k is no longer watched: forgotten
-    assert "k" not in r.starting and kept == [("j", 3, 1051.5)]
+    assert "k" not in r.starting and len(kept) == 1
+
+
+def test_the_service_keeps_an_auto_bound_it_learnt_when_it_moves(monkeypatch):
+    import provision.serve.recovery as sr
+    from provision.core.recovery import AUTO_FLOOR_S, ProgressSpec
+    from provision.rules.progress import Seen, bound, bound_moved, learnt_bound
+    from provision.rules.recovery import Memory
+    from provision.rules.rounds import JobWatch, Round
+
+    auto = ProgressSpec(None)
+    assert learnt_bound(auto, [1.0, 1.0]) is None and learnt_bound(ProgressSpec(30), [1.0] * 9) is None
+    assert learnt_bound(auto, [1.0] * 9) == AUTO_FLOOR_S and learnt_bound(auto, [30.0] * 9) == 150.0
+    # A look with no intervals of its own judges by what the service learnt.
+    assert bound(auto, (), 150.0) == 150.0 and bound(auto, ()) == 600.0 and bound(auto, (), 1.0) == AUTO_FLOOR_S
+    assert bound_moved(None, 60.0) and not bound_moved(60.0, 70.0) and bound_moved(60.0, 80.0)
+    assert not bound_moved(60.0, None)
+
+    r = sr.Recoverer(None, print)  # type: ignore[arg-type]
+    kept: list[RecoveryRecord | None] = []
+    monkeypatch.setattr(sr, "troubled", lambda *_: False)
+    monkeypatch.setattr(r, "_keep", lambda job, file, change, what: kept.append(change(RecoveryRecord())))
+    watch = {"j": JobWatch("j.yaml", auto, RecoverySpec(), {}, Seen())}
+    for n, every in enumerate([1.0] * 12 + [30.0] * 12):
+        r.memory["j"] = Memory(None, (every,) * 9)
+        monkeypatch.setattr(sr, "remember", lambda m, w, r_: m)
+        r.on_round(Round(n, 1000.0 + n, {}, {"hosts": {}, "jobs": []}, watch=watch))  # type: ignore[typeddict-item]
+    assert [k.learnt for k in kept if k is not None] == [AUTO_FLOOR_S, 150.0]  # twice, not every round
 
 
 class _Inline:
@@ -419,3 +449,17 @@ def test_an_incident_row_of_the_history_is_recovered():
            "hosts": ("gpu-2",), "gpus": 0, "submission": "recovered:bert:1"}  # fmt: skip
     got = row_json(row, 200.0)  # type: ignore[arg-type]
     assert got["state"] == "recovered" and got["seconds"] == 25.0 and got["gpu_hours"] == 0.0
+
+
+def test_status_says_whether_an_auto_bound_is_the_services_learnt_one():
+    from provision.cli.output import recovery_lines
+    from provision.core.lifecycle import JobPhase
+    from provision.rules.progress import ProgressView
+    from provision.rules.status import JobStatus
+
+    def said(view: ProgressView) -> str:
+        return recovery_lines(JobStatus("bert", JobPhase.RUNNING, "", (), progress=view))[0]
+
+    assert "(auto, learnt by the service)" in said(ProgressView(None, None, 150.0, True, False, True))
+    assert "(auto, until the service learns it)" in said(ProgressView(None, None, 600.0, True, False))
+    assert "auto" not in said(ProgressView(None, None, 30.0, False, False))

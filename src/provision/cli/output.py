@@ -203,7 +203,8 @@ def recovery_lines(st: JobStatus) -> list[str]:
         now = time.time()
         last = f"last sign {duration(int(max(0, now - p.last)))} ago" if p.last is not None else "no sign yet"
         ck = f", newest checkpoint {duration(int(max(0, now - p.checkpoint)))} ago" if p.checkpoint is not None else ""
-        bound = f"bound {duration(int(p.bound))}" + (" (auto)" if p.auto else "")
+        how = " (auto, learnt by the service)" if p.learnt else " (auto, until the service learns it)"
+        bound = f"bound {duration(int(p.bound))}" + (how if p.auto else "")
         out.append(f"Progress: {last}{ck} ({bound})" + ("; hung" if p.stalled else ""))
     if st.broke:
         out.append(click.style(f"Broke: {printable(st.broke)}", fg="yellow"))

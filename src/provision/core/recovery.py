@@ -6,7 +6,7 @@ and rules/recovery.py judge with them. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TypedDict
 
@@ -137,6 +137,7 @@ class RecoveryJson(TypedDict):
     aside: list[str]
     gpus: dict[str, list[int]]
     incidents: list[IncidentJson]
+    learnt_bound_seconds: float | None
 
 
 Gpus = tuple[tuple[str, tuple[int, ...]], ...]  # host -> GPUs, sorted by host (hashable)
@@ -260,6 +261,9 @@ class RecoveryRecord:
     aside: tuple[str, ...] = ()
     incidents: tuple[Incident, ...] = ()
     gpus: Gpus = ()
+    # `progress: {timeout: auto}`: the bound the service's rounds learnt (seconds), so a
+    # one-off look (`status`, the owner's apply) judges as the service does
+    learnt: float | None = None
 
     @property
     def gpu_map(self) -> dict[str, tuple[int, ...]]:
@@ -274,19 +278,19 @@ class RecoveryRecord:
     def with_incident(self, inc: Incident) -> RecoveryRecord:
         kept = [i for i in self.incidents if i.n != inc.n] + [inc]
         kept.sort(key=lambda i: i.n)
-        return RecoveryRecord(self.aside, tuple(kept[-KEEP_INCIDENTS:]), self.gpus)
+        return replace(self, incidents=tuple(kept[-KEEP_INCIDENTS:]))
 
     def with_aside(self, hosts: tuple[str, ...], gpus: Gpus = ()) -> RecoveryRecord:
         """`hosts` set aside whole, and of others only `gpus` (a host set aside whole has
         no GPUs of its own in the record)."""
         whole = set(self.aside) | set(hosts)
         kept = tuple((h, g) for h, g in merge_gpus(self.gpus, gpus) if h not in whole)
-        return RecoveryRecord(tuple(sorted(whole)), self.incidents, kept)
+        return replace(self, aside=tuple(sorted(whole)), gpus=kept)
 
     def without_aside(self, hosts: tuple[str, ...]) -> RecoveryRecord:
         gone = set(hosts)
         kept = tuple((h, g) for h, g in self.gpus if h not in gone)
-        return RecoveryRecord(tuple(h for h in self.aside if h not in gone), self.incidents, kept)
+        return replace(self, aside=tuple(h for h in self.aside if h not in gone), gpus=kept)
 
     def next_number(self) -> int:
         return (self.incidents[-1].n if self.incidents else 0) + 1
@@ -296,6 +300,7 @@ class RecoveryRecord:
             "aside": list(self.aside),
             "gpus": {h: list(g) for h, g in self.gpus},
             "incidents": [i.to_json() for i in self.incidents],
+            "learnt_bound_seconds": self.learnt,
         }
 
     @classmethod
@@ -303,7 +308,12 @@ class RecoveryRecord:
         if not isinstance(d, dict):
             return cls()
         incs = [i for i in (Incident.from_json(x) for x in d.get("incidents") or ()) if i is not None]
-        return cls(tuple(str(h) for h in d.get("aside") or ()), tuple(incs[-KEEP_INCIDENTS:]), gpus_of(d.get("gpus")))
+        return cls(
+            tuple(str(h) for h in d.get("aside") or ()),
+            tuple(incs[-KEEP_INCIDENTS:]),
+            gpus_of(d.get("gpus")),
+            _num(d.get("learnt_bound_seconds")),
+        )
 
 
 def _int(v: object) -> int | None:

@@ -127,13 +127,28 @@ def seen(paths: Mapping[str, Sequence[Watched]], reports: Mapping[str, ProbeRepo
     return Seen(latest, ck, tasks, frozenset(hosts))
 
 
-def bound(spec: ProgressSpec, intervals: Sequence[float]) -> float:
-    """How long the job may go without a sign of progress (module docstring)."""
+def bound(spec: ProgressSpec, intervals: Sequence[float], learnt: float | None = None) -> float:
+    """How long the job may go without a sign of progress (module docstring); `learnt`:
+    the `auto` bound the service's rounds learnt, for a look that has no intervals."""
     if spec.timeout_s is not None:
         return float(spec.timeout_s)
     if len(intervals) < AUTO_SAMPLES:
-        return AUTO_START_S
+        return max(AUTO_FLOOR_S, learnt) if learnt is not None else AUTO_START_S
     return max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(intervals))
+
+
+def learnt_bound(spec: ProgressSpec | None, intervals: Sequence[float]) -> float | None:
+    """What the rounds learnt of an `auto` bound, to keep in the job's state (None: nothing
+    learnt yet, or the bound is fixed)."""
+    if spec is None or not spec.auto or len(intervals) < AUTO_SAMPLES:
+        return None
+    return bound(spec, intervals)
+
+
+def bound_moved(kept: float | None, now: float | None) -> bool:
+    """Is the bound learnt now worth writing over the kept one (a fifth apart or more: the
+    job's state is not written every round)?"""
+    return now is not None and (kept is None or abs(now - kept) > 0.2 * kept)
 
 
 def learnt(intervals: Sequence[float], before: float | None, after: float | None) -> tuple[float, ...]:
@@ -157,7 +172,12 @@ class Stall:
 
 
 def stalled(
-    spec: ProgressSpec, intervals: Sequence[float], last: float | None, started: float | None, now: float
+    spec: ProgressSpec,
+    intervals: Sequence[float],
+    last: float | None,
+    started: float | None,
+    now: float,
+    learnt: float | None = None,
 ) -> Stall | None:
     """Has the job gone past its bound without progress (`last`: its latest sign, `started`:
     when its run started, on this machine's clock)? None when not, or when nothing is known.
@@ -166,7 +186,7 @@ def stalled(
     base = max(x for x in (last, started) if x is not None) if (last is not None or started is not None) else None
     if base is None:
         return None
-    b = bound(spec, intervals)
+    b = bound(spec, intervals, learnt)
     if started is not None and (last is None or last <= started + SETTLE_S):
         b = max(b, STARTUP_S)
     return Stall(base, b) if now - base > b else None
@@ -180,6 +200,7 @@ class ProgressJson(TypedDict):
     bound_seconds: int
     auto: bool
     stalled: bool
+    learnt: bool  # `auto`: the bound is the service's learnt one (else its start, 10m)
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,7 @@ class ProgressView:
     bound: float
     auto: bool
     stalled: bool
+    learnt: bool = False
 
     def to_json(self) -> ProgressJson:
         return {
@@ -200,6 +222,7 @@ class ProgressView:
             "bound_seconds": int(self.bound),
             "auto": self.auto,
             "stalled": self.stalled,
+            "learnt": self.learnt,
         }
 
 

@@ -354,13 +354,15 @@ def facts_of_status(
     )
 
 
-def stall_of(inv: Inventory, st: JobStatus, seen: ProgressSeen | None, now: float) -> Stall | None:
+def stall_of(
+    inv: Inventory, st: JobStatus, seen: ProgressSeen | None, now: float, learnt: float | None = None
+) -> Stall | None:
     """One look's judgement of a live job's progress (`auto`: nothing learnt in one look,
-    so AUTO_START_S)."""
+    so what the service learnt, `learnt`, else AUTO_START_S)."""
     if inv.progress is None or not any(t.state.live for t in st.tasks):
         return None
     started = st.run.started_at if st.run is not None else None
-    return stalled(inv.progress, (), seen.latest if seen is not None else None, started, now)
+    return stalled(inv.progress, (), seen.latest if seen is not None else None, started, now, learnt)
 
 
 def judged(
@@ -373,11 +375,12 @@ def judged(
 ) -> JobStatus:
     """The status with its progress, where it broke (one line) and its recoveries (the
     state's record), for `status`, `--json` and the job's page."""
-    view, stall = None, stall_of(inv, st, seen, now)
+    view, stall = None, stall_of(inv, st, seen, now, record.learnt)
     if inv.progress is not None:
         last = seen.latest if seen is not None else None
         ck = seen.checkpoint if seen is not None else None
-        view = ProgressView(last, ck, bound(inv.progress, ()), inv.progress.auto, stall is not None)
+        b = bound(inv.progress, (), record.learnt)
+        view = ProgressView(last, ck, b, inv.progress.auto, stall is not None, record.learnt is not None)
     v = decide(inv.recovery, record, facts_of_status(st, seen, stall, healths), now)
     broke = v.words if v.do is not Do.NONE or v.incident is not None else ""
     if st.phase is JobPhase.RECOVERING and record.open is not None:

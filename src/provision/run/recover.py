@@ -343,7 +343,9 @@ def recover_first(ctx: Context, say: Say) -> bool:
     st = job_status(inv, tasks, res.ok, {n: e.message for n, e in res.errors.items() if n in hosts})
     now = time.time()
     seen = progress_seen({h: watched(inv, [t.name for t in tasks if t.host.name == h]) for h in hosts}, res.ok, now)
-    f = facts_of_status(st, seen, stall_of(inv, st, seen, now), {h: of_report(r) for h, r in res.ok.items()})
+    f = facts_of_status(
+        st, seen, stall_of(inv, st, seen, now, ctx.state.recovery.learnt), {h: of_report(r) for h, r in res.ok.items()}
+    )
     v = decide(inv.recovery, ctx.state.recovery, f, now, {t.name: t.host.name for t in tasks})
     if v.do is Do.GIVE_UP:
         give_up(ctx, v, say)

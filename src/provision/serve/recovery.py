@@ -12,8 +12,10 @@ the job and the incident's number). A service killed in the middle leaves the st
 the job's state and the stop's marker on its hosts: the next leader's first round finds
 them and finishes it (a recovery under way is always finished first).
 
-A recovered job's start-up is lost time too: the first sign of progress the rounds see of
-its new run is kept in its incident (`progressing`), once.
+Two of what the rounds learn are kept in the job's state, for a one-off look (`status`,
+the owner's apply) to judge as the service does: a recovered job's first sign of progress
+in its new run (its incident's `progressing`: the start-up is lost time too), once; and an
+`auto` progress bound learnt, when it moved by a fifth.
 
 An elastic job's lost workers (rules/recovery.scale_up) are placed again and started alone
 (run/recover.grow), the job's running tasks left as they are: `job.scaled` once (its key:
@@ -30,15 +32,18 @@ from dataclasses import dataclass
 
 from provision.core.errors import ProvisionError
 from provision.core.events import Event, Kind
-from provision.core.recovery import Incident, Stage
+from provision.core.recovery import Incident, RecoveryRecord, Stage
 from provision.io.servicehistory import HistoryRow
 from provision.io.servicestore import ServiceStore
+from provision.rules.progress import bound_moved, learnt_bound
 from provision.rules.recovery import Do, Facts, Memory, decide, facts_of_round, remember, troubled
 from provision.rules.rounds import JobWatch, Round
-from provision.run.context import open_context
+from provision.run.context import Context, open_context
 from provision.run.jobend import leave_hosts
-from provision.run.recover import close, give_up, grow, record, recover, stacks
+from provision.run.recover import close, give_up, grow, recover, stacks
 from provision.run.survey import KeptContexts
+
+Change = Callable[[RecoveryRecord], RecoveryRecord | None]  # a job's record -> what to keep (None: nothing)
 
 
 def recovered_key(job: str, n: int) -> str:
@@ -47,12 +52,9 @@ def recovered_key(job: str, n: int) -> str:
 
 @dataclass(frozen=True)
 class Starting:
-    """A job running again after incident `n`, its first sign of progress not seen yet:
-    where its inventory and state are, to keep that sign in the incident."""
+    """A job running again since `running` after incident `n`, its first sign of progress
+    not seen yet."""
 
-    file: str
-    state_path: str | None
-    owner: str
     n: int
     running: float
 
@@ -80,6 +82,7 @@ class Recoverer:
         # the new run), evidence of a failure already recovered
         self.acted: dict[str, float] = {}
         self.starting: dict[str, Starting] = {}
+        self.bounds: dict[str, float | None] = {}  # job -> the learnt bound last kept
 
     def on_round(self, r: Round) -> None:
         for job, w in r.watch.items():
@@ -102,36 +105,51 @@ class Recoverer:
             t = threading.Thread(target=self._act, args=(job, w, f), name=f"recover:{job}", daemon=True)
             self.busy[job] = t
             t.start()
-        self._progressed(r)
+        self._learnt(r)
         for gone in set(self.memory) - set(r.watch):
             del self.memory[gone]
 
-    def _progressed(self, r: Round) -> None:
-        """The recovered jobs that show progress again since they ran again: each one's
-        incident keeps when (on a thread: it writes the job's state)."""
+    def _learnt(self, r: Round) -> None:
+        """What this round learnt that the jobs' states keep (module docstring), each
+        written on a thread of its own."""
         for job, st in list(self.starting.items()):
             latest = self.memory[job].latest if job in self.memory else None
             if job not in r.watch:
                 del self.starting[job]
             elif latest is not None and latest > st.running:
                 del self.starting[job]
-                threading.Thread(
-                    target=self._keep_progressing, args=(job, st, latest), name=f"progressing:{job}", daemon=True
-                ).start()
+                self._keep(job, r.watch[job].file, _progressing(st, latest), f"its progress after incident {st.n}")
+        for job, w in r.watch.items():
+            b = learnt_bound(w.progress, self.memory[job].intervals) if job in self.memory else None
+            if bound_moved(self.bounds.get(job, w.record.learnt), b):
+                self.bounds[job] = b
+                self._keep(job, w.file, _bound(b), "its progress bound")
 
-    def _keep_progressing(self, job: str, st: Starting, at: float) -> None:
+    def _keep(self, job: str, file: str, change: Change, what: str) -> None:
+        threading.Thread(target=self._keep_now, args=(job, file, change, what), name=f"keep:{job}", daemon=True).start()
+
+    def _keep_now(self, job: str, file: str, change: Change, what: str) -> None:
         try:
-            ctx = open_context(st.file, state_path=st.state_path, operation="recover", who=st.owner, files_here=True)
+            ctx = self._open(job, file)
             try:
-                inc = next((i for i in ctx.state.recovery.incidents if i.n == st.n), None)
-                if inc is not None and inc.progressing is None:
-                    record(ctx, dataclasses.replace(inc, progressing=at))
+                new = change(ctx.state.recovery)
+                if new is not None and new != ctx.state.recovery:
+                    ctx.state.set_recovery(new)
             finally:
                 ctx.close()
         except ProvisionError as e:  # the figure is missing, nothing else
-            self.say(f"job {job}: its progress after incident {st.n} not kept: {e.message}")
+            self.say(f"job {job}: {what} not kept: {e.message}")
         except Exception as e:  # a bug must not end the service
-            self.say(f"job {job}: its progress after incident {st.n} not kept: {type(e).__name__}: {e}")
+            self.say(f"job {job}: {what} not kept: {type(e).__name__}: {e}")
+
+    def _open(self, job: str, file: str) -> Context:
+        """The job's Context as its submitter (a handed-over job's state and owner)."""
+        subs = self.store.submissions(unfinished=True, job=job)
+        sub = subs[0] if subs else None
+        return open_context(
+            file, state_path=(sub.state_path or None) if sub else None, operation="recover",
+            who=sub.owner if sub else "", files_here=True,
+        )  # fmt: skip
 
     def hurry(self) -> bool:
         """Rounds every SAMPLE_EVERY (10 s: core/recovery.ROUND_S) while a job is watched,
@@ -155,12 +173,7 @@ class Recoverer:
             self.acted[job] = time.time()
 
     def _act_now(self, job: str, w: JobWatch, f: Facts) -> None:
-        subs = self.store.submissions(unfinished=True, job=job)
-        sub = subs[0] if subs else None
-        ctx = open_context(
-            w.file, state_path=(sub.state_path or None) if sub else None, operation="recover",
-            who=sub.owner if sub else "", files_here=True,
-        )  # fmt: skip
+        ctx = self._open(job, w.file)
         try:
             v = decide(ctx.inventory.recovery, ctx.state.recovery, f, time.time(), w.tasks)
             if v.do is Do.STOP_THERE:
@@ -180,8 +193,7 @@ class Recoverer:
                 if inc.stage is Stage.DONE:
                     self._told(job, inc, ctx.owner.who)
                     if inc.running is not None:
-                        path = (sub.state_path or None) if sub else None
-                        self.starting[job] = Starting(w.file, path, ctx.owner.who, inc.n, inc.running)
+                        self.starting[job] = Starting(inc.n, inc.running)
         finally:
             ctx.close()
             if self.contexts is not None:
@@ -219,3 +231,20 @@ class Recoverer:
             )
         self.wake()
         self.say(words)
+
+
+def _progressing(st: Starting, at: float) -> Change:
+    """The record with incident `st.n`'s first sign of progress, once."""
+
+    def change(rec: RecoveryRecord) -> RecoveryRecord | None:
+        inc = next((i for i in rec.incidents if i.n == st.n), None)
+        if inc is None or inc.progressing is not None:
+            return None
+        return rec.with_incident(dataclasses.replace(inc, progressing=at))
+
+    return change
+
+
+def _bound(b: float | None) -> Change:
+    """The record with the `auto` bound learnt."""
+    return lambda rec: dataclasses.replace(rec, learnt=b)
