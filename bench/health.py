@@ -226,25 +226,38 @@ STARTS = "/var/tmp/bench-health-starts"  # each task's first line, on its host: 
 
 
 def task(job: str) -> list[str]:
-    """A task that says when it began and on which GPUs (its CUDA_VISIBLE_DEVICES), then sleeps."""
-    line = f'echo "$(date +%s.%N | cut -c1-17) {job} $CUDA_VISIBLE_DEVICES" >> {STARTS}; exec sleep infinity'
+    """A task that says when it began and on which GPUs (its CUDA_VISIBLE_DEVICES), then
+    sleeps. When it began is its process's start as the kernel keeps it (/proc/PID/stat's
+    starttime, clock ticks since boot, dated by the clock and /proc/uptime read together):
+    systemd made it in the agent's `systemctl start`, while the agent held the ledger's lock
+    after its last look at the health record. The shell's own clock read comes later (its
+    `date` is a process of its own, tens of ms later on a loaded machine) and would date a
+    start that came before a quarantine after it."""
+    line = (
+        "read u _ < /proc/uptime; n=$(date +%s.%N); set -- $(cut -d' ' -f22 /proc/$$/stat) $(getconf CLK_TCK); "
+        f'echo "$n $u $1 $2 {job} $CUDA_VISIBLE_DEVICES" >> {STARTS}; exec sleep infinity'
+    )
     return ["sh", "-c", line]
 
 
 def started_on_quarantined(
     starts: dict[str, str], uuids: dict[str, dict[str, int]], held: dict[str, list[tuple[float, float]]]
 ) -> tuple[int, list[str]]:
-    """Every task's start line against the times its GPU was certainly quarantined (after the
-    quarantine command returned, before its release began): (tasks, violations)."""
+    """Every task's start line (its process's start: task) against the times its GPU was
+    certainly quarantined (after the quarantine command returned, before its release
+    began): (tasks, violations)."""
     n, bad = 0, []
     for host, text in starts.items():
         for line in text.splitlines():
             parts = line.split()
-            if len(parts) < 3:
+            try:  # now, uptime now, the process's start in ticks since boot, ticks a second
+                now, up, ticks, hz = float(parts[0]), float(parts[1]), int(parts[2]), int(parts[3])
+                job, devs = parts[4], parts[5]
+            except (IndexError, ValueError):
                 continue
             n += 1
-            t, job = float(parts[0]), parts[1]
-            for dev in parts[2].split(","):
+            t = now - up + ticks / max(1, hz)  # within 10 ms either way (both in hundredths)
+            for dev in devs.split(","):
                 g = uuids.get(host, {}).get(dev, int(dev) if dev.isdigit() else -1)
                 for q, r in held.get(f"{host}:{g}", []):
                     if q < t < r:
@@ -343,7 +356,7 @@ def race(args: argparse.Namespace) -> int:  # noqa: C901  one bench's threads an
             rep.say(f"  violation: {v}")
         rep.verdict("no reservation of a quarantined GPU (the ledger and the health record sampled together)",
                     f"{len(violations)} in {counts['samples']} samples", not violations and counts["samples"] > 0)  # fmt: skip
-        rep.verdict("no task began on a GPU quarantined at its start (every task's own line)",
+        rep.verdict("no task began on a GPU quarantined at its start (every task's process start, the kernel's)",
                     f"{len(bad)} of {tasks} tasks", not bad and tasks > 0)  # fmt: skip
         done = counts["applied"] + counts["refused"]
         rep.verdict(f"{args.applies} applies racing", f"{done} applies in {took:.0f} s", done >= args.applies)

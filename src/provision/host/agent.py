@@ -444,7 +444,8 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
     job = req.job
     errors: list[str] = []
     for verb, units in req.actions:
-        refused = ledger.start_refusals(job, units) if verb in ("start", "restart") and units else []
+        ran = bool(units) and all(ledger.runs_now(u) for u in units)
+        refused = ledger.start_refusals(job, units, running=ran) if verb in ("start", "restart") and units else []
         if refused:  # a GPU quarantined, a host draining since the reservation: nothing starts
             errors += refused
             break
@@ -462,13 +463,12 @@ def op_units(req: P.UnitsRequest) -> P.UnitsReport:  # noqa: C901  one branch pe
         waiting: list[str] = []
         if verb == "stop" and units:
             waiting = [u for u, st in unit_states(units).items() if st.get("SubState") == "auto-restart"]
-        if verb == "start":
-            start(units, errors)
-            if units:
-                # Only now: "started" with units not running reads as ended (tenancy.judge),
-                # and a probe between the mark and the start gave its GPUs away.
-                ledger.mark_started(job, time.time())
-        else:
+        if verb == "start" and units:
+            refused = ledger.start_locked(job, units, ran, start, errors)
+            if refused:
+                errors += refused
+                break
+        elif verb != "start":
             systemctl(verb, units, errors)
         for u in waiting:
             # A task stopped between tries ran no ExecStopPost now: record the stop, so its

@@ -23,6 +23,7 @@ units' states, and the rule belongs in one place.
 from __future__ import annotations
 
 import os
+import time
 
 from . import layout
 
@@ -354,15 +355,33 @@ def health_refusals(job: str, gpus: Any, units: Any, own: Any) -> list[str]:
     return out
 
 
-def start_refusals(job: str, units: Any) -> list[str]:
+def start_refusals(job: str, units: Any, locked: bool = False, running: bool | None = None) -> list[str]:
     """Why the job's units may not start here now by the health record (health_refusals):
     a job none of whose units run (a rerun, a resume) starting on a GPU its entry holds that
-    is quarantined since, or on a host draining."""
+    is quarantined since, or on a host draining. `locked`: the caller holds the ledger's
+    lock (start_lock); `running`: whether they ran when the caller first asked (a restart
+    has stopped them since)."""
     entry = read_entry(layout.ledger_path(job))
-    if not isinstance(entry, dict) or "_unreadable" in entry or all(runs_now(u) for u in units):
+    ran = all(runs_now(u) for u in units) if running is None else running
+    if not isinstance(entry, dict) or "_unreadable" in entry or ran:
         return []
-    with _Locked():
+    with _Unlocked() if locked else _Locked():
         return health_refusals(job, entry.get("gpus") or [], units, entry)
+
+
+def start_locked(job: str, units: Any, running: bool, start: Any, errors: list[str]) -> list[str]:
+    """A start (`start(units, errors)` starts the units) under the ledger's lock from its last look at
+    the health record until its entry is marked started: a quarantine racing with it waits
+    and then finds the GPU held by a running task (told as any held GPU's), and no task
+    starts on a GPU quarantined before its start. Only once they run is the entry marked:
+    "started" with units not running reads as ended (tenancy.judge), and a probe between
+    the mark and the start gave its GPUs away. Why it may not start, if so."""
+    with _Locked():
+        refused = start_refusals(job, units, locked=True, running=running)
+        if not refused:
+            start(units, errors)
+            mark_started(job, time.time(), locked=True)
+        return refused
 
 
 def reserve(res: Reservation, now: float) -> list[str]:
@@ -436,7 +455,7 @@ def renewing(job: str, every: float) -> Any:
     return done
 
 
-def mark_started(job: str, now: float) -> None:
+def mark_started(job: str, now: float, locked: bool = False) -> None:
     """The job's units were started here: its entry is no longer a bare reservation, nor
     held by a stop (its units hold what it needs while they run, as any job's), nor
     preempted. A start is a new run (a resume too), and the plan reserves nothing where the
@@ -446,7 +465,7 @@ def mark_started(job: str, now: float) -> None:
     path = layout.ledger_path(job)
     if not os.path.exists(path):
         return
-    with _Locked():
+    with _Unlocked() if locked else _Locked():
         entry = read_entry(path)
         if (
             isinstance(entry, dict)
