@@ -379,7 +379,9 @@ def _unserve(serve: subprocess.Popen, svc: Path) -> None:
 # A study's trainer: one step every 0.25 s up to 30, each reported as
 # cloudml-hypertune does (its file rewritten whole with this run's reports), logged to
 # AIP_CHECKPOINT_DIR/steps.log; on SIGTERM it saves its step and leaves; resumed
-# (PROVISION_RESUME=1) it goes on from that step.
+# (PROVISION_RESUME=1) it goes on from that step. Its first run waits at step 10 for its
+# preemption (the tests preempt it after 4 steps: on a loaded machine the preemptor's
+# apply may take longer than the 26 steps left, and the trial would end first).
 TRIAL_TRAINER = r"""
 import json, os, signal, sys, time
 d = os.environ["AIP_CHECKPOINT_DIR"]
@@ -398,6 +400,8 @@ while step < last:
         open(ck + ".tmp", "w").write(str(step)); os.rename(ck + ".tmp", ck)
         log.write("saved %d\n" % step); log.flush()
         sys.exit(0)
+    if step >= 10 and os.environ.get("PROVISION_RESUME") != "1":
+        continue
     step += 1
     lines.append(json.dumps({"global_step": str(step), "loss": str(1.0 / step), "timestamp": time.time()}))
     open(metric, "w").write("\n".join(lines) + "\n")

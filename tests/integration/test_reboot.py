@@ -209,6 +209,9 @@ def test_succeeded_job_stays_succeeded_after_a_reboot(sandbox3, job, tmp_path):
     st = status(tmp_path, inv)
     assert st["phase"] == "Succeeded"
     name = st["job"]
+    # Its exit record is ExecStopPost's, which may come after systemd says it exited (what
+    # status read): a loaded host writes it a moment later.
+    wait_until(lambda: exits(sandbox3, "host-1", name, "chief-0"), 30, what="the chief's exit record")
     before = {h: exits(sandbox3, h, name, t) for h, t in (("host-1", "chief-0"), ("host-2", "worker-0"))}
 
     for host in ("host-1", "host-2"):
