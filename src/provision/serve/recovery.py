@@ -108,6 +108,7 @@ class Recoverer:
         self._learnt(r)
         for gone in set(self.memory) - set(r.watch):
             del self.memory[gone]
+            self.bounds.pop(gone, None)
 
     def _learnt(self, r: Round) -> None:
         """What this round learnt that the jobs' states keep (module docstring), each
