@@ -359,7 +359,7 @@ def start_refusals(job: str, units: Any, locked: bool = False, running: bool | N
     """Why the job's units may not start here now by the health record (health_refusals):
     a job none of whose units run (a rerun, a resume) starting on a GPU its entry holds that
     is quarantined since, or on a host draining. `locked`: the caller holds the ledger's
-    lock (start_lock); `running`: whether they ran when the caller first asked (a restart
+    lock (start_locked); `running`: whether they ran when the caller first asked (a restart
     has stopped them since)."""
     entry = read_entry(layout.ledger_path(job))
     ran = all(runs_now(u) for u in units) if running is None else running
