@@ -256,7 +256,9 @@ def test_a_task_ignoring_sigterm_is_killed_at_the_deadline(box, sandbox_inventor
         t0 = time.monotonic()
         ok(cli("apply", "-y", hi, cwd=tmp_path, env=as_owner("ana@lab")))
         took = time.monotonic() - t0
-        assert GRACE - 1 <= took <= GRACE + 5, took
+        # It waited for the grace, and not for the task (which never ends by itself): the rest is
+        # the apply's own start-up, plan and start of the high job, seconds on a loaded machine.
+        assert GRACE - 1 <= took <= GRACE + 12, took
         st = status(tmp_path, low)
         assert st["phase"] == "Preempted"
         chief = st["tasks"][0]

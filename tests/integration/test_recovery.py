@@ -398,15 +398,23 @@ def _copied(record: Path) -> str | None:
     return json.loads(record.read_text()).get("name") if record.exists() else None
 
 
+def _copies_here(record: Path) -> list[str]:
+    """The copies' directories beside the record, on the controller (one being written too)."""
+    return [p.name for p in record.parent.iterdir() if p.name.startswith("c-")]
+
+
+@pytest.mark.parametrize("copy", ["controller", "peer"])
 def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_the_spare(
-    sb, sandbox_inventory, tmp_path, docker_engine
+    sb, sandbox_inventory, tmp_path, docker_engine, copy
 ):
     """`outputs:` on each host's own disk: the service keeps the chief's newest checkpoint
-    on the controller; the chief's host (the saving rank's) killed, the job is recovered onto
-    the spare, the copy put into the spare's AIP_CHECKPOINT_DIR first, and the chief resumes
-    from the copy's step (its own step log says)."""
-    job = "rec-ckpt"
-    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job, checkpoint={"bandwidth": "5MB/s"})
+    on the controller, or on the worker's host (`copy: peer`); the chief's host (the saving
+    rank's) killed, the job is recovered onto the spare, the copy put into the spare's
+    AIP_CHECKPOINT_DIR first (a peer's through the controller), and the chief resumes from
+    the copy's step (its own step log says)."""
+    job = f"rec-{copy}"
+    spec = {"copy": copy, "bandwidth": "5MB/s"}
+    inv = write_inventory(sb, sandbox_inventory, tmp_path / "inv.yaml", job, checkpoint=spec)
     ok(cli("apply", "-y", inv, cwd=tmp_path))
     began = time.monotonic()
     svc = _serve(tmp_path, inv)
@@ -415,9 +423,17 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
     try:
         # Its record is there from the first look; a copy once the chief has saved one.
         wait_until(lambda: _copied(record), timeout=240, what="a copy of the chief's checkpoint on the controller")
-        copy = status(inv)["checkpoint_copy"]
-        assert copy["host"] == "host-1" and copy["step"] in checkpoint_steps(sb, "host-1", job, "chief-0"), copy
-        assert copy["lag_seconds"] is not None, copy
+        kept = status(inv)["checkpoint_copy"]
+        assert kept["host"] == "host-1" and kept["step"] in checkpoint_steps(sb, "host-1", job, "chief-0"), kept
+        assert kept["lag_seconds"] is not None, kept
+        assert kept["kept_on"] == ("host-2" if copy == "peer" else "controller"), kept
+        if copy == "peer":  # on the worker's host, renamed into place; nothing here but the record
+            rec = json.loads(record.read_text())
+            there = sh(sb, "host-2", f"ls /var/lib/provision/{job}/checkpoint-copy/{rec['dir']}")
+            assert rec["name"] in there.split(), there
+            wait_until(lambda: not _copies_here(record), timeout=30, what="no copy but the peer's")
+        else:
+            assert json.loads(record.read_text())["dir"] in _copies_here(record)
         docker_engine.containers.get(container).kill()  # the saving rank's host dies
         wait_until(
             lambda: running_on(inv, {"chief-0": "host-3", "worker-0": "host-2"}),
@@ -427,7 +443,7 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
         # The copy (of host-1's last checkpoint the service saw) put into the spare's
         # AIP_CHECKPOINT_DIR before the chief started there, resumed.
         put = re.findall(r"host-3: checkpoint copy ckpt-(\d+)\.pt \(step \d+\) of host-1 put into", svc.output())
-        assert len(put) == 1 and int(put[0]) >= copy["step"], svc.output()[-3000:]  # the newest it copied
+        assert len(put) == 1 and int(put[0]) >= kept["step"], svc.output()[-3000:]  # the newest it copied
         wait_until(lambda: resumed_from(sb, "host-3", job, "chief-0"), timeout=180, what="the chief to resume")
         assert resumed_from(sb, "host-3", job, "chief-0")[-1] == int(put[0]) > 0
         wait_until(lambda: steps(sb, "host-3", job, "chief-0"), timeout=60, what="steps on the spare")
@@ -438,6 +454,7 @@ def test_the_saving_ranks_host_killed_its_copied_checkpoint_resumes_the_job_on_t
         # Destroyed (once host-1 answers again), the job's copy goes too: never a later job's resume.
         wait_until(lambda: cli("destroy", "-y", inv, cwd=tmp_path).returncode == 0, timeout=180, what="destroy")
         assert not record.parent.exists()
+        assert not sh(sb, "host-2", f"ls -A /var/lib/provision/{job} 2>/dev/null; true").strip()
     finally:
         svc.stop()
         show_logs(tmp_path)
