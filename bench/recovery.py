@@ -2,9 +2,11 @@
 torch DDP job on CPU over gloo (examples/recovery/train.py), a service watching it:
 
     PYTHONPATH=$PWD/src python bench/recovery.py [--hosts 4] [--spares 1] [--step 1] [--checkpoint 20]
-        [--blinks 3] [--only MODE ...] [--minutes 10] [--every 120] [--soak 30] [--by HH:MM]
+        [--blinks 3] [--only MODE ...] [--minutes 10] [--every 120] [--soak 30] [--by HH:MM] [--gpus G]
 
-One job: its chief and workers on --hosts hosts, the next --spares its spares (`spares:`).
+One job: its chief and workers on --hosts hosts, the next --spares its spares (`spares:`);
+with --gpus G each task takes G of its host's stand-in GPUs (as a training job does: the
+service's rounds are then every 5 s, not 10).
 In turn, each with a fresh job, the service recovering it with no command typed:
 - kill: a worker's host killed (its container killed): the time from the kill to the
   service's detection, to the job running again on the spare, and the work redone (read
@@ -50,6 +52,7 @@ from provision.sandbox.inventory import dump
 TRAIN = ROOT / "examples" / "recovery" / "train.py"
 PY = "/usr/bin/python3"
 ROUND = 10.0  # the service's round while a job is watched (core/recovery.ROUND_S)
+HELD = 5.0  # ... while a job holds a GPU (serve/gpusample.HELD_EVERY)
 BOUND = 20  # progress.timeout (s) of the hang
 ANCHORS = "Slurm SlurmdTimeout 300 s, NCCL watchdog 600 s, Ray node death 15-65 s"
 
@@ -98,6 +101,8 @@ class Job:
         self.spare = self.spares[0]
         cmd = [PY, "/opt/rec/train.py"]
         pools = {"chief": {"replicas": 1, "command": cmd}, "worker": {"replicas": len(self.workers), "command": cmd}}
+        for pool in pools.values() if args.gpus else ():
+            pool["accelerators"] = args.gpus
         gloo = extra.pop("gloo", 15)
         progress = extra.pop("progress", {"timeout": f"{BOUND}s"})
         inv = sandbox.inventory_dict(
@@ -465,6 +470,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=4, help="the hosts running the job (the chief on the first)")
     ap.add_argument("--spares", type=int, default=1, help="its spares (goodput: one for each fault)")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs each task takes (sandbox hosts with stand-in GPUs)")
     ap.add_argument("--step", type=float, default=1.0)
     ap.add_argument("--checkpoint", type=float, default=20.0)
     ap.add_argument("--blinks", type=int, default=3)
@@ -480,7 +486,10 @@ def main() -> int:
     groups = [[m for m in modes if m in OLD]] + [[m] for m in modes if m not in OLD]
     groups = [g for g in groups if g]
     faults = nfaults(args) if "goodput" in modes else 0
-    sb = sandbox.up("bench55rec", hosts=args.hosts + max(args.spares, faults), with_=("torch",), timeout=1800)
+    sb = sandbox.up(
+        "bench55rec", hosts=args.hosts + max(args.spares, faults), gpus_per_host=args.gpus, with_=("torch",),
+        timeout=1800,
+    )  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PROVISION_SERVICE_DB": str(tmp / "svc" / "service.sqlite"),
            "PROVISION_OWNER": "bench@example.com"}  # fmt: skip
@@ -493,8 +502,10 @@ def main() -> int:
             name = "recovery" + ("" if group == OLD else "-" + "-".join(group))
             rep = Report(args.name or time.strftime(f"%Y-%m-%d-{name}"), ", ".join(MODES[m] for m in group))
             spares = faults if group == ["goodput"] else args.spares
-            rep.say(f"{args.hosts} sandbox hosts run the job, {spares} spare, torch DDP over gloo on CPU, a step "
-                    f"{args.step:g} s, a checkpoint every {args.checkpoint:g} s; the anchors: {ANCHORS}")  # fmt: skip
+            held = (f", each task holding {args.gpus} of its host's (stand-in) GPUs: the service's rounds every "
+                    f"{HELD:g} s, as for any job that holds a GPU") if args.gpus else ""  # fmt: skip
+            rep.say(f"{args.hosts} sandbox hosts run the job, {spares} spare, torch DDP over gloo on CPU{held}, a "
+                    f"step {args.step:g} s, a checkpoint every {args.checkpoint:g} s; the anchors: {ANCHORS}")  # fmt: skip
             for mode in group:
                 try:
                     ok = RUNS[mode](rep, sb, tmp, env, args) and ok

@@ -37,7 +37,7 @@ def _gpus_from_csv(text: str) -> list[tuple[int, str]]:
     for line in lines:
         m = CSV_LINE.match(line)
         assert m, f"not nvidia-smi's CSV format: {line!r}"
-        uuid.UUID(m["uuid"])
+        assert uuid.UUID(m["uuid"]).version == 5  # uuid5 of the host and index, as written by hand there
         out.append((int(m["index"]), f"GPU-{m['uuid']}"))
     return out
 
