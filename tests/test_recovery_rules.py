@@ -289,6 +289,27 @@ def test_a_round_that_began_before_a_recovery_ended_starts_no_other(monkeypatch)
     assert acts == ["j"]
 
 
+def test_the_rounds_remember_the_newest_checkpoint_when_the_saving_host_is_gone():
+    # The chief's host saved at 130; once it is gone a round sees only the worker's
+    # checkpoint directory, never written since the run began (100): the newest is still 130.
+    from provision.rules.progress import Seen
+    from provision.rules.recovery import Memory, facts_of_round, remember
+    from provision.rules.rounds import JobWatch, Round
+
+    tasks = {"chief-0": "gpu-1", "worker-0": "gpu-2"}
+
+    def seen_at(began: float, checkpoint: float) -> tuple[JobWatch, Round]:
+        w = JobWatch("j.yaml", None, RecoverySpec(), tasks, Seen(latest=began, checkpoint=checkpoint))
+        return w, Round(1, began, {}, {"hosts": {}, "jobs": []}, watch={"j": w})  # type: ignore[typeddict-item]
+
+    m = Memory()
+    for began, ck in ((120.0, 100.0), (140.0, 130.0), (150.0, 100.0)):
+        w, r = seen_at(began, ck)
+        m = remember(m, w, r)
+        assert m.checkpoint == max(130.0 if began >= 140 else 100.0, ck)
+    assert facts_of_round("j", w, r, m).checkpoint == 130.0
+
+
 # --------------------------------------------------------------------------- goodput
 
 

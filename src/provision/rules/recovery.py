@@ -401,12 +401,15 @@ def judged(
 @dataclass(frozen=True)
 class Memory:
     """What the service's rounds learnt of a watched job between two rounds: its latest sign
-    of progress, the intervals between signs (`auto` learns its bound from them), and since
-    which round each host of it has not answered."""
+    of progress, the intervals between signs (`auto` learns its bound from them), since
+    which round each host of it has not answered, and its newest checkpoint seen."""
 
     latest: float | None = None
     intervals: tuple[float, ...] = ()
     away: Mapping[str, float] = field(default_factory=dict)
+    # Not one round's: the saving host gone, a round sees only the others' checkpoint
+    # directories, which the saving rank never wrote (their mtimes are the run's start).
+    checkpoint: float | None = None
 
 
 def remember(m: Memory, w: JobWatch, r: Round) -> Memory:
@@ -415,7 +418,7 @@ def remember(m: Memory, w: JobWatch, r: Round) -> Memory:
     intervals = learnt(m.intervals, m.latest, latest)
     hosts = set(w.tasks.values())
     away = {h: m.away.get(h, r.began) for h in hosts if h in r.hosts and not r.hosts[h].answered}
-    return Memory(latest if latest is not None else m.latest, intervals, away)
+    return Memory(latest if latest is not None else m.latest, intervals, away, _newest(m.checkpoint, w.seen.checkpoint))
 
 
 def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
@@ -454,10 +457,14 @@ def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
     healths = {h: hs.health for h, hs in r.hosts.items() if hs.answered}
     return Facts(
         job, tuple(tasks), dict(m.away), stall, max(runs) if runs else None, aside_live,
-        succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=w.seen.checkpoint,
+        succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=_newest(m.checkpoint, w.seen.checkpoint),
         health=health_notes(job, set(w.tasks.values()), healths), started=max(starts) if starts else None,
         elastic=w.elastic,
     )  # fmt: skip
+
+
+def _newest(*at: float | None) -> float | None:
+    return max((a for a in at if a is not None), default=None)
 
 
 def troubled(f: Facts, recovering_now: bool, tasks_on: Mapping[str, str] | None = None, now: float = 0.0) -> bool:
