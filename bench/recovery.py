@@ -48,11 +48,11 @@ from servebench import ROOT, Report, Serve
 
 from provision import sandbox
 from provision.sandbox.inventory import dump
+from provision.serve.gpusample import HELD_EVERY  # the service's round while a job holds a GPU
 
 TRAIN = ROOT / "examples" / "recovery" / "train.py"
 PY = "/usr/bin/python3"
 ROUND = 10.0  # the service's round while a job is watched (core/recovery.ROUND_S)
-HELD = 5.0  # ... while a job holds a GPU (serve/gpusample.HELD_EVERY)
 BOUND = 20  # progress.timeout (s) of the hang
 ANCHORS = "Slurm SlurmdTimeout 300 s, NCCL watchdog 600 s, Ray node death 15-65 s"
 
@@ -503,7 +503,7 @@ def main() -> int:
             rep = Report(args.name or time.strftime(f"%Y-%m-%d-{name}"), ", ".join(MODES[m] for m in group))
             spares = faults if group == ["goodput"] else args.spares
             held = (f", each task holding {args.gpus} of its host's (stand-in) GPUs: the service's rounds every "
-                    f"{HELD:g} s, as for any job that holds a GPU") if args.gpus else ""  # fmt: skip
+                    f"{HELD_EVERY:g} s, as for any job that holds a GPU") if args.gpus else ""  # fmt: skip
             rep.say(f"{args.hosts} sandbox hosts run the job, {spares} spare, torch DDP over gloo on CPU{held}, a "
                     f"step {args.step:g} s, a checkpoint every {args.checkpoint:g} s; the anchors: {ANCHORS}")  # fmt: skip
             for mode in group:

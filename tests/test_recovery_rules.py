@@ -303,10 +303,10 @@ def test_the_rounds_remember_the_newest_checkpoint_when_the_saving_host_is_gone(
         return w, Round(1, began, {}, {"hosts": {}, "jobs": []}, watch={"j": w})  # type: ignore[typeddict-item]
 
     m = Memory()
-    for began, ck in ((120.0, 100.0), (140.0, 130.0), (150.0, 100.0)):
+    for began, ck, newest in ((120.0, 100.0, 100.0), (140.0, 130.0, 130.0), (150.0, 100.0, 130.0)):
         w, r = seen_at(began, ck)
         m = remember(m, w, r)
-        assert m.checkpoint == max(130.0 if began >= 140 else 100.0, ck)
+        assert m.checkpoint == newest
     assert facts_of_round("j", w, r, m).checkpoint == 130.0
 
 

@@ -423,7 +423,7 @@ def remember(m: Memory, w: JobWatch, r: Round) -> Memory:
 
 def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
     """The job as round `r` saw it (its tasks on the hosts that answered, judged as status
-    judges them), with what the rounds remember."""
+    judges them), with what the rounds remember (`m`: remember's after this round)."""
     tasks, runs, starts, markers = [], [], [], []
     for task, host in sorted(w.tasks.items()):
         hs = r.hosts.get(host)
@@ -457,7 +457,7 @@ def facts_of_round(job: str, w: JobWatch, r: Round, m: Memory) -> Facts:
     healths = {h: hs.health for h, hs in r.hosts.items() if hs.answered}
     return Facts(
         job, tuple(tasks), dict(m.away), stall, max(runs) if runs else None, aside_live,
-        succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=_newest(m.checkpoint, w.seen.checkpoint),
+        succeeded=phase is JobPhase.SUCCEEDED, stopped=stopped, checkpoint=m.checkpoint,
         health=health_notes(job, set(w.tasks.values()), healths), started=max(starts) if starts else None,
         elastic=w.elastic,
     )  # fmt: skip
