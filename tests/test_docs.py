@@ -396,7 +396,9 @@ def test_readme_first_inventory_fits_sandbox_hosts():
 
     from provision.rules.preflight import gpu_model_problem
 
-    stand_in = (REPO / "src/provision/hostimage/rootfs/usr/bin/nvidia-smi").read_text(encoding="utf-8")
+    stand_in = (REPO / "src/provision/hostimage/rootfs/usr/lib/provision-sandbox/nvidia-smi-standin").read_text(
+        encoding="utf-8"
+    )
     name = re.search(r'^GPU_NAME = "(.+)"$', stand_in, re.M)
     memory = re.search(r"^MEMORY_MIB = (\d+)$", stand_in, re.M)
     assert name and memory, "the nvidia-smi stand-in no longer sets GPU_NAME and MEMORY_MIB: update this test"

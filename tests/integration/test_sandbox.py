@@ -23,7 +23,9 @@ from provision.cli.app import main
 from provision.core.errors import ProvisionError
 from provision.sandbox import core, image
 
-NVIDIA_SMI = Path(sandbox.__file__).resolve().parent.parent / "hostimage/rootfs/usr/bin/nvidia-smi"
+NVIDIA_SMI = (
+    Path(sandbox.__file__).resolve().parent.parent / "hostimage/rootfs/usr/lib/provision-sandbox/nvidia-smi-standin"
+)
 QUERY = ["--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"]
 CSV_LINE = re.compile(
     r"^(?P<index>\d+), GPU-(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}),"
@@ -239,6 +241,48 @@ def test_fake_gpus_match_the_real_nvidia_smi_format(sandbox4):
         assert again == out
         seen.update(u for _, u in gpus)
     assert len(seen) == 2 * len(sandbox4.hosts)  # UUIDs are unique across hosts
+
+
+@pytest.mark.integration
+def test_nvidia_smi_replays_an_answer_only_while_no_fault_is_newer(sandbox4):
+    """The front end (usr/bin/nvidia-smi) replays the program's last answer; a fault written,
+    changed in place or removed right after a call is seen by the next call, never hidden."""
+    h = sandbox4.hosts[0]
+    ecc = ["--query-gpu=index,ecc.errors.uncorrected.volatile.total", "--format=csv,noheader,nounits"]
+
+    def ask(*setup: str) -> str:
+        script = "; ".join((*setup, "nvidia-smi " + " ".join(ecc)))
+        code, out = sandbox4.docker_exec(h, ["sh", "-c", script])
+        assert code == 0, out
+        return out
+
+    try:
+        first = ask("rm -rf /run/provision-sandbox")
+        assert first == "0, 0\n1, 0\n"
+        assert sandbox4.docker_exec(h, ["ls", "/run/provision-sandbox/nvidia-smi"])[1].strip(), "no answer kept"
+        # A replay: the program is made to fail, the kept answer still comes back.
+        code, out = sandbox4.docker_exec(
+            h, ["sh", "-c", "chmod -x /usr/lib/provision-sandbox/nvidia-smi-standin; nvidia-smi " + " ".join(ecc)]
+        )
+        assert (code, out) == (0, first)
+        sandbox4.docker_exec(h, ["chmod", "+x", "/usr/lib/provision-sandbox/nvidia-smi-standin"])
+        assert ask("echo 1 3 > /etc/provision-sandbox/ecc-errors") == "0, 0\n1, 3\n"  # a new file
+        assert ask("echo 0 > /etc/provision-sandbox/ecc-errors") == "0, 1\n1, 0\n"  # changed in place
+        assert ask("rm /etc/provision-sandbox/ecc-errors") == first  # removed
+        # The environment's overrides are the program's to answer, never replayed.
+        assert ask("export PROVISION_SANDBOX_GPUS=1") == "0, 0\n"
+        # DCGM absent: a missing command's answer, from the front end alone.
+        code, out = sandbox4.docker_exec(h, ["sh", "-c", "dcgmi health -c; echo exit $?"])
+        assert "exit 127" in out.splitlines() and "sh: 1: dcgmi: not found" in out.splitlines(), out
+    finally:
+        sandbox4.docker_exec(
+            h,
+            [
+                "sh",
+                "-c",
+                "chmod +x /usr/lib/provision-sandbox/nvidia-smi-standin; rm -f /etc/provision-sandbox/ecc-errors",
+            ],
+        )
 
 
 @pytest.mark.integration

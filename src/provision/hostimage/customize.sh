@@ -14,7 +14,8 @@ rm -f /etc/ssh/ssh_host_*
 rm -f /var/lib/dbus/machine-id
 ln -s /etc/machine-id /var/lib/dbus/machine-id
 
-chmod 0755 /usr/bin/nvidia-smi /usr/lib/provision-sandbox/infiniband \
+chmod 0755 /usr/bin/nvidia-smi /usr/bin/dcgmi /usr/lib/provision-sandbox/nvidia-smi-standin \
+    /usr/lib/provision-sandbox/dcgmi-standin /usr/lib/provision-sandbox/infiniband \
     /usr/lib/provision-sandbox/nccl-tests/all_reduce_perf /usr/lib/provision-sandbox/nccl-tests/mpirun
 chmod 0644 /usr/lib/provision-sandbox/nvidia-smi-fabric
 chmod 0644 /etc/ssh/sshd_config.d/provision-sandbox.conf \
