@@ -3,6 +3,8 @@ of one core and < 200 MiB; it keeps its SSH connections open"):
 
     PYTHONPATH=$PWD/src python bench/serve_idle.py [--hosts 128] [--jobs 100] [--seconds 90]
         [--sandbox NAME (reuse a running sandbox)] [--keep (leave the sandbox up)]
+        [--src PATH (the provision the service and the applies run: another commit's
+         `git archive REV src templates`, for A against B; default this checkout's src)]
 
 A sandbox of --hosts hosts (8 fake GPUs each); --jobs jobs spread over them (every host
 holds one job: the first hosts - jobs jobs have two hosts), each one task per host that
@@ -165,6 +167,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     ap.add_argument("--seconds", type=float, default=90.0)
     ap.add_argument("--sandbox", help="a running sandbox's name (else one is started and removed)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--src", type=Path, default=ROOT / "src", help="the provision the service and applies run")
     ap.add_argument("--name", default="2026-11-27-issue40-serve-idle")
     ap.add_argument(
         "--health-abba",
@@ -176,6 +179,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     )
     args = ap.parse_args()
     rep = Report(args.name, f"the service watching {args.hosts} sandbox hosts and {args.jobs} idle jobs")
+    rep.say(f"the service and the applies run {args.src.resolve()}")
     t = time.monotonic()
     sb = (
         sandbox.load(args.sandbox)
@@ -189,7 +193,7 @@ def main() -> int:  # noqa: C901  one bench's steps in order, each with its repo
     db = tmp / "svc" / "service.sqlite"
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
+        "PYTHONPATH": str(args.src.resolve()),
         "PROVISION_SERVICE_DB": str(db),
         "PROVISION_OWNER": "bench@example.com",
     }
