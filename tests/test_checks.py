@@ -591,15 +591,7 @@ def test_the_script_and_the_agent_read_the_checks_alike(tmp_path, monkeypatch):
     from provision.host.protocol import ProbeRequest, to_wire
     from provision.io import probe
 
-    standin = (
-        Path(checks.__file__).parent.parent
-        / "hostimage"
-        / "rootfs"
-        / "usr"
-        / "lib"
-        / "provision-sandbox"
-        / "nvidia-smi-standin"
-    )
+    standin = Path(checks.__file__).parent.parent / "hostimage/rootfs/usr/lib/provision-sandbox/nvidia-smi-standin"
     if not Path("/usr/bin/python3").exists():
         pytest.skip("the stand-in runs under /usr/bin/python3")
     bin_dir = tmp_path / "bin"

@@ -12,15 +12,7 @@ import pytest
 from provision.host import hostfacts
 from provision.rules.gpuuse import GpuUse, from_facts, idle_since, line, task_util
 
-STANDIN = (
-    Path(hostfacts.__file__).parent.parent
-    / "hostimage"
-    / "rootfs"
-    / "usr"
-    / "lib"
-    / "provision-sandbox"
-    / "nvidia-smi-standin"
-)
+STANDIN = Path(hostfacts.__file__).parent.parent / "hostimage/rootfs/usr/lib/provision-sandbox/nvidia-smi-standin"
 
 
 def smi(tmp_path: Path, utilization: str) -> subprocess.CompletedProcess[str]:
