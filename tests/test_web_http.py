@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import select
 import socket
@@ -322,6 +323,40 @@ def _closed(s: socket.socket) -> bool:
         return s.recv(1024) == b""
     except OSError:
         return True
+
+
+def _server_end(client: socket.socket) -> socket.socket | None:
+    """The served end of `client`'s connection (the server runs in this process): the socket
+    among this process's descriptors whose peer is `client`."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue  # not a socket (or gone meanwhile)
+        try:
+            if s.getpeername() == client.getsockname():
+                return s
+        except OSError:
+            pass  # not connected
+        s.close()
+    return None
+
+
+def test_answers_go_out_without_waiting_for_an_ack():
+    """TCP_NODELAY on every connection served: without it (socket.create_server's sockets
+    have proto 0, and asyncio sets it only for IPPROTO_TCP) Nagle held an answer's body
+    behind its headers until the client's delayed ACK, 40 ms on each page."""
+    with served(FakeSource()) as port:
+        c = socket.create_connection(("127.0.0.1", port), timeout=30)
+        try:
+            c.sendall(f"GET /static/logs.js HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            wait_until(lambda: b"200 OK" in c.recv(65536), timeout=10, what="the answer")
+            end = _server_end(c)
+            assert end is not None
+            with end:
+                assert end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            c.close()
 
 
 def test_clients_that_never_finish_their_headers_are_dropped():
