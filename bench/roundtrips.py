@@ -21,6 +21,11 @@ and commands, render, make_plan, the state's save and paramiko's transport threa
 counts sha256 calls and agent payload builds; thread CPU time by part) and --runs times
 plain for the wall times (its process tree's CPU from rusage, the hosts' from their
 cgroups). With several --src, the sources alternate in --order (A B B A).
+
+Each plain plan and no-op apply also gets a connect floor of its own, run just before it:
+its "paired" ratio is the median of each run's wall over that floor's, which the sandbox's
+load (128 hosts' systemd on 2 cores: 8 at the start, 200 later) moves together. --ops
+plan,noop leaves the first apply out (one apply, untimed, puts the job on the hosts).
 """
 
 from __future__ import annotations
@@ -387,6 +392,41 @@ def breakdown(label: str, op: str, d: dict[str, Any], n: int) -> list[str]:
     return lines
 
 
+Walls = dict[tuple[str, str], list[dict[str, float]]]  # (source, command) -> each plain run's
+Floors = dict[str, list[tuple[float, float]]]  # "connect"/"work" -> (wall, hosts' CPU) of each
+
+
+def turns(
+    b: Bench, srcs: dict[str, str], order: list[str], args: argparse.Namespace
+) -> tuple[Walls, Floors, dict[tuple[str, str], list[float]], list[str]]:
+    """Each source's turn in `order`: its commands, instrumented once and --runs times plain,
+    beside their floors; (walls, floors, each plain plan's and no-op's wall over the connect
+    floor run just before it, the breakdowns' lines)."""
+    out: list[str] = []
+    walls: Walls = defaultdict(list)
+    floors: Floors = defaultdict(list)
+    paired: dict[tuple[str, str], list[float]] = defaultdict(list)
+    broken: set[str] = set()
+    ops = [op for op in OPS if op in args.ops.split(",")]
+    if "first" not in ops:
+        b.timed(srcs[order[0]], "first")  # the job on the hosts: what a plan and a no-op compare with
+    for label in order:
+        s = srcs[label]
+        for op in ops:
+            if not args.no_breakdown and label not in broken:
+                out += breakdown(label, op, b.instrumented(s, op), b.n)
+            for _ in range(args.runs):
+                floors["connect"].append(b.connect_floor())
+                if op == "first":
+                    floors["work"].append(b.work_floor())
+                walls[(label, op)].append(b.timed(s, op))
+                if op != "first":
+                    paired[(label, op)].append(walls[(label, op)][-1]["wall"] / floors["connect"][-1][0])
+                log(f"{label} {op}: {walls[(label, op)][-1]['wall']:.3f} s")
+        broken.add(label)
+    return walls, floors, paired, out
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--inner":
         inner(sys.argv[2], sys.argv[4:])
@@ -399,6 +439,7 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs each task takes (a sandbox with GPUs)")
+    ap.add_argument("--ops", default="first,plan,noop", help="the commands timed, of first, plan, noop")
     args = ap.parse_args()
     src = [tuple(s.split("=", 1)) for s in args.src] or [("here", str(HERE.parent / "src"))]
     args.src = src
@@ -406,28 +447,12 @@ def main() -> int:
     order = list(args.order) if args.order else [label for label, _ in src]
     b = Bench(args)
     load0 = os.getloadavg()
-    out: list[str] = []
-    walls: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
-    floors: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    broken: set[str] = set()
-    for label in order:
-        s = srcs[label]
-        for op in ("first", "plan", "noop"):
-            if not args.no_breakdown and label not in broken:
-                d = b.instrumented(s, op)
-                out += breakdown(label, op, d, b.n)
-            for _ in range(args.runs):
-                if op == "first":
-                    floors["connect"].append(b.connect_floor())
-                    floors["work"].append(b.work_floor())
-                walls[(label, op)].append(b.timed(s, op))
-                log(f"{label} {op}: {walls[(label, op)][-1]['wall']:.3f} s")
-        broken.add(label)
+    walls, floors, paired, out = turns(b, srcs, order, args)
     b.clean()
     b.fleet.close()
-    cf, wf = (statistics.median(w for w, _ in floors[k]) for k in ("connect", "work"))
+    cf, wf = (statistics.median(w for w, _ in floors[k]) if floors[k] else float("nan") for k in ("connect", "work"))
     fw = {k: [w for w, _ in v] for k, v in floors.items()}
-    fh = {k: statistics.median(h for _, h in v) / b.n * 1000 for k, v in floors.items()}
+    fh = {k: statistics.median(h for _, h in v) / b.n * 1000 if v else float("nan") for k, v in floors.items()}
     head = [
         f"# provision's round trips and CPU per host, {b.n} sandbox hosts ({time.strftime('%Y-%m-%d %H:%M')} UTC)",
         "",
@@ -436,11 +461,11 @@ def main() -> int:
         f"sources: {', '.join(f'{k}={v}' for k, v in src)}; order {''.join(order)}.",
         "",
         f"connect floor (connect + `true`): {_med(fw['connect'])} s, hosts' CPU {fh['connect']:.1f} ms/host",
-        f"work floor (connect + write env and unit + start, one command): {_med(fw['work'])} s, "
-        f"hosts' CPU {fh['work']:.1f} ms/host",
+        f"work floor (connect + write env and unit + start, one command): {_med(fw.get('work', []))} s, "
+        f"hosts' CPU {fh.get('work', float('nan')):.1f} ms/host",
         "",
         f"  {'source':8s} {'command':12s} {'wall s: median (min-max)':28s} {'/connect':>9s} {'/work':>7s}"
-        f" {'ctrl CPU ms/host':>17s} {'hosts CPU ms/host':>18s}",
+        f" {'ctrl CPU ms/host':>17s} {'hosts CPU ms/host':>18s}  paired /connect: median (min-max)",
     ]
     for (label, op), rs in sorted(walls.items(), key=lambda kv: (kv[0][0], list(OPS).index(kv[0][1]))):
         w = [r["wall"] for r in rs]
@@ -449,6 +474,7 @@ def main() -> int:
         hosts = statistics.median(r["hosts"] for r in rs) / b.n * 1000
         head.append(
             f"  {label:8s} {OPS[op]:12s} {_med(w):28s} {m / cf:8.2f}x {m / wf:6.2f}x {ctrl:17.1f} {hosts:18.1f}"
+            + (f"  {_med(paired[(label, op)])}" if paired[(label, op)] else "")
         )
     text = "\n".join(head + [""] + out)
     print(text)
