@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -450,9 +451,10 @@ def main() -> int:
     walls, floors, paired, out = turns(b, srcs, order, args)
     b.clean()
     b.fleet.close()
-    cf, wf = (statistics.median(w for w, _ in floors[k]) if floors[k] else float("nan") for k in ("connect", "work"))
-    fw = {k: [w for w, _ in v] for k, v in floors.items()}
-    fh = {k: statistics.median(h for _, h in v) / b.n * 1000 if v else float("nan") for k, v in floors.items()}
+    # No work floor with --ops plan,noop: its figures are nan.
+    fw = {k: [w for w, _ in floors[k]] for k in ("connect", "work")}
+    fh = {k: statistics.median(h for _, h in floors[k]) / b.n * 1000 if floors[k] else math.nan for k in fw}
+    cf, wf = (statistics.median(fw[k]) if fw[k] else math.nan for k in ("connect", "work"))
     head = [
         f"# provision's round trips and CPU per host, {b.n} sandbox hosts ({time.strftime('%Y-%m-%d %H:%M')} UTC)",
         "",
@@ -461,8 +463,8 @@ def main() -> int:
         f"sources: {', '.join(f'{k}={v}' for k, v in src)}; order {''.join(order)}.",
         "",
         f"connect floor (connect + `true`): {_med(fw['connect'])} s, hosts' CPU {fh['connect']:.1f} ms/host",
-        f"work floor (connect + write env and unit + start, one command): {_med(fw.get('work', []))} s, "
-        f"hosts' CPU {fh.get('work', float('nan')):.1f} ms/host",
+        f"work floor (connect + write env and unit + start, one command): {_med(fw['work'])} s, "
+        f"hosts' CPU {fh['work']:.1f} ms/host",
         "",
         f"  {'source':8s} {'command':12s} {'wall s: median (min-max)':28s} {'/connect':>9s} {'/work':>7s}"
         f" {'ctrl CPU ms/host':>17s} {'hosts CPU ms/host':>18s}  paired /connect: median (min-max)",
